@@ -1,0 +1,1 @@
+"""fljax.ops: composable pytree transformations (prox, gossip, ADMM, SAM, partitions, quantizers, ...)."""
