@@ -1,0 +1,12 @@
+"""fljax.algorithms: one module per algorithm family, and the registry that names them."""
+from fljax.algorithms.base import Algorithm, Centralized, ClientResult, TestStats
+from fljax.algorithms.fedavg import FedAvg, FedAvgFT, FedProx
+from fljax.algorithms.local import Local
+from fljax.algorithms.local_training import LocalSGD, run_steps
+from fljax.algorithms.registry import ALGORITHMS, get_algorithm, make_algorithm, register
+
+for _cls in (FedAvg, FedProx, FedAvgFT, Local):
+    register(_cls)
+
+__all__ = ["Algorithm", "Centralized", "ClientResult", "TestStats", "FedAvg", "FedAvgFT", "FedProx", "Local",
+           "LocalSGD", "run_steps", "ALGORITHMS", "get_algorithm", "make_algorithm", "register"]

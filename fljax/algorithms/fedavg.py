@@ -1,0 +1,109 @@
+"""FedAvg (McMahan et al. 2017), FedProx (Li et al. 2020) and FedAvg with local fine-tuning.
+
+FedAvg, one round t:
+    S_t ← cohort;  every i ∈ S_t: w_i ← LocalSGD(f_i, from w_t)
+    Δ_t = w_t − Σ_{i∈S_t} p_i w_i  (p_i ∝ n_i or uniform);   w_{t+1} = ServerOpt(w_t, Δ_t)
+With the default server optimizer (SGD, server_lr = 1) w_{t+1} is the weighted mean of the w_i.
+
+FedProx adds the proximal term (μ/2)‖w − w_t‖² to every local objective (FedProx Eq. 2).
+FedAvg-FT evaluates client i with the global model fine-tuned for ``finetune_steps`` local steps on i's data.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import optax
+
+from fljax import tree
+from fljax.algorithms.base import Centralized, ClientResult
+from fljax.algorithms.local_training import LocalSGD
+from fljax.data.batching import BatchPlan
+from fljax.ops import prox
+
+__all__ = ["FedAvg", "FedProx", "FedAvgFT"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FedAvg(Centralized, LocalSGD):
+    """FedAvg with an optax client optimizer (see :class:`LocalSGD`) and a server optimizer: SGD with
+    ``server_lr`` and ``server_momentum`` on the pseudo-gradient Δ_t = w_t − mean_i w_i."""
+
+    name = "fedavg"
+    summary = "FedAvg: local SGD, weighted model averaging, server learning rate (McMahan et al. 2017)"
+    server_lr: float = 1.0
+    server_momentum: float = 0.0
+
+    def validate(self, num_clients: int) -> None:
+        super().validate(num_clients)
+        self.validate_local()
+        if not self.server_lr > 0:
+            raise ValueError(f"server_lr must be > 0, got {self.server_lr}.")
+
+    def server_optimizer(self) -> optax.GradientTransformation:
+        return optax.sgd(self.server_lr, momentum=self.server_momentum or None)
+
+    def init(self, ctx):
+        params = self.model.init(self.init_key(ctx))
+        return {"params": params, "opt_state": self.server_optimizer().init(params)}, {}
+
+    def local_loss(self, params, batch, anchor):
+        """The local objective f_i (FedProx overrides it)."""
+        return self.model.loss(params, batch)
+
+    def client_update(self, shared, per_client) -> ClientResult:
+        anchor, round_ = shared
+        state, train, key = per_client
+        loss_fn = functools.partial(self.local_loss, anchor=anchor)
+        params, loss = self.train(loss_fn, anchor, train, key, round_, self.unroll)
+        return ClientResult(state=state, upload=params, weight=train.count, metrics={"train_loss": loss})
+
+    def server_update(self, ctx, server, clients, cohort, result):
+        mean = tree.weighted_mean_clients(result.upload, self.aggregation_weights(result))
+        pseudo_grad = tree.sub(server["params"], mean)
+        updates, opt_state = self.server_optimizer().update(pseudo_grad, server["opt_state"], server["params"])
+        return {"params": optax.apply_updates(server["params"], updates), "opt_state": opt_state}
+
+    def eval_shared(self, server):
+        return server["params"]
+
+    def global_params(self, shared):
+        return shared
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FedProx(FedAvg):
+    """FedAvg whose local objective is f_i(w) + (μ/2)‖w − w_t‖² (Li et al. 2020, Eq. 2); μ = 0 is FedAvg."""
+
+    name = "fedprox"
+    summary = "FedProx: FedAvg with a proximal term (mu/2)||w - w_t||^2 in every local objective (Li et al. 2020)"
+    mu: float = 0.01
+
+    def validate(self, num_clients: int) -> None:
+        super().validate(num_clients)
+        if self.mu < 0:
+            raise ValueError(f"mu must be >= 0, got {self.mu}.")
+
+    def local_loss(self, params, batch, anchor):
+        return self.model.loss(params, batch) + prox.proximal_penalty(params, anchor, self.mu)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FedAvgFT(FedAvg):
+    """FedAvg; client i is evaluated with the global model after ``finetune_steps`` local SGD steps on its own
+    train split (at the client learning rate of round 0, batch ``batch_size``)."""
+
+    name = "fedavg_ft"
+    summary = "FedAvg-FT: FedAvg, then k local fine-tuning steps before personalized evaluation"
+    finetune_steps: int = 5
+
+    def validate(self, num_clients: int) -> None:
+        super().validate(num_clients)
+        if self.finetune_steps < 0:
+            raise ValueError(f"finetune_steps must be >= 0, got {self.finetune_steps}.")
+
+    def personal_params(self, shared, client_state, train, key):
+        plan = BatchPlan(batch_size=self.batch_size, steps=self.finetune_steps)
+        params, _ = self.train(self.model.loss, shared, train, key, 0, self.unroll, plan=plan)
+        return params

@@ -1,0 +1,106 @@
+"""In-jit per-client batching.
+
+A :class:`BatchPlan` turns (key, client count) into a static-shape schedule of minibatches for one round of
+local training: index array ``idx [K, B]``, sample mask ``mask [K, B]`` and step mask ``active [K]``. It is a pure
+function of traced values, so it runs inside ``jit`` and ``vmap`` over clients; padded rows (index >= count) are
+never selected. Modes:
+
+* ``epochs=E``: E passes over the client's data, reshuffled every epoch, ⌈n_i/B⌉ steps per epoch, the last batch
+  partial (masked). Shapes are static, so every client runs K = E·⌈N_max/B⌉ steps, of which the ones past its own
+  ⌈n_i/B⌉ per epoch are inactive (no-ops).
+* ``steps=K``: K batches of B from the client's shuffled stream (concatenated epochs, a new permutation per
+  epoch); every step is active, whatever the client's size.
+* ``steps=K, replacement=True``: every sample drawn uniformly with replacement.
+* ``batch_size=None``: full batch, one step over all valid rows.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["BatchPlan", "Batch", "gather_batch"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchPlan:
+    batch_size: int | None = 20
+    epochs: int | None = None
+    steps: int | None = None
+    replacement: bool = False
+
+    def __post_init__(self):
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 or None (full batch), got {self.batch_size}.")
+        if self.batch_size is not None and (self.epochs is None) == (self.steps is None):
+            raise ValueError("give exactly one of epochs or steps for minibatch training.")
+        if self.epochs is not None and self.epochs < 0 or self.steps is not None and self.steps < 0:
+            raise ValueError(f"epochs and steps must be >= 0, got epochs={self.epochs}, steps={self.steps}.")
+        if self.replacement and self.steps is None:
+            raise ValueError("replacement=True needs steps=K (sampling with replacement has no epochs).")
+
+    def num_steps(self, n_max: int) -> int:
+        """Static number of scan steps K for clients padded to ``n_max`` rows."""
+        if self.batch_size is None:
+            return 1 if self.steps is None and self.epochs is None else (self.steps or self.epochs)
+        if self.epochs is not None:
+            return self.epochs * math.ceil(n_max / self.batch_size)
+        return self.steps
+
+    def width(self, n_max: int) -> int:
+        return n_max if self.batch_size is None else self.batch_size
+
+    def schedule(self, key, count, n_min: int, n_max: int):
+        """``(idx [K, B], mask [K, B], active [K])`` for one client with ``count`` valid rows."""
+        k, b = self.num_steps(n_max), self.width(n_max)
+        if self.batch_size is None:  # full batch, repeated K times
+            idx = jnp.broadcast_to(jnp.arange(n_max), (k, n_max))
+            mask = idx < count
+            return idx, mask, jnp.ones((k,), bool)
+        if self.replacement:
+            u = jax.random.uniform(key, (k, b))
+            idx = jnp.minimum((u * count).astype(jnp.int32), count - 1)
+            return idx, jnp.ones((k, b), bool), jnp.ones((k,), bool)
+        if self.epochs is not None:
+            per_epoch = math.ceil(n_max / b)
+            orders = _epoch_orders(key, count, n_max, self.epochs)  # [E, N]
+            pad = per_epoch * b - n_max
+            orders = jnp.pad(orders, ((0, 0), (0, pad)))
+            pos = jnp.arange(per_epoch * b)
+            mask = jnp.broadcast_to(pos < count, (self.epochs, per_epoch * b))
+            idx = orders.reshape(k, b)
+            mask = mask.reshape(k, b)
+            return idx, mask, mask[:, 0]
+        # steps: a stream of concatenated shuffled epochs; enough epochs for the smallest client
+        n_epochs = math.ceil(k * b / max(n_min, 1)) + 1
+        orders = _epoch_orders(key, count, n_max, n_epochs)
+        p = jnp.arange(k * b)
+        idx = orders[p // count, p % count].reshape(k, b)
+        return idx, jnp.ones((k, b), bool), jnp.ones((k,), bool)
+
+
+def _epoch_orders(key, count, n_max: int, n_epochs: int):
+    """``[n_epochs, n_max]``: row e is a fresh random permutation of the valid rows, then the padded ones."""
+
+    def one(k):
+        u = jax.random.uniform(k, (n_max,))
+        return jnp.argsort(jnp.where(jnp.arange(n_max) < count, u, 2.0))
+
+    return jax.vmap(one)(jax.random.split(key, n_epochs))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Batch:
+    """A minibatch: inputs ``x [B, ...]``, labels ``y [B]``, sample mask ``mask [B]``."""
+
+    x: jax.Array
+    y: jax.Array
+    mask: jax.Array
+
+
+def gather_batch(x, y, idx, mask) -> Batch:
+    """Rows ``idx`` of one client's arrays as a :class:`Batch`."""
+    return Batch(x=jnp.take(x, idx, axis=0), y=jnp.take(y, idx, axis=0), mask=mask)

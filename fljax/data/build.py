@@ -1,0 +1,106 @@
+"""From a source to :class:`FederatedData`: partition, per-client test splits, padding.
+
+Per-client test splits follow each client's own label distribution:
+
+* pooled sources: client i receives ``test_per_client`` images from the global test pool, with per-class counts
+  proportional to its train label histogram (largest-remainder rounding), drawn without replacement within a
+  client and independently across clients (papers' protocol: FedSLR §7, DFedAlt §5);
+* natural sources (Synthetic): a stratified hold-out of ``test_fraction`` of each client's own samples.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from fljax.data import partitioners as partition_lib
+from fljax.data.federated import FederatedData, pad_clients
+from fljax.data.sources import DataError, Natural, Pooled, load_source
+
+__all__ = ["pool_test_split", "holdout_split", "federate", "make_federated"]
+
+
+def _largest_remainder(props: np.ndarray, total: int) -> np.ndarray:
+    raw = props * total
+    out = np.floor(raw).astype(int)
+    for j in np.argsort(-(raw - out))[: total - out.sum()]:
+        out[j] += 1
+    return out
+
+
+def pool_test_split(train_labels: list[np.ndarray], test_labels: np.ndarray, num_classes: int,
+                    per_client: int, seed: int) -> list[np.ndarray]:
+    """Indices into the test pool for every client, with class counts ∝ its train label histogram."""
+    rng = np.random.default_rng(seed + 7919)
+    pools = [np.flatnonzero(test_labels == c) for c in range(num_classes)]
+    out = []
+    for labels in train_labels:
+        hist = np.bincount(labels, minlength=num_classes).astype(float)
+        want = _largest_remainder(hist / hist.sum(), per_client)
+        idx = [rng.choice(pools[c], min(k, len(pools[c])), replace=False) for c, k in enumerate(want) if k > 0]
+        out.append(np.sort(np.concatenate(idx)) if idx else np.zeros(0, np.int64))
+    return out
+
+
+def holdout_split(labels: list[np.ndarray], fraction: float, seed: int) -> tuple[list, list]:
+    """Stratified hold-out within every client: returns (train indices, test indices) per client.
+
+    Each class with at least two samples gives ``round(fraction·n_c)`` (at least one) samples to the test split;
+    the train split is never left empty.
+    """
+    rng = np.random.default_rng(seed + 104729)
+    trains, tests = [], []
+    for y in labels:
+        test = []
+        for c in np.unique(y):
+            idx = rng.permutation(np.flatnonzero(y == c))
+            if len(idx) >= 2:
+                test.append(idx[: max(1, int(round(fraction * len(idx))))])
+        test = np.sort(np.concatenate(test)) if test else np.zeros(0, np.int64)
+        trains.append(np.setdiff1d(np.arange(len(y)), test))
+        tests.append(test)
+    return trains, tests
+
+
+def federate(source: Pooled | Natural, num_clients: int, partition: str, seed: int, *, alpha: float = 0.5,
+             classes_per_client: int = 2, sigma: float = 1.0, test_per_client: int | None = None,
+             test_fraction: float = 0.2) -> FederatedData:
+    """Partition a source into clients and build padded train/test arrays."""
+    if isinstance(source, Natural):
+        if partition not in ("natural",):
+            raise DataError(f"{source.name} defines its own clients; use partition='natural', not {partition!r}.")
+        if len(source.xs) != num_clients:
+            raise DataError(f"{source.name} was generated for {len(source.xs)} clients, not {num_clients}.")
+        tr, te = holdout_split(source.ys, test_fraction, seed)
+        train = pad_clients([x[i] for x, i in zip(source.xs, tr)], [y[i] for y, i in zip(source.ys, tr)])
+        test = pad_clients([x[i] for x, i in zip(source.xs, te)], [y[i] for y, i in zip(source.ys, te)])
+        input_shape = source.xs[0].shape[1:]
+        desc = f"natural clients, stratified {test_fraction:.0%} per-client hold-out"
+    else:
+        if partition == "natural":
+            raise DataError(f"{source.name} has no natural clients; use one of "
+                            f"{sorted(set(partition_lib.PARTITIONERS) - {'natural'})}.")
+        parts = partition_lib.partition(partition, source.y_train, num_clients, seed, alpha=alpha,
+                                        classes_per_client=classes_per_client, sigma=sigma)
+        per_client = test_per_client or max(1, int(np.ceil(len(source.y_test) / num_clients)))
+        tests = pool_test_split([source.y_train[p] for p in parts], source.y_test, source.num_classes,
+                                per_client, seed)
+        train = pad_clients([source.x_train[p] for p in parts], [source.y_train[p] for p in parts])
+        test = pad_clients([source.x_test[t] for t in tests], [source.y_test[t] for t in tests])
+        input_shape = source.x_train.shape[1:]
+        desc = f"partition {partition}, per-client test sets of {per_client} following each client's labels"
+    return FederatedData(train=train, test=test, num_classes=source.num_classes, input_shape=tuple(input_shape),
+                         name=source.name, description=desc)
+
+
+def make_federated(dataset: str = "synthetic", num_clients: int = 100, partition: str | None = None, seed: int = 0,
+                   *, alpha: float = 0.5, classes_per_client: int = 2, sigma: float = 1.0,
+                   test_per_client: int | None = None, test_fraction: float = 0.2, synthetic_alpha: float = 1.0,
+                   synthetic_beta: float = 1.0, data_dir: str | None = None, limit: int | None = None,
+                   max_samples: int | None = 1000, noise: float = 0.0) -> FederatedData:
+    """Load ``dataset`` and federate it (the default partition is 'natural' for synthetic, 'dirichlet' otherwise)."""
+    source = load_source(dataset, num_clients=num_clients, seed=seed, synthetic_alpha=synthetic_alpha,
+                         synthetic_beta=synthetic_beta, data_dir=data_dir, limit=limit, max_samples=max_samples,
+                         noise=noise)
+    if partition is None:
+        partition = "natural" if isinstance(source, Natural) else "dirichlet"
+    return federate(source, num_clients, partition, seed, alpha=alpha, classes_per_client=classes_per_client,
+                    sigma=sigma, test_per_client=test_per_client, test_fraction=test_fraction)

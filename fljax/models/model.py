@@ -1,0 +1,89 @@
+"""A model = a Flax module + its input shape + a masked classification loss, as a hashable static object."""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from fljax.models import zoo
+
+__all__ = ["Model", "make_model", "MODELS", "masked_cross_entropy", "accuracy_stats"]
+
+
+def masked_cross_entropy(logits, labels, mask):
+    """Mean softmax cross-entropy over the samples with ``mask`` true (0 when none is)."""
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
+    m = mask.astype(ce.dtype)
+    return jnp.sum(ce * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def accuracy_stats(logits, labels, mask):
+    """(number correct, number counted) over the masked samples."""
+    correct = (jnp.argmax(logits, -1) == labels) & mask
+    return jnp.sum(correct), jnp.sum(mask)
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """Static description of a classifier. ``params`` are the module's ``'params'`` collection."""
+
+    module: nn.Module
+    input_shape: tuple
+    num_classes: int
+    name: str
+
+    def init(self, key):
+        return self.module.init(key, jnp.zeros((1,) + tuple(self.input_shape), jnp.float32))["params"]
+
+    def apply(self, params, x):
+        return self.module.apply({"params": params}, x)
+
+    def loss(self, params, batch):
+        """Masked mean cross-entropy of ``batch`` (a :class:`fljax.data.Batch`)."""
+        return masked_cross_entropy(self.apply(params, batch.x), batch.y, batch.mask)
+
+    @property
+    def has_conv(self) -> bool:
+        return hasattr(self.module, "conv_impl")
+
+    def with_conv(self, impl: str) -> "Model":
+        """The same model (same parameters) with convolutions run by ``impl`` ('native' or 'patches')."""
+        if not self.has_conv:
+            return self
+        return dataclasses.replace(self, module=self.module.clone(conv_impl=impl))
+
+    def num_params(self) -> int:
+        shapes = jax.eval_shape(self.init, jax.random.PRNGKey(0))
+        return int(sum(x.size for x in jax.tree.leaves(shapes)))
+
+
+MODELS = {
+    "logreg": "multinomial logistic regression",
+    "mlp": "fully connected ReLU network (hidden widths: hidden=[200, 200])",
+    "cnn1": "QuPeD's CNN1: 2 conv (5x5, 6 and 16 channels) + 3 dense (120, 84, C)",
+    "resnet18_gn": "CIFAR ResNet-18 with GroupNorm (groups=2, head_bias=False by default); a GPU model",
+}
+
+
+def make_model(name: str, input_shape, num_classes: int, conv_impl: str = "native", **kwargs) -> Model:
+    """Build a model by name (see :data:`MODELS`); ``kwargs`` go to the module (e.g. ``hidden``, ``groups``)."""
+    if name == "logreg":
+        module = zoo.LogisticRegression(num_classes, **kwargs)
+    elif name == "mlp":
+        module = zoo.MLP(num_classes, **{k: tuple(v) if k == "hidden" else v for k, v in kwargs.items()})
+    elif name == "cnn1":
+        module = zoo.CNN1(num_classes, conv_impl=conv_impl, **kwargs)
+    elif name == "resnet18_gn":
+        module = zoo.ResNet18GN(num_classes, conv_impl=conv_impl, **kwargs)
+    else:
+        close = difflib.get_close_matches(name, MODELS, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}.{hint}")
+    if len(input_shape) == 1 and name in ("cnn1", "resnet18_gn"):
+        raise ValueError(f"model {name!r} needs image inputs (H, W, C), but the data has shape {tuple(input_shape)}; "
+                         f"use 'mlp' or 'logreg'.")
+    return Model(module, tuple(input_shape), num_classes, name)

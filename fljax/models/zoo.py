@@ -1,0 +1,106 @@
+"""Flax modules: multinomial logistic regression, MLP, QuPeD's CNN1, ResNet-18 with GroupNorm.
+
+Every convolution is :class:`fljax.models.layers.Conv`, whose ``impl`` ("native" or "patches") is a field of the
+module, so the same parameters run with either implementation.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from fljax.models.layers import Conv
+
+__all__ = ["LogisticRegression", "MLP", "CNN1", "ResNet18GN"]
+
+
+class LogisticRegression(nn.Module):
+    """Multinomial logistic regression: logits = W·flatten(x) + b."""
+
+    num_classes: int
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(self.num_classes)(x.reshape(x.shape[0], -1))
+
+
+class MLP(nn.Module):
+    """Fully connected ReLU network; the last Dense layer is named ``head``."""
+
+    num_classes: int
+    hidden: Sequence[int] = (200, 200)
+
+    @nn.compact
+    def __call__(self, x):
+        x = x.reshape(x.shape[0], -1)
+        for width in self.hidden:
+            x = nn.relu(nn.Dense(width)(x))
+        return nn.Dense(self.num_classes, name="head")(x)
+
+
+class CNN1(nn.Module):
+    """QuPeD's CNN1 (the pFedMe authors' CifarNet; QuPeD spec D21): 2 conv + 3 FC layers.
+
+    conv5×5(→6) – ReLU – maxpool2 – conv5×5(6→16) – ReLU – maxpool2 – flatten – Dense120 – ReLU – Dense84 – ReLU –
+    Dense(C). Paddings: 32×32 inputs VALID/VALID (flatten 400); 28×28 inputs SAME/VALID (flatten 400, as the paper
+    does for MNIST-like data); smaller inputs SAME/SAME. The last layer is named ``head``.
+    """
+
+    num_classes: int
+    conv_impl: str = "native"
+
+    @nn.compact
+    def __call__(self, x):
+        h = x.shape[1]
+        pad1, pad2 = ("VALID", "VALID") if h >= 32 else ("SAME", "VALID") if h >= 20 else ("SAME", "SAME")
+        x = nn.relu(Conv(6, (5, 5), padding=pad1, impl=self.conv_impl)(x))
+        x = nn.max_pool(x, (2, 2), (2, 2))
+        x = nn.relu(Conv(16, (5, 5), padding=pad2, impl=self.conv_impl)(x))
+        x = nn.max_pool(x, (2, 2), (2, 2))
+        x = x.reshape(x.shape[0], -1)
+        x = nn.relu(nn.Dense(120)(x))
+        x = nn.relu(nn.Dense(84)(x))
+        return nn.Dense(self.num_classes, name="head")(x)
+
+
+class _BasicBlock(nn.Module):
+    features: int
+    strides: int
+    groups: int
+    conv_impl: str
+
+    @nn.compact
+    def __call__(self, x):
+        conv = lambda f, k, s, name: Conv(f, (k, k), (s, s), use_bias=False, impl=self.conv_impl, name=name)
+        y = nn.relu(nn.GroupNorm(self.groups, epsilon=1e-5, name="gn1")(conv(self.features, 3, self.strides, "conv1")(x)))
+        y = nn.GroupNorm(self.groups, epsilon=1e-5, name="gn2")(conv(self.features, 3, 1, "conv2")(y))
+        if self.strides != 1 or x.shape[-1] != self.features:
+            x = nn.GroupNorm(self.groups, epsilon=1e-5, name="gn_short")(
+                conv(self.features, 1, self.strides, "conv_short")(x))
+        return nn.relu(y + x)
+
+
+class ResNet18GN(nn.Module):
+    """CIFAR ResNet-18 with GroupNorm (FedSLR §7, DFedAlt §5): 3×3 stem, BasicBlocks [2,2,2,2] of widths
+    64/128/256/512 with strides 1/2/2/2, no conv biases, global average pool, linear ``head``.
+
+    ``groups``: GroupNorm groups (FedSLR 2, DFedAlt 32); ``head_bias``: FedSLR has none (11,173,952 parameters
+    for 10 classes), DFedAlt has one.
+    """
+
+    num_classes: int
+    groups: int = 2
+    head_bias: bool = False
+    conv_impl: str = "native"
+
+    @nn.compact
+    def __call__(self, x):
+        x = Conv(64, (3, 3), use_bias=False, impl=self.conv_impl, name="stem")(x)
+        x = nn.relu(nn.GroupNorm(self.groups, epsilon=1e-5, name="gn_stem")(x))
+        for stage, (width, stride) in enumerate(zip((64, 128, 256, 512), (1, 2, 2, 2))):
+            for block in range(2):
+                x = _BasicBlock(width, stride if block == 0 else 1, self.groups, self.conv_impl,
+                                name=f"layer{stage + 1}_{block}")(x)
+        x = jnp.mean(x, axis=(1, 2))
+        return nn.Dense(self.num_classes, use_bias=self.head_bias, name="head")(x)

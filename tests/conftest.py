@@ -1,0 +1,24 @@
+import numpy as np
+import pytest
+
+import fljax.data as D
+
+
+@pytest.fixture(scope="session")
+def synth20():
+    """Synthetic(1,1) with 20 small clients (sizes capped at 120)."""
+    return D.make_federated("synthetic", 20, seed=0, max_samples=120)
+
+
+@pytest.fixture(scope="session")
+def digits10():
+    return D.make_federated("digits", 10, "dirichlet", seed=0, alpha=0.5)
+
+
+def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
+    import jax
+
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)

@@ -1,0 +1,146 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import fljax.data as D
+from fljax.data import partitioners as P
+
+
+def _labels(n=600, classes=10, seed=0):
+    return np.random.default_rng(seed).integers(0, classes, n)
+
+
+@pytest.mark.parametrize("name,kw", [("iid", {}), ("dirichlet", {"alpha": 0.3}), ("pathological", {"classes_per_client": 2}),
+                                     ("power_law", {"sigma": 1.5})])
+def test_partitioners_use_every_sample_once_and_are_reproducible(name, kw):
+    y = _labels()
+    parts = P.partition(name, y, 12, seed=3, **kw)
+    allidx = np.concatenate(parts)
+    assert len(parts) == 12 and all(len(p) > 0 for p in parts)
+    np.testing.assert_array_equal(np.sort(allidx), np.arange(len(y)))
+    again = P.partition(name, y, 12, seed=3, **kw)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+    other = P.partition(name, y, 12, seed=4, **kw)
+    assert any(not np.array_equal(a, b) for a, b in zip(parts, other))
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(20, 400), clients=st.integers(1, 20), seed=st.integers(0, 1000))
+def test_iid_and_power_law_property(n, clients, seed):
+    y = _labels(n, 5, seed)
+    for parts in (P.iid(y, clients, seed), P.power_law(y, clients, seed)):
+        np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(n))
+        assert min(len(p) for p in parts) >= 1
+
+
+def test_pathological_gives_exactly_c_classes():
+    y = _labels(1000)
+    for c in (1, 2, 5):
+        parts = P.pathological(y, 20, c, seed=0)
+        assert all(len(np.unique(y[p])) == c for p in parts)
+
+
+def test_partitioners_refuse_empty_clients_with_a_clear_message():
+    y = _labels(10)
+    with pytest.raises(P.PartitionError, match="cannot give each of 50 clients"):
+        P.iid(y, 50)
+    with pytest.raises(P.PartitionError, match="alpha must be > 0"):
+        P.dirichlet(y, 2, 0.0)
+    with pytest.raises(P.PartitionError, match="left a client with fewer than"):
+        P.dirichlet(_labels(40), 30, 0.001, max_tries=3)
+    with pytest.raises(P.PartitionError, match="classes_per_client must be in"):
+        P.pathological(y, 2, 11)
+    with pytest.raises(P.PartitionError, match="unknown partition 'dirichet'"):
+        P.partition("dirichet", y, 2, 0)
+
+
+def test_per_client_test_split_follows_train_labels():
+    fd = D.make_federated("digits", 10, "pathological", seed=1, classes_per_client=2, test_per_client=20)
+    tr, te = fd.train_label_counts(), D.label_histogram(fd.test, 10)
+    assert np.array_equal(tr > 0, te > 0)
+    assert (te.sum(1) == 20).all()
+
+
+def test_holdout_split_is_stratified_and_keeps_train():
+    labels = [np.array([0, 0, 0, 0, 1, 1, 1, 1, 2]), np.array([3])]
+    tr, te = D.holdout_split(labels, 0.25, seed=0)
+    assert sorted(np.concatenate([tr[0], te[0]]).tolist()) == list(range(9))
+    assert set(labels[0][te[0]]) == {0, 1} and len(tr[1]) == 1 and len(te[1]) == 0
+
+
+def test_padded_layout(synth20):
+    tr = synth20.train
+    counts = np.asarray(tr.count)
+    mask = np.asarray(tr.mask)
+    assert (mask.sum(1) == counts).all() and (mask == (np.arange(tr.n_max) < counts[:, None])).all()
+    assert tr.n_min == counts.min() and tr.n_max == counts.max()
+    assert (np.asarray(tr.x)[~mask] == 0).all()
+
+
+def test_synthetic_definition():
+    nat = D.synthetic(5, 0.0, 0.0, seed=0, max_samples=None)
+    assert len(nat.xs) == 5 and nat.xs[0].shape[1] == 60
+    assert all(len(x) >= 50 for x in nat.xs)
+    capped = D.synthetic(50, 1, 1, seed=0, max_samples=80)
+    assert max(len(x) for x in capped.xs) <= 80
+    assert all(y.max() < 10 for y in capped.ys)
+
+
+def test_qot_source_checks():
+    a, b = D.qot_arrays()
+    assert a.shape == (8992, 1024) and (b == 1).sum() == 741
+
+
+def test_unknown_dataset_suggests():
+    with pytest.raises(D.DataError, match="Did you mean 'digits'"):
+        D.load_source("digit", num_clients=2, seed=0)
+
+
+def _visits(plan, count, n_min, n_max, key=0):
+    idx, mask, active = plan.schedule(jax.random.PRNGKey(key), jnp.int32(count), n_min, n_max)
+    return np.asarray(idx), np.asarray(mask), np.asarray(active)
+
+
+@settings(max_examples=30, deadline=None)
+@given(count=st.integers(1, 37), b=st.integers(1, 9), seed=st.integers(0, 99))
+def test_an_epoch_visits_every_sample_once(count, b, seed):
+    n_max = 40
+    idx, mask, active = _visits(D.BatchPlan(batch_size=b, epochs=2), count, 1, n_max, seed)
+    per_epoch = -(-n_max // b)
+    for e in range(2):
+        sel = idx[e * per_epoch:(e + 1) * per_epoch][mask[e * per_epoch:(e + 1) * per_epoch]]
+        assert sorted(sel.tolist()) == list(range(count))
+    assert active.sum() == 2 * -(-count // b)
+
+
+def test_epochs_are_reshuffled():
+    idx, mask, _ = _visits(D.BatchPlan(batch_size=30, epochs=2), 30, 30, 30)
+    assert not np.array_equal(idx[0], idx[1])
+
+
+def test_stream_steps_cover_epochs_in_order():
+    count, b, k = 7, 3, 7  # 21 positions = exactly 3 epochs of 7
+    idx, mask, active = _visits(D.BatchPlan(batch_size=b, steps=k), count, 5, 10)
+    flat = idx.reshape(-1)
+    for e in range(3):
+        assert sorted(flat[e * 7:(e + 1) * 7].tolist()) == list(range(7))
+    assert mask.all() and active.all()
+
+
+def test_replacement_sampling_stays_in_range():
+    idx, _, _ = _visits(D.BatchPlan(batch_size=50, steps=20, replacement=True), 5, 5, 10)
+    assert idx.min() >= 0 and idx.max() <= 4 and len(np.unique(idx)) == 5
+
+
+def test_tfds_source_with_mock_data():
+    import tensorflow_datasets as tfds
+
+    with tfds.testing.mock_data(num_examples=60):
+        src = D.tfds_source("mnist")
+        assert src.x_train.shape == (60, 28, 28, 1) and src.x_train.max() <= 1.0
+        fd = D.federate(src, 4, "iid", seed=0, test_per_client=5)
+        assert fd.num_clients == 4 and fd.input_shape == (28, 28, 1)
+        src = D.tfds_source("cifar10", limit=20)
+        assert src.x_train.shape == (20, 32, 32, 3)

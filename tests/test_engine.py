@@ -1,0 +1,176 @@
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fljax.data as D
+from fljax import tree
+from fljax.algorithms import make_algorithm
+from fljax.engine import Simulation, sample_cohort
+from fljax.engine.evaluation import summarize
+from fljax.algorithms.base import TestStats
+from fljax.models import make_model
+
+from conftest import assert_trees_close
+
+ALGOS = {"fedavg": dict(lr=0.05, cohort_size=6, local_steps=4, batch_size=8),
+         "fedprox": dict(lr=0.05, cohort_size=6, local_steps=4, batch_size=8, mu=0.1)}
+
+
+def _run(data, name, executor, rounds=3, **kw):
+    algo = make_algorithm(name, **{**ALGOS[name], **kw})
+    sim = Simulation(algo, data, executor=executor, chunk_size=4, seed=1)
+    state = sim.init()
+    state, metrics = sim.run_rounds(state, rounds)
+    summary, _ = sim.evaluate(state)
+    return state, metrics, summary
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedprox"])
+@pytest.mark.parametrize("executor", ["vmap", "chunked"])
+def test_executors_agree_with_loop(synth20, name, executor):
+    ref_state, ref_metrics, ref_summary = _run(synth20, name, "loop")
+    state, metrics, summary = _run(synth20, name, executor)
+    assert_trees_close(state.server["params"], ref_state.server["params"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(metrics["train_loss"], ref_metrics["train_loss"], rtol=1e-5)
+    for k in ref_summary:
+        np.testing.assert_allclose(summary[k], ref_summary[k], rtol=1e-5, atol=1e-6)
+
+
+def test_sharded_executor_agrees_with_loop_on_8_devices(tmp_path):
+    script = textwrap.dedent("""
+        import jax, numpy as np
+        assert jax.device_count() == 8, jax.devices()
+        import fljax.data as D
+        from fljax.algorithms import make_algorithm
+        from fljax.engine import Simulation
+        data = D.make_federated("synthetic", 20, seed=0, max_samples=120)
+        for name, kw in [("fedavg", {}), ("fedprox", {"mu": 0.1})]:
+            out = {}
+            for ex in ("loop", "sharded"):
+                algo = make_algorithm(name, lr=0.05, cohort_size=10, local_steps=4, batch_size=8, **kw)
+                sim = Simulation(algo, data, executor=ex, seed=1)
+                state, m = sim.run_rounds(sim.init(), 3)
+                out[ex] = (state.server["params"], m["train_loss"], sim.evaluate(state)[0])
+            for a, b in zip(jax.tree.leaves(out["loop"]), jax.tree.leaves(out["sharded"])):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+            assert "sharded(8 devices)" == sim.executor.describe()
+        print("SHARDED-OK")
+    """)
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert "SHARDED-OK" in out.stdout, out.stderr[-3000:]
+
+
+def _one_client_data(n=37, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 5)).astype(np.float32)
+    y = rng.integers(0, 3, n).astype(np.int32)
+    arr = D.pad_clients([x], [y])
+    return D.FederatedData(train=arr, test=arr, num_classes=3, input_shape=(5,), name="one")
+
+
+def test_fedavg_one_client_full_batch_is_gradient_descent():
+    data = _one_client_data()
+    lr, k, rounds = 0.3, 3, 4
+    algo = make_algorithm("fedavg", lr=lr, cohort_size=None, batch_size=None, local_steps=k)
+    sim = Simulation(algo, data, executor="vmap", seed=0)
+    state = sim.init()
+    w = state.server["params"]
+    state, _ = sim.run_rounds(state, rounds)
+    model = sim.algorithm.model
+    batch = D.Batch(x=data.train.x[0], y=data.train.y[0], mask=data.train.mask[0])
+    for _ in range(rounds * k):
+        w = tree.axpy(-lr, jax.grad(model.loss)(w, batch), w)
+    assert_trees_close(state.server["params"], w, rtol=1e-5, atol=1e-6)
+
+
+def test_fedprox_mu_zero_equals_fedavg(synth20):
+    a, ma, _ = _run(synth20, "fedavg", "vmap")
+    b, mb, _ = _run(synth20, "fedprox", "vmap", mu=0.0)
+    assert_trees_close(a.server["params"], b.server["params"], rtol=1e-6, atol=1e-7)
+    c, _, _ = _run(synth20, "fedprox", "vmap", mu=1.0)
+    assert not np.allclose(jax.tree.leaves(a.server["params"])[0], jax.tree.leaves(c.server["params"])[0])
+
+
+def test_same_seed_same_metrics_bit_for_bit(synth20):
+    algo = make_algorithm("fedavg", lr=0.05, cohort_size=5, local_steps=3, batch_size=8)
+    runs = [Simulation(algo, synth20, executor="vmap", seed=s).run(4, eval_every=2, progress=False).history
+            for s in (7, 7, 8)]
+    strip = lambda h: [{k: v for k, v in r.items() if k != "wall_seconds"} for r in h]
+    assert strip(runs[0]) == strip(runs[1])
+    assert strip(runs[0]) != strip(runs[2])
+
+
+def test_cohort_sampling():
+    key = jax.random.PRNGKey(0)
+    c = np.asarray(sample_cohort(key, 50, 10))
+    assert len(np.unique(c)) == 10 and c.min() >= 0 and c.max() < 50 and (np.diff(c) > 0).all()
+    assert not np.array_equal(c, np.asarray(sample_cohort(jax.random.PRNGKey(1), 50, 10)))
+    np.testing.assert_array_equal(sample_cohort(key, 50, None), np.arange(50))
+    counts = np.bincount(np.concatenate([np.asarray(sample_cohort(jax.random.PRNGKey(i), 20, 5))
+                                         for i in range(400)]), minlength=20)
+    assert counts.min() > 60 and counts.max() < 140  # uniform: 100 expected each
+
+
+def test_local_leaves_unsampled_clients_untouched(synth20):
+    algo = make_algorithm("local", lr=0.05, cohort_size=3, local_steps=2, batch_size=8)
+    sim = Simulation(algo, synth20, executor="vmap", seed=0)
+    s0 = sim.init()
+    s1, _ = sim.round(s0)
+    before, after = s0.clients["params"]["Dense_0"]["kernel"], s1.clients["params"]["Dense_0"]["kernel"]
+    changed = np.array([not np.array_equal(before[i], after[i]) for i in range(20)])
+    assert changed.sum() == 3
+    from fljax.engine.context import RoundContext, SAMPLE
+    from fljax.engine.driver import _round_key
+    cohort = sample_cohort(jax.random.fold_in(_round_key(s0.key, 0), SAMPLE), 20, 3)
+    np.testing.assert_array_equal(np.flatnonzero(changed), np.asarray(cohort))
+
+
+def test_summaries_match_numpy():
+    correct = jnp.array([3., 0., 5., 9., 1.])
+    count = jnp.array([4, 0, 10, 10, 2])
+    loss = jnp.array([0.5, 9., 1., 0.2, 2.])
+    s = summarize(TestStats(correct, count, loss), "x")
+    acc = np.array([0.75, 0.5, 0.9, 0.5])
+    np.testing.assert_allclose(s["x_acc"], acc.mean(), rtol=1e-6)
+    np.testing.assert_allclose(s["x_acc_weighted"], 18 / 26, rtol=1e-6)
+    np.testing.assert_allclose(s["x_acc_p10"], np.percentile(acc, 10), rtol=1e-6)
+    np.testing.assert_allclose(s["x_loss"], np.mean([0.5, 1., 0.2, 2.]), rtol=1e-6)
+
+
+def test_fedavg_ft_personalizes(digits10):
+    base = dict(lr=0.1, cohort_size=5, local_steps=3, batch_size=10)
+    r0 = Simulation(make_algorithm("fedavg_ft", finetune_steps=0, **base), digits10, seed=0).run(3, progress=False)
+    assert r0.final["personal_acc"] == r0.final["global_acc"]
+    r5 = Simulation(make_algorithm("fedavg_ft", finetune_steps=5, **base), digits10, seed=0).run(3, progress=False)
+    assert r5.final["global_acc"] == r0.final["global_acc"]
+    assert r5.final["personal_acc"] != r5.final["global_acc"]
+
+
+@pytest.mark.parametrize("kw,msg", [({"cohort_size": 50}, "cohort_size=50 must be between 1 and num_clients=20"),
+                                    ({"lr": -1.0}, "lr must be > 0"),
+                                    ({"weighting": "foo"}, "weighting must be")])
+def test_impossible_hyperparameters_are_refused(synth20, kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        Simulation(make_algorithm("fedavg", **kw), synth20)
+
+
+def test_unknown_algorithm_and_hyperparameter_suggest():
+    with pytest.raises(ValueError, match="Did you mean 'fedavg'"):
+        make_algorithm("fedavgg")
+    with pytest.raises(ValueError, match="no hyperparameter 'mu'"):
+        make_algorithm("fedavg", mu=1.0)
+
+
+def test_nonfinite_training_stops_with_round(synth20):
+    from fljax.engine import NonFiniteError
+    bad = synth20.replace(train=synth20.train.replace(x=synth20.train.x.at[:, 0, 0].set(jnp.inf)))
+    algo = make_algorithm("fedavg", cohort_size=None, local_epochs=1, batch_size=8)
+    with pytest.raises(NonFiniteError, match="round 1 produced NaN/Inf"):
+        Simulation(algo, bad).run(3, eval_every=1, progress=False)

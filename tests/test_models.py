@@ -1,0 +1,36 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fljax.models import make_model
+
+from conftest import assert_trees_close
+
+
+@pytest.mark.parametrize("name,shape", [("cnn1", (28, 28, 1)), ("cnn1", (32, 32, 3)), ("cnn1", (8, 8, 1))])
+def test_patches_conv_equals_native_under_vmap(name, shape):
+    native = make_model(name, shape, 10, conv_impl="native")
+    patches = native.with_conv("patches")
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    params = jax.vmap(native.init)(keys)  # per-client weights
+    x = jax.random.normal(jax.random.PRNGKey(1), (3, 4) + shape)
+    y = jnp.zeros((3, 4), jnp.int32)
+    f = lambda m: jax.vmap(lambda p, xi: m.apply(p, xi))(params, x)
+    np.testing.assert_allclose(f(native), f(patches), rtol=1e-4, atol=1e-5)
+    from fljax.data import Batch
+    g = lambda m: jax.vmap(jax.grad(lambda p, xi, yi: m.loss(p, Batch(xi, yi, jnp.ones(4, bool)))))(params, x, y)
+    assert_trees_close(g(native), g(patches), rtol=1e-3, atol=1e-5)
+
+
+def test_parameter_counts_match_papers():
+    assert make_model("cnn1", (32, 32, 3), 10).num_params() == 62006  # QuPeD spec §7
+    assert make_model("cnn1", (28, 28, 1), 10).num_params() == 61706
+    assert make_model("resnet18_gn", (32, 32, 3), 10).num_params() == 11173952  # FedSLR spec §7
+
+
+def test_model_errors():
+    with pytest.raises(ValueError, match="Did you mean 'mlp'"):
+        make_model("mpl", (10,), 3)
+    with pytest.raises(ValueError, match="needs image inputs"):
+        make_model("cnn1", (60,), 10)
