@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from flax import struct
 
-from fljax.tree import masked_mean_clients, mean_clients, ravel
+from fljax.tree import mean_clients, ravel, weighted_mean_clients
 
 PyTree = Any
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -77,7 +77,8 @@ def gd_branch(x: PyTree, g: PyTree, sigma) -> tuple[PyTree, PyTree, PyTree]:
 def consensus_from_z(z_clients: PyTree, mask=None) -> PyTree:
     """x = (1/m) Σ_i z_i over the leading client axis (FedGiA (11); = argmin_x of :func:`augmented_lagrangian`);
     with a [C] ``mask`` the mean runs over the clients where it holds (padded client axes)."""
-    return mean_clients(z_clients) if mask is None else masked_mean_clients(z_clients, mask)
+    # the raw mask as weights keeps the 1/k factor in the leaves' precision (masked_mean_clients rounds it to f32)
+    return mean_clients(z_clients) if mask is None else weighted_mean_clients(z_clients, jnp.asarray(mask))
 
 
 def augmented_lagrangian(f_vals, x: PyTree, X: PyTree, Pi: PyTree, sigma):
