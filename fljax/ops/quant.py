@@ -45,9 +45,11 @@ def R(x, centers):
 
 def prox_x(y, centers, th):
     """prox_{η₁λR(·,c)}(y) with th = λη₁/2 (QuPeD App. D.1 eqs. (8)–(11)): with q = Q_c(y) the nearest center to y,
-    q + sign(y − q)·max(|y − q| − th, 0), a soft threshold toward the nearest center."""
+    y − th if y ≥ q + th, y + th if y ≤ q − th, q otherwise; i.e. q + sign(y − q)·max(|y − q| − th, 0), a soft
+    threshold toward the nearest center (the piecewise form is exact at th = 0 and for large th)."""
     q = hard_quantize(y, centers)
-    return (q + jnp.sign(y - q) * jnp.maximum(jnp.abs(y - q) - th, 0)).astype(y.dtype)
+    d = y - q
+    return jnp.where(jnp.abs(d) > th, y - th * jnp.sign(d), q).astype(y.dtype)
 
 
 def center_update(centers, grad, x, eta2, lam, sign: str = "median", prox: bool = True):
