@@ -141,6 +141,14 @@ def test_erdos_renyi_static_option_ignores_key():
     assert float(G.spectral_gap(disconnected)) == pytest.approx(0.0, abs=1e-6)
 
 
+def test_spectral_gap_uses_the_most_negative_eigenvalue():
+    """λ = max(|λ₂|, |λ_m|): a 4-cycle with self-weight 0.1 and 0.45 per neighbour has eigenvalues
+    0.1 + 0.9·cos(πa/2) = 1, 0.1, −0.8, 0.1, so λ = 0.8 (not λ₂ = 0.1) and 1 − λ = 0.2."""
+    w = 0.1 * np.eye(4) + 0.45 * (np.roll(np.eye(4), 1, 1) + np.roll(np.eye(4), -1, 1))
+    np.testing.assert_allclose(G.spectral_gap(jnp.asarray(w)), 0.2, atol=1e-6)
+    np.testing.assert_allclose(G.contraction(jnp.asarray(w)), 0.8, atol=1e-6)
+
+
 def test_contraction_matches_spectral_gap_for_symmetric_w():
     w = G.Torus(16).sample().W
     np.testing.assert_allclose(G.contraction(w), 1 - G.spectral_gap(w), atol=1e-5)
