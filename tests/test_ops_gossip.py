@@ -54,8 +54,7 @@ def test_make_topology_unknown_name_lists_valid_choices():
         G.make_topology("hypercube", 8)
 
 
-@SETTINGS
-@given(m=st.integers(3, 40))
+@pytest.mark.parametrize("m", [3, 4, 5, 8, 13, 40])
 def test_ring_spectral_gap_oracle(m):
     gap = float(G.spectral_gap(G.Ring(m).sample().W))
     np.testing.assert_allclose(gap, 2 * (1 - np.cos(2 * np.pi / m)) / 3, atol=2e-6)
@@ -114,7 +113,7 @@ def test_random_k_choice_is_uniform_over_others():
 
 
 @SETTINGS
-@given(seed=st.integers(0, 2**31 - 1), m=st.integers(2, 15), p=st.floats(0.15, 0.9))
+@given(seed=st.integers(0, 2**31 - 1), m=st.sampled_from([2, 5, 9, 15]), p=st.floats(0.15, 0.9))
 def test_metropolis_hastings_on_random_connected_graphs(seed, m, p):
     r = np.random.default_rng(seed)
     a = np.triu(r.random((m, m)) < p, 1)

@@ -149,7 +149,7 @@ def test_hard_threshold_matches_support_enumeration(seed, tau, step, k):
 
 
 @SETTINGS
-@given(seed=seeds, k=st.integers(0, 20))
+@given(seed=seeds, k=st.sampled_from([0, 1, 7, 16, 17, 20]))
 def test_top_k_global_over_tree_and_dynamic(seed, k):
     tree = {"a": jnp.asarray(rng_array(seed, (3, 4)), jnp.float32), "b": jnp.asarray(rng_array(seed + 1, (5,)))}
     val, mask = P.top_k(tree, k)
@@ -173,10 +173,11 @@ def test_rank_mask_ties_to_lower_index_and_top_k_agrees():
 
 
 @SETTINGS
-@given(seed=seeds, m=st.integers(1, 6), n=st.integers(1, 6), tau=st.floats(0.0, 3.0))
-def test_svt_equals_svd_definition_and_optimality(seed, m, n, tau):
+@given(seed=seeds, shape=st.sampled_from([(1, 4), (3, 3), (5, 2), (4, 6)]), tau=st.floats(0.0, 3.0))
+def test_svt_equals_svd_definition_and_optimality(seed, shape, tau):
     """Z = U diag(max(s − τ, 0)) Vᵀ; with r = #{s > τ}: U_rᵀ(X − Z)V_r = τI_r and ‖X − Z‖₂ ≤ τ (FedSLR §8)."""
     with jax.enable_x64(True):
+        m, n = shape
         x = rng_array(seed, (m, n), 2.0)
         z, stats = P.svt(jnp.asarray(x), tau)
         u, s, vt = np.linalg.svd(x, full_matrices=False)
@@ -279,6 +280,9 @@ def test_per_leaf_first_match_wins():
     np.testing.assert_array_equal(out["params"]["Dense_0"]["bias"], 0)
     np.testing.assert_array_equal(out["params"]["head"]["kernel"], np.maximum(tree["params"]["head"]["kernel"], 0))
     assert float(P.per_leaf([], default=P.SquaredL2(1.0)).penalty({"b": jnp.ones(2)})) == 1.0
+    ident = P.Identity()
+    assert ident(tree, 5.0)["params"]["head"]["kernel"] is tree["params"]["head"]["kernel"]
+    assert float(ident.penalty(tree)) == 0.0
 
 
 @pytest.mark.parametrize("p", SEPARABLE + [P.L2Norm(0.5), P.GroupLasso(0.5), P.Nuclear(0.5), P.Identity(),

@@ -141,7 +141,8 @@ CNN2_Q = CNN1_Q[:4] + [True, False, True] + CNN1_Q[5:]
 @pytest.mark.parametrize("sizes,qmask,d,dq,bits,bpp,ratio", [
     (CNN1, CNN1_Q, 62006, 60480, 2, 2.745, 11.66), (CNN1, CNN1_Q, 62006, 60480, 1, 1.766, 18.12),
     (CNN2, CNN2_Q, 122838, 121280, 2, 2.385, 13.42), (CNN2, CNN2_Q, 122838, 121280, 1, 1.395, 22.93),
-    ([150] + CNN1[1:], CNN1_Q, 61706, 60480, 2, 2.602, 12.30), ([150] + CNN1[1:], CNN1_Q, 61706, 60480, 1, 1.619, 19.76),
+    ([150] + CNN1[1:], CNN1_Q, 61706, 60480, 2, 2.602, 12.30),
+    ([150] + CNN1[1:], CNN1_Q, 61706, 60480, 1, 1.619, 19.76),
 ])
 def test_bits_accounting_reproduces_quped_table(sizes, qmask, d, dq, bits, bpp, ratio):
     assert sum(sizes) == d and sum(s for s, q in zip(sizes, qmask) if q) == dq

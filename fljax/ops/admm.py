@@ -99,7 +99,8 @@ def augmented_lagrangian(f_vals, x: PyTree, X: PyTree, Pi: PyTree, sigma):
 
 
 def linearised_prox(theta: PyTree, y: PyTree, g: PyTree, w, rho) -> PyTree:
-    """θ_i = θ − (y_i + w_i·ĝ_i)/ρ_i, the minimiser of AugFL's client subproblem linearised at θ (AugFL Eq. (9), (11))."""
+    """θ_i = θ − (y_i + w_i·ĝ_i)/ρ_i, the minimiser of AugFL's client subproblem linearised at θ
+    (AugFL Eq. (9), (11))."""
     return jax.tree.map(lambda t, a, b: (t - (a + w * b) / rho).astype(t.dtype), theta, y, g)
 
 

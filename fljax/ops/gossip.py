@@ -90,6 +90,7 @@ class _Topology:
         return _static_mixing(self.dense())
 
     def dense(self) -> np.ndarray:
+        """The static mixing matrix as a float64 numpy array (host side)."""
         raise NotImplementedError
 
 
@@ -119,6 +120,7 @@ class Torus(_Topology):
     name = "torus"
 
     def shape(self) -> tuple[int, int]:
+        """(r, c) of the torus layout."""
         r = self.rows or max(d for d in range(1, math.isqrt(self.m) + 1) if self.m % d == 0)
         if self.m % r or r < 3 or self.m // r < 3:
             raise ValueError(f"torus needs m = r*c with r, c >= 3; got m={self.m}, rows={r}")

@@ -45,7 +45,8 @@ def hvp(loss_fn: Callable, params: PyTree, v: PyTree, batch, mode: str = "exact"
 
 def meta_grad(loss_fn: Callable, params: PyTree, support, query, alpha, mode: str = "exact", delta=1e-3) -> PyTree:
     """ĝ = r − α·HVP(θ, r; S) with r = ∇L(θ − α∇L(θ; S); Q): the gradient of θ ↦ L(θ − α∇L(θ; S); Q) (exact for
-    ``mode="exact"``), AugFL Eq. (9) linearisation direction; Per-FedAvg HF (``"fd"``/``"exact"``) and FO (``"none"``)."""
+    ``mode="exact"``), AugFL Eq. (9) linearisation direction; Per-FedAvg HF (``"fd"``/``"exact"``) and FO
+    (``"none"``)."""
     r = jax.grad(loss_fn)(adapt(loss_fn, params, support, alpha), query)
     h = hvp(loss_fn, params, r, support, mode=mode, delta=delta)
     return axpy(-alpha, h, r)

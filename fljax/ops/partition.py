@@ -53,7 +53,8 @@ def mask_from_paths(tree: PyTree, selector: Selector) -> PyTree:
 
 
 def as_leaf_mask(tree: PyTree, mask) -> PyTree:
-    """Normalise ``mask`` (``None`` = everything, a selector, or an existing leaf mask tree) to a leaf mask of ``tree``."""
+    """Normalise ``mask`` (``None`` = everything, a selector, or an existing leaf mask tree) to a leaf mask of
+    ``tree``."""
     if mask is None:
         return jax.tree.map(lambda _: True, tree)
     if isinstance(mask, (str, bool)) or callable(mask):

@@ -1,9 +1,8 @@
 """Proximal operators on pytrees.
 
 A :class:`Prox` ``p`` maps ``(y, step)`` to ``prox_{step·R}(y) = argmin_x ½‖x − y‖² + step·R(x)``, where
-``R = p.penalty`` is separable over leaves. Every operator
-works leaf by leaf, so it is pure, jittable, and vectorises over a client axis with ``jax.vmap`` (apply it to one
-client's tree; ``vmap`` adds the client axis). Leaves are selected by path with :func:`on` / :func:`per_leaf` (paths
+``R = p.penalty`` is separable over leaves. Every operator works leaf by leaf, so it is pure, jittable, and vectorises
+over a client axis with ``jax.vmap`` (apply it to one client's tree; ``vmap`` adds the client axis). Leaves are selected by path with :func:`on` / :func:`per_leaf` (paths
 come from :func:`fljax.tree.path_str`, e.g. ``params/Dense_0/kernel``) and composed with :func:`chain`.
 
 Conventions: ``step`` is a Python or traced scalar (a traced step never recompiles); results keep each leaf's dtype.
@@ -49,7 +48,7 @@ def _map2(fn: Callable[[str, Any], tuple[Any, Any]], tree: PyTree) -> tuple[PyTr
 
 @dataclasses.dataclass(frozen=True)
 class Prox:
-    """Base class. ``p(tree, step) = argmin_x Σ_leaves ½‖x − y‖² + step·R(x)`` and ``p.penalty(tree) = R(tree)``.
+    """Base class. ``p(y, step) = argmin_x Σ_leaves ½‖x − y‖² + step·R(x)`` and ``p.penalty(tree) = R(tree)``.
 
     Subclasses implement the leaf rules ``_prox(path, x, step)`` and ``_penalty(path, x)``; the path lets
     selectors (:func:`on`, :func:`per_leaf`) dispatch. Indicator penalties return 0 inside the set and ``inf`` outside.
