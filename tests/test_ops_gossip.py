@@ -52,6 +52,9 @@ def test_topology_claimed_properties(name, kw, sym, ds):
 def test_make_topology_unknown_name_lists_valid_choices():
     with pytest.raises(ValueError, match="valid: ring, torus"):
         G.make_topology("hypercube", 8)
+    # TOPOLOGIES maps every buildable name to a one-line summary (the CLI lists it)
+    assert set(G.TOPOLOGIES) == {c[0] for c in CLAIMS}
+    assert all(isinstance(v, str) and "\n" not in v for v in G.TOPOLOGIES.values())
 
 
 @pytest.mark.parametrize("m", [3, 4, 5, 8, 13, 40])

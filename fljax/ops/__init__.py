@@ -19,8 +19,9 @@ from fljax.ops.partition import (count, mask_and, mask_from_paths, mask_not, mas
                                  split)
 from fljax.ops.prox import (L1, Box, ElasticNet, GroupLasso, HardThreshold, L2Norm, NonNegative, Nuclear, Prox,
                             SquaredL2, chain, low_rank_factors, matricize, on, per_leaf, prox_to_anchor,
-                            proximal_penalty, proximal_penalty_grad, svt, top_k, transmission_bytes, unmatricize)
+                            proximal_penalty, proximal_penalty_grad, soft_threshold, svt, top_k, top_k_dynamic,
+                            transmission_bytes, unmatricize)
 from fljax.ops.quant import (R, assign, bits_accounting, center_update, hard_quantize, init_centers, prox_x,
                              soft_quantize)
-from fljax.ops.sam import sam_value_and_grad
+from fljax.ops.sam import sam_perturbation, sam_value_and_grad
 

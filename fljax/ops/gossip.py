@@ -259,18 +259,28 @@ class ErdosRenyi(_Topology):
         return Mixing(W=metropolis_hastings(upper + upper.T))
 
 
-TOPOLOGIES = {
-    "ring": Ring, "torus": Torus, "grid_offsets": GridOffsets, "exp": Exponential,
-    "exp_onesided": lambda m, **kw: Exponential(m, one_sided=True, **kw), "full": Complete, "random_k": RandomK,
-    "random_k_mh": RandomKMH, "erdos_renyi": ErdosRenyi, "identity": Identity,
+_REGISTRY = {  # name: (builder(m, **kw), one-line summary)
+    "ring": (Ring, "ring i±1, weights 1/3 (static)"),
+    "torus": (Torus, "2-D r×c torus, MH weights = 1/5 (static; rows=)"),
+    "grid_offsets": (GridOffsets, "circulant i±1, i±9, weights 1/5 (static; offsets=)"),
+    "exp": (Exponential, "exponential graph i±2^j, 1/(deg+1) (static)"),
+    "exp_onesided": (lambda m, **kw: Exponential(m, one_sided=True, **kw),
+                     "one-sided exponential i+2^j, not symmetric (static)"),
+    "full": (Complete, "complete graph, W = 11ᵀ/m (static)"),
+    "random_k": (RandomK, "k random in-neighbours per node, 1/(k+1), row-stochastic (redrawn; k=)"),
+    "random_k_mh": (RandomKMH, "random_k symmetrised, MH weights (redrawn; k=)"),
+    "erdos_renyi": (ErdosRenyi, "Erdős–Rényi G(m, p), MH weights (redrawn; p= or k=, redraw=)"),
+    "identity": (Identity, "no communication, W = I (static)"),
 }
+TOPOLOGIES = {name: summary for name, (_, summary) in _REGISTRY.items()}
 
 
 def make_topology(name: str, m: int, **kw):
-    """Build a topology by name (``TOPOLOGIES`` keys), e.g. ``make_topology("random_k", 100, k=10)``."""
-    if name not in TOPOLOGIES:
-        raise ValueError(f"unknown topology {name!r}; valid: {', '.join(TOPOLOGIES)}")
-    return TOPOLOGIES[name](m, **kw)
+    """Build a topology by name (the keys of ``TOPOLOGIES``, which maps each name to a one-line summary), e.g.
+    ``make_topology("random_k", 100, k=10)``."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown topology {name!r}; valid: {', '.join(_REGISTRY)}")
+    return _REGISTRY[name][0](m, **kw)
 
 
 # ------------------------------------------------------------------------------------------- validators (host)

@@ -396,6 +396,7 @@ def transmission_bytes(tree_stats_or_tree: PyTree, conv_reshape: str = "fedslr",
     Each matrix leaf sends min(r(m+n), mn) numbers (factors iff r(m+n) < mn), 1-D leaves numel; float32 = 4 B
     (FedSLR §2, §5). Pass the stats tree from :meth:`Nuclear.with_stats` (jittable), or a parameter tree, whose
     ranks are then counted on the host as #{s > rtol·s_max} (default rtol = max(m, n)·eps, as ``matrix_rank``).
+    Counts are int32 (models up to ~5·10⁸ parameters at 4 B each).
     """
     is_stats = lambda x: isinstance(x, LowRankStats)  # noqa: E731
     leaves = jax.tree.leaves(tree_stats_or_tree, is_leaf=is_stats)
