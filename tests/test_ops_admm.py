@@ -1,0 +1,143 @@
+"""fljax.ops.admm against hand formulas, first-order conditions and jnp.linalg.solve (float64)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.flatten_util import ravel_pytree
+
+from fljax.ops import admm as A
+
+
+def r(seed, *shape):
+    return jnp.asarray(np.random.default_rng(seed).normal(size=shape))
+
+
+def tree(seed, lead=()):
+    return {"a": r(seed, *lead, 3, 2), "b": r(seed + 100, *lead, 4)}
+
+
+def close(x, y, tol=1e-10):
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=tol, rtol=tol), x, y)
+
+
+def test_dual_ascent_z_form_gd_branch_hand_formulas():
+    with jax.enable_x64(True):
+        pi, xi, x, s = tree(0), tree(1), tree(2), 0.37
+        close(A.dual_ascent(pi, xi, x, s), jax.tree.map(lambda p, a, b: p + s * (a - b), pi, xi, x))
+        close(A.z_form(xi, pi, s), jax.tree.map(lambda a, p: a + p / s, xi, pi))
+        g = tree(3)
+        xb, pib, zb = A.gd_branch(x, g, s)                     # FedGiA (15)–(17)
+        close(xb, x)
+        close(pib, jax.tree.map(jnp.negative, g))
+        close(zb, jax.tree.map(lambda a, gg: a - gg / s, x, g))
+
+
+@pytest.mark.parametrize("kind", ["scalar", "diagonal", "cholesky", "woodbury"])
+def test_linearized_primal_minimises_the_linearised_lagrangian(kind):
+    """x_i = x − S⁻¹(g + π) is the stationary point of ⟨g + π, x_i − x⟩ + ½‖x_i − x‖²_S (FedGiA (12), (18)–(19))."""
+    with jax.enable_x64(True):
+        x, g, pi = tree(4), tree(5), tree(6)
+        n = 10
+        a_mat = r(7, 6, n)
+        c1, c0 = 0.3, 0.8
+        s_dense = {"scalar": 2.5 * jnp.eye(n), "cholesky": c1 * a_mat.T @ a_mat + c0 * jnp.eye(n),
+                   "woodbury": c1 * a_mat.T @ a_mat + c0 * jnp.eye(n)}
+        if kind == "diagonal":
+            curv = jax.tree.map(lambda v: jnp.abs(v) + 0.5, tree(8))
+            s_dense["diagonal"] = jnp.diag(ravel_pytree(curv)[0])
+        else:
+            curv = {"scalar": 2.5, "cholesky": A.cholesky_solver(a_mat.T @ a_mat, c1, c0),
+                    "woodbury": A.woodbury_solver(a_mat, c1, c0)}[kind]
+        xi = A.linearized_primal(x, g, pi, curv)
+        flat = lambda t: ravel_pytree(t)[0]  # noqa: E731
+        grad = flat(g) + flat(pi) + s_dense[kind] @ (flat(xi) - flat(x))
+        np.testing.assert_allclose(grad, 0, atol=1e-10)
+
+
+def test_cholesky_and_woodbury_solvers_match_linalg_solve():
+    with jax.enable_x64(True):
+        for d, n in ((5, 12), (12, 5)):                         # wide and tall A (Woodbury needs no n ≤ d)
+            a_mat = r(d * n, d, n)
+            v = r(1, n)
+            c1, c0 = 1 / (4 * 7 * 3), 0.05
+            exact = jnp.linalg.solve(c1 * a_mat.T @ a_mat + c0 * jnp.eye(n), v)
+            np.testing.assert_allclose(A.cholesky_solver(a_mat.T @ a_mat, c1, c0)(v), exact, rtol=1e-9)
+            np.testing.assert_allclose(A.woodbury_solver(a_mat, c1, c0)(v), exact, rtol=1e-9)
+        padded = jnp.concatenate([a_mat, jnp.zeros((3, n))])    # zero padding rows are harmless
+        np.testing.assert_allclose(A.woodbury_solver(padded, c1, c0)(v), exact, rtol=1e-9)
+
+
+def test_solvers_are_pytrees_that_vmap_over_clients():
+    with jax.enable_x64(True):
+        a = r(9, 4, 6, 5)                                       # 4 clients, 6 rows, 5 features
+        v = r(10, 4, 5)
+        solvers = jax.vmap(lambda ai: A.woodbury_solver(ai, 0.5, 0.2))(a)
+        out = jax.vmap(lambda s, vi: s(vi))(solvers, v)
+        for i in range(4):
+            np.testing.assert_allclose(out[i], jnp.linalg.solve(0.5 * a[i].T @ a[i] + 0.2 * jnp.eye(5), v[i]),
+                                       rtol=1e-9)
+
+
+def test_consensus_from_z_minimises_the_augmented_lagrangian():
+    """argmin_x Σ_i [⟨π_i, x_i − x⟩ + σ/2‖x_i − x‖²] = mean_i (x_i + π_i/σ) (FedGiA (11))."""
+    with jax.enable_x64(True):
+        m, sigma = 5, 0.7
+        X, Pi = tree(11, (m,)), tree(12, (m,))
+        f = r(13, m)
+        x_star = A.consensus_from_z(A.z_form(X, Pi, sigma))
+        grad = jax.grad(lambda x: A.augmented_lagrangian(f, x, X, Pi, sigma))(x_star)
+        assert max(float(jnp.max(jnp.abs(v))) for v in jax.tree.leaves(grad)) < 1e-10
+        mask = jnp.array([1, 1, 0, 1, 0])
+        masked = A.consensus_from_z(X, mask)
+        close(masked, jax.tree.map(lambda v: v[np.array([0, 1, 3])].mean(0), X))
+
+
+def test_augmented_lagrangian_hand_formula_with_per_client_sigma():
+    with jax.enable_x64(True):
+        m = 3
+        X, Pi, x = tree(14, (m,)), tree(15, (m,)), tree(16)
+        f = r(17, m)
+        sig = jnp.array([0.5, 1.0, 2.0])
+        expect = 0.0
+        for i in range(m):
+            d = [np.ravel(X[k][i] - x[k]) for k in ("a", "b")]
+            p = [np.ravel(Pi[k][i]) for k in ("a", "b")]
+            expect += float(f[i]) + sum(pp @ dd for pp, dd in zip(p, d)) + sig[i] / 2 * sum(dd @ dd for dd in d)
+        np.testing.assert_allclose(A.augmented_lagrangian(f, x, X, Pi, sig), expect, rtol=1e-12)
+
+
+def test_augfl_linearised_prox_and_dual():
+    """θ_i = θ − (y + w·ĝ)/ρ solves ∇[w⟨ĝ, θ_i − θ⟩ + ⟨y, θ_i − θ⟩ + ρ/2‖θ_i − θ‖²] = 0 (AugFL (9), (11))."""
+    with jax.enable_x64(True):
+        th, y, g, w, rho = tree(18), tree(19), tree(20), 0.3, 0.7
+        ti = A.linearised_prox(th, y, g, w, rho)
+        close(ti, jax.tree.map(lambda t, a, b: t - (a + w * b) / rho, th, y, g))
+        stat = jax.tree.map(lambda t, a, b, tt: w * b + a + rho * (tt - t), th, y, g, ti)
+        assert max(float(jnp.max(jnp.abs(v))) for v in jax.tree.leaves(stat)) < 1e-12
+        # after the dual step (12) the dual is the negative weighted gradient: y_i = −w·ĝ
+        yi = A.dual_ascent(y, ti, th, rho)
+        close(yi, jax.tree.map(lambda b: -w * b, g))
+
+
+def test_admm_consensus_eq13():
+    with jax.enable_x64(True):
+        n = 4
+        ti, yi = tree(21, (n,)), tree(22, (n,))
+        rho = jnp.array([0.5, 0.7, 1.1, 2.0])
+        G, lam = tree(23), 3.0
+        out = A.admm_consensus(ti, yi, rho, G, lam)
+        expect = jax.tree.map(lambda t, y, gg: (jnp.einsum("i,i...->...", rho, t) + y.sum(0) - lam * gg) / rho.sum(),
+                              ti, yi, G)
+        close(out, expect)
+        one = A.admm_consensus(jax.tree.map(lambda v: v[:1], ti), jax.tree.map(lambda v: v[:1], yi), rho[:1])
+        close(one, jax.tree.map(lambda t, y: t[0] + y[0] / rho[0], ti, yi))   # spec §11: θ⁺ = θ₁ + y₁/ρ₁
+        # minimiser of Σ_i[⟨y_i, θ_i − θ⟩ + ρ_i/2‖θ_i − θ‖²] + λ⟨G, θ⟩ (R_h linearised)
+        def lagr(th):
+            tot = lam * sum(jnp.vdot(a, b) for a, b in zip(jax.tree.leaves(G), jax.tree.leaves(th)))
+            for i in range(n):
+                for t, y, c in zip(jax.tree.leaves(ti), jax.tree.leaves(yi), jax.tree.leaves(th)):
+                    tot += jnp.vdot(y[i], t[i] - c) + rho[i] / 2 * jnp.sum((t[i] - c) ** 2)
+            return tot
+        grad = jax.grad(lagr)(out)
+        assert max(float(jnp.max(jnp.abs(v))) for v in jax.tree.leaves(grad)) < 1e-10
+        close(A.admm_consensus(ti, yi, 0.7), A.admm_consensus(ti, yi, jnp.full((n,), 0.7)))   # scalar ρ

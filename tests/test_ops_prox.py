@@ -1,0 +1,321 @@
+"""fljax.ops.prox against its mathematics: optimality conditions, brute-force minimisation, SVD definitions."""
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.optimize
+from hypothesis import given, settings, strategies as st
+
+from fljax.ops import prox as P
+
+SETTINGS = settings(max_examples=25, deadline=None)
+seeds = st.integers(0, 2**31 - 1)
+
+
+def rng_array(seed, shape, scale=1.0):
+    return np.random.default_rng(seed).normal(size=shape) * scale
+
+
+def objective(p, y, x, step):
+    """½‖x − y‖² + step·R(x), float64."""
+    return 0.5 * float(np.sum((np.asarray(x) - np.asarray(y)) ** 2)) + step * float(p.penalty(jnp.asarray(x)))
+
+
+# ------------------------------------------------------------------------------------ optimality conditions
+
+
+@SETTINGS
+@given(seed=seeds, a=st.floats(0.0, 2.0))
+def test_soft_threshold_subgradient_conditions(seed, a):
+    with jax.enable_x64(True):
+        x = rng_array(seed, (40,))
+        z = np.asarray(P.L1(1.0)(jnp.asarray(x), a))
+        nz = z != 0
+        np.testing.assert_allclose((x - z)[nz], a * np.sign(z[nz]), atol=1e-12)
+        assert np.all(np.abs(x[~nz]) <= a + 1e-12)
+
+
+@SETTINGS
+@given(seed=seeds, lam=st.floats(0.0, 3.0))
+def test_l2norm_and_group_lasso_optimality(seed, lam):
+    """z ≠ 0 ⇒ y − z = λ·z/‖z‖; z = 0 ⇒ ‖y‖ ≤ λ, per group (groups = output columns of an (in, out) kernel)."""
+    with jax.enable_x64(True):
+        y = rng_array(seed, (3, 5))
+        for z, groups in [(np.asarray(P.L2Norm(lam)(jnp.asarray(y), 1.0)), [(slice(None), slice(None))]),
+                          (np.asarray(P.GroupLasso(lam)(jnp.asarray(y), 1.0)), [(slice(None), j) for j in range(5)])]:
+            for g in groups:
+                zg, yg = z[g], y[g]
+                if np.linalg.norm(zg) > 0:
+                    np.testing.assert_allclose(yg - zg, lam * zg / np.linalg.norm(zg), atol=1e-10)
+                else:
+                    assert np.linalg.norm(yg) <= lam + 1e-10
+
+
+def test_group_lasso_groups_are_output_filters():
+    """Flax convention: a group is K[..., o] (one output filter / Dense column); a weak filter is zeroed whole."""
+    k = np.ones((3, 3, 2, 4))
+    k[..., 1] *= 0.01                        # filter 1 has norm 0.01·√18 < λ
+    z = np.asarray(P.GroupLasso(0.5)(jnp.asarray(k, jnp.float32), 1.0))
+    assert np.all(z[..., 1] == 0) and np.all(z[..., [0, 2, 3]] != 0)
+    np.testing.assert_allclose(np.linalg.norm(z[..., 0]), np.sqrt(18) - 0.5, rtol=1e-5)
+    gl = P.GroupLasso(2.0, axis=0)           # groups along axis 0 of a (3, 4) matrix = its rows
+    np.testing.assert_allclose(float(gl.penalty(jnp.ones((3, 4)))), 2.0 * 3 * 2.0, rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------- brute force
+
+SEPARABLE = [P.L1(0.7), P.SquaredL2(1.3), P.ElasticNet(0.4, 0.9), P.Box(-0.5, 0.8), P.NonNegative(),
+             P.chain(P.L1(0.6), P.NonNegative()), P.chain(P.L1(0.3), P.Box(-0.4, 1.0))]
+
+
+@pytest.mark.parametrize("p", SEPARABLE, ids=lambda p: type(p).__name__)
+def test_separable_prox_matches_grid_search(p):
+    """Each coordinate of prox(y, step) is the argmin of ½(x − y)² + step·r(x) over a 1e-4 grid (chains of a
+    separable prox and a box are the prox of the summed penalty)."""
+    with jax.enable_x64(True):
+        step = 0.8
+        y = rng_array(0, (12,), 1.5)
+        grid = jnp.linspace(-4, 4, 80001)
+        r = np.asarray(jax.vmap(lambda g: p.penalty(g[None]))(grid))
+        obj = 0.5 * (np.asarray(grid)[None, :] - y[:, None]) ** 2 + step * r[None, :]
+        brute = np.asarray(grid)[np.argmin(obj, axis=1)]
+        np.testing.assert_allclose(np.asarray(p(jnp.asarray(y), step)), brute, atol=1.1e-4)
+
+
+def test_chain_special_cases_have_closed_forms():
+    y = jnp.asarray(rng_array(1, (50,), 2.0), jnp.float32)
+    np.testing.assert_allclose(P.chain(P.L1(0.5), P.NonNegative())(y, 2.0), np.maximum(np.asarray(y) - 1.0, 0),
+                               atol=1e-6)
+    np.testing.assert_allclose(P.chain(P.L1(0.3), P.SquaredL2(0.7))(y, 1.5), P.ElasticNet(0.3, 0.7)(y, 1.5),
+                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(P.chain(P.L1(0.3), P.SquaredL2(0.7)).penalty(y), P.ElasticNet(0.3, 0.7).penalty(y),
+                               rtol=1e-6)
+
+
+def _scipy_min(p, y, step, starts):
+    f = lambda v: objective(p, y, v.reshape(y.shape), step)  # noqa: E731
+    best = None
+    for x0 in starts:
+        res = scipy.optimize.minimize(f, np.ravel(x0), method="Powell", options={"xtol": 1e-10, "ftol": 1e-14,
+                                                                                 "maxfev": 40000})
+        best = res if best is None or res.fun < best.fun else best
+    return best.x.reshape(y.shape), best.fun
+
+
+@pytest.mark.parametrize("p,shape", [(P.L2Norm(0.8), (2, 3)), (P.GroupLasso(0.6), (2, 3)), (P.Nuclear(0.5), (3, 2)),
+                                     (P.L2Norm(5.0), (2, 2))], ids=["l2norm", "group", "nuclear", "l2norm-zero"])
+def test_nonseparable_prox_matches_numerical_minimiser(p, shape):
+    """The objective is 1-strongly convex, so for the numerical minimiser x̂: obj(x̂) ≥ obj(prox) and
+    ‖x̂ − prox‖² ≤ 2(obj(x̂) − obj(prox))."""
+    with jax.enable_x64(True):
+        step = 1.0
+        y = rng_array(3, shape)
+        z = np.asarray(p(jnp.asarray(y), step))
+        xs, fs = _scipy_min(p, y, step, [y, np.zeros(shape), z + 0.1])
+        fz = objective(p, y, z, step)
+        assert fs >= fz - 1e-10
+        assert np.sum((xs - z) ** 2) <= 2 * (fs - fz) + 1e-6
+
+
+def _l0_brute(y, step, cut_sq_half, kmax=None):
+    """Enumerate supports: min ½‖x − y‖² + step·(τ²/2)·‖x‖₀ (or ‖x‖₀ ≤ kmax)."""
+    best, best_x = np.inf, None
+    for bits in itertools.product([0, 1], repeat=y.size):
+        s = np.array(bits, bool)
+        if kmax is not None and s.sum() > kmax:
+            continue
+        x = np.where(s, y, 0)
+        f = 0.5 * np.sum((x - y) ** 2) + (0 if kmax is not None else step * cut_sq_half * s.sum())
+        if f < best:
+            best, best_x = f, x
+    return best_x
+
+
+@SETTINGS
+@given(seed=seeds, tau=st.floats(0.05, 2.0), step=st.floats(0.1, 2.0), k=st.integers(0, 6))
+def test_hard_threshold_matches_support_enumeration(seed, tau, step, k):
+    with jax.enable_x64(True):
+        y = rng_array(seed, (6,))
+        z = np.asarray(P.HardThreshold(threshold=tau)(jnp.asarray(y), step))
+        np.testing.assert_allclose(z, _l0_brute(y, step, tau**2 / 2), atol=1e-12)
+        zk, mk = P.HardThreshold(k=k).with_mask(jnp.asarray(y), step)
+        np.testing.assert_allclose(zk, _l0_brute(y, step, 0, kmax=k), atol=1e-12)
+        assert int(np.sum(mk)) == k
+
+
+# -------------------------------------------------------------------------------------------------- top-k
+
+
+@SETTINGS
+@given(seed=seeds, k=st.sampled_from([0, 1, 7, 16, 17, 20]))
+def test_top_k_global_over_tree_and_dynamic(seed, k):
+    tree = {"a": jnp.asarray(rng_array(seed, (3, 4)), jnp.float32), "b": jnp.asarray(rng_array(seed + 1, (5,)))}
+    val, mask = P.top_k(tree, k)
+    flat = np.concatenate([np.abs(np.ravel(tree["a"])), np.abs(np.ravel(tree["b"]))])
+    mflat = np.concatenate([np.ravel(mask["a"]), np.ravel(mask["b"])])
+    assert mflat.sum() == min(k, flat.size)
+    if 0 < k < flat.size:
+        assert flat[mflat].min() >= flat[~mflat].max()
+    np.testing.assert_array_equal(val["a"], np.where(mask["a"], tree["a"], 0))
+    val_d, mask_d = jax.jit(P.top_k_dynamic)(tree, jnp.int32(k))            # traced count
+    jax.tree.map(np.testing.assert_array_equal, (val_d, mask_d), (val, mask))
+
+
+def test_rank_mask_ties_to_lower_index_and_top_k_agrees():
+    s = jnp.array([1.0, 3.0, 3.0, 2.0, 3.0])
+    np.testing.assert_array_equal(P.rank_mask(s, 2), [False, True, True, False, False])
+    np.testing.assert_array_equal(P.top_k(s, 2)[1], P.rank_mask(s, 2))
+
+
+# ---------------------------------------------------------------------------------------------- nuclear / SVT
+
+
+@SETTINGS
+@given(seed=seeds, shape=st.sampled_from([(1, 4), (3, 3), (5, 2), (4, 6)]), tau=st.floats(0.0, 3.0))
+def test_svt_equals_svd_definition_and_optimality(seed, shape, tau):
+    """Z = U diag(max(s − τ, 0)) Vᵀ; with r = #{s > τ}: U_rᵀ(X − Z)V_r = τI_r and ‖X − Z‖₂ ≤ τ (FedSLR §8)."""
+    with jax.enable_x64(True):
+        m, n = shape
+        x = rng_array(seed, (m, n), 2.0)
+        z, stats = P.svt(jnp.asarray(x), tau)
+        u, s, vt = np.linalg.svd(x, full_matrices=False)
+        np.testing.assert_allclose(z, (u * np.maximum(s - tau, 0)) @ vt, atol=1e-10)
+        r = int(np.sum(s > tau))
+        assert int(stats.rank) == r and int(stats.max_rank) == min(m, n)
+        assert int(stats.params) == min(r * (m + n), m * n)
+        ur, vr = u[:, :r], vt[:r].T
+        np.testing.assert_allclose(ur.T @ (x - np.asarray(z)) @ vr, tau * np.eye(r), atol=1e-9)
+        assert np.linalg.norm(x - np.asarray(z), 2) <= tau + 1e-9
+
+
+def test_hwio_route_equals_oihw_route_and_reshape_round_trips():
+    k_hwio = jnp.asarray(rng_array(4, (3, 2, 4, 5)), jnp.float32)           # (kh, kw, I, O)
+    k_oihw = jnp.transpose(k_hwio, (3, 2, 0, 1))                            # (O, I, kh, kw)
+    w = np.asarray(P.matricize(k_hwio))
+    np.testing.assert_array_equal(w, P.matricize(k_oihw, layout="oihw"))
+    assert w.shape == (5 * 3, 4 * 2)
+    o, i, a, b = 3, 2, 1, 1                                                 # W[(o,a),(i,b)] = K[o,i,a,b]
+    assert w[o * 3 + a, i * 2 + b] == k_oihw[o, i, a, b]
+    for layout, k in (("hwio", k_hwio), ("oihw", k_oihw)):
+        for cr in ("fedslr", "flat"):
+            np.testing.assert_array_equal(P.unmatricize(P.matricize(k, layout, cr), k.shape, layout, cr), k)
+    dense = jnp.ones((4, 3))
+    assert P.matricize(dense) is dense
+    # Nuclear prox on an HWIO leaf = unmatricize(SVT(matricize)) and matches the OIHW route.
+    z_hwio = P.Nuclear(0.3)(k_hwio, 1.0)
+    z_oihw = P.unmatricize(P.svt(P.matricize(k_oihw, "oihw"), 0.3)[0], k_oihw.shape, "oihw")
+    np.testing.assert_allclose(jnp.transpose(z_hwio, (3, 2, 0, 1)), z_oihw, atol=1e-5)
+
+
+def test_flat_reshape_is_a_different_prox():
+    k = jnp.asarray(rng_array(5, (3, 3, 4, 6)), jnp.float32)
+    assert not np.allclose(P.Nuclear(1.0).penalty(k), P.Nuclear(1.0, conv_reshape="flat").penalty(k))
+
+
+def test_nuclear_leaves_vectors_alone_and_reports_stats():
+    tree = {"bias": jnp.arange(4.0), "kernel": jnp.asarray(rng_array(6, (5, 4)), jnp.float32)}
+    z, stats = P.Nuclear(0.8).with_stats(tree, 1.0)
+    assert z["bias"] is tree["bias"]
+    assert int(stats["bias"].rank) == 0 and int(stats["bias"].params) == 4
+    assert float(P.Nuclear(0.8).penalty({"bias": tree["bias"]})) == 0.0
+    np.testing.assert_allclose(z["kernel"], P.svt(tree["kernel"], 0.8)[0])
+
+
+@pytest.mark.parametrize("tau", [0.0, 1.5, 3.0, 100.0])
+def test_factors_rebuild_prox_and_byte_counts(tau):
+    """U_c V_cᵀ = SVT(X, τ); bytes = 4·min(r(m+n), mn) per matrix + 4·numel per vector (FedSLR §2, §5)."""
+    x = jnp.asarray(rng_array(7, (8, 6), 2.0), jnp.float32)
+    z, stats = P.svt(x, tau)
+    uc, vct = P.low_rank_factors(x, tau)
+    r = int(stats.rank)
+    assert uc.shape == (8, r) and vct.shape == (r, 6)
+    np.testing.assert_allclose(uc @ vct, z, atol=1e-5)
+    tree = {"w": x, "b": jnp.ones(3)}
+    zt, st_tree = P.Nuclear(tau).with_stats(tree, 1.0)
+    expect = 4 * (min(r * 14, 48) + 3)
+    sent, dense = P.transmission_bytes(st_tree)
+    assert (int(sent), int(dense)) == (expect, 4 * (48 + 3))
+    assert int(P.transmission_bytes(zt)[0]) == expect                      # ranks recounted on the host
+    assert (r * 14 < 48) == (int(sent) < int(dense))                        # factors iff r(m+n) < mn
+
+
+def test_transmission_bytes_of_conv_kernel_uses_fedslr_shape():
+    k = jnp.asarray(rng_array(8, (3, 3, 4, 8)), jnp.float32)                # matrix (24, 12)
+    _, stats = P.Nuclear(3.0).with_stats({"k": k}, 1.0)
+    r = int(stats["k"].rank)
+    assert int(P.transmission_bytes(stats)[0]) == 4 * min(r * 36, 288)
+
+
+# ------------------------------------------------------------------------------------------ selection, dtype
+
+
+def params_tree():
+    return {"params": {"Dense_0": {"kernel": jnp.asarray(rng_array(9, (4, 3)), jnp.float32),
+                                   "bias": jnp.asarray(rng_array(10, (3,)), jnp.float32)},
+                       "head": {"kernel": jnp.asarray(rng_array(11, (3, 2)), jnp.float32)}}}
+
+
+def test_on_touches_only_selected_leaves():
+    tree = params_tree()
+    out = P.on("Dense_0/kernel", P.L1(0.5))(tree, 1.0)
+    assert out["params"]["Dense_0"]["bias"] is tree["params"]["Dense_0"]["bias"]
+    assert out["params"]["head"]["kernel"] is tree["params"]["head"]["kernel"]
+    np.testing.assert_array_equal(out["params"]["Dense_0"]["kernel"],
+                                  P.soft_threshold(tree["params"]["Dense_0"]["kernel"], 0.5))
+    by_pred = P.on(lambda path, x: x.ndim == 2, P.L1(0.5))(tree, 1.0)
+    assert by_pred["params"]["Dense_0"]["bias"] is tree["params"]["Dense_0"]["bias"]
+    assert not np.array_equal(by_pred["params"]["head"]["kernel"], tree["params"]["head"]["kernel"])
+    pen = P.on("head", P.L1(2.0)).penalty(tree)
+    np.testing.assert_allclose(pen, 2.0 * np.abs(tree["params"]["head"]["kernel"]).sum(), rtol=1e-6)
+
+
+def test_per_leaf_first_match_wins():
+    tree = params_tree()
+    p = P.per_leaf([("kernel", P.NonNegative()), ("Dense_0", P.L1(100.0))], default=P.SquaredL2(1.0))
+    out = p(tree, 1.0)
+    np.testing.assert_array_equal(out["params"]["Dense_0"]["kernel"],
+                                  np.maximum(tree["params"]["Dense_0"]["kernel"], 0))
+    np.testing.assert_array_equal(out["params"]["Dense_0"]["bias"], 0)
+    np.testing.assert_array_equal(out["params"]["head"]["kernel"], np.maximum(tree["params"]["head"]["kernel"], 0))
+    assert float(P.per_leaf([], default=P.SquaredL2(1.0)).penalty({"b": jnp.ones(2)})) == 1.0
+    ident = P.Identity()
+    assert ident(tree, 5.0)["params"]["head"]["kernel"] is tree["params"]["head"]["kernel"]
+    assert float(ident.penalty(tree)) == 0.0
+
+
+@pytest.mark.parametrize("p", SEPARABLE + [P.L2Norm(0.5), P.GroupLasso(0.5), P.Nuclear(0.5), P.Identity(),
+                                           P.HardThreshold(k=3), P.HardThreshold(threshold=0.5)],
+                         ids=lambda p: type(p).__name__)
+def test_prox_keeps_float32_and_structure(p):
+    tree = params_tree()
+    out = jax.jit(p)(tree, jnp.float32(0.3))
+    assert jax.tree.structure(out) == jax.tree.structure(tree)
+    assert all(o.dtype == jnp.float32 and o.shape == t.shape
+               for o, t in zip(jax.tree.leaves(out), jax.tree.leaves(tree)))
+
+
+def test_hard_threshold_needs_exactly_one_argument():
+    with pytest.raises(ValueError):
+        P.HardThreshold()
+    with pytest.raises(ValueError):
+        P.HardThreshold(k=1, threshold=0.1)
+
+
+# --------------------------------------------------------------------------------------- FedProx proximal term
+
+
+def test_fedprox_proximal_term():
+    with jax.enable_x64(True):
+        w = {"a": jnp.asarray(rng_array(12, (3, 2))), "b": jnp.asarray(rng_array(13, (4,)))}
+        anchor = {"a": jnp.asarray(rng_array(14, (3, 2))), "b": jnp.asarray(rng_array(15, (4,)))}
+        mu, step = 0.7, 0.4
+        sq = sum(np.sum((np.asarray(w[k]) - np.asarray(anchor[k])) ** 2) for k in w)
+        np.testing.assert_allclose(P.proximal_penalty(w, anchor, mu), mu / 2 * sq, rtol=1e-12)
+        grad = jax.grad(P.proximal_penalty)(w, anchor, mu)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-12), grad,
+                     P.proximal_penalty_grad(w, anchor, mu))
+        x = P.prox_to_anchor(w, anchor, mu, step)                # stationarity of the prox objective
+        stat = jax.tree.map(lambda xx, y, c: (xx - y) / step + mu * (xx - c), x, w, anchor)
+        assert max(float(jnp.max(jnp.abs(v))) for v in jax.tree.leaves(stat)) < 1e-12
