@@ -34,3 +34,16 @@ def test_model_errors():
         make_model("mpl", (10,), 3)
     with pytest.raises(ValueError, match="needs image inputs"):
         make_model("cnn1", (60,), 10)
+
+
+def test_max_pool_2x2_equals_flax_max_pool():
+    import flax.linen as nn
+
+    from fljax.models.layers import max_pool_2x2
+
+    for shape in [(2, 8, 8, 3), (1, 7, 5, 2)]:
+        x = jax.random.normal(jax.random.PRNGKey(0), shape)
+        np.testing.assert_array_equal(max_pool_2x2(x), nn.max_pool(x, (2, 2), (2, 2)))
+        g1 = jax.grad(lambda z: jnp.sum(max_pool_2x2(z) ** 2))(x)
+        g2 = jax.grad(lambda z: jnp.sum(nn.max_pool(z, (2, 2), (2, 2)) ** 2))(x)
+        np.testing.assert_allclose(g1, g2, rtol=1e-6)

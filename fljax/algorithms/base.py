@@ -52,6 +52,7 @@ class TestStats:  # noqa: D101 (not a pytest class)
 class Algorithm:
     name: ClassVar[str] = "algorithm"
     summary: ClassVar[str] = ""
+    generic: ClassVar[bool] = True  # runs on any classification data set (part of the default `fljax compare`)
     model: Model | None = dataclasses.field(default=None, repr=False)
     unroll: int = dataclasses.field(default=1, repr=False)
 

@@ -20,7 +20,7 @@ from fljax import tree
 from fljax.data.federated import FederatedData
 from fljax.engine.context import RoundContext
 from fljax.engine.evaluation import evaluate
-from fljax.engine.executors import Executor, make_executor
+from fljax.engine.executors import Executor, choose_executor, make_executor
 from fljax.engine.state import State
 from fljax.models.model import Model, make_model
 
@@ -76,12 +76,12 @@ class Simulation:
         model = model or default_model(data)
         self.data = data
         self.seed = int(seed)
-        cohort = getattr(algorithm, "cohort_size", None) or data.num_clients
         if isinstance(executor, Executor):
             self.executor = executor
+        elif executor == "auto":
+            self.executor = self._auto_executor(model, algorithm, chunk_size)
         else:
-            self.executor = make_executor(executor, chunk_size=chunk_size, cohort_size=cohort,
-                                          bytes_per_client=self._bytes_per_client(model, algorithm))
+            self.executor = make_executor(executor, chunk_size=chunk_size)
         impl = conv_impl if conv_impl != "auto" else ("patches" if self.executor.vectorised else "native")
         model = model.with_conv(impl)
         self.algorithm = algorithm.bind(model, self._auto_unroll(model, algorithm) if unroll == "auto" else int(unroll))
@@ -89,16 +89,26 @@ class Simulation:
         self._compiled: dict = {}
 
     # ---------------------------------------------------------------------------------------------- sizing
-    @staticmethod
-    def _bytes_per_client(model: Model, algorithm: "Algorithm") -> int:
-        """Rough per-client working set: parameters, gradients, optimizer state and updates (4 copies)."""
-        return 4 * 4 * model.num_params()
+    def _auto_executor(self, model: Model, algorithm: "Algorithm", chunk_size: int | None) -> Executor:
+        """Resolve 'auto' from the workload (see :func:`fljax.engine.executors.choose_executor`)."""
+        cohort = getattr(algorithm, "cohort_size", None) or self.data.num_clients
+        params = model.num_params()
+        steps, width = 1, self.data.train.n_max
+        if hasattr(algorithm, "plan"):
+            plan = algorithm.plan()
+            steps, width = plan.num_steps(self.data.train.n_max), plan.width(self.data.train.n_max)
+        per_client_bytes = 16 * params  # parameters, gradients, optimizer state, updates (float32)
+        return choose_executor(backend=jax.default_backend(), device_count=jax.device_count(),
+                               has_conv=model.has_conv, client_round_flops=6.0 * params * width * steps,
+                               cohort_bytes=cohort * per_client_bytes, chunk_size=chunk_size,
+                               per_client_bytes=per_client_bytes)
 
     def _auto_unroll(self, model: Model, algorithm: "Algorithm") -> int:
         """Unroll the local-step scan fully for convolutional models on CPU, where XLA:CPU runs convolutions
-        inside a while loop several times slower than unrolled (engine.md, measured in benchmarks); else 1."""
+        inside a while loop several times slower than unrolled (engine.md, measured in benchmarks; at most 64
+        steps, to bound compile time); else 1."""
         if model.has_conv and jax.default_backend() == "cpu" and hasattr(algorithm, "plan"):
-            return max(1, algorithm.plan().num_steps(self.data.train.n_max))
+            return max(1, min(64, algorithm.plan().num_steps(self.data.train.n_max)))  # cap: compile time
         return 1
 
     def work_per_round(self) -> tuple[int, int]:

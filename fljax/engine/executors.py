@@ -26,7 +26,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 from fljax import tree
 
 __all__ = ["Executor", "VmapExecutor", "ChunkedExecutor", "ShardedExecutor", "LoopExecutor", "EXECUTORS",
-           "make_executor"]
+           "make_executor", "choose_executor"]
 
 
 class Executor:
@@ -120,24 +120,42 @@ class LoopExecutor(Executor):
 
 
 EXECUTORS = {
-    "auto": "sharded when several devices are visible, else vmap (chunked when the cohort's state would not fit)",
+    "auto": "measured rule: sharded on several devices; vmap for small per-client work or on accelerators; "
+            "per-client loop for conv or large models on CPU (see choose_executor)",
     "vmap": "jax.vmap over the whole cohort: one batched program",
     "chunked": "lax.map over groups of chunk_size clients, vmap inside: bounded memory",
     "sharded": "shard_map over a Mesh with a 'clients' axis spanning all devices, vmap inside each shard",
     "loop": "reference: a Python loop of per-client jitted calls (how FedJAX runs clients)",
 }
 
+# Per-client FLOPs per round under which dispatching clients one by one costs more than it saves (dispatch is
+# ~0.1 ms per call; 10 MFLOP is ~0.1-0.2 ms of a CPU core). Measured: benchmarks/results/throughput.md.
+SMALL_CLIENT_FLOPS = 1e7
 
-def make_executor(name: str = "auto", *, chunk_size: int | None = None, cohort_size: int | None = None,
-                  bytes_per_client: int | None = None, memory_budget: float = 4e9) -> Executor:
-    """Build an executor by name. ``auto`` picks ``sharded`` on several devices; otherwise ``vmap``, or ``chunked``
-    when ``cohort_size × bytes_per_client`` (an estimate of per-client working memory) exceeds ``memory_budget``."""
-    if name == "auto":
-        if jax.device_count() > 1:
-            return ShardedExecutor()
-        if cohort_size and bytes_per_client and cohort_size * bytes_per_client > memory_budget:
-            return ChunkedExecutor(chunk_size or max(1, int(memory_budget // bytes_per_client)))
-        return VmapExecutor()
+
+def choose_executor(*, backend: str, device_count: int, has_conv: bool, client_round_flops: float,
+                    cohort_bytes: float, memory_budget: float = 4e9, chunk_size: int | None = None,
+                    per_client_bytes: float = 1.0) -> Executor:
+    """The ``auto`` rule, from benchmarks/throughput.py on a 2-core CPU (see the README's performance section).
+
+    * several devices → :class:`ShardedExecutor`;
+    * CPU and (a convolutional model, or more than ``SMALL_CLIENT_FLOPS`` of work per client and round) →
+      :class:`LoopExecutor`: XLA:CPU runs batched (vmapped) convolutions and matmuls over many clients' weights
+      memory-bound and slower than one client at a time, so per-client dispatch wins there;
+    * otherwise :class:`VmapExecutor`, or :class:`ChunkedExecutor` when the cohort's working set
+      ``cohort_bytes`` exceeds ``memory_budget``.
+    """
+    if device_count > 1:
+        return ShardedExecutor()
+    if backend == "cpu" and (has_conv or client_round_flops > SMALL_CLIENT_FLOPS):
+        return LoopExecutor()
+    if cohort_bytes > memory_budget:
+        return ChunkedExecutor(chunk_size or max(1, int(memory_budget // max(per_client_bytes, 1.0))))
+    return VmapExecutor()
+
+
+def make_executor(name: str = "vmap", *, chunk_size: int | None = None) -> Executor:
+    """Build an executor by an explicit name ('auto' is resolved by the simulation, which knows the workload)."""
     if name == "vmap":
         return VmapExecutor()
     if name == "chunked":

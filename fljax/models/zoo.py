@@ -10,7 +10,7 @@ from typing import Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
-from fljax.models.layers import Conv
+from fljax.models.layers import Conv, max_pool_2x2
 
 __all__ = ["LogisticRegression", "MLP", "CNN1", "ResNet18GN"]
 
@@ -55,9 +55,9 @@ class CNN1(nn.Module):
         h = x.shape[1]
         pad1, pad2 = ("VALID", "VALID") if h >= 32 else ("SAME", "VALID") if h >= 20 else ("SAME", "SAME")
         x = nn.relu(Conv(6, (5, 5), padding=pad1, impl=self.conv_impl)(x))
-        x = nn.max_pool(x, (2, 2), (2, 2))
+        x = max_pool_2x2(x)
         x = nn.relu(Conv(16, (5, 5), padding=pad2, impl=self.conv_impl)(x))
-        x = nn.max_pool(x, (2, 2), (2, 2))
+        x = max_pool_2x2(x)
         x = x.reshape(x.shape[0], -1)
         x = nn.relu(nn.Dense(120)(x))
         x = nn.relu(nn.Dense(84)(x))

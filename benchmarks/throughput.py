@@ -1,0 +1,209 @@
+"""FedAvg round throughput per workload and executor.
+
+Workloads (engine issue): logistic regression on Synthetic(1,1) with 1,000 and 10,000 clients, and the MLP and CNN1
+on 28×28×1 inputs with 64 clients; every client participates, 10 local SGD steps of batch 20 per round.
+For each executor (and, for CNN1, each convolution implementation and scan unroll) it reports client-steps/s,
+samples/s, achieved FLOP/s as a fraction of this machine's measured float32 matmul peak, compile seconds and peak
+memory (the XLA program's own estimate and the process's peak RSS). Each configuration runs in its own process;
+times are medians over ``--repeats`` timed blocks of rounds after a warm-up.
+
+    python benchmarks/throughput.py                 # full table -> benchmarks/results/throughput.{json,md}
+    python benchmarks/throughput.py --quick         # a seconds-long smoke run
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+WORKLOADS = {
+    "logreg-synthetic-1k": dict(model="logreg", data="synthetic", clients=1000),
+    "logreg-synthetic-10k": dict(model="logreg", data="synthetic", clients=10000),
+    "mlp-28x28-64": dict(model="mlp", data="images", clients=64),
+    "cnn1-28x28-64": dict(model="cnn1", data="images", clients=64),
+}
+EXECUTORS = ["auto", "vmap", "chunked", "sharded", "loop"]
+STEPS, BATCH = 10, 20
+
+
+def _data(spec: dict, quick: bool):
+    import jax.numpy as jnp
+
+    import fljax.data as D
+
+    if spec["data"] == "synthetic":
+        return D.make_federated("synthetic", spec["clients"], seed=0, max_samples=200)
+    rng = np.random.default_rng(0)
+    n = 200 if not quick else 40
+    xs = [rng.random((n, 28, 28, 1), np.float32) for _ in range(spec["clients"])]
+    ys = [rng.integers(0, 10, n).astype(np.int32) for _ in range(spec["clients"])]
+    arr = D.pad_clients(xs, ys)
+    return D.FederatedData(train=arr, test=arr, num_classes=10, input_shape=(28, 28, 1), name="random-28x28")
+
+
+def matmul_peak(n: int = 2048, repeats: int = 7) -> float:
+    """Measured float32 matmul FLOP/s of this machine (median of ``repeats``)."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        f(a).block_until_ready()
+        times.append(time.perf_counter() - t0)
+    return 2 * n ** 3 / float(np.median(times))
+
+
+def step_flops(model, data) -> float:
+    """FLOPs of one client's SGD step (forward + backward on a batch of BATCH), from XLA's cost analysis."""
+    import jax
+
+    from fljax.data import Batch
+
+    params = model.init(jax.random.PRNGKey(0))
+    batch = Batch(x=data.train.x[0, :BATCH], y=data.train.y[0, :BATCH], mask=data.train.mask[0, :BATCH])
+    compiled = jax.jit(jax.grad(model.loss)).lower(params, batch).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return float(cost.get("flops", 0.0))
+
+
+def measure(workload: str, executor: str, conv: str, unroll: str, repeats: int, quick: bool) -> dict:
+    """One configuration, in this process."""
+    import jax
+
+    from fljax.algorithms import make_algorithm
+    from fljax.engine import Simulation
+    from fljax.models import make_model
+
+    spec = WORKLOADS[workload]
+    data = _data(spec, quick)
+    model = make_model(spec["model"], data.input_shape, data.num_classes)
+    algo = make_algorithm("fedavg", lr=0.01, cohort_size=None, local_steps=STEPS, batch_size=BATCH)
+    sim = Simulation(algo, data, model, executor=executor, chunk_size=max(1, spec["clients"] // 8), seed=0,
+                     conv_impl=conv, unroll=unroll if unroll == "auto" else int(unroll))
+    state = sim.init()
+    loop = not sim.executor.jittable
+    rounds = 1 if loop or quick else (2 if spec["clients"] >= 10000 else 5)
+    t0 = time.perf_counter()
+    state, _ = sim.run_rounds(state, rounds)  # warm-up (compiles)
+    jax.block_until_ready(state)
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        state, _ = sim.run_rounds(state, rounds)
+        jax.block_until_ready(state)
+        times.append((time.perf_counter() - t0) / rounds)
+    per_round = float(np.median(times))
+    client_steps = spec["clients"] * STEPS
+    compiled = sim._compiled.get(("block", rounds))
+    mem = compiled.memory_analysis() if compiled is not None else None
+    xla_bytes = (mem.temp_size_in_bytes + mem.argument_size_in_bytes + mem.output_size_in_bytes) if mem else None
+    flops = step_flops(sim.algorithm.model, data)
+    return {
+        "workload": workload, "executor": executor, "resolved": sim.executor.describe(),
+        "conv": sim.algorithm.model.module.conv_impl if sim.algorithm.model.has_conv else "-",
+        "unroll": sim.algorithm.unroll, "clients": spec["clients"], "round_seconds": per_round,
+        "client_steps_per_s": client_steps / per_round, "samples_per_s": client_steps * BATCH / per_round,
+        "flops_per_s": flops * client_steps / per_round,
+        "compile_seconds": sim.compile_seconds if not loop else first - per_round,
+        "xla_bytes": xla_bytes, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "repeats": repeats,
+    }
+
+
+def configurations(quick: bool):
+    for w, spec in WORKLOADS.items():
+        if quick and w != "mlp-28x28-64":
+            continue
+        for ex in EXECUTORS:
+            if spec["model"] == "cnn1":
+                for conv in ("native", "patches"):
+                    for unroll in ("1", str(STEPS)):
+                        yield w, ex, conv, unroll
+            else:
+                yield w, ex, "auto", "auto"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="one small workload, 2 repeats (smoke test)")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--one", nargs=4, metavar=("WORKLOAD", "EXECUTOR", "CONV", "UNROLL"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(measure(*args.one, repeats=args.repeats, quick=args.quick)))
+        return
+    repeats = 2 if args.quick else args.repeats
+    import jax
+
+    peak = matmul_peak(512 if args.quick else 2048)
+    rows = []
+    for cfg in configurations(args.quick):
+        cmd = [sys.executable, os.path.abspath(__file__), "--one", *cfg, "--repeats", str(repeats)]
+        if args.quick:
+            cmd.append("--quick")
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"FAILED {cfg}: {out.stderr.strip().splitlines()[-1] if out.stderr else ''}", file=sys.stderr)
+            continue
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        row["peak_fraction"] = row["flops_per_s"] / peak
+        rows.append(row)
+        print(f"{row['workload']:<22} {row['executor']:<8} {row['conv']:<8} unroll {row['unroll']:<3} "
+              f"{row['client_steps_per_s']:>12,.0f} client-steps/s  compile {row['compile_seconds']:.1f}s",
+              file=sys.stderr)
+    meta = {"command": " ".join(["python benchmarks/throughput.py"] + sys.argv[1:]), "jax": jax.__version__,
+            "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
+            "cpu_count": os.cpu_count(), "machine": platform.machine(), "matmul_peak_flops": peak,
+            "local_steps": STEPS, "batch_size": BATCH, "repeats": repeats,
+            "date": time.strftime("%Y-%m-%d")}
+    os.makedirs(args.out, exist_ok=True)
+    name = "throughput_quick" if args.quick else "throughput"
+    with open(os.path.join(args.out, name + ".json.tmp"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    os.replace(os.path.join(args.out, name + ".json.tmp"), os.path.join(args.out, name + ".json"))
+    md = markdown(meta, rows)
+    with open(os.path.join(args.out, name + ".md.tmp"), "w") as f:
+        f.write(md)
+    os.replace(os.path.join(args.out, name + ".md.tmp"), os.path.join(args.out, name + ".md"))
+    print(md)
+
+
+def markdown(meta: dict, rows: list[dict]) -> str:
+    lines = [f"FedAvg throughput, {meta['local_steps']} local steps of batch {meta['batch_size']}, all clients "
+             f"every round; median of {meta['repeats']} timed blocks. Backend {meta['backend']} "
+             f"({meta['cpu_count']} cores), jax {meta['jax']}, measured matmul peak "
+             f"{meta['matmul_peak_flops'] / 1e9:.1f} GFLOP/s. Command: `{meta['command']}`.", "",
+             "| workload | executor | conv | unroll | client-steps/s | samples/s | GFLOP/s | % of peak | vs loop | "
+             "compile s | XLA MB | peak RSS MB |", "|" + "---|" * 12]
+    loop = {}
+    for r in rows:
+        if r["executor"] == "loop":
+            loop[r["workload"]] = max(loop.get(r["workload"], 0), r["client_steps_per_s"])
+    for r in rows:
+        base = loop.get(r["workload"])
+        lines.append(
+            f"| {r['workload']} | {r['executor']} ({r['resolved']}) | {r['conv']} | {r['unroll']} | "
+            f"{r['client_steps_per_s']:,.0f} | {r['samples_per_s']:,.0f} | {r['flops_per_s'] / 1e9:.2f} | "
+            f"{100 * r['peak_fraction']:.1f} | {r['client_steps_per_s'] / base if base else float('nan'):.1f}× | "
+            f"{r['compile_seconds']:.1f} | {(r['xla_bytes'] or 0) / 1e6:.0f} | {r['peak_rss_bytes'] / 1e6:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""The public entry points: build a simulation from a config, run one experiment, compare algorithms.
+
+    import fljax
+    result = fljax.run(algorithm="fedprox", algo={"mu": 0.01}, data={"dataset": "digits", "alpha": 0.1},
+                       rounds=50)
+    print(result.final["personal_acc"])
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from fljax.algorithms import make_algorithm
+from fljax.config import ExperimentConfig, from_dict, to_dict
+from fljax.data import FederatedData, make_federated
+from fljax.engine import RunResult, Simulation, default_model
+from fljax.models import make_model
+
+__all__ = ["make_config", "load_data", "build", "run", "compare"]
+
+
+def make_config(config: ExperimentConfig | dict | None = None, **overrides) -> ExperimentConfig:
+    """An :class:`ExperimentConfig` from a config object or nested dict, with keyword overrides of top-level keys
+    (sections given as dicts are merged key by key), validated."""
+    values = to_dict(config) if isinstance(config, ExperimentConfig) else dict(config or {})
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(values.get(key), dict) and key != "algo":
+            values[key] = {**values[key], **value}
+        else:
+            values[key] = value
+    return from_dict(ExperimentConfig, values).validate()
+
+
+def load_data(cfg: ExperimentConfig) -> FederatedData:
+    d = cfg.data
+    seed = cfg.seed if d.seed is None else d.seed
+    return make_federated(d.dataset, d.num_clients, d.partition, seed, alpha=d.alpha,
+                          classes_per_client=d.classes_per_client, sigma=d.sigma,
+                          test_per_client=d.test_per_client, test_fraction=d.test_fraction,
+                          synthetic_alpha=d.synthetic_alpha, synthetic_beta=d.synthetic_beta, data_dir=d.data_dir,
+                          limit=d.limit, max_samples=d.max_samples, noise=d.noise)
+
+
+def build(cfg: ExperimentConfig, data: FederatedData | None = None) -> Simulation:
+    """The :class:`Simulation` a config describes (``data`` may be passed to share it between runs)."""
+    data = data if data is not None else load_data(cfg)
+    if cfg.model.name == "auto":
+        model = default_model(data) if not cfg.model.options else make_model(
+            default_model(data).name, data.input_shape, data.num_classes, **cfg.model.options)
+    else:
+        model = make_model(cfg.model.name, data.input_shape, data.num_classes, **cfg.model.options)
+    algo = make_algorithm(cfg.algorithm, **cfg.algo)
+    return Simulation(algo, data, model, executor=cfg.executor, chunk_size=cfg.chunk_size, seed=cfg.seed,
+                      conv_impl=cfg.model.conv_impl)
+
+
+def run(config: ExperimentConfig | dict | None = None, *, progress: bool = True,
+        callback: Callable | None = None, data: FederatedData | None = None, **overrides) -> RunResult:
+    """Run one experiment; ``overrides`` are top-level config keys (``algorithm=``, ``algo=``, ``data=``, ...)."""
+    cfg = make_config(config, **overrides)
+    sim = build(cfg, data)
+    return sim.run(cfg.rounds, cfg.eval_every, progress=progress, callback=callback)
+
+
+def compare(algorithms: list[str | tuple[str, dict]], config: ExperimentConfig | dict | None = None, *,
+            progress: bool = True, **overrides) -> dict[str, RunResult]:
+    """Run several algorithms on the same data, partition and seed. Each entry is a name or (name, hyperparameters);
+    the config's ``algo`` dict applies to every algorithm that accepts its keys."""
+    cfg = make_config(config, **overrides)
+    data = load_data(cfg)
+    results = {}
+    for entry in algorithms:
+        name, hp = (entry, {}) if isinstance(entry, str) else entry
+        shared = {k: v for k, v in cfg.algo.items() if k in _fields(name)}
+        one = dataclasses.replace(cfg, algorithm=name, algo={**shared, **hp})
+        one.validate()
+        label = name if not hp else f"{name}({', '.join(f'{k}={v}' for k, v in hp.items())})"
+        results[label] = build(one, data).run(cfg.rounds, cfg.eval_every, progress=progress)
+    return results
+
+
+def _fields(name: str) -> set:
+    from fljax.algorithms.registry import get_algorithm, hyperparameter_fields
+
+    return set(hyperparameter_fields(get_algorithm(name)))
