@@ -1,14 +1,21 @@
 """fljax.algorithms: one module per algorithm family, and the registry that names them."""
 from fljax.algorithms.base import Algorithm, Centralized, ClientResult, TestStats
+from fljax.algorithms.decentralized import DFedAvg, DFedAvgM, DFedSAM, Decentralized
+from fljax.algorithms.dfedalt import DFedAlt, DFedSalt
+from fljax.algorithms.dispfl import DisPFL
 from fljax.algorithms.ditto import Ditto
 from fljax.algorithms.fedavg import FedAvg, FedAvgFT, FedProx
+from fljax.algorithms.fedbabu import FedBABU
+from fljax.algorithms.fedrod import FedRoD
 from fljax.algorithms.local import Local
 from fljax.algorithms.local_training import LocalSGD, run_steps
 from fljax.algorithms.partial import FedPer, FedRep, LGFedAvg
 from fljax.algorithms.registry import ALGORITHMS, get_algorithm, make_algorithm, register
 
-for _cls in (FedAvg, FedProx, FedAvgFT, Local, FedPer, FedRep, LGFedAvg, Ditto):
+for _cls in (FedAvg, FedProx, FedAvgFT, Local, FedPer, FedRep, LGFedAvg, Ditto, FedBABU, FedRoD, DFedAvg, DFedAvgM,
+             DFedSAM, DisPFL, DFedAlt, DFedSalt):
     register(_cls)
 
 __all__ = ["Algorithm", "Centralized", "ClientResult", "TestStats", "Ditto", "FedAvg", "FedAvgFT", "FedProx", "Local", "FedPer", "FedRep", "LGFedAvg",
+           "FedBABU", "FedRoD", "Decentralized", "DFedAvg", "DFedAvgM", "DFedSAM", "DisPFL", "DFedAlt", "DFedSalt",
            "LocalSGD", "run_steps", "ALGORITHMS", "get_algorithm", "make_algorithm", "register"]

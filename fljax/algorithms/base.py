@@ -8,7 +8,8 @@ engine binds it to a model (:meth:`Algorithm.bind`) and then calls
 * ``round(ctx, server, clients) -> (server, clients, metrics)``: one communication round, traced inside ``jit``
   (except under the loop executor). ``metrics`` is a dict of scalars; ``train_loss``, ``bytes_up`` and
   ``bytes_down`` are expected;
-* ``evaluate_client(shared, per_client)``: the test statistics of one client's global and personalized model.
+* ``evaluate_client(shared, per_client)``: the test statistics of one client's global and personalized model;
+* ``eval_metrics(server, clients)``: extra scalars reported with every evaluation (default: none).
 
 Most algorithms subclass :class:`Centralized`, which implements ``round`` as the paper-style
 sample → broadcast → client update (vectorised) → aggregate → server update, from four smaller methods.
@@ -88,6 +89,11 @@ class Algorithm:
 
     def logits(self, params, x):
         return self.model.apply(params, x)
+
+    def eval_metrics(self, server, clients) -> dict:
+        """Scalars computed from the whole state at every evaluation and merged into its summary (e.g. the
+        consensus distance of decentralized methods). Default: none."""
+        return {}
 
     def test_stats(self, params, test) -> TestStats:
         logits = self.logits(params, test.x)

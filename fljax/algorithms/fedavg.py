@@ -7,6 +7,10 @@ With the default server optimizer (SGD, server_lr = 1) w_{t+1} is the weighted m
 
 FedProx adds the proximal term (μ/2)‖w − w_t‖² to every local objective (FedProx Eq. 2).
 FedAvg-FT evaluates client i with the global model fine-tuned for ``finetune_steps`` local steps on i's data.
+
+``eval_model`` (FedAvg, FedProx): 'global' scores every client with the global model; 'stored' scores client i with
+the model it stored after its latest local training (the initial model before its first participation), the CFL
+protocol of the DFedAlt spec (§6, D19: "the local model ... is the personalized model").
 """
 from __future__ import annotations
 
@@ -34,19 +38,23 @@ class FedAvg(Centralized, LocalSGD):
     summary = "FedAvg: local SGD, weighted model averaging, server learning rate (McMahan et al. 2017)"
     server_lr: float = 1.0
     server_momentum: float = 0.0
+    eval_model: str = "global"
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
         self.validate_local()
         if not self.server_lr > 0:
             raise ValueError(f"server_lr must be > 0, got {self.server_lr}.")
+        if self.eval_model not in ("global", "stored"):
+            raise ValueError(f"eval_model must be 'global' or 'stored', got {self.eval_model!r}.")
 
     def server_optimizer(self) -> optax.GradientTransformation:
         return optax.sgd(self.server_lr, momentum=self.server_momentum or None)
 
     def init(self, ctx):
         params = self.model.init(self.init_key(ctx))
-        return {"params": params, "opt_state": self.server_optimizer().init(params)}, {}
+        clients = {"params": tree.broadcast_clients(params, ctx.num_clients)} if self.eval_model == "stored" else {}
+        return {"params": params, "opt_state": self.server_optimizer().init(params)}, clients
 
     def local_loss(self, params, batch, anchor):
         """The local objective f_i (FedProx overrides it)."""
@@ -57,6 +65,7 @@ class FedAvg(Centralized, LocalSGD):
         state, train, key = per_client
         loss_fn = functools.partial(self.local_loss, anchor=anchor)
         params, loss = self.train(loss_fn, anchor, train, key, round_, self.unroll)
+        state = {"params": params} if self.eval_model == "stored" else state
         return ClientResult(state=state, upload=params, weight=train.count, metrics={"train_loss": loss})
 
     def server_update(self, ctx, server, clients, cohort, result):
@@ -70,6 +79,9 @@ class FedAvg(Centralized, LocalSGD):
 
     def global_params(self, shared):
         return shared
+
+    def personal_params(self, shared, client_state, train, key):
+        return client_state["params"] if self.eval_model == "stored" else None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -15,6 +15,7 @@ import optax
 
 from fljax import tree
 from fljax.data.batching import BatchPlan, gather_batch
+from fljax.ops.sam import sam_value_and_grad
 
 __all__ = ["run_steps", "LocalSGD", "OPTIMIZERS"]
 
@@ -47,10 +48,11 @@ class LocalSGD:
     """Client optimizer settings.
 
     ``lr`` at round t is ``lr · lr_decay^t``. ``optimizer``: 'sgd' (with ``momentum``, PyTorch semantics) or 'adam'.
-    ``weight_decay`` is coupled (added to the gradient). Local work per round: ``local_epochs`` passes over the
-    client's data if set, else ``local_steps`` minibatches, of ``batch_size`` samples
-    (None = full batch). ``sampling``: 'shuffle' (epochs) or 'replacement'. The optimizer state is fresh every
-    round.
+    ``weight_decay`` is coupled (added to the gradient). ``clip_norm``: clip the gradient to this global L2 norm
+    before weight decay and the optimizer (None = no clipping; the DFedAlt spec's D17 uses 10). Local work per
+    round: ``local_epochs`` passes over the client's data if set, else ``local_steps`` minibatches, of
+    ``batch_size`` samples (None = full batch). ``sampling``: 'shuffle' (epochs) or 'replacement'. The optimizer
+    state is fresh every round.
     """
 
     lr: float = 0.1
@@ -58,6 +60,7 @@ class LocalSGD:
     optimizer: str = "sgd"
     momentum: float = 0.0
     weight_decay: float = 0.0
+    clip_norm: float | None = None
     batch_size: int | None = 20
     local_epochs: int | None = None
     local_steps: int | None = 10
@@ -74,6 +77,8 @@ class LocalSGD:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}.")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}.")
+        if self.clip_norm is not None and not self.clip_norm > 0:
+            raise ValueError(f"clip_norm must be > 0 or null (no clipping), got {self.clip_norm}.")
         if self.sampling not in ("shuffle", "replacement"):
             raise ValueError(f"sampling must be 'shuffle' or 'replacement', got {self.sampling!r}.")
         if self.local_epochs is None and self.local_steps is None:
@@ -93,21 +98,28 @@ class LocalSGD:
         return self.lr * jnp.power(jnp.float32(self.lr_decay), round_)
 
     def client_optimizer(self, lr) -> optax.GradientTransformation:
-        """The optax optimizer for one round (``lr`` may be traced)."""
-        parts = [optax.add_decayed_weights(self.weight_decay)] if self.weight_decay else []
+        """The optax optimizer for one round (``lr`` may be traced): [clip to ``clip_norm``] → [+ weight decay]
+        → SGD (momentum) or Adam."""
+        parts = [optax.clip_by_global_norm(self.clip_norm)] if self.clip_norm is not None else []
+        if self.weight_decay:
+            parts.append(optax.add_decayed_weights(self.weight_decay))
         if self.optimizer == "adam":
             parts.append(optax.adam(lr))
         else:
             parts.append(optax.sgd(lr, momentum=self.momentum or None))
         return optax.chain(*parts)
 
-    def sgd_step(self, loss_fn: Callable, opt: optax.GradientTransformation, extra_grad: Callable | None = None):
+    def sgd_step(self, loss_fn: Callable, opt: optax.GradientTransformation, extra_grad: Callable | None = None,
+                 sam_rho: float = 0.0):
         """A step function for :func:`run_steps` on carry ``(params, opt_state)``: ``g = ∇loss_fn(params, batch)``
-        (+ ``extra_grad(params)``), then the optax update."""
+        (+ ``extra_grad(params)``), then the optax update. ``sam_rho`` > 0 takes the gradient at the SAM point
+        params + ρ·g/‖g‖ on the same batch (:func:`fljax.ops.sam.sam_value_and_grad`; the logged loss is the
+        unperturbed one, and weight decay applies at the unperturbed params); 0 is the plain gradient."""
+        value_and_grad = sam_value_and_grad(jax.value_and_grad(loss_fn), sam_rho)
 
         def step(carry, batch, key):
             params, opt_state = carry
-            loss, g = jax.value_and_grad(loss_fn)(params, batch)
+            loss, g = value_and_grad(params, batch)
             if extra_grad is not None:
                 g = tree.add(g, extra_grad(params))
             updates, opt_state = opt.update(g, opt_state, params)
@@ -116,9 +128,9 @@ class LocalSGD:
         return step
 
     def train(self, loss_fn: Callable, params, train, key, round_, unroll: int = 1,
-              extra_grad: Callable | None = None, plan: BatchPlan | None = None):
+              extra_grad: Callable | None = None, plan: BatchPlan | None = None, sam_rho: float = 0.0):
         """Local training from ``params`` with this optimizer: returns (new params, mean loss)."""
         opt = self.client_optimizer(self.lr_at(round_))
-        step = self.sgd_step(loss_fn, opt, extra_grad)
+        step = self.sgd_step(loss_fn, opt, extra_grad, sam_rho)
         (params, _), loss = run_steps(step, (params, opt.init(params)), train, plan or self.plan(), key, unroll)
         return params, loss

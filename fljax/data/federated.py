@@ -39,6 +39,14 @@ class ClientArrays:
         """Rows of clients ``idx`` (keeps the static bounds of the whole population)."""
         return self.replace(x=self.x[idx], y=self.y[idx], mask=self.mask[idx], count=self.count[idx])
 
+    def padded(self, n_max: int) -> "ClientArrays":
+        """The same samples padded with masked rows to ``n_max`` rows per client (so data sets of different sizes
+        share one shape, hence one compiled program)."""
+        if n_max < self.n_max:
+            raise ValueError(f"cannot pad to n_max={n_max}: a client already has {self.n_max} samples.")
+        pad = lambda a: jnp.pad(a, [(0, 0), (0, n_max - self.n_max)] + [(0, 0)] * (a.ndim - 2))
+        return self.replace(x=pad(self.x), y=pad(self.y), mask=pad(self.mask), n_max=n_max)
+
     def client(self, i: int) -> "ClientArrays":
         """Client ``i`` alone, without the client axis (host-side convenience)."""
         return jax.tree.map(lambda a: a[i], self)

@@ -10,11 +10,12 @@ from fljax.data.federated import FederatedData
 from fljax.engine.executors import Executor
 from fljax.engine.sampling import sample_cohort
 
-__all__ = ["RoundContext", "TRAIN", "EVAL", "SAMPLE", "INIT"]
+__all__ = ["RoundContext", "TRAIN", "EVAL", "SAMPLE", "INIT", "MIXING"]
 
 # Stream tags: every random choice derives from fold_in(fold_in(run_key, round), tag) and then the client id, so
 # results never depend on the executor, the cohort's order or the batch position of a client.
 SAMPLE, TRAIN, EVAL, INIT = 0, 1, 2, 3
+MIXING = 4  # the round's mixing matrix of decentralized algorithms (redrawn topologies)
 
 
 @dataclasses.dataclass

@@ -2,7 +2,9 @@
 
 For the global model (when the algorithm has one) and for each client's personalized model: accuracy and loss per
 client, summarised as the unweighted mean over clients (the papers' protocol), the sample-weighted mean (pooled
-correct / pooled count) and the 10th-percentile client. Clients with an empty test split are left out.
+correct / pooled count) and the 10th-percentile client. Clients with an empty test split are left out. The
+algorithm's :meth:`~fljax.algorithms.Algorithm.eval_metrics` (state diagnostics such as the consensus distance of
+decentralized methods) are merged into the summary.
 """
 from __future__ import annotations
 
@@ -38,4 +40,5 @@ def evaluate(algorithm, ctx: RoundContext, server, clients) -> tuple[dict, dict]
     for kind, s in stats.items():
         summary.update(summarize(s, kind))
         per_client[f"{kind}_acc"] = s.correct / jnp.maximum(s.count.astype(jnp.float32), 1.0)
+    summary.update(algorithm.eval_metrics(server, clients))
     return summary, per_client

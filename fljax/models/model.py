@@ -42,6 +42,19 @@ class Model:
     def apply(self, params, x):
         return self.module.apply({"params": params}, x)
 
+    def features(self, params, x):
+        """The representation h(x) that enters the last layer ``head`` (its input), computed by intercepting the
+        ``head`` call. Every zoo model returns ``head``'s output as its logits, so logits = head(h(x)); used by
+        methods with several heads on one body (Fed-RoD)."""
+
+        def take_head_input(next_fun, args, kwargs, context):
+            if context.module.name == "head" and context.method_name == "__call__":
+                return args[0]
+            return next_fun(*args, **kwargs)
+
+        with nn.intercept_methods(take_head_input):
+            return self.apply(params, x)
+
     def loss(self, params, batch):
         """Masked mean cross-entropy of ``batch`` (a :class:`fljax.data.Batch`)."""
         return masked_cross_entropy(self.apply(params, batch.x), batch.y, batch.mask)

@@ -1,13 +1,13 @@
-"""fljax.ops: composable pytree transformations (prox, gossip, ADMM, SAM, partitions, quantizers, distillation,
-meta-gradients). Each operator is a small pure function on pytrees, safe under ``jit`` and ``vmap`` over a leading
-client axis; see ``docs/ops.md`` for the API reference with formulas and paper equations.
+"""fljax.ops: composable pytree transformations (prox, gossip, ADMM, SAM, partitions, sparse masks, quantizers,
+distillation, meta-gradients). Each operator is a small pure function on pytrees, safe under ``jit`` and ``vmap``
+over a leading client axis; see ``docs/ops.md`` for the API reference with formulas and paper equations.
 
 The submodules are the primary namespaces (``ops.prox.L1``, ``ops.gossip.Ring``); the most used names are
 re-exported here. ``ops.gossip`` and ``ops.sam`` are the submodules, so the operators of the same name are called
 ``ops.gossip.gossip(W, tree)`` and ``ops.sam.sam(grad_fn, rho)``; ``Identity`` exists in both ``prox`` and
 ``gossip`` and is not re-exported.
 """
-from fljax.ops import admm, distill, gossip, meta, partition, prox, quant, sam
+from fljax.ops import admm, distill, gossip, meta, partition, prox, quant, sam, sparsity
 from fljax.ops.admm import (admm_consensus, augmented_lagrangian, cholesky_solver, consensus_from_z, dual_ascent,
                             gd_branch, linearised_prox, linearized_primal, woodbury_solver, z_form)
 from fljax.ops.distill import ProjectionHead, crd_critic, crd_loss, feature_l2, info_nce, kl_divergence

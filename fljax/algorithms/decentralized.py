@@ -1,0 +1,264 @@
+"""Decentralized (serverless) FL over a communication graph: the round template and the full-model baselines.
+
+Client i holds w_i = (u_i, v_i): a shared part u_i, gossiped with its neighbours, and a personal part v_i that never
+leaves the client (empty for full-model methods). There is no server state. One round t (DFedAlt Algorithm 1, with
+all clients active, D14, and the gossip at the end of the round, D13):
+
+    (z_i^t, v_i^{t+1}) ← LocalUpdate_i(u_i^t, v_i^t)       every client at once, through ``ctx.map_clients``
+    W_t ← topology.sample(fold_in(round key, MIXING))        inside jit; static topologies are built once
+    u_i^{t+1} = Σ_l W_t[i,l] · z_l^t                          shared leaves only; v_i is untouched (bit-identical)
+
+The round's metrics carry the consensus distance CD = (1/m) Σ_i ‖u_i − ū‖² of the shared part before gossip
+(``consensus_local``, of z^t) and after it (``consensus``); every evaluation reports both too
+(:meth:`Decentralized.eval_metrics`). Evaluation point (D11): ``eval_point='local'`` (default) scores
+(z_i^t, v_i^{t+1}), the model right after local training and before gossip, which the client state then keeps as
+``z``; ``'gossip'`` scores (u_i^{t+1}, v_i^{t+1}), the paper's "output after the final communication".
+
+Gossip form: ``'dense'`` is one einsum with W [m, m] (O(m²·d)); ``'gather'`` sums over each node's neighbour
+slots (O(m·s·d), for topologies with a static degree s); ``'auto'`` picks gather from
+:data:`GATHER_MIN_NODES` nodes on (measured crossover, ``benchmarks/gossip_scaling.py``).
+
+Full-model baselines (every parameter shared, no personal part):
+
+* DFedAvg (Sun et al. 2022): E local epochs of SGD from w_i, then w_i ← Σ_l W_t[i,l] z_l; ``momentum`` 0.
+* DFedAvgM: the same with momentum 0.9, reset every round (DFedAlt spec D25).
+* DFedSAM (Shi et al. 2023): DFedAvgM whose every local step takes the SAM gradient with ρ = 0.01 on the full
+  model.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fljax import tree
+from fljax.algorithms.base import Algorithm
+from fljax.algorithms.local_training import LocalSGD
+from fljax.engine.context import INIT, MIXING, TRAIN
+from fljax.ops import gossip, partition
+
+__all__ = ["Decentralized", "DFedAvg", "DFedAvgM", "DFedSAM", "GATHER_MIN_NODES", "GOSSIP_FORMS", "EVAL_POINTS"]
+
+GOSSIP_FORMS = ("auto", "dense", "gather")
+EVAL_POINTS = ("local", "gossip")
+CLIENT_INITS = ("shared", "independent")
+# From this many nodes on, 'auto' gossips in the gather form (when the topology has one). Measured on the 2-core CPU
+# with benchmarks/gossip_scaling.py (benchmarks/results/gossip_scaling.md): see that file for the crossover.
+GATHER_MIN_NODES = 64
+
+
+@functools.lru_cache(maxsize=64)
+def _static_mixing(topology) -> gossip.Mixing:
+    """A static topology's mixing matrix, built once per (hashable) topology, as host (numpy) arrays: inside jit they
+    are compile-time constants (closed-over device arrays would become extra inputs of the compiled round)."""
+    with jax.ensure_compile_time_eval():  # the first call may come from inside a trace
+        return jax.tree.map(np.asarray, topology.sample(None))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Decentralized(Algorithm):
+    """Template for decentralized algorithms.
+
+    Topology hyperparameters: ``topology`` (a name of :data:`fljax.ops.gossip.TOPOLOGIES`), ``k`` (neighbours of
+    ``random_k``/``random_k_mh``; expected degree of ``erdos_renyi`` when ``p`` is null), ``p`` (``erdos_renyi``),
+    ``torus_rows`` (``torus``; default: the largest divisor of m ≤ √m). ``gossip_form``: 'auto' | 'dense' | 'gather'.
+    ``eval_point``: 'local' | 'gossip'. ``client_init``: 'shared' (one initialisation for all clients, D12) or
+    'independent' (one per client).
+
+    Subclasses implement ``client_update(round, (state, train, key)) -> (state, metrics)`` (local training; the
+    returned ``state["params"]`` holds (z_i, v_i)) and, when they do not share everything, ``shared_mask``; they may
+    override ``init_clients`` (extra per-client state) and ``aggregate`` (the gossip step).
+    """
+
+    topology: str = "random_k"
+    k: int = 10
+    p: float | None = None
+    torus_rows: int | None = None
+    gossip_form: str = "auto"
+    eval_point: str = "local"
+    client_init: str = "shared"
+
+    # ------------------------------------------------------------------------------------------ configuration
+    def validate(self, num_clients: int) -> None:
+        if self.topology not in gossip.TOPOLOGIES:
+            close = difflib.get_close_matches(self.topology, gossip.TOPOLOGIES, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"unknown topology {self.topology!r}; choose one of {sorted(gossip.TOPOLOGIES)}.{hint}")
+        for field, value, choices in (("gossip_form", self.gossip_form, GOSSIP_FORMS),
+                                      ("eval_point", self.eval_point, EVAL_POINTS),
+                                      ("client_init", self.client_init, CLIENT_INITS)):
+            if value not in choices:
+                raise ValueError(f"{field} must be one of {list(choices)}, got {value!r}.")
+        try:
+            topo = self.make_topology(num_clients)
+        except ValueError as e:
+            raise ValueError(f"topology {self.topology!r} with {num_clients} clients: {e}.") from None
+        if self.gossip_form == "gather" and not self.has_gather_form(topo):
+            raise ValueError(f"topology {self.topology!r} has no neighbour-gather form (its degree is not static); "
+                             f"use gossip_form='dense' or 'auto'.")
+
+    def make_topology(self, num_clients: int):
+        """The topology object for ``num_clients`` nodes, from the hyperparameters."""
+        kw = {}
+        if self.topology in ("random_k", "random_k_mh"):
+            kw["k"] = self.k
+        elif self.topology == "erdos_renyi":
+            kw = {"p": self.p} if self.p is not None else {"k": self.k}
+        elif self.topology == "torus" and self.torus_rows is not None:
+            kw["rows"] = self.torus_rows
+        topo = gossip.make_topology(self.topology, num_clients, **kw)
+        if self.topology == "torus":
+            topo.shape()  # refuses an impossible layout now, not inside jit
+        return topo
+
+    @staticmethod
+    def has_gather_form(topology) -> bool:
+        """Whether the topology's mixing matrices come with the neighbour-gather form (static graphs and
+        ``random_k`` do; the MH-weighted random graphs do not)."""
+        mixing = _static_mixing(topology) if topology.static else jax.eval_shape(topology.sample,
+                                                                                  jax.random.PRNGKey(0))
+        return mixing.idx is not None
+
+    # ------------------------------------------------------------------------------------------ parameter split
+    def shared_mask(self, params):
+        """Leaf mask of the shared part u (default: every parameter is shared)."""
+        return jax.tree.map(lambda _: True, params)
+
+    def split(self, params):
+        """(shared u, personal v), each with None in the other's slots."""
+        return partition.split(params, self.shared_mask(params))
+
+    def shared_part(self, params):
+        return self.split(params)[0]
+
+    # ------------------------------------------------------------------------------------------ state
+    def init(self, ctx):
+        m = ctx.num_clients
+        if self.client_init == "shared":
+            params = tree.broadcast_clients(self.model.init(ctx.stream(INIT)), m)
+        else:
+            params = jax.vmap(self.model.init)(ctx.client_keys(jnp.arange(m), INIT))
+        clients = self.init_clients(ctx, params)
+        if self.eval_point == "local":
+            clients["z"] = self.shared_part(clients["params"])
+        return None, clients
+
+    def init_clients(self, ctx, params) -> dict:
+        """Per-client state from the stacked initial parameters (subclasses add e.g. masks)."""
+        return {"params": params}
+
+    # ------------------------------------------------------------------------------------------ one round
+    def client_update(self, round_, per_client):
+        """``per_client = (state, train, key)`` of one client → (new state, scalar metrics)."""
+        raise NotImplementedError
+
+    def mixing(self, ctx) -> gossip.Mixing:
+        """This round's mixing matrix: redrawn inside jit from the round key, or the static one."""
+        topo = self.make_topology(ctx.num_clients)
+        return _static_mixing(topo) if topo.static else topo.sample(ctx.stream(MIXING))
+
+    def use_gather(self, mixing: gossip.Mixing) -> bool:
+        if self.gossip_form == "auto":
+            return mixing.idx is not None and mixing.W.shape[0] >= GATHER_MIN_NODES
+        return self.gossip_form == "gather"
+
+    def mix(self, mixing: gossip.Mixing, shared):
+        """u_i ← Σ_l W[i,l] z_l on every leaf of ``shared`` (dense or gather form)."""
+        if self.use_gather(mixing):
+            return gossip.gossip_gather(mixing.idx, mixing.wts, shared)
+        return gossip.gossip(mixing, shared)
+
+    def aggregate(self, mixing: gossip.Mixing, local: dict) -> dict:
+        """The clients' state after gossip: the shared part mixed, everything else as trained."""
+        u, v = self.split(local["params"])
+        return {**local, "params": partition.merge(self.mix(mixing, u), v)}
+
+    def messages(self, mixing: gossip.Mixing):
+        """Number of (sender → receiver) transfers in the round: the off-diagonal nonzeros of W."""
+        if self.use_gather(mixing):
+            m = mixing.idx.shape[0]
+            return jnp.sum((mixing.wts > 0) & (mixing.idx != jnp.arange(m)[:, None]))
+        return jnp.sum(mixing.W > 0) - jnp.sum(jnp.diagonal(mixing.W) > 0)
+
+    def message_bytes(self, local: dict):
+        """Bytes of one client's message (default: its dense shared part)."""
+        return tree.nbytes(self.shared_part(local["params"])) / tree.num_clients(local["params"])
+
+    def round(self, ctx, server, clients):
+        m = ctx.num_clients
+        trained = {k: v for k, v in clients.items() if k != "z"}
+        local, metrics = ctx.map_clients(self.client_update, ctx.round,
+                                         (trained, ctx.data.train, ctx.client_keys(jnp.arange(m), TRAIN)))
+        mixing = self.mixing(ctx)
+        z = self.shared_part(local["params"])
+        new = self.aggregate(mixing, local)
+        if self.eval_point == "local":
+            new["z"] = z
+        out = {k: jnp.mean(v) for k, v in metrics.items()}
+        volume = (self.messages(mixing) * self.message_bytes(local)).astype(jnp.float32)
+        out.update(consensus_local=gossip.consensus_distance(z),
+                   consensus=gossip.consensus_distance(self.shared_part(new["params"])),
+                   bytes_up=volume, bytes_down=volume)
+        return None, new, out
+
+    # ------------------------------------------------------------------------------------------ evaluation
+    def personal_params(self, shared, client_state, train, key):
+        if self.eval_point == "local":
+            return partition.merge(client_state["z"], self.split(client_state["params"])[1])
+        return client_state["params"]
+
+    def eval_metrics(self, server, clients) -> dict:
+        out = {"consensus": gossip.consensus_distance(self.shared_part(clients["params"]))}
+        if "z" in clients:
+            out["consensus_local"] = gossip.consensus_distance(clients["z"])
+        return out
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DFedAvgM(Decentralized, LocalSGD):
+    """DFedAvgM: every client runs ``local_epochs`` of momentum SGD from its model, then gossips the whole model.
+    ``rho`` > 0 takes SAM gradients on the full model (DFedSAM). Defaults: the DFedAlt spec's baselines (lr 0.1,
+    momentum 0.9 reset every round, weight decay 5e-3, clipping at 10, batch 128, 5 epochs, ``random_k`` k = 10)."""
+
+    name = "dfedavgm"
+    summary = "DFedAvgM: decentralized FedAvg with local momentum, full model gossiped with neighbours (Sun et al. 2022)"
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 5e-3
+    clip_norm: float | None = 10.0
+    batch_size: int | None = 128
+    local_epochs: int | None = 5
+    rho: float = 0.0
+
+    def validate(self, num_clients: int) -> None:
+        super().validate(num_clients)
+        self.validate_local()
+        if self.rho < 0:
+            raise ValueError(f"rho must be >= 0, got {self.rho}.")
+
+    def client_update(self, round_, per_client):
+        state, train, key = per_client
+        params, loss = self.train(self.model.loss, state["params"], train, key, round_, self.unroll, sam_rho=self.rho)
+        return {"params": params}, {"train_loss": loss}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DFedAvg(DFedAvgM):
+    """DFedAvg: DFedAvgM without momentum."""
+
+    name = "dfedavg"
+    summary = "DFedAvg: decentralized FedAvg, local SGD then gossip of the full model (Sun et al. 2022)"
+    momentum: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DFedSAM(DFedAvgM):
+    """DFedSAM: DFedAvgM with SAM (ρ = 0.01) in every local step, on the full model."""
+
+    name = "dfedsam"
+    summary = "DFedSAM: DFedAvgM with sharpness-aware local steps on the full model (Shi et al. 2023)"
+    rho: float = 0.01

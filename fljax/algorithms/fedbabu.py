@@ -1,0 +1,73 @@
+"""FedBABU (Oh et al. 2022): federated body training under a fixed random head, personalization by fine-tuning.
+
+The head v⁰ (``personal``, default 'head') keeps its random initialisation, the same for every client, throughout
+training. Selected client i, round t: u_i ← ``local_epochs`` of SGD on the body from the received body u_t with v⁰
+frozen; the server averages the bodies, u_{t+1} = Σ_{i∈S_t} p_i u_i. Only bodies are communicated.
+
+Evaluation (DFedAlt spec D22): client i fine-tunes the whole received model (u_{t+1}, v⁰) for ``finetune_epochs``
+epochs of its optimizer on its own train split (``finetune='head'``: the head only), is scored, and the fine-tuned
+model is discarded. The global model (u_{t+1}, v⁰) is scored as is.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from fljax import tree
+from fljax.algorithms.base import ClientResult
+from fljax.algorithms.partial import FedPer
+from fljax.data.batching import BatchPlan
+from fljax.ops import partition
+
+__all__ = ["FedBABU"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FedBABU(FedPer):
+    """Body averaging as :class:`FedPer` (whose ``eval_body`` does not apply: FedBABU always fine-tunes the
+    current server model at evaluation)."""
+
+    name = "fedbabu"
+    summary = "FedBABU: body trained under a fixed random head, fine-tuned per client at evaluation (Oh et al. 2022)"
+    finetune_epochs: int = 5
+    finetune: str = "all"
+
+    def validate(self, num_clients: int) -> None:
+        super().validate(num_clients)
+        if self.finetune_epochs < 0:
+            raise ValueError(f"finetune_epochs must be >= 0, got {self.finetune_epochs}.")
+        if self.finetune not in ("all", "head"):
+            raise ValueError(f"finetune must be 'all' or 'head', got {self.finetune!r}.")
+
+    def init(self, ctx):
+        server, _ = super().init(ctx)  # checks that the split leaves something shared
+        return server, {}
+
+    def broadcast(self, server):
+        return server["params"]  # the body, plus the fixed head every client already holds (not counted)
+
+    def comm_bytes(self, down, result, cohort_size: int) -> tuple:
+        body = self.split(down)[0]
+        return float(tree.nbytes(result.upload)), float(tree.nbytes(body) * cohort_size)
+
+    def client_update(self, shared, per_client) -> ClientResult:
+        params, round_ = shared
+        state, train, key = per_client
+        u, head = self.split(params)
+        u, loss = self.train(lambda u_, b: self.model.loss(partition.merge(u_, head), b), u, train, key, round_,
+                             self.unroll)
+        return ClientResult(state=state, upload=u, weight=train.count, metrics={"train_loss": loss})
+
+    def eval_shared(self, server):
+        return server["params"]
+
+    def global_params(self, shared):
+        return shared
+
+    def personal_params(self, shared, client_state, train, key):
+        plan = BatchPlan(batch_size=self.batch_size, epochs=self.finetune_epochs)
+        if self.finetune == "all":
+            return self.train(self.model.loss, shared, train, key, 0, self.unroll, plan=plan)[0]
+        u, head = self.split(shared)
+        head, _ = self.train(lambda h, b: self.model.loss(partition.merge(u, h), b), head, train, key, 0,
+                             self.unroll, plan=plan)
+        return partition.merge(u, head)

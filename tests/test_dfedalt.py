@@ -1,0 +1,182 @@
+"""DFedAlt / DFedSalt and the decentralized template: the identities of the DFedAlt spec (§9 claim 5, issue point 5)
+and executor agreement."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fljax.data as D
+from fljax import tree
+from fljax.algorithms import make_algorithm
+from fljax.engine import Simulation
+from fljax.models import make_model
+from fljax.ops import gossip, partition
+
+from conftest import assert_trees_close
+
+M = 12
+TRAIN = dict(lr=0.1, momentum=0.9, weight_decay=5e-3, clip_norm=10.0, batch_size=10, local_epochs=1)
+DFL = dict(TRAIN, topology="random_k", k=3)
+ALT = dict(DFL, personal_epochs=1, personal_lr=0.05)
+
+
+@pytest.fixture(scope="module")
+def pat12():
+    """12 clients of 20 noisy digits, 2 classes each (the spec §9 sampler, scaled down)."""
+    return D.make_federated("digits", M, "client_pathological", seed=0, classes_per_client=2, samples_per_client=20,
+                            test_per_client=20, noise=0.5)
+
+
+def _sim(data, name, executor="vmap", seed=0, chunk_size=None, **kw):
+    model = make_model("mlp", data.input_shape, data.num_classes, hidden=[16])
+    return Simulation(make_algorithm(name, **kw), data, model, executor=executor, seed=seed, chunk_size=chunk_size)
+
+
+_RUNS: dict = {}
+
+
+def _run(data, name, executor="vmap", rounds=2, **kw):
+    """(state, metrics) after ``rounds`` rounds; memoised per configuration, so tests share compiled runs."""
+    key = (id(data), name, executor, rounds, tuple(sorted(kw.items())))
+    if key not in _RUNS:
+        sim = _sim(data, name, executor, **kw)
+        _RUNS[key] = sim.run_rounds(sim.init(), rounds)
+    return _RUNS[key]
+
+
+def _bitwise_equal(a, b):
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    return len(la) == len(lb) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb))
+
+
+def test_dfedavg_on_complete_graph_equals_fedavg_with_full_participation(pat12):
+    # Same init stream, same per-client TRAIN keys (fold_in(round key, TRAIN), client id), same local SGD: with
+    # W = 11ᵀ/m every node holds the uniform mean, which is FedAvg's server model with uniform weights.
+    hp = dict(TRAIN, momentum=0.0)
+    dfl, _ = _run(pat12, "dfedavg", rounds=3, topology="full", **hp)
+    cfl, _ = _run(pat12, "fedavg", rounds=3, cohort_size=None, weighting="uniform", **hp)
+    for i in (0, M - 1):
+        assert_trees_close(tree.take_clients(dfl.clients["params"], i), cfl.server["params"], rtol=1e-4, atol=1e-5)
+    z = dfl.clients["z"]  # ... while the pre-gossip models are the clients' own local models
+    assert not np.allclose(z["head"]["kernel"][0], z["head"]["kernel"][1])
+
+
+def test_identity_mixing_equals_local_training(pat12):
+    dfl, _ = _run(pat12, "dfedavgm", topology="identity", **TRAIN)
+    local, _ = _run(pat12, "local", cohort_size=None, **TRAIN)
+    assert_trees_close(dfl.clients["params"], local.clients["params"], rtol=1e-5, atol=1e-6)
+
+
+def test_dfedalt_with_identity_mixing_is_isolated(pat12):
+    """W = I: no information flows, so changing the other clients' data leaves client 0 bit-identical."""
+    state, _ = _run(pat12, "dfedalt", **dict(ALT, topology="identity"))
+    x = pat12.train.x.at[1:].set(jax.random.normal(jax.random.PRNGKey(3), pat12.train.x[1:].shape))
+    other = pat12.replace(train=pat12.train.replace(x=x))
+    state2, _ = _run(other, "dfedalt", **dict(ALT, topology="identity"))
+    assert _bitwise_equal(tree.take_clients(state.clients, 0), tree.take_clients(state2.clients, 0))
+    assert not _bitwise_equal(tree.take_clients(state.clients, 1), tree.take_clients(state2.clients, 1))
+
+
+def test_gossip_never_changes_the_personal_part(pat12):
+    # the same local round (one jitted per-client program under the loop executor), then different gossip: heads
+    # and pre-gossip bodies bit-identical, post-gossip bodies mixed only under `full`
+    full, _ = _run(pat12, "dfedalt", "loop", rounds=1, **dict(ALT, topology="full"))
+    iso, _ = _run(pat12, "dfedalt", "loop", rounds=1, **dict(ALT, topology="identity"))
+    assert _bitwise_equal(full.clients["params"]["head"], iso.clients["params"]["head"])
+    assert _bitwise_equal(full.clients["z"], iso.clients["z"])
+    assert not np.allclose(full.clients["params"]["Dense_0"]["kernel"], iso.clients["params"]["Dense_0"]["kernel"])
+    # the aggregation step itself hands the personal leaves through untouched
+    algo = _sim(pat12, "dfedalt", **ALT).algorithm
+    local = {"params": full.clients["params"]}
+    out = algo.aggregate(gossip.make_topology("random_k", M, k=3).sample(jax.random.PRNGKey(1)), local)
+    assert out["params"]["head"]["kernel"] is local["params"]["head"]["kernel"]
+
+
+def test_dfedsalt_with_rho_zero_equals_dfedalt(pat12):
+    alt, _ = _run(pat12, "dfedalt", **ALT)
+    salt0, _ = _run(pat12, "dfedsalt", sam_on="uv", rho=0.0, **ALT)
+    salt, _ = _run(pat12, "dfedsalt", sam_on="uv", rho=0.7, **ALT)
+    assert _bitwise_equal(alt.clients, salt0.clients)
+    for part in ("head", "Dense_0"):  # SAM moves both phases' parts differently
+        assert not np.allclose(alt.clients["params"][part]["kernel"], salt.clients["params"][part]["kernel"])
+
+
+def test_dfedalt_all_shared_without_personal_phase_equals_dfedavgm(pat12):
+    a, _ = _run(pat12, "dfedalt", personal="(?!)", personal_epochs=0, **DFL)
+    b, _ = _run(pat12, "dfedavgm", **DFL)
+    assert_trees_close(a.clients, b.clients, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name,extra", [("dfedalt", ALT), ("dfedsalt", dict(ALT, sam_on="uv", rho=0.7)),
+                                        ("dfedavgm", DFL), ("dfedsam", DFL), ("dispfl", dict(DFL, anneal_rounds=10))])
+def test_executors_agree_with_loop(pat12, name, extra):
+    ref, mref = _run(pat12, name, "loop", **extra)
+    for executor in ("vmap",) + (("chunked",) if name == "dfedalt" else ()):
+        st, m = _run(pat12, name, executor, chunk_size=5 if executor == "chunked" else None, **extra)
+        assert_trees_close(st.clients, ref.clients, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(m["consensus"], mref["consensus"], rtol=1e-4)
+
+
+def test_gossip_step_consensus_decays_within_the_spectral_bound_and_faster_on_denser_graphs(pat12):
+    """The template's gossip step alone (no training) from independent initialisations: CD_t ≤ λ^{2t}·CD_0 for a
+    symmetric doubly stochastic W, and CD orders as full < exp < torus < ring."""
+    model = make_model("mlp", pat12.input_shape, pat12.num_classes, hidden=[16])
+    x0 = jax.vmap(model.init)(jax.random.split(jax.random.PRNGKey(0), M))
+    cd0 = float(gossip.consensus_distance(x0))
+    cd = {}
+    for topo in ("ring", "torus", "exp", "full"):
+        algo = make_algorithm("dfedavg", topology=topo).bind(model)
+        mixing = algo.make_topology(M).sample()
+        lam = 1 - float(gossip.spectral_gap(mixing))
+        local = {"params": x0}
+        for t in range(1, 5):
+            local = algo.aggregate(mixing, local)
+            cd[topo] = float(gossip.consensus_distance(local["params"]))
+            assert cd[topo] <= lam ** (2 * t) * cd0 * (1 + 1e-4) + 1e-9
+    assert cd["full"] < 1e-9 < cd["exp"] < cd["torus"] < cd["ring"]
+    # in training, the complete graph equalises all u_i (post-gossip CD ≈ 0) while the pre-gossip CD is not 0
+    _, metrics = _run(pat12, "dfedavg", rounds=3, topology="full", **dict(TRAIN, momentum=0.0))
+    assert np.all(np.asarray(metrics["consensus"]) < 1e-9) and np.all(np.asarray(metrics["consensus_local"]) > 1e-4)
+
+
+def test_round_metrics_evaluation_points_and_consensus(pat12):
+    state, metrics = _run(pat12, "dfedalt", **ALT)
+    sim = _sim(pat12, "dfedalt", **ALT)
+    shared = partition.split(state.clients["params"], sim.algorithm.shared_mask(state.clients["params"]))[0]
+    assert float(metrics["bytes_up"][-1]) == pytest.approx(M * 3 * tree.nbytes(shared) / M)  # m·k messages
+    summary, _ = sim.evaluate(state)
+    assert summary["consensus"] == pytest.approx(float(metrics["consensus"][-1]), rel=1e-5)
+    assert summary["consensus_local"] == pytest.approx(float(metrics["consensus_local"][-1]), rel=1e-5)
+    assert summary["consensus"] < summary["consensus_local"]
+    # 'local' scores (z^t, v^{t+1}); 'gossip' scores (u^{t+1}, v^{t+1}): the same run, another model
+    post, _ = _run(pat12, "dfedalt", eval_point="gossip", **ALT)
+    assert "z" not in post.clients
+    assert_trees_close(post.clients["params"], state.clients["params"])
+    model0 = sim.algorithm.personal_params(None, tree.take_clients(state.clients, 0), None, None)
+    assert_trees_close(partition.split(model0, sim.algorithm.shared_mask(model0))[0],
+                       tree.take_clients(state.clients["z"], 0))
+
+
+def test_dense_and_gather_gossip_forms_agree(pat12):
+    a, _ = _run(pat12, "dfedalt", **ALT)  # gossip_form 'auto' = dense below GATHER_MIN_NODES
+    b, _ = _run(pat12, "dfedalt", gossip_form="gather", **ALT)
+    assert_trees_close(a.clients, b.clients, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("hp,match", [
+    (dict(topology="rnig"), "Did you mean 'ring'"),
+    (dict(topology="random_k_mh", gossip_form="gather"), "no neighbour-gather form"),
+    (dict(topology="random_k", k=12), "random_k needs 0 <= k < m"),
+    (dict(topology="torus", torus_rows=5), "torus needs m = r\\*c"),
+    (dict(sam_on="w"), "sam_on must be one of"),
+    (dict(eval_point="after"), "eval_point must be one of"),
+])
+def test_bad_hyperparameters_are_refused_in_one_line(pat12, hp, match):
+    with pytest.raises(ValueError, match=match) as e:
+        _sim(pat12, "dfedalt", **hp)
+    assert "\n" not in str(e.value)
+
+
+def test_dfedalt_refuses_a_split_that_shares_nothing(pat12):
+    with pytest.raises(ValueError, match="nothing would be shared"):
+        _sim(pat12, "dfedalt", personal=".").init()
