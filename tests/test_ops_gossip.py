@@ -244,3 +244,18 @@ def test_gossip_inside_jit_with_redrawn_topology():
     out1, out2 = step(jax.random.PRNGKey(1), tree), step(jax.random.PRNGKey(2), tree)
     assert not np.allclose(out1["body"]["w"], out2["body"]["w"])
     assert step._cache_size() == 1
+
+
+def test_random_k_draws_every_k_subset_of_the_others_equally_often():
+    """Floyd's draw: each of the C(m−1, k) neighbour sets of a node is equally likely (not only each pair)."""
+    import itertools
+
+    m, k, n = 5, 2, 6000
+    chosen = jax.vmap(lambda key: G.RandomK(m, k).sample(key).idx[:, 1:])(jax.random.split(KEY, n))
+    chosen = np.sort(np.asarray(chosen), axis=-1)
+    for i in range(m):
+        others = [j for j in range(m) if j != i]
+        subsets = list(itertools.combinations(others, k))
+        counts = np.array([np.all(chosen[:, i] == s, axis=1).sum() for s in subsets])
+        assert counts.sum() == n
+        np.testing.assert_allclose(counts / n, 1 / len(subsets), atol=0.025)

@@ -189,10 +189,21 @@ class Identity(_Topology):
 
 
 def _random_k_choice(key, m: int, k: int):
-    """[m, k] uniformly random k-subsets of the other nodes: row-wise ``lax.top_k`` of U(0,1) scores, −∞ diagonal."""
-    scores = jax.random.uniform(key, (m, m))
-    scores = jnp.where(jnp.eye(m, dtype=bool), -jnp.inf, scores)
-    return jax.lax.top_k(scores, k)[1]
+    """[m, k] uniformly random k-subsets of the other nodes, one per row.
+
+    Floyd's algorithm (Bentley & Floyd 1987) vectorised over rows: for j = n−k, …, n−1 (n = m − 1) draw t uniform in
+    {0, …, j} and take t, or j when t is already taken; then skip the node itself (v ↦ v + [v ≥ i]). O(m·k²) work, so a
+    draw stays linear in m; row-wise top-k scores of an [m, m] uniform matrix (the spec's construction, the same
+    distribution, D2) cost O(m²) and dominated the round from a few thousand nodes (benchmarks/gossip_scaling.py)."""
+    n = m - 1
+
+    def take(s, chosen):
+        j = n - k + s
+        t = jax.random.randint(jax.random.fold_in(key, s), (m,), 0, j + 1)
+        return chosen.at[:, s].set(jnp.where(jnp.any(chosen == t[:, None], axis=1), j, t))
+
+    chosen = jax.lax.fori_loop(0, k, take, jnp.full((m, k), -1, jnp.int32))
+    return chosen + (chosen >= jnp.arange(m)[:, None])
 
 
 @dataclasses.dataclass(frozen=True)

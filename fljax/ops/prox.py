@@ -196,7 +196,8 @@ class NonNegative(Box):
 def _sortable_bits(x):
     """uint32 keys with the order of the float32 values (−0 is read as +0): the sign bit flipped for x ≥ 0, all
     bits flipped for x < 0."""
-    bits = jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float32) + 0.0, jnp.uint32)
+    x = jnp.asarray(x, jnp.float32)
+    bits = jax.lax.bitcast_convert_type(jnp.where(x == 0, 0.0, x), jnp.uint32)  # (x + 0.0 is folded under jit)
     return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
 
 
