@@ -167,3 +167,19 @@ def test_centralized_baselines_executors_agree_with_loop(pat12, name):
     assert_trees_close(sa.clients, sb.clients, rtol=1e-4, atol=1e-5)
     ea, eb = a.evaluate(sa)[0], b.evaluate(sb)[0]
     assert float(ea["personal_acc"]) == pytest.approx(float(eb["personal_acc"]), abs=1e-6)
+
+
+def test_example_configs_validate():
+    import glob
+    import os
+
+    from fljax.config import load_config
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    names = {"dfedalt", "dfedsalt", "dfedavg", "dfedavgm", "dfedsam", "dispfl", "fedbabu", "fedrod"}
+    found = {}
+    for path in glob.glob(os.path.join(here, "configs", "*.yaml")):
+        cfg = load_config(path)
+        found[os.path.basename(path)] = cfg.algorithm
+    assert names <= set(found.values())
+    assert found["dfedalt_cifar10.yaml"] == "dfedalt"

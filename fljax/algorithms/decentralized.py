@@ -48,7 +48,7 @@ EVAL_POINTS = ("local", "gossip")
 CLIENT_INITS = ("shared", "independent")
 # From this many nodes on, 'auto' gossips in the gather form (when the topology has one). Measured on the 2-core CPU
 # with benchmarks/gossip_scaling.py (benchmarks/results/gossip_scaling.md): see that file for the crossover.
-GATHER_MIN_NODES = 64
+GATHER_MIN_NODES = 1000
 
 
 @functools.lru_cache(maxsize=64)
