@@ -58,6 +58,14 @@ TABLE_METHODS = ("Local", "FedAvg", "FedPer", "FedRep", "FedBABU", "Fed-RoD", "D
 SAM_METHODS = ("DFedAlt", "DFedSalt", "DFedSalt-V", "DFedSalt-UV")
 TOPOLOGY_METHODS = ("DFedAvgM", "DFedAlt", "DFedSalt")
 NEIGHBOUR_METHODS = ("DFedAvgM", "DFedAlt")
+RHOS = (0.01, 0.05, 0.2, 0.7)
+RHO_SPLITS = ("pat5", "dir0.3")
+LONG_FACTOR = 3  # the `long` study runs LONG_FACTOR × rounds
+LONG_METHODS = ("FedAvg", "FedPer", "FedRep", "FedBABU", "Fed-RoD", "Ditto", "DFedAvgM", "DFedAlt")
+ORACLE_EPOCHS, ORACLE_BATCH = 60, 32
+MORE_SEEDS = 10  # the `more_seeds` study: claim 1's methods on Pat c=2 with this many seeds, compared seed by seed
+SEED_METHODS = ("DFedAlt", "DFedAvgM", "FedAvg", "Local")
+STUDIES = ("table", "topology", "neighbours", "rho", "long", "ceiling", "more_seeds")
 DEFAULT_OUT = os.path.join("benchmarks", "results", "dfedalt")
 
 
@@ -109,6 +117,36 @@ def run_one(algorithm: str, hyper: dict, data, seed: int, rounds: int, eval_ever
     return {"history": history, "run_seconds": result.run_seconds, "compile_seconds": result.compile_seconds}
 
 
+def oracle_accuracy(data, seed: int) -> float:
+    """Centralized reference: the MLP trained on the whole pooled train set (ORACLE_EPOCHS epochs, batch
+    ORACLE_BATCH, the protocol's optimizer), then each client's test set scored with the logits of the classes absent
+    from its train split masked; unweighted mean over clients."""
+    import jax
+    import jax.numpy as jnp
+
+    from fljax import tree
+    from fljax.algorithms import make_algorithm
+    from fljax.data import FederatedData, pad_clients
+    from fljax.data.sources import digits
+    from fljax.engine import Simulation
+    from fljax.models import make_model
+
+    source = digits(seed, test_per_class=TEST_PER_CLASS, noise=0.5)
+    pooled = pad_clients([source.x_train], [source.y_train])
+    central = FederatedData(train=pooled, test=pooled, num_classes=10, input_shape=source.x_train.shape[1:])
+    model = make_model("mlp", central.input_shape, 10, hidden=HIDDEN)
+    algo = make_algorithm("local", **dict(TRAIN, cohort_size=None, batch_size=ORACLE_BATCH, local_epochs=1))
+    sim = Simulation(algo, central, model, executor="vmap", seed=seed)
+    state, _ = sim.run_rounds(sim.init(), ORACLE_EPOCHS)
+    params = tree.take_clients(state.clients["params"], 0)
+    present = jnp.asarray(data.train_label_counts() > 0)
+    logits = jax.vmap(model.apply, in_axes=(None, 0))(params, data.test.x)
+    pred = jnp.argmax(jnp.where(present[:, None, :], logits, -jnp.inf), axis=-1)
+    correct = jnp.sum((pred == data.test.y) & data.test.mask, axis=1)
+    count = jnp.sum(data.test.mask, axis=1)
+    return float(jnp.mean(correct / jnp.maximum(count, 1)))
+
+
 # ---------------------------------------------------------------------------------------------------- studies
 
 
@@ -126,12 +164,14 @@ class Runner:
             self._data[key] = make_data(split, seed, num_clients)
         return self._data[key]
 
-    def cell(self, study: str, label: str, split: str, algorithm: str, hyper: dict, num_clients: int = 20):
-        for seed in range(self.seeds):
+    def cell(self, study: str, label: str, split: str, algorithm: str, hyper: dict, num_clients: int = 20,
+             rounds: int | None = None, seeds: int | None = None):
+        for seed in range(seeds or self.seeds):
             key = f"{study}|{label}|{split}|{seed}"
             if key in self.results["runs"]:
                 continue
-            out = run_one(algorithm, hyper, self.data(split, seed, num_clients), seed, self.rounds, self.eval_every)
+            out = run_one(algorithm, hyper, self.data(split, seed, num_clients), seed, rounds or self.rounds,
+                          self.eval_every)
             self.results["runs"][key] = out
             acc = out["history"]["personal_acc"][-1]
             self.log(f"  {study:10s} {label:18s} {split:6s} seed {seed}: personal acc {acc:.4f} "
@@ -159,6 +199,37 @@ class Runner:
                 for k in NEIGHBOURS:
                     self.cell("neighbours", f"{label}@k={k}", split, algorithm, dict(hyper, k=k),
                               num_clients=NEIGHBOUR_CLIENTS)
+
+    def rho(self):
+        """DFedSalt's SAM radius: the paper's ρ = 0.7 against smaller ones."""
+        for split in RHO_SPLITS:
+            algorithm, hyper = methods(split, self.rounds)["DFedSalt"]
+            for rho in RHOS:
+                self.cell("rho", f"DFedSalt@rho={rho:g}", split, algorithm, dict(hyper, rho=rho))
+
+    def long(self):
+        """CFL and DFL methods on Dir α=0.3 with LONG_FACTOR × the rounds (a CFL client trains in ~20% of them)."""
+        rounds = LONG_FACTOR * self.rounds
+        ms = methods("dir0.3", rounds)
+        for label in LONG_METHODS:
+            self.cell("long", label, "dir0.3", *ms[label], rounds=rounds)
+
+    def more_seeds(self):
+        """Claim 1's comparison on Pat c=2 with MORE_SEEDS seeds (the first ones are the table's)."""
+        ms = methods("pat2", self.rounds)
+        for label in SEED_METHODS:
+            self.cell("more_seeds", label, "pat2", *ms[label], seeds=MORE_SEEDS)
+
+    def ceiling(self):
+        """A reference point per split: the same MLP trained centrally on the whole train pool, scored on each
+        client's test set with the classes absent from the client's train data masked."""
+        for split in SPLITS:
+            for seed in range(self.seeds):
+                key = f"ceiling|oracle|{split}|{seed}"
+                if key not in self.results["runs"]:
+                    acc = oracle_accuracy(self.data(split, seed, 20), seed)
+                    self.results["runs"][key] = {"history": {"round": [ORACLE_EPOCHS], "personal_acc": [acc]}}
+                    self.log(f"  ceiling    oracle             {split:6s} seed {seed}: personal acc {acc:.4f}")
 
 
 # ---------------------------------------------------------------------------------------------------- summaries
@@ -259,6 +330,49 @@ def neighbours_table(results: dict) -> str:
         row += [f"{final(results, 'neighbours', f'DFedAlt@k={k}', s, 'consensus').mean():.3g}" for s in MAIN_SPLITS]
         rows.append(row)
     return markdown_table(header, rows)
+
+
+def topology_speed_table(results: dict, round_: int = 20) -> str:
+    rows = []
+    for split in MAIN_SPLITS:
+        for label in TOPOLOGY_METHODS:
+            rows.append([label, SPLIT_TITLES[split]] + [
+                fmt(at_round(results, "topology", f"{label}@{t}", split, round_, "personal_acc")) for t in TOPOLOGIES])
+    return markdown_table(["method", "split"] + list(TOPOLOGIES), rows)
+
+
+def rho_table(results: dict) -> str:
+    rows = [["DFedAlt (no SAM)"] + [fmt(final(results, "table", "DFedAlt", s)) for s in RHO_SPLITS]]
+    rows += [[f"DFedSalt ρ = {rho:g}"] + [fmt(final(results, "rho", f"DFedSalt@rho={rho:g}", s)) for s in RHO_SPLITS]
+             for rho in RHOS]
+    return markdown_table(["method"] + [SPLIT_TITLES[s] for s in RHO_SPLITS], rows)
+
+
+def long_table(results: dict) -> str:
+    rounds = results.get("meta", {}).get("rounds", 0)
+    rows = [[label, fmt(final(results, "table", label, "dir0.3")), fmt(final(results, "long", label, "dir0.3"))]
+            for label in LONG_METHODS]
+    return markdown_table(["method", f"T = {rounds}", f"T = {LONG_FACTOR * rounds}"], rows)
+
+
+def seeds_table(results: dict) -> str:
+    """Pat c=2 over MORE_SEEDS seeds: each method, and DFedAlt minus it seed by seed (same data and init per seed)."""
+    alt = final(results, "more_seeds", "DFedAlt", "pat2")
+    rows = []
+    for label in SEED_METHODS:
+        acc = final(results, "more_seeds", label, "pat2")
+        diff = alt - acc
+        rows.append([label, fmt(acc), "-" if label == "DFedAlt" else fmt(diff),
+                     "-" if label == "DFedAlt" else f"{int(np.sum(diff > 0))}/{diff.size}"])
+    return markdown_table(["method", "personal acc", "DFedAlt − method (paired)", "seeds DFedAlt ahead"], rows)
+
+
+def ceiling_table(results: dict) -> str:
+    best = {s: max(TABLE_METHODS, key=lambda m: final(results, "table", m, s).mean()) for s in SPLITS}
+    rows = [["centralized oracle (label set known)"] + [fmt(final(results, "ceiling", "oracle", s)) for s in SPLITS],
+            ["best method of Table 1"] + [f"{best[s]}: {fmt(final(results, 'table', best[s], s))}" for s in SPLITS],
+            ["Local"] + [fmt(final(results, "table", "Local", s)) for s in SPLITS]]
+    return markdown_table(["reference"] + [SPLIT_TITLES[s] for s in SPLITS], rows)
 
 
 # ---------------------------------------------------------------------------------------------------- claims
@@ -377,10 +491,13 @@ def plots(results: dict, out: str) -> list[str]:
 
     if _runs(results, "table", "DFedAlt", "pat2"):
         fig, axes = plt.subplots(1, len(MAIN_SPLITS), figsize=(12, 4), sharey=True)
+        colors = plt.get_cmap("tab20").colors
+        cfl = ("FedAvg", "FedPer", "FedRep", "FedBABU", "Fed-RoD", "Ditto")
         for ax, split in zip(axes, MAIN_SPLITS):
-            for label in TABLE_METHODS:
+            for c, label in enumerate(TABLE_METHODS):  # CFL dashed, DFL solid, the paper's methods thick
                 r, acc = curve(results, "table", label, split, "personal_acc")
-                ax.plot(r, 100 * acc, label=label, lw=2.2 if label.startswith("DFedS") or label == "DFedAlt" else 1)
+                ax.plot(r, 100 * acc, label=label, color=colors[c], ls="--" if label in cfl else "-",
+                        lw=2.4 if label in ("DFedAlt", "DFedSalt") else 1.1)
             ax.set_title(f"{SPLIT_TITLES[split]}: personal accuracy (mean of seeds)")
             ax.set_xlabel("round")
         axes[0].set_ylabel("%")
@@ -394,11 +511,13 @@ def plots(results: dict, out: str) -> list[str]:
                 row[0].plot(r, 100 * acc, label=t)
                 for ax, label in ((row[1], "DFedAlt"), (row[2], "DFedAvgM")):
                     r, cd = curve(results, "topology", f"{label}@{t}", split, "consensus")
-                    ax.semilogy(r, np.maximum(cd, 1e-12), label=t)
-            row[0].set_title(f"DFedAlt {SPLIT_TITLES[split]}: personal accuracy (%)")
-            row[1].set_title(f"DFedAlt {SPLIT_TITLES[split]}: consensus distance of u (post-gossip)")
-            row[2].set_title(f"DFedAvgM {SPLIT_TITLES[split]}: consensus distance (post-gossip)")
+                    if t != "full":  # full: CD ≈ 1e-13 (exact averaging), off the log axis
+                        ax.semilogy(r, cd, label=t)
+            row[0].set_title(f"DFedAlt, {SPLIT_TITLES[split]}: personal acc. (%)")
+            row[1].set_title(f"DFedAlt, {SPLIT_TITLES[split]}: CD(u) after gossip")
+            row[2].set_title(f"DFedAvgM, {SPLIT_TITLES[split]}: CD after gossip")
             row[0].legend(fontsize=8)
+            row[1].legend(fontsize=8, title="full: CD ≈ 1e-13", title_fontsize=8)
         for ax in axes[-1]:
             ax.set_xlabel("round")
         save(fig, "topology.png")
@@ -423,7 +542,7 @@ def plots(results: dict, out: str) -> list[str]:
 def report(results: dict, command: str) -> str:
     """The Markdown report: tables and claims (only the studies present in ``results``)."""
     meta = results.get("meta", {})
-    parts = [f"# DFedAlt reduced-scale reproduction (noisy digits)\n\nCommand: `{command}`  \n"
+    parts = [f"# DFedAlt reduced-scale reproduction (noisy digits)\n\nCommand(s): `{command}`  \n"
              f"Seeds: {meta.get('seeds')}, rounds: {meta.get('rounds')}, evaluated every {meta.get('eval_every')} "
              f"round(s). Wall time per study (s): "
              f"{', '.join(f'{k} {v:.0f}' for k, v in results.get('seconds', {}).items())}.  \n"
@@ -434,11 +553,22 @@ def report(results: dict, command: str) -> str:
                   "## Table 3 (reduced): SAM placement\n\n" + table3(results)]
     if _runs(results, "topology", "DFedAlt@ring", "pat2"):
         parts += ["## Topology study: personal accuracy (m = 20)\n\n" + topology_table(results),
+                  "## Topology study: personal accuracy at round 20 (convergence speed)\n\n" +
+                  topology_speed_table(results),
                   "## Topology study: post-gossip consensus distance of u at round 20 (mean of seeds)\n\n" +
                   consensus_table(results)]
     if _runs(results, "neighbours", "DFedAlt@k=2", "pat2"):
         parts += [f"## Neighbours study: random_k with k in-neighbours, m = {NEIGHBOUR_CLIENTS}\n\n" +
                   neighbours_table(results)]
+    if _runs(results, "rho", f"DFedSalt@rho={RHOS[0]:g}", RHO_SPLITS[0]) and _runs(results, "table", "DFedAlt", "pat5"):
+        parts += ["## DFedSalt's SAM radius ρ\n\n" + rho_table(results)]
+    if _runs(results, "long", "DFedAlt", "dir0.3") and _runs(results, "table", "DFedAlt", "dir0.3"):
+        parts += [f"## Longer runs (Dir α=0.3): final personal accuracy at T and {LONG_FACTOR}·T\n\n" +
+                  long_table(results)]
+    if _runs(results, "more_seeds", "DFedAlt", "pat2"):
+        parts += [f"## Claim 1 with {MORE_SEEDS} seeds (Pat c=2)\n\n" + seeds_table(results)]
+    if _runs(results, "ceiling", "oracle", "pat2") and _runs(results, "table", "DFedAlt", "pat2"):
+        parts += ["## How close to the ceiling\n\n" + ceiling_table(results)]
     rows = [list(c) for c in claims(results)]
     parts += ["## Gated claims (spec §9)\n\n" + markdown_table(["claim", "measured", "verdict"], rows) +
               "\n\nClaim 5 (exact identities) is tested in `tests/test_dfedalt.py`."]
@@ -452,29 +582,36 @@ def report(results: dict, command: str) -> str:
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="fljax reproduce dfedalt", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="table,topology,neighbours",
-                   help="comma-separated studies: table, topology, neighbours (default: all)")
+    p.add_argument("--only", default=",".join(STUDIES),
+                   help=f"comma-separated studies: {', '.join(STUDIES)} (default: all)")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--rounds", type=int, default=100)
     p.add_argument("--eval-every", type=int, default=1)
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     p.add_argument("--render", action="store_true", help="only rebuild README.md and plots from OUT/results.json")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the runs already in OUT/results.json (same seeds, rounds, eval-every) and add the rest")
     p.add_argument("--compile-cache", default=os.path.join(tempfile.gettempdir(), "fljax-jax-cache"),
                    help="JAX persistent compilation cache folder (seeds and splits share programs); '' disables")
     args = p.parse_args(argv)
     studies = [s for s in args.only.split(",") if s]
-    bad = [s for s in studies if s not in ("table", "topology", "neighbours")]
+    bad = [s for s in studies if s not in STUDIES]
     if bad:
-        p.error(f"unknown study {bad[0]!r}; choose from table, topology, neighbours.")
+        p.error(f"unknown study {bad[0]!r}; choose from {', '.join(STUDIES)}.")
     if args.seeds < 1 or args.rounds < 20 and "topology" in studies:
         p.error("--seeds must be >= 1, and the topology study needs --rounds >= 20 (claim 4 reads round 20).")
     args.studies = studies
     return args
 
 
+def _commands(results: dict) -> list[str]:
+    meta = results.get("meta", {})
+    return meta.get("commands") or ([meta["command"].strip()] if "command" in meta else [])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    command = "python -m fljax.reproduce.dfedalt " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = " ".join(["python -m fljax.reproduce.dfedalt"] + list(sys.argv[1:] if argv is None else argv))
     path = os.path.join(args.out, "results.json")
     if args.render:
         if not os.path.exists(path):
@@ -482,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         with open(path) as f:
             results = json.load(f)
-        command = results.get("meta", {}).get("command", command)
+        command = " && ".join(_commands(results) or [command])
     else:
         if args.compile_cache:
             import jax
@@ -490,15 +627,26 @@ def main(argv: list[str] | None = None) -> int:
             jax.config.update("jax_compilation_cache_dir", args.compile_cache)
             jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
         runner = Runner(args.seeds, args.rounds, args.eval_every)
-        runner.results["meta"] = {"seeds": args.seeds, "rounds": args.rounds, "eval_every": args.eval_every,
-                                  "command": command}
+        meta = {"seeds": args.seeds, "rounds": args.rounds, "eval_every": args.eval_every}
+        commands = [command]
+        if args.resume and os.path.exists(path):
+            with open(path) as f:
+                runner.results = json.load(f)
+            old = {k: runner.results.get("meta", {}).get(k) for k in meta}
+            if old != meta:
+                print(f"fljax: error: {path} was made with {old}, not {meta}; drop --resume or match them.",
+                      file=sys.stderr)
+                return 2
+            commands = _commands(runner.results) + commands
+        runner.results["meta"] = {**meta, "commands": commands}
         for study in args.studies:
             t0 = time.perf_counter()
             print(f"{study} study ...", flush=True)
             getattr(runner, study)()
-            runner.results["seconds"][study] = time.perf_counter() - t0
+            runner.results["seconds"][study] = runner.results["seconds"].get(study, 0) + time.perf_counter() - t0
+            _write_text(path, json.dumps(runner.results))  # after every study: an interruption loses at most one
         results = runner.results
-        _write_text(path, json.dumps(results))
+        command = " && ".join(commands)
     text = report(results, command)
     _write_text(os.path.join(args.out, "README.md"), text)
     files = plots(results, args.out)
