@@ -37,7 +37,9 @@ def load_data(cfg: ExperimentConfig) -> FederatedData:
                           classes_per_client=d.classes_per_client, sigma=d.sigma,
                           test_per_client=d.test_per_client, test_fraction=d.test_fraction,
                           synthetic_alpha=d.synthetic_alpha, synthetic_beta=d.synthetic_beta, data_dir=d.data_dir,
-                          limit=d.limit, max_samples=d.max_samples, noise=d.noise)
+                          limit=d.limit, max_samples=d.max_samples, noise=d.noise,
+                          samples_per_client=d.samples_per_client, on_exhausted=d.on_exhausted,
+                          test_rounding=d.test_rounding)
 
 
 def build(cfg: ExperimentConfig, data: FederatedData | None = None) -> Simulation:

@@ -35,6 +35,9 @@ class DataConfig:
     sigma: float = 1.0  # power-law (lognormal) size spread
     test_per_client: int | None = None  # pooled sources; None: ceil(test pool / num_clients)
     test_fraction: float = 0.2  # natural sources: per-client hold-out
+    test_rounding: str = "largest_remainder"  # per-class test counts: largest_remainder | floor | ceil
+    samples_per_client: int | None = None  # client_dirichlet / client_pathological; None: pool size / clients
+    on_exhausted: str = "refill"  # client_* samplers: refill | redraw an exhausted class pool
     synthetic_alpha: float = 1.0
     synthetic_beta: float = 1.0
     max_samples: int | None = 1000  # synthetic: cap on a client's size

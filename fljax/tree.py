@@ -161,6 +161,7 @@ def weighted_mean_clients(a: PyTree, weights) -> PyTree:
     With all weights zero the result is zero, not NaN.
     """
     weights = jnp.asarray(weights)
+    weights = weights.astype(jnp.result_type(float)) if not jnp.issubdtype(weights.dtype, jnp.floating) else weights
     total = jnp.sum(weights)
     safe = jnp.where(total > 0, total, 1.0)
 
@@ -173,7 +174,7 @@ def weighted_mean_clients(a: PyTree, weights) -> PyTree:
 
 def masked_mean_clients(a: PyTree, mask) -> PyTree:
     """Mean over the clients whose ``mask`` entry is true (zero when none is)."""
-    return weighted_mean_clients(a, jnp.asarray(mask, jnp.float32))
+    return weighted_mean_clients(a, jnp.asarray(mask))
 
 
 def take_clients(a: PyTree, idx) -> PyTree:

@@ -144,3 +144,45 @@ def test_tfds_source_with_mock_data():
         assert fd.num_clients == 4 and fd.input_shape == (28, 28, 1)
         src = D.tfds_source("cifar10", limit=20)
         assert src.x_train.shape == (20, 32, 32, 3)
+
+
+@pytest.mark.parametrize("kw", [{"alpha": 0.1}, {"classes_per_client": 2}])
+def test_client_centric_sampler_equal_sizes_and_prior(kw):
+    y = np.repeat(np.arange(10), 30)  # 30 per class: pools run out, so refills happen
+    parts = P.client_centric(y, 20, 25, seed=0, **kw)
+    assert all(len(p) == 25 for p in parts)
+    if "classes_per_client" in kw:
+        assert all(len(np.unique(y[p])) <= 2 for p in parts)
+    else:  # Dir(0.1) priors are concentrated: most clients hold few classes
+        assert np.median([len(np.unique(y[p])) for p in parts]) <= 4
+    again = P.client_centric(y, 20, 25, seed=0, **kw)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+
+
+def test_client_centric_redraw_avoids_exhausted_classes_until_needed():
+    y = np.array([0] * 3 + [1] * 100)
+    parts = P.client_centric(y, 1, 50, seed=0, classes_per_client=2, on_exhausted="redraw")
+    taken0 = (y[parts[0]] == 0).sum()
+    assert taken0 == 3  # class 0 is used up once and then redrawn as class 1, never refilled
+    with pytest.raises(P.PartitionError, match="exactly one of alpha"):
+        P.client_centric(y, 1, 5, seed=0)
+
+
+@pytest.mark.parametrize("rounding,expect", [("floor", [6, 3]), ("ceil", [7, 4]), ("largest_remainder", [7, 3])])
+def test_test_split_rounding(rounding, expect):
+    train = [np.array([0] * 65 + [1] * 35)]
+    test_labels = np.repeat([0, 1], 50)
+    idx = D.pool_test_split(train, test_labels, 2, per_client=10, seed=0, rounding=rounding)[0]
+    assert np.bincount(test_labels[idx], minlength=2).tolist() == expect
+
+
+def test_epoch_permutations_are_uniform():
+    from fljax.data.batching import _epoch_orders
+
+    orders = np.asarray(_epoch_orders(jax.random.PRNGKey(0), jnp.int32(5), 8, 4000))
+    assert (np.sort(orders[:, :5], axis=1) == np.arange(5)).all() and (orders[:, 5:] >= 5).all()
+    first = np.bincount(orders[:, 0], minlength=5)  # 800 expected per index
+    assert first.min() > 700 and first.max() < 900
+    pairs = np.bincount(orders[:, 0] * 5 + orders[:, 1], minlength=25).reshape(5, 5)
+    off = pairs[~np.eye(5, dtype=bool)]  # 200 expected per ordered pair
+    assert off.min() > 140 and off.max() < 260 and np.trace(pairs) == 0

@@ -85,6 +85,10 @@ class LocalSGD:
         return BatchPlan(batch_size=self.batch_size, epochs=epochs, steps=None if epochs is not None else self.local_steps,
                          replacement=self.sampling == "replacement")
 
+    def steps_per_round(self, n_max: int) -> int:
+        """Local SGD steps a sampled client runs per round (for throughput accounting)."""
+        return self.plan().num_steps(n_max)
+
     def lr_at(self, round_):
         return self.lr * jnp.power(jnp.float32(self.lr_decay), round_)
 

@@ -18,8 +18,19 @@ from fljax.data.sources import DataError, Natural, Pooled, load_source
 __all__ = ["pool_test_split", "holdout_split", "federate", "make_federated"]
 
 
-def _largest_remainder(props: np.ndarray, total: int) -> np.ndarray:
+TEST_ROUNDING = ("largest_remainder", "floor", "ceil")
+
+
+def _class_counts(props: np.ndarray, total: int, rounding: str) -> np.ndarray:
+    """Per-class test counts from label proportions: exactly ``total`` (largest remainder), ⌊p·T⌋ (FedSLR §7) or
+    ⌈p·T⌉ (DFedAlt §5)."""
     raw = props * total
+    if rounding == "floor":
+        return np.floor(raw + 1e-9).astype(int)
+    if rounding == "ceil":
+        return np.ceil(raw - 1e-9).astype(int)
+    if rounding != "largest_remainder":
+        raise DataError(f"test rounding must be one of {TEST_ROUNDING}, got {rounding!r}.")
     out = np.floor(raw).astype(int)
     for j in np.argsort(-(raw - out))[: total - out.sum()]:
         out[j] += 1
@@ -27,14 +38,15 @@ def _largest_remainder(props: np.ndarray, total: int) -> np.ndarray:
 
 
 def pool_test_split(train_labels: list[np.ndarray], test_labels: np.ndarray, num_classes: int,
-                    per_client: int, seed: int) -> list[np.ndarray]:
-    """Indices into the test pool for every client, with class counts ∝ its train label histogram."""
+                    per_client: int, seed: int, rounding: str = "largest_remainder") -> list[np.ndarray]:
+    """Indices into the test pool for every client, with class counts ∝ its train label histogram (capped at the
+    class's pool size; drawn without replacement within a client, independently across clients)."""
     rng = np.random.default_rng(seed + 7919)
     pools = [np.flatnonzero(test_labels == c) for c in range(num_classes)]
     out = []
     for labels in train_labels:
         hist = np.bincount(labels, minlength=num_classes).astype(float)
-        want = _largest_remainder(hist / hist.sum(), per_client)
+        want = _class_counts(hist / hist.sum(), per_client, rounding)
         idx = [rng.choice(pools[c], min(k, len(pools[c])), replace=False) for c, k in enumerate(want) if k > 0]
         out.append(np.sort(np.concatenate(idx)) if idx else np.zeros(0, np.int64))
     return out
@@ -62,7 +74,8 @@ def holdout_split(labels: list[np.ndarray], fraction: float, seed: int) -> tuple
 
 def federate(source: Pooled | Natural, num_clients: int, partition: str, seed: int, *, alpha: float = 0.5,
              classes_per_client: int = 2, sigma: float = 1.0, test_per_client: int | None = None,
-             test_fraction: float = 0.2) -> FederatedData:
+             test_fraction: float = 0.2, samples_per_client: int | None = None, on_exhausted: str = "refill",
+             test_rounding: str = "largest_remainder") -> FederatedData:
     """Partition a source into clients and build padded train/test arrays."""
     if isinstance(source, Natural):
         if partition not in ("natural",):
@@ -79,10 +92,11 @@ def federate(source: Pooled | Natural, num_clients: int, partition: str, seed: i
             raise DataError(f"{source.name} has no natural clients; use one of "
                             f"{sorted(set(partition_lib.PARTITIONERS) - {'natural'})}.")
         parts = partition_lib.partition(partition, source.y_train, num_clients, seed, alpha=alpha,
-                                        classes_per_client=classes_per_client, sigma=sigma)
+                                        classes_per_client=classes_per_client, sigma=sigma,
+                                        samples_per_client=samples_per_client, on_exhausted=on_exhausted)
         per_client = test_per_client or max(1, int(np.ceil(len(source.y_test) / num_clients)))
         tests = pool_test_split([source.y_train[p] for p in parts], source.y_test, source.num_classes,
-                                per_client, seed)
+                                per_client, seed, test_rounding)
         train = pad_clients([source.x_train[p] for p in parts], [source.y_train[p] for p in parts])
         test = pad_clients([source.x_test[t] for t in tests], [source.y_test[t] for t in tests])
         input_shape = source.x_train.shape[1:]
@@ -95,7 +109,8 @@ def make_federated(dataset: str = "synthetic", num_clients: int = 100, partition
                    *, alpha: float = 0.5, classes_per_client: int = 2, sigma: float = 1.0,
                    test_per_client: int | None = None, test_fraction: float = 0.2, synthetic_alpha: float = 1.0,
                    synthetic_beta: float = 1.0, data_dir: str | None = None, limit: int | None = None,
-                   max_samples: int | None = 1000, noise: float = 0.0) -> FederatedData:
+                   max_samples: int | None = 1000, noise: float = 0.0, samples_per_client: int | None = None,
+                   on_exhausted: str = "refill", test_rounding: str = "largest_remainder") -> FederatedData:
     """Load ``dataset`` and federate it (the default partition is 'natural' for synthetic, 'dirichlet' otherwise)."""
     source = load_source(dataset, num_clients=num_clients, seed=seed, synthetic_alpha=synthetic_alpha,
                          synthetic_beta=synthetic_beta, data_dir=data_dir, limit=limit, max_samples=max_samples,
@@ -103,4 +118,5 @@ def make_federated(dataset: str = "synthetic", num_clients: int = 100, partition
     if partition is None:
         partition = "natural" if isinstance(source, Natural) else "dirichlet"
     return federate(source, num_clients, partition, seed, alpha=alpha, classes_per_client=classes_per_client,
-                    sigma=sigma, test_per_client=test_per_client, test_fraction=test_fraction)
+                    sigma=sigma, test_per_client=test_per_client, test_fraction=test_fraction,
+                    samples_per_client=samples_per_client, on_exhausted=on_exhausted, test_rounding=test_rounding)

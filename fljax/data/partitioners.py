@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["PartitionError", "iid", "dirichlet", "pathological", "power_law", "PARTITIONERS", "partition"]
+__all__ = ["PartitionError", "iid", "dirichlet", "pathological", "power_law", "client_centric", "PARTITIONERS",
+           "partition"]
 
 
 class PartitionError(ValueError):
@@ -118,18 +119,81 @@ def power_law(labels: np.ndarray, num_clients: int, seed: int = 0, sigma: float 
     return [np.sort(p) for p in np.split(perm, np.cumsum(sizes)[:-1])]
 
 
+def client_centric(labels: np.ndarray, num_clients: int, samples_per_client: int, seed: int = 0, *,
+                   alpha: float | None = None, classes_per_client: int | None = None,
+                   on_exhausted: str = "refill") -> list[np.ndarray]:
+    """Equal-size, client-centric label sampler (FedSLR spec §7 D15, DFedAlt spec §5 D15).
+
+    Client i draws a class prior q_i: Dir(α·1_C) (``alpha``) or uniform over ``classes_per_client`` random classes.
+    Each of its ``samples_per_client`` slots draws a class from q_i and takes the next unused sample of that class
+    (class pools are shuffled once). When a class pool is exhausted: ``'refill'`` reshuffles the class's full pool
+    and continues (so samples may repeat across clients, as in both papers' code); ``'redraw'`` draws another class
+    from q_i (refilling only when every class of q_i is exhausted). Unlike the partitioners above, this is a
+    sampler: samples can be used by several clients and some not at all.
+    """
+    if (alpha is None) == (classes_per_client is None):
+        raise PartitionError("client_centric: give exactly one of alpha (Dirichlet prior) or classes_per_client.")
+    if alpha is not None and not alpha > 0:
+        raise PartitionError(f"client_centric: alpha must be > 0, got {alpha}; typical values are 0.1 to 1.0.")
+    if samples_per_client < 1:
+        raise PartitionError(f"client_centric: samples_per_client must be >= 1, got {samples_per_client}.")
+    if on_exhausted not in ("refill", "redraw"):
+        raise PartitionError(f"client_centric: on_exhausted must be 'refill' or 'redraw', got {on_exhausted!r}.")
+    classes = np.unique(labels)
+    if classes_per_client is not None and not 1 <= classes_per_client <= len(classes):
+        raise PartitionError(f"client_centric: classes_per_client must be in [1, {len(classes)}], "
+                             f"got {classes_per_client}.")
+    if num_clients < 1:
+        raise PartitionError(f"client_centric: num_clients must be >= 1, got {num_clients}.")
+    rng = np.random.default_rng(seed)
+    pools = {int(c): rng.permutation(np.flatnonzero(labels == c)) for c in classes}
+    next_free = {c: 0 for c in pools}
+    out = []
+    for _ in range(num_clients):
+        if alpha is not None:
+            prior = rng.dirichlet(np.full(len(classes), alpha))
+        else:
+            prior = np.zeros(len(classes))
+            prior[rng.choice(len(classes), classes_per_client, replace=False)] = 1.0 / classes_per_client
+        taken = []
+        for _ in range(samples_per_client):
+            c = int(classes[rng.choice(len(classes), p=prior)])
+            if next_free[c] == len(pools[c]) and on_exhausted == "redraw":
+                open_classes = [j for j, k in enumerate(classes) if prior[j] > 0 and next_free[int(k)] < len(pools[int(k)])]
+                if open_classes:
+                    p = prior[open_classes] / prior[open_classes].sum()
+                    c = int(classes[open_classes[rng.choice(len(open_classes), p=p)]])
+            if next_free[c] == len(pools[c]):  # refill: a fresh shuffle of the whole class
+                pools[c] = rng.permutation(pools[c])
+                next_free[c] = 0
+            taken.append(pools[c][next_free[c]])
+            next_free[c] += 1
+        out.append(np.asarray(taken, np.int64))
+    return out
+
+
 PARTITIONERS = {
     "iid": "shuffle and cut into equal parts",
     "dirichlet": "label skew: class proportions over clients ~ Dir(alpha) (Hsu et al. 2019)",
     "pathological": "each client holds exactly classes_per_client classes (McMahan et al. shards)",
     "power_law": "IID labels, heavy-tailed client sizes ~ lognormal(0, sigma)",
+    "client_dirichlet": "equal sizes (samples_per_client); each client's class prior ~ Dir(alpha), pools refilled "
+                        "(FedSLR/DFedAlt papers' sampler; samples may repeat across clients)",
+    "client_pathological": "equal sizes; each client samples uniformly from classes_per_client random classes",
     "natural": "the source's own clients (Synthetic(alpha, beta))",
 }
 
 
 def partition(name: str, labels: np.ndarray, num_clients: int, seed: int, *, alpha: float = 0.5,
-              classes_per_client: int = 2, sigma: float = 1.0) -> list[np.ndarray]:
+              classes_per_client: int = 2, sigma: float = 1.0, samples_per_client: int | None = None,
+              on_exhausted: str = "refill") -> list[np.ndarray]:
     """Dispatch by name; unknown names are refused with the list of valid ones."""
+    if name in ("client_dirichlet", "client_pathological"):
+        n = samples_per_client or len(labels) // num_clients
+        if name == "client_dirichlet":
+            return client_centric(labels, num_clients, n, seed, alpha=alpha, on_exhausted=on_exhausted)
+        return client_centric(labels, num_clients, n, seed, classes_per_client=classes_per_client,
+                              on_exhausted=on_exhausted)
     if name == "iid":
         return iid(labels, num_clients, seed)
     if name == "dirichlet":

@@ -115,12 +115,12 @@ class Simulation:
     def work_per_round(self) -> tuple[int, int]:
         """(client-steps, samples) of local training per round, from the algorithm's batch plan."""
         algo = self.algorithm
-        if not hasattr(algo, "plan"):
+        if not hasattr(algo, "steps_per_round"):
             return 0, 0
-        plan = algo.plan()
+        n_max = self.data.train.n_max
         cohort = getattr(algo, "cohort_size", None) or self.data.num_clients
-        steps = plan.num_steps(self.data.train.n_max)
-        return cohort * steps, cohort * steps * plan.width(self.data.train.n_max)
+        steps = algo.steps_per_round(n_max)
+        return cohort * steps, cohort * steps * algo.plan().width(n_max)
 
     # ---------------------------------------------------------------------------------------------- state
     def init(self, seed: int | None = None) -> State:
