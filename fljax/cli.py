@@ -182,7 +182,8 @@ def make_parser() -> argparse.ArgumentParser:
                         help="continue the run in --out DIR from its latest checkpoint (same results bit for bit)")
         sp.add_argument("--seeds", type=int, metavar="N", help="run N seeds (seed, seed+1, ...) and report mean ± std")
         sp.add_argument("--checkpoint-every", type=int, metavar="K",
-                        help="checkpoint every K rounds (default: at every evaluation; 0: never)")
+                        help="checkpoint every K rounds (default: at an evaluation once a minute has passed, "
+                        "and at the end; 0: never)")
         mode = sp.add_mutually_exclusive_group()
         mode.add_argument("--quiet", action="store_true", help="no progress bar or notes, only the final table")
         mode.add_argument("--json", action="store_true",

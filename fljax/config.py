@@ -72,7 +72,7 @@ class ExperimentConfig:
     chunk_size: int | None = None
     name: str | None = None  # run name (default: the algorithm)
     seeds: int = 1  # run seeds seed, seed+1, ..., seed+seeds-1 (vectorised when shapes allow)
-    checkpoint_every: int | None = None  # rounds between checkpoints; None: at every evaluation; 0: never
+    checkpoint_every: int | None = None  # rounds between checkpoints; None: timed (see fljax.runner); 0: never
 
     def validate(self) -> "ExperimentConfig":
         """Refuse impossible values (types are checked by :func:`from_dict`)."""
@@ -116,11 +116,6 @@ class ExperimentConfig:
             named = head is not None and head.group(0) in hyperparameter_fields(get_algorithm(self.algorithm))
             raise ConfigError(f"algo.{e}" if named else f"algo: {e}") from None
         return self
-
-    @property
-    def checkpoint_rounds(self) -> int:
-        """Rounds between checkpoints, resolved (0: never)."""
-        return self.eval_every if self.checkpoint_every is None else self.checkpoint_every
 
     @property
     def run_name(self) -> str:

@@ -23,7 +23,8 @@ def _error(capsys, argv) -> str:
 
 
 @pytest.mark.parametrize("argv,expected", [
-    (["--algorithm", "fedavgg"], "algorithm: unknown value 'fedavgg'; choose one of ['fedavg', "),
+    (["--algorithm", "fedavgg"], "algorithm: unknown value 'fedavgg'; choose one of ['"),
+    (["--algorithm", "fedavgg"], "Did you mean 'fedavg'?"),
     (["--dataset", "digitz"], "data.dataset: unknown value 'digitz'"),
     (["--set", "data.partition=dirichlett"], "data.partition: unknown value 'dirichlett'"),
     (["--set", "model.name=mlpp"], "model.name: unknown value 'mlpp'"),

@@ -12,7 +12,7 @@ from fljax.engine import SeedBatch
 from fljax.engine.driver import block_schedule
 from fljax.engine.seeds import stack_data
 from fljax.runner import files
-from fljax.runner.checkpoint import Checkpointer
+from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
 
 # A tiny experiment: 8 synthetic clients, logistic regression, 4 clients per round.
 TINY = ["--set", "data.num_clients=8", "--set", "data.max_samples=40", "--set", "algo.cohort_size=4",
@@ -61,6 +61,19 @@ def test_block_schedule_ends_at_evaluations_and_checkpoints():
     assert list(block_schedule(0, 5, 2)) == [(2, True, False), (2, True, False), (1, True, True)]
 
 
+def test_checkpoint_timer_is_due_once_a_period_and_the_same_for_every_seed():
+    now = [0.0]
+    timer = CheckpointTimer(60, clock=lambda: now[0])
+    now[0] = 30
+    assert not timer.due(10) and not timer.due(10)
+    now[0] = 61
+    assert timer.due(20) and timer.due(20)  # the other seeds of round 20 get the same answer
+    now[0] = 100
+    assert not timer.due(30)  # 39 s since the last checkpoint
+    now[0] = 122
+    assert timer.due(40)
+
+
 # ------------------------------------------------------------------------------------------------ a run
 
 
@@ -85,6 +98,7 @@ def test_run_directory_layout_and_json_log(tmp_path, capsys):
     for key in ("run_seconds", "compile_seconds", "wall_seconds", "client_steps_per_second"):
         assert summary[key] > 0
     assert open(out / "accuracy_vs_round.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert os.listdir(out / "checkpoints") == ["4"]  # default policy: a short run is checkpointed at its end
     assert "already holds a run" in _one_error(capsys, ["run", *TINY, "--out", str(out)])
 
 
@@ -131,7 +145,8 @@ def test_resume_after_a_kill_is_bit_identical(tmp_path, monkeypatch):
 def test_nonfinite_round_stops_with_round_and_metric(tmp_path, capsys):
     out = str(tmp_path / "nan")
     argv = ["run", *TINY, "--set", "model.name=mlp", "--set", "model.options.hidden=[16]", "--set", "algo.lr=50",
-            "--set", "algo.local_steps=5", "--set", "rounds=20", "--set", "eval_every=2", "--out", out, "--quiet"]
+            "--set", "algo.local_steps=5", "--set", "rounds=20", "--set", "eval_every=2", "--checkpoint-every", "2",
+            "--out", out, "--quiet"]
     assert main(argv) == 3
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "Traceback" not in err

@@ -4,16 +4,25 @@ PRNG key) and the :class:`~fljax.engine.RunLog` (the evaluation records so far, 
 One checkpoint per saved round under ``<run dir>/checkpoints/<round>/``; orbax writes each into a temporary
 directory and renames it when complete, so a crash never leaves a half-written checkpoint that a resume would
 read. Saves are asynchronous (the next rounds run while the files are written). The last ``max_to_keep`` are kept.
+
+When: ``checkpoint_every: K`` saves every K rounds (the blocks of rounds end there too); the default (``null``)
+saves at an evaluation when :data:`CHECKPOINT_SECONDS` have passed since the last save, and after the last round,
+so short runs pay for one save and a long run loses at most a minute of work. Either way checkpoints sit on block
+boundaries of the same schedule, so a resumed run repeats the uninterrupted one bit for bit.
 """
 from __future__ import annotations
 
 import os
+import time
+from typing import Callable
 
 import jax
 
 from fljax.engine import RunLog, State
 
-__all__ = ["Checkpointer"]
+__all__ = ["Checkpointer", "CheckpointTimer", "CHECKPOINT_SECONDS"]
+
+CHECKPOINT_SECONDS = 60.0
 
 
 class Checkpointer:
@@ -66,3 +75,22 @@ class Checkpointer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class CheckpointTimer:
+    """The default policy: is a checkpoint due at this evaluation? True when ``seconds`` have passed since the last
+    one (then the clock restarts). Asked again for the same round (the other seeds of a sweep), it gives the same
+    answer, so seeds that run together checkpoint together."""
+
+    def __init__(self, seconds: float = CHECKPOINT_SECONDS, clock: Callable[[], float] = time.monotonic):
+        self.seconds, self.clock = seconds, clock
+        self.last = clock()
+        self._round, self._due = None, False
+
+    def due(self, round_: int) -> bool:
+        if round_ != self._round:
+            now = self.clock()
+            self._round, self._due = round_, now - self.last >= self.seconds
+            if self._due:
+                self.last = now
+        return self._due

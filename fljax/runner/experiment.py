@@ -22,7 +22,7 @@ from fljax.config import ConfigError, ExperimentConfig, algorithm_config
 from fljax.engine import NonFiniteError, RunLog, RunResult, SeedBatch, Simulation
 from fljax.engine.seeds import can_batch
 from fljax.runner import files
-from fljax.runner.checkpoint import Checkpointer
+from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
 from fljax.runner.plots import plot_compare, plot_run
 from fljax.runner.report import Output, markdown_table, summary_row
 from fljax.runner.results import RunDir, aggregate_summaries, make_summary
@@ -80,8 +80,9 @@ class _Lanes:
             self.sims.append(self.sims[0] if same else _build(dataclasses.replace(cfg, seed=s), self.datas[i]))
         self.steps_per_round = self.sims[0].work_per_round()[0]
         self.vectorised_run = False
-        self.every = cfg.checkpoint_rounds
-        self.checkpointers = [Checkpointer(d.checkpoints) if (self.every or resume) else None for d in self.dirs]
+        self.every = cfg.checkpoint_every  # None: timed (CheckpointTimer) and after the last round; 0: never
+        self.checkpointers = [Checkpointer(d.checkpoints) if (self.every != 0 or resume) else None
+                              for d in self.dirs]
         self.states: list = [None] * len(self.seeds)
         self.logs = [RunLog() for _ in self.seeds]
 
@@ -181,9 +182,13 @@ def _run_lanes(lanes: _Lanes, output: Output) -> list[RunResult]:
     """Run every seed to ``cfg.rounds``: together when possible, else one after another."""
     cfg = lanes.cfg
 
+    timer = CheckpointTimer() if lanes.every is None else None
+
     def on_eval(i, record, state):
         lanes.dirs[i].write_metrics(lanes.logs[i].history)
         output.event("eval", run=cfg.run_name, seed=lanes.seeds[i], **record)
+        if timer is not None and record["round"] < cfg.rounds and timer.due(record["round"]):
+            on_checkpoint(i, state, lanes.logs[i])  # (the last round is checkpointed below)
 
     def on_checkpoint(i, state, log):
         lanes.checkpointers[i].save(state, log)
@@ -192,7 +197,8 @@ def _run_lanes(lanes: _Lanes, output: Output) -> list[RunResult]:
         lanes.dirs[i].write_summary(make_summary(cfg, lanes.seeds[i], lanes.logs[i], lanes.steps_per_round,
                                                  "stopped", message))
 
-    common = dict(checkpoint_every=lanes.every, on_checkpoint=on_checkpoint if lanes.every else None,
+    saving = lanes.every != 0
+    common = dict(checkpoint_every=lanes.every or 0, on_checkpoint=on_checkpoint if saving else None,
                   progress=output.progress)
     lanes.vectorised_run = lanes.vectorised()
     if lanes.vectorised_run:
@@ -213,7 +219,7 @@ def _run_lanes(lanes: _Lanes, output: Output) -> list[RunResult]:
                 results.append(sim.run(cfg.rounds, cfg.eval_every, state, log=lanes.logs[i],
                                        callback=lambda rec, st, i=i: on_eval(i, rec, st),
                                        **{**common, "on_checkpoint": (lambda st, lg, i=i: on_checkpoint(i, st, lg))
-                                          if lanes.every else None}))
+                                          if saving else None}))
             except NonFiniteError as e:
                 message = f"seed {seed}: {e}" if len(lanes.seeds) > 1 else str(e)
                 stopped(i, message)
