@@ -124,12 +124,9 @@ class Simulation:
 
     # ---------------------------------------------------------------------------------------------- state
     def init(self, seed: int | None = None) -> State:
-        """The initial state of the run with ``seed`` (default: the simulation's); compiled once and reused for
-        every seed unless the executor runs eagerly."""
-        key = jax.random.PRNGKey(self.seed if seed is None else seed)
-        if not self.executor.jittable:
-            return self._init(key)
-        return self._compiled_fn("init", self._init, (key,))(key)
+        """The initial state of the run with ``seed`` (default: the simulation's). It runs eagerly: one call per
+        run, whose small ops JAX caches across algorithms, costs less than compiling it."""
+        return self._init(jax.random.PRNGKey(self.seed if seed is None else seed))
 
     def state_shapes(self) -> State:
         """The state's structure, shapes and dtypes (``jax.ShapeDtypeStruct`` leaves), e.g. to restore a checkpoint

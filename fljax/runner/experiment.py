@@ -246,6 +246,10 @@ def compare_experiments(cfg: ExperimentConfig, algorithms: list[str | tuple[str,
     for name, hyper in entries:
         lbl = make_label(name, hyper)
         configs[lbl] = dataclasses.replace(algorithm_config(cfg, name, hyper), name=lbl)
+    cache = DataCache()
+    for one in configs.values():  # refuse a bad split or a model that does not fit the data before writing anything
+        for seed in seed_list(one):
+            _build(dataclasses.replace(one, seed=seed), cache(one, seed))
     if resume and not root.holds_run():
         raise ConfigError(f"--resume: {root.path!r} holds no comparison to continue; start it without --resume.")
     if not resume and root.holds_run():
@@ -254,7 +258,6 @@ def compare_experiments(cfg: ExperimentConfig, algorithms: list[str | tuple[str,
     listing = [{"label": make_label(n, h), "algorithm": n, "hyperparameters": h} for n, h in entries]
     root.write_config(cfg)
     root.write_summary({"status": "running", "algorithms": listing})
-    cache = DataCache()
     results = {}
     for lbl, one in configs.items():
         results[lbl] = run_experiment(one, root.file(dir_name(lbl)), resume=resume, missing_ok=True, output=output,
