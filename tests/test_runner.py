@@ -171,8 +171,9 @@ def test_nonfinite_round_stops_with_round_and_metric(tmp_path, capsys):
 # ------------------------------------------------------------------------------------------------ seeds
 
 
-def test_vectorised_sweep_equals_separate_runs(tmp_path):
-    """--seeds 3 with a fixed data seed runs as one vmapped program; each seed matches its own separate run."""
+def test_vectorised_sweep_equals_separate_runs_and_resumes(tmp_path, monkeypatch):
+    """--seeds 3 with a fixed data seed runs as one vmapped program; each seed matches its own separate run, and
+    the sweep killed after its round-2 checkpoint and resumed matches the uninterrupted sweep bit for bit."""
     common = [*TINY, "--set", "data.seed=0", "--set", "rounds=4", "--set", "eval_every=2", "--quiet"]
     sweep = tmp_path / "sweep"
     assert main(["run", *common, "--seeds", "3", "--out", str(sweep)]) == 0
@@ -191,6 +192,22 @@ def test_vectorised_sweep_equals_separate_runs(tmp_path):
     assert top["final"]["personal_acc"]["mean"] == pytest.approx(np.mean(values))
     assert top["final"]["personal_acc"]["std"] == pytest.approx(np.std(values, ddof=1))
     assert len(set(values)) > 1  # the seeds differ
+
+    save = Checkpointer.save
+
+    def save_then_die(self, state, log):
+        save(self, state, log)
+        if int(state.round) == 2 and self.directory.endswith("seed_2/checkpoints"):
+            raise KeyboardInterrupt
+
+    cut = tmp_path / "cut"
+    monkeypatch.setattr(Checkpointer, "save", save_then_die)
+    assert main(["run", *common, "--seeds", "3", "--checkpoint-every", "2", "--out", str(cut)]) == 130
+    monkeypatch.undo()
+    assert main(["run", "--resume", "--out", str(cut), "--quiet"]) == 0
+    assert files.read_json(cut / "summary.json")["vectorised"] is True
+    for seed in (0, 1, 2):
+        assert _without_time(_metrics(cut / f"seed_{seed}")) == _without_time(_metrics(sweep / f"seed_{seed}"))
 
 
 def test_seed_batch_refuses_data_of_different_shapes():

@@ -197,8 +197,8 @@ class Simulation:
 
         Resuming: pass the ``state`` and the :class:`RunLog` of an earlier run (both from a checkpoint); the
         blocks of rounds then end where the uninterrupted run's end, so the results are the same bit for bit.
-        ``on_checkpoint(state, log)`` runs every ``checkpoint_every`` rounds (0: never) and at the end, only after
-        the rounds it covers were checked finite.
+        ``on_checkpoint(state, log)`` runs every ``checkpoint_every`` rounds (0: only after the last round), only
+        after the rounds it covers were checked finite.
         """
         state = state if state is not None else self.init()
         log = log if log is not None else RunLog()

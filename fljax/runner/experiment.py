@@ -87,11 +87,12 @@ class _Lanes:
         self.logs = [RunLog() for _ in self.seeds]
 
     def restore(self) -> None:
-        """Load every seed's latest checkpoint (seeds without one start afresh) and cut its metrics file back."""
+        """Load every seed's latest checkpoint (seeds without one start afresh) and cut its metrics file back to
+        the checkpoint's records."""
         for i, ck in enumerate(self.checkpointers):
             if ck is not None and ck.latest_round() is not None:
                 self.states[i], self.logs[i] = ck.restore(self.sims[i].state_shapes())
-                self.dirs[i].write_metrics(self.logs[i].history)
+            self.dirs[i].write_metrics(self.logs[i].history)
 
     def vectorised(self) -> bool:
         rounds = {None if s is None else int(s.round) for s in self.states}
