@@ -18,6 +18,7 @@ import re
 
 import jax
 
+from fljax import tree
 from fljax.config import ConfigError, ExperimentConfig, algorithm_config
 from fljax.engine import NonFiniteError, RunLog, RunResult, SeedBatch, Simulation
 from fljax.engine.seeds import can_batch
@@ -79,7 +80,6 @@ class _Lanes:
             same = self.shared_data and i > 0
             self.sims.append(self.sims[0] if same else _build(dataclasses.replace(cfg, seed=s), self.datas[i]))
         self.steps_per_round = self.sims[0].work_per_round()[0]
-        self.vectorised_run = False
         self.every = cfg.checkpoint_every  # None: timed (CheckpointTimer) and after the last round; 0: never
         self.checkpointers = [Checkpointer(d.checkpoints) if (self.every != 0 or resume) else None
                               for d in self.dirs]
@@ -94,7 +94,8 @@ class _Lanes:
                 self.states[i], self.logs[i] = ck.restore(self.sims[i].state_shapes())
             self.dirs[i].write_metrics(self.logs[i].history)
 
-    def vectorised(self) -> bool:
+    def can_vectorise(self) -> bool:
+        """All seeds can run as one program now (see fljax.runner.sweep)."""
         rounds = {None if s is None else int(s.round) for s in self.states}
         return len(self.seeds) > 1 and len(rounds) == 1 and can_batch(
             self.sims[0], None if self.shared_data else self.datas)
@@ -132,6 +133,7 @@ def run_experiment(cfg: ExperimentConfig, out: str, *, resume: bool = False, out
     holds a run is refused. Raises :class:`NonFiniteError` (after writing what it has) when a round produces
     NaN/Inf.
     """
+    cfg.validate()
     output = output or Output()
     root = RunDir(out)
     seeds = seed_list(cfg)
@@ -152,7 +154,8 @@ def run_experiment(cfg: ExperimentConfig, out: str, *, resume: bool = False, out
             lanes.restore()
         output.note(f"{cfg.run_name}: {lanes.sims[0].algorithm.summary or cfg.algorithm}")
         output.note(f"  data: {lanes.datas[0].summary()}; results in {root.path}")
-        results = _run_lanes(lanes, output)
+        vectorised = lanes.can_vectorise()
+        results = _run_lanes(lanes, output, vectorised)
     except NonFiniteError as e:
         kept = lanes.last_checkpoint()
         where = "no checkpoint yet" if kept is None else f"the last good checkpoint (round {kept})"
@@ -167,7 +170,6 @@ def run_experiment(cfg: ExperimentConfig, out: str, *, resume: bool = False, out
         if plots and len(seeds) == 1:
             plot_run(d.path, [res.history], [res.per_client], cfg.run_name)
         lane_results.append(LaneResult(seed, d, res, summary))
-    vectorised = lanes.vectorised_run
     if len(seeds) > 1:
         top = aggregate_summaries([lr.summary for lr in lane_results], vectorised)
         root.write_summary(top)
@@ -179,8 +181,8 @@ def run_experiment(cfg: ExperimentConfig, out: str, *, resume: bool = False, out
     return ExperimentResult(cfg, root, lane_results, top, vectorised)
 
 
-def _run_lanes(lanes: _Lanes, output: Output) -> list[RunResult]:
-    """Run every seed to ``cfg.rounds``: together when possible, else one after another."""
+def _run_lanes(lanes: _Lanes, output: Output, vectorised: bool) -> list[RunResult]:
+    """Run every seed to ``cfg.rounds``: together (``vectorised``) or one after another."""
     cfg = lanes.cfg
 
     timer = CheckpointTimer() if lanes.every is None else None
@@ -199,15 +201,13 @@ def _run_lanes(lanes: _Lanes, output: Output) -> list[RunResult]:
                                                  "stopped", message))
 
     saving = lanes.every != 0
-    common = dict(checkpoint_every=lanes.every or 0, on_checkpoint=on_checkpoint if saving else None,
-                  progress=output.progress)
-    lanes.vectorised_run = lanes.vectorised()
-    if lanes.vectorised_run:
+    common = dict(checkpoint_every=lanes.every or 0, progress=output.progress)
+    if vectorised:
         batch = SeedBatch(lanes.sims[0], lanes.seeds, None if lanes.shared_data else lanes.datas)
-        states = batch.init() if lanes.states[0] is None else jax.tree.map(lambda *x: jax.numpy.stack(x),
-                                                                            *lanes.states)
+        states = batch.init() if lanes.states[0] is None else tree.stack(lanes.states)
         try:
-            results = batch.run(cfg.rounds, cfg.eval_every, states, lanes.logs, callback=on_eval, **common)
+            results = batch.run(cfg.rounds, cfg.eval_every, states, lanes.logs, callback=on_eval,
+                                on_checkpoint=on_checkpoint if saving else None, **common)
         except NonFiniteError as e:
             for i in range(len(lanes.seeds)):
                 stopped(i, str(e))
@@ -216,11 +216,11 @@ def _run_lanes(lanes: _Lanes, output: Output) -> list[RunResult]:
         results = []
         for i, (seed, sim) in enumerate(zip(lanes.seeds, lanes.sims)):
             state = lanes.states[i] if lanes.states[i] is not None else sim.init(seed)
+            save = (lambda st, lg, i=i: on_checkpoint(i, st, lg)) if saving else None
             try:
                 results.append(sim.run(cfg.rounds, cfg.eval_every, state, log=lanes.logs[i],
-                                       callback=lambda rec, st, i=i: on_eval(i, rec, st),
-                                       **{**common, "on_checkpoint": (lambda st, lg, i=i: on_checkpoint(i, st, lg))
-                                          if saving else None}))
+                                       callback=lambda rec, st, i=i: on_eval(i, rec, st), on_checkpoint=save,
+                                       **common))
             except NonFiniteError as e:
                 message = f"seed {seed}: {e}" if len(lanes.seeds) > 1 else str(e)
                 stopped(i, message)
