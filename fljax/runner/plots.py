@@ -35,14 +35,16 @@ def _series(histories: list[list[dict]], key: str):
     return np.array([r["round"] for r in histories[0][:n]]), values.mean(0), values.std(0), mb
 
 
-def _curves(ax, histories, x_bytes: bool, label: str = "", color=None):
+def _curves(ax, histories, x_bytes: bool, label: str | None = None, color=None):
+    """Personalized (solid) and global (dashed) accuracy; with a run ``label`` only the first curve carries it."""
     for key, name, style in CURVES:
         s = _series(histories, key)
         if s is None:
             continue
         rounds, mean, std, mb = s
         x = mb if x_bytes else rounds
-        (line,) = ax.plot(x, mean, style, color=color, label=f"{label} {name}".strip())
+        (line,) = ax.plot(x, mean, style, color=color, label=name if label is None else label)
+        label = None if label is None else "_"  # matplotlib leaves labels starting with '_' out of the legend
         color = line.get_color()
         if len(histories) > 1:
             ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
@@ -84,7 +86,7 @@ def plot_compare(path: str, runs: dict[str, list[list[dict]]], title: str) -> st
     for x_bytes, ax in zip((False, True), axes):
         for (label, histories), color in zip(runs.items(), colors):
             _curves(ax, histories, x_bytes, label, color)
-    axes[0].legend(fontsize="small")
-    fig.suptitle(title)
+    axes[1].legend(fontsize="small", loc="center left", bbox_to_anchor=(1.02, 0.5))
+    fig.suptitle(f"{title} (solid: personalized, dashed: global model)")
     _save(fig, path)
     return path
