@@ -210,6 +210,17 @@ def test_vectorised_sweep_equals_separate_runs_and_resumes(tmp_path, monkeypatch
         assert _without_time(_metrics(cut / f"seed_{seed}")) == _without_time(_metrics(sweep / f"seed_{seed}"))
 
 
+def test_seeds_with_their_own_data_run_one_after_another(tmp_path):
+    """data.seed follows the run seed and natural client sizes differ per seed: the sweep runs sequentially, and
+    each seed is exactly the separate run."""
+    common = [*TINY, "--set", "rounds=2", "--set", "eval_every=2", "--quiet"]
+    assert main(["run", *common, "--seeds", "2", "--set", "seed=5", "--out", str(tmp_path / "sweep")]) == 0
+    top = files.read_json(tmp_path / "sweep" / "summary.json")
+    assert top["vectorised"] is False and top["seeds"] == [5, 6]
+    assert main(["run", *common, "--set", "seed=6", "--out", str(tmp_path / "one")]) == 0
+    assert _without_time(_metrics(tmp_path / "sweep" / "seed_6")) == _without_time(_metrics(tmp_path / "one"))
+
+
 def test_seed_batch_refuses_data_of_different_shapes():
     iid = [D.make_federated("digits", 10, "iid", seed=s) for s in (0, 1)]
     assert stack_data(iid) is not None  # equal client sizes whatever the seed: stackable
