@@ -7,11 +7,10 @@
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable
 
 from fljax.algorithms import make_algorithm
-from fljax.config import ExperimentConfig, from_dict, to_dict
+from fljax.config import ExperimentConfig, algorithm_config, from_dict, to_dict
 from fljax.data import FederatedData, make_federated
 from fljax.engine import RunResult, Simulation, default_model
 from fljax.models import make_model
@@ -65,23 +64,19 @@ def run(config: ExperimentConfig | dict | None = None, *, progress: bool = True,
 
 
 def compare(algorithms: list[str | tuple[str, dict]], config: ExperimentConfig | dict | None = None, *,
-            progress: bool = True, **overrides) -> dict[str, RunResult]:
+            progress: bool = True, data: FederatedData | None = None, **overrides) -> dict[str, RunResult]:
     """Run several algorithms on the same data, partition and seed. Each entry is a name or (name, hyperparameters);
     the config's ``algo`` dict applies to every algorithm that accepts its keys."""
     cfg = make_config(config, **overrides)
-    data = load_data(cfg)
+    data = data if data is not None else load_data(cfg)
     results = {}
     for entry in algorithms:
         name, hp = (entry, {}) if isinstance(entry, str) else entry
-        shared = {k: v for k, v in cfg.algo.items() if k in _fields(name)}
-        one = dataclasses.replace(cfg, algorithm=name, algo={**shared, **hp})
-        one.validate()
-        label = name if not hp else f"{name}({', '.join(f'{k}={v}' for k, v in hp.items())})"
-        results[label] = build(one, data).run(cfg.rounds, cfg.eval_every, progress=progress)
+        one = algorithm_config(cfg, name, hp)
+        results[label(name, hp)] = build(one, data).run(cfg.rounds, cfg.eval_every, progress=progress)
     return results
 
 
-def _fields(name: str) -> set:
-    from fljax.algorithms.registry import get_algorithm, hyperparameter_fields
-
-    return set(hyperparameter_fields(get_algorithm(name)))
+def label(name: str, hyper: dict | None = None) -> str:
+    """``fedprox(mu=0.1)``: an algorithm with its non-default hyperparameters, as tables and plots name it."""
+    return name if not hyper else f"{name}({', '.join(f'{k}={v}' for k, v in hyper.items())})"

@@ -1,23 +1,40 @@
-"""The ``fljax`` command line: run, compare, list.
+"""The ``fljax`` command line: run, compare, list, reproduce.
 
-Every error a user can cause (unknown names, wrong types, impossible values, bad partitions) is printed as one
-line starting with ``fljax: error:`` and exit status 2, never as a stack trace.
+Every error a user can cause (unknown names, wrong types, impossible values, bad partitions, a missing or broken
+config file, nothing to resume) is printed as one line starting with ``fljax: error:`` and exit status 2, never as
+a stack trace (set ``FLJAX_DEBUG=1`` to see the trace). A run stopped by NaN/Inf exits with status 3, an
+interrupted one (Ctrl-C) with 130 and a line saying how to resume it. Full documentation: ``docs/cli.md``.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
+import difflib
+import os
 import sys
 from importlib import resources
 
 from fljax.config import ConfigError, load_config
 
 EXAMPLES_RUN = """examples:
-  fljax run --algorithm fedprox --dataset digits --set algo.mu=0.01 --set data.alpha=0.1
-  fljax run configs/fedavg.yaml --set rounds=50
+  fljax run configs/fedavg.yaml                              # one experiment from a config file
+  fljax run configs/fedprox.yaml --set algo.mu=0.1 --set rounds=50
+  fljax run --algorithm fedprox --dataset digits --set data.alpha=0.1
+  fljax run configs/fedavg.yaml --seeds 5                    # 5 seeds, mean ± std
+  fljax run configs/fedavg.yaml --out runs/a --checkpoint-every 10
+  fljax run --resume --out runs/a                            # continue a killed run
+  fljax run --resume --out runs/a --set rounds=200           # extend a finished run
+  fljax run configs/fedavg.yaml --json > log.jsonl           # one JSON object per evaluation
 """
 EXAMPLES_COMPARE = """examples:
   fljax compare                                   # the built-in quick-start comparison
   fljax compare --algorithms fedavg,fedprox --set data.dataset=digits --set rounds=30
+  fljax compare configs/fedavg.yaml --algorithms fedavg,local --seeds 3 --out runs/cmp
+  fljax compare --resume --out runs/cmp           # continue an interrupted comparison
+"""
+EXAMPLES_REPRODUCE = """examples:
+  fljax reproduce fedgia --help                   # the options of one reproduction
+  fljax reproduce fedgia                          # run it with its defaults
 """
 
 
@@ -25,69 +42,90 @@ def _quickstart_path() -> str:
     return str(resources.files("fljax").joinpath("configs/quickstart.yaml"))
 
 
-def _config(args, base: dict | None = None):
+def _overrides(args) -> list[str]:
     overrides = list(args.set or [])
     if getattr(args, "algorithm", None):
         overrides.append(f"algorithm={args.algorithm}")
     if getattr(args, "dataset", None):
         overrides.append(f"data.dataset={args.dataset}")
-    return load_config(args.config, overrides, base)
+    if args.seeds is not None:
+        overrides.append(f"seeds={args.seeds}")
+    if args.checkpoint_every is not None:
+        overrides.append(f"checkpoint_every={args.checkpoint_every}")
+    return overrides
 
 
-def _table(rows: list[dict]) -> str:
-    cols = list(rows[0])
-    widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in cols]
-    line = lambda vals: "| " + " | ".join(str(v).ljust(w) for v, w in zip(vals, widths)) + " |"
-    return "\n".join([line(cols), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] +
-                     [line([r[c] for c in cols]) for r in rows])
+def _resume_config(args):
+    """On --resume the config is the run directory's own (only --set/--seeds/--checkpoint-every may change it)."""
+    from fljax.runner.experiment import saved_config
+
+    if not args.out:
+        raise ConfigError("--resume needs --out DIR: the directory of the run to continue.")
+    if args.config or getattr(args, "algorithm", None) or getattr(args, "dataset", None):
+        raise ConfigError(f"--resume reads the config from {os.path.join(args.out, 'config.yaml')}; drop the config "
+                          f"file/--algorithm/--dataset (use --set, e.g. --set rounds=200, to extend the run).")
+    return load_config(saved_config(args.out), _overrides(args))
 
 
-def _row(label: str, result, sim=None) -> dict:
-    f = result.final
-    fmt = lambda k: f"{f[k]:.4f}" if k in f else "-"
-    row = {"algorithm": label, "personal acc": fmt("personal_acc"), "weighted": fmt("personal_acc_weighted"),
-           "p10 client": fmt("personal_acc_p10"), "global acc": fmt("global_acc"), "rounds": f.get("round", 0),
-           "MB up+down": f"{(f.get('bytes_up', 0) + f.get('bytes_down', 0)) / 1e6:.1f}",
-           "run s": f"{result.run_seconds:.1f}", "compile s": f"{result.compile_seconds:.1f}"}
-    if sim is not None and result.run_seconds > 0:
-        steps, _ = sim.work_per_round()
-        row["client-steps/s"] = f"{steps * f.get('round', 0) / result.run_seconds:,.0f}"
-    return row
+def _default_out(name: str) -> str:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = os.path.join("runs", f"{name}-{stamp}")
+    out, k = base, 2
+    while os.path.exists(out):
+        out, k = f"{base}-{k}", k + 1
+    return out
+
+
+def _output(args):
+    from fljax.runner import Output
+
+    return Output("json" if args.json else "quiet" if args.quiet else "bar")
+
+
+def _interrupted(command: str, out: str) -> int:
+    print(f"fljax: interrupted; continue from the last checkpoint with: fljax {command} --resume --out {out}",
+          file=sys.stderr)
+    return 130
 
 
 def cmd_run(args) -> int:
-    from fljax.api import build
+    from fljax.runner import run_experiment
+    from fljax.runner.report import markdown_table
 
-    cfg = _config(args)
-    sim = build(cfg)
-    print(sim.data.summary(), file=sys.stderr)
-    result = sim.run(cfg.rounds, cfg.eval_every, progress=not args.quiet)
-    print(_table([_row(cfg.name or cfg.algorithm, result, sim)]))
+    cfg = _resume_config(args) if args.resume else load_config(args.config, _overrides(args))
+    out = args.out or _default_out(cfg.run_name)
+    output = _output(args)
+    try:
+        result = run_experiment(cfg, out, resume=args.resume, output=output)
+    except KeyboardInterrupt:
+        return _interrupted("run", out)
+    output.result(markdown_table([result.row()]))
+    output.note(f"results: {out}")
     return 0
 
 
 def cmd_compare(args) -> int:
-    import dataclasses
-
     from fljax.algorithms import ALGORITHMS
-    from fljax.api import build, load_data
+    from fljax.runner import compare_experiments
+    from fljax.runner.experiment import saved_algorithms
+    from fljax.runner.report import markdown_table
 
-    args.config = args.config or _quickstart_path()
-    cfg = _config(args)
-    names = args.algorithms.split(",") if args.algorithms else [n for n, c in ALGORITHMS.items() if c.generic]
-    data = load_data(cfg)
-    print(data.summary(), file=sys.stderr)
-    rows = []
-    for name in names:
-        from fljax.api import _fields
-
-        one = dataclasses.replace(cfg, algorithm=name, algo={k: v for k, v in cfg.algo.items() if k in _fields(name)})
-        one.validate()
-        sim = build(one, data)
-        if not args.quiet:
-            print(f"{name}: {sim.algorithm.summary}", file=sys.stderr)
-        rows.append(_row(name, sim.run(cfg.rounds, cfg.eval_every, progress=not args.quiet), sim))
-    print(_table(rows))
+    if args.resume:
+        cfg = _resume_config(args)
+        entries = saved_algorithms(args.out)
+    else:
+        cfg = load_config(args.config or _quickstart_path(), _overrides(args))
+        names = [n.strip() for n in args.algorithms.split(",") if n.strip()] if args.algorithms else \
+            [n for n, c in ALGORITHMS.items() if c.generic]
+        entries = [(n, {}) for n in names]
+    out = args.out or _default_out("compare")
+    output = _output(args)
+    try:
+        rows, _ = compare_experiments(cfg, entries, out, resume=args.resume, output=output)
+    except KeyboardInterrupt:
+        return _interrupted("compare", out)
+    output.result(markdown_table(rows))
+    output.note(f"results: {out} (compare.md, compare.png, one directory per algorithm)")
     return 0
 
 
@@ -96,14 +134,11 @@ def cmd_list(args) -> int:
     from fljax.data import PARTITIONERS, SOURCES
     from fljax.engine import EXECUTORS
     from fljax.models import MODELS
+    from fljax.ops.gossip import TOPOLOGIES
 
     sections = [("algorithms", {n: c.summary for n, c in ALGORITHMS.items()}), ("datasets", SOURCES),
-                ("partitioners", PARTITIONERS), ("models", MODELS), ("executors", EXECUTORS)]
-    try:
-        from fljax.ops.gossip import TOPOLOGIES
-        sections.append(("topologies", TOPOLOGIES))
-    except ImportError:
-        pass
+                ("partitioners", PARTITIONERS), ("models", MODELS), ("executors", EXECUTORS),
+                ("topologies", TOPOLOGIES), ("reproductions", {n: "fljax reproduce " + n for n in _reproductions()})]
     for title, entries in sections:
         print(f"{title}:")
         for name, text in entries.items():
@@ -111,43 +146,92 @@ def cmd_list(args) -> int:
     return 0
 
 
+def _reproductions() -> list[str]:
+    import pkgutil
+
+    import fljax.reproduce
+
+    return sorted(m.name for m in pkgutil.iter_modules(fljax.reproduce.__path__) if not m.name.startswith("_"))
+
+
+def cmd_reproduce(args) -> int:
+    import importlib
+
+    available = _reproductions()
+    if args.name not in available:
+        close = difflib.get_close_matches(args.name, available, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"unknown reproduction {args.name!r}; available: {available or 'none yet'}.{hint}")
+    module = importlib.import_module(f"fljax.reproduce.{args.name}")
+    return int(module.main(list(args.args)) or 0)
+
+
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fljax", description="Vectorised federated learning simulation in JAX.")
+    p = argparse.ArgumentParser(prog="fljax", description="Vectorised federated learning simulation in JAX. "
+                                "See docs/cli.md.", epilog="run `fljax COMMAND --help` for a command's options")
     sub = p.add_subparsers(dest="command", required=True)
+    raw = argparse.RawDescriptionHelpFormatter
 
     def common(sp):
-        sp.add_argument("config", nargs="?", help="YAML config file (optional)")
+        sp.add_argument("config", nargs="?", help="YAML config file (optional; keys: see configs/README.md)")
         sp.add_argument("--set", action="append", metavar="KEY=VALUE",
-                        help="override a config key, e.g. --set data.alpha=0.1 (repeatable)")
-        sp.add_argument("--quiet", action="store_true", help="no progress bar")
+                        help="override a config key, e.g. --set data.alpha=0.1 (repeatable; values are YAML)")
+        sp.add_argument("--dataset", help="data set name (see fljax list)")
+        sp.add_argument("--out", metavar="DIR", help="run directory (default: runs/<name>-<date>-<time>)")
+        sp.add_argument("--resume", action="store_true",
+                        help="continue the run in --out DIR from its latest checkpoint (same results bit for bit)")
+        sp.add_argument("--seeds", type=int, metavar="N", help="run N seeds (seed, seed+1, ...) and report mean ± std")
+        sp.add_argument("--checkpoint-every", type=int, metavar="K",
+                        help="checkpoint every K rounds (default: at an evaluation once a minute has passed, "
+                        "and at the end; 0: never)")
+        mode = sp.add_mutually_exclusive_group()
+        mode.add_argument("--quiet", action="store_true", help="no progress bar or notes, only the final table")
+        mode.add_argument("--json", action="store_true",
+                          help="JSON-log mode: stdout carries one JSON object per evaluation and per finished run")
 
-    r = sub.add_parser("run", help="run one experiment", epilog=EXAMPLES_RUN,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    r = sub.add_parser("run", help="run one experiment", description="Run one experiment (any number of seeds) "
+                       "into a run directory: config.yaml, metrics.jsonl, summary.json, plots, checkpoints.",
+                       epilog=EXAMPLES_RUN, formatter_class=raw)
     common(r)
     r.add_argument("--algorithm", help="algorithm name (see fljax list)")
-    r.add_argument("--dataset", help="data set name (see fljax list)")
     r.set_defaults(func=cmd_run)
-    c = sub.add_parser("compare", help="run several algorithms on the same data and print one table",
-                       epilog=EXAMPLES_COMPARE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    c = sub.add_parser("compare", help="run several algorithms on the same data and seeds, print one table",
+                       description="Run several algorithms on the same data, partition and seeds; print one table "
+                       "and write compare.md, compare.png and one run directory per algorithm. Without a config "
+                       "file: the packaged quick-start preset (digits, 50 clients).",
+                       epilog=EXAMPLES_COMPARE, formatter_class=raw)
     common(c)
     c.add_argument("--algorithms", help="comma-separated names (default: every general-purpose algorithm)")
-    c.add_argument("--dataset", help="data set name (see fljax list)")
     c.set_defaults(func=cmd_compare)
-    ls = sub.add_parser("list", help="show algorithms, data sets, partitioners, models, executors, topologies")
+    ls = sub.add_parser("list", help="show algorithms, data sets, partitioners, models, executors, topologies",
+                        description="Everything fljax knows by name, one line each.")
     ls.set_defaults(func=cmd_list)
+    rp = sub.add_parser("reproduce", help="run a paper reproduction (fljax/reproduce/NAME.py)",
+                        description="Run the reproduction script fljax.reproduce.NAME with the remaining "
+                        "arguments (`fljax list` shows the available ones).", epilog=EXAMPLES_REPRODUCE,
+                        formatter_class=raw)
+    rp.add_argument("name", help="reproduction name")
+    rp.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the reproduction")
+    rp.set_defaults(func=cmd_reproduce)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
+    debug = bool(os.environ.get("FLJAX_DEBUG"))
     try:
         return args.func(args)
-    except (ConfigError, ValueError) as e:
-        print(f"fljax: error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
-    except FloatingPointError as e:
+    except FloatingPointError as e:  # NaN/Inf during training (NonFiniteError)
+        if debug:
+            raise
         print(f"fljax: error: {e}", file=sys.stderr)
         return 3
+    except (ValueError, OSError) as e:  # ConfigError, DataError, PartitionError, hyperparameter errors, files
+        if debug:
+            raise
+        text = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"fljax: error: {text}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import yaml
 
 __all__ = ["ConfigError", "DataConfig", "ModelConfig", "ExperimentConfig", "from_dict", "to_dict", "load_config",
-           "apply_overrides", "parse_override"]
+           "apply_overrides", "parse_override", "hyperparameters", "algorithm_config"]
 
 
 class ConfigError(ValueError):
@@ -70,10 +71,14 @@ class ExperimentConfig:
     executor: str = "auto"
     chunk_size: int | None = None
     name: str | None = None  # run name (default: the algorithm)
+    seeds: int = 1  # run seeds seed, seed+1, ..., seed+seeds-1 (vectorised when shapes allow)
+    checkpoint_every: int | None = None  # rounds between checkpoints; None: timed (see fljax.runner); 0: never
 
     def validate(self) -> "ExperimentConfig":
         """Refuse impossible values (types are checked by :func:`from_dict`)."""
-        _positive(self, "rounds", "eval_every")
+        _positive(self, "rounds", "eval_every", "seeds")
+        if self.checkpoint_every is not None and self.checkpoint_every < 0:
+            raise ConfigError(f"checkpoint_every must be >= 0 (0: no checkpoints), got {self.checkpoint_every}.")
         _positive(self.data, "num_clients", "classes_per_client")
         if self.chunk_size is not None:
             _positive(self, "chunk_size")
@@ -87,7 +92,7 @@ class ExperimentConfig:
         from fljax.data.partitioners import PARTITIONERS
         from fljax.data.sources import SOURCES
         from fljax.engine.executors import EXECUTORS
-        from fljax.models.model import MODELS
+        from fljax.models.model import MODELS, check_model_options
 
         _choice("algorithm", self.algorithm, ALGORITHMS)
         _choice("data.dataset", self.data.dataset, SOURCES)
@@ -96,13 +101,43 @@ class ExperimentConfig:
         _choice("executor", self.executor, EXECUTORS)
         if self.model.name != "auto":
             _choice("model.name", self.model.name, MODELS)
+            try:
+                check_model_options(self.model.name, self.model.options)
+            except ValueError as e:
+                raise ConfigError(f"model.options: {e}") from None
         _choice("model.conv_impl", self.model.conv_impl, {"auto": 0, "native": 0, "patches": 0})
+        self.algo = hyperparameters(self.algorithm, self.algo)
         try:
-            algo = make_algorithm(self.algorithm, **self.algo)
-            algo.validate(self.data.num_clients)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"algo: {e}") from None
+            make_algorithm(self.algorithm, **self.algo).validate(self.data.num_clients)
+        except (TypeError, ValueError) as e:  # "lr must be > 0, ..." -> "algo.lr must be > 0, ..."
+            from fljax.algorithms.registry import get_algorithm, hyperparameter_fields
+
+            head = re.match(r"\w+", str(e))
+            named = head is not None and head.group(0) in hyperparameter_fields(get_algorithm(self.algorithm))
+            raise ConfigError(f"algo.{e}" if named else f"algo: {e}") from None
         return self
+
+    @property
+    def run_name(self) -> str:
+        return self.name or self.algorithm
+
+
+def hyperparameters(algorithm: str, values: dict) -> dict:
+    """``values`` checked against the algorithm's hyperparameter fields: unknown names are refused with the
+    closest valid one, values are checked against the field types (and lists become tuples where a tuple is
+    expected, so the algorithm stays hashable)."""
+    from fljax.algorithms.registry import get_algorithm, hyperparameter_fields
+
+    cls = get_algorithm(algorithm)
+    fields = hyperparameter_fields(cls)
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for key, value in values.items():
+        if key not in fields:
+            raise ConfigError(f"unknown key 'algo.{key}' for algorithm {algorithm!r}.{_suggest(key, fields)} "
+                              f"Valid keys: {sorted(fields)}.")
+        out[key] = _check_type(f"algo.{key}", value, hints.get(key, typing.Any))
+    return out
 
 
 def _positive(obj, *names):
@@ -127,7 +162,8 @@ def _choice(key: str, value, choices):
 
 
 def _check_type(key: str, value, annotation):
-    """Coerce/verify ``value`` against a field annotation; one-line error otherwise."""
+    """Coerce/verify ``value`` against a field annotation; one-line error otherwise. Lists become tuples where a
+    tuple is expected; annotations this function does not know (custom classes) accept any value."""
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(annotation)
@@ -141,19 +177,35 @@ def _check_type(key: str, value, annotation):
             except ConfigError:
                 pass
         raise ConfigError(f"{key}: expected {_type_name(annotation)}, got {value!r}.")
+    if origin is typing.Literal:
+        choices = typing.get_args(annotation)
+        if value not in choices:
+            raise ConfigError(f"{key}: unknown value {value!r}; choose one of {list(choices)}."
+                              f"{_suggest(str(value), [str(c) for c in choices])}")
+        return value
+    if (origin or annotation) in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}.")
+        args = typing.get_args(annotation)
+        if origin is tuple and args and args[-1] is not Ellipsis:  # tuple[int, float]: one type per position
+            if len(args) != len(value):
+                raise ConfigError(f"{key}: expected {len(args)} values, got {len(value)}.")
+            items = [_check_type(f"{key}[{i}]", v, a) for i, (a, v) in enumerate(zip(args, value))]
+        else:
+            item = args[0] if args else typing.Any
+            items = [_check_type(f"{key}[{i}]", v, item) for i, v in enumerate(value)]
+        return tuple(items) if (origin or annotation) is tuple else items
     if annotation is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     if annotation is int and isinstance(value, int) and not isinstance(value, bool):
         return value
-    if annotation is bool and isinstance(value, bool):
-        return value
-    if annotation is str and isinstance(value, str):
-        return value
-    if annotation is dict and isinstance(value, dict):
+    if annotation in (bool, str, dict) and isinstance(value, annotation):
         return value
     if dataclasses.is_dataclass(annotation) and isinstance(value, dict):
         return from_dict(annotation, value, prefix=f"{key}.")
-    raise ConfigError(f"{key}: expected {_type_name(annotation)}, got {value!r}.")
+    if annotation in (float, int, bool, str, dict) or dataclasses.is_dataclass(annotation):
+        raise ConfigError(f"{key}: expected {_type_name(annotation)}, got {value!r}.")
+    return value
 
 
 def _type_name(annotation) -> str:
@@ -171,7 +223,7 @@ def from_dict(cls, values: dict, prefix: str = ""):
     kwargs = {}
     for key, value in values.items():
         if key not in fields:
-            raise ConfigError(f"unknown key {prefix}{key!r}.{_suggest(key, fields)} Valid keys: {sorted(fields)}.")
+            raise ConfigError(f"unknown key {prefix + key!r}.{_suggest(key, fields)} Valid keys: {sorted(fields)}.")
         kwargs[key] = _check_type(prefix + key, value, hints[key])
     return cls(**kwargs)
 
@@ -225,3 +277,13 @@ def load_config(path: str | None = None, overrides: list[str] | None = None, bas
         values.update(loaded)
     values = apply_overrides(values, overrides or [])
     return from_dict(ExperimentConfig, values).validate()
+
+
+def algorithm_config(cfg: ExperimentConfig, name: str, hyper: dict | None = None) -> ExperimentConfig:
+    """``cfg`` for algorithm ``name`` (as ``fljax compare`` runs it): the keys of ``cfg.algo`` that ``name``
+    accepts, then ``hyper``; validated."""
+    from fljax.algorithms.registry import get_algorithm, hyperparameter_fields
+
+    accepted = hyperparameter_fields(get_algorithm(name))
+    algo = {**{k: v for k, v in cfg.algo.items() if k in accepted}, **(hyper or {})}
+    return dataclasses.replace(cfg, algorithm=name, algo=algo).validate()

@@ -22,3 +22,15 @@ def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
     assert len(la) == len(lb)
     for x, y in zip(la, lb):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+
+
+def pytest_configure(config):
+    """A persistent compilation cache per test process: simulations built again with the same shapes (a resumed
+    run, the separate runs a sweep is compared with) load their compiled programs instead of compiling again."""
+    import tempfile
+
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="fljax-test-jax-cache-"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -174,3 +174,15 @@ def test_test_split_rounding(rounding, expect):
     test_labels = np.repeat([0, 1], 50)
     idx = D.pool_test_split(train, test_labels, 2, per_client=10, seed=0, rounding=rounding)[0]
     assert np.bincount(test_labels[idx], minlength=2).tolist() == expect
+
+
+def test_epoch_permutations_are_uniform():
+    from fljax.data.batching import _epoch_orders
+
+    orders = np.asarray(_epoch_orders(jax.random.PRNGKey(0), jnp.int32(5), 8, 4000))
+    assert (np.sort(orders[:, :5], axis=1) == np.arange(5)).all() and (orders[:, 5:] >= 5).all()
+    first = np.bincount(orders[:, 0], minlength=5)  # 800 expected per index
+    assert first.min() > 700 and first.max() < 900
+    pairs = np.bincount(orders[:, 0] * 5 + orders[:, 1], minlength=25).reshape(5, 5)
+    off = pairs[~np.eye(5, dtype=bool)]  # 200 expected per ordered pair
+    assert off.min() > 140 and off.max() < 260 and np.trace(pairs) == 0

@@ -27,7 +27,8 @@ from fljax.models.model import Model, make_model
 if TYPE_CHECKING:  # the engine sits below the algorithms layer: no runtime import
     from fljax.algorithms.base import Algorithm
 
-__all__ = ["Simulation", "RunResult", "default_model", "NonFiniteError"]
+__all__ = ["Simulation", "RunResult", "RunLog", "default_model", "NonFiniteError", "block_schedule", "drive",
+           "nonfinite_message"]
 
 
 class NonFiniteError(FloatingPointError):
@@ -122,8 +123,17 @@ class Simulation:
         return cohort * steps, cohort * steps * algo.plan().width(n_max)
 
     # ---------------------------------------------------------------------------------------------- state
-    def init(self) -> State:
-        key = jax.random.PRNGKey(self.seed)
+    def init(self, seed: int | None = None) -> State:
+        """The initial state of the run with ``seed`` (default: the simulation's). It runs eagerly: one call per
+        run, whose small ops JAX caches across algorithms, costs less than compiling it."""
+        return self._init(jax.random.PRNGKey(self.seed if seed is None else seed))
+
+    def state_shapes(self) -> State:
+        """The state's structure, shapes and dtypes (``jax.ShapeDtypeStruct`` leaves), e.g. to restore a checkpoint
+        into; nothing is computed."""
+        return jax.eval_shape(self._init, jax.random.PRNGKey(self.seed))
+
+    def _init(self, key) -> State:
         ctx = RoundContext(self.executor, self.data, jnp.int32(0), jax.random.fold_in(key, 0))
         server, clients = self.algorithm.init(ctx)
         return State(server=server, clients=clients, round=jnp.int32(0), key=key)
@@ -133,8 +143,9 @@ class Simulation:
         ctx = RoundContext(self.executor, data, state.round, _round_key(state.key, state.round))
         server, clients, metrics = self.algorithm.round(ctx, state.server, state.clients)
         metrics = dict(metrics)
-        loss_ok = jnp.all(jnp.isfinite(metrics.get("train_loss", jnp.float32(0))))
-        metrics["finite"] = tree.all_finite((server, clients)) & loss_ok
+        losses = {k: v for k, v in metrics.items() if "loss" in k}
+        metrics["finite_params"] = tree.all_finite((server, clients))
+        metrics["finite"] = metrics["finite_params"] & tree.all_finite(losses)
         return State(server=server, clients=clients, round=state.round + 1, key=state.key), metrics
 
     def _block(self, state: State, data: FederatedData, n: int):
@@ -179,48 +190,147 @@ class Simulation:
     # ---------------------------------------------------------------------------------------------- run
     def run(self, rounds: int, eval_every: int | None = None, state: State | None = None,
             callback: Callable[[dict, State], None] | None = None, progress: bool = True,
-            stop_on_nonfinite: bool = True) -> RunResult:
+            stop_on_nonfinite: bool = True, *, log: "RunLog | None" = None, checkpoint_every: int = 0,
+            on_checkpoint: Callable[[State, "RunLog"], None] | None = None) -> RunResult:
         """Run until ``rounds`` rounds are done, evaluating every ``eval_every`` rounds (default: about 10 times)
-        and at the end. ``callback(record, state)`` runs after every evaluation."""
+        and at the end. ``callback(record, state)`` runs after every evaluation.
+
+        Resuming: pass the ``state`` and the :class:`RunLog` of an earlier run (both from a checkpoint); the
+        blocks of rounds then end where the uninterrupted run's end, so the results are the same bit for bit.
+        ``on_checkpoint(state, log)`` runs every ``checkpoint_every`` rounds (0: only after the last round), only
+        after the rounds it covers were checked finite.
+        """
         state = state if state is not None else self.init()
+        log = log if log is not None else RunLog()
         eval_every = eval_every or max(1, math.ceil(rounds / 10))
-        start = int(state.round)
-        history: list[dict] = []
-        per_client: dict = {}
-        totals = {"bytes_up": 0.0, "bytes_down": 0.0}
-        bar = _progress_bar(rounds, start, progress)
-        run_seconds = 0.0
-        try:
-            while int(state.round) < rounds:
-                r = int(state.round)
-                n = min(eval_every - r % eval_every, rounds - r)
-                t0, c0 = time.perf_counter(), self.compile_seconds
-                state, metrics = self.run_rounds(state, n)
-                jax.block_until_ready(state)
-                summary, per_client = self.evaluate(state)
-                summary, metrics = jax.device_get((summary, metrics))
-                run_seconds += time.perf_counter() - t0 - (self.compile_seconds - c0)  # compile time apart
-                for k in totals:
-                    totals[k] += float(np.sum(metrics.get(k, 0.0)))
-                record = {"round": int(state.round), **{k: float(v) for k, v in summary.items()},
-                          "train_loss": float(np.mean(metrics["train_loss"])),
-                          "bytes_up": totals["bytes_up"], "bytes_down": totals["bytes_down"],
-                          "wall_seconds": run_seconds}
-                history.append(record)
-                if bar is not None:
-                    bar.update(n)
-                    bar.set_postfix(_postfix(record))
-                if stop_on_nonfinite and not np.all(metrics["finite"]):
-                    bad = r + int(np.argmin(metrics["finite"])) + 1
-                    raise NonFiniteError(f"round {bad} produced NaN/Inf (train_loss "
-                                         f"{float(np.ravel(metrics['train_loss'])[bad - r - 1]):.4g}); lower the "
-                                         f"learning rate or check the data.")
-                if callback is not None:
-                    callback(record, state)
-        finally:
+        lane_callback = None if callback is None else (lambda _, record, s: callback(record, s))
+        lane_checkpoint = None if on_checkpoint is None else (lambda _, s, lg: on_checkpoint(s, lg))
+        state, per_client = drive(self, state, [log], rounds, eval_every, checkpoint_every, lanes=False,
+                                  callback=lane_callback, on_checkpoint=lane_checkpoint, progress=progress,
+                                  stop_on_nonfinite=stop_on_nonfinite)
+        return RunResult(state, log.history, jax.device_get(per_client), self.compile_seconds, log.run_seconds)
+
+
+@dataclasses.dataclass
+class RunLog:
+    """What a run has measured so far (part of a checkpoint, so a resumed run continues it): one record per
+    evaluation, the cumulative communication, and the seconds spent running (compilation apart) and compiling."""
+
+    history: list = dataclasses.field(default_factory=list)
+    bytes_up: float = 0.0
+    bytes_down: float = 0.0
+    run_seconds: float = 0.0
+    compile_seconds: float = 0.0
+
+    def add_block(self, metrics: dict, seconds: float, compile_seconds: float):
+        """Account one block of rounds (``metrics``: per-round arrays on the host)."""
+        self.bytes_up += float(np.sum(metrics.get("bytes_up", 0.0)))
+        self.bytes_down += float(np.sum(metrics.get("bytes_down", 0.0)))
+        self.run_seconds += seconds
+        self.compile_seconds += compile_seconds
+
+    def add_record(self, round_: int, metrics: dict, summary: dict) -> dict:
+        """The evaluation record after round ``round_`` (``metrics``: the last block's per-round arrays)."""
+        order = sorted(summary, key=lambda k: (not k.startswith("personal"), k))  # personalized first
+        record = {"round": round_, **{k: float(summary[k]) for k in order},
+                  "train_loss": float(np.mean(metrics["train_loss"])),
+                  "bytes_up": self.bytes_up, "bytes_down": self.bytes_down, "wall_seconds": self.run_seconds}
+        self.history.append(record)
+        return record
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, values: dict) -> "RunLog":
+        return cls(**values)
+
+
+def block_schedule(start: int, rounds: int, eval_every: int, checkpoint_every: int = 0):
+    """The blocks of rounds from ``start`` to ``rounds``: ``(size, evaluate, checkpoint)`` triples. A block ends at
+    every multiple of ``eval_every`` (evaluate), of ``checkpoint_every`` (checkpoint; 0: never) and at ``rounds``
+    (both). The ends depend only on these numbers, never on ``start``, so a resumed run uses the same blocks."""
+    r = start
+    while r < rounds:
+        ends = [rounds, (r // eval_every + 1) * eval_every]
+        if checkpoint_every:
+            ends.append((r // checkpoint_every + 1) * checkpoint_every)
+        end = min(ends)
+        yield end - r, end % eval_every == 0 or end == rounds, bool(
+            checkpoint_every and end % checkpoint_every == 0) or end == rounds
+        r = end
+
+
+def nonfinite_message(metrics: dict, summary: dict | None, start: int) -> str | None:
+    """None when the block that began after round ``start`` stayed finite, else a one-line message naming the
+    first bad round and what went non-finite (a per-round metric, the parameters, or an evaluation loss)."""
+    finite = np.asarray(metrics["finite"])
+    if finite.all():
+        bad_eval = [k for k, v in (summary or {}).items() if k.endswith("_loss") and not np.isfinite(v)]
+        if not bad_eval:
+            return None
+        what = ", ".join(f"{k}={float(summary[k])}" for k in bad_eval)
+        return f"round {start + finite.size} produced NaN/Inf in the evaluation ({what})"
+    i = int(np.argmin(finite))
+    names = [f"{k}={float(np.ravel(v)[i]):.4g}" for k, v in sorted(metrics.items())
+             if not k.startswith("finite") and not np.isfinite(np.ravel(v)[i])]
+    if not np.ravel(metrics.get("finite_params", finite))[i]:
+        names.append("the model parameters")
+    return f"round {start + i + 1} produced NaN/Inf in {' and '.join(names)}"
+
+
+def drive(sim, state, logs: list, rounds: int, eval_every: int, checkpoint_every: int, *, lanes: bool,
+          callback=None, on_checkpoint=None, progress: bool = True, stop_on_nonfinite: bool = True,
+          labels: list | None = None):
+    """The run loop shared by one run and a batch of seeds (``lanes=True``: every leaf of ``state`` and of the
+    metrics has a leading seed axis, and ``logs`` holds one :class:`RunLog` per seed).
+
+    Runs the blocks of :func:`block_schedule` with ``sim.run_rounds``; after each, evaluates when due, checks that
+    every round stayed finite (raising :class:`NonFiniteError` before anything of the bad block is recorded or
+    checkpointed), appends the records and calls ``callback(lane, record, lane_state)`` and, when due,
+    ``on_checkpoint(lane, lane_state, log)``. Returns the final state and the last per-client accuracies.
+    """
+    pick = (lambda tree_, i: jax.tree.map(lambda x: x[i], tree_)) if lanes else (lambda tree_, i: tree_)
+    start = int(np.ravel(jax.device_get(state.round))[0])
+    per_client: dict = {}
+    bar = _progress_bar(rounds, start, progress)
+    r = start
+    try:
+        for n, do_eval, do_checkpoint in block_schedule(start, rounds, eval_every, checkpoint_every):
+            t0, c0 = time.perf_counter(), sim.compile_seconds
+            state, metrics = sim.run_rounds(state, n)
+            jax.block_until_ready(state)
+            summary = None
+            if do_eval:
+                summary, per_client = sim.evaluate(state)
+            summary, metrics = jax.device_get((summary, metrics))
+            compile_s = sim.compile_seconds - c0
+            seconds = time.perf_counter() - t0 - compile_s  # compile time apart
+            if stop_on_nonfinite:
+                for i in range(len(logs)):
+                    message = nonfinite_message(pick(metrics, i), None if summary is None else pick(summary, i), r)
+                    if message:
+                        who = f"{labels[i]}: " if labels else ""
+                        raise NonFiniteError(f"{who}{message}; lower the learning rate (algo.lr) or check the data.")
+            r += n
+            records = []
+            for i, log in enumerate(logs):
+                log.add_block(pick(metrics, i), seconds, compile_s)
+                if do_eval:
+                    records.append(log.add_record(r, pick(metrics, i), pick(summary, i)))
             if bar is not None:
-                bar.close()
-        return RunResult(state, history, jax.device_get(per_client), self.compile_seconds, run_seconds)
+                bar.update(n)
+                if records:
+                    bar.set_postfix(_postfix(records))
+            for i, log in enumerate(logs):
+                if records and callback is not None:
+                    callback(i, records[i], pick(state, i))
+                if do_checkpoint and on_checkpoint is not None:
+                    on_checkpoint(i, pick(state, i), log)
+    finally:
+        if bar is not None:
+            bar.close()
+    return state, per_client
 
 
 def _progress_bar(total: int, initial: int, enabled: bool):
@@ -231,10 +341,12 @@ def _progress_bar(total: int, initial: int, enabled: bool):
     return tqdm(total=total, initial=initial, unit="round", dynamic_ncols=True, leave=False)
 
 
-def _postfix(record: dict) -> dict:
-    out = {"loss": f"{record['train_loss']:.3f}"}
-    if "personal_acc" in record:
-        out["pers"] = f"{record['personal_acc']:.3f}"
-    if "global_acc" in record:
-        out["glob"] = f"{record['global_acc']:.3f}"
+def _postfix(records: list[dict]) -> dict:
+    """The latest metrics for the progress bar (the mean over seeds when several run together)."""
+    mean = lambda k: float(np.mean([r[k] for r in records]))
+    out = {"loss": f"{mean('train_loss'):.3f}"}
+    if "personal_acc" in records[0]:
+        out["pers"] = f"{mean('personal_acc'):.3f}"
+    if "global_acc" in records[0]:
+        out["glob"] = f"{mean('global_acc'):.3f}"
     return out

@@ -96,8 +96,10 @@ class ShardedExecutor(Executor):
 
 
 @functools.lru_cache(maxsize=512)
-def _jitted(fn):
-    return jax.jit(fn)
+def _client_call(fn):
+    """``fn`` on client ``i`` of the stacked arguments, jitted once for every i (the index is a traced scalar, so
+    the per-client slicing happens inside the compiled call and never compiles per index)."""
+    return jax.jit(lambda shared, per_client, i: fn(shared, jax.tree.map(lambda x: x[i], per_client)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,12 +113,10 @@ class LoopExecutor(Executor):
 
     def map_clients(self, fn, shared, per_client):
         try:
-            jfn = _jitted(fn)
+            call = _client_call(fn)
         except TypeError:  # unhashable callable: compile it afresh
-            jfn = jax.jit(fn)
-        outs = [jfn(shared, jax.tree.map(lambda x, i=i: x[i], per_client))
-                for i in range(tree.num_clients(per_client))]
-        return tree.stack(outs)
+            call = _client_call.__wrapped__(fn)
+        return tree.stack([call(shared, per_client, i) for i in range(tree.num_clients(per_client))])
 
 
 EXECUTORS = {

@@ -11,7 +11,7 @@ import optax
 
 from fljax.models import zoo
 
-__all__ = ["Model", "make_model", "MODELS", "masked_cross_entropy", "accuracy_stats"]
+__all__ = ["Model", "make_model", "check_model_options", "MODELS", "masked_cross_entropy", "accuracy_stats"]
 
 
 def masked_cross_entropy(logits, labels, mask):
@@ -82,8 +82,24 @@ MODELS = {
 }
 
 
+_MODULES = {"logreg": zoo.LogisticRegression, "mlp": zoo.MLP, "cnn1": zoo.CNN1, "resnet18_gn": zoo.ResNet18GN}
+
+
+def check_model_options(name: str, options: dict) -> None:
+    """Refuse options the module of model ``name`` does not have, suggesting the closest valid one."""
+    valid = {f.name for f in dataclasses.fields(_MODULES[name]) if f.init} - {"parent", "name", "num_classes",
+                                                                              "conv_impl"}
+    for key in options:
+        if key not in valid:
+            close = difflib.get_close_matches(key, valid, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"model {name!r} has no option {key!r}.{hint} Valid: {sorted(valid)}.")
+
+
 def make_model(name: str, input_shape, num_classes: int, conv_impl: str = "native", **kwargs) -> Model:
     """Build a model by name (see :data:`MODELS`); ``kwargs`` go to the module (e.g. ``hidden``, ``groups``)."""
+    if name in _MODULES:
+        check_model_options(name, kwargs)
     if name == "logreg":
         module = zoo.LogisticRegression(num_classes, **kwargs)
     elif name == "mlp":

@@ -1,1 +1,2 @@
-"""Reduced-scale paper reproductions: ``fljax.reproduce.<name>.main(argv)`` runs one and writes its tables."""
+"""Paper reproductions, one module per paper: ``fljax reproduce NAME [args...]`` imports ``fljax.reproduce.NAME``
+and calls its ``main(argv: list[str]) -> int`` with the remaining arguments."""

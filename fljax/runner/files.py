@@ -1,0 +1,59 @@
+"""Atomic file writes: the content goes to a temporary file in the same directory, which then replaces the target
+with ``os.replace`` (atomic on POSIX and Windows). A crash at any moment leaves either the old file or the new one,
+never a truncated one, and no temporary file behind when the write fails with an exception."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import uuid
+
+import yaml
+
+__all__ = ["atomic_path", "write_text", "write_json", "write_jsonl", "write_yaml", "read_json", "read_jsonl"]
+
+
+@contextlib.contextmanager
+def atomic_path(path: str):
+    """Yield a temporary path next to ``path``; on normal exit it replaces ``path``, on an exception it is removed."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+
+
+def write_text(path: str, text: str) -> None:
+    with atomic_path(path) as tmp:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def write_json(path: str, value) -> None:
+    write_text(path, json.dumps(value, indent=2) + "\n")
+
+
+def write_jsonl(path: str, records: list[dict]) -> None:
+    """One JSON object per line (the whole file is rewritten atomically)."""
+    write_text(path, "".join(json.dumps(r) + "\n" for r in records))
+
+
+def write_yaml(path: str, value) -> None:
+    write_text(path, yaml.safe_dump(value, sort_keys=False))
+
+
+def read_json(path: str):
+    with open(path) as f:
+        return json.load(f)
+
+
+def read_jsonl(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

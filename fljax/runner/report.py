@@ -1,0 +1,80 @@
+"""How a run talks to its user: output modes, JSON log lines, Markdown tables (mean ± std over seeds).
+
+Modes: ``bar`` (a progress bar per run with the latest metrics and the ETA, notes on stderr), ``quiet`` (no bar,
+no notes: only the final table on stdout) and ``json`` (stdout carries only JSON objects, one per line: an
+``eval`` event per evaluation and a ``summary`` event per finished run; nothing else is printed there).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from typing import TextIO
+
+import numpy as np
+
+__all__ = ["Output", "MODES", "markdown_table", "summary_row", "mean_std"]
+
+MODES = ("bar", "quiet", "json")
+
+
+@dataclasses.dataclass
+class Output:
+    mode: str = "bar"
+    stdout: TextIO | None = None
+    stderr: TextIO | None = None
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"output mode must be one of {MODES}, got {self.mode!r}.")
+
+    @property
+    def progress(self) -> bool:
+        return self.mode == "bar"
+
+    def note(self, text: str) -> None:
+        """A line for the person watching (stderr; silent in quiet and JSON modes)."""
+        if self.mode == "bar":
+            print(text, file=self.stderr or sys.stderr, flush=True)
+
+    def event(self, kind: str, **fields) -> None:
+        """One JSON object on stdout (JSON mode only)."""
+        if self.mode == "json":
+            print(json.dumps({"event": kind, **fields}), file=self.stdout or sys.stdout, flush=True)
+
+    def result(self, text: str) -> None:
+        """The final answer (a table) on stdout, except in JSON mode."""
+        if self.mode != "json":
+            print(text, file=self.stdout or sys.stdout, flush=True)
+
+
+def mean_std(values: list[float], digits: int = 4) -> str:
+    """``'0.8123'`` for one value, ``'0.8123 ± 0.0121'`` (sample standard deviation) for several."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{np.mean(values):.{digits}f} ± {np.std(values, ddof=1):.{digits}f}"
+
+
+def summary_row(label: str, summaries: list[dict]) -> dict:
+    """One table row from the ``summary.json`` of every seed of a run."""
+    finals = [s.get("final", {}) for s in summaries]
+    col = lambda key, **kw: mean_std([f.get(key) for f in finals], **kw)
+    mb = [(f.get("bytes_up", 0.0) + f.get("bytes_down", 0.0)) / 1e6 for f in finals]
+    return {"algorithm": label, "seeds": len(summaries), "personal acc": col("personal_acc"),
+            "weighted": col("personal_acc_weighted"), "p10 client": col("personal_acc_p10"),
+            "global acc": col("global_acc"), "rounds": max(f.get("round", 0) for f in finals),
+            "MB up+down": f"{np.mean(mb):.1f}",
+            "run s": f"{np.mean([s['run_seconds'] for s in summaries]):.1f}",
+            "compile s": f"{np.mean([s['compile_seconds'] for s in summaries]):.1f}",
+            "client-steps/s": f"{np.mean([s['client_steps_per_second'] for s in summaries]):,.0f}"}
+
+
+def markdown_table(rows: list[dict]) -> str:
+    cols = list(rows[0])
+    widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in cols]
+    line = lambda vals: "| " + " | ".join(str(v).ljust(w) for v, w in zip(vals, widths)) + " |"
+    return "\n".join([line(cols), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] +
+                     [line([r[c] for c in cols]) for r in rows])

@@ -1,0 +1,113 @@
+"""The run directory and what is written into it.
+
+    <run dir>/
+      config.yaml           the resolved configuration (every key, defaults filled in)
+      metrics.jsonl         one JSON object per evaluation: round, personalized and global accuracy/loss
+                            (mean over clients, sample-weighted, 10th-percentile client), train loss, cumulative
+                            bytes up/down, wall seconds (training time so far, compilation apart)
+      summary.json          status, final and best metrics, rounds, run/compile/wall seconds, client-steps/s
+      accuracy_vs_round.png, accuracy_vs_bytes.png, client_accuracy.png
+      checkpoints/<round>/  orbax checkpoints (see fljax.runner.checkpoint)
+
+With several seeds, each seed has such a directory ``seed_<s>/`` and the top level holds the sweep's config,
+``summary.json`` (mean ± std over seeds) and plots. Every file is written atomically (:mod:`fljax.runner.files`).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from fljax.config import ExperimentConfig, to_dict
+from fljax.engine import RunLog
+from fljax.runner import files
+
+__all__ = ["RunDir", "make_summary", "aggregate_summaries"]
+
+
+class RunDir:
+    def __init__(self, path: str):
+        self.path = str(path)
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    @property
+    def checkpoints(self) -> str:
+        return self.file("checkpoints")
+
+    def holds_run(self) -> bool:
+        """True when an earlier run wrote results here."""
+        return any(os.path.exists(self.file(n)) for n in ("metrics.jsonl", "summary.json", "checkpoints"))
+
+    def has_checkpoint(self) -> bool:
+        d = self.checkpoints
+        return os.path.isdir(d) and any(n.isdigit() for n in os.listdir(d))
+
+    def seed_dir(self, seed: int) -> "RunDir":
+        return RunDir(self.file(f"seed_{seed}"))
+
+    def write_config(self, cfg: ExperimentConfig) -> None:
+        files.write_yaml(self.file("config.yaml"), to_dict(cfg))
+
+    def write_metrics(self, history: list[dict]) -> None:
+        files.write_jsonl(self.file("metrics.jsonl"), history)
+
+    def read_metrics(self) -> list[dict]:
+        return files.read_jsonl(self.file("metrics.jsonl"))
+
+    def write_summary(self, summary: dict) -> None:
+        files.write_json(self.file("summary.json"), summary)
+
+    def read_summary(self) -> dict:
+        return files.read_json(self.file("summary.json"))
+
+
+def _best(history: list[dict]) -> dict:
+    """The best value of every accuracy (max) and loss (min) over the evaluations, with its round."""
+    best = {}
+    for key in history[0] if history else ():
+        if key.endswith(("_acc", "_acc_weighted", "_acc_p10")) or key.endswith(("_loss", "_loss_weighted")):
+            values = np.array([h[key] for h in history], dtype=float)
+            if np.all(np.isnan(values)):
+                continue
+            i = int(np.nanargmax(values) if "_acc" in key else np.nanargmin(values))
+            best[key] = {"value": float(values[i]), "round": history[i]["round"]}
+    return best
+
+
+def make_summary(cfg: ExperimentConfig, seed: int, log: RunLog, steps_per_round: int, status: str = "completed",
+                 message: str | None = None) -> dict:
+    """``summary.json`` of one run. ``status``: 'completed' or 'stopped' (``message`` says why)."""
+    rounds = log.history[-1]["round"] if log.history else 0
+    summary = {"name": cfg.run_name, "algorithm": cfg.algorithm, "dataset": cfg.data.dataset, "seed": seed,
+               "status": status, "rounds": rounds, "evaluations": len(log.history),
+               "final": log.history[-1] if log.history else {}, "best": _best(log.history),
+               "run_seconds": log.run_seconds, "compile_seconds": log.compile_seconds,
+               "wall_seconds": log.run_seconds + log.compile_seconds,
+               "client_steps_per_second": steps_per_round * rounds / log.run_seconds if log.run_seconds > 0 else 0.0}
+    if message:
+        summary["message"] = message
+    return summary
+
+
+def aggregate_summaries(summaries: list[dict], vectorised: bool) -> dict:
+    """The sweep's ``summary.json``: mean and sample std over seeds of every final metric, and the throughput of
+    the whole sweep (seeds run together share their seconds when ``vectorised``)."""
+    finals = [s["final"] for s in summaries]
+    keys = [k for k in finals[0] if k not in ("round",)] if finals and finals[0] else []
+    stats = {}
+    for k in keys:
+        values = np.array([f[k] for f in finals], dtype=float)
+        stats[k] = {"mean": float(np.mean(values)),
+                    "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
+                    "values": values.tolist()}
+    seconds = [s["run_seconds"] for s in summaries]
+    steps = sum(s["client_steps_per_second"] * s["run_seconds"] for s in summaries)
+    total = max(seconds) if vectorised else sum(seconds)
+    status = "completed" if all(s["status"] == "completed" for s in summaries) else "stopped"
+    return {"name": summaries[0]["name"], "algorithm": summaries[0]["algorithm"],
+            "dataset": summaries[0]["dataset"], "seeds": [s["seed"] for s in summaries], "vectorised": vectorised,
+            "status": status, "rounds": max(s["rounds"] for s in summaries), "final": stats,
+            "run_seconds": total, "compile_seconds": float(sum(s["compile_seconds"] for s in summaries)),
+            "client_steps_per_second": steps / total if total > 0 else 0.0}

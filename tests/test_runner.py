@@ -1,0 +1,260 @@
+"""The run layer: result files, atomic writes, resume equivalence, the NaN/Inf guard, seed sweeps, compare."""
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+import fljax.data as D
+from fljax.cli import main
+from fljax.engine import SeedBatch
+from fljax.engine.driver import block_schedule
+from fljax.engine.seeds import stack_data
+from fljax.runner import files
+from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
+
+# A tiny experiment: 8 synthetic clients, logistic regression, 4 clients per round.
+TINY = ["--set", "data.num_clients=8", "--set", "data.max_samples=40", "--set", "algo.cohort_size=4",
+        "--set", "algo.local_steps=2", "--set", "algo.batch_size=10", "--set", "model.name=logreg"]
+
+
+def _metrics(run_dir) -> list[dict]:
+    return files.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+
+
+def _without_time(records):
+    return [{k: v for k, v in r.items() if k != "wall_seconds"} for r in records]
+
+
+def _final_params(run_dir):
+    with Checkpointer(os.path.join(run_dir, "checkpoints")) as c:
+        state, log = c.restore()
+    return state, log
+
+
+# ------------------------------------------------------------------------------------------------ files
+
+
+def test_atomic_writes_keep_the_old_file_on_failure(tmp_path, monkeypatch):
+    path = str(tmp_path / "summary.json")
+    files.write_json(path, {"a": 1})
+    with pytest.raises(TypeError):
+        files.write_json(path, {"a": object()})  # fails while serialising
+    assert files.read_json(path) == {"a": 1}
+
+    def crash(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", crash)  # fails after the temporary file was written
+    with pytest.raises(OSError):
+        files.write_jsonl(path, [{"a": 2}] * 1000)
+    monkeypatch.undo()
+    assert files.read_json(path) == {"a": 1}
+    assert os.listdir(tmp_path) == ["summary.json"]  # no temporary file left behind
+
+
+def test_block_schedule_ends_at_evaluations_and_checkpoints():
+    assert list(block_schedule(0, 6, 3, 2)) == [(2, False, True), (1, True, False), (1, False, True),
+                                                (2, True, True)]
+    assert list(block_schedule(4, 6, 3, 2)) == [(2, True, True)]  # resumed at 4: the same last block
+    assert list(block_schedule(0, 5, 2)) == [(2, True, False), (2, True, False), (1, True, True)]
+
+
+def test_checkpoint_timer_is_due_once_a_period_and_the_same_for_every_seed():
+    now = [0.0]
+    timer = CheckpointTimer(60, clock=lambda: now[0])
+    now[0] = 30
+    assert not timer.due(10) and not timer.due(10)
+    now[0] = 61
+    assert timer.due(20) and timer.due(20)  # the other seeds of round 20 get the same answer
+    now[0] = 100
+    assert not timer.due(30)  # 39 s since the last checkpoint
+    now[0] = 122
+    assert timer.due(40)
+
+
+# ------------------------------------------------------------------------------------------------ a run
+
+
+def test_run_directory_layout_and_json_log(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", *TINY, "--set", "rounds=4", "--set", "eval_every=2", "--out", str(out), "--json"]) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]  # stdout: JSON only
+    assert [e["event"] for e in events] == ["eval", "eval", "summary"]
+    assert [e["round"] for e in events[:2]] == [2, 4]
+    assert sorted(os.listdir(out)) == ["accuracy_vs_bytes.png", "accuracy_vs_round.png", "checkpoints",
+                                       "client_accuracy.png", "config.yaml", "metrics.jsonl", "summary.json"]
+    records = _metrics(out)
+    assert [r["round"] for r in records] == [2, 4]
+    for key in ("personal_acc", "personal_loss", "global_acc", "global_loss", "train_loss", "bytes_up",
+                "bytes_down", "wall_seconds"):
+        assert key in records[0]
+    assert records[1]["bytes_up"] == 2 * records[0]["bytes_up"] > 0  # cumulative
+    summary = files.read_json(out / "summary.json")
+    assert summary["status"] == "completed" and summary["rounds"] == 4
+    assert summary["final"] == records[-1]
+    assert summary["best"]["personal_acc"]["value"] == max(r["personal_acc"] for r in records)
+    for key in ("run_seconds", "compile_seconds", "wall_seconds", "client_steps_per_second"):
+        assert summary[key] > 0
+    assert open(out / "accuracy_vs_round.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert os.listdir(out / "checkpoints") == ["4"]  # default policy: a short run is checkpointed at its end
+    assert "already holds a run" in _one_error(capsys, ["run", *TINY, "--out", str(out)])
+
+
+def _one_error(capsys, argv) -> str:
+    assert main(argv) == 2
+    return capsys.readouterr().err.strip()
+
+
+def test_resume_after_a_kill_is_bit_identical(tmp_path, monkeypatch):
+    """6 rounds, evaluations every 3, checkpoints every 2; the run is killed right after the checkpoint of round 4
+    and resumed: metrics.jsonl and the final state equal an uninterrupted run's bit for bit."""
+    args = [*TINY, "--set", "rounds=6", "--set", "eval_every=3", "--checkpoint-every", "2", "--quiet"]
+    full, cut = str(tmp_path / "full"), str(tmp_path / "cut")
+    assert main(["run", *args, "--out", full]) == 0
+
+    save = Checkpointer.save
+
+    def save_then_die(self, state, log):
+        save(self, state, log)
+        if int(state.round) == 4:
+            raise KeyboardInterrupt  # as if the process were killed here
+
+    monkeypatch.setattr(Checkpointer, "save", save_then_die)
+    assert main(["run", *args, "--out", cut]) == 130
+    monkeypatch.undo()
+    assert [r["round"] for r in _metrics(cut)] == [3]
+    assert not os.path.exists(os.path.join(cut, "summary.json"))
+
+    assert main(["run", "--resume", "--out", cut, "--quiet"]) == 0
+    assert [r["round"] for r in _metrics(cut)] == [3, 6]  # no duplicate, no missing line
+    assert _without_time(_metrics(cut)) == _without_time(_metrics(full))
+    (state_full, log_full), (state_cut, log_cut) = _final_params(full), _final_params(cut)
+    leaves_full, leaves_cut = jax.tree.leaves(state_full), jax.tree.leaves(state_cut)
+    assert len(leaves_full) == len(leaves_cut) > 0
+    for a, b in zip(leaves_full, leaves_cut):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert (log_cut.bytes_up, log_cut.bytes_down) == (log_full.bytes_up, log_full.bytes_down)
+
+    # a finished run can be extended: the config is the run directory's own, plus --set
+    assert main(["run", "--resume", "--out", cut, "--set", "rounds=9", "--quiet"]) == 0
+    assert [r["round"] for r in _metrics(cut)] == [3, 6, 9]
+
+
+def test_nonfinite_round_stops_with_round_and_metric(tmp_path, capsys):
+    out = str(tmp_path / "nan")
+    argv = ["run", *TINY, "--set", "model.name=mlp", "--set", "model.options.hidden=[16]", "--set", "algo.lr=50",
+            "--set", "algo.local_steps=5", "--set", "rounds=20", "--set", "eval_every=2", "--checkpoint-every", "2",
+            "--out", out, "--quiet"]
+    assert main(argv) == 3
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    import re
+
+    m = re.match(r"fljax: error: round (\d+) produced NaN/Inf in (train_loss=\S+|the evaluation \(\w+_loss=)", err)
+    assert m, err
+    bad = int(m.group(1))
+    assert 2 < bad < 20
+    assert "lower the learning rate (algo.lr)" in err
+    last_good = (bad - 1) // 2 * 2
+    assert err.endswith(f"Kept in {out}: metrics.jsonl so far and the last good checkpoint (round {last_good}).")
+    assert [r["round"] for r in _metrics(out)] == list(range(2, last_good + 1, 2))
+    with Checkpointer(os.path.join(out, "checkpoints")) as c:
+        assert c.latest_round() == last_good
+        state, _ = c.restore()
+    assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(state) if np.issubdtype(x.dtype, np.floating))
+    summary = files.read_json(os.path.join(out, "summary.json"))
+    assert summary["status"] == "stopped" and f"round {bad} produced NaN/Inf" in summary["message"]
+
+
+# ------------------------------------------------------------------------------------------------ seeds
+
+
+def test_vectorised_sweep_equals_separate_runs_and_resumes(tmp_path, monkeypatch):
+    """--seeds 3 with a fixed data seed runs as one vmapped program; each seed matches its own separate run, and
+    the sweep killed after its round-2 checkpoint and resumed matches the uninterrupted sweep bit for bit."""
+    common = [*TINY, "--set", "data.seed=0", "--set", "rounds=4", "--set", "eval_every=2", "--quiet"]
+    sweep = tmp_path / "sweep"
+    assert main(["run", *common, "--seeds", "3", "--out", str(sweep)]) == 0
+    top = files.read_json(sweep / "summary.json")
+    assert top["vectorised"] is True and top["seeds"] == [0, 1, 2]
+    for seed in (0, 1, 2):
+        one = tmp_path / f"seed{seed}"
+        assert main(["run", *common, "--set", f"seed={seed}", "--out", str(one)]) == 0
+        a, b = _metrics(one), _metrics(sweep / f"seed_{seed}")
+        assert [r["round"] for r in a] == [r["round"] for r in b] == [2, 4]
+        for ra, rb in zip(a, b):
+            for key in ra:
+                if key != "wall_seconds":
+                    np.testing.assert_allclose(rb[key], ra[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    values = top["final"]["personal_acc"]["values"]
+    assert top["final"]["personal_acc"]["mean"] == pytest.approx(np.mean(values))
+    assert top["final"]["personal_acc"]["std"] == pytest.approx(np.std(values, ddof=1))
+    assert len(set(values)) > 1  # the seeds differ
+
+    save = Checkpointer.save
+
+    def save_then_die(self, state, log):
+        save(self, state, log)
+        if int(state.round) == 2 and self.directory.endswith("seed_2/checkpoints"):
+            raise KeyboardInterrupt
+
+    cut = tmp_path / "cut"
+    monkeypatch.setattr(Checkpointer, "save", save_then_die)
+    assert main(["run", *common, "--seeds", "3", "--checkpoint-every", "2", "--out", str(cut)]) == 130
+    monkeypatch.undo()
+    assert main(["run", "--resume", "--out", str(cut), "--quiet"]) == 0
+    assert files.read_json(cut / "summary.json")["vectorised"] is True
+    for seed in (0, 1, 2):
+        assert _without_time(_metrics(cut / f"seed_{seed}")) == _without_time(_metrics(sweep / f"seed_{seed}"))
+
+
+def test_seeds_with_their_own_data_run_one_after_another(tmp_path):
+    """data.seed follows the run seed and natural client sizes differ per seed: the sweep runs sequentially, and
+    each seed is exactly the separate run."""
+    common = [*TINY, "--set", "rounds=2", "--set", "eval_every=2", "--quiet"]
+    assert main(["run", *common, "--seeds", "2", "--set", "seed=5", "--out", str(tmp_path / "sweep")]) == 0
+    top = files.read_json(tmp_path / "sweep" / "summary.json")
+    assert top["vectorised"] is False and top["seeds"] == [5, 6]
+    assert main(["run", *common, "--set", "seed=6", "--out", str(tmp_path / "one")]) == 0
+    assert _without_time(_metrics(tmp_path / "sweep" / "seed_6")) == _without_time(_metrics(tmp_path / "one"))
+
+
+def test_seed_batch_refuses_data_of_different_shapes():
+    iid = [D.make_federated("digits", 10, "iid", seed=s) for s in (0, 1)]
+    assert stack_data(iid) is not None  # equal client sizes whatever the seed: stackable
+    skewed = [D.make_federated("digits", 10, "dirichlet", seed=s, alpha=0.3) for s in (0, 1)]
+    assert stack_data(skewed) is None
+    from fljax.algorithms import make_algorithm
+    from fljax.engine import Simulation
+
+    sim = Simulation(make_algorithm("fedavg", cohort_size=2), skewed[0], executor="vmap")
+    with pytest.raises(ValueError, match="cannot run as one program"):
+        SeedBatch(sim, [0, 1], skewed)
+
+
+# ------------------------------------------------------------------------------------------------ compare
+
+
+def test_compare_writes_table_plot_and_runs(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    argv = ["compare", *TINY, "--set", "model.options={}", "--set", "data.seed=0", "--set", "rounds=4", "--set", "eval_every=2",
+            "--algorithms", "fedavg,local", "--seeds", "2", "--out", str(out), "--quiet"]
+    assert main(argv) == 0
+    table = capsys.readouterr().out.strip().splitlines()
+    header = [c.strip() for c in table[0].split("|")[1:-1]]
+    assert header[:6] == ["algorithm", "seeds", "personal acc", "weighted", "p10 client", "global acc"]
+    assert [row.split("|")[1].strip() for row in table[2:]] == ["fedavg", "local"]
+    assert all(" ± " in row.split("|")[3] for row in table[2:])  # mean ± std over the 2 seeds
+    assert sorted(os.listdir(out)) == ["compare.md", "compare.png", "config.yaml", "fedavg", "local",
+                                       "summary.json"]
+    assert "\n".join(table) in (out / "compare.md").read_text()
+    assert sorted(os.listdir(out / "fedavg")) == ["accuracy_vs_bytes.png", "accuracy_vs_round.png",
+                                                  "client_accuracy.png", "config.yaml", "seed_0", "seed_1",
+                                                  "summary.json"]
+    summary = files.read_json(out / "summary.json")
+    assert summary["status"] == "completed" and set(summary["results"]) == {"fedavg", "local"}
+    # the local baseline communicates nothing; fedavg does
+    assert summary["results"]["local"]["final"]["bytes_up"]["mean"] == 0
+    assert summary["results"]["fedavg"]["final"]["bytes_up"]["mean"] > 0
