@@ -3,7 +3,6 @@ engine additions they use (Model.features, LocalSGD clipping, ClientArrays.padde
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 import fljax.data as D
@@ -11,7 +10,6 @@ from fljax import tree
 from fljax.algorithms import FedRoD, LocalSGD, make_algorithm
 from fljax.engine import Simulation
 from fljax.models import make_model
-from fljax.ops import gossip
 
 from conftest import assert_trees_close
 
@@ -76,40 +74,6 @@ def test_fedavg_stored_evaluation_keeps_each_clients_latest_local_model(pat12):
     assert summary["personal_acc"] != summary["global_acc"]
 
 
-# ------------------------------------------------------------------------------------------------ DisPFL
-
-
-def test_dispfl_masks_sparsity_and_mask_aware_gossip(pat12):
-    hp = dict(TRAIN, topology="random_k", k=3, anneal_rounds=10)
-    sim = _sim(pat12, "dispfl", **hp)
-    s0 = sim.init()
-    kernels = ["Dense_0", "head"]
-    sizes = sum(s0.clients["params"][k]["kernel"][0].size for k in kernels)
-    kept = sum(int(s0.clients["mask"][k]["kernel"][0].sum()) for k in kernels)
-    assert kept == pytest.approx(0.5 * sizes, abs=2)  # ERK at overall density 0.5 over the kernels
-    assert not np.array_equal(s0.clients["mask"]["Dense_0"]["kernel"][0], s0.clients["mask"]["Dense_0"]["kernel"][1])
-    s1, m = sim.round(s0)
-    for leaf, mask, mask0 in zip(jax.tree.leaves(s1.clients["params"]), jax.tree.leaves(s1.clients["mask"]),
-                                 jax.tree.leaves(s0.clients["mask"])):
-        assert not np.asarray(leaf)[~np.asarray(mask)].any()  # w_i = w_i ⊙ M_i after the round
-        np.testing.assert_array_equal(mask.reshape(M, -1).sum(1), mask0.reshape(M, -1).sum(1))  # counts kept
-    assert 0.5 < float(m["density"]) < 1  # kernels at 0.5, biases dense
-    # the aggregation against a loop over receivers and coordinates
-    rng = np.random.default_rng(0)
-    vals = {"k": jnp.asarray(rng.normal(size=(M, 3, 2)), jnp.float32)}
-    trained = {"k": jnp.asarray(rng.random((M, 3, 2)) < 0.5)}
-    new = {"k": jnp.asarray(rng.random((M, 3, 2)) < 0.5)}
-    local = {"params": jax.tree.map(lambda v, t: v * t, vals, trained), "trained_mask": trained, "mask": new}
-    mixing = gossip.make_topology("random_k", M, k=3).sample(jax.random.PRNGKey(2))
-    out = np.asarray(sim.algorithm.aggregate(mixing, local)["params"]["k"])
-    a = np.asarray(mixing.W) > 0
-    v, t, n = (np.asarray(x["k"]) for x in (local["params"], trained, new))
-    for i in range(M):
-        nb = np.flatnonzero(a[i])
-        expect = v[nb].sum(0) / np.maximum(t[nb].sum(0), 1) * n[i]
-        np.testing.assert_allclose(out[i], expect, rtol=1e-6, atol=1e-7)
-
-
 # ------------------------------------------------------------------------------------------------ FedBABU
 
 
@@ -169,17 +133,12 @@ def test_centralized_baselines_executors_agree_with_loop(pat12, name):
     assert float(ea["personal_acc"]) == pytest.approx(float(eb["personal_acc"]), abs=1e-6)
 
 
-def test_example_configs_validate():
-    import glob
+def test_full_scale_config_validates():
     import os
 
     from fljax.config import load_config
 
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    names = {"dfedalt", "dfedsalt", "dfedavg", "dfedavgm", "dfedsam", "dispfl", "fedbabu", "fedrod"}
-    found = {}
-    for path in glob.glob(os.path.join(here, "configs", "*.yaml")):
-        cfg = load_config(path)
-        found[os.path.basename(path)] = cfg.algorithm
-    assert names <= set(found.values())
-    assert found["dfedalt_cifar10.yaml"] == "dfedalt"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cfg = load_config(os.path.join(root, "configs", "dfedalt_cifar10.yaml"))
+    assert (cfg.algorithm, cfg.data.dataset, cfg.data.num_clients, cfg.rounds) == ("dfedalt", "cifar10", 100, 500)
+    assert cfg.model.name == "resnet18_gn" and cfg.model.options == {"groups": 32, "head_bias": True}

@@ -40,8 +40,8 @@ def test_random_masks_keep_exact_counts_and_dense_vectors():
     p = _params()
     dens = sparsity.layer_densities(p, 0.5)
     assert dens["a"]["bias"] == 1.0 and dens["head"]["kernel"] == 1.0
-    m1 = sparsity.random_masks(jax.random.PRNGKey(1), p, dens)
-    m2 = sparsity.random_masks(jax.random.PRNGKey(2), p, dens)
+    draw = jax.jit(lambda key: sparsity.random_masks(key, p, dens))
+    m1, m2 = draw(jax.random.PRNGKey(1)), draw(jax.random.PRNGKey(2))
     for leaf, mask, d in zip(jax.tree.leaves(p), jax.tree.leaves(m1), jax.tree.leaves(dens)):
         assert mask.dtype == bool and mask.shape == leaf.shape
         assert int(mask.sum()) == round(d * leaf.size)
@@ -53,7 +53,8 @@ def test_random_masks_keep_exact_counts_and_dense_vectors():
 @pytest.mark.parametrize("fraction", [0.0, 0.1, 0.37, 1.0])
 def test_prune_regrow_against_brute_force(fraction):
     p = _params(3)
-    masks = sparsity.random_masks(jax.random.PRNGKey(4), p, sparsity.layer_densities(p, 0.3, "uniform"))
+    dens = sparsity.layer_densities(p, 0.3, "uniform")
+    masks = jax.jit(lambda key: sparsity.random_masks(key, p, dens))(jax.random.PRNGKey(4))
     scores = jax.tree.map(lambda x: jax.random.normal(jax.random.PRNGKey(5), x.shape), p)
     f = jax.jit(sparsity.prune_regrow)
     for sc in (None, scores):

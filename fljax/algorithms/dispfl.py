@@ -68,7 +68,7 @@ class DisPFL(DFedAvgM):
     def init_clients(self, ctx, params) -> dict:
         densities = sparsity.layer_densities(jax.tree.map(lambda x: x[0], params), self.density, self.layer_density)
         keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(ctx.client_keys(jnp.arange(ctx.num_clients), INIT))
-        masks = jax.vmap(lambda k, p: sparsity.random_masks(k, p, densities))(keys, params)
+        masks = jax.jit(jax.vmap(lambda k, p: sparsity.random_masks(k, p, densities)))(keys, params)  # one compile
         return {"params": _apply_mask(params, masks), "mask": masks}
 
     def client_update(self, round_, per_client):

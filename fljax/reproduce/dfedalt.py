@@ -381,7 +381,6 @@ def ceiling_table(results: dict) -> str:
 def pure_gossip_bound(t_max: int = 20, m: int = 20, dim: int = 50) -> tuple[bool, str]:
     """Spec §9 claim 4, second part: pure gossip with a static symmetric W satisfies CD_t ≤ λ^{2t}·CD_0."""
     import jax
-    import jax.numpy as jnp
 
     from fljax.ops import gossip
 
