@@ -11,15 +11,20 @@ MLP 64-128-128-10 with the last layer ``head`` personal; batch 10; lr 0.1 (η_v 
 epochs; DFL on ``random_k`` with k = 4, CFL with 4 of 20 clients per round; T = 100 rounds, evaluated every round;
 the headline is the final round's personal accuracy, unweighted over clients, mean ± std (ddof 0) over seeds.
 
-Studies (``--only``):
+Studies (``--only``; all by default, about 35 minutes on the 2-core CPU):
 * ``table``: Table 1 (all methods on Pat c=2, Pat c=5, Dir α=0.1, Dir α=0.3) and Table 3 (SAM placements).
 * ``topology``: DFedAvgM, DFedAlt, DFedSalt on ring, torus 4×5, exp, random_k (k = 4) and full: accuracy and the
   post-gossip consensus distance vs round.
 * ``neighbours``: DFedAvgM and DFedAlt on random_k with k = 2..20 over m = 50 clients (k = 20 needs m > 20).
+* ``rho``: DFedSalt with ρ ∈ {0.01, 0.05, 0.2, 0.7} on Pat c=5 and Dir α=0.3 (does any SAM radius help?).
+* ``long``: the CFL methods, DFedAvgM and DFedAlt on Dir α=0.3 with 3× the rounds (is CFL just slower?).
+* ``ceiling``: the same MLP trained centrally on the whole train pool, scored per client with its label set known.
+* ``more_seeds``: claim 1's methods on Pat c=2 with 10 seeds, compared seed by seed.
 Then the gated claims 1–4 of spec §9 are checked on these results (claim 5, the exact identities, is
 ``tests/test_dfedalt.py``). Outputs in ``--out`` (default ``benchmarks/results/dfedalt``): ``results.json`` (every
-run's history), ``README.md`` (tables and claims, with the command), ``curves.png``, ``topology.png``,
-``neighbours.png``. ``--render`` rebuilds the tables and plots from an existing ``results.json``.
+run's history), ``README.md`` (tables and claims, with the commands), ``curves.png``, ``topology.png``,
+``neighbours.png``. ``--render`` rebuilds the tables and plots from an existing ``results.json``; ``--resume`` adds
+studies to it.
 """
 from __future__ import annotations
 
