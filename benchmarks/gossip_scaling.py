@@ -12,8 +12,8 @@ inside jit (k = m − 1 at m = 10). For every m it times
 Times are medians over ``--repeats`` timed calls after a warm-up call (compilation excluded). The crossover is the
 smallest m from which the gather form is faster in every larger m measured.
 
-    python benchmarks/gossip_scaling.py                  # 10 … 10,000 nodes -> benchmarks/results/gossip_scaling.{json,md}
-    python benchmarks/gossip_scaling.py --quick          # 10 … 300 nodes, a smoke run
+    python benchmarks/gossip_scaling.py           # 10 … 10,000 nodes -> benchmarks/results/gossip_scaling.{json,md}
+    python benchmarks/gossip_scaling.py --quick   # 10 … 300 nodes, a smoke run
 """
 from __future__ import annotations
 
@@ -129,7 +129,8 @@ def main(argv=None) -> int:
              for kind in ("round", "gossip")}
     meta = {"command": command, "jax": jax.__version__, "backend": jax.default_backend(),
             "device": str(jax.devices()[0]), "cpu_count": os.cpu_count(), "machine": platform.machine(),
-            "workload": f"DFedAvg, logreg {FEATURES}->{CLASSES} (d={(FEATURES + 1) * CLASSES}), {SAMPLES} samples/node, "
+            "workload": f"DFedAvg, logreg {FEATURES}->{CLASSES} (d={(FEATURES + 1) * CLASSES}), "
+                        f"{SAMPLES} samples/node, "
                         f"{STEPS} local steps of batch {BATCH}, random_k k={K}", "repeats": args.repeats}
     name = "gossip_scaling_quick" if args.quick else "gossip_scaling"
     os.makedirs(args.out, exist_ok=True)

@@ -16,6 +16,6 @@ for _cls in (FedAvg, FedProx, FedAvgFT, Local, FedPer, FedRep, LGFedAvg, Ditto, 
              DFedSAM, DisPFL, DFedAlt, DFedSalt):
     register(_cls)
 
-__all__ = ["Algorithm", "Centralized", "ClientResult", "TestStats", "Ditto", "FedAvg", "FedAvgFT", "FedProx", "Local", "FedPer", "FedRep", "LGFedAvg",
-           "FedBABU", "FedRoD", "Decentralized", "DFedAvg", "DFedAvgM", "DFedSAM", "DisPFL", "DFedAlt", "DFedSalt",
+__all__ = ["Algorithm", "Centralized", "ClientResult", "TestStats", "Ditto", "FedAvg", "FedAvgFT", "FedProx", "Local",
+           "FedPer", "FedRep", "LGFedAvg", "FedBABU", "FedRoD", "Decentralized", "DFedAvg", "DFedAvgM", "DFedSAM", "DisPFL", "DFedAlt", "DFedSalt",
            "LocalSGD", "run_steps", "ALGORITHMS", "get_algorithm", "make_algorithm", "register"]

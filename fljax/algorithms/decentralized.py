@@ -226,7 +226,7 @@ class DFedAvgM(Decentralized, LocalSGD):
     momentum 0.9 reset every round, weight decay 5e-3, clipping at 10, batch 128, 5 epochs, ``random_k`` k = 10)."""
 
     name = "dfedavgm"
-    summary = "DFedAvgM: decentralized FedAvg with local momentum, full model gossiped with neighbours (Sun et al. 2022)"
+    summary = "DFedAvgM: decentralized FedAvg with local momentum, the full model gossiped (Sun et al. 2022)"
     lr: float = 0.1
     momentum: float = 0.9
     weight_decay: float = 5e-3
