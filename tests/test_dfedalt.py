@@ -183,6 +183,9 @@ def test_round_metrics_evaluation_points_and_consensus(pat12):
     post, _ = _run(pat12, "dfedalt", eval_point="gossip", **ALT)
     assert "z" not in post.clients
     assert_trees_close(post.clients["params"], state.clients["params"])
+    post_summary, _ = _sim(pat12, "dfedalt", eval_point="gossip", **ALT).evaluate(post)
+    assert "post_gossip_acc" not in post_summary
+    assert float(summary["post_gossip_acc"]) == pytest.approx(float(post_summary["personal_acc"]), abs=1e-6)
     model0 = sim.algorithm.personal_params(None, tree.take_clients(state.clients, 0), None, None)
     assert_trees_close(partition.split(model0, sim.algorithm.shared_mask(model0))[0],
                        tree.take_clients(state.clients["z"], 0))

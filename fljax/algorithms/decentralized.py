@@ -12,7 +12,8 @@ The round's metrics carry the consensus distance CD = (1/m) Σ_i ‖u_i − ū�
 (``consensus_local``, of z^t) and after it (``consensus``); every evaluation reports both too
 (:meth:`Decentralized.eval_metrics`). Evaluation point (D11): ``eval_point='local'`` (default) scores
 (z_i^t, v_i^{t+1}), the model right after local training and before gossip, which the client state then keeps as
-``z``; ``'gossip'`` scores (u_i^{t+1}, v_i^{t+1}), the paper's "output after the final communication".
+``z``, and reports the post-gossip model (u_i^{t+1}, v_i^{t+1}) as ``post_gossip_acc`` beside it; ``'gossip'``
+scores only (u_i^{t+1}, v_i^{t+1}), the paper's "output after the final communication".
 
 Gossip form: ``'dense'`` is one einsum with W [m, m] (O(m²·d)); ``'gather'`` sums over each node's neighbour
 slots (O(m·s·d), for topologies with a static degree s); ``'auto'`` picks gather from
@@ -211,6 +212,15 @@ class Decentralized(Algorithm):
         if self.eval_point == "local":
             return partition.merge(client_state["z"], self.split(client_state["params"])[1])
         return client_state["params"]
+
+    def evaluate_client(self, shared, per_client) -> dict:
+        """The headline ``personal`` model (see ``eval_point``) and, when that is the pre-gossip one, also the
+        post-gossip model (u_i^{t+1}, v_i^{t+1}) as ``post_gossip`` (spec §6: both are logged)."""
+        client_state, train, test, key = per_client
+        out = {"personal": self.test_stats(self.personal_params(shared, client_state, train, key), test)}
+        if self.eval_point == "local":
+            out["post_gossip"] = self.test_stats(client_state["params"], test)
+        return out
 
     def eval_metrics(self, server, clients) -> dict:
         out = {"consensus": gossip.consensus_distance(self.shared_part(clients["params"]))}
