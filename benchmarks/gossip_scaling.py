@@ -9,7 +9,8 @@ inside jit (k = m − 1 at m = 10). For every m it times
   O(m·(k+1)·d));
 * ``gossip``: the mixing step alone on [m, d] parameters (the draw of W plus one gossip), per form.
 
-Times are medians over ``--repeats`` timed calls after a warm-up call (compilation excluded). The crossover is the
+Times are medians over ``--repeats`` timed calls after a warm-up call (compilation excluded); the four measurements
+of one m are interleaved within every repeat, so load changes on a shared machine hit both forms alike. The crossover is the
 smallest m from which the gather form is faster in every larger m measured.
 
     python benchmarks/gossip_scaling.py           # 10 … 10,000 nodes -> benchmarks/results/gossip_scaling.{json,md}
@@ -43,19 +44,24 @@ def _data(m: int):
     return D.FederatedData(train=arr, test=arr, num_classes=CLASSES, input_shape=(FEATURES,), name="random")
 
 
-def _median_seconds(fn, repeats: int) -> float:
+def _median_seconds(fns: dict, repeats: int) -> dict:
+    """Median seconds of each zero-argument callable, after a warm-up call of each (compiles). The callables are
+    timed in turn within every repeat, so load changes on a shared machine hit them alike."""
     import jax
 
-    jax.block_until_ready(fn())  # warm-up (compiles)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+    for fn in fns.values():
         jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn())
+            times[name].append(time.perf_counter() - t0)
+    return {name: float(np.median(t)) for name, t in times.items()}
 
 
-def time_round(m: int, form: str, repeats: int) -> float:
+def round_fn(m: int, form: str):
+    """A callable running a block of rounds, and the number of rounds in it."""
     from fljax.algorithms import make_algorithm
     from fljax.engine import Simulation
     from fljax.models import make_model
@@ -66,10 +72,11 @@ def time_round(m: int, form: str, repeats: int) -> float:
     sim = Simulation(algo, data, make_model("logreg", data.input_shape, CLASSES), executor="vmap", seed=0)
     state = sim.init()
     rounds = 10 if m <= 1000 else 2
-    return _median_seconds(lambda: sim.run_rounds(state, rounds)[0], repeats) / rounds
+    return (lambda: sim.run_rounds(state, rounds)[0]), rounds
 
 
-def time_gossip(m: int, form: str, repeats: int) -> float:
+def gossip_fn(m: int, form: str):
+    """A callable drawing W and gossiping [m, d] parameters once."""
     import jax
 
     from fljax.ops import gossip
@@ -84,7 +91,7 @@ def time_gossip(m: int, form: str, repeats: int) -> float:
             return gossip.gossip(mixing, x)
         return gossip.gossip_gather(mixing.idx, mixing.wts, x)
 
-    return _median_seconds(lambda: step(jax.random.PRNGKey(1), x), repeats)
+    return lambda: step(jax.random.PRNGKey(1), x)
 
 
 def crossover(nodes: list[int], dense: list[float], gather: list[float]) -> int | None:
@@ -108,19 +115,21 @@ def _write(path: str, text: str) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="10 … 300 nodes (a smoke run)")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     args = p.parse_args(argv)
     import jax
 
-    command = "python benchmarks/gossip_scaling.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = " ".join(["python benchmarks/gossip_scaling.py"] + list(sys.argv[1:] if argv is None else argv))
     nodes = list(QUICK_NODES if args.quick else NODES)
     rows = []
     for m in nodes:
-        row = {"nodes": m}
-        for form in ("dense", "gather"):
-            row[f"round_{form}"] = time_round(m, form, args.repeats)
-            row[f"gossip_{form}"] = time_gossip(m, form, args.repeats)
+        (dense, rounds), (gather, _) = round_fn(m, "dense"), round_fn(m, "gather")
+        fns = {"round_dense": dense, "round_gather": gather, "gossip_dense": gossip_fn(m, "dense"),
+               "gossip_gather": gossip_fn(m, "gather")}
+        row = {"nodes": m, **_median_seconds(fns, args.repeats)}
+        row["round_dense"] /= rounds
+        row["round_gather"] /= rounds
         rows.append(row)
         print(f"m={m:>6}: round dense {row['round_dense'] * 1e3:9.2f} ms, gather {row['round_gather'] * 1e3:9.2f} ms;"
               f" gossip dense {row['gossip_dense'] * 1e3:9.3f} ms, gather {row['gossip_gather'] * 1e3:9.3f} ms",
@@ -137,8 +146,8 @@ def main(argv=None) -> int:
     _write(os.path.join(args.out, name + ".json"), json.dumps({"meta": meta, "rows": rows, "crossover": cross},
                                                               indent=1))
     lines = [f"# Gossip scaling: dense vs gather\n\nCommand: `{command}`  \n{meta['workload']}; "
-             f"{meta['backend']} ({meta['cpu_count']} cores), jax {meta['jax']}; medians of {args.repeats} timed "
-             "calls after a warm-up.\n",
+             f"{meta['backend']} ({meta['cpu_count']} cores), jax {meta['jax']}; medians of {args.repeats} "
+             "interleaved timed calls after a warm-up.\n",
              "| nodes | round, dense (s) | round, gather (s) | gather speed-up | gossip only, dense (ms) | "
              "gossip only, gather (ms) |", "|---|---|---|---|---|---|"]
     for r in rows:

@@ -49,7 +49,7 @@ EVAL_POINTS = ("local", "gossip")
 CLIENT_INITS = ("shared", "independent")
 # From this many nodes on, 'auto' gossips in the gather form (when the topology has one). Measured on the 2-core CPU
 # (benchmarks/gossip_scaling.py, DFedAvg with a 610-parameter model, random_k k = 10): whole rounds are faster in the
-# gather form from m = 1000 on (1.09× at 1000, 3.1× at 10,000; 0.82× at 300); see benchmarks/results/gossip_scaling.md.
+# gather form from m = 1000 on (1.18× at 1000, 2.37× at 10,000; 0.96× at 300); see benchmarks/results/gossip_scaling.md.
 GATHER_MIN_NODES = 1000
 
 

@@ -193,8 +193,8 @@ def _random_k_choice(key, m: int, k: int):
 
     Floyd's algorithm (Bentley & Floyd 1987) vectorised over rows: for j = n−k, …, n−1 (n = m − 1) draw t uniform in
     {0, …, j} and take t, or j when t is already taken; then skip the node itself (v ↦ v + [v ≥ i]). O(m·k²) work, so a
-    draw stays linear in m; row-wise top-k scores of an [m, m] uniform matrix (the spec's construction, the same
-    distribution, D2) cost O(m²) and dominated the round from a few thousand nodes (benchmarks/gossip_scaling.py)."""
+    draw stays linear in m and the neighbour-gather gossip keeps its O(m·k·d) advantage; row-wise top-k scores of an
+    [m, m] uniform matrix (the spec's construction, the same distribution, D2) cost O(m²) every round."""
     n = m - 1
 
     def take(s, chosen):

@@ -11,7 +11,7 @@ MLP 64-128-128-10 with the last layer ``head`` personal; batch 10; lr 0.1 (η_v 
 epochs; DFL on ``random_k`` with k = 4, CFL with 4 of 20 clients per round; T = 100 rounds, evaluated every round;
 the headline is the final round's personal accuracy, unweighted over clients, mean ± std (ddof 0) over seeds.
 
-Studies (``--only``; all by default, about 35 minutes on the 2-core CPU):
+Studies (``--only``; all by default, 986 s measured on the 2-core CPU):
 * ``table``: Table 1 (all methods on Pat c=2, Pat c=5, Dir α=0.1, Dir α=0.3) and Table 3 (SAM placements).
 * ``topology``: DFedAvgM, DFedAlt, DFedSalt on ring, torus 4×5, exp, random_k (k = 4) and full: accuracy and the
   post-gossip consensus distance vs round.
