@@ -106,9 +106,13 @@ def crossover(nodes: list[int], dense: list[float], gather: list[float]) -> int 
 
 
 def _write(path: str, text: str) -> None:
+    """Atomic write (temporary file, then rename) with the usual permissions."""
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
     with os.fdopen(fd, "w") as f:
         f.write(text)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     os.replace(tmp, path)
 
 

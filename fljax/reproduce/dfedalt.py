@@ -457,17 +457,32 @@ def reported(results: dict) -> list[tuple[str, str]]:
 
 
 def _atomic_write(path: str, write) -> None:
-    """Write through a temporary file in the same folder, then rename (no half-written results)."""
+    """Write through a temporary file in the same folder, then rename (no half-written results); the file gets the
+    usual permissions (mkstemp's are owner-only)."""
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.splitext(path)[1])
     os.close(fd)
     try:
         write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def _compact(value):
+    """Floats to 9 significant digits, which round-trip the float32 metrics exactly (a smaller results.json)."""
+    if isinstance(value, float):
+        return float(f"{value:.9g}")
+    if isinstance(value, dict):
+        return {k: _compact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_compact(v) for v in value]
+    return value
 
 
 def _write_text(path: str, text: str) -> None:
@@ -648,7 +663,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{study} study ...", flush=True)
             getattr(runner, study)()
             runner.results["seconds"][study] = runner.results["seconds"].get(study, 0) + time.perf_counter() - t0
-            _write_text(path, json.dumps(runner.results))  # after every study: an interruption loses at most one
+            _write_text(path, json.dumps(_compact(runner.results)))  # an interruption loses at most one study
         results = runner.results
         command = " && ".join(commands)
     text = report(results, command)
