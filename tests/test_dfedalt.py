@@ -110,8 +110,9 @@ def test_dfedalt_all_shared_without_personal_phase_equals_dfedavgm(pat12):
 @pytest.mark.parametrize("name,extra", [("dfedalt", ALT), ("dfedsalt", dict(ALT, sam_on="uv", rho=0.7)),
                                         ("dfedavgm", DFL), ("dfedsam", DFL), ("dispfl", dict(DFL, anneal_rounds=10))])
 def test_executors_agree_with_loop(pat12, name, extra):
-    ref, mref = _run(pat12, name, "loop", **extra)
-    st, m = _run(pat12, name, "vmap", **extra)
+    rounds = 1 if name == "dispfl" else 2  # DisPFL's eager loop round is the slowest; one round covers its steps
+    ref, mref = _run(pat12, name, "loop", rounds=rounds, **extra)
+    st, m = _run(pat12, name, "vmap", rounds=rounds, **extra)
     assert_trees_close(st.clients, ref.clients, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(m["consensus"], mref["consensus"], rtol=1e-4)
 
@@ -125,10 +126,10 @@ def test_dispfl_masks_sparsity_and_mask_aware_gossip(pat12):
     kept = sum(int(s0.clients["mask"][k]["kernel"][0].sum()) for k in kernels)
     assert kept == pytest.approx(0.5 * sizes, abs=2)  # ERK at overall density 0.5 over the kernels
     assert not np.array_equal(s0.clients["mask"]["Dense_0"]["kernel"][0], s0.clients["mask"]["Dense_0"]["kernel"][1])
-    s2, m = _run(pat12, "dispfl", **hp)
+    s2, m = _run(pat12, "dispfl", rounds=1, **hp)
     for leaf, mask, mask0 in zip(jax.tree.leaves(s2.clients["params"]), jax.tree.leaves(s2.clients["mask"]),
                                  jax.tree.leaves(s0.clients["mask"])):
-        assert not np.asarray(leaf)[~np.asarray(mask)].any()  # w_i = w_i ⊙ M_i after every round
+        assert not np.asarray(leaf)[~np.asarray(mask)].any()  # w_i = w_i ⊙ M_i after the round
         np.testing.assert_array_equal(mask.reshape(M, -1).sum(1), mask0.reshape(M, -1).sum(1))  # counts kept
     assert not np.array_equal(s2.clients["mask"]["Dense_0"]["kernel"], s0.clients["mask"]["Dense_0"]["kernel"])
     assert np.all((0.5 < np.asarray(m["density"])) & (np.asarray(m["density"]) < 1))  # kernels 0.5, biases dense

@@ -76,8 +76,9 @@ def random_masks(key, params: PyTree, densities: PyTree) -> PyTree:
     for k, x, d in zip(keys, leaves, dens):
         if d >= 1:
             out.append(jnp.ones(np.shape(x), bool))
-        else:
-            out.append(rank_mask(jax.random.uniform(k, np.shape(x)), int(round(d * np.size(x)))))
+        else:  # the count is static here, so lax.top_k of uniform scores picks a uniform subset
+            keep = jax.lax.top_k(jax.random.uniform(k, (np.size(x),)), int(round(d * np.size(x))))[1]
+            out.append(jnp.zeros(np.size(x), bool).at[keep].set(True).reshape(np.shape(x)))
     return jax.tree.unflatten(treedef, out)
 
 
