@@ -1,14 +1,22 @@
 """fljax.algorithms: one module per algorithm family, and the registry that names them."""
+from fljax.algorithms.apfl import APFL
 from fljax.algorithms.base import Algorithm, Centralized, ClientResult, TestStats
 from fljax.algorithms.ditto import Ditto
 from fljax.algorithms.fedavg import FedAvg, FedAvgFT, FedProx
+from fljax.algorithms.feddyn import FedDyn
+from fljax.algorithms.fedslr import FedSLR
 from fljax.algorithms.local import Local
 from fljax.algorithms.local_training import LocalSGD, run_steps
 from fljax.algorithms.partial import FedPer, FedRep, LGFedAvg
+from fljax.algorithms.perfedavg import PerFedAvg
+from fljax.algorithms.pfedme import PFedMe
 from fljax.algorithms.registry import ALGORITHMS, get_algorithm, make_algorithm, register
+from fljax.algorithms.scaffold import Scaffold
 
-for _cls in (FedAvg, FedProx, FedAvgFT, Local, FedPer, FedRep, LGFedAvg, Ditto):
+for _cls in (FedAvg, FedProx, FedAvgFT, Local, FedPer, FedRep, LGFedAvg, Ditto, FedSLR, FedDyn, Scaffold, APFL,
+             PerFedAvg, PFedMe):
     register(_cls)
 
-__all__ = ["Algorithm", "Centralized", "ClientResult", "TestStats", "Ditto", "FedAvg", "FedAvgFT", "FedProx", "Local", "FedPer", "FedRep", "LGFedAvg",
+__all__ = ["Algorithm", "Centralized", "ClientResult", "TestStats", "APFL", "Ditto", "FedAvg", "FedAvgFT", "FedDyn",
+           "FedProx", "FedSLR", "Local", "FedPer", "FedRep", "LGFedAvg", "PerFedAvg", "PFedMe", "Scaffold",
            "LocalSGD", "run_steps", "ALGORITHMS", "get_algorithm", "make_algorithm", "register"]

@@ -8,7 +8,9 @@ engine binds it to a model (:meth:`Algorithm.bind`) and then calls
 * ``round(ctx, server, clients) -> (server, clients, metrics)``: one communication round, traced inside ``jit``
   (except under the loop executor). ``metrics`` is a dict of scalars; ``train_loss``, ``bytes_up`` and
   ``bytes_down`` are expected;
-* ``evaluate_client(shared, per_client)``: the test statistics of one client's global and personalized model.
+* ``evaluate_client(shared, per_client)``: the test statistics of one client's global and personalized model;
+* ``eval_metrics(server, clients)`` (optional): extra scalars computed from the whole state at each evaluation
+  (e.g. the rank of a low-rank global model), merged into the evaluation summary.
 
 Most algorithms subclass :class:`Centralized`, which implements ``round`` as the paper-style
 sample → broadcast → client update (vectorised) → aggregate → server update, from four smaller methods.
@@ -88,6 +90,12 @@ class Algorithm:
 
     def logits(self, params, x):
         return self.model.apply(params, x)
+
+    def eval_metrics(self, server, clients) -> dict:
+        """Extra scalar metrics of the whole state, computed at every evaluation (traced under ``jit``) and merged
+        into the evaluation summary, hence into every history record (default: none). Keys must not clash with
+        the ``global_*`` / ``personal_*`` accuracy summaries."""
+        return {}
 
     def test_stats(self, params, test) -> TestStats:
         logits = self.logits(params, test.x)

@@ -2,7 +2,8 @@
 
 For the global model (when the algorithm has one) and for each client's personalized model: accuracy and loss per
 client, summarised as the unweighted mean over clients (the papers' protocol), the sample-weighted mean (pooled
-correct / pooled count) and the 10th-percentile client. Clients with an empty test split are left out.
+correct / pooled count) and the 10th-percentile client. Clients with an empty test split are left out. The
+algorithm's ``eval_metrics(server, clients)`` (model-size statistics and the like) are added to the summary.
 """
 from __future__ import annotations
 
@@ -38,4 +39,10 @@ def evaluate(algorithm, ctx: RoundContext, server, clients) -> tuple[dict, dict]
     for kind, s in stats.items():
         summary.update(summarize(s, kind))
         per_client[f"{kind}_acc"] = s.correct / jnp.maximum(s.count.astype(jnp.float32), 1.0)
+    extra = algorithm.eval_metrics(server, clients)
+    clash = sorted(set(extra) & set(summary))
+    if clash:
+        raise ValueError(f"{type(algorithm).__name__}.eval_metrics returns {clash}, which clash with the accuracy "
+                         f"summaries; rename them.")
+    summary.update(extra)
     return summary, per_client
