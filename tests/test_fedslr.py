@@ -40,7 +40,7 @@ def _np_svt(w, tau):
 def _reference_round(model, data, w, gamma, p, cohort, t, hp):
     """Algorithm 2 written out client by client (full-batch local steps), independent of the engine's code."""
     lr = hp["lr"] * hp["lr_decay"] ** t
-    eta_g, num = hp["eta_g"], data.num_clients
+    eta_g = hp["eta_g"]
     gamma, p = [dict(g) for g in gamma], [dict(q) for q in p]
     uploads = []
     for i in cohort:

@@ -8,7 +8,8 @@ Algorithm 2 (partial participation; typos fixed as in the FedSLR spec §3.2), ro
         Phase I, Eq. (4):  w_i ← argmin_w f_i(w) − ⟨γ_i, w⟩ + ‖w_t − w‖²/(2η_g)    (E1 epochs of SGD from w_t,
                            g = ∇CE(w; ξ) + wd·w − γ_i + (w − w_t)/η_g)
                    Eq. (5): γ_i ← γ_i + (w_t − w_i)/η_g
-        Phase II, Eq. (7): E2 epochs from p_i (warm start):  p_i ← S_{μ·lr_t}(p_i − lr_t·[∇_p CE(w_t + p_i; ξ) + wd_p·p_i])
+        Phase II, Eq. (7): E2 epochs from p_i (warm start):
+                           p_i ← S_{μ·lr_t}(p_i − lr_t·[∇_p CE(w_t + p_i; ξ) + wd_p·p_i])
         upload w_i
     z ← (1/|S_t|) Σ_{i∈S_t} w_i − η_g·(1/M) Σ_{i=1..M} γ_i          (post-update γ, every client; Eq. (6))
     w_{t+1} ← Prox_{λη_g‖·‖_*}(z)                                      (SVT per matrix leaf, Eq. (15))
@@ -34,6 +35,7 @@ Phase II runs under every solver (P2 is solved after P1 in every variant). Round
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from typing import Any
 
@@ -76,10 +78,12 @@ def _measured_stats(x, conv_reshape: str) -> prox.LowRankStats:
                              max_rank=jnp.int32(min(m, n)), dense=jnp.int32(m * n))
 
 
+@functools.partial(jax.jit, static_argnames=("conv_reshape", "exclude"))
 def low_rank_step(params, tau, conv_reshape: str = "fedslr", exclude: str | None = None):
     """``(Prox_{τ‖·‖_*}(params), stats)`` leaf by leaf: SVT with threshold ``tau`` on every matrix leaf (ndim ≥ 2)
     whose path does not match ``exclude``; other leaves are unchanged. ``tau=None`` thresholds nothing. Stats
-    (:class:`fljax.ops.prox.LowRankStats`) come from the SVT, or are measured (numerical rank) on the rest."""
+    (:class:`fljax.ops.prox.LowRankStats`) come from the SVT, or are measured (numerical rank) on the rest.
+    Jitted, so that the server step is one program under the eager loop executor too."""
     skip = re.compile(exclude) if exclude else None
 
     def leaf(path, x):

@@ -64,7 +64,7 @@ class PFedMe(Centralized, LocalSGD):
                 pull = tree.axpy(self.weight_decay, th, tree.scale(self.lam, tree.sub(th, w)))
                 return tree.axpy(-self.personal_lr, tree.add(g, pull), th)
 
-            return jax.lax.fori_loop(0, self.inner_steps, body, theta)
+            return jax.lax.fori_loop(0, self.inner_steps, body, theta, unroll=self.unroll > 1)
 
         def step(carry, batch, k):
             w, theta = carry
