@@ -66,6 +66,6 @@ def test_reproduction_end_to_end(tmp_path):
     argv = ["--only", "lambda,mu", "--seeds", "1", "--rounds", "3", "--eval-every", "3", "--out", str(tmp_path)]
     assert R.main(argv) == 0
     results = json.loads((tmp_path / "results.json").read_text())
-    assert len(results["runs"]) == 8  # 5 λ + 4 μ, one shared
+    assert len(results["runs"]) == 9  # 6 λ + 4 μ, one shared
     assert {"README.md", "results.json", "sweeps.png"} <= set(os.listdir(tmp_path))
     assert R.main(argv + ["--render"]) == 0
