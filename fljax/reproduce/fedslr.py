@@ -548,8 +548,9 @@ def _execute(jobs: list[tuple], n: int, cache: str):
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(n, mp_context=ctx, initializer=_worker_init,
-                                                initargs=(cache,)) as pool:
+    # workers are replaced every few runs: compiled programs accumulate in a long-lived process
+    with concurrent.futures.ProcessPoolExecutor(n, mp_context=ctx, initializer=_worker_init, initargs=(cache,),
+                                                max_tasks_per_child=6) as pool:
         for fut in concurrent.futures.as_completed([pool.submit(_run_job, j) for j in jobs]):
             yield fut.result()
 
