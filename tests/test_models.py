@@ -47,3 +47,24 @@ def test_max_pool_2x2_equals_flax_max_pool():
         g1 = jax.grad(lambda z: jnp.sum(max_pool_2x2(z) ** 2))(x)
         g2 = jax.grad(lambda z: jnp.sum(nn.max_pool(z, (2, 2), (2, 2)) ** 2))(x)
         np.testing.assert_allclose(g1, g2, rtol=1e-6)
+
+
+def test_fedslr_cnn_matches_the_spec():
+    """FedSLR spec §8: 23,648 parameters, no biases, nuclear-norm matrices (96,3), (192,96), (64,64), (64,10);
+    PyTorch-equivalent init (D17): kernels ~ U(±1/√fan_in)."""
+    from fljax.ops.prox import matricize
+
+    model = make_model("fedslr_cnn", (8, 8, 1), 10)
+    params = model.init(jax.random.PRNGKey(0))
+    assert model.num_params() == 23648 and "head" in params
+    assert not any("bias" in k for k in params["Conv_0"]) and set(params["head"]) == {"kernel"}
+    assert [matricize(x).shape for x in jax.tree.leaves(params) if x.ndim >= 2] == [(96, 3), (192, 96), (64, 64),
+                                                                                  (64, 10)]
+    k = np.asarray(params["Conv_1"]["kernel"])
+    bound = 1 / np.sqrt(3 * 3 * 32)
+    assert np.abs(k).max() <= bound and np.abs(k).max() > 0.95 * bound
+    assert abs(k.std() - bound / np.sqrt(3)) < 0.05 * bound  # uniform on [-b, b]
+    flax_init = make_model("fedslr_cnn", (8, 8, 1), 10, weight_init="flax").init(jax.random.PRNGKey(0))
+    assert np.abs(np.asarray(flax_init["Conv_1"]["kernel"])).max() > bound  # lecun normal is unbounded
+    with pytest.raises(ValueError, match="weight_init='torch' is unknown"):
+        make_model("fedslr_cnn", (8, 8, 1), 10, weight_init="torch")

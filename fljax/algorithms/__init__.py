@@ -1,4 +1,5 @@
 """fljax.algorithms: one module per algorithm family, and the registry that names them."""
+from fljax.algorithms.apfl import APFL
 from fljax.algorithms.base import Algorithm, Centralized, ClientResult, TestStats
 from fljax.algorithms.decentralized import DFedAvg, DFedAvgM, DFedSAM, Decentralized
 from fljax.algorithms.dfedalt import DFedAlt, DFedSalt
@@ -6,16 +7,22 @@ from fljax.algorithms.dispfl import DisPFL
 from fljax.algorithms.ditto import Ditto
 from fljax.algorithms.fedavg import FedAvg, FedAvgFT, FedProx
 from fljax.algorithms.fedbabu import FedBABU
+from fljax.algorithms.feddyn import FedDyn
 from fljax.algorithms.fedrod import FedRoD
+from fljax.algorithms.fedslr import FedSLR
 from fljax.algorithms.local import Local
 from fljax.algorithms.local_training import LocalSGD, run_steps
 from fljax.algorithms.partial import FedPer, FedRep, LGFedAvg
+from fljax.algorithms.perfedavg import PerFedAvg
+from fljax.algorithms.pfedme import PFedMe
 from fljax.algorithms.registry import ALGORITHMS, get_algorithm, make_algorithm, register
+from fljax.algorithms.scaffold import Scaffold
 
-for _cls in (FedAvg, FedProx, FedAvgFT, Local, FedPer, FedRep, LGFedAvg, Ditto, FedBABU, FedRoD, DFedAvg, DFedAvgM,
-             DFedSAM, DisPFL, DFedAlt, DFedSalt):
+for _cls in (FedAvg, FedProx, FedAvgFT, Local, FedPer, FedRep, LGFedAvg, Ditto, FedSLR, FedDyn, Scaffold, APFL,
+             PerFedAvg, PFedMe, FedBABU, FedRoD, DFedAvg, DFedAvgM, DFedSAM, DisPFL, DFedAlt, DFedSalt):
     register(_cls)
 
-__all__ = ["Algorithm", "Centralized", "ClientResult", "TestStats", "Ditto", "FedAvg", "FedAvgFT", "FedProx", "Local",
-           "FedPer", "FedRep", "LGFedAvg", "FedBABU", "FedRoD", "Decentralized", "DFedAvg", "DFedAvgM", "DFedSAM", "DisPFL", "DFedAlt", "DFedSalt",
+__all__ = ["Algorithm", "Centralized", "ClientResult", "TestStats", "APFL", "Ditto", "FedAvg", "FedAvgFT", "FedDyn",
+           "FedProx", "FedSLR", "Local", "FedPer", "FedRep", "LGFedAvg", "PerFedAvg", "PFedMe", "Scaffold",
+           "FedBABU", "FedRoD", "Decentralized", "DFedAvg", "DFedAvgM", "DFedSAM", "DisPFL", "DFedAlt", "DFedSalt",
            "LocalSGD", "run_steps", "ALGORITHMS", "get_algorithm", "make_algorithm", "register"]

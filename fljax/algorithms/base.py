@@ -9,7 +9,8 @@ engine binds it to a model (:meth:`Algorithm.bind`) and then calls
   (except under the loop executor). ``metrics`` is a dict of scalars; ``train_loss``, ``bytes_up`` and
   ``bytes_down`` are expected;
 * ``evaluate_client(shared, per_client)``: the test statistics of one client's global and personalized model;
-* ``eval_metrics(server, clients)``: extra scalars reported with every evaluation (default: none).
+* ``eval_metrics(server, clients)`` (default: none): extra scalars computed from the whole state at each evaluation
+  (e.g. the rank of a low-rank global model), merged into the evaluation summary.
 
 Most algorithms subclass :class:`Centralized`, which implements ``round`` as the paper-style
 sample → broadcast → client update (vectorised) → aggregate → server update, from four smaller methods.
@@ -91,8 +92,9 @@ class Algorithm:
         return self.model.apply(params, x)
 
     def eval_metrics(self, server, clients) -> dict:
-        """Scalars computed from the whole state at every evaluation and merged into its summary (e.g. the
-        consensus distance of decentralized methods). Default: none."""
+        """Extra scalar metrics of the whole state, computed at every evaluation (traced under ``jit``) and merged
+        into the evaluation summary, hence into every history record (default: none). Keys must not clash with
+        the ``global_*`` / ``personal_*`` accuracy summaries."""
         return {}
 
     def test_stats(self, params, test) -> TestStats:

@@ -49,6 +49,13 @@ class BatchPlan:
             return self.epochs * math.ceil(n_max / self.batch_size)
         return self.steps
 
+    def active_steps(self, count, n_max: int):
+        """Steps that actually train for a client with ``count`` valid rows (traced): E·⌈count/B⌉ in ``epochs``
+        mode (the rest of the K static steps are padding), else K (SCAFFOLD's K in c_i⁺)."""
+        if self.batch_size is not None and self.epochs is not None:
+            return self.epochs * ((count + self.batch_size - 1) // self.batch_size)
+        return jnp.asarray(self.num_steps(n_max), jnp.int32)
+
     def width(self, n_max: int) -> int:
         return n_max if self.batch_size is None else self.batch_size
 

@@ -40,5 +40,10 @@ def evaluate(algorithm, ctx: RoundContext, server, clients) -> tuple[dict, dict]
     for kind, s in stats.items():
         summary.update(summarize(s, kind))
         per_client[f"{kind}_acc"] = s.correct / jnp.maximum(s.count.astype(jnp.float32), 1.0)
-    summary.update(algorithm.eval_metrics(server, clients))
+    extra = algorithm.eval_metrics(server, clients)
+    clash = sorted(set(extra) & set(summary))
+    if clash:
+        raise ValueError(f"{type(algorithm).__name__}.eval_metrics returns {clash}, which clash with the accuracy "
+                         f"summaries; rename them.")
+    summary.update(extra)
     return summary, per_client

@@ -78,7 +78,10 @@ MODELS = {
     "logreg": "multinomial logistic regression",
     "mlp": "fully connected ReLU network (hidden widths: hidden=[200, 200])",
     "cnn1": "QuPeD's CNN1: 2 conv (5x5, 6 and 16 channels) + 3 dense (120, 84, C)",
-    "resnet18_gn": "CIFAR ResNet-18 with GroupNorm (groups=2, head_bias=False by default); a GPU model",
+    "fedslr_cnn": "FedSLR's reduced CNN: conv3x3(32) - GN - conv3x3(64, s2) - GN - GAP - Dense(64) - Dense(C), "
+                  "no biases, GroupNorm(2), PyTorch init (weight_init='pytorch'|'flax')",
+    "resnet18_gn": "CIFAR ResNet-18 with GroupNorm (groups=2, head_bias=False by default; "
+                   "weight_init='flax'|'pytorch'); a GPU model",
 }
 
 
@@ -106,13 +109,17 @@ def make_model(name: str, input_shape, num_classes: int, conv_impl: str = "nativ
         module = zoo.MLP(num_classes, **{k: tuple(v) if k == "hidden" else v for k, v in kwargs.items()})
     elif name == "cnn1":
         module = zoo.CNN1(num_classes, conv_impl=conv_impl, **kwargs)
+    elif name == "fedslr_cnn":
+        module = zoo.FedSLRCNN(num_classes, conv_impl=conv_impl, **kwargs)
     elif name == "resnet18_gn":
         module = zoo.ResNet18GN(num_classes, conv_impl=conv_impl, **kwargs)
     else:
         close = difflib.get_close_matches(name, MODELS, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}.{hint}")
-    if len(input_shape) == 1 and name in ("cnn1", "resnet18_gn"):
+    if kwargs.get("weight_init", "flax") not in zoo.INITS:
+        raise ValueError(f"model option weight_init={kwargs['weight_init']!r} is unknown; choose one of {zoo.INITS}.")
+    if len(input_shape) == 1 and name in ("cnn1", "fedslr_cnn", "resnet18_gn"):
         raise ValueError(f"model {name!r} needs image inputs (H, W, C), but the data has shape {tuple(input_shape)}; "
                          f"use 'mlp' or 'logreg'.")
     return Model(module, tuple(input_shape), num_classes, name)

@@ -1,4 +1,4 @@
-"""Flax modules: multinomial logistic regression, MLP, QuPeD's CNN1, ResNet-18 with GroupNorm.
+"""Flax modules: multinomial logistic regression, MLP, QuPeD's CNN1, FedSLR's reduced CNN, ResNet-18 with GroupNorm.
 
 Every convolution is :class:`fljax.models.layers.Conv`, whose ``impl`` ("native" or "patches") is a field of the
 module, so the same parameters run with either implementation.
@@ -12,7 +12,19 @@ import jax.numpy as jnp
 
 from fljax.models.layers import Conv, max_pool_2x2
 
-__all__ = ["LogisticRegression", "MLP", "CNN1", "ResNet18GN"]
+__all__ = ["LogisticRegression", "MLP", "CNN1", "FedSLRCNN", "ResNet18GN", "INITS", "kernel_init"]
+
+INITS = ("flax", "pytorch")
+
+
+def kernel_init(init: str) -> nn.initializers.Initializer:
+    """Kernel initialiser: 'flax' (LeCun normal, Flax's default) or 'pytorch' (FedSLR spec D17: PyTorch's default
+    kaiming_uniform(a=√5) for Conv and Linear, i.e. U(±1/√fan_in) = ``variance_scaling(1/3, "fan_in", "uniform")``)."""
+    if init == "flax":
+        return nn.initializers.lecun_normal()
+    if init == "pytorch":
+        return nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform")
+    raise ValueError(f"unknown init {init!r}; choose one of {INITS}.")
 
 
 class LogisticRegression(nn.Module):
@@ -64,15 +76,39 @@ class CNN1(nn.Module):
         return nn.Dense(self.num_classes, name="head")(x)
 
 
+class FedSLRCNN(nn.Module):
+    """The FedSLR spec's reduced CPU model (§8), no biases, GroupNorm with 2 groups, ReLU:
+    conv3×3(→32) – GN – conv3×3(32→64, stride 2) – GN – global average pool – Dense(64→64) – ReLU – Dense(64→C)
+    (named ``head``). Nuclear-norm matrices for 8×8×1 inputs: (96, 3), (192, 96), (64, 64), (64, 10); 23,648
+    parameters. ``weight_init``: 'pytorch' (D17, default) or 'flax'."""
+
+    num_classes: int
+    groups: int = 2
+    weight_init: str = "pytorch"
+    conv_impl: str = "native"
+
+    @nn.compact
+    def __call__(self, x):
+        k = kernel_init(self.weight_init)
+        conv = lambda f, s: Conv(f, (3, 3), (s, s), use_bias=False, impl=self.conv_impl, kernel_init=k)
+        x = nn.relu(nn.GroupNorm(self.groups, epsilon=1e-5)(conv(32, 1)(x)))
+        x = nn.relu(nn.GroupNorm(self.groups, epsilon=1e-5)(conv(64, 2)(x)))
+        x = jnp.mean(x, axis=(1, 2))
+        x = nn.relu(nn.Dense(64, use_bias=False, kernel_init=k)(x))
+        return nn.Dense(self.num_classes, use_bias=False, kernel_init=k, name="head")(x)
+
+
 class _BasicBlock(nn.Module):
     features: int
     strides: int
     groups: int
     conv_impl: str
+    weight_init: str
 
     @nn.compact
     def __call__(self, x):
-        conv = lambda f, k, s, name: Conv(f, (k, k), (s, s), use_bias=False, impl=self.conv_impl, name=name)
+        conv = lambda f, k, s, name: Conv(f, (k, k), (s, s), use_bias=False, impl=self.conv_impl,
+                                          kernel_init=kernel_init(self.weight_init), name=name)
         y = nn.relu(nn.GroupNorm(self.groups, epsilon=1e-5, name="gn1")(conv(self.features, 3, self.strides, "conv1")(x)))
         y = nn.GroupNorm(self.groups, epsilon=1e-5, name="gn2")(conv(self.features, 3, 1, "conv2")(y))
         if self.strides != 1 or x.shape[-1] != self.features:
@@ -86,21 +122,23 @@ class ResNet18GN(nn.Module):
     64/128/256/512 with strides 1/2/2/2, no conv biases, global average pool, linear ``head``.
 
     ``groups``: GroupNorm groups (FedSLR 2, DFedAlt 32); ``head_bias``: FedSLR has none (11,173,952 parameters
-    for 10 classes), DFedAlt has one.
+    for 10 classes), DFedAlt has one. ``weight_init``: 'flax' (default) or 'pytorch' (FedSLR D17).
     """
 
     num_classes: int
     groups: int = 2
     head_bias: bool = False
+    weight_init: str = "flax"
     conv_impl: str = "native"
 
     @nn.compact
     def __call__(self, x):
-        x = Conv(64, (3, 3), use_bias=False, impl=self.conv_impl, name="stem")(x)
+        k = kernel_init(self.weight_init)
+        x = Conv(64, (3, 3), use_bias=False, impl=self.conv_impl, kernel_init=k, name="stem")(x)
         x = nn.relu(nn.GroupNorm(self.groups, epsilon=1e-5, name="gn_stem")(x))
         for stage, (width, stride) in enumerate(zip((64, 128, 256, 512), (1, 2, 2, 2))):
             for block in range(2):
                 x = _BasicBlock(width, stride if block == 0 else 1, self.groups, self.conv_impl,
-                                name=f"layer{stage + 1}_{block}")(x)
+                                self.weight_init, name=f"layer{stage + 1}_{block}")(x)
         x = jnp.mean(x, axis=(1, 2))
-        return nn.Dense(self.num_classes, use_bias=self.head_bias, name="head")(x)
+        return nn.Dense(self.num_classes, use_bias=self.head_bias, kernel_init=k, name="head")(x)

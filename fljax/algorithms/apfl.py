@@ -1,0 +1,74 @@
+"""APFL (Deng, Kamani, Mahdavi 2020): adaptive personalized FL by mixing a local and the global model.
+
+Selected client i, round t, from w ← w_t and its own (v_i, α_i); for every minibatch ξ, from the pre-step (w, v)
+(FedSLR spec §10; f_i includes wd/2‖·‖², as every baseline's local objective does):
+    v̄ = α_i v + (1 − α_i) w
+    w ← w − η_l ∇f_i(w; ξ)
+    v ← v − η_l α_i ∇f_i(v̄; ξ)              (∇_v f_i(v̄) with w held constant: α_i applied once)
+    adaptive option (D21): α_i ← clip_[0,1](α_i − η_α ⟨v − w, ∇f_i(v̄; ξ)⟩)
+The server averages the w_i; client i is evaluated with α_i v_i + (1 − α_i) w_T. v_i starts at w_0, α_i at
+``alpha`` (0.5, fixed by default, D21). The personalized model holds two model-sized vectors.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from fljax import tree
+from fljax.algorithms.base import ClientResult
+from fljax.algorithms.fedavg import FedAvg
+from fljax.algorithms.local_training import run_steps
+
+__all__ = ["APFL"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class APFL(FedAvg):
+    name = "apfl"
+    summary = "APFL: personal model v_i mixed with the global w as a v + (1 - a) w (Deng et al. 2020)"
+    alpha: float = 0.5
+    adaptive_alpha: bool = False
+    alpha_lr: float = 0.1
+
+    def validate(self, num_clients: int) -> None:
+        super().validate(num_clients)
+        if not 0 <= self.alpha <= 1:
+            raise ValueError(f"alpha must be in [0, 1], got {self.alpha}.")
+        if self.optimizer != "sgd" or self.momentum:
+            raise ValueError("APFL's coupled (w, v) steps are plain SGD; use optimizer='sgd' with momentum=0.")
+        if self.server_lr != 1.0 or self.server_momentum:
+            raise ValueError("APFL's server takes the plain mean; leave server_lr=1 and server_momentum=0.")
+
+    def init(self, ctx):
+        server, _ = super().init(ctx)
+        n = ctx.num_clients
+        return server, {"v": tree.broadcast_clients(server["params"], n), "alpha": jnp.full((n,), self.alpha)}
+
+    def grad(self, params, batch):
+        """(f_i, ∇f_i) with f_i = CE + (wd/2)‖params‖²."""
+        loss, g = jax.value_and_grad(self.model.loss)(params, batch)
+        return loss, tree.axpy(self.weight_decay, params, g)
+
+    def client_update(self, shared, per_client) -> ClientResult:
+        w_t, round_ = shared
+        state, train, key = per_client
+        lr = self.lr_at(round_)
+
+        def step(carry, batch, k):
+            w, v, a = carry
+            v_bar = tree.lerp(a, w, v)  # α v + (1 − α) w
+            loss, g_w = self.grad(w, batch)
+            _, g_bar = self.grad(v_bar, batch)
+            if self.adaptive_alpha:
+                a_new = jnp.clip(a - self.alpha_lr * tree.vdot(tree.sub(v, w), g_bar), 0.0, 1.0)
+            else:
+                a_new = a
+            return (tree.axpy(-lr, g_w, w), tree.axpy(-lr * a, g_bar, v), a_new), loss
+
+        (w, v, a), loss = run_steps(step, (w_t, state["v"], state["alpha"]), train, self.plan(), key, self.unroll)
+        return ClientResult(state={"v": v, "alpha": a}, upload=w, weight=train.count, metrics={"train_loss": loss})
+
+    def personal_params(self, shared, client_state, train, key):
+        return tree.lerp(client_state["alpha"], shared, client_state["v"])

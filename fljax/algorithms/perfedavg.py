@@ -1,0 +1,109 @@
+"""Per-FedAvg (Fallah, Mokhtari, Ozdaglar, NeurIPS 2020): FedAvg on the MAML objective F_i(w) = f_i(w − α∇f_i(w)).
+
+Selected client i, round t, from w ← w_t; every local step draws fresh, disjoint batches D, D′ (and D″):
+    FO (Algorithm 1 with the first-order estimate):   w̃ = w − α∇f_i(w; D);   w ← w − β∇f_i(w̃; D′)
+    HF (Hessian-free, Eq. (9)):                       w ← w − β(I − α∇²f_i(w; D″))∇f_i(w̃; D′)
+with an exact Hessian-vector product (``hvp_mode='exact'``, forward-over-reverse) or a central difference
+(``'fd'``); ``'none'`` is FO. The server takes the mean of the w_i. Client i is evaluated after one α-step on one
+training batch from w_T. α = 0.01 (inner, fine-tune) and β = 0.001 (outer) as in the FedSLR paper; they are
+fields of their own (not the ``lr`` of other algorithms; PFLlib silently sets β := lr), constant unless
+``lr_decay`` < 1 (then both decay as ·lr_decay^t, D20 option). f_i includes wd/2‖·‖².
+
+Batches: each step consumes 2 (FO) or 3 (HF) batches of ``batch_size``: one minibatch of 2B (3B) from the epoch's
+shuffle, split by interleaving rows (D = rows 0, 2, 4, …; D′ = rows 1, 3, 5, …), so ``local_epochs`` passes take
+E·⌈n_i/(2B)⌉ steps (D20) and D ≠ D′ always.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from fljax import tree
+from fljax.algorithms.base import Centralized, ClientResult
+from fljax.algorithms.local_training import run_steps
+from fljax.data.batching import Batch, BatchPlan, gather_batch
+from fljax.ops import meta
+
+__all__ = ["PerFedAvg"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PerFedAvg(Centralized):
+    name = "perfedavg"
+    summary = "Per-FedAvg: FedAvg on the one-step MAML objective, FO or Hessian-free (Fallah et al. 2020)"
+    alpha: float = 0.01
+    beta: float = 0.001
+    hvp_mode: str = "none"
+    fd_delta: float = 1e-3
+    lr_decay: float = 1.0
+    weight_decay: float = 0.0
+    batch_size: int = 20
+    local_epochs: int = 2
+
+    def validate(self, num_clients: int) -> None:
+        super().validate(num_clients)
+        if not self.alpha > 0 or not self.beta > 0:
+            raise ValueError(f"alpha and beta must be > 0, got alpha={self.alpha}, beta={self.beta}.")
+        if self.hvp_mode not in meta.HVP_MODES:
+            raise ValueError(f"hvp_mode must be one of {meta.HVP_MODES} ('none' = first order), "
+                             f"got {self.hvp_mode!r}.")
+        if not 0 < self.lr_decay <= 1:
+            raise ValueError(f"lr_decay must be in (0, 1], got {self.lr_decay}.")
+        if self.weight_decay < 0 or self.batch_size < 1 or self.local_epochs < 0:
+            raise ValueError("weight_decay and local_epochs must be >= 0 and batch_size >= 1.")
+
+    @property
+    def batches_per_step(self) -> int:
+        return 2 if self.hvp_mode == "none" else 3
+
+    def plan(self) -> BatchPlan:
+        return BatchPlan(batch_size=self.batches_per_step * self.batch_size, epochs=self.local_epochs)
+
+    def steps_per_round(self, n_max: int) -> int:
+        return self.plan().num_steps(n_max)
+
+    def rates(self, round_):
+        decay = jnp.power(jnp.float32(self.lr_decay), round_)
+        return self.alpha * decay, self.beta * decay
+
+    def objective(self, params, batch):
+        """f_i(params; batch) = CE + (wd/2)‖params‖²."""
+        return self.model.loss(params, batch) + 0.5 * self.weight_decay * tree.sq_norm(params)
+
+    def init(self, ctx):
+        return {"params": self.model.init(self.init_key(ctx))}, {}
+
+    def meta_step(self, w, batch: Batch, alpha, beta):
+        """One Per-FedAvg step on the interleaved sub-batches D, D′ (, D″)."""
+        n = self.batches_per_step
+        d, d1, d2 = [Batch(batch.x[j::n], batch.y[j::n], batch.mask[j::n]) for j in range(n)] + [None] * (3 - n)
+        w_tilde = meta.adapt(self.objective, w, d, alpha)
+        loss, r = jax.value_and_grad(self.objective)(w_tilde, d1)
+        if self.hvp_mode != "none":
+            r = tree.axpy(-alpha, meta.hvp(self.objective, w, r, d2, mode=self.hvp_mode, delta=self.fd_delta), r)
+        return tree.axpy(-beta, r, w), loss
+
+    def client_update(self, shared, per_client) -> ClientResult:
+        w_t, round_ = shared
+        state, train, key = per_client
+        alpha, beta = self.rates(round_)
+        step = lambda w, batch, k: self.meta_step(w, batch, alpha, beta)  # noqa: E731
+        w, loss = run_steps(step, w_t, train, self.plan(), key, self.unroll)
+        return ClientResult(state=state, upload=w, weight=train.count, metrics={"train_loss": loss})
+
+    def server_update(self, ctx, server, clients, cohort, result):
+        return {"params": tree.weighted_mean_clients(result.upload, self.aggregation_weights(result))}
+
+    def eval_shared(self, server):
+        return server["params"]
+
+    def global_params(self, shared):
+        return shared
+
+    def personal_params(self, shared, client_state, train, key):
+        """One α-step (round-0 α) on one training batch of ``batch_size`` from w_T."""
+        idx, mask, _ = BatchPlan(batch_size=self.batch_size, steps=1).schedule(key, train.count, train.n_min,
+                                                                               train.n_max)
+        return meta.adapt(self.objective, shared, gather_batch(train.x, train.y, idx[0], mask[0]), self.alpha)

@@ -1,0 +1,97 @@
+"""pFedMe (Dinh, Tran, Nguyen, NeurIPS 2020): personalized models θ_i regularised by Moreau envelopes.
+
+Client i solves min_w F_i(w) = min_θ f_i(θ) + (λ/2)‖θ − w‖². Selected client i, round t (Algorithm 1; QuPeD
+spec §10): w_i ← w_t, θ_i ← w_t; for each of the R local iterations (one minibatch D each):
+    K steps   θ ← θ − η_p(∇f_i(θ; D) + λ(θ − w_i) + wd·θ)      (θ̃_i(w_i) ≈ argmin_θ f_i(θ; D) + (λ/2)‖θ − w_i‖²)
+    w_i ← w_i − η·λ(w_i − θ)
+Server: w_{t+1} = (1 − β) w_t + β·mean_{S_t} w_i. Client i is evaluated with its personalized θ_i from its last
+participation (w_0 if never sampled; ``eval_mode='stored'``), or (``'refresh'``) with the θ of one local round
+run from w_T at evaluation (QuPeD's protocol).
+
+Defaults are the pFedMe paper's MNIST settings: η = ``lr`` = 0.005, η_p = ``personal_lr`` = 0.1, λ = 15, K = 5,
+β = 1, B = 20, R = ``local_steps`` = 20. η (not η_p) follows ``lr_decay``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from fljax import tree
+from fljax.algorithms.base import Centralized, ClientResult
+from fljax.algorithms.local_training import LocalSGD, run_steps
+
+__all__ = ["PFedMe"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PFedMe(Centralized, LocalSGD):
+    name = "pfedme"
+    summary = "pFedMe: personalized models via Moreau envelopes, K inner prox steps per batch (Dinh et al. 2020)"
+    lam: float = 15.0
+    personal_lr: float = 0.1
+    inner_steps: int = 5
+    beta: float = 1.0
+    eval_mode: str = "stored"
+    lr: float = 0.005
+    local_steps: int | None = 20
+
+    def validate(self, num_clients: int) -> None:
+        super().validate(num_clients)
+        self.validate_local()
+        if not self.lam > 0 or not self.personal_lr > 0 or not self.beta > 0:
+            raise ValueError(f"lam, personal_lr and beta must be > 0, got {self.lam}, {self.personal_lr}, "
+                             f"{self.beta}.")
+        if self.inner_steps < 1:
+            raise ValueError(f"inner_steps must be >= 1, got {self.inner_steps}.")
+        if self.eval_mode not in ("stored", "refresh"):
+            raise ValueError(f"eval_mode must be 'stored' or 'refresh', got {self.eval_mode!r}.")
+
+    def steps_per_round(self, n_max: int) -> int:
+        return super().steps_per_round(n_max) * self.inner_steps
+
+    def init(self, ctx):
+        params = self.model.init(self.init_key(ctx))
+        return {"params": params}, {"theta": tree.broadcast_clients(params, ctx.num_clients)}
+
+    def local_round(self, w_t, train, key, round_):
+        """R local iterations from w_i = θ = w_t; returns (w_i, θ, mean loss)."""
+        eta = self.lr_at(round_)
+
+        def inner(theta, w, batch):
+            def body(_, th):
+                g = jax.grad(self.model.loss)(th, batch)
+                pull = tree.axpy(self.weight_decay, th, tree.scale(self.lam, tree.sub(th, w)))
+                return tree.axpy(-self.personal_lr, tree.add(g, pull), th)
+
+            return jax.lax.fori_loop(0, self.inner_steps, body, theta, unroll=self.unroll > 1)
+
+        def step(carry, batch, k):
+            w, theta = carry
+            theta = inner(theta, w, batch)
+            loss = self.model.loss(theta, batch)
+            return (tree.axpy(-eta * self.lam, tree.sub(w, theta), w), theta), loss
+
+        (w, theta), loss = run_steps(step, (w_t, w_t), train, self.plan(), key, self.unroll)
+        return w, theta, loss
+
+    def client_update(self, shared, per_client) -> ClientResult:
+        w_t, round_ = shared
+        state, train, key = per_client
+        w, theta, loss = self.local_round(w_t, train, key, round_)
+        return ClientResult(state={"theta": theta}, upload=w, weight=train.count, metrics={"train_loss": loss})
+
+    def server_update(self, ctx, server, clients, cohort, result):
+        mean = tree.weighted_mean_clients(result.upload, self.aggregation_weights(result))
+        return {"params": tree.lerp(self.beta, server["params"], mean)}
+
+    def eval_shared(self, server):
+        return server["params"]
+
+    def global_params(self, shared):
+        return shared
+
+    def personal_params(self, shared, client_state, train, key):
+        if self.eval_mode == "stored":
+            return client_state["theta"]
+        return self.local_round(shared, train, key, 0)[1]

@@ -1,0 +1,66 @@
+"""SCAFFOLD (Karimireddy et al., ICML 2020), Algorithm 1 with control-variate Option II.
+
+Selected client i, round t, receiving (x, c) (FedSLR spec §10, D26):
+    y ← x;  K steps  y ← y − η_l(∇f_i(y; ξ) + wd·y − c_i + c)
+    c_i⁺ = c_i − c + (x − y)/(K·η_l)        (K = the steps actually taken, η_l = this round's rate)
+    upload (y − x, c_i⁺ − c_i);  c_i ← c_i⁺
+Server:
+    x ← x + η_g·mean_{S_t}(y_i − x);   c ← c + (1/M) Σ_{i∈S_t} (c_i⁺ − c_i)     (c, c_i start at 0)
+Both directions carry two model-sized vectors.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from fljax import tree
+from fljax.algorithms.base import Centralized, ClientResult
+from fljax.algorithms.local_training import LocalSGD
+
+__all__ = ["Scaffold"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Scaffold(Centralized, LocalSGD):
+    name = "scaffold"
+    summary = "SCAFFOLD: control variates correct client drift, Option II (Karimireddy et al. 2020)"
+    server_lr: float = 1.0
+    weighting: str = "uniform"
+
+    def validate(self, num_clients: int) -> None:
+        super().validate(num_clients)
+        self.validate_local()
+        if not self.server_lr > 0:
+            raise ValueError(f"server_lr must be > 0, got {self.server_lr}.")
+        if self.optimizer != "sgd" or self.momentum:
+            raise ValueError("SCAFFOLD's Option II assumes plain SGD steps; use optimizer='sgd' with momentum=0.")
+
+    def init(self, ctx):
+        params = self.model.init(self.init_key(ctx))
+        zeros = tree.zeros_like(params)
+        return {"params": params, "c": zeros}, {"c": tree.broadcast_clients(zeros, ctx.num_clients)}
+
+    def broadcast(self, server):
+        return server["params"], server["c"]
+
+    def client_update(self, shared, per_client) -> ClientResult:
+        (x, c), round_ = shared
+        state, train, key = per_client
+        c_i = state["c"]
+        correction = tree.sub(c, c_i)
+        y, loss = self.train(self.model.loss, x, train, key, round_, self.unroll, extra_grad=lambda _: correction)
+        k = self.plan().active_steps(train.count, train.n_max)
+        c_plus = tree.axpy(1.0 / (k * self.lr_at(round_)), tree.sub(x, y), tree.sub(c_i, c))
+        upload = (tree.sub(y, x), tree.sub(c_plus, c_i))
+        return ClientResult(state={"c": c_plus}, upload=upload, weight=train.count, metrics={"train_loss": loss})
+
+    def server_update(self, ctx, server, clients, cohort, result):
+        dy, dc = result.upload
+        step = tree.weighted_mean_clients(dy, self.aggregation_weights(result))
+        return {"params": tree.axpy(self.server_lr, step, server["params"]),
+                "c": tree.axpy(1.0 / ctx.num_clients, tree.sum_clients(dc), server["c"])}
+
+    def eval_shared(self, server):
+        return server["params"]
+
+    def global_params(self, shared):
+        return shared
