@@ -21,6 +21,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
+import jax.scipy.sparse.linalg
 from flax import struct
 
 from fljax.tree import mean_clients, ravel, weighted_mean_clients
@@ -30,7 +31,8 @@ HIGHEST = jax.lax.Precision.HIGHEST
 
 __all__ = [
     "dual_ascent", "linearized_primal", "z_form", "gd_branch", "consensus_from_z", "augmented_lagrangian",
-    "linearised_prox", "admm_consensus", "CholeskySolver", "WoodburySolver", "cholesky_solver", "woodbury_solver",
+    "linearised_prox", "admm_consensus", "CholeskySolver", "WoodburySolver", "CGSolver", "cholesky_solver",
+    "woodbury_solver", "cg_solver",
 ]
 
 
@@ -157,6 +159,26 @@ class WoodburySolver:
         return _on_vector(solve, v)
 
 
+@struct.dataclass
+class CGSolver:
+    """v ↦ (c1·AᵀA + c0·I)⁻¹v by conjugate gradients on the matrix-free operator (FedGiA's option for large
+    clients, D14): stops at relative residual ``tol`` or after ``maxiter`` iterations, so the solve is inexact."""
+
+    a: Any
+    c1: Any
+    c0: Any
+    tol: float = struct.field(pytree_node=False, default=1e-8)
+    maxiter: int = struct.field(pytree_node=False, default=50)
+
+    def __call__(self, v):
+        def solve(b):
+            op = lambda u: self.c1 * jnp.matmul(self.a.T, jnp.matmul(self.a, u, precision=HIGHEST),
+                                                precision=HIGHEST) + self.c0 * u
+            return jax.scipy.sparse.linalg.cg(op, b, tol=self.tol, maxiter=self.maxiter)[0]
+
+        return _on_vector(solve, v)
+
+
 def cholesky_solver(b, c1, c0) -> CholeskySolver:
     """Factor c1·B + c0·I once (B symmetric PSD, e.g. FedGiA_G's Gram B_i = A_iᵀA_i) for repeated solves."""
     n = b.shape[-1]
@@ -168,3 +190,8 @@ def woodbury_solver(a, c1, c0) -> WoodburySolver:
     d = a.shape[0]
     gram = jnp.matmul(a, a.T, precision=HIGHEST)
     return WoodburySolver(a=a, chol=jnp.linalg.cholesky(gram + (c0 / c1) * jnp.eye(d, dtype=a.dtype)), c0=c0)
+
+
+def cg_solver(a, c1, c0, tol: float = 1e-8, maxiter: int = 50) -> CGSolver:
+    """Conjugate-gradient solves with c1·AᵀA + c0·I (nothing is factored; A's zero padding rows are harmless)."""
+    return CGSolver(a=a, c1=c1, c0=c0, tol=tol, maxiter=maxiter)
