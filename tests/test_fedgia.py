@@ -39,7 +39,7 @@ def trajectory(method, data, rounds, key=None, executor=VmapExecutor()):
     """Aggregates x and client z at the start of each of ``rounds`` rounds of trial 0 (the driver's round_step)."""
     with jax.enable_x64(True):
         one = jax.tree.map(lambda a: jnp.asarray(a[0]), data)
-        consts = method.prepare(executor, one)
+        consts = jax.jit(lambda d: method.prepare(executor, d))(one)
         run = drv.init_run(method, consts, one)
         key = jax.random.PRNGKey(0) if key is None else key
         step = jax.jit(functools.partial(drv.round_step, method, executor, consts, one, key))
@@ -243,9 +243,9 @@ def test_executors_agree():
     inst = instance("log", n=6, rows=[3, 12, 2, 9, 14, 4, 7])
     data = pack_trials([inst], blocks=2, row_multiple=1)   # Woodbury in one block, Cholesky in the other
     assert min(blk.rows for blk in data.blocks) < 6 <= max(blk.rows for blk in data.blocks)
-    method = FedGiA(loss=Logistic(), variant="G", k0=3, max_iters=12)      # 5 rounds (capped)
+    method = FedGiA(loss=Logistic(), variant="G", k0=3, max_iters=6)       # 3 rounds (capped)
     ref = solve(method, data, executor=LoopExecutor())
-    assert ref.rounds[0] == 4 and not ref.converged[0]
+    assert ref.rounds[0] == 2 and not ref.converged[0]
     for ex in (VmapExecutor(), ChunkedExecutor(chunk_size=2)):
         got = solve(method, data, executor=ex)
         np.testing.assert_array_equal(got.rounds, ref.rounds)

@@ -237,6 +237,11 @@ class Result:
     def capped(self) -> np.ndarray:
         return ~(self.converged | self.diverged)
 
+    @classmethod
+    def concatenate(cls, parts: list["Result"]) -> "Result":
+        """Join results of consecutive trial chunks."""
+        return cls(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in dataclasses.fields(cls)})
+
 
 def trial_keys(seed0: int, trials: int):
     """Selection keys: ``fold_in(PRNGKey(seed0), t)`` for trial t (spec §10.7)."""
@@ -300,42 +305,39 @@ def solve(method: Method, data: ClientBlocks, *, seed0: int = 0, keys=None, exec
           consts=None, trial_chunk: int | None = None) -> Result:
     """Run ``method`` on every trial of ``data`` (float64; x64 is switched on for the call only).
 
-    Trials run vmapped in chunks of ``trial_chunk`` (default: all at once); each chunk's compiled wall clock is
-    split evenly over its trials, so ``trial_chunk=1`` gives per-trial times (D20) and larger chunks the
-    ``batched`` time. ``consts`` from :func:`prepare` may be passed to share one precomputation between runs (its
-    time is then not in ``prep_seconds``); ``keys`` default to :func:`trial_keys` (``seed0``). Under the loop
-    executor every trial runs eagerly on its own.
+    Trials run vmapped in chunks of ``trial_chunk`` (default: all at once), each chunk moved to the device, prepared
+    (:func:`prepare`) and solved in turn; a chunk's compiled wall clock is split evenly over its trials, so
+    ``trial_chunk=1`` gives per-trial times (D20) and larger chunks the ``batched`` time. ``consts`` from
+    :func:`prepare` (for all of ``data``'s trials) may be passed to share one precomputation between runs; its time is
+    then not in ``prep_seconds``. ``keys`` default to :func:`trial_keys` (``seed0``). Under the loop executor every
+    trial runs eagerly on its own.
     """
     method.validate()
     ex = _executor(executor)
     trials = data.num_trials
+    chunk = 1 if not ex.jittable else trials if trial_chunk is None else max(1, min(trial_chunk, trials))
+    parts = []
     with jax.enable_x64(True):
         keys = trial_keys(seed0, trials) if keys is None else jnp.asarray(keys)
-        prep_seconds = np.zeros(trials)
-        if consts is None:
-            consts, prep_seconds = prepare(method, data, ex)
-        runs, seconds = [], []
-        data = jax.device_put(data)
-        if ex.jittable:
-            chunk = trials if trial_chunk is None else max(1, min(trial_chunk, trials))
-            arrays = _leaves_as_arrays(method)
-            for lo in range(0, trials, chunk):
-                part = lambda a, lo=lo: jax.tree.map(lambda x: x[lo:lo + chunk], a)
-                run, sec = _run_compiled(_solve_batch, ex, arrays, part(data), part(keys), part(consts))
-                runs.append(jax.device_get(run))
-                seconds += [sec / run.s.shape[0]] * run.s.shape[0]
-            run = jax.tree.map(lambda *xs: np.concatenate(xs), *runs)
-        else:
-            for t in range(trials):
+        for lo in range(0, trials, chunk):
+            part = lambda a: None if a is None else jax.tree.map(lambda x: x[lo:lo + chunk], a)
+            sub = jax.device_put(part(data))
+            sub_consts, prep = (part(consts), np.zeros(sub.num_trials)) if consts is not None else prepare(method, sub, ex)
+            if ex.jittable:
+                run, sec = _run_compiled(_solve_batch, ex, _leaves_as_arrays(method), sub, part(keys), sub_consts)
+            else:
                 start = time.perf_counter()
-                r = _eager_solve(method, ex, _index(data, t), keys[t], _index(consts, t))
-                seconds.append(time.perf_counter() - start)
-                runs.append(jax.device_get(r))
-            run = jax.tree.map(lambda *xs: np.stack(xs), *runs)
-    conv = method.conventions
-    return Result(obj=run.obj, err=run.err, rounds=run.s, cr=np.asarray(conv.cr_of(run.s)), iters=run.k,
-                  converged=run.converged, diverged=run.diverged, x=run.x, hist_f=run.hist_f, hist_e=run.hist_e,
-                  seconds=np.asarray(seconds), prep_seconds=prep_seconds)
+                run = tree.stack([_eager_solve(method, ex, _index(sub, 0), keys[lo], _index(sub_consts, 0))])
+                sec = time.perf_counter() - start
+            parts.append(_result(method, jax.device_get(run), sec, prep))
+    return Result.concatenate(parts)
+
+
+def _result(method: Method, run: RunState, seconds: float, prep_seconds) -> Result:
+    trials = run.s.shape[0]
+    return Result(obj=run.obj, err=run.err, rounds=run.s, cr=np.asarray(method.conventions.cr_of(run.s)),
+                  iters=run.k, converged=run.converged, diverged=run.diverged, x=run.x, hist_f=run.hist_f,
+                  hist_e=run.hist_e, seconds=np.full(trials, seconds / trials), prep_seconds=np.asarray(prep_seconds))
 
 
 def _eager_solve(method: Method, ex: Executor, data: ClientBlocks, key, consts) -> RunState:

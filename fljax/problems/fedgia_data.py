@@ -17,10 +17,11 @@ import time
 
 import flax.struct
 import numpy as np
+import threadpoolctl
 
 from fljax.problems.regression import ClientData, lambda_max_host
 
-__all__ = ["v1_instance", "qot_instance", "ClientBlocks", "size_blocks", "pack_trials"]
+__all__ = ["v1_instance", "qot_instance", "sct_standin_instance", "ClientBlocks", "size_blocks", "pack_trials"]
 
 
 def v1_instance(seed: int, m: int = 128, n: int = 100, d_range: tuple[int, int] = (50, 150),
@@ -93,14 +94,12 @@ def _qot_scaled() -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
-def qot_instance(seed: int, m: int = 128, min_client_frac: float = 0.025) -> list[tuple[np.ndarray, np.ndarray]]:
-    """qot (8992×1024) split into m clients (spec §5.2): unit-norm columns, labels in {0, 1}; rows shuffled; cut at
-    m − 1 distinct uniform points of {2, …, d − 1}, redrawn until min_i d_i > ``min_client_frac``·d/m (D8)."""
-    a, b = _qot_scaled()
+def _contiguous_split(rng, a, b, m: int, min_client_frac: float):
+    """Shuffle the rows (one permutation for A and b) and cut them into m contiguous blocks at m − 1 distinct uniform
+    points of {2, …, d − 1}, redrawn until min_i d_i > ``min_client_frac``·d/m (spec §5.2 steps 2–4, D8)."""
     d = a.shape[0]
     if not 1 <= m <= d // 2:
-        raise ValueError(f"qot has {d} rows; m must be between 1 and {d // 2}, got {m}.")
-    rng = np.random.default_rng(seed)
+        raise ValueError(f"the data has {d} rows; m must be between 1 and {d // 2}, got {m}.")
     perm = rng.permutation(d)
     a, b = a[perm], b[perm]
     for _ in range(10_000):
@@ -109,10 +108,30 @@ def qot_instance(seed: int, m: int = 128, min_client_frac: float = 0.025) -> lis
         if sizes.min() > min_client_frac * d / m:
             break
     else:
-        raise ValueError(f"no split of qot into {m} clients with every d_i > {min_client_frac}·d/m was found; "
+        raise ValueError(f"no split into {m} clients with every d_i > {min_client_frac}·d/m was found; "
                          f"lower min_client_frac.")
     edges = np.concatenate([[0], cuts, [d]])
-    return [(a[s:e], b[s:e]) for s, e in zip(edges[:-1], edges[1:])]
+    return [(a[lo:hi], b[lo:hi]) for lo, hi in zip(edges[:-1], edges[1:])]
+
+
+def qot_instance(seed: int, m: int = 128, min_client_frac: float = 0.025) -> list[tuple[np.ndarray, np.ndarray]]:
+    """qot (8992×1024) split into m clients (spec §5.2): unit-norm columns, labels in {0, 1}; rows shuffled and cut
+    into random contiguous blocks (:func:`_contiguous_split`)."""
+    a, b = _qot_scaled()
+    return _contiguous_split(np.random.default_rng(seed), a, b, m, min_client_frac)
+
+
+def sct_standin_instance(seed: int, m: int = 128, d: int = 200_000, n: int = 200, positives: float = 0.1,
+                         min_client_frac: float = 0.025) -> list[tuple[np.ndarray, np.ndarray]]:
+    """A synthetic *stand-in* for sct (decision D21; the Santander data is not available): A ~ N(0, 1)^{d×n};
+    b = 1 for the top ``positives`` fraction of ⟨a_j, w⟩ + logistic noise (w ~ N(0, I/n)); unit-norm columns;
+    split like qot. Never to be compared with the paper's sct numbers."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((d, n))
+    score = a @ (rng.standard_normal(n) / np.sqrt(n)) + rng.logistic(size=d)
+    b = (score > np.quantile(score, 1.0 - positives)).astype(np.float64)
+    a /= np.linalg.norm(a, axis=0)
+    return _contiguous_split(rng, a, b, m, min_client_frac)
 
 
 @flax.struct.dataclass
@@ -180,9 +199,11 @@ def size_blocks(sizes: np.ndarray, blocks: int = 1, row_multiple: int = 8) -> li
 
 
 def pack_trials(instances: list[list[tuple[np.ndarray, np.ndarray]]], blocks: int = 1,
-                row_multiple: int = 8) -> ClientBlocks:
+                row_multiple: int = 8, layout: list[tuple[int, int, int]] | None = None) -> ClientBlocks:
     """Stack trials' instances (each a list of m ``(A_i, b_i)``) into padded NumPy float64 blocks with a leading
-    trial axis. ``blocks > 1`` orders each trial's clients by size (stable) and uses :func:`size_blocks`."""
+    trial axis. ``blocks > 1`` orders each trial's clients by size (stable) and uses :func:`size_blocks`; a
+    ``layout`` computed beforehand by :func:`size_blocks` (from more trials' sizes) gives several packs the same
+    shapes."""
     if not instances:
         raise ValueError("pack_trials needs at least one instance.")
     m, n = len(instances[0]), instances[0][0][0].shape[1]
@@ -192,16 +213,22 @@ def pack_trials(instances: list[list[tuple[np.ndarray, np.ndarray]]], blocks: in
     sizes = np.array([[len(b) for _, b in inst] for inst in instances])
     if sizes.min() < 1:
         raise ValueError("every client needs at least one row.")
-    order = (np.argsort(sizes, axis=1, kind="stable") if blocks > 1
+    layout = size_blocks(sizes, blocks, row_multiple) if layout is None else layout
+    order = (np.argsort(sizes, axis=1, kind="stable") if len(layout) > 1
              else np.broadcast_to(np.arange(m), sizes.shape).copy())
+    ranked = np.take_along_axis(sizes, order, axis=1)
+    if layout[0][0] != 0 or layout[-1][1] != m or any(ranked[:, lo:hi].max() > rows for lo, hi, rows in layout):
+        raise ValueError(f"the block layout {layout} does not fit these instances' client sizes.")
     lam = np.zeros(sizes.shape)
     seconds = np.zeros(len(instances))
-    for t, inst in enumerate(instances):
-        start = time.perf_counter()
-        lam[t] = [lambda_max_host(a) for a, _ in inst]
-        seconds[t] = time.perf_counter() - start
+    # one BLAS thread: these small eigenproblems run up to 60× slower with OpenBLAS's thread pool on a busy machine
+    with threadpoolctl.threadpool_limits(1, user_api="blas"):
+        for t, inst in enumerate(instances):
+            start = time.perf_counter()
+            lam[t] = [lambda_max_host(a) for a, _ in inst]
+            seconds[t] = time.perf_counter() - start
     out = []
-    for lo, hi, rows in size_blocks(sizes, blocks, row_multiple):
+    for lo, hi, rows in layout:
         t_count, c_count = len(instances), hi - lo
         a = np.zeros((t_count, c_count, rows, n))
         b = np.zeros((t_count, c_count, rows))
