@@ -35,7 +35,7 @@ CASES = [(FedAvgGD, "fedavg", "ls", dict()), (FedAvgGD, "fedavg", "log", dict(ag
 @pytest.mark.parametrize("cls,name,kind,options", CASES)
 def test_baseline_matches_literal_loops(cls, name, kind, options):
     inst = instance(kind, m=5, n=4, sizes=(3, 9))
-    data = pack_trials([inst], blocks=2)
+    data = pack_trials([inst], blocks=2, gram=kind == "ls")
     loss, mu = (LeastSquares(), 0.0) if kind == "ls" else (Logistic(), 1e-3)
     extra = {"fedprox": dict(mu=0.3), "fedpd": dict(eta=2.0)}.get(name, {})
     method = cls(loss=loss, k0=3, a=0.2, iters=2, **extra, **options)

@@ -123,7 +123,7 @@ class FedGiA(Method):
         if self.gram_solver == "cg":
             return admm.cg_solver(blk.A, c1, c0)
         if blk.dim <= blk.rows:
-            return admm.cholesky_solver(blk.A.T @ blk.A, c1, c0)
+            return admm.cholesky_solver(blk.A.T @ blk.A if blk.gram is None else blk.gram, c1, c0)
         return admm.woodbury_solver(blk.A, c1, c0)
 
     def prepare(self, executor, data) -> FedGiAConsts:

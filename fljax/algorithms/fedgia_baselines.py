@@ -6,11 +6,11 @@ local steps; metrics, tolerance and CR as for FedGiA (:mod:`regression_driver`),
 ``max_rounds`` = 1000 rounds. Step size γ_k(a) = a/log₂(k + 2) with k the 0-based global local-step counter
 (decision D17), shared by the inner GD iterations of a step.
 
-| method | local step k of client i | aggregation |
-|---|---|---|
-| FedAvg | x_i ← x_i − γ_k ∇f_i(x_i) | x = mean_i x_i; x_i ← x |
-| FedProx | ``iters`` GD iterations y ← y − γ_k[∇f_i(y) + μ(y − x)] from y = x_i; x_i ← y | as FedAvg |
-| FedPD | ``iters`` GD iterations y ← y − γ_k[∇f_i(y) + λ_i + (y − x0_i)/η] from y = x_i; x_i ← y; λ_i ← λ_i + (x_i − x0_i)/η; x0_i ← x_i + ηλ_i | x0 = mean_i x0_i; x0_i ← x0 |
+* FedAvg: local step x_i ← x_i − γ_k ∇f_i(x_i); aggregation x = mean_i x_i, x_i ← x.
+* FedProx: local step = ``iters`` GD iterations y ← y − γ_k[∇f_i(y) + μ(y − x)] from y = x_i, then x_i ← y;
+  aggregation as FedAvg.
+* FedPD: local step = ``iters`` GD iterations y ← y − γ_k[∇f_i(y) + λ_i + (y − x0_i)/η] from y = x_i, then x_i ← y,
+  λ_i ← λ_i + (x_i − x0_i)/η, x0_i ← x_i + ηλ_i; aggregation x0 = mean_i x0_i, x0_i ← x0.
 
 Paper settings (None → these): FedAvg a = 0.01 (V.1), FedProx a = 0.001 (V.1), FedPD a = 0.05 and η = 1 (V.1);
 a = 0.5d/m and η = max{400, d/50} for the logistic examples. Where the paper is silent the project's choices are

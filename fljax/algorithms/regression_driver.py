@@ -322,7 +322,10 @@ def solve(method: Method, data: ClientBlocks, *, seed0: int = 0, keys=None, exec
         for lo in range(0, trials, chunk):
             part = lambda a: None if a is None else jax.tree.map(lambda x: x[lo:lo + chunk], a)
             sub = jax.device_put(part(data))
-            sub_consts, prep = (part(consts), np.zeros(sub.num_trials)) if consts is not None else prepare(method, sub, ex)
+            if consts is None:
+                sub_consts, prep = prepare(method, sub, ex)
+            else:
+                sub_consts, prep = part(consts), np.zeros(sub.num_trials)
             if ex.jittable:
                 run, sec = _run_compiled(_solve_batch, ex, _leaves_as_arrays(method), sub, part(keys), sub_consts)
             else:

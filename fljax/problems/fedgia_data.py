@@ -193,17 +193,18 @@ def size_blocks(sizes: np.ndarray, blocks: int = 1, row_multiple: int = 8) -> li
     bounds, hi = [], m
     while k > 0:
         lo = cut[k, hi]
-        bounds.append((lo, hi, int(rows[hi - 1])))
+        bounds.append((int(lo), int(hi), int(rows[hi - 1])))
         hi, k = lo, k - 1
     return bounds[::-1]
 
 
 def pack_trials(instances: list[list[tuple[np.ndarray, np.ndarray]]], blocks: int = 1,
-                row_multiple: int = 8, layout: list[tuple[int, int, int]] | None = None) -> ClientBlocks:
+                row_multiple: int = 8, layout: list[tuple[int, int, int]] | None = None,
+                gram: bool = False) -> ClientBlocks:
     """Stack trials' instances (each a list of m ``(A_i, b_i)``) into padded NumPy float64 blocks with a leading
     trial axis. ``blocks > 1`` orders each trial's clients by size (stable) and uses :func:`size_blocks`; a
     ``layout`` computed beforehand by :func:`size_blocks` (from more trials' sizes) gives several packs the same
-    shapes."""
+    shapes. ``gram=True`` adds the least-squares statistics B_i, A_iᵀb_i, ‖b_i‖² (worth it when rows > n)."""
     if not instances:
         raise ValueError("pack_trials needs at least one instance.")
     m, n = len(instances[0]), instances[0][0][0].shape[1]
@@ -238,5 +239,8 @@ def pack_trials(instances: list[list[tuple[np.ndarray, np.ndarray]]], blocks: in
             for j, i in enumerate(order[t, lo:hi]):
                 ai, bi = inst[i]
                 a[t, j, :len(bi)], b[t, j, :len(bi)], mask[t, j, :len(bi)], d[t, j] = ai, bi, 1.0, len(bi)
-        out.append(ClientData(A=a, b=b, mask=mask, d=d, lam=np.take_along_axis(lam, order[:, lo:hi], axis=1)))
+        stats = dict(gram=np.einsum("tcrn,tcrk->tcnk", a, a), atb=np.einsum("tcrn,tcr->tcn", a, b),
+                     btb=np.einsum("tcr,tcr->tc", b, b)) if gram else {}
+        out.append(ClientData(A=a, b=b, mask=mask, d=d, lam=np.take_along_axis(lam, order[:, lo:hi], axis=1),
+                              **stats))
     return ClientBlocks(blocks=tuple(out), order=order, lam_seconds=seconds)

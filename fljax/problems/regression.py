@@ -34,6 +34,8 @@ __all__ = ["ClientData", "Loss", "LeastSquares", "Logistic", "NonconvexLogistic"
 class ClientData:
     """Clients' rows, padded: ``A [C, D, n]``, ``b [C, D]``, ``mask [C, D]`` (1 on the d_i real rows), ``d [C]``
     (the true d_i as floats) and ``lam [C]`` = λ_max(A_iᵀA_i) = ‖B_i‖ (exact, from :func:`lambda_max_host`).
+    Optionally the least-squares statistics ``gram`` = B_i ``[C, n, n]``, ``atb`` = A_iᵀb_i ``[C, n]`` and
+    ``btb`` = ‖b_i‖² ``[C]``, with which :class:`LeastSquares` reads n×n instead of 2·D×n numbers per gradient.
     One client is the same without the leading axis."""
 
     A: jax.Array
@@ -41,6 +43,9 @@ class ClientData:
     mask: jax.Array
     d: jax.Array
     lam: jax.Array
+    gram: jax.Array | None = None
+    atb: jax.Array | None = None
+    btb: jax.Array | None = None
 
     @property
     def num_clients(self) -> int:
@@ -112,6 +117,19 @@ class LeastSquares(Loss):
 
     name: ClassVar[str] = "least_squares"
     kappa: ClassVar[float] = 1.0
+
+    def value(self, x, c: ClientData):
+        return super().value(x, c) if c.gram is None else self.value_and_grad(x, c)[0]
+
+    def grad(self, x, c: ClientData):
+        return super().grad(x, c) if c.gram is None else (c.gram @ x - c.atb) / c.d
+
+    def value_and_grad(self, x, c: ClientData):
+        """With the packed statistics: ∇f_i = (B_i x − A_iᵀb_i)/d_i, f_i = (xᵀB_i x − 2⟨A_iᵀb_i, x⟩ + ‖b_i‖²)/(2d_i)."""
+        if c.gram is None:
+            return super().value_and_grad(x, c)
+        bx = c.gram @ x
+        return (x @ bx - 2.0 * (c.atb @ x) + c.btb) / (2.0 * c.d), (bx - c.atb) / c.d
 
     def rows(self, z, b):
         return 0.5 * jnp.square(z - b)

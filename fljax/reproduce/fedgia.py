@@ -124,7 +124,7 @@ class TrialData:
     def chunk(self, lo: int, hi: int):
         insts = [self._cache[t] if t in self._cache else instances(self.kind, [self.seed0 + t], self.m, self.args)[0]
                  for t in range(lo, hi)]
-        return pack_trials(insts, blocks=self.blocks, layout=self.layout)
+        return pack_trials(insts, blocks=self.blocks, layout=self.layout, gram=self.kind == "v1")
 
 
 def run_grid(method: Method, data: TrialData, points: list[dict], chunk: int, seed0: int) -> list[Result]:
@@ -415,12 +415,14 @@ def _write(path: str, text: str) -> None:
 def report(args, argv, results: dict, verdicts: list[str], seconds: float) -> tuple[str, dict]:
     prov = provenance(args, argv, seconds)
     exs = examples(args.h_shift)
+    timing = ("one trial per run" if args.time_mode == "trial" else
+              "V.1 trials vmapped: batch time ÷ trials; qot one trial per run")
     parts = ["# FedGiA Table IV reproduction", "",
              f"Command: `{prov['command']}` — {seconds / 60:.1f} min on {prov['cpu_count']} CPU cores "
              f"({prov['device']}, JAX {prov['jax']}, float64). Conventions: {prov['conventions']} "
              f"(spec §4). Trials: {args.trials} (trial t: data seed {args.seed0} + t, selection key "
              f"fold_in(PRNGKey({args.seed0}), t)). Times: per trial, compiled, including FedGiA's precomputation "
-             f"({'one trial per run' if args.time_mode == 'trial' else 'V.1 trials vmapped: batch time ÷ trials; qot one trial per run'}).",
+             f"({timing}).",
              "", "The sct rows of Table IV are not reproducible (data unavailable)."
              + (" The sct stand-in rows are synthetic and never compared with the paper." if any(
                  e.endswith("sct") for e in results) else ""), ""]
