@@ -54,7 +54,7 @@ def test_linearized_primal_minimises_the_linearised_lagrangian(kind):
         np.testing.assert_allclose(grad, 0, atol=1e-10)
 
 
-def test_cholesky_and_woodbury_solvers_match_linalg_solve():
+def test_cholesky_woodbury_and_inverse_solvers_match_linalg_solve():
     with jax.enable_x64(True):
         for d, n in ((5, 12), (12, 5)):                         # wide and tall A (Woodbury needs no n ≤ d)
             a_mat = r(d * n, d, n)
@@ -63,6 +63,10 @@ def test_cholesky_and_woodbury_solvers_match_linalg_solve():
             exact = jnp.linalg.solve(c1 * a_mat.T @ a_mat + c0 * jnp.eye(n), v)
             np.testing.assert_allclose(A.cholesky_solver(a_mat.T @ a_mat, c1, c0)(v), exact, rtol=1e-9)
             np.testing.assert_allclose(A.woodbury_solver(a_mat, c1, c0)(v), exact, rtol=1e-9)
+            np.testing.assert_allclose(A.inverse_solver(a_mat.T @ a_mat, c1, c0)(v), exact, rtol=1e-9)
+            np.testing.assert_allclose(A.woodbury_inverse_solver(a_mat, c1, c0)(v), exact, rtol=1e-9)
+        np.testing.assert_allclose(A.woodbury_inverse_solver(jnp.concatenate([a_mat, jnp.zeros((3, n))]), c1, c0)(v),
+                                   exact, rtol=1e-9)
         padded = jnp.concatenate([a_mat, jnp.zeros((3, n))])    # zero padding rows are harmless
         np.testing.assert_allclose(A.woodbury_solver(padded, c1, c0)(v), exact, rtol=1e-9)
 

@@ -10,8 +10,9 @@ Consensus problem (6) with the augmented Lagrangian (7), σ = r0·t·r/m, ḡ_i 
                       z_i ← x_i + π_i/σ                            (14)
     i ∉ C, once:      (x_i, π_i, z_i) ← (x, −ḡ_i, x − ḡ_i/σ)       (15)–(17)  gradient descent
 
-H_i (Table III): ``variant="G"`` (Gram) H_i = B_i/(κd_i) + (s/d_i)·I, solved with a Cholesky factor of
-c1·B_i + c0·I (n ≤ rows) or Woodbury with a rows×rows factor (``fljax.ops.admm``), or CG (D14);
+H_i (Table III): ``variant="G"`` (Gram) H_i = B_i/(κd_i) + (s/d_i)·I; c1·B_i + c0·I is factored once per trial by
+Cholesky (n ≤ rows) or through Woodbury with a rows×rows factor, and applied as explicit inverses
+(``gram_solver="inverse"``; ``"cholesky"``: triangular solves every step; ``"cg"``: conjugate gradients; D14);
 ``variant="D"`` (diagonal) H_i = (λ_i/(κd_i) + s/d_i)·I. κ, s and the Lipschitz constants come from the loss
 (:mod:`fljax.problems.regression`). Both branches run for every client through the executor and are combined by
 the selection mask (no per-client Python branching). Stopping, Error and CR: :mod:`regression_driver`.
@@ -74,22 +75,23 @@ class FedGiAState:
 class FedGiA(Method):
     """FedGiA's hyperparameters. Leaves (traced, no recompilation): ``k0``, ``alpha``, ``t`` (None → :func:`paper_t`),
     ``r0``, ``tol0``. Static: ``loss``, ``variant`` ("D" or "G"), ``lipschitz`` ("eigh" | "power", D10),
-    ``gram_solver`` ("direct" | "cg", D14), ``max_iters`` (stop at the first aggregation with k ≥ max_iters, D15),
-    ``conventions`` (D1–D3)."""
+    ``gram_solver`` ("inverse" | "cholesky" | "cg", D14), ``max_iters`` (stop at the first aggregation with
+    k ≥ max_iters, D15), ``conventions`` (D1–D3)."""
 
     alpha: Any = 0.5
     t: Any = None
     r0: Any = 1.0
     variant: str = flax.struct.field(pytree_node=False, default="D")
     lipschitz: str = flax.struct.field(pytree_node=False, default="eigh")
-    gram_solver: str = flax.struct.field(pytree_node=False, default="direct")
+    gram_solver: str = flax.struct.field(pytree_node=False, default="inverse")
     max_iters: int = flax.struct.field(pytree_node=False, default=10_000)
 
     name: ClassVar[str] = "fedgia"
 
     def validate(self) -> None:
         super().validate()
-        choices = {"variant": ("D", "G"), "lipschitz": ("eigh", "power"), "gram_solver": ("direct", "cg")}
+        choices = {"variant": ("D", "G"), "lipschitz": ("eigh", "power"),
+                   "gram_solver": ("inverse", "cholesky", "cg")}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ValueError(f"FedGiA {key} must be one of {allowed}, got {getattr(self, key)!r}.")
@@ -115,16 +117,18 @@ class FedGiA(Method):
         """H_i/m + σI for one client: the scalar w_i (D) or a solver of c1·B_i + c0·I (G), c1 = 1/(κ d_i m),
         c0 = σ + s/(d_i m) (spec §10.3)."""
         sigma, m = shared
-        blk, _, lam = per_client
+        blk, lam, _ = per_client
         shift = self.loss.h_shift / blk.d
         if self.variant == "D":
             return (lam / (self.loss.kappa * blk.d) + shift) / m + sigma
         c1, c0 = 1.0 / (self.loss.kappa * blk.d * m), sigma + shift / m
         if self.gram_solver == "cg":
             return admm.cg_solver(blk.A, c1, c0)
+        explicit = self.gram_solver == "inverse"
         if blk.dim <= blk.rows:
-            return admm.cholesky_solver(blk.A.T @ blk.A if blk.gram is None else blk.gram, c1, c0)
-        return admm.woodbury_solver(blk.A, c1, c0)
+            gram = blk.A.T @ blk.A if blk.gram is None else blk.gram
+            return (admm.inverse_solver if explicit else admm.cholesky_solver)(gram, c1, c0)
+        return (admm.woodbury_inverse_solver if explicit else admm.woodbury_solver)(blk.A, c1, c0)
 
     def prepare(self, executor, data) -> FedGiAConsts:
         m, n = data.num_clients, data.dim
@@ -133,10 +137,18 @@ class FedGiA(Method):
         r = jnp.max(self.loss.lipschitz(lam, d))
         t = paper_t(self.loss, jnp.sum(d), n) if self.t is None else self.t
         sigma = self.r0 * t * r / m                                                     # D13
-        curv, lo = [], 0
+        if self.variant == "G" and self.gram_solver == "cholesky" and len(data.blocks) > 1:
+            raise ValueError("gram_solver='cholesky' with several size classes can deadlock XLA:CPU (concurrent "
+                             "batched LAPACK calls); use gram_solver='inverse' (the default) or pack with blocks=1.")
+        curv, lo, after = [], 0, jnp.zeros((), sigma.dtype)
         for blk in data.blocks:
             hi = lo + blk.num_clients
-            curv.append(executor.map_clients(self.client_curvature, (sigma, m), (blk, None, lam[lo:hi])))
+            curv.append(executor.map_clients(self.client_curvature, (sigma + after, m), (blk, lam[lo:hi], None)))
+            # a true data dependency (σ + 0·c, c finite, read from every leaf incl. the factor) makes the next size
+            # class's batched Cholesky wait for this one: XLA:CPU runs independent LAPACK calls concurrently, and
+            # jaxlib's batched kernels wait on the thread pool they occupy; two at once deadlocked on two cores
+            probe = sum(jnp.ravel(leaf)[0] for leaf in jax.tree.leaves(curv[-1]))
+            after = jnp.where(jnp.isfinite(probe), probe, 0.0) * 0.0
             lo = hi
         return FedGiAConsts(sigma=sigma, r=r, lam=lam, curv=tuple(curv))
 

@@ -31,6 +31,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+import threadpoolctl
 
 from fljax import tree
 from fljax.engine.executors import Executor, make_executor
@@ -145,9 +146,6 @@ class Method:
         """(f_i(x), ∇f_i(x)) of one client (the executor's ``fn``)."""
         blk, _, _ = per_client
         return self.loss.value_and_grad(x, blk)
-
-    def client_grad(self, x, blk):
-        return self.loss.grad(x, blk)
 
 
 @flax.struct.dataclass
@@ -269,6 +267,12 @@ def _solve_batch(ex: Executor, method: Method, data: ClientBlocks, keys, consts)
 _EXECUTABLES: dict = {}
 
 
+def _one_blas_thread():
+    """XLA:CPU's LAPACK kernels (Cholesky, triangular solves) call SciPy's OpenBLAS; with OpenBLAS's own thread pool,
+    concurrent calls from XLA's threads deadlocked (the Woodbury solves of qot's size classes). One BLAS thread."""
+    return threadpoolctl.threadpool_limits(1, user_api="blas")
+
+
 def _run_compiled(fn, ex: Executor, *args):
     """``fn(ex, *args)`` jitted, compiled ahead of time once per (fn, executor, structure, shapes) and cached, so
     the returned wall clock excludes compilation (D20). Returns (output, seconds)."""
@@ -276,9 +280,10 @@ def _run_compiled(fn, ex: Executor, *args):
     key = (fn, ex, treedef, tuple((np.shape(x), np.dtype(x.dtype)) for x in leaves))
     if key not in _EXECUTABLES:
         _EXECUTABLES[key] = jax.jit(lambda *a: fn(ex, *a)).lower(*args).compile()
-    start = time.perf_counter()
-    out = jax.block_until_ready(_EXECUTABLES[key](*args))
-    return out, time.perf_counter() - start
+    with _one_blas_thread():
+        start = time.perf_counter()
+        out = jax.block_until_ready(_EXECUTABLES[key](*args))
+        return out, time.perf_counter() - start
 
 
 def _leaves_as_arrays(method: Method) -> Method:
@@ -293,7 +298,8 @@ def prepare(method: Method, data: ClientBlocks, executor: Executor | str = "vmap
     with jax.enable_x64(True):
         if not ex.jittable:
             start = time.perf_counter()
-            outs = [jax.block_until_ready(method.prepare(ex, _index(data, t))) for t in range(data.num_trials)]
+            with _one_blas_thread():
+                outs = [jax.block_until_ready(method.prepare(ex, _index(data, t))) for t in range(data.num_trials)]
             consts = None if outs[0] is None else tree.stack(outs)
             seconds = time.perf_counter() - start
         else:
@@ -330,7 +336,8 @@ def solve(method: Method, data: ClientBlocks, *, seed0: int = 0, keys=None, exec
                 run, sec = _run_compiled(_solve_batch, ex, _leaves_as_arrays(method), sub, part(keys), sub_consts)
             else:
                 start = time.perf_counter()
-                run = tree.stack([_eager_solve(method, ex, _index(sub, 0), keys[lo], _index(sub_consts, 0))])
+                with _one_blas_thread():
+                    run = tree.stack([_eager_solve(method, ex, _index(sub, 0), keys[lo], _index(sub_consts, 0))])
                 sec = time.perf_counter() - start
             parts.append(_result(method, jax.device_get(run), sec, prep))
     return Result.concatenate(parts)

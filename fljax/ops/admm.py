@@ -31,8 +31,8 @@ HIGHEST = jax.lax.Precision.HIGHEST
 
 __all__ = [
     "dual_ascent", "linearized_primal", "z_form", "gd_branch", "consensus_from_z", "augmented_lagrangian",
-    "linearised_prox", "admm_consensus", "CholeskySolver", "WoodburySolver", "CGSolver", "cholesky_solver",
-    "woodbury_solver", "cg_solver",
+    "linearised_prox", "admm_consensus", "CholeskySolver", "WoodburySolver", "InverseSolver", "WoodburyInverseSolver",
+    "CGSolver", "cholesky_solver", "woodbury_solver", "inverse_solver", "woodbury_inverse_solver", "cg_solver",
 ]
 
 
@@ -160,6 +160,43 @@ class WoodburySolver:
 
 
 @struct.dataclass
+class InverseSolver:
+    """v ↦ Kv with K = (c1·B + c0·I)⁻¹ formed once from a Cholesky factor, so every solve is a matrix–vector
+    product. Batched XLA:CPU programs may run independent LAPACK calls (the triangular solves of
+    :class:`CholeskySolver`) concurrently, and jaxlib's batched LAPACK kernels then wait on the thread pool they
+    occupy (a deadlock seen on two cores); this form has no LAPACK call per solve. K is well conditioned here
+    (c0 > 0 bounds the condition number by 1 + c1‖B‖/c0)."""
+
+    inv: Any
+
+    def __call__(self, v):
+        return _on_vector(lambda b: jnp.matmul(self.inv, b, precision=HIGHEST), v)
+
+
+@struct.dataclass
+class WoodburyInverseSolver:
+    """v ↦ (c1·AᵀA + c0·I)⁻¹v = (1/c0)[v − Aᵀ K A v] with K = (AAᵀ + (c0/c1)I)⁻¹ formed once (d×d, d rows of A):
+    :class:`WoodburySolver` without a LAPACK call per solve (see :class:`InverseSolver`)."""
+
+    a: Any
+    inner: Any
+    c0: Any
+
+    def __call__(self, v):
+        def solve(b):
+            inner = jnp.matmul(self.inner, jnp.matmul(self.a, b, precision=HIGHEST), precision=HIGHEST)
+            return (b - jnp.matmul(self.a.T, inner, precision=HIGHEST)) / self.c0
+
+        return _on_vector(solve, v)
+
+
+def _spd_inverse(m):
+    """The inverse of a symmetric positive definite matrix from its Cholesky factor (symmetrised)."""
+    inv = jsl.cho_solve((jnp.linalg.cholesky(m), True), jnp.eye(m.shape[-1], dtype=m.dtype))
+    return 0.5 * (inv + inv.T)
+
+
+@struct.dataclass
 class CGSolver:
     """v ↦ (c1·AᵀA + c0·I)⁻¹v by conjugate gradients on the matrix-free operator (FedGiA's option for large
     clients, D14): stops at relative residual ``tol`` or after ``maxiter`` iterations, so the solve is inexact."""
@@ -190,6 +227,19 @@ def woodbury_solver(a, c1, c0) -> WoodburySolver:
     d = a.shape[0]
     gram = jnp.matmul(a, a.T, precision=HIGHEST)
     return WoodburySolver(a=a, chol=jnp.linalg.cholesky(gram + (c0 / c1) * jnp.eye(d, dtype=a.dtype)), c0=c0)
+
+
+def inverse_solver(b, c1, c0) -> InverseSolver:
+    """The explicit inverse of c1·B + c0·I (B symmetric PSD), for repeated solves by matrix–vector products."""
+    n = b.shape[-1]
+    return InverseSolver(inv=_spd_inverse(c1 * b + c0 * jnp.eye(n, dtype=b.dtype)))
+
+
+def woodbury_inverse_solver(a, c1, c0) -> WoodburyInverseSolver:
+    """Solves with c1·AᵀA + c0·I through the explicit inverse of AAᵀ + (c0/c1)·I (zero padding rows are harmless)."""
+    d = a.shape[0]
+    gram = jnp.matmul(a, a.T, precision=HIGHEST)
+    return WoodburyInverseSolver(a=a, inner=_spd_inverse(gram + (c0 / c1) * jnp.eye(d, dtype=a.dtype)), c0=c0)
 
 
 def cg_solver(a, c1, c0, tol: float = 1e-8, maxiter: int = 50) -> CGSolver:

@@ -248,14 +248,14 @@ def map_blocks(executor, fn: Callable, shared, blocks, per_client=None, per_bloc
 
     ``blocks`` is a tuple of :class:`ClientData` (clients padded per size class, in client order); ``per_client`` is
     a pytree with the full client axis (sliced per block); ``per_block`` a tuple with one per-client-stacked pytree
-    per block (or None). Each block goes through ``executor.map_clients`` and the outputs are concatenated in client
-    order.
+    per block (or None). Each block goes through ``executor.map_clients``; the outputs are concatenated in client
+    order. XLA may run the blocks concurrently: ``fn`` should not call batched LAPACK kernels (see
+    :class:`fljax.ops.admm.InverseSolver`).
     """
     outs, lo = [], 0
     for k, blk in enumerate(blocks):
         hi = lo + blk.num_clients
-        sliced = jax.tree.map(lambda a: a[lo:hi], per_client)
-        extra = None if per_block is None else per_block[k]
-        outs.append(executor.map_clients(fn, shared, (blk, sliced, extra)))
+        args = (blk, jax.tree.map(lambda a: a[lo:hi], per_client), None if per_block is None else per_block[k])
+        outs.append(executor.map_clients(fn, shared, args))
         lo = hi
     return outs[0] if len(outs) == 1 else jax.tree.map(lambda *xs: jnp.concatenate(xs), *outs)

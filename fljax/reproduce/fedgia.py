@@ -477,7 +477,7 @@ def make_parser() -> argparse.ArgumentParser:
     g.add_argument("--t", type=float, default=None, help="σ = r0·t·r/m (default: Table III)")
     g.add_argument("--r0", type=float, default=1.0)
     g.add_argument("--lipschitz", choices=("eigh", "power"), default="eigh")
-    g.add_argument("--gram-solver", choices=("direct", "cg"), default="direct")
+    g.add_argument("--gram-solver", choices=("inverse", "cholesky", "cg"), default="inverse")
     g.add_argument("--h-shift", choices=("paper", "code"), default="paper", help="μ/d_i in V.2's H_i (D9)")
     g.add_argument("--max-iters", type=int, default=10_000)
     b = p.add_argument_group("baselines")
