@@ -54,7 +54,7 @@ def test_linearized_primal_minimises_the_linearised_lagrangian(kind):
         np.testing.assert_allclose(grad, 0, atol=1e-10)
 
 
-def test_cholesky_and_woodbury_solvers_match_linalg_solve():
+def test_cholesky_woodbury_and_inverse_solvers_match_linalg_solve():
     with jax.enable_x64(True):
         for d, n in ((5, 12), (12, 5)):                         # wide and tall A (Woodbury needs no n ≤ d)
             a_mat = r(d * n, d, n)
@@ -63,8 +63,27 @@ def test_cholesky_and_woodbury_solvers_match_linalg_solve():
             exact = jnp.linalg.solve(c1 * a_mat.T @ a_mat + c0 * jnp.eye(n), v)
             np.testing.assert_allclose(A.cholesky_solver(a_mat.T @ a_mat, c1, c0)(v), exact, rtol=1e-9)
             np.testing.assert_allclose(A.woodbury_solver(a_mat, c1, c0)(v), exact, rtol=1e-9)
+            np.testing.assert_allclose(A.inverse_solver(a_mat.T @ a_mat, c1, c0)(v), exact, rtol=1e-9)
+            np.testing.assert_allclose(A.woodbury_inverse_solver(a_mat, c1, c0)(v), exact, rtol=1e-9)
+        np.testing.assert_allclose(A.woodbury_inverse_solver(jnp.concatenate([a_mat, jnp.zeros((3, n))]), c1, c0)(v),
+                                   exact, rtol=1e-9)
         padded = jnp.concatenate([a_mat, jnp.zeros((3, n))])    # zero padding rows are harmless
         np.testing.assert_allclose(A.woodbury_solver(padded, c1, c0)(v), exact, rtol=1e-9)
+
+
+def test_cg_solver_matches_linalg_solve_and_stops_early():
+    """CGSolver: (c1·AᵀA + c0·I)⁻¹v by conjugate gradients (FedGiA D14): exact in ≤ n iterations; inexact when
+    ``maxiter`` is smaller (the residual is then visibly non-zero)."""
+    with jax.enable_x64(True):
+        a_mat, v = r(3, 9, 7), r(4, 7)
+        c1, c0 = 0.2, 0.05
+        s = c1 * a_mat.T @ a_mat + c0 * jnp.eye(7)
+        np.testing.assert_allclose(A.cg_solver(a_mat, c1, c0, tol=1e-13)(v), jnp.linalg.solve(s, v), rtol=1e-9)
+        rough = A.cg_solver(a_mat, c1, c0, tol=1e-13, maxiter=2)(v)
+        assert jnp.linalg.norm(s @ rough - v) > 1e-6 * jnp.linalg.norm(v)
+        vm = jax.vmap(lambda ai: A.cg_solver(ai, c1, c0, tol=1e-13))(jnp.stack([a_mat, 2 * a_mat]))
+        np.testing.assert_allclose(jax.vmap(lambda sol: sol(v))(vm)[1],
+                                   jnp.linalg.solve(4 * c1 * a_mat.T @ a_mat + c0 * jnp.eye(7), v), rtol=1e-9)
 
 
 def test_solvers_are_pytrees_that_vmap_over_clients():

@@ -8,6 +8,8 @@ from fljax.algorithms.ditto import Ditto
 from fljax.algorithms.fedavg import FedAvg, FedAvgFT, FedProx
 from fljax.algorithms.fedbabu import FedBABU
 from fljax.algorithms.feddyn import FedDyn
+from fljax.algorithms.fedgia import FedGiA
+from fljax.algorithms.fedgia_baselines import FedAvgGD, FedPD, FedProxGD
 from fljax.algorithms.fedrod import FedRoD
 from fljax.algorithms.fedslr import FedSLR
 from fljax.algorithms.local import Local
@@ -21,8 +23,11 @@ from fljax.algorithms.scaffold import Scaffold
 for _cls in (FedAvg, FedProx, FedAvgFT, Local, FedPer, FedRep, LGFedAvg, Ditto, FedSLR, FedDyn, Scaffold, APFL,
              PerFedAvg, PFedMe, FedBABU, FedRoD, DFedAvg, DFedAvgM, DFedSAM, DisPFL, DFedAlt, DFedSalt):
     register(_cls)
+# FedGiA and its regression baselines solve consensus regression problems (fljax.problems), not the classification
+# Simulation, so they are not in the registry: see fljax.algorithms.fedgia.solve and `python -m fljax.reproduce.fedgia`.
 
 __all__ = ["Algorithm", "Centralized", "ClientResult", "TestStats", "APFL", "Ditto", "FedAvg", "FedAvgFT", "FedDyn",
            "FedProx", "FedSLR", "Local", "FedPer", "FedRep", "LGFedAvg", "PerFedAvg", "PFedMe", "Scaffold",
            "FedBABU", "FedRoD", "Decentralized", "DFedAvg", "DFedAvgM", "DFedSAM", "DisPFL", "DFedAlt", "DFedSalt",
+           "FedGiA", "FedAvgGD", "FedProxGD", "FedPD",
            "LocalSGD", "run_steps", "ALGORITHMS", "get_algorithm", "make_algorithm", "register"]

@@ -8,8 +8,9 @@ re-exported here. ``ops.gossip`` and ``ops.sam`` are the submodules, so the oper
 ``gossip`` and is not re-exported.
 """
 from fljax.ops import admm, distill, gossip, meta, partition, prox, quant, sam, sparsity
-from fljax.ops.admm import (admm_consensus, augmented_lagrangian, cholesky_solver, consensus_from_z, dual_ascent,
-                            gd_branch, linearised_prox, linearized_primal, woodbury_solver, z_form)
+from fljax.ops.admm import (admm_consensus, augmented_lagrangian, cg_solver, cholesky_solver, consensus_from_z,
+                            dual_ascent, gd_branch, inverse_solver, linearised_prox, linearized_primal,
+                            woodbury_inverse_solver, woodbury_solver, z_form)
 from fljax.ops.distill import ProjectionHead, crd_critic, crd_loss, feature_l2, info_nce, kl_divergence
 from fljax.ops.gossip import (Mixing, consensus_distance, contraction, gossip_gather, is_connected,
                               is_doubly_stochastic, is_row_stochastic, is_symmetric, make_topology,

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
+import jax.scipy.sparse.linalg
 from flax import struct
 
 from fljax.tree import mean_clients, ravel, weighted_mean_clients
@@ -30,7 +31,8 @@ HIGHEST = jax.lax.Precision.HIGHEST
 
 __all__ = [
     "dual_ascent", "linearized_primal", "z_form", "gd_branch", "consensus_from_z", "augmented_lagrangian",
-    "linearised_prox", "admm_consensus", "CholeskySolver", "WoodburySolver", "cholesky_solver", "woodbury_solver",
+    "linearised_prox", "admm_consensus", "CholeskySolver", "WoodburySolver", "InverseSolver", "WoodburyInverseSolver",
+    "CGSolver", "cholesky_solver", "woodbury_solver", "inverse_solver", "woodbury_inverse_solver", "cg_solver",
 ]
 
 
@@ -157,6 +159,63 @@ class WoodburySolver:
         return _on_vector(solve, v)
 
 
+@struct.dataclass
+class InverseSolver:
+    """v ↦ Kv with K = (c1·B + c0·I)⁻¹ formed once from a Cholesky factor, so every solve is a matrix–vector
+    product. Batched XLA:CPU programs may run independent LAPACK calls (the triangular solves of
+    :class:`CholeskySolver`) concurrently, and jaxlib's batched LAPACK kernels then wait on the thread pool they
+    occupy (a deadlock seen on two cores); this form has no LAPACK call per solve. K is well conditioned here
+    (c0 > 0 bounds the condition number by 1 + c1‖B‖/c0)."""
+
+    inv: Any
+
+    def __call__(self, v):
+        return _on_vector(lambda b: jnp.matmul(self.inv, b, precision=HIGHEST), v)
+
+
+@struct.dataclass
+class WoodburyInverseSolver:
+    """v ↦ (c1·AᵀA + c0·I)⁻¹v = (1/c0)[v − Aᵀ K A v] with K = (AAᵀ + (c0/c1)I)⁻¹ formed once (d×d, d rows of A):
+    :class:`WoodburySolver` without a LAPACK call per solve (see :class:`InverseSolver`)."""
+
+    a: Any
+    inner: Any
+    c0: Any
+
+    def __call__(self, v):
+        def solve(b):
+            inner = jnp.matmul(self.inner, jnp.matmul(self.a, b, precision=HIGHEST), precision=HIGHEST)
+            return (b - jnp.matmul(self.a.T, inner, precision=HIGHEST)) / self.c0
+
+        return _on_vector(solve, v)
+
+
+def _spd_inverse(m):
+    """The inverse of a symmetric positive definite matrix from its Cholesky factor (symmetrised)."""
+    inv = jsl.cho_solve((jnp.linalg.cholesky(m), True), jnp.eye(m.shape[-1], dtype=m.dtype))
+    return 0.5 * (inv + inv.T)
+
+
+@struct.dataclass
+class CGSolver:
+    """v ↦ (c1·AᵀA + c0·I)⁻¹v by conjugate gradients on the matrix-free operator (FedGiA's option for large
+    clients, D14): stops at relative residual ``tol`` or after ``maxiter`` iterations, so the solve is inexact."""
+
+    a: Any
+    c1: Any
+    c0: Any
+    tol: float = struct.field(pytree_node=False, default=1e-8)
+    maxiter: int = struct.field(pytree_node=False, default=50)
+
+    def __call__(self, v):
+        def solve(b):
+            op = lambda u: self.c1 * jnp.matmul(self.a.T, jnp.matmul(self.a, u, precision=HIGHEST),
+                                                precision=HIGHEST) + self.c0 * u
+            return jax.scipy.sparse.linalg.cg(op, b, tol=self.tol, maxiter=self.maxiter)[0]
+
+        return _on_vector(solve, v)
+
+
 def cholesky_solver(b, c1, c0) -> CholeskySolver:
     """Factor c1·B + c0·I once (B symmetric PSD, e.g. FedGiA_G's Gram B_i = A_iᵀA_i) for repeated solves."""
     n = b.shape[-1]
@@ -168,3 +227,21 @@ def woodbury_solver(a, c1, c0) -> WoodburySolver:
     d = a.shape[0]
     gram = jnp.matmul(a, a.T, precision=HIGHEST)
     return WoodburySolver(a=a, chol=jnp.linalg.cholesky(gram + (c0 / c1) * jnp.eye(d, dtype=a.dtype)), c0=c0)
+
+
+def inverse_solver(b, c1, c0) -> InverseSolver:
+    """The explicit inverse of c1·B + c0·I (B symmetric PSD), for repeated solves by matrix–vector products."""
+    n = b.shape[-1]
+    return InverseSolver(inv=_spd_inverse(c1 * b + c0 * jnp.eye(n, dtype=b.dtype)))
+
+
+def woodbury_inverse_solver(a, c1, c0) -> WoodburyInverseSolver:
+    """Solves with c1·AᵀA + c0·I through the explicit inverse of AAᵀ + (c0/c1)·I (zero padding rows are harmless)."""
+    d = a.shape[0]
+    gram = jnp.matmul(a, a.T, precision=HIGHEST)
+    return WoodburyInverseSolver(a=a, inner=_spd_inverse(gram + (c0 / c1) * jnp.eye(d, dtype=a.dtype)), c0=c0)
+
+
+def cg_solver(a, c1, c0, tol: float = 1e-8, maxiter: int = 50) -> CGSolver:
+    """Conjugate-gradient solves with c1·AᵀA + c0·I (nothing is factored; A's zero padding rows are harmless)."""
+    return CGSolver(a=a, c1=c1, c0=c0, tol=tol, maxiter=maxiter)

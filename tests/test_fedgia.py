@@ -1,0 +1,301 @@
+"""FedGiA (fljax.algorithms.fedgia) against its definition: losses and constants, the D/G solves, a literal
+iteration-level Algorithm 1, convergence to directly computed optima, α limits, freezing, executors, Lemma IV.1."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fljax.algorithms import regression_driver as drv
+from fljax.algorithms.fedgia import FedGiA, selection, solve
+from fljax.engine.executors import ChunkedExecutor, LoopExecutor, VmapExecutor
+from fljax.ops import admm
+from fljax.problems import (LeastSquares, Logistic, NonconvexLogistic, lambda_max_host,
+                            lambda_max_power, pack_trials)
+from tests.fedgia_reference import fedgia_literal, lipschitz, loss_np, table3
+
+LOSSES = {"ls": LeastSquares(), "log": Logistic(), "ncv": NonconvexLogistic()}
+MU = {"ls": 0.0, "log": 1e-3, "ncv": 1e-2}
+
+
+def instance(kind, m=6, n=5, sizes=(3, 12), seed=0, scale=1.0, rows=None):
+    """m clients with unequal row counts (uniform in ``sizes``, or exactly ``rows``); logistic labels in {0, 1}."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for d in (rng.integers(sizes[0], sizes[1] + 1, size=m) if rows is None else rows):
+        a = scale * rng.standard_normal((d, n))
+        b = rng.standard_normal(d) if kind == "ls" else (rng.random(d) < 0.4).astype(float)
+        out.append((a, b))
+    return out
+
+
+def ordered(inst, data, t=0):
+    """The instance's clients in the packed order."""
+    return [inst[i] for i in np.asarray(data.order[t])]
+
+
+def trajectory(method, data, rounds, key=None, executor=VmapExecutor()):
+    """Aggregates x and client z at the start of each of ``rounds`` rounds of trial 0 (the driver's round_step)."""
+    with jax.enable_x64(True):
+        one = jax.tree.map(lambda a: jnp.asarray(a[0]), data)
+        consts = jax.jit(lambda d: method.prepare(executor, d))(one)
+        run = drv.init_run(method, consts, one)
+        key = jax.random.PRNGKey(0) if key is None else key
+        step = jax.jit(functools.partial(drv.round_step, method, executor, consts, one, key))
+        xs, zs = [], []
+        for _ in range(rounds):
+            xs.append(np.asarray(method.aggregate(consts, one, run.alg)))
+            zs.append(np.asarray(run.alg.z))
+            run = step(run.replace(done=jnp.zeros((), bool)))
+        return xs, zs, consts
+
+
+# ------------------------------------------------------------------------------------------------ losses, constants
+
+
+@pytest.mark.parametrize("kind,gram", [("ls", False), ("ls", True), ("log", False), ("ncv", False)])
+def test_padded_loss_and_grad_match_unpadded_definition(kind, gram):
+    inst = instance(kind, m=3)
+    data = pack_trials([inst], blocks=2, gram=gram)
+    f, g = loss_np(kind, MU[kind])
+    x = np.random.default_rng(1).standard_normal(5)
+    clients = iter(ordered(inst, data))
+    with jax.enable_x64(True):
+        for blk in data.blocks:
+            for j in range(blk.num_clients):
+                one = jax.tree.map(lambda v: jnp.asarray(v[0, j]), blk)
+                a, b = next(clients)
+                val, grad = LOSSES[kind].value_and_grad(jnp.asarray(x), one)
+                np.testing.assert_allclose(val, f(x, a, b), rtol=1e-13)
+                np.testing.assert_allclose(grad, g(x, a, b), rtol=1e-12, atol=1e-15)
+                np.testing.assert_allclose(LOSSES[kind].grad(jnp.asarray(x), one), grad, rtol=1e-13)
+                # the padded gradient is the autodiff gradient of the padded value
+                np.testing.assert_allclose(jax.grad(LOSSES[kind].value)(jnp.asarray(x), one), grad, rtol=1e-12)
+
+
+def test_lipschitz_constants_match_dense_eigensolve():
+    for a, _ in instance("ls", m=4, sizes=(2, 9)):        # rows fewer and more than n = 5
+        lam = np.linalg.eigvalsh(a.T @ a)[-1]
+        assert lambda_max_host(a) == pytest.approx(lam, rel=1e-13)
+        padded = np.vstack([a, np.zeros((4, a.shape[1]))])
+        assert lambda_max_host(padded) == pytest.approx(lam, rel=1e-13)
+        with jax.enable_x64(True):
+            assert float(lambda_max_power(jnp.asarray(padded), iters=2000)) == pytest.approx(lam, rel=1e-8)
+        for kind, loss in LOSSES.items():
+            d = a.shape[0]
+            assert float(loss.lipschitz(lam, d)) == pytest.approx(lipschitz(kind, a, MU[kind]), rel=1e-13)
+            # r_i bounds the Hessian of f_i: the data term's curvature ≤ λ/(κd), the regulariser's ≤ μ/d
+            if kind == "ls":
+                assert np.linalg.eigvalsh(a.T @ a / d)[-1] <= float(loss.lipschitz(lam, d)) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("kind", ["ls", "log", "ncv"])
+@pytest.mark.parametrize("variant,solver", [("D", "inverse"), ("G", "inverse"), ("G", "cholesky"), ("G", "cg")])
+def test_curvature_solves_match_dense_solve(kind, variant, solver):
+    """(H_i/m + σI)⁻¹v for Table III's H_i: scalar (D), Cholesky when n ≤ rows and Woodbury otherwise (G), CG."""
+    inst = instance(kind, n=6, rows=[3, 12, 2, 9, 14])
+    data = pack_trials([inst], blocks=2, row_multiple=1)  # a block with rows < n (Woodbury), one with rows ≥ n
+    method = FedGiA(loss=LOSSES[kind], variant=variant, gram_solver=solver)
+    rows = [blk.rows for blk in data.blocks]
+    assert min(rows) < 6 <= max(rows)
+    if solver == "cholesky":            # per-step triangular solves are refused with several size classes
+        with pytest.raises(ValueError, match="deadlock"):
+            trajectory(method, data, 0)
+        data = pack_trials([inst], row_multiple=1)
+    v = np.random.default_rng(2).standard_normal(6)
+    _, _, consts = trajectory(method, data, 0)
+    sigma, m = float(consts.sigma), 5
+    clients = ordered(inst, data)
+    r = max(lipschitz(kind, a, MU[kind]) for a, _ in clients)
+    t = 0.15 if kind == "ls" else max(0.025, 4 * np.log(sum(len(b) for _, b in inst)) / 6)
+    assert sigma == pytest.approx(t * r / m, rel=1e-12)
+    i = 0
+    with jax.enable_x64(True):
+        for blk, curv in zip(data.blocks, consts.curv):
+            for j in range(blk.num_clients):
+                a, _ = clients[i]
+                dense = table3(kind, variant, a, MU[kind]) / m + sigma * np.eye(6)
+                cj = jax.tree.map(lambda c: c[j], curv)
+                got = admm.linearized_primal(jnp.zeros(6), jnp.asarray(v), jnp.zeros(6), cj)
+                tol = 1e-7 if solver == "cg" else 1e-11
+                np.testing.assert_allclose(-np.asarray(got), np.linalg.solve(dense, v), rtol=tol, atol=tol)
+                i += 1
+
+
+# ------------------------------------------------------------------------------------------------ Algorithm 1
+
+
+@pytest.mark.parametrize("kind,variant,k0,alpha", [("ls", "D", 1, 0.5), ("ls", "G", 3, 0.5), ("log", "G", 2, 1.0),
+                                                    ("log", "D", 3, 0.3), ("ncv", "G", 1, 0.5),
+                                                    ("ncv", "D", 2, 0.7)])
+def test_round_stepper_matches_literal_algorithm_1(kind, variant, k0, alpha):
+    inst = instance(kind, m=7, n=5, sizes=(2, 10))
+    data = pack_trials([inst], blocks=2)
+    method = FedGiA(loss=LOSSES[kind], variant=variant, k0=k0, alpha=alpha)
+    key = jax.random.PRNGKey(3)
+    rounds = 5
+    xs, zs, consts = trajectory(method, data, rounds, key)
+    t = 0.15 if kind == "ls" else max(0.025, 4 * np.log(sum(len(b) for _, b in inst)) / 5)
+    ref_x, ref_z = fedgia_literal(kind, ordered(inst, data), variant, k0, alpha, key, rounds * k0, t, MU[kind])
+    scale = max(1.0, np.abs(ref_x[-1]).max())
+    for s in range(rounds):
+        np.testing.assert_allclose(xs[s], ref_x[s], rtol=0, atol=1e-12 * scale)
+        np.testing.assert_allclose(zs[s], ref_z[s], rtol=0, atol=1e-12 * max(1.0, np.abs(ref_z[s]).max()))
+
+
+def test_selection_is_a_uniform_subset_of_ceil_alpha_m():
+    m = 10
+    keys = jax.random.split(jax.random.PRNGKey(0), 2000)
+    for alpha, size in [(0.5, 5), (0.31, 4), (0.7, 7), (1.0, 10), (1e-6, 1), (0.0, 0)]:
+        sel = np.asarray(jax.vmap(lambda k: selection(k, m, alpha))(keys))
+        assert (sel.sum(axis=1) == size).all()
+        if 0 < size < m:
+            freq = sel.mean(axis=0)
+            assert np.abs(freq - size / m).max() < 0.05          # every client equally likely (±4.5 sd)
+
+
+# ------------------------------------------------------------------------------------------------ solutions
+
+
+def test_least_squares_converges_to_direct_solution():
+    inst = instance("ls", m=6, n=5, sizes=(4, 12))
+    data = pack_trials([inst, instance("ls", m=6, n=5, sizes=(4, 12), seed=9)], gram=True)
+    for variant in "DG":     # t = 1: the paper's t = 0.15 is tuned for V.1's large clients and diverges here
+        res = solve(FedGiA(loss=LeastSquares(), variant=variant, k0=3, t=1.0, tol0=1e-26, max_iters=3000), data)
+        for t, clients in enumerate([inst, instance("ls", m=6, n=5, sizes=(4, 12), seed=9)]):
+            h = sum(a.T @ a / len(b) for a, b in clients) / 6
+            c = sum(a.T @ b / len(b) for a, b in clients) / 6
+            x_star = np.linalg.solve(h, c)
+            f, _ = loss_np("ls", 0.0)
+            np.testing.assert_allclose(res.x[t], x_star, atol=1e-9)
+            assert res.obj[t] == pytest.approx(np.mean([f(x_star, a, b) for a, b in clients]), rel=1e-12)
+
+
+def test_logistic_converges_to_long_gradient_descent_optimum():
+    inst = instance("log", m=6, n=4, sizes=(5, 15))
+    _, g = loss_np("log", 1e-3)
+    f, _ = loss_np("log", 1e-3)
+    x = np.zeros(4)
+    # 1/L with L = ‖(1/m)Σ_i B_i/(4d_i)‖ + μ·mean(1/d_i), the Lipschitz constant of ∇f
+    lip = np.linalg.eigvalsh(sum(a.T @ a / (4 * len(b)) for a, b in inst) / 6)[-1] + 1e-3 * np.mean(
+        [1 / len(b) for _, b in inst])
+    grad = np.ones(4)
+    while np.linalg.norm(grad) > 1e-13:
+        grad = np.mean([g(x, a, b) for a, b in inst], axis=0)
+        x = x - grad / lip
+    res = solve(FedGiA(loss=Logistic(), variant="G", k0=5, t=1.0, tol0=1e-28, max_iters=4000), pack_trials([inst]))
+    np.testing.assert_allclose(res.x[0], x, atol=1e-8)
+    assert res.obj[0] == pytest.approx(np.mean([f(x, a, b) for a, b in inst]), rel=1e-12)
+
+
+# ------------------------------------------------------------------------------------------------ α limits
+
+
+def test_alpha_one_selects_everyone_and_ignores_the_keys():
+    data = pack_trials([instance("log", m=5)])
+    a = solve(FedGiA(loss=Logistic(), variant="G", k0=2, alpha=1.0), data, seed0=0)
+    b = solve(FedGiA(loss=Logistic(), variant="G", k0=2, alpha=1.0), data, seed0=123)
+    np.testing.assert_array_equal(a.x, b.x)
+    np.testing.assert_array_equal(a.hist_e, b.hist_e)
+    c = solve(FedGiA(loss=Logistic(), variant="G", k0=2, alpha=0.5), data, seed0=123)
+    assert not np.array_equal(a.hist_e, c.hist_e)
+
+
+def test_alpha_zero_is_gradient_descent_with_step_one_over_m_sigma():
+    """With no client selected every client takes (15)–(17), so x⁺ = mean_i(x − ḡ_i/σ) = x − ∇f(x)/(mσ) (any k0)."""
+    inst = instance("ncv", m=6)
+    data = pack_trials([inst])
+    f, g = loss_np("ncv", 1e-2)
+    for k0 in (1, 4):
+        res = solve(FedGiA(loss=NonconvexLogistic(), variant="D", k0=k0, alpha=0.0, max_iters=40), data)
+        sigma = float(trajectory(FedGiA(loss=NonconvexLogistic()), data, 0)[2].sigma)
+        x = np.zeros(5)
+        for s in range(int(res.rounds[0]) + 1):
+            assert res.hist_f[0, s] == pytest.approx(np.mean([f(x, a, b) for a, b in inst]), rel=1e-12)
+            x = x - np.mean([g(x, a, b) for a, b in inst], axis=0) / (6 * sigma)
+        assert res.iters[0] == k0 * res.rounds[0]
+
+
+# ------------------------------------------------------------------------------------------------ driver
+
+
+def test_finished_trial_is_frozen_bitwise_and_batching_does_not_change_results():
+    inst = [instance("ls", m=6, seed=s) for s in range(2)]
+    data = pack_trials(inst)
+    method = FedGiA(loss=LeastSquares(), variant="G", k0=2, t=1.0)
+    batch = solve(method, data)
+    assert batch.rounds[0] != batch.rounds[1]             # the trials stop at different rounds
+    for t in range(2):
+        alone = solve(method, data.trial(t), keys=drv.trial_keys(0, 2)[t:t + 1])
+        np.testing.assert_allclose(alone.x[0], batch.x[t], rtol=0, atol=1e-13)
+        assert alone.rounds[0] == batch.rounds[t]
+    # a finished run passes through round_step unchanged, bit for bit
+    with jax.enable_x64(True):
+        one = jax.tree.map(lambda a: jnp.asarray(a[0]), data)
+        consts = method.prepare(VmapExecutor(), one)
+        run = drv.init_run(method, consts, one)
+        step = jax.jit(functools.partial(drv.round_step, method, VmapExecutor(), consts, one, jax.random.PRNGKey(0)))
+        while not bool(run.done):
+            run = step(run)
+        again = step(step(run))
+        for u, v in zip(jax.tree.leaves(run), jax.tree.leaves(again)):
+            np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+
+
+def test_executors_agree():
+    inst = instance("log", n=6, rows=[3, 12, 2, 9, 14, 4, 7])
+    data = pack_trials([inst], blocks=2, row_multiple=1)   # Woodbury in one block, Cholesky in the other
+    assert min(blk.rows for blk in data.blocks) < 6 <= max(blk.rows for blk in data.blocks)
+    method = FedGiA(loss=Logistic(), variant="G", k0=3, max_iters=6)       # 3 rounds (capped)
+    ref = solve(method, data, executor=LoopExecutor())
+    assert ref.rounds[0] == 2 and not ref.converged[0]
+    for ex in (VmapExecutor(), ChunkedExecutor(chunk_size=2)):
+        got = solve(method, data, executor=ex)
+        np.testing.assert_array_equal(got.rounds, ref.rounds)
+        np.testing.assert_allclose(got.x, ref.x, rtol=0, atol=1e-10)
+        np.testing.assert_allclose(got.hist_e, ref.hist_e, rtol=1e-10, atol=1e-16)
+
+
+def test_conventions_and_errors():
+    data = pack_trials([instance("ls", m=5)])
+    code = solve(FedGiA(loss=LeastSquares(), k0=2), data)
+    paper = solve(FedGiA(loss=LeastSquares(), k0=2, conventions=drv.Conventions.preset("paper")), data)
+    assert code.cr[0] == code.rounds[0] and paper.cr[0] == 2 * paper.rounds[0]
+    # Error(paper) = m²·Error(code) at the same point
+    assert paper.hist_e[0, 0] == pytest.approx(25 * code.hist_e[0, 0], rel=1e-13)
+    tol = min(1e-7, 0.1 * code.hist_e[0, 0])
+    assert code.err[0] <= tol and (code.hist_e[0, :code.rounds[0]] > tol).all()
+    for bad, msg in [(dict(variant="X"), "variant"), (dict(alpha=1.5), "alpha"), (dict(k0=0), "k0"),
+                     (dict(gram_solver="qr"), "gram_solver")]:
+        with pytest.raises(ValueError, match=msg):
+            solve(FedGiA(loss=LeastSquares(), **bad), data)
+    with pytest.raises(ValueError, match="stop_cmp"):
+        drv.Conventions(stop_cmp="<=")
+
+
+# ------------------------------------------------------------------------------------------------ theory regime
+
+
+@pytest.mark.parametrize("kind,variant", [("ls", "G"), ("log", "D"), ("ncv", "G")])
+def test_lagrangian_decreases_in_the_theory_regime(kind, variant):
+    """Lemma IV.1 and B.2 with σ = 6r/m and H_i = Θ_i majorising f_i (V.2's H_i shifted by μ/d_i): 𝓛(x^τ, X, Π)
+    after every iteration is non-increasing and ≥ f(x^τ); the gradient at the aggregate vanishes (Theorem IV.1:
+    here at least 100-fold in 600 iterations)."""
+    inst = instance(kind, m=6, n=4, sizes=(3, 10), scale=2.0)
+    f, g = loss_np(kind, MU[kind])
+    values, fx = [], []
+
+    def record(k, x, X, Pi, sigma):
+        lag = sum(f(X[i], a, b) / 6 + (X[i] - x) @ Pi[i] + 0.5 * sigma * np.sum((X[i] - x) ** 2)
+                  for i, (a, b) in enumerate(inst))
+        values.append(lag)
+        fx.append(np.mean([f(x, a, b) for a, b in inst]))
+
+    xs, _ = fedgia_literal(kind, inst, variant, 3, 0.5, jax.random.PRNGKey(1), 600, 6.0, MU[kind],
+                           shift_v2=True, record=record)
+    values, fx = np.array(values), np.array(fx)
+    assert (np.diff(values) <= 1e-13 * np.abs(values[:-1])).all()
+    assert (values >= fx - 1e-13).all()
+    grad = np.mean([g(xs[-1], a, b) for a, b in inst], axis=0)
+    assert np.linalg.norm(grad) < 1e-2 * np.linalg.norm(np.mean([g(xs[0], a, b) for a, b in inst], axis=0))
