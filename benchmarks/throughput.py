@@ -36,7 +36,6 @@ STEPS, BATCH = 10, 20
 
 
 def _data(spec: dict, quick: bool):
-    import jax.numpy as jnp
 
     import fljax.data as D
 

@@ -14,7 +14,6 @@ from fljax.algorithms import make_algorithm
 from fljax.engine import Simulation, sample_cohort
 from fljax.engine.evaluation import summarize
 from fljax.algorithms.base import TestStats
-from fljax.models import make_model
 
 from conftest import assert_trees_close
 
@@ -126,7 +125,7 @@ def test_local_leaves_unsampled_clients_untouched(synth20):
     before, after = s0.clients["params"]["Dense_0"]["kernel"], s1.clients["params"]["Dense_0"]["kernel"]
     changed = np.array([not np.array_equal(before[i], after[i]) for i in range(20)])
     assert changed.sum() == 3
-    from fljax.engine.context import RoundContext, SAMPLE
+    from fljax.engine.context import SAMPLE
     from fljax.engine.driver import _round_key
     cohort = sample_cohort(jax.random.fold_in(_round_key(s0.key, 0), SAMPLE), 20, 3)
     np.testing.assert_array_equal(np.flatnonzero(changed), np.asarray(cohort))

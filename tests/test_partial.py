@@ -2,7 +2,6 @@ import jax
 import numpy as np
 import pytest
 
-from fljax import tree
 from fljax.algorithms import make_algorithm
 from fljax.engine import Simulation
 from fljax.models import make_model

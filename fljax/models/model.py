@@ -85,7 +85,9 @@ MODELS = {
 }
 
 
-_MODULES = {"logreg": zoo.LogisticRegression, "mlp": zoo.MLP, "cnn1": zoo.CNN1, "resnet18_gn": zoo.ResNet18GN}
+_MODULES = {"logreg": zoo.LogisticRegression, "mlp": zoo.MLP, "cnn1": zoo.CNN1, "fedslr_cnn": zoo.FedSLRCNN,
+            "resnet18_gn": zoo.ResNet18GN}
+_IMAGE_MODELS = ("cnn1", "fedslr_cnn", "resnet18_gn")  # convolutional: take conv_impl, need (H, W, C) inputs
 
 
 def check_model_options(name: str, options: dict) -> None:
@@ -101,25 +103,18 @@ def check_model_options(name: str, options: dict) -> None:
 
 def make_model(name: str, input_shape, num_classes: int, conv_impl: str = "native", **kwargs) -> Model:
     """Build a model by name (see :data:`MODELS`); ``kwargs`` go to the module (e.g. ``hidden``, ``groups``)."""
-    if name in _MODULES:
-        check_model_options(name, kwargs)
-    if name == "logreg":
-        module = zoo.LogisticRegression(num_classes, **kwargs)
-    elif name == "mlp":
-        module = zoo.MLP(num_classes, **{k: tuple(v) if k == "hidden" else v for k, v in kwargs.items()})
-    elif name == "cnn1":
-        module = zoo.CNN1(num_classes, conv_impl=conv_impl, **kwargs)
-    elif name == "fedslr_cnn":
-        module = zoo.FedSLRCNN(num_classes, conv_impl=conv_impl, **kwargs)
-    elif name == "resnet18_gn":
-        module = zoo.ResNet18GN(num_classes, conv_impl=conv_impl, **kwargs)
-    else:
+    if name not in _MODULES:
         close = difflib.get_close_matches(name, MODELS, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}.{hint}")
+    check_model_options(name, kwargs)
+    options = {k: tuple(v) if k == "hidden" else v for k, v in kwargs.items()}
+    if name in _IMAGE_MODELS:
+        options["conv_impl"] = conv_impl
+    module = _MODULES[name](num_classes, **options)
     if kwargs.get("weight_init", "flax") not in zoo.INITS:
         raise ValueError(f"model option weight_init={kwargs['weight_init']!r} is unknown; choose one of {zoo.INITS}.")
-    if len(input_shape) == 1 and name in ("cnn1", "fedslr_cnn", "resnet18_gn"):
+    if len(input_shape) == 1 and name in _IMAGE_MODELS:
         raise ValueError(f"model {name!r} needs image inputs (H, W, C), but the data has shape {tuple(input_shape)}; "
                          f"use 'mlp' or 'logreg'.")
     return Model(module, tuple(input_shape), num_classes, name)

@@ -37,6 +37,8 @@ import time
 
 import numpy as np
 
+from fljax.runner.files import write_png, write_text
+
 __all__ = ["main", "SPLITS", "methods", "make_data", "run_one"]
 
 SPLITS = {  # name: (partition, parameter, value)
@@ -456,24 +458,6 @@ def reported(results: dict) -> list[tuple[str, str]]:
 # ---------------------------------------------------------------------------------------------------- outputs
 
 
-def _atomic_write(path: str, write) -> None:
-    """Write through a temporary file in the same folder, then rename (no half-written results); the file gets the
-    usual permissions (mkstemp's are owner-only)."""
-    folder = os.path.dirname(path) or "."
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.splitext(path)[1])
-    os.close(fd)
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def _compact(value):
     """Floats to 9 significant digits, which round-trip the float32 metrics exactly (a smaller results.json)."""
     if isinstance(value, float):
@@ -483,14 +467,6 @@ def _compact(value):
     if isinstance(value, list):
         return [_compact(v) for v in value]
     return value
-
-
-def _write_text(path: str, text: str) -> None:
-    def write(tmp):
-        with open(tmp, "w") as f:
-            f.write(text)
-
-    _atomic_write(path, write)
 
 
 def plots(results: dict, out: str) -> list[str]:
@@ -504,7 +480,7 @@ def plots(results: dict, out: str) -> list[str]:
 
     def save(fig, name):
         path = os.path.join(out, name)
-        _atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png"))
+        write_png(path, fig)
         plt.close(fig)
         written.append(path)
 
@@ -663,11 +639,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{study} study ...", flush=True)
             getattr(runner, study)()
             runner.results["seconds"][study] = runner.results["seconds"].get(study, 0) + time.perf_counter() - t0
-            _write_text(path, json.dumps(_compact(runner.results)))  # an interruption loses at most one study
+            write_text(path, json.dumps(_compact(runner.results)))  # an interruption loses at most one study
         results = runner.results
         command = " && ".join(commands)
     text = report(results, command)
-    _write_text(os.path.join(args.out, "README.md"), text)
+    write_text(os.path.join(args.out, "README.md"), text)
     files = plots(results, args.out)
     print(text)
     print("wrote", ", ".join([path, os.path.join(args.out, "README.md")] + files))

@@ -16,7 +16,6 @@ import json
 import os
 import platform
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -26,6 +25,7 @@ from fljax.algorithms.fedgia_baselines import FedAvgGD, FedPD, FedProxGD
 from fljax.algorithms.regression_driver import Conventions, Method, Result, prepare, solve, trial_keys
 from fljax.problems import (LeastSquares, Logistic, Loss, NonconvexLogistic, pack_trials, qot_instance,
                             sct_standin_instance, size_blocks, v1_instance)
+from fljax.runner.files import write_png, write_text
 
 __all__ = ["main", "PAPER_TABLE4", "EXAMPLES", "METHODS", "run_grid", "make_method", "Example"]
 
@@ -250,13 +250,6 @@ def _plt():
     return plt
 
 
-def _save(fig, path: str) -> None:
-    fd, tmp = tempfile.mkstemp(suffix=".png", dir=os.path.dirname(path))
-    os.close(fd)
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.replace(tmp, path)
-
-
 def figure1(args, out: str) -> list[str]:
     """V.1, one instance, k0 grid: f(x^τ) and Error vs iteration k (piecewise constant over each round)."""
     plt = _plt()
@@ -277,7 +270,7 @@ def figure1(args, out: str) -> list[str]:
     axes[1].set(xlabel="iteration k", ylabel="Error", yscale="log", title="Error")
     axes[1].legend(fontsize=7, ncol=2)
     fig.suptitle(f"Fig. 1: FedGiA_G (solid), FedGiA_D (dashed), Example V.1, m = {args.m}, α = {args.alpha}")
-    _save(fig, os.path.join(out, "fig1.png"))
+    write_png(os.path.join(out, "fig1.png"), fig)
     plt.close(fig)
     spread = max(finals.values()) - min(finals.values())
     grow = all(iters[(v, a)] <= iters[(v, b)] for v in "DG" for a, b in zip(k0s[1:], k0s[2:]))
@@ -309,7 +302,7 @@ def figure2(args, out: str) -> list[str]:
     axes[0].legend(fontsize=7, ncol=2)
     fig.suptitle(f"Fig. 2: effect of k0, FedGiA_G (solid), FedGiA_D (dashed), V.1, α = {args.alpha}, "
                  f"{args.fig_trials} instances")
-    _save(fig, os.path.join(out, "fig2.png"))
+    write_png(os.path.join(out, "fig2.png"), fig)
     plt.close(fig)
     keys = list(cr)
     decline = all(c[0] > c[-1] for c in cr.values())
@@ -344,7 +337,7 @@ def figure3(args, out: str) -> list[str]:
     axes[1].set(xlabel="α", ylabel="mean time (s)", title="Time")
     axes[0].legend(fontsize=7, ncol=2)
     fig.suptitle(f"Fig. 3: effect of α, FedGiA_G (solid), FedGiA_D (dashed), V.1, m = {args.m}")
-    _save(fig, os.path.join(out, "fig3.png"))
+    write_png(os.path.join(out, "fig3.png"), fig)
     plt.close(fig)
     flat = max((c.max() - c.min()) for (k0, _), c in cr.items() if k0 > 5) if any(k > 5 for k in args.fig_k0) else 0
     g_up = np.mean([tm[(k, "G")][-1] > tm[(k, "G")][0] for k in args.fig_k0])
@@ -383,7 +376,7 @@ def figures456(args, results: dict, out: str) -> list[str]:
                 slowest.append(ends["FedAvg"] >= max(ends.values()))
         axes[0][0].legend(fontsize=7)
         fig.suptitle(f"{fname[:-4].replace('fig', 'Fig. ')}: f vs CR, {examples()[ex_key].title}, trial 0")
-        _save(fig, os.path.join(out, fname))
+        write_png(os.path.join(out, fname), fig)
         plt.close(fig)
         if fewest:
             verdicts.append(f"{fname[:-4].replace('fig', 'Fig. ')} — FedGiA uses the fewest CR (20-trial means): "
@@ -403,13 +396,6 @@ def provenance(args, argv, seconds: float) -> dict:
                 Conventions.preset(args.conventions)), "seed0": args.seed0, "trials": args.trials, "m": args.m,
             "time_mode": args.time_mode, "qot_blocks": args.blocks,
             "options": {k: v for k, v in vars(args).items() if k not in ("examples", "methods")}}
-
-
-def _write(path: str, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def report(args, argv, results: dict, verdicts: list[str], seconds: float) -> tuple[str, dict]:
@@ -556,8 +542,8 @@ def main(argv: list[str] | None = None) -> int:
         verdicts += figures456(args, results, args.out)
     text, data = report(args, argv, results, verdicts, time.perf_counter() - start)
     name = "figures" if args.figures_only else "table4"
-    _write(os.path.join(args.out, f"{name}.md"), text)
-    _write(os.path.join(args.out, f"{name}.json"), json.dumps(data, indent=1))
+    write_text(os.path.join(args.out, f"{name}.md"), text)
+    write_text(os.path.join(args.out, f"{name}.json"), json.dumps(data, indent=1))
     print(text)
     return 0
 

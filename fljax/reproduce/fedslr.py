@@ -36,6 +36,8 @@ import time
 
 import numpy as np
 
+from fljax.runner.files import write_png, write_text
+
 __all__ = ["main", "SPLITS", "METHODS", "make_data", "run_one"]
 
 NUM_CLIENTS, SAMPLES_PER_CLIENT, TEST_PER_CLIENT = 20, 50, 50
@@ -351,28 +353,6 @@ def timing(results: dict) -> str:
 # ---------------------------------------------------------------------------------------------------- outputs
 
 
-def _atomic_write(path: str, write) -> None:
-    """Write through a temporary file in the same folder, then rename (no half-written results)."""
-    folder = os.path.dirname(path) or "."
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.splitext(path)[1])
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def _write_text(path: str, text: str) -> None:
-    def write(tmp):
-        with open(tmp, "w") as f:
-            f.write(text)
-
-    _atomic_write(path, write)
-
-
 def _curve(results, study, label, split, metric):
     runs = [r for r in _runs(results, study, label, split) if metric in r["history"]]
     if not runs:
@@ -391,7 +371,7 @@ def plots(results: dict, out: str) -> list[str]:
 
     def save(fig, name):
         path = os.path.join(out, name)
-        _atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png"))
+        write_png(path, fig)
         plt.close(fig)
         written.append(path)
 
@@ -518,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         results["cells"].update({"|".join(k): [j[0] for j in jobs] for k, jobs in plan.items()})
         todo = {j[0]: j for jobs in plan.values() for j in jobs if j[0] not in results["runs"]}
         print(f"{len(todo)} runs to do ({sum(len(v) for v in plan.values())} cells incl. reused)", flush=True)
-        save = lambda: _write_text(path, json.dumps(results))  # noqa: E731
+        save = lambda: write_text(path, json.dumps(results))  # noqa: E731
         for done, (key, out) in enumerate(_execute(list(todo.values()), args.jobs, args.compile_cache), 1):
             results["runs"][key] = out
             h = out["history"]
@@ -530,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
                            "command": command, "jobs": args.jobs, "wall_seconds": time.perf_counter() - t0}
         save()
     text = report(results, command)
-    _write_text(os.path.join(args.out, "README.md"), text)
+    write_text(os.path.join(args.out, "README.md"), text)
     files = plots(results, args.out)
     print(text)
     print("wrote", ", ".join([path, os.path.join(args.out, "README.md")] + files))

@@ -10,7 +10,8 @@ import uuid
 
 import yaml
 
-__all__ = ["atomic_path", "write_text", "write_json", "write_jsonl", "write_yaml", "read_json", "read_jsonl"]
+__all__ = ["atomic_path", "write_text", "write_json", "write_jsonl", "write_yaml", "write_png", "read_json",
+           "read_jsonl"]
 
 
 @contextlib.contextmanager
@@ -47,6 +48,16 @@ def write_jsonl(path: str, records: list[dict]) -> None:
 
 def write_yaml(path: str, value) -> None:
     write_text(path, yaml.safe_dump(value, sort_keys=False))
+
+
+def write_png(path: str, fig) -> None:
+    """Save a matplotlib figure as PNG (110 dpi, tight bounding box)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    if fig.canvas is None or not hasattr(fig.canvas, "print_png"):
+        FigureCanvasAgg(fig)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
 
 
 def read_json(path: str):

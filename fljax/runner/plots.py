@@ -8,21 +8,14 @@ seeds a curve is the mean over seeds with a ±1 std band. A comparison: ``compar
 from __future__ import annotations
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from fljax.runner.files import atomic_path
+from fljax.runner.files import write_png
 
 __all__ = ["plot_run", "plot_compare"]
 
 CURVES = (("personal_acc", "personalized", "-"), ("global_acc", "global", "--"))
-
-
-def _save(fig: Figure, path: str) -> None:
-    FigureCanvasAgg(fig)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
 
 
 def _series(histories: list[list[dict]], key: str):
@@ -63,7 +56,7 @@ def plot_run(directory: str, histories: list[list[dict]], per_client: list[dict]
         ax.set_title(title)
         ax.legend()
         paths.append(f"{directory}/{name}")
-        _save(fig, paths[-1])
+        write_png(paths[-1], fig)
     accs = [np.asarray(p[k]) for p in per_client for k in ("personal_acc",) if k in p]
     if accs:
         fig = Figure(figsize=(5.5, 4))
@@ -74,7 +67,7 @@ def plot_run(directory: str, histories: list[list[dict]], per_client: list[dict]
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(f"{title}: clients at the last evaluation")
         paths.append(f"{directory}/client_accuracy.png")
-        _save(fig, paths[-1])
+        write_png(paths[-1], fig)
     return paths
 
 
@@ -88,5 +81,5 @@ def plot_compare(path: str, runs: dict[str, list[list[dict]]], title: str) -> st
             _curves(ax, histories, x_bytes, label, color)
     axes[1].legend(fontsize="small", loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.suptitle(f"{title} (solid: personalized, dashed: global model)")
-    _save(fig, path)
+    write_png(path, fig)
     return path
