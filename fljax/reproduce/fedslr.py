@@ -426,12 +426,13 @@ def plots(results: dict, out: str) -> list[str]:
 def report(results: dict, command: str) -> str:
     """The Markdown report: tables and claims (only the studies present in ``results``)."""
     meta = results.get("meta", {})
+    total_min = sum(r["wall_seconds"] for r in results["runs"].values()) / 60
     have = lambda study: any(k.startswith(study + "|") for k in results["cells"])  # noqa: E731
     parts = [f"# FedSLR reduced-scale reproduction (digits, spec §8)\n\nCommand: `{command}`  \n"
              f"Seeds: {meta.get('seeds')}, rounds: {meta.get('rounds')}, evaluated every {meta.get('eval_every')} "
-             f"rounds; {len(results['runs'])} runs, {meta.get('wall_seconds', 0) / 60:.0f} min of wall time on "
-             f"this invocation ({meta.get('jobs', 1)} job(s)). Values: final-round accuracy (%), unweighted mean "
-             "over the 20 clients' own test sets, mean ± std over seeds (ddof 0)."]
+             f"rounds; {len(results['runs'])} runs taking {total_min:.0f} min of wall time one after another "
+             f"(the last invocation: {meta.get('wall_seconds', 0) / 60:.0f} min, {meta.get('jobs', 1)} job(s)). "
+             "Values: final-round accuracy (%), unweighted mean over the 20 clients' own test sets, mean ± std over seeds (ddof 0)."]
     if have("table"):
         parts += ["## Table 1 (reduced): reported accuracy, communication and model size\n\n"
                   "Global methods report their global model, personalized methods their personalized models (as "
