@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from fljax.algorithms import make_algorithm
-from fljax.config import ExperimentConfig, algorithm_config, from_dict, to_dict
+from fljax.config import ExperimentConfig, algorithm_config, check_compare_algo, from_dict, to_dict
 from fljax.data import FederatedData, make_federated
 from fljax.engine import RunResult, Simulation, default_model
 from fljax.models import make_model
@@ -21,13 +21,17 @@ __all__ = ["make_config", "load_data", "build", "run", "compare"]
 def make_config(config: ExperimentConfig | dict | None = None, **overrides) -> ExperimentConfig:
     """An :class:`ExperimentConfig` from a config object or nested dict, with keyword overrides of top-level keys
     (sections given as dicts are merged key by key), validated."""
+    return _config(config, overrides, check_algo=True)
+
+
+def _config(config, overrides: dict, check_algo: bool) -> ExperimentConfig:
     values = to_dict(config) if isinstance(config, ExperimentConfig) else dict(config or {})
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(values.get(key), dict) and key != "algo":
             values[key] = {**values[key], **value}
         else:
             values[key] = value
-    return from_dict(ExperimentConfig, values).validate()
+    return from_dict(ExperimentConfig, values).validate(check_algo)
 
 
 def load_data(cfg: ExperimentConfig) -> FederatedData:
@@ -67,7 +71,8 @@ def compare(algorithms: list[str | tuple[str, dict]], config: ExperimentConfig |
             progress: bool = True, data: FederatedData | None = None, **overrides) -> dict[str, RunResult]:
     """Run several algorithms on the same data, partition and seed. Each entry is a name or (name, hyperparameters);
     the config's ``algo`` dict applies to every algorithm that accepts its keys."""
-    cfg = make_config(config, **overrides)
+    cfg = _config(config, overrides, check_algo=False)
+    check_compare_algo(cfg, [e if isinstance(e, str) else e[0] for e in algorithms])
     data = data if data is not None else load_data(cfg)
     results = {}
     for entry in algorithms:

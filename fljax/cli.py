@@ -55,7 +55,7 @@ def _overrides(args) -> list[str]:
     return overrides
 
 
-def _resume_config(args):
+def _resume_config(args, check_algo: bool = True):
     """On --resume the config is the run directory's own (only --set/--seeds/--checkpoint-every may change it)."""
     from fljax.runner.experiment import saved_config
 
@@ -64,7 +64,7 @@ def _resume_config(args):
     if args.config or getattr(args, "algorithm", None) or getattr(args, "dataset", None):
         raise ConfigError(f"--resume reads the config from {os.path.join(args.out, 'config.yaml')}; drop the config "
                           f"file/--algorithm/--dataset (use --set, e.g. --set rounds=200, to extend the run).")
-    return load_config(saved_config(args.out), _overrides(args))
+    return load_config(saved_config(args.out), _overrides(args), check_algo=check_algo)
 
 
 def _default_out(name: str) -> str:
@@ -111,10 +111,10 @@ def cmd_compare(args) -> int:
     from fljax.runner.report import markdown_table
 
     if args.resume:
-        cfg = _resume_config(args)
+        cfg = _resume_config(args, check_algo=False)
         entries = saved_algorithms(args.out)
     else:
-        cfg = load_config(args.config or _quickstart_path(), _overrides(args))
+        cfg = load_config(args.config or _quickstart_path(), _overrides(args), check_algo=False)
         names = [n.strip() for n in args.algorithms.split(",") if n.strip()] if args.algorithms else \
             [n for n, c in ALGORITHMS.items() if c.generic]
         entries = [(n, {}) for n in names]

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 __all__ = ["ConfigError", "DataConfig", "ModelConfig", "ExperimentConfig", "from_dict", "to_dict", "load_config",
+           "check_compare_algo",
            "apply_overrides", "parse_override", "hyperparameters", "algorithm_config"]
 
 
@@ -74,8 +75,9 @@ class ExperimentConfig:
     seeds: int = 1  # run seeds seed, seed+1, ..., seed+seeds-1 (vectorised when shapes allow)
     checkpoint_every: int | None = None  # rounds between checkpoints; None: timed (see fljax.runner); 0: never
 
-    def validate(self) -> "ExperimentConfig":
-        """Refuse impossible values (types are checked by :func:`from_dict`)."""
+    def validate(self, check_algo: bool = True) -> "ExperimentConfig":
+        """Refuse impossible values (types are checked by :func:`from_dict`). ``check_algo=False`` leaves ``algo``
+        to be checked per algorithm (``fljax compare``: see :func:`check_compare_algo`)."""
         _positive(self, "rounds", "eval_every", "seeds")
         if self.checkpoint_every is not None and self.checkpoint_every < 0:
             raise ConfigError(f"checkpoint_every must be >= 0 (0: no checkpoints), got {self.checkpoint_every}.")
@@ -106,6 +108,8 @@ class ExperimentConfig:
             except ValueError as e:
                 raise ConfigError(f"model.options: {e}") from None
         _choice("model.conv_impl", self.model.conv_impl, {"auto": 0, "native": 0, "patches": 0})
+        if not check_algo:
+            return self
         self.algo = hyperparameters(self.algorithm, self.algo)
         try:
             make_algorithm(self.algorithm, **self.algo).validate(self.data.num_clients)
@@ -260,9 +264,10 @@ def apply_overrides(values: dict, overrides: list[str]) -> dict:
     return out
 
 
-def load_config(path: str | None = None, overrides: list[str] | None = None, base: dict | None = None
-                ) -> ExperimentConfig:
-    """Read a YAML file (optional), apply overrides, type-check and validate."""
+def load_config(path: str | None = None, overrides: list[str] | None = None, base: dict | None = None,
+                check_algo: bool = True) -> ExperimentConfig:
+    """Read a YAML file (optional), apply overrides, type-check and validate (``check_algo``: see
+    :meth:`ExperimentConfig.validate`)."""
     values = dict(base or {})
     if path is not None:
         try:
@@ -276,7 +281,20 @@ def load_config(path: str | None = None, overrides: list[str] | None = None, bas
             raise ConfigError(f"config file {path!r} must hold a mapping of keys to values.")
         values.update(loaded)
     values = apply_overrides(values, overrides or [])
-    return from_dict(ExperimentConfig, values).validate()
+    return from_dict(ExperimentConfig, values).validate(check_algo)
+
+
+def check_compare_algo(cfg: ExperimentConfig, names: list[str]) -> None:
+    """In a comparison ``cfg.algo`` applies to every algorithm that accepts its keys: refuse a key that none of
+    ``names`` accepts, suggesting the closest valid one."""
+    from fljax.algorithms import ALGORITHMS
+    from fljax.algorithms.registry import hyperparameter_fields
+
+    fields = set().union(*(hyperparameter_fields(ALGORITHMS[n]) for n in names if n in ALGORITHMS))
+    for key in cfg.algo:
+        if key not in fields:
+            raise ConfigError(f"unknown key 'algo.{key}': none of the compared algorithms ({', '.join(names)}) has "
+                              f"it.{_suggest(key, fields)}")
 
 
 def algorithm_config(cfg: ExperimentConfig, name: str, hyper: dict | None = None) -> ExperimentConfig:

@@ -84,6 +84,19 @@ def test_compare_refuses_unknown_algorithm_before_running(capsys, tmp_path):
     assert not (tmp_path / "c").exists()
 
 
+def test_compare_algo_keys_apply_to_the_algorithms_that_have_them(capsys, tmp_path):
+    message = _error(capsys, ["compare", "--algorithms", "fedavg,perfedavg", "--set", "algo.betta=0.1",
+                              "--out", str(tmp_path / "c")])
+    assert message == ("unknown key 'algo.betta': none of the compared algorithms (fedavg, perfedavg) has it. "
+                       "Did you mean 'beta'?")
+    assert not (tmp_path / "c").exists()
+    small = ["--set", "rounds=2", "--set", "eval_every=2", "--set", "data.num_clients=4", "--set", "algo.cohort_size=2"]
+    assert main(["compare", "--algorithms", "fedavg,perfedavg", "--set", "algo.beta=0.05", *small, "--quiet",
+                 "--out", str(tmp_path / "ok")]) == 0  # beta is Per-FedAvg's only
+    saved = load_config(str(tmp_path / "ok" / "perfedavg" / "config.yaml"))
+    assert saved.algo["beta"] == 0.05 and "beta" not in load_config(str(tmp_path / "ok" / "fedavg" / "config.yaml")).algo
+
+
 def test_help_everywhere(capsys):
     for argv in (["--help"], ["run", "--help"], ["compare", "--help"], ["list", "--help"], ["reproduce", "--help"]):
         with pytest.raises(SystemExit) as e:

@@ -19,7 +19,7 @@ import re
 import jax
 
 from fljax import tree
-from fljax.config import ConfigError, ExperimentConfig, algorithm_config
+from fljax.config import ConfigError, ExperimentConfig, algorithm_config, check_compare_algo
 from fljax.engine import NonFiniteError, RunLog, RunResult, SeedBatch, Simulation
 from fljax.engine.seeds import can_batch
 from fljax.runner import files
@@ -243,6 +243,7 @@ def compare_experiments(cfg: ExperimentConfig, algorithms: list[str | tuple[str,
     output = output or Output()
     root = RunDir(out)
     entries = [(e, {}) if isinstance(e, str) else tuple(e) for e in algorithms]
+    check_compare_algo(cfg, [name for name, _ in entries])
     configs = {}
     for name, hyper in entries:
         lbl = make_label(name, hyper)
