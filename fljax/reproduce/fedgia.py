@@ -25,7 +25,7 @@ from fljax.algorithms.fedgia_baselines import FedAvgGD, FedPD, FedProxGD
 from fljax.algorithms.regression_driver import Conventions, Method, Result, prepare, solve, trial_keys
 from fljax.problems import (LeastSquares, Logistic, Loss, NonconvexLogistic, pack_trials, qot_instance,
                             sct_standin_instance, size_blocks, v1_instance)
-from fljax.runner.files import write_png, write_text
+from fljax.runner.files import atomic_path, write_png, write_text
 
 __all__ = ["main", "PAPER_TABLE4", "EXAMPLES", "METHODS", "run_grid", "make_method", "Example"]
 
@@ -176,13 +176,43 @@ def run_table(args) -> dict:
         results[ex_key] = {}
         for label in args.methods:
             start = time.perf_counter()
-            method = make_method(label, ex.loss, args)
-            res = run_grid(method, data, [{"k0": k0} for k0 in args.k0], _chunk_size(ex.data, args, args.trials),
-                           args.seed0)
+            cache = os.path.join(args.out, "cells", f"{ex_key}-{label}.npz")
+            res = _load_cell(cache, args)
+            if res is None:
+                method = make_method(label, ex.loss, args)
+                res = run_grid(method, data, [{"k0": k0} for k0 in args.k0], _chunk_size(ex.data, args, args.trials),
+                               args.seed0)
+                _save_cell(cache, args, res)
             results[ex_key][label] = dict(zip(args.k0, res))
             summary = ", ".join(f"k0={k0}: CR {r.cr.mean():.1f} Obj {r.obj.mean():.4f}" for k0, r in zip(args.k0, res))
             _log(f"[{ex_key}] {label}: {summary} ({time.perf_counter() - start:.1f} s)")
     return results
+
+
+# Settings that do not change a Table IV cell's numbers (the others must match for a cached cell to be reused).
+_NOT_IN_CELL = {"out", "examples", "methods", "figures", "figures_only", "quick", "fig_trials", "fig_m", "fig_k0",
+                "fig_k0_max", "fig_alpha", "sct_standin"}
+
+
+def _cell_signature(args) -> str:
+    return json.dumps({k: v for k, v in sorted(vars(args).items()) if k not in _NOT_IN_CELL}, default=str)
+
+
+def _save_cell(path: str, args, results: list[Result]) -> None:
+    """One (example, method) cell of Table IV, so that an interrupted reproduction resumes where it stopped."""
+    arrays = {f"{i}/{f.name}": getattr(r, f.name) for i, r in enumerate(results) for f in dataclasses.fields(r)}
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, signature=np.array(_cell_signature(args)), **arrays)
+
+
+def _load_cell(path: str, args) -> list[Result] | None:
+    if not os.path.exists(path):
+        return None
+    with np.load(path) as z:
+        if str(z["signature"]) != _cell_signature(args):
+            return None
+        return [Result(**{f.name: z[f"{i}/{f.name}"] for f in dataclasses.fields(Result)}) for i in range(len(args.k0))]
 
 
 def _ms(v: np.ndarray, digits: int) -> str:
