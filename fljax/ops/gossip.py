@@ -200,7 +200,7 @@ def _random_k_choice(key, m: int, k: int):
     def take(s, chosen):
         j = n - k + s
         t = jax.random.randint(jax.random.fold_in(key, s), (m,), 0, j + 1)
-        return chosen.at[:, s].set(jnp.where(jnp.any(chosen == t[:, None], axis=1), j, t))
+        return chosen.at[:, s].set(jnp.where(jnp.any(chosen == t[:, None], axis=1), j, t).astype(chosen.dtype))
 
     chosen = jax.lax.fori_loop(0, k, take, jnp.full((m, k), -1, jnp.int32))
     return chosen + (chosen >= jnp.arange(m)[:, None])
