@@ -160,10 +160,12 @@ def _log(msg: str) -> None:
 # ------------------------------------------------------------------------------------------------ Table IV
 
 
-def run_table(args) -> dict:
-    """{example: {method: {k0: Result}}} for the requested examples, methods and k0."""
+def run_table(args) -> tuple[dict, dict]:
+    """({example: {method: {k0: Result}}} for the requested examples, methods and k0; {(example, method): wall
+    seconds the cell took when it was computed})."""
     exs = examples(args.h_shift)
     results: dict = {}
+    cell_seconds: dict = {}
     data_cache: dict = {}
     for ex_key in args.examples:
         ex = exs[ex_key]
@@ -177,16 +179,18 @@ def run_table(args) -> dict:
         for label in args.methods:
             start = time.perf_counter()
             cache = os.path.join(args.out, "cells", f"{ex_key}-{label}.npz")
-            res = _load_cell(cache, args)
+            res, seconds = _load_cell(cache, args)
             if res is None:
                 method = make_method(label, ex.loss, args)
                 res = run_grid(method, data, [{"k0": k0} for k0 in args.k0], _chunk_size(ex.data, args, args.trials),
                                args.seed0)
-                _save_cell(cache, args, res)
+                seconds = time.perf_counter() - start
+                _save_cell(cache, args, res, seconds)
             results[ex_key][label] = dict(zip(args.k0, res))
+            cell_seconds[(ex_key, label)] = seconds
             summary = ", ".join(f"k0={k0}: CR {r.cr.mean():.1f} Obj {r.obj.mean():.4f}" for k0, r in zip(args.k0, res))
-            _log(f"[{ex_key}] {label}: {summary} ({time.perf_counter() - start:.1f} s)")
-    return results
+            _log(f"[{ex_key}] {label}: {summary} ({seconds:.1f} s)")
+    return results, cell_seconds
 
 
 # Settings that do not change a Table IV cell's numbers (the others must match for a cached cell to be reused).
@@ -198,21 +202,24 @@ def _cell_signature(args) -> str:
     return json.dumps({k: v for k, v in sorted(vars(args).items()) if k not in _NOT_IN_CELL}, default=str)
 
 
-def _save_cell(path: str, args, results: list[Result]) -> None:
+def _save_cell(path: str, args, results: list[Result], seconds: float) -> None:
     """One (example, method) cell of Table IV, so that an interrupted reproduction resumes where it stopped."""
     arrays = {f"{i}/{f.name}": getattr(r, f.name) for i, r in enumerate(results) for f in dataclasses.fields(r)}
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
-            np.savez(f, signature=np.array(_cell_signature(args)), **arrays)
+            np.savez(f, signature=np.array(_cell_signature(args)), wall_seconds=np.array(seconds), **arrays)
 
 
-def _load_cell(path: str, args) -> list[Result] | None:
+def _load_cell(path: str, args) -> tuple[list[Result] | None, float]:
+    """The cached cell and the wall seconds it took (NaN if not recorded), or (None, NaN)."""
     if not os.path.exists(path):
-        return None
+        return None, float("nan")
     with np.load(path) as z:
         if str(z["signature"]) != _cell_signature(args):
-            return None
-        return [Result(**{f.name: z[f"{i}/{f.name}"] for f in dataclasses.fields(Result)}) for i in range(len(args.k0))]
+            return None, float("nan")
+        seconds = float(z["wall_seconds"]) if "wall_seconds" in z else float("nan")
+        return [Result(**{f.name: z[f"{i}/{f.name}"] for f in dataclasses.fields(Result)})
+                for i in range(len(args.k0))], seconds
 
 
 def _ms(v: np.ndarray, digits: int) -> str:
@@ -428,13 +435,19 @@ def provenance(args, argv, seconds: float) -> dict:
             "options": {k: v for k, v in vars(args).items() if k not in ("examples", "methods")}}
 
 
-def report(args, argv, results: dict, verdicts: list[str], seconds: float) -> tuple[str, dict]:
+def report(args, argv, results: dict, verdicts: list[str], seconds: float, cell_seconds: dict
+           ) -> tuple[str, dict]:
     prov = provenance(args, argv, seconds)
+    prov["cell_seconds"] = {f"{e}/{m}": round(v, 1) for (e, m), v in cell_seconds.items()}
+    cells = ", ".join(f"{e} {m} {v / 60:.1f}" for (e, m), v in cell_seconds.items())
+    total = sum(cell_seconds.values()) / 60
     exs = examples(args.h_shift)
     timing = ("one trial per run" if args.time_mode == "trial" else
               "V.1 trials vmapped: batch time ÷ trials; qot one trial per run")
     parts = ["# FedGiA Table IV reproduction", "",
-             f"Command: `{prov['command']}` — {seconds / 60:.1f} min on {prov['cpu_count']} CPU cores "
+             f"Command: `{prov['command']}` — {seconds / 60:.1f} min on {prov['cpu_count']} CPU cores for this "
+             f"invocation; the Table IV cells took {total:.1f} min when computed (each is cached in "
+             f"`OUT/cells` and reused by later invocations with the same settings; minutes per cell: {cells}) "
              f"({prov['device']}, JAX {prov['jax']}, float64). Conventions: {prov['conventions']} "
              f"(spec §4). Trials: {args.trials} (trial t: data seed {args.seed0} + t, selection key "
              f"fold_in(PRNGKey({args.seed0}), t)). Times: per trial, compiled, including FedGiA's precomputation "
@@ -563,14 +576,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.makedirs(args.out, exist_ok=True)
     start = time.perf_counter()
-    results = {} if args.figures_only else run_table(args)
+    results, cell_seconds = ({}, {}) if args.figures_only else run_table(args)
     verdicts = []
     if args.figures:
         verdicts += figure1(args, args.out)
         verdicts += figure2(args, args.out)
         verdicts += figure3(args, args.out)
         verdicts += figures456(args, results, args.out)
-    text, data = report(args, argv, results, verdicts, time.perf_counter() - start)
+    text, data = report(args, argv, results, verdicts, time.perf_counter() - start, cell_seconds)
     name = "figures" if args.figures_only else "table4"
     write_text(os.path.join(args.out, f"{name}.md"), text)
     write_text(os.path.join(args.out, f"{name}.json"), json.dumps(data, indent=1))
