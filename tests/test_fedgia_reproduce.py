@@ -19,6 +19,24 @@ def test_quick_table_run_writes_the_report(tmp_path, capsys):
     assert "FedGiA_D" in capsys.readouterr().out
 
 
+def test_cells_are_cached_and_reused_only_with_the_same_settings(tmp_path, monkeypatch):
+    out = str(tmp_path)
+    argv = ["--quick", "--methods", "fedgia_d", "--k0", "1", "--no-figures", "--out", out]
+    assert rep.main(argv) == 0
+    first = json.load(open(os.path.join(out, "table4.json")))["results"]["v1"]["FedGiA_D"]["1"]
+    assert os.path.exists(os.path.join(out, "cells", "v1-FedGiA_D.npz"))
+
+    def no_solving(*args, **kwargs):
+        raise AssertionError("a cached cell was recomputed")
+
+    monkeypatch.setattr(rep, "run_grid", no_solving)
+    assert rep.main(argv) == 0  # same settings: read back, nothing solved
+    again = json.load(open(os.path.join(out, "table4.json")))["results"]["v1"]["FedGiA_D"]["1"]
+    assert again["cr"] == first["cr"] and again["obj"] == first["obj"]
+    with pytest.raises(AssertionError, match="recomputed"):
+        rep.main(argv + ["--alpha", "0.7"])  # another α is another cell
+
+
 def test_bad_options_are_refused_with_one_line(capsys):
     assert rep.main(["--methods", "fedgia_x"]) == 2
     err = capsys.readouterr().err.strip()
