@@ -91,7 +91,8 @@ def measure(workload: str, executor: str, conv: str, unroll: str, repeats: int, 
     data = _data(spec, quick)
     model = make_model(spec["model"], data.input_shape, data.num_classes)
     algo = make_algorithm("fedavg", lr=0.01, cohort_size=None, local_steps=STEPS, batch_size=BATCH)
-    sim = Simulation(algo, data, model, executor=executor, chunk_size=max(1, spec["clients"] // 8), seed=0,
+    chunk = max(1, spec["clients"] // 8) if executor == "chunked" else None  # auto sizes its own chunks
+    sim = Simulation(algo, data, model, executor=executor, chunk_size=chunk, seed=0,
                      conv_impl=conv, unroll=unroll if unroll == "auto" else int(unroll))
     state = sim.init()
     loop = not sim.executor.jittable

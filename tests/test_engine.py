@@ -173,3 +173,20 @@ def test_nonfinite_training_stops_with_round(synth20):
     algo = make_algorithm("fedavg", cohort_size=None, local_epochs=1, batch_size=8)
     with pytest.raises(NonFiniteError, match="round 1 produced NaN/Inf"):
         Simulation(algo, bad).run(3, eval_every=1, progress=False)
+
+
+def test_auto_executor_rule():
+    from fljax.engine.executors import (CPU_CHUNK_BYTES, ChunkedExecutor, LoopExecutor, ShardedExecutor,
+                                        VmapExecutor, choose_executor)
+
+    cpu = dict(backend="cpu", device_count=1, has_conv=False)
+    assert isinstance(choose_executor(**{**cpu, "device_count": 8}, cohort=64, per_client_bytes=1e3), ShardedExecutor)
+    assert isinstance(choose_executor(**{**cpu, "has_conv": True}, cohort=64, per_client_bytes=1e3), LoopExecutor)
+    assert isinstance(choose_executor(**cpu, cohort=10, per_client_bytes=1e3), VmapExecutor)  # fits one chunk
+    ex = choose_executor(**cpu, cohort=1000, per_client_bytes=CPU_CHUNK_BYTES / 250)
+    assert isinstance(ex, ChunkedExecutor) and ex.chunk_size == 250
+    assert choose_executor(**cpu, cohort=1000, per_client_bytes=1e3, chunk_size=7).chunk_size == 7
+    assert choose_executor(**cpu, cohort=64, per_client_bytes=1e9).chunk_size == 1  # huge clients: one at a time
+    gpu = dict(backend="gpu", device_count=1, has_conv=True)
+    assert isinstance(choose_executor(**gpu, cohort=1000, per_client_bytes=1e6), VmapExecutor)
+    assert choose_executor(**gpu, cohort=1000, per_client_bytes=1e7, memory_budget=4e9).chunk_size == 400

@@ -94,15 +94,12 @@ class Simulation:
         """Resolve 'auto' from the workload (see :func:`fljax.engine.executors.choose_executor`)."""
         cohort = getattr(algorithm, "cohort_size", None) or self.data.num_clients
         params = model.num_params()
-        steps, width = 1, self.data.train.n_max
-        if hasattr(algorithm, "plan"):
-            plan = algorithm.plan()
-            steps, width = plan.num_steps(self.data.train.n_max), plan.width(self.data.train.n_max)
-        per_client_bytes = 16 * params  # parameters, gradients, optimizer state, updates (float32)
+        train = self.data.train
+        data_bytes = (train.x.nbytes + train.y.nbytes) // max(train.x.shape[0], 1)
+        per_client_bytes = 16 * params + data_bytes  # parameters, gradients, optimizer state, updates; local data
         return choose_executor(backend=jax.default_backend(), device_count=jax.device_count(),
-                               has_conv=model.has_conv, client_round_flops=6.0 * params * width * steps,
-                               cohort_bytes=cohort * per_client_bytes, chunk_size=chunk_size,
-                               per_client_bytes=per_client_bytes)
+                               has_conv=model.has_conv, cohort=cohort, per_client_bytes=per_client_bytes,
+                               chunk_size=chunk_size)
 
     def _auto_unroll(self, model: Model, algorithm: "Algorithm") -> int:
         """Unroll the local-step scan fully for convolutional models on CPU, where XLA:CPU runs convolutions

@@ -121,37 +121,41 @@ class LoopExecutor(Executor):
 
 EXECUTORS = {
     "auto": "measured rule: sharded on several devices; vmap for small per-client work or on accelerators; "
-            "per-client loop for conv or large models on CPU (see choose_executor)",
+            "per-client loop for conv models on CPU, cache-sized chunks for the others (see choose_executor)",
     "vmap": "jax.vmap over the whole cohort: one batched program",
     "chunked": "lax.map over groups of chunk_size clients, vmap inside: bounded memory",
     "sharded": "shard_map over a Mesh with a 'clients' axis spanning all devices, vmap inside each shard",
     "loop": "reference: a Python loop of per-client jitted calls (how FedJAX runs clients)",
 }
 
-# Per-client FLOPs per round under which dispatching clients one by one costs more than it saves (dispatch is
-# ~0.1 ms per call; 10 MFLOP is ~0.1-0.2 ms of a CPU core). Measured: benchmarks/results/throughput.md.
-SMALL_CLIENT_FLOPS = 1e7
+# On CPU a chunk of clients whose working set (parameters, gradients, updates, local data) stays within this many
+# bytes runs fastest: measured on a 2-core CPU with benchmarks/throughput.py (MLP-28x28: 4 clients of ~3.8 MB per
+# chunk; logistic regression: ~250 clients of ~58 kB). Larger chunks spill the caches, smaller ones pay overhead.
+CPU_CHUNK_BYTES = 12e6
 
 
-def choose_executor(*, backend: str, device_count: int, has_conv: bool, client_round_flops: float,
-                    cohort_bytes: float, memory_budget: float = 4e9, chunk_size: int | None = None,
-                    per_client_bytes: float = 1.0) -> Executor:
-    """The ``auto`` rule, from benchmarks/throughput.py on a 2-core CPU (see the README's performance section).
+def choose_executor(*, backend: str, device_count: int, has_conv: bool, cohort: int, per_client_bytes: float,
+                    memory_budget: float = 4e9, chunk_size: int | None = None) -> Executor:
+    """The ``auto`` rule, from benchmarks/throughput.py (see the README's performance section).
 
     * several devices → :class:`ShardedExecutor`;
-    * CPU and (a convolutional model, or more than ``SMALL_CLIENT_FLOPS`` of work per client and round) →
-      :class:`LoopExecutor`: XLA:CPU runs batched (vmapped) convolutions and matmuls over many clients' weights
-      memory-bound and slower than one client at a time, so per-client dispatch wins there;
-    * otherwise :class:`VmapExecutor`, or :class:`ChunkedExecutor` when the cohort's working set
-      ``cohort_bytes`` exceeds ``memory_budget``.
+    * CPU and a convolutional model → :class:`LoopExecutor`: XLA:CPU runs batched (vmapped) convolutions over many
+      clients' weights several times slower than one client at a time (CNN1: 762 client-steps/s per client
+      against 123–218 vmapped or chunked);
+    * CPU otherwise → :class:`ChunkedExecutor` with ``CPU_CHUNK_BYTES / per_client_bytes`` clients per chunk
+      (:class:`VmapExecutor` when that holds the whole cohort);
+    * accelerators → :class:`VmapExecutor`, or :class:`ChunkedExecutor` when the cohort's working set exceeds
+      ``memory_budget``.
+
+    ``chunk_size`` (the user's) overrides the computed chunk.
     """
     if device_count > 1:
         return ShardedExecutor()
-    if backend == "cpu" and (has_conv or client_round_flops > SMALL_CLIENT_FLOPS):
+    if backend == "cpu" and has_conv:
         return LoopExecutor()
-    if cohort_bytes > memory_budget:
-        return ChunkedExecutor(chunk_size or max(1, int(memory_budget // max(per_client_bytes, 1.0))))
-    return VmapExecutor()
+    budget = CPU_CHUNK_BYTES if backend == "cpu" else memory_budget
+    chunk = chunk_size or max(1, int(budget // max(per_client_bytes, 1.0)))
+    return ChunkedExecutor(chunk) if chunk < cohort else VmapExecutor()
 
 
 def make_executor(name: str = "vmap", *, chunk_size: int | None = None) -> Executor:
