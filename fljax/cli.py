@@ -138,12 +138,19 @@ def cmd_list(args) -> int:
 
     sections = [("algorithms", {n: c.summary for n, c in ALGORITHMS.items()}), ("datasets", SOURCES),
                 ("partitioners", PARTITIONERS), ("models", MODELS), ("executors", EXECUTORS),
-                ("topologies", TOPOLOGIES), ("reproductions", {n: "fljax reproduce " + n for n in _reproductions()})]
+                ("topologies", TOPOLOGIES), ("reproductions", {n: _summary(n) for n in _reproductions()})]
     for title, entries in sections:
         print(f"{title}:")
         for name, text in entries.items():
             print(f"  {name:<14} {text}")
     return 0
+
+
+def _summary(reproduction: str) -> str:
+    import importlib
+
+    doc = importlib.import_module(f"fljax.reproduce.{reproduction}").__doc__ or ""
+    return f"{doc.strip().splitlines()[0] if doc.strip() else ''} (fljax reproduce {reproduction})"
 
 
 def _reproductions() -> list[str]:

@@ -9,8 +9,8 @@ the results along a new leading axis. ``shared`` is broadcast (the global model,
   bounded by one group's activations.
 * :class:`ShardedExecutor` — a ``Mesh`` with a ``clients`` axis over all devices and ``shard_map`` with vmap inside
   each shard; the client axis is padded to a multiple of the device count.
-* :class:`LoopExecutor` — the reference: a Python loop dispatching one jitted per-client call at a time, as FedJAX
-  runs clients. Rounds using it are not jitted as a whole.
+* :class:`LoopExecutor` — the reference: a Python loop dispatching one jitted per-client call at a time (a client's
+  whole local training per call; FedJAX dispatches every local step). Rounds using it are not jitted as a whole.
 """
 from __future__ import annotations
 
@@ -120,12 +120,12 @@ class LoopExecutor(Executor):
 
 
 EXECUTORS = {
-    "auto": "measured rule: sharded on several devices; vmap for small per-client work or on accelerators; "
-            "per-client loop for conv models on CPU, cache-sized chunks for the others (see choose_executor)",
+    "auto": "measured rule: sharded on several devices; on CPU a per-client loop for conv models and cache-sized "
+            "chunks for the others; on accelerators vmap, chunked beyond the memory budget (see choose_executor)",
     "vmap": "jax.vmap over the whole cohort: one batched program",
     "chunked": "lax.map over groups of chunk_size clients, vmap inside: bounded memory",
     "sharded": "shard_map over a Mesh with a 'clients' axis spanning all devices, vmap inside each shard",
-    "loop": "reference: a Python loop of per-client jitted calls (how FedJAX runs clients)",
+    "loop": "reference: a Python loop of per-client jitted calls (one call runs a client's whole local training)",
 }
 
 # On CPU a chunk of clients whose working set (parameters, gradients, updates, local data) stays within this many
