@@ -31,6 +31,15 @@ def pytest_configure(config):
 
     import jax
 
-    jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="fljax-test-jax-cache-"))
+    config._fljax_cache_dir = tempfile.mkdtemp(prefix="fljax-test-jax-cache-")
+    jax.config.update("jax_compilation_cache_dir", config._fljax_cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_unconfigure(config):
+    """Remove this process's compilation cache (it only serves one test session)."""
+    import shutil
+
+    if getattr(config, "_fljax_cache_dir", None):
+        shutil.rmtree(config._fljax_cache_dir, ignore_errors=True)
