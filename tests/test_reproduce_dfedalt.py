@@ -1,10 +1,10 @@
 """The DFedAlt reproduction's bookkeeping: claim verdicts from results, and rendering the report and plots."""
-import json
 import os
 
 import pytest
 
 from fljax.reproduce import dfedalt as R
+from fljax.runner.files import read_json, write_json
 
 
 def _results(acc: dict, cd: dict | None = None, seeds: int = 2) -> dict:
@@ -59,8 +59,7 @@ def test_consensus_claim_needs_the_full_ordering():
 
 
 def test_render_writes_report_and_plots(tmp_path):
-    path = tmp_path / "results.json"
-    path.write_text(json.dumps(_results(_table())))
+    write_json(str(tmp_path / "results.json.gz"), _results(_table()))
     assert R.main(["--render", "--out", str(tmp_path)]) == 0
     report = (tmp_path / "README.md").read_text()
     assert "Command(s): `python -m fljax.reproduce.dfedalt`" in report and "| DFedAlt | 90.05 ± 0.05 |" in report
@@ -79,5 +78,5 @@ def test_bad_arguments_are_refused(tmp_path, capsys):
 def test_end_to_end_tiny_run(tmp_path):
     assert R.main(["--only", "table", "--seeds", "1", "--rounds", "3", "--out", str(tmp_path),
                    "--compile-cache", ""]) == 0
-    results = json.loads((tmp_path / "results.json").read_text())
+    results = read_json(str(tmp_path / "results.json.gz"))
     assert len(results["runs"]) == len(R.SPLITS) * (len(R.TABLE_METHODS) + 2)

@@ -258,3 +258,14 @@ def test_compare_writes_table_plot_and_runs(tmp_path, capsys):
     # the local baseline communicates nothing; fedavg does
     assert summary["results"]["local"]["final"]["bytes_up"]["mean"] == 0
     assert summary["results"]["fedavg"]["final"]["bytes_up"]["mean"] > 0
+
+
+def test_json_round_trips_plain_and_gzipped(tmp_path):
+    from fljax.runner.files import read_json, write_json
+
+    value = {"runs": {"a": [0.1, 2, None]}, "meta": "x"}
+    for name in ("r.json", "r.json.gz"):
+        write_json(str(tmp_path / name), value, indent=None)
+        assert read_json(str(tmp_path / name)) == value
+    assert (tmp_path / "r.json.gz").read_bytes()[:2] == b"\x1f\x8b"  # gzip magic: really compressed
+    assert sorted(os.listdir(tmp_path)) == ["r.json", "r.json.gz"]  # no temporary file left

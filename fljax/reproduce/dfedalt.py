@@ -21,15 +21,14 @@ Studies (``--only``; all by default, 986 s measured on the 2-core CPU):
 * ``ceiling``: the same MLP trained centrally on the whole train pool, scored per client with its label set known.
 * ``more_seeds``: claim 1's methods on Pat c=2 with 10 seeds, compared seed by seed.
 Then the gated claims 1–4 of spec §9 are checked on these results (claim 5, the exact identities, is
-``tests/test_dfedalt.py``). Outputs in ``--out`` (default ``benchmarks/results/dfedalt``): ``results.json`` (every
-run's history), ``README.md`` (tables and claims, with the commands), ``curves.png``, ``topology.png``,
-``neighbours.png``. ``--render`` rebuilds the tables and plots from an existing ``results.json``; ``--resume`` adds
+``tests/test_dfedalt.py``). Outputs in ``--out`` (default ``benchmarks/results/dfedalt``): ``results.json.gz``
+(every run's history, gzip-compressed), ``README.md`` (tables and claims, with the commands), ``curves.png``, ``topology.png``,
+``neighbours.png``. ``--render`` rebuilds the tables and plots from an existing ``results.json.gz``; ``--resume`` adds
 studies to it.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -37,7 +36,7 @@ import time
 
 import numpy as np
 
-from fljax.runner.files import write_png, write_text
+from fljax.runner.files import read_json, write_json, write_png, write_text
 
 __all__ = ["main", "SPLITS", "methods", "make_data", "run_one"]
 
@@ -459,7 +458,7 @@ def reported(results: dict) -> list[tuple[str, str]]:
 
 
 def _compact(value):
-    """Floats to 9 significant digits, which round-trip the float32 metrics exactly (a smaller results.json)."""
+    """Floats to 9 significant digits, which round-trip the float32 metrics exactly (a smaller results file)."""
     if isinstance(value, float):
         return float(f"{value:.9g}")
     if isinstance(value, dict):
@@ -583,9 +582,9 @@ def parse_args(argv):
     p.add_argument("--rounds", type=int, default=100)
     p.add_argument("--eval-every", type=int, default=1)
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
-    p.add_argument("--render", action="store_true", help="only rebuild README.md and plots from OUT/results.json")
+    p.add_argument("--render", action="store_true", help="only rebuild README.md and plots from OUT/results.json.gz")
     p.add_argument("--resume", action="store_true",
-                   help="keep the runs already in OUT/results.json (same seeds, rounds, eval-every) and add the rest")
+                   help="keep the runs already in OUT/results.json.gz (same seeds, rounds, eval-every) and add the rest")
     p.add_argument("--compile-cache", default=os.path.join(tempfile.gettempdir(), "fljax-jax-cache"),
                    help="JAX persistent compilation cache folder (seeds and splits share programs); '' disables")
     args = p.parse_args(argv)
@@ -607,13 +606,12 @@ def _commands(results: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     command = " ".join(["python -m fljax.reproduce.dfedalt"] + list(sys.argv[1:] if argv is None else argv))
-    path = os.path.join(args.out, "results.json")
+    path = os.path.join(args.out, "results.json.gz")
     if args.render:
         if not os.path.exists(path):
             print(f"fljax: error: {path} does not exist; run the studies first (without --render).", file=sys.stderr)
             return 2
-        with open(path) as f:
-            results = json.load(f)
+        results = read_json(path)
         command = " && ".join(_commands(results) or [command])
     else:
         if args.compile_cache:
@@ -625,8 +623,7 @@ def main(argv: list[str] | None = None) -> int:
         meta = {"seeds": args.seeds, "rounds": args.rounds, "eval_every": args.eval_every}
         commands = [command]
         if args.resume and os.path.exists(path):
-            with open(path) as f:
-                runner.results = json.load(f)
+            runner.results = read_json(path)
             old = {k: runner.results.get("meta", {}).get(k) for k in meta}
             if old != meta:
                 print(f"fljax: error: {path} was made with {old}, not {meta}; drop --resume or match them.",
@@ -639,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{study} study ...", flush=True)
             getattr(runner, study)()
             runner.results["seconds"][study] = runner.results["seconds"].get(study, 0) + time.perf_counter() - t0
-            write_text(path, json.dumps(_compact(runner.results)))  # an interruption loses at most one study
+            write_json(path, _compact(runner.results), indent=None)  # an interruption loses at most one study
         results = runner.results
         command = " && ".join(commands)
     text = report(results, command)

@@ -4,6 +4,7 @@ never a truncated one, and no temporary file behind when the write fails with an
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import uuid
@@ -37,8 +38,14 @@ def write_text(path: str, text: str) -> None:
             os.fsync(f.fileno())
 
 
-def write_json(path: str, value) -> None:
-    write_text(path, json.dumps(value, indent=2) + "\n")
+def write_json(path: str, value, indent: int | None = 2) -> None:
+    """JSON text; gzip-compressed when ``path`` ends with ``.gz`` (large result files)."""
+    text = json.dumps(value, indent=indent) + "\n"
+    if not str(path).endswith(".gz"):
+        return write_text(path, text)
+    with atomic_path(path) as tmp:
+        with gzip.open(tmp, "wt") as f:
+            f.write(text)
 
 
 def write_jsonl(path: str, records: list[dict]) -> None:
@@ -61,7 +68,7 @@ def write_png(path: str, fig) -> None:
 
 
 def read_json(path: str):
-    with open(path) as f:
+    with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
         return json.load(f)
 
 
