@@ -8,8 +8,9 @@ import os as _os
 __version__ = "0.1.0"
 
 # LAPACK calls inside XLA:CPU programs (SVD, eigh, Cholesky: FedSLR's SVT, FedGiA's solves) run on OpenBLAS, whose
-# thread pool fights XLA's own threads: on a 2-core machine a 64×64 SVD took 95 ms with the default pool and 0.4 ms
-# single-threaded. fljax therefore runs OpenBLAS single-threaded unless OPENBLAS_NUM_THREADS is set by the user.
+# thread pool stalls when every core is busy: on a 2-core machine a 64×64 SVD took 92 ms with 2 threads and 0.28 ms
+# with one (benchmarks/lapack_threads.py). fljax therefore runs OpenBLAS single-threaded unless OPENBLAS_NUM_THREADS
+# is set by the user.
 if "OPENBLAS_NUM_THREADS" not in _os.environ:
     _os.environ["OPENBLAS_NUM_THREADS"] = "1"  # libraries loaded from now on (jaxlib's LAPACK loads lazily)
     import threadpoolctl as _threadpoolctl
