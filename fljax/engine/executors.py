@@ -128,9 +128,9 @@ EXECUTORS = {
     "loop": "reference: a Python loop of per-client jitted calls (one call runs a client's whole local training)",
 }
 
-# On CPU a chunk of clients whose working set (parameters, gradients, updates, local data) stays within this many
-# bytes runs fastest: measured on a 2-core CPU with benchmarks/throughput.py (MLP-28x28: 4 clients of ~3.8 MB per
-# chunk; logistic regression: ~250 clients of ~58 kB). Larger chunks spill the caches, smaller ones pay overhead.
+# On CPU, chunks of clients whose working set (parameters, gradients, updates, local data) stays near this many
+# bytes beat one whole-cohort vmap (benchmarks/results/throughput.md: MLP-28x28 with 3 clients of ~3.8 MB per chunk,
+# logistic regression with 244 clients of ~50 kB). Chosen from a few chunk sizes tried by hand, not a tuned optimum.
 CPU_CHUNK_BYTES = 12e6
 
 
@@ -140,8 +140,8 @@ def choose_executor(*, backend: str, device_count: int, has_conv: bool, cohort: 
 
     * several devices → :class:`ShardedExecutor`;
     * CPU and a convolutional model → :class:`LoopExecutor`: XLA:CPU runs batched (vmapped) convolutions over many
-      clients' weights several times slower than one client at a time (CNN1: 762 client-steps/s per client
-      against 123–218 vmapped or chunked);
+      clients' weights several times slower than one client at a time (CNN1: 756 client-steps/s one at a time
+      against 43–224 vmapped or chunked, benchmarks/results/throughput.md);
     * CPU otherwise → :class:`ChunkedExecutor` with ``CPU_CHUNK_BYTES / per_client_bytes`` clients per chunk
       (:class:`VmapExecutor` when that holds the whole cohort);
     * accelerators → :class:`VmapExecutor`, or :class:`ChunkedExecutor` when the cohort's working set exceeds
