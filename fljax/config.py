@@ -15,13 +15,11 @@ from typing import Any
 
 import yaml
 
+from fljax.errors import ConfigError, OptionError  # noqa: F401 (re-exported)
+
 __all__ = ["ConfigError", "DataConfig", "ModelConfig", "ExperimentConfig", "from_dict", "to_dict", "load_config",
            "check_compare_algo",
            "apply_overrides", "parse_override", "hyperparameters", "algorithm_config"]
-
-
-class ConfigError(ValueError):
-    """An invalid configuration (the message is one line naming the key)."""
 
 
 @dataclasses.dataclass
