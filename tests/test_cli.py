@@ -39,7 +39,7 @@ def _error(capsys, argv) -> str:
     (["--set", "data.num_clients=1.5"], "data.num_clients: expected int, got 1.5."),
     (["--set", "algo.lr=-0.1"], "algo.lr must be > 0, got -0.1."),
     (["--set", "data.num_clients=20", "--set", "algo.cohort_size=50"],
-     "algo.cohort_size=50 must be between 1 and num_clients=20"),
+     "algo.cohort_size must be between 1 and num_clients=20 (or null for full participation), got 50."),
     (["--set", "data.alpha=0"], "data.alpha must be > 0 (Dirichlet concentration), got 0.0."),
     (["--set", "data.alpha=-0.5"], "data.alpha must be > 0 (Dirichlet concentration), got -0.5."),
     (["--seeds", "0"], "seeds must be > 0, got 0."),
