@@ -34,9 +34,10 @@ PyTree = Any
 HIGHEST = jax.lax.Precision.HIGHEST
 
 __all__ = [
-    "dual_ascent", "augmented_lagrangian_grad", "linearized_primal", "z_form", "gd_branch", "consensus_from_z", "augmented_lagrangian",
-    "linearised_prox", "admm_consensus", "CholeskySolver", "WoodburySolver", "InverseSolver", "WoodburyInverseSolver",
-    "CGSolver", "cholesky_solver", "woodbury_solver", "inverse_solver", "woodbury_inverse_solver", "cg_solver",
+    "dual_ascent", "augmented_lagrangian_grad", "linearized_primal", "z_form", "gd_branch", "consensus_from_z",
+    "augmented_lagrangian", "linearised_prox", "admm_consensus", "CholeskySolver", "WoodburySolver", "InverseSolver",
+    "WoodburyInverseSolver", "CGSolver", "cholesky_solver", "woodbury_solver", "inverse_solver",
+    "woodbury_inverse_solver", "cg_solver",
 ]
 
 
@@ -47,9 +48,10 @@ def _bcast(a, x):
 
 
 def _penalty_scale(sigma, eta) -> Callable:
-    """v ↦ σ·v (``sigma``) or v ↦ v/η (``eta``), exactly one given. In IEEE arithmetic (1/η)·v and v/η differ in
-    the last bit on some entries; XLA:CPU lowers v/η to v·(1/η), accelerators need not, so each caller keeps its
-    own form to stay bit-identical on every backend."""
+    """v ↦ σ·v (``sigma``) or v ↦ v/η (``eta``), exactly one given. The two differ in the last bit on some
+    entries: IEEE division rounds once, (1/η)·v twice (XLA:CPU evaluates v/η as v·fl(1/fl(η)), in the leaf's
+    precision, which still differs from σ·v where σ = 1/η was rounded from double), so each caller keeps the form of
+    its code to stay bit-identical on every backend."""
     if (sigma is None) == (eta is None):
         raise ValueError(f"give exactly one of sigma (σ·v) and eta (v/η), got sigma={sigma!r}, eta={eta!r}")
     return (lambda v: sigma * v) if eta is None else (lambda v: v / eta)
