@@ -163,7 +163,7 @@ def test_rank_and_downlink_fall_as_lambda_grows(digits10):
     for lam in (0.0, 2e-2, 1e-1):
         before, state, metrics, summary = _rounds(digits10, lam=lam)
         dens.append(float(summary["gkr_rank_density"]))
-        # the round's downlink is the previous GKR's factorised size, counted on the host from its singular values
+        # the round's downlink is the previous GKR's factorised size, measured again from its singular values
         sent, dense = prox.transmission_bytes(before.server["params"])
         np.testing.assert_allclose(float(metrics["bytes_down"]), 10 * int(sent), rtol=1e-6)
         assert float(metrics["bytes_up"]) == 10 * int(dense)
