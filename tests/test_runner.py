@@ -8,9 +8,9 @@ import pytest
 
 import fljax.data as D
 from fljax.cli import main
-from fljax.engine import SeedBatch
+from fljax.engine import Lanes
 from fljax.engine.driver import block_schedule
-from fljax.engine.seeds import stack_data
+from fljax.engine.lanes import stack_data
 from fljax.runner import files
 from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
 
@@ -231,7 +231,7 @@ def test_seed_batch_refuses_data_of_different_shapes():
 
     sim = Simulation(make_algorithm("fedavg", cohort_size=2), skewed[0], executor="vmap")
     with pytest.raises(ValueError, match="cannot run as one program"):
-        SeedBatch(sim, [0, 1], skewed)
+        Lanes(sim, [0, 1], skewed)
 
 
 # ------------------------------------------------------------------------------------------------ compare

@@ -6,10 +6,10 @@ from fljax.engine.executors import (EXECUTORS, ChunkedExecutor, Executor, LoopEx
                                     choose_executor, make_executor)
 from fljax.engine.protocol import ClientInput, ClientResult, FederatedAlgorithm
 from fljax.engine.sampling import bernoulli_mask, sample_cohort
-from fljax.engine.seeds import SeedBatch
+from fljax.engine.lanes import Lanes
 from fljax.engine.state import State
 
-__all__ = ["ClientCall", "RoundContext", "NonFiniteError", "RunLog", "RunResult", "SeedBatch", "Simulation",
+__all__ = ["ClientCall", "RoundContext", "NonFiniteError", "RunLog", "RunResult", "Lanes", "Simulation",
            "default_model", "summarize", "EXECUTORS", "ChunkedExecutor", "Executor", "LoopExecutor",
            "ShardedExecutor", "VmapExecutor", "make_executor", "choose_executor", "ClientInput", "ClientResult",
            "FederatedAlgorithm", "bernoulli_mask", "sample_cohort", "State"]

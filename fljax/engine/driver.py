@@ -122,42 +122,53 @@ class Simulation:
         """The round context the algorithm sees (the model and unroll factor bound here)."""
         return RoundContext(self.executor, data, round_, key, self.model, self.unroll)
 
+    def algorithm_at(self, hp: dict | None):
+        """The algorithm with the hyperparameters in ``hp`` replaced: inside a compiled program their values are
+        traced arguments, so one program serves a whole grid of them (a value that Python control flow inspects
+        cannot be traced: tracing it raises, and such a grid runs as separate programs)."""
+        return self.algorithm if not hp else dataclasses.replace(self.algorithm, **hp)
+
     # ---------------------------------------------------------------------------------------------- state
-    def init(self, seed: int | None = None) -> State:
-        """The initial state of the run with ``seed`` (default: the simulation's). It runs eagerly: one call per
-        run, whose small ops JAX caches across algorithms, costs less than compiling it."""
-        return self._init(jax.random.PRNGKey(self.seed if seed is None else seed))
+    def init(self, seed: int | None = None, hp: dict | None = None) -> State:
+        """The initial state of the run with ``seed`` (default: the simulation's) and hyperparameters ``hp``
+        (default: the algorithm's), compiled once per simulation (eagerly under the loop executor)."""
+        key = jax.random.PRNGKey(self.seed if seed is None else seed)
+        if not self.executor.jittable:
+            return self._init(key, hp)
+        return self._compiled_fn("init", self._init, (key, hp))(key, hp)
 
     def state_shapes(self) -> State:
         """The state's structure, shapes and dtypes (``jax.ShapeDtypeStruct`` leaves), e.g. to restore a checkpoint
         into; nothing is computed."""
         return jax.eval_shape(self._init, jax.random.PRNGKey(self.seed))
 
-    def _init(self, key) -> State:
+    def _init(self, key, hp: dict | None = None) -> State:
         ctx = self.context(self.data, jnp.int32(0), jax.random.fold_in(key, 0))
-        server, clients = self.algorithm.init(ctx)
+        server, clients = self.algorithm_at(hp).init(ctx)
         return State(server=server, clients=clients, round=jnp.int32(0), key=key)
 
     # ---------------------------------------------------------------------------------------------- rounds
-    def _round(self, state: State, data: FederatedData):
+    def _round(self, state: State, data: FederatedData, hp: dict | None = None):
         ctx = self.context(data, state.round, _round_key(state.key, state.round))
-        server, clients, metrics = self.algorithm.round(ctx, state.server, state.clients)
+        server, clients, metrics = self.algorithm_at(hp).round(ctx, state.server, state.clients)
         metrics = dict(metrics)
         losses = {k: v for k, v in metrics.items() if "loss" in k}
         metrics["finite_params"] = tree.all_finite((server, clients))
         metrics["finite"] = metrics["finite_params"] & tree.all_finite(losses)
         return State(server=server, clients=clients, round=state.round + 1, key=state.key), metrics
 
-    def _block(self, state: State, data: FederatedData, n: int):
-        return jax.lax.scan(lambda s, _: self._round(s, data), state, None, length=n)
+    def _block(self, state: State, data: FederatedData, n: int, hp: dict | None = None):
+        return jax.lax.scan(lambda s, _: self._round(s, data, hp), state, None, length=n)
 
-    def _evaluate(self, state: State, data: FederatedData):
+    def _evaluate(self, state: State, data: FederatedData, hp: dict | None = None):
         ctx = self.context(data, state.round, _round_key(state.key, state.round))
-        return self.algorithm.evaluate(ctx, state.server, state.clients)
+        return self.algorithm_at(hp).evaluate(ctx, state.server, state.clients)
 
     def _compiled_fn(self, name: str, fn: Callable, args, static: tuple = ()):
-        """AOT-compile ``fn`` once per (name, static) and account the compile time."""
-        key = (name,) + static
+        """AOT-compile ``fn`` once per (name, static, structure and shapes of ``args``) and account the compile
+        time."""
+        leaves, treedef = jax.tree.flatten(args)
+        key = (name, static, treedef, tuple((np.shape(x), str(getattr(x, 'dtype', type(x)))) for x in leaves))
         if key not in self._compiled:
             t0 = time.perf_counter()
             self._compiled[key] = jax.jit(fn).lower(*args).compile()

@@ -20,8 +20,8 @@ import jax
 
 from fljax import tree
 from fljax.config import ConfigError, ExperimentConfig, algorithm_config, check_compare_algo
-from fljax.engine import NonFiniteError, RunLog, RunResult, SeedBatch, Simulation
-from fljax.engine.seeds import can_batch
+from fljax.engine import Lanes, NonFiniteError, RunLog, RunResult, Simulation
+from fljax.engine.lanes import can_batch
 from fljax.runner import files
 from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
 from fljax.runner.plots import plot_compare, plot_run
@@ -203,7 +203,7 @@ def _run_lanes(lanes: _Lanes, output: Output, vectorised: bool) -> list[RunResul
     saving = lanes.every != 0
     common = dict(checkpoint_every=lanes.every or 0, progress=output.progress)
     if vectorised:
-        batch = SeedBatch(lanes.sims[0], lanes.seeds, None if lanes.shared_data else lanes.datas)
+        batch = Lanes(lanes.sims[0], lanes.seeds, None if lanes.shared_data else lanes.datas)
         states = batch.init() if lanes.states[0] is None else tree.stack(lanes.states)
         try:
             results = batch.run(cfg.rounds, cfg.eval_every, states, lanes.logs, callback=on_eval,

@@ -3,7 +3,7 @@
 Seed sweep ``seeds: N`` runs seeds ``seed, seed+1, ..., seed+N-1``. The data seed is ``data.seed`` when set (every
 run seed then shares one data set and partition) and otherwise follows the run seed (each seed draws its own
 partition). The seeds run as ONE compiled program, vmapped over a leading seed axis of the state
-(:class:`fljax.engine.SeedBatch`), when
+(:class:`fljax.engine.Lanes`), when
 
 * the executor is jitted on one device (``vmap`` or ``chunked``; not ``loop`` or ``sharded``), and
 * every seed has the same data, or per-seed data of identical shapes (for example an ``iid`` split, whose client

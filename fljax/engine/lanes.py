@@ -1,0 +1,112 @@
+"""Several runs of one experiment as one compiled program: lanes.
+
+A lane is one run: a seed, its data (shared by every lane, or its own of the same shapes) and its values of the
+*traced* hyperparameters (the algorithm's own when there are none). The block of rounds and the evaluation are
+``vmap``-ed over a leading lane axis of :class:`State`, of the data when each lane has its own, and of the traced
+hyperparameters, so seeds, trials and a grid of learning rates all run as ONE program.
+
+Lane i's state starts from ``Simulation.init(seeds[i], hps[i])``, so it draws exactly the random numbers a separate
+run with that seed draws; the results agree with separate runs to floating-point tolerance (batched matmuls may
+round differently). :func:`stack_data` refuses data of different shapes; such runs go one after another.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fljax import tree
+from fljax.engine.driver import RunLog, RunResult, Simulation, drive
+from fljax.engine.executors import ShardedExecutor
+
+__all__ = ["Lanes", "stack_data", "stack_hyperparameters", "can_batch"]
+
+
+def can_batch(sim: Simulation, datas: list | None = None) -> bool:
+    """True when ``sim``'s rounds can run vmapped over lanes: a jitted, single-device executor and (when each lane
+    has its own data) data of identical shapes."""
+    if not sim.executor.jittable or isinstance(sim.executor, ShardedExecutor):
+        return False
+    return datas is None or stack_data(datas) is not None
+
+
+def stack_data(datas: list):
+    """The per-lane data stacked along a new leading axis, or None when their shapes or static fields differ."""
+    structures = {jax.tree.structure(d) for d in datas}
+    shapes = {tuple(x.shape for x in jax.tree.leaves(d)) for d in datas}
+    if len(structures) > 1 or len(shapes) > 1:
+        return None
+    return tree.stack(datas)
+
+
+def stack_hyperparameters(sim: Simulation, hps: list[dict]) -> dict:
+    """``[{"lr": 0.1}, {"lr": 0.3}]`` → ``{"lr": Array([0.1, 0.3])}`` in each field's dtype (float32 for floats,
+    int32 for ints, as the values would be traced in a separate run). Every lane must set the same keys."""
+    keys = {tuple(sorted(h)) for h in hps}
+    if len(keys) != 1:
+        raise ValueError(f"every lane must set the same hyperparameters, got {sorted(keys)}.")
+    out = {}
+    for key in sorted(hps[0]):
+        values = [h[key] for h in hps]
+        dtype = jnp.int32 if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values) \
+            else jnp.float32
+        out[key] = jnp.asarray(values, dtype)
+    return out
+
+
+class Lanes:
+    """``sim`` run for every lane at once: ``seeds[i]``, data ``datas[i]`` (None: ``sim.data`` for all) and traced
+    hyperparameters ``hps[i]`` (None: the algorithm's own values, not traced)."""
+
+    def __init__(self, sim: Simulation, seeds: list[int], datas: list | None = None, hps: list[dict] | None = None):
+        if not can_batch(sim, datas):
+            raise ValueError("these runs cannot run as one program (loop or sharded executor, or data of different "
+                             "shapes per lane); run them one after another.")
+        if hps is not None and len(hps) != len(seeds):
+            raise ValueError(f"{len(seeds)} seeds but {len(hps)} hyperparameter settings.")
+        self.sim = sim
+        self.seeds = list(seeds)
+        self.data = sim.data if datas is None else stack_data(datas)
+        self._data_axis = None if datas is None else 0
+        self.hp = None if not hps or not hps[0] else stack_hyperparameters(sim, hps)
+
+    @property
+    def compile_seconds(self) -> float:
+        return self.sim.compile_seconds
+
+    def _vmap(self, fn):
+        """``fn(state, data, hp)`` vmapped over the lane axis of the state, the data (if per lane) and hp."""
+        return jax.vmap(fn, in_axes=(0, self._data_axis, None if self.hp is None else 0))
+
+    def init(self):
+        """The lanes' initial states, stacked: lane i is exactly ``Simulation.init(seeds[i], hps[i])``."""
+        keys = jnp.stack([jax.random.PRNGKey(s) for s in self.seeds])
+        fn = jax.vmap(self.sim._init, in_axes=(0, None if self.hp is None else 0))
+        return self.sim._compiled_fn("lanes_init", fn, (keys, self.hp))(keys, self.hp)
+
+    def run_rounds(self, states, n: int):
+        """n rounds of every lane as one compiled, vmapped scan; metrics have shape [lanes, n]."""
+        block = self._vmap(lambda s, d, h: self.sim._block(s, d, n, h))
+        return self.sim._compiled_fn("lanes_block", block, (states, self.data, self.hp), (n,))(
+            states, self.data, self.hp)
+
+    def evaluate(self, states):
+        fn = self._vmap(self.sim._evaluate)
+        return self.sim._compiled_fn("lanes_evaluate", fn, (states, self.data, self.hp))(states, self.data, self.hp)
+
+    def run(self, rounds: int, eval_every: int, states=None, logs: list[RunLog] | None = None, *,
+            checkpoint_every: int = 0, callback=None, on_checkpoint=None, progress: bool = True,
+            stop_on_nonfinite: bool = True, labels: list[str] | None = None) -> list[RunResult]:
+        """Like :meth:`Simulation.run` for every lane; ``callback(lane, record, state)`` and
+        ``on_checkpoint(lane, state, log)`` receive the lane index and that lane's state. Resuming: pass the
+        stacked states and the lanes' logs from checkpoints taken at the same round."""
+        states = states if states is not None else self.init()
+        logs = logs if logs is not None else [RunLog() for _ in self.seeds]
+        states, per_client = drive(self, states, logs, rounds, eval_every, checkpoint_every, lanes=True,
+                                   callback=callback, on_checkpoint=on_checkpoint, progress=progress,
+                                   stop_on_nonfinite=stop_on_nonfinite,
+                                   labels=labels or [f"seed {s}" for s in self.seeds])
+        per_client = jax.device_get(per_client)
+        return [RunResult(jax.tree.map(lambda x: x[i], states), log.history,
+                          {k: v[i] for k, v in per_client.items()}, self.compile_seconds, log.run_seconds)
+                for i, log in enumerate(logs)]
