@@ -22,7 +22,7 @@ from fljax.engine.context import RoundContext
 from fljax.engine.evaluation import evaluate
 from fljax.engine.executors import Executor, choose_executor, make_executor
 from fljax.engine.state import State
-from fljax.models.model import Model, make_model
+from fljax.models.model import Model, auto_model, make_model
 
 if TYPE_CHECKING:  # the engine sits below the algorithms layer: no runtime import
     from fljax.algorithms.base import Algorithm
@@ -37,8 +37,7 @@ class NonFiniteError(FloatingPointError):
 
 def default_model(data: FederatedData) -> Model:
     """Logistic regression for vector data, CNN1 for images."""
-    name = "logreg" if len(data.input_shape) == 1 else "cnn1"
-    return make_model(name, data.input_shape, data.num_classes)
+    return make_model(auto_model(data.input_shape), data.input_shape, data.num_classes)
 
 
 def _round_key(base, round_):
