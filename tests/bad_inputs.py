@@ -79,8 +79,7 @@ CASES = [
     _case(_KEYS, "run --set rounds", "override 'rounds' must look like key=value"),
     _case(_KEYS, "run --set data..alpha=0.1", "'data..alpha' is not a dotted key name"),
     _case(_KEYS, "run configs/fedavg.yaml --set rounds.x=1", "'rounds' is not a section"),
-    _case(_NAMES, "run --algorithm fedavgg", "algorithm must be one of ['"),
-    _case(_NAMES, "run --algorithm fedavgg", "Did you mean 'fedavg'?"),
+    _case(_NAMES, "run --algorithm fedavgg", "got 'fedavgg'. Did you mean 'fedavg'?"),
     _case(_NAMES, "run --dataset digitz", "data.dataset must be one of ["),
     _case(_NAMES, "run --set data.partition=dirichlett", "data.partition must be one of ["),
     _case(_NAMES, "run --set data.partition=iid", "data.partition must be 'natural' for synthetic"),
@@ -204,7 +203,7 @@ def _shown(case: Case) -> str:
     if case.shown and not case.files:
         return _cell(case.shown)
     command = _cell("fljax " + " ".join(case.argv))
-    files = [f"{name}: {_cell(case.shown or text.rstrip())}" for name, text in case.files if text]
+    files = [f"{name}: {_cell(case.shown or text.rstrip().replace(chr(10), ' ↵ '))}" for name, text in case.files if text]
     return command + "".join(f"<br>{f}" for f in files)
 
 
