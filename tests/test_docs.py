@@ -37,3 +37,21 @@ def test_python_block_runs(where, code, tmp_path, monkeypatch):
 def test_the_bad_input_catalogue_is_current():
     with open(DOC) as f:
         assert f.read() == render(messages()), "docs/errors.md is out of date: run `python tests/bad_inputs.py`"
+
+
+def test_configs_readme_lists_every_key():
+    import dataclasses
+
+    from fljax.config import ExperimentConfig, ModelConfig
+    from fljax.data import PARTITIONERS, SOURCES, DataConfig
+    from fljax.models import MODELS
+    from fljax.models.model import model_options
+
+    names = lambda cls: {f.name for f in dataclasses.fields(cls)}  # noqa: E731
+    keys = {*names(ExperimentConfig), *names(ModelConfig), *(names(DataConfig) - {"options"}),
+            *(k for s in SOURCES.values() for k in names(s.options)),
+            *(k for p in PARTITIONERS.values() for k in names(p.options)),
+            *(f.name for m in MODELS for f in model_options(m))}
+    with open(os.path.join(ROOT, "configs", "README.md")) as f:
+        text = f.read()
+    assert not [k for k in sorted(keys) if f"`{k}`" not in text], "add these keys to configs/README.md"
