@@ -42,7 +42,8 @@ class ModelConfig(Options):
 
 
 def _run_name(name: str) -> str | None:
-    return f"must not contain {os.sep!r} (it names the run directory), got {show(name)}." if os.sep in name else None
+    bad = [c for c in (os.sep, "\0") if c in name]
+    return f"must not contain {bad[0]!r} (it names the run directory), got {show(name)}." if bad else None
 
 
 @dataclasses.dataclass

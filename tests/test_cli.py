@@ -47,6 +47,9 @@ def test_list_shows_every_registry(capsys):
         assert section in out
     for name in (*ALGORITHMS, "digits", "dirichlet", "mlp", "vmap", "ring"):
         assert f"  {name} " in out
+    for option in ("alpha (default 0.5): Dirichlet concentration", "samples_per_client (default null)",
+                   "noise (default 0.0)", "hidden (default [200, 200])", "test_per_client "):
+        assert option in out  # each data set's, partitioner's and model's options
 
 
 def test_reproduce_dispatches_by_name(capsys, tmp_path, monkeypatch):
