@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-import re
 import typing
 from typing import Any, Literal, Mapping
 
@@ -85,14 +84,10 @@ class ExperimentConfig(Options):
         self.algo = hyperparameters(self.algorithm, self.algo)
         try:
             make_algorithm(self.algorithm, **self.algo).validate(self.data.num_clients)
-        except OptionError as e:
+        except OptionError as e:  # names its key: "lr must be > 0, ..." -> "algo.lr must be > 0, ..."
             raise e.within("algo") from None
-        except (TypeError, ValueError) as e:  # algorithms that still raise a plain ValueError ("lr must be > 0, ...")
-            from fljax.algorithms.registry import get_algorithm, hyperparameter_fields
-
-            head = re.match(r"\w+", str(e))
-            named = head is not None and head.group(0) in hyperparameter_fields(get_algorithm(self.algorithm))
-            raise ConfigError(f"algo.{e}" if named else f"algo: {e}") from None
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"algo: {e}") from None
         return self
 
     @property

@@ -10,7 +10,7 @@ import pytest
 import fljax.data as D
 from fljax import tree
 from fljax.algorithms import make_algorithm
-from fljax.algorithms.base import ClientResult
+from fljax.algorithms.base import ClientInput, ClientResult
 from fljax.engine import Simulation, sample_cohort
 from fljax.engine.context import SAMPLE
 from fljax.engine.driver import _round_key
@@ -90,8 +90,9 @@ def _one_client(n=12, d=5, c=3, seed=0):
     return arr.client(0), D.Batch(arr.x[0], arr.y[0], arr.mask[0]), make_model("mlp", (d,), c, hidden=[4])
 
 
-def _bind(name, model, **kw):
-    return make_algorithm(name, **kw).bind(model)
+def _inp(model, state, train, key, down=None, round_=0):
+    """One client's input, as the engine builds it."""
+    return ClientInput(state=state, train=train, key=key, round=jnp.int32(round_), down=down, model=model)
 
 
 def _ctx(num_clients, round_=0):
@@ -105,10 +106,10 @@ def _rand_like(p, seed, scale=0.1):
 def test_feddyn_client_and_server_rules():
     train, batch, model = _one_client()
     a, lr, wd, k = 0.3, 0.1, 1e-2, 3
-    algo = _bind("feddyn", model, alpha=a, lr=lr, weight_decay=wd, batch_size=None, local_steps=k)
+    algo = make_algorithm("feddyn", alpha=a, lr=lr, weight_decay=wd, batch_size=None, local_steps=k)
     theta = model.init(jax.random.PRNGKey(0))
     g_i = _rand_like(theta, 1)
-    res = algo.client_update((theta, jnp.int32(0)), ({"g": g_i}, train, jax.random.PRNGKey(2)))
+    res = algo.client_update(_inp(model, {"g": g_i}, train, jax.random.PRNGKey(2), theta))
     w = theta
     for _ in range(k):
         grad = jax.grad(model.loss)(w, batch)
@@ -130,10 +131,10 @@ def test_feddyn_client_and_server_rules():
 def test_scaffold_option_ii_and_true_step_count():
     train, batch, model = _one_client()
     lr, wd, k = 0.1, 1e-2, 4
-    algo = _bind("scaffold", model, lr=lr, weight_decay=wd, batch_size=None, local_steps=k)
+    algo = make_algorithm("scaffold", lr=lr, weight_decay=wd, batch_size=None, local_steps=k)
     x = model.init(jax.random.PRNGKey(0))
     c, c_i = _rand_like(x, 1), _rand_like(x, 2)
-    res = algo.client_update(((x, c), jnp.int32(0)), ({"c": c_i}, train, jax.random.PRNGKey(3)))
+    res = algo.client_update(_inp(model, {"c": c_i}, train, jax.random.PRNGKey(3), (x, c)))
     y = x
     for _ in range(k):
         grad = jax.grad(model.loss)(y, batch)
@@ -160,18 +161,18 @@ def test_scaffold_option_ii_and_true_step_count():
 def test_apfl_step(adaptive):
     train, batch, model = _one_client()
     lr, wd, a, a_lr = 0.1, 1e-2, 0.3, 0.5
-    algo = _bind("apfl", model, lr=lr, weight_decay=wd, batch_size=None, local_steps=1, alpha=a,
+    algo = make_algorithm("apfl", lr=lr, weight_decay=wd, batch_size=None, local_steps=1, alpha=a,
                  adaptive_alpha=adaptive, alpha_lr=a_lr)
     w = model.init(jax.random.PRNGKey(0))
     v = tree.add(w, _rand_like(w, 1))
-    res = algo.client_update((w, jnp.int32(0)), ({"v": v, "alpha": jnp.float32(a)}, train, jax.random.PRNGKey(2)))
+    res = algo.client_update(_inp(model, {"v": v, "alpha": jnp.float32(a)}, train, jax.random.PRNGKey(2), w))
     grad = lambda p: tree.axpy(wd, p, jax.grad(model.loss)(p, batch))  # noqa: E731
     v_bar = jax.tree.map(lambda vv, ww: a * vv + (1 - a) * ww, v, w)
     assert_trees_close(res.upload, tree.axpy(-lr, grad(w), w), rtol=1e-5, atol=1e-6)
     assert_trees_close(res.state["v"], tree.axpy(-lr * a, grad(v_bar), v), rtol=1e-5, atol=1e-6)
     a_new = np.clip(a - a_lr * float(tree.vdot(tree.sub(v, w), grad(v_bar))), 0, 1) if adaptive else a
     np.testing.assert_allclose(res.state["alpha"], a_new, rtol=1e-5)
-    mixed = algo.personal_params(w, res.state, train, None)
+    mixed = algo.personal_params(_inp(model, res.state, train, None, w))
     assert_trees_close(mixed, jax.tree.map(lambda vv, ww: a_new * vv + (1 - a_new) * ww, res.state["v"], w))
 
 
@@ -179,9 +180,9 @@ def test_apfl_step(adaptive):
 def test_perfedavg_step_first_order_and_hessian_free(hvp_mode):
     _, batch, model = _one_client(n=12)
     alpha, beta, wd = 0.05, 0.2, 1e-2
-    algo = _bind("perfedavg", model, alpha=alpha, beta=beta, weight_decay=wd, batch_size=4, hvp_mode=hvp_mode)
+    algo = make_algorithm("perfedavg", alpha=alpha, beta=beta, weight_decay=wd, batch_size=4, hvp_mode=hvp_mode)
     w = model.init(jax.random.PRNGKey(0))
-    got, _ = algo.meta_step(w, batch, alpha, beta)
+    got, _ = algo.meta_step(model, w, batch, alpha, beta)
     flat, unravel = tree.ravel(w)
     n = algo.batches_per_step
     part = lambda j: D.Batch(batch.x[j::n], batch.y[j::n], batch.mask[j::n])  # noqa: E731
@@ -197,10 +198,10 @@ def test_perfedavg_step_first_order_and_hessian_free(hvp_mode):
 def test_pfedme_local_round():
     train, batch, model = _one_client()
     eta, eta_p, lam, k, r, wd = 0.05, 0.1, 3.0, 3, 2, 1e-2
-    algo = _bind("pfedme", model, lr=eta, personal_lr=eta_p, lam=lam, inner_steps=k, local_steps=r,
+    algo = make_algorithm("pfedme", lr=eta, personal_lr=eta_p, lam=lam, inner_steps=k, local_steps=r,
                  batch_size=None, weight_decay=wd, beta=0.7)
     w_t = model.init(jax.random.PRNGKey(0))
-    w_i, theta, _ = algo.local_round(w_t, train, jax.random.PRNGKey(1), 0)
+    w_i, theta, _ = algo.local_round(w_t, _inp(model, None, train, jax.random.PRNGKey(1)), 0)
     w, th = w_t, w_t
     for _ in range(r):
         for _ in range(k):

@@ -7,7 +7,7 @@ import pytest
 
 import fljax.data as D
 from fljax import tree
-from fljax.algorithms import make_algorithm
+from fljax.algorithms import ClientInput, ClientResult, make_algorithm
 from fljax.engine import Simulation
 from fljax.models import make_model
 from fljax.ops import gossip, partition
@@ -88,7 +88,8 @@ def test_gossip_never_changes_the_personal_part(pat12):
     # the aggregation step itself hands the personal leaves through untouched
     algo = _sim(pat12, "dfedalt", **ALT).algorithm
     local = {"params": full.clients["params"]}
-    out = algo.aggregate(gossip.make_topology("random_k", M, k=3).sample(jax.random.PRNGKey(1)), local)
+    result = ClientResult(local, algo.shared_part(local["params"]), None, {})
+    out = algo.aggregate(gossip.make_topology("random_k", M, k=3).sample(jax.random.PRNGKey(1)), result)
     assert out["params"]["head"]["kernel"] is local["params"]["head"]["kernel"]
 
 
@@ -140,7 +141,9 @@ def test_dispfl_masks_sparsity_and_mask_aware_gossip(pat12):
     new = {"k": jnp.asarray(rng.random((M, 3, 2)) < 0.5)}
     local = {"params": jax.tree.map(lambda v, t: v * t, vals, trained), "trained_mask": trained, "mask": new}
     mixing = gossip.make_topology("random_k", M, k=3).sample(jax.random.PRNGKey(2))
-    out = np.asarray(sim.algorithm.aggregate(mixing, local)["params"]["k"])
+    result = ClientResult({"params": local["params"], "mask": new}, {"params": local["params"], "mask": trained},
+                          None, {})
+    out = np.asarray(sim.algorithm.aggregate(mixing, result)["params"]["k"])
     a = np.asarray(mixing.W) > 0
     v, t, n = (np.asarray(x["k"]) for x in (local["params"], trained, new))
     for i in range(M):
@@ -157,12 +160,12 @@ def test_gossip_step_consensus_decays_within_the_spectral_bound_and_faster_on_de
     cd0 = float(gossip.consensus_distance(x0))
     cd = {}
     for topo in ("ring", "torus", "exp", "full"):
-        algo = make_algorithm("dfedavg", topology=topo).bind(model)
+        algo = make_algorithm("dfedavg", topology=topo)
         mixing = algo.make_topology(M).sample()
         lam = 1 - float(gossip.spectral_gap(mixing))
         local = {"params": x0}
         for t in range(1, 5):
-            local = algo.aggregate(mixing, local)
+            local = algo.aggregate(mixing, ClientResult(local, algo.shared_part(local["params"]), None, {}))
             cd[topo] = float(gossip.consensus_distance(local["params"]))
             assert cd[topo] <= lam ** (2 * t) * cd0 * (1 + 1e-4) + 1e-9
     assert cd["full"] < 1e-9 < cd["exp"] < cd["torus"] < cd["ring"]
@@ -187,7 +190,7 @@ def test_round_metrics_evaluation_points_and_consensus(pat12):
     post_summary, _ = _sim(pat12, "dfedalt", eval_point="gossip", **ALT).evaluate(post)
     assert "post_gossip_acc" not in post_summary
     assert float(summary["post_gossip_acc"]) == pytest.approx(float(post_summary["personal_acc"]), abs=1e-6)
-    model0 = sim.algorithm.personal_params(None, tree.take_clients(state.clients, 0), None, None)
+    model0 = sim.algorithm.personal_params(ClientInput(tree.take_clients(state.clients, 0), None, None, None))
     assert_trees_close(partition.split(model0, sim.algorithm.shared_mask(model0))[0],
                        tree.take_clients(state.clients["z"], 0))
 

@@ -7,7 +7,7 @@ import pytest
 
 import fljax.data as D
 from fljax import tree
-from fljax.algorithms import FedRoD, LocalSGD, make_algorithm
+from fljax.algorithms import ClientInput, FedRoD, LocalSGD, make_algorithm
 from fljax.engine import Simulation
 from fljax.models import make_model
 
@@ -88,10 +88,11 @@ def test_fedbabu_trains_the_body_under_a_fixed_head_and_fine_tunes_at_evaluation
     np.testing.assert_allclose(m["bytes_down"], 4 * body)
     algo = sim.algorithm
     data0 = tree.take_clients(pat12.train, 0)
-    tuned = algo.personal_params(s2.server["params"], {}, data0, jax.random.PRNGKey(0))
+    inp = ClientInput({}, data0, jax.random.PRNGKey(0), jnp.int32(2), down=s2.server["params"], model=_model(pat12))
+    tuned = algo.personal_params(inp)
     assert not np.allclose(tuned["Dense_0"]["kernel"], s2.server["params"]["Dense_0"]["kernel"])
-    head_only = make_algorithm("fedbabu", finetune="head", **TRAIN).bind(_model(pat12))
-    tuned = head_only.personal_params(s2.server["params"], {}, data0, jax.random.PRNGKey(0))
+    head_only = make_algorithm("fedbabu", finetune="head", **TRAIN)
+    tuned = head_only.personal_params(inp)
     np.testing.assert_array_equal(tuned["Dense_0"]["kernel"], s2.server["params"]["Dense_0"]["kernel"])
     assert not np.allclose(tuned["head"]["kernel"], s2.server["params"]["head"]["kernel"])
 
@@ -101,13 +102,13 @@ def test_fedbabu_trains_the_body_under_a_fixed_head_and_fine_tunes_at_evaluation
 
 def test_fedrod_balanced_softmax_ignores_absent_classes_and_the_personal_head_learns_them_away(pat12):
     model = _model(pat12)
-    algo = FedRoD(lr=0.1, momentum=0.0, weight_decay=0.0, batch_size=10, local_epochs=2).bind(model)
+    algo = FedRoD(lr=0.1, momentum=0.0, weight_decay=0.0, batch_size=10, local_epochs=2)
     params = model.init(jax.random.PRNGKey(0))
     state = {"params": params, "p": tree.zeros_like(params["head"])}
     train = tree.take_clients(pat12.train, 0)
     absent = np.setdiff1d(np.arange(10), np.unique(np.asarray(train.y)[np.asarray(train.mask)]))
     assert len(absent) == 8
-    res = algo.client_update((params, 0), (state, train, jax.random.PRNGKey(1)))
+    res = algo.client_update(ClientInput(state, train, jax.random.PRNGKey(1), jnp.int32(0), down=params, model=model))
     w, p = res.state["params"], res.state["p"]
     # BSM: log π = −∞ for absent classes, so their generic logits get no gradient
     np.testing.assert_array_equal(w["head"]["bias"][absent], params["head"]["bias"][absent])
@@ -116,7 +117,7 @@ def test_fedrod_balanced_softmax_ignores_absent_classes_and_the_personal_head_le
     assert_trees_close(res.upload, w)  # only (u, g) goes to the server
     x = pat12.test.x[0]
     h = model.features(w, x)
-    np.testing.assert_allclose(algo.logits((w, p), x), model.apply(w, x) + h @ p["kernel"] + p["bias"],
+    np.testing.assert_allclose(algo.logits(model, (w, p), x), model.apply(w, x) + h @ p["kernel"] + p["bias"],
                                rtol=1e-5, atol=1e-5)
 
 

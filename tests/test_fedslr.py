@@ -9,7 +9,7 @@ import pytest
 import fljax.data as D
 from fljax import tree
 from fljax.algorithms import make_algorithm
-from fljax.algorithms.base import ClientResult
+from fljax.algorithms.base import ClientInput, ClientResult
 from fljax.algorithms.fedslr import low_rank_step
 from fljax.engine import Simulation, sample_cohort
 from fljax.engine.context import SAMPLE
@@ -163,7 +163,7 @@ def test_rank_and_downlink_fall_as_lambda_grows(digits10):
     for lam in (0.0, 2e-2, 1e-1):
         before, state, metrics, summary = _rounds(digits10, lam=lam)
         dens.append(float(summary["gkr_rank_density"]))
-        # the round's downlink is the previous GKR's factorised size, counted on the host from its singular values
+        # the round's downlink is the previous GKR's factorised size, measured again from its singular values
         sent, dense = prox.transmission_bytes(before.server["params"])
         np.testing.assert_allclose(float(metrics["bytes_down"]), 10 * int(sent), rtol=1e-6)
         assert float(metrics["bytes_up"]) == 10 * int(dense)
@@ -196,14 +196,15 @@ def test_gpgd_server_is_the_prox_of_the_mean_and_lpgd_iterates_are_low_rank(digi
     uploads = jax.tree.map(lambda x: jnp.asarray(x + rng.normal(size=(3,) + x.shape).astype(np.float32)), w0)
     result = ClientResult(state=None, upload=uploads, weight=jnp.ones(3), metrics={})
     ctx = dataclasses.make_dataclass("Ctx", ["num_clients", "round"])(10, jnp.int32(4))
-    gpgd = make_algorithm("fedslr", solver="gpgd", lam=0.05, eta_g=10.0, lr=0.1, lr_decay=0.5).bind(model)
+    gpgd = make_algorithm("fedslr", solver="gpgd", lam=0.05, eta_g=10.0, lr=0.1, lr_decay=0.5)
     for mode, tau in (("eta_g", 0.5), ("eta_l", 0.05 * 0.1 * 0.5 ** 4)):
         algo = dataclasses.replace(gpgd, gpgd_threshold=mode)
         out = algo.server_update(ctx, {"params": w0}, {}, jnp.arange(3), result)
         expect = jax.tree.map(lambda x: _np_svt(x, tau) if x.ndim == 2 else x, tree.mean_clients(uploads))
         assert_trees_close(out["params"], expect, rtol=1e-4, atol=1e-5)
-    lpgd = make_algorithm("fedslr", solver="lpgd", lam=5.0, lr=0.1, batch_size=10, local_epochs=1).bind(model)
-    w, numel, _ = lpgd.lpgd_local(w0, digits10.train.client(0), jax.random.PRNGKey(1), 0)
+    lpgd = make_algorithm("fedslr", solver="lpgd", lam=5.0, lr=0.1, batch_size=10, local_epochs=1)
+    inp = ClientInput(None, digits10.train.client(0), jax.random.PRNGKey(1), jnp.int32(0), model=model)
+    w, numel, _ = lpgd.lpgd_local(w0, inp, inp.key)
     sent, _ = prox.transmission_bytes(w)
     assert int(numel) * 4 == int(sent) < 4 * tree.size(w0)
 

@@ -160,3 +160,118 @@ def test_admm_consensus_eq13():
         grad = jax.grad(lagr)(out)
         assert max(float(jnp.max(jnp.abs(v))) for v in jax.tree.leaves(grad)) < 1e-10
         close(A.admm_consensus(ti, yi, 0.7), A.admm_consensus(ti, yi, jnp.full((n,), 0.7)))   # scalar ρ
+
+
+# ------------------------------------------------------------------- augmented-Lagrangian gradient, dual ascent
+
+
+@pytest.mark.parametrize("form", ["sigma", "eta"])
+@pytest.mark.parametrize("sign", [1, -1, None])
+def test_augmented_lagrangian_grad_is_the_gradient_of_the_coupling_term(form, sign):
+    """σ(x_i − x) + s·π = ∇_{x_i}[s⟨π, x_i − x⟩ + (σ/2)‖x_i − x‖²] (autodiff), σ = 1/η in the divisor form."""
+    with jax.enable_x64(True):
+        xi, x, pi, c = tree(30), tree(31), tree(32), 0.37
+        sigma = c if form == "sigma" else 1 / c
+
+        def term(v):
+            d = [a - b for a, b in zip(jax.tree.leaves(v), jax.tree.leaves(x))]
+            quad = 0.5 * sigma * sum(jnp.sum(dd ** 2) for dd in d)
+            return quad if sign is None else quad + sign * sum(jnp.vdot(p, dd) for p, dd in zip(jax.tree.leaves(pi), d))
+
+        kw = {form: c}
+        got = (A.augmented_lagrangian_grad(xi, x, **kw) if sign is None
+               else A.augmented_lagrangian_grad(xi, x, pi, dual_sign=sign, **kw))
+        close(got, jax.grad(term)(xi), 1e-12)
+
+
+def test_penalty_takes_exactly_one_of_sigma_and_eta_and_a_unit_sign():
+    x = tree(33)
+    with pytest.raises(ValueError, match="exactly one of sigma"):
+        A.augmented_lagrangian_grad(x, x, sigma=1.0, eta=1.0)
+    with pytest.raises(ValueError, match="exactly one of sigma"):
+        A.dual_ascent(x, x, x)
+    with pytest.raises(ValueError, match="dual_sign"):
+        A.augmented_lagrangian_grad(x, x, x, sigma=1.0, dual_sign=2)
+
+
+# Bit-identity with the algorithms' inline expressions (the references below are copied from fljax/algorithms as
+# they stand), on float32 trees of mixed magnitudes: eager, and jitted with the scalars traced.
+
+def f32_tree(seed, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    shapes = {"conv": (3, 3, 2, 4), "dense": (7, 5), "bias": (5,)}
+    return {k: jnp.asarray(rng.normal(size=s) * 10.0 ** rng.uniform(-3, 3, size=s), dtype) for k, s in shapes.items()}
+
+
+def assert_bitwise(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        x, y = np.asarray(x), np.asarray(y)
+        assert x.dtype == y.dtype and x.shape == y.shape
+        np.testing.assert_array_equal(x.view(f"u{x.itemsize}"), y.view(f"u{y.itemsize}"))
+
+
+def _inline_cases():
+    """name → (reference, operator, scalar): both take (t1, t2, t3, c); c is the caller's scalar."""
+    from fljax import tree as T
+    return {
+        # FedSLR Phase I (fedslr.py FedSLR.phase_one), c = η_g
+        "fedslr_pull": (lambda w, w_t, gamma, c: T.sub(T.scale(1.0 / c, T.sub(w, w_t)), gamma),
+                        lambda w, w_t, gamma, c: A.augmented_lagrangian_grad(w, w_t, gamma, sigma=1.0 / c,
+                                                                             dual_sign=-1), 10.0),
+        "fedslr_dual": (lambda w_t, w_i, gamma, c: T.axpy(1.0 / c, T.sub(w_t, w_i), gamma),
+                        lambda w_t, w_i, gamma, c: A.dual_ascent(gamma, w_t, w_i, 1.0 / c), 10.0),
+        # FedDyn (feddyn.py FedDyn.client_update), c = α
+        "feddyn_pull": (lambda w, theta, g, c: T.sub(T.scale(c, T.sub(w, theta)), g),
+                        lambda w, theta, g, c: A.augmented_lagrangian_grad(w, theta, g, sigma=c, dual_sign=-1), 0.1),
+        "feddyn_dual": (lambda theta_i, theta, g, c: T.axpy(-c, T.sub(theta_i, theta), g),
+                        lambda theta_i, theta, g, c: A.dual_ascent(g, theta_i, theta, -c), 0.1),
+        "feddyn_dual_swapped": (lambda theta_i, theta, g, c: T.axpy(-c, T.sub(theta_i, theta), g),
+                                lambda theta_i, theta, g, c: A.dual_ascent(g, theta, theta_i, c), 0.1),
+        # pFedMe (pfedme.py PFedMe.local_round), c = λ (inner pull) or η·λ (outer step); t3 unused / weight decay
+        "pfedme_pull": (lambda th, w, th2, c: T.axpy(1e-3, th, T.scale(c, T.sub(th, w))),
+                        lambda th, w, th2, c: T.axpy(1e-3, th, A.augmented_lagrangian_grad(th, w, sigma=c)), 15.0),
+        "pfedme_outer": (lambda w, theta, _, c: T.axpy(-c * 15.0, T.sub(w, theta), w),
+                         lambda w, theta, _, c: A.dual_ascent(w, w, theta, -c * 15.0), 0.005),
+        # FedPD (fedgia_baselines.py FedPD.client_update), c = η; its arrays, leaf by leaf
+        "fedpd_pull": (lambda u, x0_i, lam, c: jax.tree.map(lambda u, x0_i, lam: lam + (u - x0_i) / c, u, x0_i, lam),
+                       lambda u, x0_i, lam, c: A.augmented_lagrangian_grad(u, x0_i, lam, eta=c), 1.0),
+        "fedpd_dual": (lambda x_i, x0_i, lam, c: jax.tree.map(lambda x_i, x0_i, lam: lam + (x_i - x0_i) / c,
+                                                              x_i, x0_i, lam),
+                       lambda x_i, x0_i, lam, c: A.dual_ascent(lam, x_i, x0_i, eta=c), 1.0),
+    }
+
+
+@pytest.mark.parametrize("name", list(_inline_cases()))
+@pytest.mark.parametrize("seed", range(4))
+def test_operators_are_bit_identical_to_the_algorithms_inline_expressions(name, seed):
+    ref, op, c = _inline_cases()[name]
+    args = [f32_tree(100 * seed + j) for j in range(3)]
+    scalars = [c, float(np.random.default_rng(seed).uniform(0.01, 50.0))]
+    for s in scalars:                                                   # Python scalars, eager
+        assert_bitwise(op(*args, s), ref(*args, s))
+    for s in scalars:                                                   # traced float32 scalars under jit
+        s = jnp.float32(s)
+        assert_bitwise(jax.jit(op)(*args, s), jax.jit(ref)(*args, s))
+    assert_bitwise(jax.jit(op)(*args, jnp.float32(c)), jax.jit(ref)(*args, jnp.float32(c)))
+
+
+@pytest.mark.parametrize("name", ["fedpd_pull", "fedpd_dual"])
+def test_fedpd_division_form_is_bit_identical_in_float64(name):
+    ref, op, _ = _inline_cases()[name]
+    with jax.enable_x64(True):
+        args = [f32_tree(j, np.float64) for j in range(3)]
+        for eta in (1.0, 400.0, 37.3):
+            assert_bitwise(op(*args, eta), ref(*args, eta))
+            assert_bitwise(jax.jit(op)(*args, jnp.float64(eta)), jax.jit(ref)(*args, jnp.float64(eta)))
+
+
+def test_single_leaf_programs_are_the_same_operations():
+    """On one array the FedSLR/FedDyn/pFedMe pulls trace to the same jaxpr as the inline code: same operations, same
+    order (the dual updates differ only in the order of a commutative add)."""
+    cases = _inline_cases()
+    x = [f32_tree(7 + j)["dense"] for j in range(3)]
+    for name in ("fedslr_pull", "feddyn_pull", "pfedme_pull"):
+        ref, op, c = cases[name]
+        assert str(jax.make_jaxpr(op)(*x, jnp.float32(c))) == str(jax.make_jaxpr(ref)(*x, jnp.float32(c)))
+

@@ -259,3 +259,32 @@ def test_random_k_draws_every_k_subset_of_the_others_equally_often():
         counts = np.array([np.all(chosen[:, i] == s, axis=1).sum() for s in subsets])
         assert counts.sum() == n
         np.testing.assert_allclose(counts / n, 1 / len(subsets), atol=0.025)
+
+
+@pytest.mark.parametrize("name,kw,sym,ds", CLAIMS, ids=[c[0] for c in CLAIMS])
+def test_check_mixing_accepts_claimed_properties_and_names_the_missing_ones(name, kw, sym, ds):
+    mix = G.make_topology(name, 12, **kw).sample(jax.random.PRNGKey(1))
+    claimed = {"row_stochastic": True, "column_stochastic": ds, "doubly_stochastic": ds, "symmetric": sym,
+               "connected": name != "identity"}
+    assert set(claimed) == set(G.MIXING_PROPERTIES)
+    G.check_mixing(mix, [p for p, holds in claimed.items() if holds])
+    missing = [p for p, holds in claimed.items() if not holds]
+    if missing:
+        with pytest.raises(ValueError, match=f"not: {', '.join(missing)} \\(required"):
+            G.check_mixing(mix.W, list(G.MIXING_PROPERTIES))
+    if name != "identity":
+        G.check_mixing(mix)                                            # default: row-stochastic and connected
+
+
+def test_check_mixing_one_line_errors():
+    w = np.asarray(G.Ring(5).sample(None).W)
+    bad = w.copy()
+    bad[0, 0] -= 0.5                                                     # row 0 sums to 1/2
+    with pytest.raises(ValueError, match=r"^the 5-node mixing matrix is not: row_stochastic \(required") as e:
+        G.check_mixing(bad)
+    assert "\n" not in str(e.value)
+    neg = w + 0.2 * (np.eye(5) - np.roll(np.eye(5), 2, axis=1))          # rows sum to 1, one negative weight each
+    with pytest.raises(ValueError, match="row_stochastic"):
+        G.check_mixing(neg)
+    with pytest.raises(ValueError, match="unknown mixing properties \\['stochastic'\\]; valid: row_stochastic"):
+        G.check_mixing(w, ["stochastic"])

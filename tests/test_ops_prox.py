@@ -237,7 +237,7 @@ def test_factors_rebuild_prox_and_byte_counts(tau):
     expect = 4 * (min(r * 14, 48) + 3)
     sent, dense = P.transmission_bytes(st_tree)
     assert (int(sent), int(dense)) == (expect, 4 * (48 + 3))
-    assert int(P.transmission_bytes(zt)[0]) == expect                      # ranks recounted on the host
+    assert int(P.transmission_bytes(zt)[0]) == expect                      # ranks measured again
     assert (r * 14 < 48) == (int(sent) < int(dense))                        # factors iff r(m+n) < mn
 
 
@@ -246,6 +246,84 @@ def test_transmission_bytes_of_conv_kernel_uses_fedslr_shape():
     _, stats = P.Nuclear(3.0).with_stats({"k": k}, 1.0)
     r = int(stats["k"].rank)
     assert int(P.transmission_bytes(stats)[0]) == 4 * min(r * 36, 288)
+
+
+def model_tree(seed):
+    """Conv HWIO kernels, Dense kernels (one of numerical rank 3) and biases, float32."""
+    rng = np.random.default_rng(seed)
+    f = lambda *s: jnp.asarray(rng.normal(size=s), jnp.float32)  # noqa: E731
+    return {"params": {"Conv_0": {"kernel": f(3, 3, 2, 8), "bias": f(8)},
+                       "Conv_1": {"kernel": f(5, 5, 8, 4), "bias": f(4)},
+                       "Dense_0": {"kernel": f(36, 16) * 0.3, "bias": f(16)},
+                       "head": {"kernel": f(16, 3) @ f(3, 10), "bias": f(10)}}}
+
+
+def test_measured_stats_is_numpy_matrix_rank():
+    """r = #{s > s_max·max(m, n)·eps} (numpy's default ``matrix_rank``), or #{s > s_max·rtol}; jittable."""
+    tree = model_tree(0)
+    for conv_reshape in ("fedslr", "flat"):
+        for rtol in (None, 0.3):
+            leaves = jax.tree.leaves(tree)
+            stats = jax.jit(lambda t: [P.measured_stats(x, conv_reshape, rtol) for x in t])(leaves)
+            for x, st in zip(leaves, stats):
+                if x.ndim < 2:
+                    assert (int(st.rank), int(st.params), int(st.max_rank), int(st.dense)) == (0, x.size, 0, x.size)
+                    continue
+                mat = np.asarray(P.matricize(x, conv_reshape=conv_reshape))
+                m, n = mat.shape
+                s = np.linalg.svd(mat.astype(np.float64), compute_uv=False)
+                r = (np.linalg.matrix_rank(mat) if rtol is None else int(np.sum(s > rtol * s[0])))
+                assert (int(st.rank), int(st.params), int(st.max_rank), int(st.dense)) == (
+                    r, min(r * (m + n), m * n), min(m, n), m * n)
+    assert int(P.measured_stats(tree["params"]["head"]["kernel"]).rank) == 3
+
+
+def test_nuclear_exclude_and_no_step_leave_leaves_alone():
+    tree = model_tree(1)
+    k = tree["params"]["Dense_0"]["kernel"]
+    for exclude in ("Dense_0/kernel", lambda path, x: x.shape == (36, 16)):
+        nuc = P.Nuclear(0.5, exclude=exclude)
+        out, stats = nuc.with_stats(tree, 1.0)
+        assert out["params"]["Dense_0"]["kernel"] is k
+        assert int(stats["params"]["Dense_0"]["kernel"].rank) == 16                         # measured: full rank
+        np.testing.assert_array_equal(out["params"]["head"]["kernel"], P.svt(tree["params"]["head"]["kernel"], 0.5)[0])
+        full = P.Nuclear(0.5).penalty(tree)
+        np.testing.assert_allclose(nuc.penalty(tree), full - P.Nuclear(0.5).penalty(k), rtol=1e-5)
+        assert nuc(tree, 1.0)["params"]["Dense_0"]["kernel"] is k
+    out, stats = P.Nuclear(0.5).with_stats(tree, None)
+    assert all(a is b for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(tree)))
+    assert P.Nuclear(0.5)(tree, None)["params"]["head"]["kernel"] is tree["params"]["head"]["kernel"]
+    expect = [P.measured_stats(x) for x in jax.tree.leaves(tree)]
+    got = jax.tree.leaves(stats, is_leaf=lambda s: isinstance(s, P.LowRankStats))
+    assert [tuple(map(int, jax.tree.leaves(s))) for s in got] == [tuple(map(int, jax.tree.leaves(s))) for s in expect]
+
+
+def assert_bitwise(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        x, y = np.asarray(x), np.asarray(y)
+        assert x.dtype == y.dtype and x.shape == y.shape
+        np.testing.assert_array_equal(x.view(f"u{x.itemsize}"), y.view(f"u{y.itemsize}"))
+
+
+@pytest.mark.parametrize("conv_reshape", ["fedslr", "flat"])
+@pytest.mark.parametrize("exclude", [None, "head", "Conv_1/"])
+@pytest.mark.parametrize("seed", range(3))
+def test_nuclear_with_stats_is_fedslrs_server_step_bit_for_bit(conv_reshape, exclude, seed):
+    """``Nuclear(λ, conv_reshape, exclude).with_stats(z, η)`` = FedSLR's hand-written
+    ``low_rank_step(z, λ·η, conv_reshape, exclude)`` (params and stats, every bit), and ``step=None`` = ``tau=None``;
+    eager and jitted. (The reference is the algorithm's own code until FedSLR calls Nuclear.)"""
+    from fljax.algorithms.fedslr import low_rank_step
+
+    z = model_tree(10 + seed)
+    lam, eta = 10.0 ** np.random.default_rng(seed).uniform(-2, 0), 10.0
+    nuc = P.Nuclear(lam, conv_reshape=conv_reshape, exclude=exclude)
+    for step, tau in ((eta, lam * eta), (None, None)):
+        ref = low_rank_step(z, tau, conv_reshape, exclude)
+        assert_bitwise(nuc.with_stats(z, step), ref)
+        assert_bitwise(jax.jit(lambda t: nuc.with_stats(t, step))(z), ref)
+    thresholded = jax.tree.leaves(nuc.with_stats(z, eta)[1], is_leaf=lambda s: isinstance(s, P.LowRankStats))
+    assert any(int(s.rank) < int(s.max_rank) for s in thresholded)     # the threshold bites somewhere
 
 
 # ------------------------------------------------------------------------------------------ selection, dtype
@@ -319,3 +397,42 @@ def test_fedprox_proximal_term():
         x = P.prox_to_anchor(w, anchor, mu, step)                # stationarity of the prox objective
         stat = jax.tree.map(lambda xx, y, c: (xx - y) / step + mu * (xx - c), x, w, anchor)
         assert max(float(jnp.max(jnp.abs(v))) for v in jax.tree.leaves(stat)) < 1e-12
+
+
+# ----------------------------------------------------------------------------------------------------- registry
+
+
+REGISTRY_CASES = [   # name, options, the prox it must build for strength 0.3
+    ("none", {}, P.Identity()), ("l1", {}, P.L1(0.3)), ("squared_l2", {}, P.SquaredL2(0.3)),
+    ("l2_norm", {}, P.L2Norm(0.3)), ("group_lasso", {"axis": 0}, P.GroupLasso(0.3, 0)),
+    ("elastic_net", {}, P.ElasticNet(0.3, 0.3)), ("elastic_net", {"l2": 2.0}, P.ElasticNet(0.3, 0.6)),
+    ("l0", {}, P.HardThreshold(threshold=np.sqrt(0.6))), ("nonnegative", {}, P.NonNegative()),
+    ("box", {"lo": 0.0, "hi": 2.0}, P.Box(0.0, 2.0)),
+    ("nuclear", {"conv_reshape": "flat", "exclude": "head"}, P.Nuclear(0.3, "flat", "head")),
+]
+
+
+@pytest.mark.parametrize("name,options,expect", REGISTRY_CASES, ids=lambda c: c if isinstance(c, str) else "")
+def test_make_prox_builds_the_named_prox_with_penalty_strength_times_r1(name, options, expect):
+    """``make_prox(name, λ)`` is the library's prox of λ·R₁ (R₁ = the penalty at strength 1; indicators and R = 0
+    are unchanged by λ > 0)."""
+    got = P.make_prox(name, 0.3, **options)
+    assert got == expect
+    tree = jax.tree.map(lambda x: jnp.abs(x) / 4, params_tree()) if name in ("box", "nonnegative") else params_tree()
+    unit = P.make_prox(name, 1.0, **options).penalty(tree)
+    np.testing.assert_allclose(got.penalty(tree), unit if name in ("none", "nonnegative", "box") else 0.3 * unit,
+                               rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(got(tree, 0.7)), jax.tree.leaves(expect(tree, 0.7))):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_make_prox_names_cover_fedslr_and_errors_are_one_line():
+    assert set(P.PROXES) == {c[0] for c in REGISTRY_CASES}
+    assert all(isinstance(v, str) and "\n" not in v for v in P.PROXES.values())
+    assert {"nuclear", "l1", "none"} <= set(P.PROXES)                    # FedSLR's global_prox / personal_prox
+    with pytest.raises(ValueError, match=r"unknown prox 'nucler'; valid: none, l1, .* Did you mean 'nuclear'\?"):
+        P.make_prox("nucler", 1.0)
+    with pytest.raises(ValueError, match="prox 'l1' takes no option 'axis'; valid options: none"):
+        P.make_prox("l1", 1.0, axis=0)
+    with pytest.raises(ValueError, match="valid options: conv_reshape, exclude"):
+        P.make_prox("nuclear", 1.0, exlude="head")

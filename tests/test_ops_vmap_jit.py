@@ -75,6 +75,9 @@ def cases():
         "linearised_prox": (lambda th, y, g: admm.linearised_prox(th, y, g, 0.3, 0.7), (theta, params, params),
                             (None, 0, 0)),
         "dual_ascent": (lambda y, xi, x: admm.dual_ascent(y, xi, x, 0.7), (params, params, theta), (0, 0, None)),
+        "augmented_lagrangian_grad": (lambda w, w_t, g: admm.augmented_lagrangian_grad(w, w_t, g, sigma=0.1,
+                                                                                        dual_sign=-1),
+                                      (params, theta, params), (0, None, 0)),
         "split_merge": (lambda p: partition.merge(*partition.split(p, partition.mask_from_paths(p, "conv"))),
                         (params,), (0,)),
     }

@@ -1,6 +1,6 @@
 """fljax.algorithms: one module per algorithm family, and the registry that names them."""
 from fljax.algorithms.apfl import APFL
-from fljax.algorithms.base import Algorithm, Centralized, ClientResult, TestStats
+from fljax.algorithms.base import Algorithm, Centralized, ClientInput, ClientResult, TestStats
 from fljax.algorithms.decentralized import DFedAvg, DFedAvgM, DFedSAM, Decentralized
 from fljax.algorithms.dfedalt import DFedAlt, DFedSalt
 from fljax.algorithms.dispfl import DisPFL
@@ -26,7 +26,7 @@ for _cls in (FedAvg, FedProx, FedAvgFT, Local, FedPer, FedRep, LGFedAvg, Ditto, 
 # FedGiA and its regression baselines solve consensus regression problems (fljax.problems), not the classification
 # Simulation, so they are not in the registry: see fljax.algorithms.fedgia.solve and `python -m fljax.reproduce.fedgia`.
 
-__all__ = ["Algorithm", "Centralized", "ClientResult", "TestStats", "APFL", "Ditto", "FedAvg", "FedAvgFT", "FedDyn",
+__all__ = ["Algorithm", "Centralized", "ClientInput", "ClientResult", "TestStats", "APFL", "Ditto", "FedAvg", "FedAvgFT", "FedDyn",
            "FedProx", "FedSLR", "Local", "FedPer", "FedRep", "LGFedAvg", "PerFedAvg", "PFedMe", "Scaffold",
            "FedBABU", "FedRoD", "Decentralized", "DFedAvg", "DFedAvgM", "DFedSAM", "DisPFL", "DFedAlt", "DFedSalt",
            "FedGiA", "FedAvgGD", "FedProxGD", "FedPD",

@@ -17,9 +17,10 @@ import jax
 import jax.numpy as jnp
 
 from fljax import tree
-from fljax.algorithms.base import ClientResult
+from fljax.algorithms.base import ClientInput, ClientResult
 from fljax.algorithms.fedavg import FedAvg
 from fljax.algorithms.local_training import run_steps
+from fljax.errors import OptionError
 
 __all__ = ["APFL"]
 
@@ -35,40 +36,42 @@ class APFL(FedAvg):
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
         if not 0 <= self.alpha <= 1:
-            raise ValueError(f"alpha must be in [0, 1], got {self.alpha}.")
+            raise OptionError("alpha", f"must be in [0, 1], got {self.alpha}.")
         if self.optimizer != "sgd" or self.momentum:
-            raise ValueError("APFL's coupled (w, v) steps are plain SGD; use optimizer='sgd' with momentum=0.")
+            raise OptionError("optimizer", "must be 'sgd' with momentum=0: APFL's coupled (w, v) steps are plain "
+                                           "SGD.")
         if self.server_lr != 1.0 or self.server_momentum:
-            raise ValueError("APFL's server takes the plain mean; leave server_lr=1 and server_momentum=0.")
+            raise OptionError("server_lr", "must stay 1 (and server_momentum 0): APFL's server takes the plain mean.")
 
     def init(self, ctx):
         server, _ = super().init(ctx)
         n = ctx.num_clients
         return server, {"v": tree.broadcast_clients(server["params"], n), "alpha": jnp.full((n,), self.alpha)}
 
-    def grad(self, params, batch):
+    def grad(self, model, params, batch):
         """(f_i, ∇f_i) with f_i = CE + (wd/2)‖params‖²."""
-        loss, g = jax.value_and_grad(self.model.loss)(params, batch)
+        loss, g = jax.value_and_grad(model.loss)(params, batch)
         return loss, tree.axpy(self.weight_decay, params, g)
 
-    def client_update(self, shared, per_client) -> ClientResult:
-        w_t, round_ = shared
-        state, train, key = per_client
-        lr = self.lr_at(round_)
+    def client_update(self, inp: ClientInput) -> ClientResult:
+        w_t, state = inp.down, inp.state
+        lr = self.lr_at(inp.round)
 
         def step(carry, batch, k):
             w, v, a = carry
             v_bar = tree.lerp(a, w, v)  # α v + (1 − α) w
-            loss, g_w = self.grad(w, batch)
-            _, g_bar = self.grad(v_bar, batch)
+            loss, g_w = self.grad(inp.model, w, batch)
+            _, g_bar = self.grad(inp.model, v_bar, batch)
             if self.adaptive_alpha:
                 a_new = jnp.clip(a - self.alpha_lr * tree.vdot(tree.sub(v, w), g_bar), 0.0, 1.0)
             else:
                 a_new = a
             return (tree.axpy(-lr, g_w, w), tree.axpy(-lr * a, g_bar, v), a_new), loss
 
-        (w, v, a), loss = run_steps(step, (w_t, state["v"], state["alpha"]), train, self.plan(), key, self.unroll)
-        return ClientResult(state={"v": v, "alpha": a}, upload=w, weight=train.count, metrics={"train_loss": loss})
+        (w, v, a), loss = run_steps(step, (w_t, state["v"], state["alpha"]), inp.train, self.plan(), inp.key,
+                                    inp.unroll)
+        return ClientResult(state={"v": v, "alpha": a}, upload=w, weight=inp.train.count,
+                            metrics={"train_loss": loss})
 
-    def personal_params(self, shared, client_state, train, key):
-        return tree.lerp(client_state["alpha"], shared, client_state["v"])
+    def personal_params(self, inp: ClientInput):
+        return tree.lerp(inp.state["alpha"], inp.down, inp.state["v"])

@@ -1,45 +1,35 @@
-"""The algorithm protocol and the centralized template.
+"""The algorithm base class and the centralized template.
 
-An algorithm is a frozen dataclass: its fields are hyperparameters, its methods pure functions of pytrees. The
-engine binds it to a model (:meth:`Algorithm.bind`) and then calls
+An algorithm is a frozen dataclass whose fields are its hyperparameters and nothing else; its methods are pure
+functions of pytrees. It implements the engine's contract (:class:`fljax.engine.protocol.FederatedAlgorithm`):
+``init(ctx)``, ``round(ctx, server, clients)``, ``evaluate(ctx, server, clients)``, ``participants``, ``plan``,
+``steps_per_round`` and ``validate``. The model a client runs arrives with its :class:`ClientInput` (``inp.model``)
+and the server's with the :class:`~fljax.engine.context.RoundContext` (``ctx.model``).
 
-* ``init(ctx) -> (server, clients)``: the initial server pytree (or None) and the per-client pytree (leading axis
-  ``num_clients``);
-* ``round(ctx, server, clients) -> (server, clients, metrics)``: one communication round, traced inside ``jit``
-  (except under the loop executor). ``metrics`` is a dict of scalars; ``train_loss``, ``bytes_up`` and
-  ``bytes_down`` are expected;
-* ``evaluate_client(shared, per_client)``: the test statistics of one client's global and personalized model;
-* ``eval_metrics(server, clients)`` (default: none): extra scalars computed from the whole state at each evaluation
-  (e.g. the rank of a low-rank global model), merged into the evaluation summary.
+Every client update has one contract, ``client_update(inp: ClientInput) -> ClientResult``. The two templates differ
+only in how the results are communicated: :class:`Centralized` (here) sends ``upload`` to a server, which aggregates
+(``server_update``); :class:`~fljax.algorithms.decentralized.Decentralized` gossips it to the neighbours.
 
-Most algorithms subclass :class:`Centralized`, which implements ``round`` as the paper-style
-sample → broadcast → client update (vectorised) → aggregate → server update, from four smaller methods.
+:meth:`Algorithm.evaluate` scores the global model (when there is one) and each client's personalized model on the
+client's own test split: accuracy and loss per client, summarised by :func:`fljax.engine.evaluation.summarize`.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 
 from fljax import tree
-from fljax.engine.context import INIT, TRAIN, RoundContext
-from fljax.models.model import Model, accuracy_stats, masked_cross_entropy
+from fljax.engine.context import EVAL, INIT, TRAIN, RoundContext
+from fljax.engine.evaluation import summarize
+from fljax.engine.protocol import ClientInput, ClientResult
+from fljax.errors import OptionError
+from fljax.models.model import accuracy_stats, masked_cross_entropy
 
-__all__ = ["Algorithm", "Centralized", "ClientResult", "TestStats"]
-
-
-@flax.struct.dataclass
-class ClientResult:
-    """What one client's update returns: its new persistent ``state``, the ``upload`` it sends the server, its
-    aggregation ``weight`` and scalar ``metrics``."""
-
-    state: Any
-    upload: Any
-    weight: jax.Array
-    metrics: dict
+__all__ = ["Algorithm", "Centralized", "ClientInput", "ClientResult", "TestStats"]
 
 
 @flax.struct.dataclass
@@ -55,18 +45,13 @@ class Algorithm:
     name: ClassVar[str] = "algorithm"
     summary: ClassVar[str] = ""
     generic: ClassVar[bool] = True  # runs on any classification data set (part of the default `fljax compare`)
-    model: Model | None = dataclasses.field(default=None, repr=False)
-    unroll: int = dataclasses.field(default=1, repr=False)
-
-    def bind(self, model: Model, unroll: int = 1) -> "Algorithm":
-        """The same algorithm attached to a model (and the scan unroll factor chosen for it)."""
-        return dataclasses.replace(self, model=model, unroll=unroll)
 
     def validate(self, num_clients: int) -> None:
-        """Refuse impossible hyperparameters with a one-line message (called before anything runs)."""
+        """Refuse impossible hyperparameters with a one-line :class:`~fljax.errors.OptionError` naming the field
+        (called before anything runs)."""
 
     def hyperparameters(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("model", "unroll")}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     # ------------------------------------------------------------------------------------------ protocol
     def init(self, ctx: RoundContext):
@@ -74,6 +59,22 @@ class Algorithm:
 
     def round(self, ctx: RoundContext, server, clients):
         raise NotImplementedError
+
+    def participants(self, num_clients: int) -> int:
+        """Clients that train in a round (default: all)."""
+        return num_clients
+
+    def plan(self):
+        """The batch plan of a client's local steps (default: none)."""
+        return None
+
+    def steps_per_round(self, n_max: int) -> int:
+        """Local steps a participant runs per round (default: the batch plan's)."""
+        plan = self.plan()
+        return 0 if plan is None else plan.num_steps(n_max)
+
+    def init_key(self, ctx: RoundContext):
+        return ctx.stream(INIT)
 
     # ------------------------------------------------------------------------------------------ evaluation
     def eval_shared(self, server):
@@ -84,12 +85,13 @@ class Algorithm:
         """The global model's parameters, or None when the algorithm has none."""
         return None
 
-    def personal_params(self, shared, client_state, train, key):
-        """Client i's personalized parameters, or None when they equal the global model's."""
+    def personal_params(self, inp: ClientInput):
+        """Client i's personalized parameters (``inp.down`` is :meth:`eval_shared`), or None when they equal the
+        global model's."""
         return None
 
-    def logits(self, params, x):
-        return self.model.apply(params, x)
+    def logits(self, model, params, x):
+        return model.apply(params, x)
 
     def eval_metrics(self, server, clients) -> dict:
         """Extra scalar metrics of the whole state, computed at every evaluation (traced under ``jit``) and merged
@@ -97,22 +99,45 @@ class Algorithm:
         the ``global_*`` / ``personal_*`` accuracy summaries."""
         return {}
 
-    def test_stats(self, params, test) -> TestStats:
-        logits = self.logits(params, test.x)
+    def test_stats(self, model, params, test) -> TestStats:
+        logits = self.logits(model, params, test.x)
         correct, count = accuracy_stats(logits, test.y, test.mask)
         return TestStats(correct, count, masked_cross_entropy(logits, test.y, test.mask))
 
-    def evaluate_client(self, shared, per_client) -> dict:
-        """``per_client = (client_state, train, test, key)``; returns ``{"global": TestStats, "personal": ...}``
-        (``global`` absent when there is no global model)."""
-        client_state, train, test, key = per_client
+    def evaluate_client(self, inp: ClientInput) -> dict:
+        """``{"global": TestStats, "personal": TestStats}`` of one client (``global`` absent when there is no
+        global model)."""
         out = {}
-        g = self.global_params(shared)
+        g = self.global_params(inp.down)
         if g is not None:
-            out["global"] = self.test_stats(g, test)
-        p = self.personal_params(shared, client_state, train, key)
-        out["personal"] = self.test_stats(p, test) if p is not None else out["global"]
+            out["global"] = self.test_stats(inp.model, g, inp.test)
+        p = self.personal_params(inp)
+        out["personal"] = self.test_stats(inp.model, p, inp.test) if p is not None else out["global"]
         return out
+
+    def evaluate(self, ctx: RoundContext, server, clients) -> tuple[dict, dict]:
+        """(scalar summaries, per-client accuracy arrays) of the global and personalized models on every client's
+        own test split, plus :meth:`eval_metrics`."""
+        data = ctx.data
+        keys = ctx.client_keys(jnp.arange(data.num_clients), EVAL)
+        stats = ctx.run_clients(self.evaluate_client, self.eval_shared(server), clients, data.train, keys, data.test)
+        summary, per_client = {}, {}
+        for kind, s in stats.items():
+            summary.update(summarize(s, kind))
+            per_client[f"{kind}_acc"] = s.correct / jnp.maximum(s.count.astype(jnp.float32), 1.0)
+        extra = self.eval_metrics(server, clients)
+        clash = sorted(set(extra) & set(summary))
+        if clash:
+            raise ValueError(f"{type(self).__name__}.eval_metrics returns {clash}, which clash with the accuracy "
+                             f"summaries; rename them.")
+        summary.update(extra)
+        return summary, per_client
+
+
+def check_choice(key: str, value, choices) -> None:
+    """Refuse ``value`` for option ``key`` unless it is one of ``choices`` (one line, naming the choices)."""
+    if value not in choices:
+        raise OptionError(key, f"must be one of {list(choices)}, got {value!r}.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -121,7 +146,11 @@ class Centralized(Algorithm):
 
     Hyperparameters: ``cohort_size`` (clients per round; None = full participation) and ``weighting``
     ('samples': aggregate with weights n_i; 'uniform'). Subclasses implement ``init``, ``broadcast``,
-    ``client_update`` and ``server_update``; non-sampled clients' state is untouched.
+    ``client_update`` and ``server_update``; non-sampled clients' state is untouched. One round::
+
+        S_t ← cohort;  down ← broadcast(server)
+        result_i ← client_update(ClientInput(state_i, train_i, key_i, round, down))    every i ∈ S_t at once
+        clients[S_t] ← result.state;  server ← server_update(server, result)           (weighted mean of uploads)
     """
 
     cohort_size: int | None = 10
@@ -129,17 +158,18 @@ class Centralized(Algorithm):
 
     def validate(self, num_clients: int) -> None:
         if self.cohort_size is not None and not 1 <= self.cohort_size <= num_clients:
-            raise ValueError(f"cohort_size={self.cohort_size} must be between 1 and num_clients={num_clients} "
-                             f"(or null for full participation).")
-        if self.weighting not in ("samples", "uniform"):
-            raise ValueError(f"weighting must be 'samples' or 'uniform', got {self.weighting!r}.")
+            raise OptionError("cohort_size", f"must be between 1 and num_clients={num_clients} (or null for full "
+                                             f"participation), got {self.cohort_size}.")
+        check_choice("weighting", self.weighting, ("samples", "uniform"))
+
+    def participants(self, num_clients: int) -> int:
+        return num_clients if self.cohort_size is None else min(self.cohort_size, num_clients)
 
     def broadcast(self, server):
         """What the server sends to the cohort (default: the server pytree's ``params``)."""
         return server["params"]
 
-    def client_update(self, shared, per_client) -> ClientResult:
-        """``shared = (downlink, round)``; ``per_client = (client_state, train, key)``."""
+    def client_update(self, inp: ClientInput) -> ClientResult:
         raise NotImplementedError
 
     def server_update(self, ctx: RoundContext, server, clients, cohort, result: ClientResult):
@@ -160,16 +190,13 @@ class Centralized(Algorithm):
         cohort = ctx.sample_cohort(self.cohort_size)
         full = cohort.shape[0] == ctx.num_clients
         down = self.broadcast(server)
-        per_client = (clients if full else tree.take_clients(clients, cohort),
-                      ctx.data.train if full else ctx.data.train.take(cohort),
-                      ctx.client_keys(cohort, TRAIN))
-        result = ctx.map_clients(self.client_update, (down, ctx.round), per_client)
+        result = ctx.run_clients(self.client_update, down,
+                                 clients if full else tree.take_clients(clients, cohort),
+                                 ctx.data.train if full else ctx.data.train.take(cohort),
+                                 ctx.client_keys(cohort, TRAIN))
         clients = result.state if full else tree.put_clients(clients, cohort, result.state)
         server = self.server_update(ctx, server, clients, cohort, result)
         up, dn = self.comm_bytes(down, result, cohort.shape[0])
         metrics = {k: jnp.mean(v) for k, v in result.metrics.items()}
         metrics.update(bytes_up=jnp.float32(up), bytes_down=jnp.float32(dn))
         return server, clients, metrics
-
-    def init_key(self, ctx: RoundContext):
-        return ctx.stream(INIT)

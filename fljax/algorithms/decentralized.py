@@ -37,9 +37,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from fljax import tree
-from fljax.algorithms.base import Algorithm
+from fljax.algorithms.base import Algorithm, ClientInput, ClientResult, check_choice
 from fljax.algorithms.local_training import LocalSGD
 from fljax.engine.context import INIT, MIXING, TRAIN
+from fljax.errors import OptionError
 from fljax.ops import gossip, partition
 
 __all__ = ["Decentralized", "DFedAvg", "DFedAvgM", "DFedSAM", "GATHER_MIN_NODES", "GOSSIP_FORMS", "EVAL_POINTS"]
@@ -71,9 +72,10 @@ class Decentralized(Algorithm):
     ``eval_point``: 'local' | 'gossip'. ``client_init``: 'shared' (one initialisation for all clients, D12) or
     'independent' (one per client).
 
-    Subclasses implement ``client_update(round, (state, train, key)) -> (state, metrics)`` (local training; the
-    returned ``state["params"]`` holds (z_i, v_i)) and, when they do not share everything, ``shared_mask``; they may
-    override ``init_clients`` (extra per-client state) and ``aggregate`` (the gossip step).
+    Subclasses implement ``client_update(inp) -> ClientResult`` (local training: the result's ``state["params"]``
+    holds (z_i, v_i) and its ``upload`` the message z_i to the neighbours) and, when they do not share everything,
+    ``shared_mask``; they may override ``init_clients`` (extra per-client state) and ``aggregate`` (the gossip
+    step).
     """
 
     topology: str = "random_k"
@@ -89,19 +91,19 @@ class Decentralized(Algorithm):
         if self.topology not in gossip.TOPOLOGIES:
             close = difflib.get_close_matches(self.topology, gossip.TOPOLOGIES, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"unknown topology {self.topology!r}; choose one of {sorted(gossip.TOPOLOGIES)}.{hint}")
-        for field, value, choices in (("gossip_form", self.gossip_form, GOSSIP_FORMS),
-                                      ("eval_point", self.eval_point, EVAL_POINTS),
-                                      ("client_init", self.client_init, CLIENT_INITS)):
-            if value not in choices:
-                raise ValueError(f"{field} must be one of {list(choices)}, got {value!r}.")
+            raise OptionError("topology", f"{self.topology!r} is unknown; choose one of "
+                                          f"{sorted(gossip.TOPOLOGIES)}.{hint}")
+        for key, choices in (("gossip_form", GOSSIP_FORMS), ("eval_point", EVAL_POINTS),
+                             ("client_init", CLIENT_INITS)):
+            check_choice(key, getattr(self, key), choices)
         try:
             topo = self.make_topology(num_clients)
         except ValueError as e:
-            raise ValueError(f"topology {self.topology!r} with {num_clients} clients: {e}.") from None
+            raise OptionError("topology", f"{self.topology!r} with {num_clients} clients: {e}.") from None
         if self.gossip_form == "gather" and not self.has_gather_form(topo):
-            raise ValueError(f"topology {self.topology!r} has no neighbour-gather form (its degree is not static); "
-                             f"use gossip_form='dense' or 'auto'.")
+            raise OptionError("gossip_form", f"='gather' is impossible: topology {self.topology!r} has no "
+                                             f"neighbour-gather form (its degree is not static); use 'dense' or "
+                                             f"'auto'.")
 
     def make_topology(self, num_clients: int):
         """The topology object for ``num_clients`` nodes, from the hyperparameters."""
@@ -141,9 +143,9 @@ class Decentralized(Algorithm):
     def init(self, ctx):
         m = ctx.num_clients
         if self.client_init == "shared":
-            params = tree.broadcast_clients(self.model.init(ctx.stream(INIT)), m)
+            params = tree.broadcast_clients(ctx.model.init(ctx.stream(INIT)), m)
         else:
-            params = jax.vmap(self.model.init)(ctx.client_keys(jnp.arange(m), INIT))
+            params = jax.vmap(ctx.model.init)(ctx.client_keys(jnp.arange(m), INIT))
         clients = self.init_clients(ctx, params)
         if self.eval_point == "local":
             clients["z"] = self.shared_part(clients["params"])
@@ -154,8 +156,8 @@ class Decentralized(Algorithm):
         return {"params": params}
 
     # ------------------------------------------------------------------------------------------ one round
-    def client_update(self, round_, per_client):
-        """``per_client = (state, train, key)`` of one client → (new state, scalar metrics)."""
+    def client_update(self, inp: ClientInput) -> ClientResult:
+        """Local training of one client (``inp.down`` is None: there is no server)."""
         raise NotImplementedError
 
     def mixing(self, ctx) -> gossip.Mixing:
@@ -174,10 +176,11 @@ class Decentralized(Algorithm):
             return gossip.gossip_gather(mixing.idx, mixing.wts, shared)
         return gossip.gossip(mixing, shared)
 
-    def aggregate(self, mixing: gossip.Mixing, local: dict) -> dict:
-        """The clients' state after gossip: the shared part mixed, everything else as trained."""
-        u, v = self.split(local["params"])
-        return {**local, "params": partition.merge(self.mix(mixing, u), v)}
+    def aggregate(self, mixing: gossip.Mixing, result: ClientResult) -> dict:
+        """The clients' state after gossip: the messages mixed, u_i = Σ_l W[i,l] z_l, into the shared slots of each
+        client's params; everything else as trained."""
+        v = self.split(result.state["params"])[1]
+        return {**result.state, "params": partition.merge(self.mix(mixing, result.upload), v)}
 
     def messages(self, mixing: gossip.Mixing):
         """Number of (sender → receiver) transfers in the round: the off-diagonal nonzeros of W."""
@@ -186,40 +189,39 @@ class Decentralized(Algorithm):
             return jnp.sum((mixing.wts > 0) & (mixing.idx != jnp.arange(m)[:, None]))
         return jnp.sum(mixing.W > 0) - jnp.sum(jnp.diagonal(mixing.W) > 0)
 
-    def message_bytes(self, local: dict):
-        """Bytes of one client's message (default: its dense shared part)."""
-        return tree.nbytes(self.shared_part(local["params"])) / tree.num_clients(local["params"])
+    def message_bytes(self, result: ClientResult):
+        """Bytes of one client's message (default: its dense upload)."""
+        return tree.nbytes(result.upload) / tree.num_clients(result.upload)
 
     def round(self, ctx, server, clients):
         m = ctx.num_clients
         trained = {k: v for k, v in clients.items() if k != "z"}
-        local, metrics = ctx.map_clients(self.client_update, ctx.round,
-                                         (trained, ctx.data.train, ctx.client_keys(jnp.arange(m), TRAIN)))
+        result = ctx.run_clients(self.client_update, None, trained, ctx.data.train,
+                                 ctx.client_keys(jnp.arange(m), TRAIN))
         mixing = self.mixing(ctx)
-        z = self.shared_part(local["params"])
-        new = self.aggregate(mixing, local)
+        z = self.shared_part(result.state["params"])
+        new = self.aggregate(mixing, result)
         if self.eval_point == "local":
             new["z"] = z
-        out = {k: jnp.mean(v) for k, v in metrics.items()}
-        volume = (self.messages(mixing) * self.message_bytes(local)).astype(jnp.float32)
+        out = {k: jnp.mean(v) for k, v in result.metrics.items()}
+        volume = (self.messages(mixing) * self.message_bytes(result)).astype(jnp.float32)
         out.update(consensus_local=gossip.consensus_distance(z),
                    consensus=gossip.consensus_distance(self.shared_part(new["params"])),
                    bytes_up=volume, bytes_down=volume)
         return None, new, out
 
     # ------------------------------------------------------------------------------------------ evaluation
-    def personal_params(self, shared, client_state, train, key):
+    def personal_params(self, inp: ClientInput):
         if self.eval_point == "local":
-            return partition.merge(client_state["z"], self.split(client_state["params"])[1])
-        return client_state["params"]
+            return partition.merge(inp.state["z"], self.split(inp.state["params"])[1])
+        return inp.state["params"]
 
-    def evaluate_client(self, shared, per_client) -> dict:
+    def evaluate_client(self, inp: ClientInput) -> dict:
         """The headline ``personal`` model (see ``eval_point``) and, when that is the pre-gossip one, also the
         post-gossip model (u_i^{t+1}, v_i^{t+1}) as ``post_gossip`` (spec §6: both are logged)."""
-        client_state, train, test, key = per_client
-        out = {"personal": self.test_stats(self.personal_params(shared, client_state, train, key), test)}
+        out = {"personal": self.test_stats(inp.model, self.personal_params(inp), inp.test)}
         if self.eval_point == "local":
-            out["post_gossip"] = self.test_stats(client_state["params"], test)
+            out["post_gossip"] = self.test_stats(inp.model, inp.state["params"], inp.test)
         return out
 
     def eval_metrics(self, server, clients) -> dict:
@@ -249,12 +251,12 @@ class DFedAvgM(Decentralized, LocalSGD):
         super().validate(num_clients)
         self.validate_local()
         if self.rho < 0:
-            raise ValueError(f"rho must be >= 0, got {self.rho}.")
+            raise OptionError("rho", f"must be >= 0, got {self.rho}.")
 
-    def client_update(self, round_, per_client):
-        state, train, key = per_client
-        params, loss = self.train(self.model.loss, state["params"], train, key, round_, self.unroll, sam_rho=self.rho)
-        return {"params": params}, {"train_loss": loss}
+    def client_update(self, inp: ClientInput) -> ClientResult:
+        params, loss = self.train(inp.model.loss, inp.state["params"], inp, sam_rho=self.rho)
+        return ClientResult(state={"params": params}, upload=self.shared_part(params), weight=inp.train.count,
+                            metrics={"train_loss": loss})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

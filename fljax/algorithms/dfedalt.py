@@ -25,9 +25,11 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from fljax.algorithms.base import ClientInput, ClientResult, check_choice
 from fljax.algorithms.decentralized import Decentralized
 from fljax.algorithms.local_training import LocalSGD
 from fljax.data.batching import BatchPlan
+from fljax.errors import OptionError
 from fljax.ops import partition
 
 __all__ = ["DFedAlt", "DFedSalt", "SAM_PLACEMENTS"]
@@ -59,49 +61,44 @@ class DFedAlt(Decentralized, LocalSGD):
         super().validate(num_clients)
         self.validate_local()
         if self.local_epochs is None:
-            raise ValueError("dfedalt counts the shared phase in epochs: set local_epochs (K_u).")
+            raise OptionError("local_epochs", "must be set: dfedalt counts the shared phase in epochs (K_u).")
         if self.personal_epochs < 0:
-            raise ValueError(f"personal_epochs must be >= 0, got {self.personal_epochs}.")
+            raise OptionError("personal_epochs", f"must be >= 0, got {self.personal_epochs}.")
         if not self.personal_lr > 0:
-            raise ValueError(f"personal_lr must be > 0, got {self.personal_lr}.")
-        if self.sam_on not in SAM_PLACEMENTS:
-            raise ValueError(f"sam_on must be one of {list(SAM_PLACEMENTS)}, got {self.sam_on!r}.")
+            raise OptionError("personal_lr", f"must be > 0, got {self.personal_lr}.")
+        check_choice("sam_on", self.sam_on, SAM_PLACEMENTS)
         if self.rho < 0:
-            raise ValueError(f"rho must be >= 0, got {self.rho}.")
+            raise OptionError("rho", f"must be >= 0, got {self.rho}.")
 
     def shared_mask(self, params):
         return partition.mask_not(partition.mask_from_paths(params, self.personal))
 
     def init_clients(self, ctx, params) -> dict:
         if not any(jax.tree.leaves(self.shared_mask(params))):
-            raise ValueError(f"personal={self.personal!r} selects every parameter of {self.model.name}; nothing would "
-                             f"be shared. Choose a regex matching part of it (e.g. 'head').")
+            raise OptionError("personal", f"={self.personal!r} selects every parameter of {ctx.model.name}; nothing "
+                                          f"would be shared. Choose a regex matching part of it (e.g. 'head').")
         return {"params": params}
 
     def steps_per_round(self, n_max: int) -> int:
-        return self.plan().num_steps(n_max) + self.personal_plan().num_steps(n_max)
-
-    def personal_plan(self) -> BatchPlan:
-        return BatchPlan(batch_size=self.batch_size, epochs=self.personal_epochs)
+        return self.plan().num_steps(n_max) + BatchPlan(batch_size=self.batch_size,
+                                                        epochs=self.personal_epochs).num_steps(n_max)
 
     def rho_for(self, part: str) -> float:
         """SAM radius of the 'u' or 'v' phase (0: plain gradient)."""
         return self.rho if self.sam_on in (part, "uv") else 0.0
 
-    def client_update(self, round_, per_client):
-        state, train, key = per_client
-        u, v = self.split(state["params"])
-        loss = self.model.loss
+    def client_update(self, inp: ClientInput) -> ClientResult:
+        u, v = self.split(inp.state["params"])
+        loss = inp.model.loss
         v_loss = jnp.zeros(())
         if self.personal_epochs > 0:  # personal phase: u frozen at u_i^t
-            personal_sgd = dataclasses.replace(self, lr=self.personal_lr)
-            v, v_loss = personal_sgd.train(lambda v_, b: loss(partition.merge(u, v_), b), v, train,
-                                           jax.random.fold_in(key, 1), round_, self.unroll,
-                                           plan=self.personal_plan(), sam_rho=self.rho_for("v"))
+            v, v_loss = self.personal_phase(lambda v_, b: loss(partition.merge(u, v_), b), v, inp,
+                                            jax.random.fold_in(inp.key, 1), epochs=self.personal_epochs,
+                                            lr=self.personal_lr, sam_rho=self.rho_for("v"))
         # shared phase: v frozen at the fresh v_i^{t+1}
-        u, u_loss = self.train(lambda u_, b: loss(partition.merge(u_, v), b), u, train, key, round_, self.unroll,
-                               sam_rho=self.rho_for("u"))
-        return {"params": partition.merge(u, v)}, {"train_loss": u_loss, "personal_loss": v_loss}
+        u, u_loss = self.train(lambda u_, b: loss(partition.merge(u_, v), b), u, inp, sam_rho=self.rho_for("u"))
+        return ClientResult(state={"params": partition.merge(u, v)}, upload=u, weight=inp.train.count,
+                            metrics={"train_loss": u_loss, "personal_loss": v_loss})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

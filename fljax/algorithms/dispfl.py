@@ -23,10 +23,12 @@ import jax
 import jax.numpy as jnp
 
 from fljax import tree
+from fljax.algorithms.base import ClientInput, ClientResult, check_choice
 from fljax.algorithms.decentralized import DFedAvgM
-from fljax.algorithms.local_training import run_steps
+from fljax.algorithms.local_training import train_steps
 from fljax.data.batching import Batch
 from fljax.engine.context import INIT
+from fljax.errors import OptionError
 from fljax.ops import partition, sparsity
 
 __all__ = ["DisPFL"]
@@ -51,19 +53,18 @@ class DisPFL(DFedAvgM):
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
         if not 0 < self.density <= 1:
-            raise ValueError(f"density must be in (0, 1], got {self.density}.")
-        if self.layer_density not in ("erk", "uniform"):
-            raise ValueError(f"layer_density must be 'erk' or 'uniform', got {self.layer_density!r}.")
+            raise OptionError("density", f"must be in (0, 1], got {self.density}.")
+        check_choice("layer_density", self.layer_density, ("erk", "uniform"))
         if not 0 <= self.anneal_factor <= 1:
-            raise ValueError(f"anneal_factor must be in [0, 1], got {self.anneal_factor}.")
+            raise OptionError("anneal_factor", f"must be in [0, 1], got {self.anneal_factor}.")
         if self.anneal_rounds < 1:
-            raise ValueError(f"anneal_rounds must be >= 1, got {self.anneal_rounds}.")
-        if self.regrow not in ("random", "gradient"):
-            raise ValueError(f"regrow must be 'random' or 'gradient', got {self.regrow!r}.")
+            raise OptionError("anneal_rounds", f"must be >= 1, got {self.anneal_rounds}.")
+        check_choice("regrow", self.regrow, ("random", "gradient"))
         if self.gossip_form == "gather":
-            raise ValueError("dispfl averages over the 0/1 adjacency in dense form; use gossip_form='dense' or 'auto'.")
+            raise OptionError("gossip_form", "='gather' is impossible: dispfl averages over the 0/1 adjacency in "
+                                             "dense form; use 'dense' or 'auto'.")
         if self.rho:
-            raise ValueError("dispfl has no SAM variant; leave rho at 0.")
+            raise OptionError("rho", "must stay 0: dispfl has no SAM variant.")
 
     def init_clients(self, ctx, params) -> dict:
         densities = sparsity.layer_densities(jax.tree.map(lambda x: x[0], params), self.density, self.layer_density)
@@ -71,32 +72,28 @@ class DisPFL(DFedAvgM):
         masks = jax.jit(jax.vmap(lambda k, p: sparsity.random_masks(k, p, densities)))(keys, params)  # one compile
         return {"params": _apply_mask(params, masks), "mask": masks}
 
-    def client_update(self, round_, per_client):
-        state, train, key = per_client
-        mask = state["mask"]
-        opt = self.client_optimizer(self.lr_at(round_))
-        sgd = self.sgd_step(self.model.loss, opt)
-
-        def masked_step(carry, batch, k):
-            (params, opt_state), loss = sgd(carry, batch, k)
-            return (_apply_mask(params, mask), opt_state), loss
-
-        (params, _), loss = run_steps(masked_step, (state["params"], opt.init(state["params"])), train, self.plan(),
-                                      key, self.unroll)
+    def client_update(self, inp: ClientInput) -> ClientResult:
+        """Masked local training, then prune/regrow; the message is the trained sparse model with its mask."""
+        mask, train = inp.state["mask"], inp.train
+        opt = self.client_optimizer(self.lr_at(inp.round))
+        params, loss = train_steps(inp.model.loss, inp.state["params"], inp, self.plan(), opt,
+                                   post=lambda p: _apply_mask(p, mask))
         scores = None
         if self.regrow == "gradient":
-            scores = jax.grad(self.model.loss)(params, Batch(train.x, train.y, train.mask))
-        fraction = sparsity.anneal_fraction(round_, self.anneal_rounds, self.anneal_factor)
-        new_mask = sparsity.prune_regrow(params, mask, fraction, jax.random.fold_in(key, 1), scores)
+            scores = jax.grad(inp.model.loss)(params, Batch(train.x, train.y, train.mask))
+        fraction = sparsity.anneal_fraction(inp.round, self.anneal_rounds, self.anneal_factor)
+        new_mask = sparsity.prune_regrow(params, mask, fraction, jax.random.fold_in(inp.key, 1), scores)
         density = partition.count(mask) / tree.size(params)
-        return {"params": params, "mask": new_mask, "trained_mask": mask}, {"train_loss": loss, "density": density}
+        return ClientResult(state={"params": params, "mask": new_mask}, upload={"params": params, "mask": mask},
+                            weight=train.count, metrics={"train_loss": loss, "density": density})
 
-    def aggregate(self, mixing, local: dict) -> dict:
+    def aggregate(self, mixing, result: ClientResult) -> dict:
         m = mixing.W.shape[0]
         adjacency = (mixing.W > 0) | jnp.eye(m, dtype=bool)
-        mean = partition.masked_average(local["params"], local["trained_mask"], adjacency)
-        return {"params": _apply_mask(mean, local["mask"]), "mask": local["mask"]}
+        mean = partition.masked_average(result.upload["params"], result.upload["mask"], adjacency)
+        return {"params": _apply_mask(mean, result.state["mask"]), "mask": result.state["mask"]}
 
-    def message_bytes(self, local: dict):
-        kept = partition.count(local["trained_mask"]) / tree.num_clients(local["params"])
-        return 4.0 * kept + tree.size(local["params"]) / tree.num_clients(local["params"]) / 8
+    def message_bytes(self, result: ClientResult):
+        params = result.upload["params"]
+        kept = partition.count(result.upload["mask"]) / tree.num_clients(params)
+        return 4.0 * kept + tree.size(params) / tree.num_clients(params) / 8

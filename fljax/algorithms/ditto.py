@@ -14,10 +14,10 @@ import dataclasses
 import jax
 
 from fljax import tree
-from fljax.algorithms.base import ClientResult
+from fljax.algorithms.base import ClientInput, ClientResult, check_choice
 from fljax.algorithms.fedavg import FedAvg
-from fljax.algorithms.local_training import run_steps
 from fljax.data.batching import BatchPlan
+from fljax.errors import OptionError
 from fljax.ops import prox
 
 __all__ = ["Ditto"]
@@ -34,47 +34,33 @@ class Ditto(FedAvg):
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
         if self.lam < 0:
-            raise ValueError(f"lam must be >= 0, got {self.lam}.")
+            raise OptionError("lam", f"must be >= 0, got {self.lam}.")
         if self.personal_epochs < 0:
-            raise ValueError(f"personal_epochs must be >= 0, got {self.personal_epochs}.")
-        if self.prox_mode not in ("gradient", "decoupled"):
-            raise ValueError(f"prox_mode must be 'gradient' or 'decoupled', got {self.prox_mode!r}.")
+            raise OptionError("personal_epochs", f"must be >= 0, got {self.personal_epochs}.")
+        check_choice("prox_mode", self.prox_mode, ("gradient", "decoupled"))
 
     def init(self, ctx):
         server, _ = super().init(ctx)
         return server, {"v": tree.broadcast_clients(server["params"], ctx.num_clients)}
 
     def steps_per_round(self, n_max: int) -> int:
-        return super().steps_per_round(n_max) + self.personal_plan().num_steps(n_max)
+        return super().steps_per_round(n_max) + BatchPlan(batch_size=self.batch_size,
+                                                          epochs=self.personal_epochs).num_steps(n_max)
 
-    def personal_plan(self) -> BatchPlan:
-        return BatchPlan(batch_size=self.batch_size, epochs=self.personal_epochs)
-
-    def personal_update(self, v, anchor, train, key, round_):
+    def personal_update(self, v, anchor, inp: ClientInput, key):
         """``personal_epochs`` of SGD on f_i(v) + (λ/2)‖v − w_t‖² (gradient or decoupled proximal step)."""
-        lr = self.lr_at(round_)
-        opt = self.client_optimizer(lr)
         if self.prox_mode == "gradient":
-            step = self.sgd_step(self.model.loss, opt, lambda p: prox.proximal_penalty_grad(p, anchor, self.lam))
-        else:
-            plain = self.sgd_step(self.model.loss, opt)
+            return self.personal_phase(inp.model.loss, v, inp, key, epochs=self.personal_epochs,
+                                       extra_grad=lambda p: prox.proximal_penalty_grad(p, anchor, self.lam))
+        return self.personal_phase(inp.model.loss, v, inp, key, epochs=self.personal_epochs,
+                                   prox=lambda p, lr: tree.lerp(lr * self.lam, p, anchor))
 
-            def step(carry, batch, k):
-                (p, s), loss = plain(carry, batch, k)
-                return (tree.lerp(lr * self.lam, p, anchor), s), loss
-
-        (v, _), loss = run_steps(step, (v, opt.init(v)), train, self.personal_plan(), key, self.unroll)
-        return v, loss
-
-    def client_update(self, shared, per_client) -> ClientResult:
-        anchor, round_ = shared
-        state, train, key = per_client
-        k_global, k_personal = jax.random.split(key)
-        w, loss = self.train(self.model.loss, anchor, train, k_global, round_, self.unroll)
-        v, personal_loss = self.personal_update(state["v"], anchor, train, k_personal, round_)
-        return ClientResult(state={"v": v}, upload=w, weight=train.count,
+    def client_update(self, inp: ClientInput) -> ClientResult:
+        k_global, k_personal = jax.random.split(inp.key)
+        w, loss = self.train(inp.model.loss, inp.down, inp, key=k_global)
+        v, personal_loss = self.personal_update(inp.state["v"], inp.down, inp, k_personal)
+        return ClientResult(state={"v": v}, upload=w, weight=inp.train.count,
                             metrics={"train_loss": loss, "personal_loss": personal_loss})
 
-    def personal_params(self, shared, client_state, train, key):
-        return client_state["v"]
-
+    def personal_params(self, inp: ClientInput):
+        return inp.state["v"]

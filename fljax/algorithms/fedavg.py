@@ -20,9 +20,10 @@ import functools
 import optax
 
 from fljax import tree
-from fljax.algorithms.base import Centralized, ClientResult
+from fljax.algorithms.base import Centralized, ClientInput, ClientResult, check_choice
 from fljax.algorithms.local_training import LocalSGD
 from fljax.data.batching import BatchPlan
+from fljax.errors import OptionError
 from fljax.ops import prox
 
 __all__ = ["FedAvg", "FedProx", "FedAvgFT"]
@@ -43,29 +44,26 @@ class FedAvg(Centralized, LocalSGD):
         super().validate(num_clients)
         self.validate_local()
         if not self.server_lr > 0:
-            raise ValueError(f"server_lr must be > 0, got {self.server_lr}.")
-        if self.eval_model not in ("global", "stored"):
-            raise ValueError(f"eval_model must be 'global' or 'stored', got {self.eval_model!r}.")
+            raise OptionError("server_lr", f"must be > 0, got {self.server_lr}.")
+        check_choice("eval_model", self.eval_model, ("global", "stored"))
 
     def server_optimizer(self) -> optax.GradientTransformation:
         return optax.sgd(self.server_lr, momentum=self.server_momentum or None)
 
     def init(self, ctx):
-        params = self.model.init(self.init_key(ctx))
+        params = ctx.model.init(self.init_key(ctx))
         clients = {"params": tree.broadcast_clients(params, ctx.num_clients)} if self.eval_model == "stored" else {}
         return {"params": params, "opt_state": self.server_optimizer().init(params)}, clients
 
-    def local_loss(self, params, batch, anchor):
+    def local_loss(self, model, params, batch, anchor):
         """The local objective f_i (FedProx overrides it)."""
-        return self.model.loss(params, batch)
+        return model.loss(params, batch)
 
-    def client_update(self, shared, per_client) -> ClientResult:
-        anchor, round_ = shared
-        state, train, key = per_client
-        loss_fn = functools.partial(self.local_loss, anchor=anchor)
-        params, loss = self.train(loss_fn, anchor, train, key, round_, self.unroll)
-        state = {"params": params} if self.eval_model == "stored" else state
-        return ClientResult(state=state, upload=params, weight=train.count, metrics={"train_loss": loss})
+    def client_update(self, inp: ClientInput) -> ClientResult:
+        loss_fn = functools.partial(self.local_loss, inp.model, anchor=inp.down)
+        params, loss = self.train(loss_fn, inp.down, inp)
+        state = {"params": params} if self.eval_model == "stored" else inp.state
+        return ClientResult(state=state, upload=params, weight=inp.train.count, metrics={"train_loss": loss})
 
     def server_update(self, ctx, server, clients, cohort, result):
         mean = tree.weighted_mean_clients(result.upload, self.aggregation_weights(result))
@@ -79,8 +77,8 @@ class FedAvg(Centralized, LocalSGD):
     def global_params(self, shared):
         return shared
 
-    def personal_params(self, shared, client_state, train, key):
-        return client_state["params"] if self.eval_model == "stored" else None
+    def personal_params(self, inp: ClientInput):
+        return inp.state["params"] if self.eval_model == "stored" else None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -94,10 +92,10 @@ class FedProx(FedAvg):
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
         if self.mu < 0:
-            raise ValueError(f"mu must be >= 0, got {self.mu}.")
+            raise OptionError("mu", f"must be >= 0, got {self.mu}.")
 
-    def local_loss(self, params, batch, anchor):
-        return self.model.loss(params, batch) + prox.proximal_penalty(params, anchor, self.mu)
+    def local_loss(self, model, params, batch, anchor):
+        return model.loss(params, batch) + prox.proximal_penalty(params, anchor, self.mu)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -112,9 +110,9 @@ class FedAvgFT(FedAvg):
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
         if self.finetune_steps < 0:
-            raise ValueError(f"finetune_steps must be >= 0, got {self.finetune_steps}.")
+            raise OptionError("finetune_steps", f"must be >= 0, got {self.finetune_steps}.")
 
-    def personal_params(self, shared, client_state, train, key):
+    def personal_params(self, inp: ClientInput):
         plan = BatchPlan(batch_size=self.batch_size, steps=self.finetune_steps)
-        params, _ = self.train(self.model.loss, shared, train, key, 0, self.unroll, plan=plan)
+        params, _ = self.train(inp.model.loss, inp.down, inp, plan=plan, lr=self.lr_at(0))
         return params

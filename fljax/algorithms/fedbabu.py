@@ -13,9 +13,10 @@ from __future__ import annotations
 import dataclasses
 
 from fljax import tree
-from fljax.algorithms.base import ClientResult
+from fljax.algorithms.base import ClientInput, ClientResult, check_choice
 from fljax.algorithms.partial import FedPer
 from fljax.data.batching import BatchPlan
+from fljax.errors import OptionError
 from fljax.ops import partition
 
 __all__ = ["FedBABU"]
@@ -34,9 +35,8 @@ class FedBABU(FedPer):
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
         if self.finetune_epochs < 0:
-            raise ValueError(f"finetune_epochs must be >= 0, got {self.finetune_epochs}.")
-        if self.finetune not in ("all", "head"):
-            raise ValueError(f"finetune must be 'all' or 'head', got {self.finetune!r}.")
+            raise OptionError("finetune_epochs", f"must be >= 0, got {self.finetune_epochs}.")
+        check_choice("finetune", self.finetune, ("all", "head"))
 
     def init(self, ctx):
         server, _ = super().init(ctx)  # checks that the split leaves something shared
@@ -49,13 +49,10 @@ class FedBABU(FedPer):
         body = self.split(down)[0]
         return float(tree.nbytes(result.upload)), float(tree.nbytes(body) * cohort_size)
 
-    def client_update(self, shared, per_client) -> ClientResult:
-        params, round_ = shared
-        state, train, key = per_client
-        u, head = self.split(params)
-        u, loss = self.train(lambda u_, b: self.model.loss(partition.merge(u_, head), b), u, train, key, round_,
-                             self.unroll)
-        return ClientResult(state=state, upload=u, weight=train.count, metrics={"train_loss": loss})
+    def client_update(self, inp: ClientInput) -> ClientResult:
+        u, head = self.split(inp.down)
+        u, loss = self.train(lambda u_, b: inp.model.loss(partition.merge(u_, head), b), u, inp)
+        return ClientResult(state=inp.state, upload=u, weight=inp.train.count, metrics={"train_loss": loss})
 
     def eval_shared(self, server):
         return server["params"]
@@ -63,11 +60,11 @@ class FedBABU(FedPer):
     def global_params(self, shared):
         return shared
 
-    def personal_params(self, shared, client_state, train, key):
-        plan = BatchPlan(batch_size=self.batch_size, epochs=self.finetune_epochs)
+    def personal_params(self, inp: ClientInput):
+        plan, lr = BatchPlan(batch_size=self.batch_size, epochs=self.finetune_epochs), self.lr_at(0)
+        loss = inp.model.loss
         if self.finetune == "all":
-            return self.train(self.model.loss, shared, train, key, 0, self.unroll, plan=plan)[0]
-        u, head = self.split(shared)
-        head, _ = self.train(lambda h, b: self.model.loss(partition.merge(u, h), b), head, train, key, 0,
-                             self.unroll, plan=plan)
+            return self.train(loss, inp.down, inp, plan=plan, lr=lr)[0]
+        u, head = self.split(inp.down)
+        head, _ = self.train(lambda h, b: loss(partition.merge(u, h), b), head, inp, plan=plan, lr=lr)
         return partition.merge(u, head)

@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 
 from fljax import tree
-from fljax.algorithms.base import Centralized, ClientResult
+from fljax.algorithms.base import Centralized, ClientInput, ClientResult
 from fljax.algorithms.local_training import LocalSGD
+from fljax.errors import OptionError
 
 __all__ = ["FedDyn"]
 
@@ -30,21 +31,19 @@ class FedDyn(Centralized, LocalSGD):
         super().validate(num_clients)
         self.validate_local()
         if not self.alpha > 0:
-            raise ValueError(f"alpha must be > 0, got {self.alpha}.")
+            raise OptionError("alpha", f"must be > 0, got {self.alpha}.")
 
     def init(self, ctx):
-        params = self.model.init(self.init_key(ctx))
+        params = ctx.model.init(self.init_key(ctx))
         zeros = tree.zeros_like(params)
         return {"params": params, "h": zeros}, {"g": tree.broadcast_clients(zeros, ctx.num_clients)}
 
-    def client_update(self, shared, per_client) -> ClientResult:
-        theta, round_ = shared
-        state, train, key = per_client
-        g = state["g"]
+    def client_update(self, inp: ClientInput) -> ClientResult:
+        theta, g = inp.down, inp.state["g"]
         dyn = lambda w: tree.sub(tree.scale(self.alpha, tree.sub(w, theta)), g)  # noqa: E731  −g_i + α(θ − θ^{t−1})
-        theta_i, loss = self.train(self.model.loss, theta, train, key, round_, self.unroll, extra_grad=dyn)
+        theta_i, loss = self.train(inp.model.loss, theta, inp, extra_grad=dyn)
         g = tree.axpy(-self.alpha, tree.sub(theta_i, theta), g)
-        return ClientResult(state={"g": g}, upload=theta_i, weight=train.count, metrics={"train_loss": loss})
+        return ClientResult(state={"g": g}, upload=theta_i, weight=inp.train.count, metrics={"train_loss": loss})
 
     def server_update(self, ctx, server, clients, cohort, result):
         theta = server["params"]

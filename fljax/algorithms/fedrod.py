@@ -21,9 +21,10 @@ import jax
 import jax.numpy as jnp
 
 from fljax import tree
-from fljax.algorithms.base import ClientResult
+from fljax.algorithms.base import ClientInput, ClientResult, check_choice
 from fljax.algorithms.fedavg import FedAvg
 from fljax.algorithms.local_training import run_steps
+from fljax.errors import OptionError
 from fljax.models.model import masked_cross_entropy
 
 __all__ = ["FedRoD"]
@@ -47,27 +48,25 @@ class FedRoD(FedAvg):
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
-        if self.eval_body not in ("stored", "server"):
-            raise ValueError(f"eval_body must be 'stored' or 'server', got {self.eval_body!r}.")
+        check_choice("eval_body", self.eval_body, ("stored", "server"))
 
     def init(self, ctx):
         server, _ = super().init(ctx)
         params = server["params"]
         if "head" not in params:
-            raise ValueError(f"fedrod needs a model whose last layer is named 'head'; {self.model.name} has none.")
+            raise OptionError("model", f"must have a last layer named 'head' for fedrod; {ctx.model.name} has none.")
         m = ctx.num_clients
         return server, {"params": tree.broadcast_clients(params, m),
                         "p": tree.broadcast_clients(tree.zeros_like(params["head"]), m)}
 
-    def client_update(self, shared, per_client) -> ClientResult:
-        params, round_ = shared
-        state, train, key = per_client
-        counts = jnp.zeros(self.model.num_classes).at[train.y].add(train.mask.astype(jnp.float32))
+    def client_update(self, inp: ClientInput) -> ClientResult:
+        params, state, train, model = inp.down, inp.state, inp.train, inp.model
+        counts = jnp.zeros(model.num_classes).at[train.y].add(train.mask.astype(jnp.float32))
         log_prior = jnp.where(counts > 0, jnp.log(jnp.maximum(counts, 1.0) / jnp.sum(counts)), LOG_ZERO)
-        opt = self.client_optimizer(self.lr_at(round_))
+        opt = self.client_optimizer(self.lr_at(inp.round))
 
         def generic_loss(w, batch):
-            h = self.model.features(w, batch.x)
+            h = model.features(w, batch.x)
             logits = linear(w["head"], h)
             return masked_cross_entropy(logits + log_prior, batch.y, batch.mask), (h, logits)
 
@@ -83,15 +82,15 @@ class FedRoD(FedAvg):
             return ((tree.add(w, uw), tree.add(p, up)), (w_state, p_state)), loss
 
         carry = ((params, state["p"]), (opt.init(params), opt.init(state["p"])))
-        ((w, p), _), loss = run_steps(step, carry, train, self.plan(), key, self.unroll)
+        ((w, p), _), loss = run_steps(step, carry, train, self.plan(), inp.key, inp.unroll)
         return ClientResult(state={"params": w, "p": p}, upload=w, weight=train.count, metrics={"train_loss": loss})
 
-    def personal_params(self, shared, client_state, train, key):
-        return (client_state["params"] if self.eval_body == "stored" else shared), client_state["p"]
+    def personal_params(self, inp: ClientInput):
+        return (inp.state["params"] if self.eval_body == "stored" else inp.down), inp.state["p"]
 
-    def logits(self, params, x):
+    def logits(self, model, params, x):
         if isinstance(params, tuple):  # personal model: generic + personal head on the same features
             w, p = params
-            h = self.model.features(w, x)
+            h = model.features(w, x)
             return linear(w["head"], h) + linear(p, h)
-        return self.model.apply(params, x)
+        return model.apply(params, x)

@@ -44,9 +44,12 @@ import jax
 import jax.numpy as jnp
 
 from fljax import tree
-from fljax.algorithms.base import Centralized, ClientResult
+import optax
+
+from fljax.algorithms.base import Centralized, ClientInput, ClientResult, check_choice
 from fljax.algorithms.local_training import LocalSGD, run_steps
 from fljax.data.batching import BatchPlan
+from fljax.errors import OptionError
 from fljax.ops import prox
 
 __all__ = ["FedSLR", "Downlink", "low_rank_step"]
@@ -133,26 +136,21 @@ class FedSLR(Centralized, LocalSGD):
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
         self.validate_local()
-        for key, value, choices in [("solver", self.solver, SOLVERS), ("global_prox", self.global_prox, GLOBAL_PROXES),
-                                    ("personal_prox", self.personal_prox, PERSONAL_PROXES),
-                                    ("p_init", self.p_init, ("zeros", "copy_w0")),
-                                    ("conv_reshape", self.conv_reshape, ("fedslr", "flat")),
-                                    ("downlink", self.downlink, ("factored", "dense")),
-                                    ("gpgd_threshold", self.gpgd_threshold, ("eta_g", "eta_l"))]:
-            if value not in choices:
-                raise ValueError(f"{key} must be one of {choices}, got {value!r}.")
-        if self.lam < 0 or self.mu < 0 or self.personal_weight_decay < 0:
-            raise ValueError(f"lam, mu and personal_weight_decay must be >= 0, got {self.lam}, {self.mu}, "
-                             f"{self.personal_weight_decay}.")
+        for key, choices in [("solver", SOLVERS), ("global_prox", GLOBAL_PROXES), ("personal_prox", PERSONAL_PROXES),
+                             ("p_init", ("zeros", "copy_w0")), ("conv_reshape", ("fedslr", "flat")),
+                             ("downlink", ("factored", "dense")), ("gpgd_threshold", ("eta_g", "eta_l"))]:
+            check_choice(key, getattr(self, key), choices)
+        for key in ("lam", "mu", "personal_weight_decay", "personal_epochs"):
+            if getattr(self, key) < 0:
+                raise OptionError(key, f"must be >= 0, got {getattr(self, key)}.")
         if not self.eta_g > 0:
-            raise ValueError(f"eta_g must be > 0, got {self.eta_g}.")
-        if self.personal_epochs < 0:
-            raise ValueError(f"personal_epochs must be >= 0, got {self.personal_epochs}.")
+            raise OptionError("eta_g", f"must be > 0, got {self.eta_g}.")
         if self.memory_efficient and self.solver != "fedslr":
-            raise ValueError(f"memory_efficient keeps the mean dual of solver='fedslr'; solver={self.solver!r} has "
-                             f"no dual.")
+            raise OptionError("memory_efficient", f"keeps the mean dual of solver='fedslr'; solver={self.solver!r} "
+                                                  f"has no dual.")
         if self.solver == "lpgd" and self.global_prox != "nuclear":
-            raise ValueError("solver='lpgd' runs the nuclear prox at every local step; use global_prox='nuclear'.")
+            raise OptionError("solver", "='lpgd' runs the nuclear prox at every local step; use "
+                                        "global_prox='nuclear'.")
 
     # ------------------------------------------------------------------------------------------ pieces
     @property
@@ -175,15 +173,13 @@ class FedSLR(Centralized, LocalSGD):
             return prox.Nuclear(self.mu, conv_reshape=self.conv_reshape)
         return prox.Identity()
 
-    def personal_plan(self) -> BatchPlan:
-        return BatchPlan(batch_size=self.batch_size, epochs=self.personal_epochs)
-
     def steps_per_round(self, n_max: int) -> int:
-        return super().steps_per_round(n_max) + self.personal_plan().num_steps(n_max)
+        return super().steps_per_round(n_max) + BatchPlan(batch_size=self.batch_size,
+                                                          epochs=self.personal_epochs).num_steps(n_max)
 
     # ------------------------------------------------------------------------------------------ state
     def init(self, ctx):
-        w0 = self.model.init(self.init_key(ctx))
+        w0 = ctx.model.init(self.init_key(ctx))
         server = {"params": w0, "stats": low_rank_step(w0, None, self.conv_reshape)[1]}
         if self.memory_efficient:
             server["gamma_bar"] = tree.zeros_like(w0)
@@ -203,18 +199,18 @@ class FedSLR(Centralized, LocalSGD):
         return Downlink(params=server["params"], numel=numel)
 
     # ------------------------------------------------------------------------------------------ client
-    def phase_one(self, w_t, gamma, train, key, round_):
+    def phase_one(self, w_t, gamma, inp: ClientInput, key):
         """Eq. (4) by SGD from w_t: g = ∇CE(w; ξ) + wd·w − γ_i + (w − w_t)/η_g; then Eq. (5)."""
         pull = lambda w: tree.sub(tree.scale(1.0 / self.eta_g, tree.sub(w, w_t)), gamma)  # noqa: E731
-        w_i, loss = self.train(self.model.loss, w_t, train, key, round_, self.unroll, extra_grad=pull)
+        w_i, loss = self.train(inp.model.loss, w_t, inp, key=key, extra_grad=pull)
         return w_i, tree.axpy(1.0 / self.eta_g, tree.sub(w_t, w_i), gamma), loss
 
-    def lpgd_local(self, w_t, train, key, round_):
+    def lpgd_local(self, w_t, inp: ClientInput, key):
         """Eqs. (18)–(19): w ← Prox_{lr·λ‖·‖_*}(w − lr·(∇CE(w; ξ) + wd·w)) at every step; returns the number of
         values of the last iterate's factors too."""
-        lr = self.lr_at(round_)
+        lr = self.lr_at(inp.round)
         opt = self.client_optimizer(lr)
-        sgd = self.sgd_step(self.model.loss, opt)
+        sgd = self.sgd_step(inp.model.loss, opt)
 
         def step(carry, batch, k):
             (w, s), loss = sgd(carry[:2], batch, k)
@@ -222,36 +218,32 @@ class FedSLR(Centralized, LocalSGD):
             return (w, s, sum(st.params for st in _stats_leaves(stats))), loss
 
         numel0 = jnp.int32(tree.size(w_t))
-        (w, _, numel), loss = run_steps(step, (w_t, opt.init(w_t), numel0), train, self.plan(), key, self.unroll)
+        (w, _, numel), loss = run_steps(step, (w_t, opt.init(w_t), numel0), inp.train, self.plan(), key,
+                                        inp.unroll)
         return w, numel, loss
 
-    def phase_two(self, w_t, p, train, key, lr):
+    def phase_two(self, w_t, p, inp: ClientInput, key):
         """Eq. (7), E2 epochs from p_i: p ← Prox_{lr·μR}(p − lr·[∇_p CE(w_t + p; ξ) + wd_p·p]), anchored on the
-        received w_t."""
-        personal = self.personal_prox_op()
+        received w_t: the personal phase with plain SGD (weight decay wd_p) and the personal prox after every
+        step."""
+        lr = self.lr_at(inp.round)
+        sgd = optax.chain(optax.add_decayed_weights(self.personal_weight_decay), optax.sgd(lr))
+        return self.personal_phase(lambda q, batch: inp.model.loss(tree.add(w_t, q), batch), p, inp, key,
+                                   epochs=self.personal_epochs, optimizer=sgd, prox=self.personal_prox_op())
 
-        def step(p, batch, k):
-            loss, g = jax.value_and_grad(lambda q: self.model.loss(tree.add(w_t, q), batch))(p)
-            g = tree.axpy(self.personal_weight_decay, p, g)
-            return personal(tree.axpy(-lr, g, p), lr), loss
-
-        return run_steps(step, p, train, self.personal_plan(), key, self.unroll)
-
-    def client_update(self, shared, per_client) -> ClientResult:
-        down, round_ = shared
-        w_t = down.params
-        state, train, key = per_client
-        k1, k2 = jax.random.split(key)
+    def client_update(self, inp: ClientInput) -> ClientResult:
+        w_t = inp.down.params
+        k1, k2 = jax.random.split(inp.key)
         metrics, new_state = {}, {}
         if self.solver == "fedslr":
-            w_i, new_state["gamma"], loss = self.phase_one(w_t, state["gamma"], train, k1, round_)
+            w_i, new_state["gamma"], loss = self.phase_one(w_t, inp.state["gamma"], inp, k1)
         elif self.solver == "lpgd":
-            w_i, metrics["upload_numel"], loss = self.lpgd_local(w_t, train, k1, round_)
+            w_i, metrics["upload_numel"], loss = self.lpgd_local(w_t, inp, k1)
         else:
-            w_i, loss = self.train(self.model.loss, w_t, train, k1, round_, self.unroll)
-        new_state["p"], personal_loss = self.phase_two(w_t, state["p"], train, k2, self.lr_at(round_))
+            w_i, loss = self.train(inp.model.loss, w_t, inp, key=k1)
+        new_state["p"], personal_loss = self.phase_two(w_t, inp.state["p"], inp, k2)
         metrics.update(train_loss=loss, personal_loss=personal_loss)
-        return ClientResult(state=new_state, upload=w_i, weight=train.count, metrics=metrics)
+        return ClientResult(state=new_state, upload=w_i, weight=inp.train.count, metrics=metrics)
 
     # ------------------------------------------------------------------------------------------ server
     def server_update(self, ctx, server, clients, cohort, result):
@@ -289,9 +281,9 @@ class FedSLR(Centralized, LocalSGD):
     def global_params(self, shared):
         return shared
 
-    def personal_params(self, shared, client_state, train, key):
+    def personal_params(self, inp: ClientInput):
         """The mixed model w_T + p_i (p_i from i's last participation; zeros if never sampled, D1)."""
-        return tree.add(shared, client_state["p"])
+        return tree.add(inp.down, inp.state["p"])
 
     def eval_metrics(self, server, clients) -> dict:
         """GKR rank density Σ_l r_l / Σ_l min(m_l, n_l), each matrix leaf's rank (``rank/<path>``), the GKR's

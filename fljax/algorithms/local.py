@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from fljax import tree
-from fljax.algorithms.base import Centralized, ClientResult
+from fljax.algorithms.base import Centralized, ClientInput, ClientResult
 from fljax.algorithms.local_training import LocalSGD
 
 __all__ = ["Local"]
@@ -24,20 +24,19 @@ class Local(Centralized, LocalSGD):
         self.validate_local()
 
     def init(self, ctx):
-        params = self.model.init(self.init_key(ctx))  # one shared initialisation, as the papers' code does
+        params = ctx.model.init(self.init_key(ctx))  # one shared initialisation, as the papers' code does
         return None, {"params": tree.broadcast_clients(params, ctx.num_clients)}
 
     def broadcast(self, server):
         return None
 
-    def client_update(self, shared, per_client) -> ClientResult:
-        _, round_ = shared
-        state, train, key = per_client
-        params, loss = self.train(self.model.loss, state["params"], train, key, round_, self.unroll)
-        return ClientResult(state={"params": params}, upload=None, weight=train.count, metrics={"train_loss": loss})
+    def client_update(self, inp: ClientInput) -> ClientResult:
+        params, loss = self.train(inp.model.loss, inp.state["params"], inp)
+        return ClientResult(state={"params": params}, upload=None, weight=inp.train.count,
+                            metrics={"train_loss": loss})
 
     def server_update(self, ctx, server, clients, cohort, result):
         return server
 
-    def personal_params(self, shared, client_state, train, key):
-        return client_state["params"]
+    def personal_params(self, inp: ClientInput):
+        return inp.state["params"]

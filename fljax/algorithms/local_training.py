@@ -2,7 +2,9 @@
 
 :func:`run_steps` scans a step function over one client's batch schedule (a :class:`fljax.data.BatchPlan`);
 inactive steps (past a small client's data in ``epochs`` mode) leave the carry unchanged. :class:`LocalSGD` is a
-mixin holding the usual client-side hyperparameters and building the optax optimizer for a round.
+base of every algorithm whose clients run minibatch SGD: it holds the usual client-side hyperparameters, builds the
+optax optimizer for a round, and provides local training (:meth:`LocalSGD.train`) and the personal phase of
+partial-personalization methods (:meth:`LocalSGD.personal_phase`).
 """
 from __future__ import annotations
 
@@ -14,10 +16,12 @@ import jax.numpy as jnp
 import optax
 
 from fljax import tree
+from fljax.algorithms.base import Algorithm
 from fljax.data.batching import BatchPlan, gather_batch
+from fljax.errors import OptionError
 from fljax.ops.sam import sam_value_and_grad
 
-__all__ = ["run_steps", "LocalSGD", "OPTIMIZERS"]
+__all__ = ["run_steps", "train_steps", "sgd_step", "LocalSGD", "OPTIMIZERS"]
 
 OPTIMIZERS = ("sgd", "adam")
 
@@ -44,7 +48,7 @@ def run_steps(step: Callable, carry, train, plan: BatchPlan, key, unroll: int = 
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LocalSGD:
+class LocalSGD(Algorithm):
     """Client optimizer settings.
 
     ``lr`` at round t is ``lr · lr_decay^t``. ``optimizer``: 'sgd' (with ``momentum``, PyTorch semantics) or 'adam'.
@@ -68,31 +72,31 @@ class LocalSGD:
 
     def validate_local(self):
         if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}.")
+            raise OptionError("lr", f"must be > 0, got {self.lr}.")
         if not 0 < self.lr_decay <= 1:
-            raise ValueError(f"lr_decay must be in (0, 1], got {self.lr_decay}.")
+            raise OptionError("lr_decay", f"must be in (0, 1], got {self.lr_decay}.")
         if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}.")
+            raise OptionError("optimizer", f"must be one of {OPTIMIZERS}, got {self.optimizer!r}.")
         if not 0 <= self.momentum < 1:
-            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}.")
+            raise OptionError("momentum", f"must be in [0, 1), got {self.momentum}.")
         if self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}.")
+            raise OptionError("weight_decay", f"must be >= 0, got {self.weight_decay}.")
         if self.clip_norm is not None and not self.clip_norm > 0:
-            raise ValueError(f"clip_norm must be > 0 or null (no clipping), got {self.clip_norm}.")
+            raise OptionError("clip_norm", f"must be > 0 or null (no clipping), got {self.clip_norm}.")
         if self.sampling not in ("shuffle", "replacement"):
-            raise ValueError(f"sampling must be 'shuffle' or 'replacement', got {self.sampling!r}.")
+            raise OptionError("sampling", f"must be 'shuffle' or 'replacement', got {self.sampling!r}.")
         if self.local_epochs is None and self.local_steps is None:
-            raise ValueError("set local_epochs or local_steps (local_epochs wins when both are set).")
-        self.plan()
+            raise OptionError("local_steps", "or local_epochs must be set (local_epochs wins when both are set).")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise OptionError("batch_size", f"must be >= 1 or null (full batch), got {self.batch_size}.")
+        for key in ("local_epochs", "local_steps"):
+            if getattr(self, key) is not None and getattr(self, key) < 0:
+                raise OptionError(key, f"must be >= 0, got {getattr(self, key)}.")
 
     def plan(self) -> BatchPlan:
         epochs = self.local_epochs
         return BatchPlan(batch_size=self.batch_size, epochs=epochs, steps=None if epochs is not None else self.local_steps,
                          replacement=self.sampling == "replacement")
-
-    def steps_per_round(self, n_max: int) -> int:
-        """Local SGD steps a sampled client runs per round (for throughput accounting)."""
-        return self.plan().num_steps(n_max)
 
     def lr_at(self, round_):
         return self.lr * jnp.power(jnp.float32(self.lr_decay), round_)
@@ -111,26 +115,62 @@ class LocalSGD:
 
     def sgd_step(self, loss_fn: Callable, opt: optax.GradientTransformation, extra_grad: Callable | None = None,
                  sam_rho: float = 0.0):
-        """A step function for :func:`run_steps` on carry ``(params, opt_state)``: ``g = ∇loss_fn(params, batch)``
-        (+ ``extra_grad(params)``), then the optax update. ``sam_rho`` > 0 takes the gradient at the SAM point
-        params + ρ·g/‖g‖ on the same batch (:func:`fljax.ops.sam.sam_value_and_grad`; the logged loss is the
-        unperturbed one, and weight decay applies at the unperturbed params); 0 is the plain gradient."""
-        value_and_grad = sam_value_and_grad(jax.value_and_grad(loss_fn), sam_rho)
+        """The step function of :func:`train_steps` (see :func:`sgd_step`)."""
+        return sgd_step(loss_fn, opt, extra_grad, sam_rho)
 
-        def step(carry, batch, key):
-            params, opt_state = carry
-            loss, g = value_and_grad(params, batch)
-            if extra_grad is not None:
-                g = tree.add(g, extra_grad(params))
-            updates, opt_state = opt.update(g, opt_state, params)
-            return (optax.apply_updates(params, updates), opt_state), loss
+    def train(self, loss_fn: Callable, params, inp, *, key=None, plan: BatchPlan | None = None, lr=None,
+              extra_grad: Callable | None = None, sam_rho: float = 0.0):
+        """Local training of ``params`` on client ``inp``'s train split with this optimizer at ``lr`` (default: the
+        round's ``lr_at(inp.round)``), ``plan`` (default: :meth:`plan`) and ``key`` (default: ``inp.key``);
+        returns (new params, mean loss)."""
+        opt = self.client_optimizer(self.lr_at(inp.round) if lr is None else lr)
+        return train_steps(loss_fn, params, inp, plan or self.plan(), opt, key=key, extra_grad=extra_grad,
+                           sam_rho=sam_rho)
 
-        return step
+    def personal_phase(self, loss_fn: Callable, v, inp, key, *, epochs: int, lr=None, optimizer=None,
+                       extra_grad: Callable | None = None, prox: Callable | None = None, sam_rho: float = 0.0):
+        """The personal phase of partial-personalization methods — Ditto's v_i, FedSLR's Phase II (Eq. 7),
+        DFedAlt's and FedRep's head — as one component: ``epochs`` passes of minibatches of ``batch_size`` over the
+        client's data, stepping only the personal variables ``v`` (everything else is frozen inside ``loss_fn``)::
 
-    def train(self, loss_fn: Callable, params, train, key, round_, unroll: int = 1,
-              extra_grad: Callable | None = None, plan: BatchPlan | None = None, sam_rho: float = 0.0):
-        """Local training from ``params`` with this optimizer: returns (new params, mean loss)."""
-        opt = self.client_optimizer(self.lr_at(round_))
-        step = self.sgd_step(loss_fn, opt, extra_grad, sam_rho)
-        (params, _), loss = run_steps(step, (params, opt.init(params)), train, plan or self.plan(), key, unroll)
-        return params, loss
+            g = ∇_v loss_fn(v; ξ) [+ extra_grad(v)];   v ← optimizer step;   v ← prox(v, η)
+
+        ``lr`` η is the phase's base rate (default: the client's ``lr``), decayed as ``lr_decay^t``; ``optimizer``
+        defaults to the client optimizer at η; ``prox(v, η)`` (e.g. FedSLR's soft threshold, Ditto's decoupled
+        pull) follows every step; ``sam_rho`` > 0 takes SAM gradients. Returns (v, mean loss)."""
+        rate = self.lr_at(inp.round) if lr is None else lr * jnp.power(jnp.float32(self.lr_decay), inp.round)
+        opt = self.client_optimizer(rate) if optimizer is None else optimizer
+        plan = BatchPlan(batch_size=self.batch_size, epochs=epochs)
+        post = None if prox is None else (lambda p: prox(p, rate))
+        return train_steps(loss_fn, v, inp, plan, opt, key=key, extra_grad=extra_grad, post=post, sam_rho=sam_rho)
+
+
+def sgd_step(loss_fn: Callable, opt: optax.GradientTransformation, extra_grad: Callable | None = None,
+             sam_rho: float = 0.0, post: Callable | None = None):
+    """A step function for :func:`run_steps` on carry ``(params, opt_state)``: ``g = ∇loss_fn(params, batch)``
+    (+ ``extra_grad(params)``), the optax update, then ``post(params)`` if given (a proximal step). ``sam_rho`` > 0
+    takes the gradient at the SAM point params + ρ·g/‖g‖ on the same batch
+    (:func:`fljax.ops.sam.sam_value_and_grad`; the logged loss is the unperturbed one, and weight decay applies at
+    the unperturbed params); 0 is the plain gradient."""
+    value_and_grad = sam_value_and_grad(jax.value_and_grad(loss_fn), sam_rho)
+
+    def step(carry, batch, key):
+        params, opt_state = carry
+        loss, g = value_and_grad(params, batch)
+        if extra_grad is not None:
+            g = tree.add(g, extra_grad(params))
+        updates, opt_state = opt.update(g, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return (params if post is None else post(params), opt_state), loss
+
+    return step
+
+
+def train_steps(loss_fn: Callable, params, inp, plan: BatchPlan, opt: optax.GradientTransformation, *, key=None,
+                extra_grad: Callable | None = None, post: Callable | None = None, sam_rho: float = 0.0):
+    """The one local-training loop: :func:`sgd_step` scanned over ``plan``'s batches of client ``inp``'s train split
+    (key ``key``, default ``inp.key``); returns (params, mean loss over active steps). The optimizer state is fresh."""
+    step = sgd_step(loss_fn, opt, extra_grad, sam_rho, post)
+    (params, _), loss = run_steps(step, (params, opt.init(params)), inp.train, plan,
+                                  inp.key if key is None else key, inp.unroll)
+    return params, loss

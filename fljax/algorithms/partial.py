@@ -21,9 +21,10 @@ import dataclasses
 import jax
 
 from fljax import tree
-from fljax.algorithms.base import Centralized, ClientResult
+from fljax.algorithms.base import Centralized, ClientInput, ClientResult, check_choice
 from fljax.algorithms.local_training import LocalSGD
 from fljax.data.batching import BatchPlan
+from fljax.errors import OptionError
 from fljax.ops import partition
 
 __all__ = ["FedPer", "FedRep", "LGFedAvg"]
@@ -41,8 +42,7 @@ class FedPer(Centralized, LocalSGD):
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
         self.validate_local()
-        if self.eval_body not in ("stored", "server"):
-            raise ValueError(f"eval_body must be 'stored' or 'server', got {self.eval_body!r}.")
+        check_choice("eval_body", self.eval_body, ("stored", "server"))
 
     def shared_mask(self, params):
         """Leaf mask of the shared part u (the complement of ``personal``)."""
@@ -53,26 +53,24 @@ class FedPer(Centralized, LocalSGD):
         return partition.split(params, self.shared_mask(params))
 
     def init(self, ctx):
-        params = self.model.init(self.init_key(ctx))
+        params = ctx.model.init(self.init_key(ctx))
         shared = jax.tree.leaves(self.shared_mask(params))
         if all(shared) or not any(shared):
-            raise ValueError(f"personal={self.personal!r} selects {'no' if all(shared) else 'every'} parameter of "
-                             f"{self.model.name}; choose a regex matching part of it (e.g. 'head').")
+            raise OptionError("personal", f"={self.personal!r} selects {'no' if all(shared) else 'every'} parameter "
+                                          f"of {ctx.model.name}; choose a regex matching part of it (e.g. 'head').")
         return {"params": params}, {"params": tree.broadcast_clients(params, ctx.num_clients)}
 
     def broadcast(self, server):
         return self.split(server["params"])[0]
 
-    def local_update(self, params, train, key, round_):
+    def local_update(self, params, inp: ClientInput):
         """Joint local training of (u, v_i)."""
-        return self.train(self.model.loss, params, train, key, round_, self.unroll)
+        return self.train(inp.model.loss, params, inp)
 
-    def client_update(self, shared, per_client) -> ClientResult:
-        body, round_ = shared
-        state, train, key = per_client
-        params = partition.merge(body, self.split(state["params"])[1])
-        params, loss = self.local_update(params, train, key, round_)
-        return ClientResult(state={"params": params}, upload=self.split(params)[0], weight=train.count,
+    def client_update(self, inp: ClientInput) -> ClientResult:
+        params = partition.merge(inp.down, self.split(inp.state["params"])[1])
+        params, loss = self.local_update(params, inp)
+        return ClientResult(state={"params": params}, upload=self.split(params)[0], weight=inp.train.count,
                             metrics={"train_loss": loss})
 
     def server_update(self, ctx, server, clients, cohort, result):
@@ -82,10 +80,10 @@ class FedPer(Centralized, LocalSGD):
     def eval_shared(self, server):
         return self.broadcast(server)
 
-    def personal_params(self, shared, client_state, train, key):
+    def personal_params(self, inp: ClientInput):
         if self.eval_body == "stored":
-            return client_state["params"]
-        return partition.merge(shared, self.split(client_state["params"])[1])
+            return inp.state["params"]
+        return partition.merge(inp.down, self.split(inp.state["params"])[1])
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -102,25 +100,25 @@ class FedRep(FedPer):
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
-        if self.head_epochs < 0 or self.body_epochs < 0:
-            raise ValueError(f"head_epochs and body_epochs must be >= 0, got {self.head_epochs}, {self.body_epochs}.")
+        for key in ("head_epochs", "body_epochs"):
+            if getattr(self, key) < 0:
+                raise OptionError(key, f"must be >= 0, got {getattr(self, key)}.")
         if self.head_lr is not None and not self.head_lr > 0:
-            raise ValueError(f"head_lr must be > 0, got {self.head_lr}.")
+            raise OptionError("head_lr", f"must be > 0, got {self.head_lr}.")
 
     def steps_per_round(self, n_max: int) -> int:
         per_epoch = BatchPlan(batch_size=self.batch_size, epochs=1).num_steps(n_max)
         return (self.head_epochs + self.body_epochs) * per_epoch
 
-    def local_update(self, params, train, key, round_):
+    def local_update(self, params, inp: ClientInput):
         u, v = self.split(params)
-        k_head, k_body = jax.random.split(key)
-        plan = lambda e: BatchPlan(batch_size=self.batch_size, epochs=e)
-        head_sgd = self if self.head_lr is None else dataclasses.replace(self, lr=self.head_lr)
-        v, _ = head_sgd.train(lambda v_, b: self.model.loss(partition.merge(u, v_), b), v, train, k_head, round_,
-                              self.unroll, plan=plan(self.head_epochs))
-        u, loss = self.train(lambda u_, b: self.model.loss(partition.merge(u_, v), b), u, train, k_body, round_,
-                             self.unroll, plan=plan(self.body_epochs))
-        return partition.merge(u, v), loss
+        k_head, k_body = jax.random.split(inp.key)
+        loss = inp.model.loss
+        v, _ = self.personal_phase(lambda v_, b: loss(partition.merge(u, v_), b), v, inp, k_head,
+                                   epochs=self.head_epochs, lr=self.head_lr)
+        u, body_loss = self.train(lambda u_, b: loss(partition.merge(u_, v), b), u, inp, key=k_body,
+                                  plan=BatchPlan(batch_size=self.batch_size, epochs=self.body_epochs))
+        return partition.merge(u, v), body_loss
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

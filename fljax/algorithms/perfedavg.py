@@ -16,14 +16,16 @@ E·⌈n_i/(2B)⌉ steps (D20) and D ≠ D′ always.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 
 from fljax import tree
-from fljax.algorithms.base import Centralized, ClientResult
+from fljax.algorithms.base import Centralized, ClientInput, ClientResult, check_choice
 from fljax.algorithms.local_training import run_steps
 from fljax.data.batching import Batch, BatchPlan, gather_batch
+from fljax.errors import OptionError
 from fljax.ops import meta
 
 __all__ = ["PerFedAvg"]
@@ -44,15 +46,17 @@ class PerFedAvg(Centralized):
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
-        if not self.alpha > 0 or not self.beta > 0:
-            raise ValueError(f"alpha and beta must be > 0, got alpha={self.alpha}, beta={self.beta}.")
-        if self.hvp_mode not in meta.HVP_MODES:
-            raise ValueError(f"hvp_mode must be one of {meta.HVP_MODES} ('none' = first order), "
-                             f"got {self.hvp_mode!r}.")
+        for key in ("alpha", "beta"):
+            if not getattr(self, key) > 0:
+                raise OptionError(key, f"must be > 0, got {getattr(self, key)}.")
+        check_choice("hvp_mode", self.hvp_mode, meta.HVP_MODES)
         if not 0 < self.lr_decay <= 1:
-            raise ValueError(f"lr_decay must be in (0, 1], got {self.lr_decay}.")
-        if self.weight_decay < 0 or self.batch_size < 1 or self.local_epochs < 0:
-            raise ValueError("weight_decay and local_epochs must be >= 0 and batch_size >= 1.")
+            raise OptionError("lr_decay", f"must be in (0, 1], got {self.lr_decay}.")
+        for key in ("weight_decay", "local_epochs"):
+            if getattr(self, key) < 0:
+                raise OptionError(key, f"must be >= 0, got {getattr(self, key)}.")
+        if self.batch_size < 1:
+            raise OptionError("batch_size", f"must be >= 1, got {self.batch_size}.")
 
     @property
     def batches_per_step(self) -> int:
@@ -61,37 +65,33 @@ class PerFedAvg(Centralized):
     def plan(self) -> BatchPlan:
         return BatchPlan(batch_size=self.batches_per_step * self.batch_size, epochs=self.local_epochs)
 
-    def steps_per_round(self, n_max: int) -> int:
-        return self.plan().num_steps(n_max)
-
     def rates(self, round_):
         decay = jnp.power(jnp.float32(self.lr_decay), round_)
         return self.alpha * decay, self.beta * decay
 
-    def objective(self, params, batch):
+    def objective(self, model, params, batch):
         """f_i(params; batch) = CE + (wd/2)‖params‖²."""
-        return self.model.loss(params, batch) + 0.5 * self.weight_decay * tree.sq_norm(params)
+        return model.loss(params, batch) + 0.5 * self.weight_decay * tree.sq_norm(params)
 
     def init(self, ctx):
-        return {"params": self.model.init(self.init_key(ctx))}, {}
+        return {"params": ctx.model.init(self.init_key(ctx))}, {}
 
-    def meta_step(self, w, batch: Batch, alpha, beta):
+    def meta_step(self, model, w, batch: Batch, alpha, beta):
         """One Per-FedAvg step on the interleaved sub-batches D, D′ (, D″)."""
         n = self.batches_per_step
+        f = functools.partial(self.objective, model)
         d, d1, d2 = [Batch(batch.x[j::n], batch.y[j::n], batch.mask[j::n]) for j in range(n)] + [None] * (3 - n)
-        w_tilde = meta.adapt(self.objective, w, d, alpha)
-        loss, r = jax.value_and_grad(self.objective)(w_tilde, d1)
+        w_tilde = meta.adapt(f, w, d, alpha)
+        loss, r = jax.value_and_grad(f)(w_tilde, d1)
         if self.hvp_mode != "none":
-            r = tree.axpy(-alpha, meta.hvp(self.objective, w, r, d2, mode=self.hvp_mode, delta=self.fd_delta), r)
+            r = tree.axpy(-alpha, meta.hvp(f, w, r, d2, mode=self.hvp_mode, delta=self.fd_delta), r)
         return tree.axpy(-beta, r, w), loss
 
-    def client_update(self, shared, per_client) -> ClientResult:
-        w_t, round_ = shared
-        state, train, key = per_client
-        alpha, beta = self.rates(round_)
-        step = lambda w, batch, k: self.meta_step(w, batch, alpha, beta)  # noqa: E731
-        w, loss = run_steps(step, w_t, train, self.plan(), key, self.unroll)
-        return ClientResult(state=state, upload=w, weight=train.count, metrics={"train_loss": loss})
+    def client_update(self, inp: ClientInput) -> ClientResult:
+        alpha, beta = self.rates(inp.round)
+        step = lambda w, batch, k: self.meta_step(inp.model, w, batch, alpha, beta)  # noqa: E731
+        w, loss = run_steps(step, inp.down, inp.train, self.plan(), inp.key, inp.unroll)
+        return ClientResult(state=inp.state, upload=w, weight=inp.train.count, metrics={"train_loss": loss})
 
     def server_update(self, ctx, server, clients, cohort, result):
         return {"params": tree.weighted_mean_clients(result.upload, self.aggregation_weights(result))}
@@ -102,8 +102,10 @@ class PerFedAvg(Centralized):
     def global_params(self, shared):
         return shared
 
-    def personal_params(self, shared, client_state, train, key):
+    def personal_params(self, inp: ClientInput):
         """One α-step (round-0 α) on one training batch of ``batch_size`` from w_T."""
-        idx, mask, _ = BatchPlan(batch_size=self.batch_size, steps=1).schedule(key, train.count, train.n_min,
+        train = inp.train
+        idx, mask, _ = BatchPlan(batch_size=self.batch_size, steps=1).schedule(inp.key, train.count, train.n_min,
                                                                                train.n_max)
-        return meta.adapt(self.objective, shared, gather_batch(train.x, train.y, idx[0], mask[0]), self.alpha)
+        batch = gather_batch(train.x, train.y, idx[0], mask[0])
+        return meta.adapt(functools.partial(self.objective, inp.model), inp.down, batch, self.alpha)

@@ -18,8 +18,9 @@ import dataclasses
 import jax
 
 from fljax import tree
-from fljax.algorithms.base import Centralized, ClientResult
+from fljax.algorithms.base import Centralized, ClientInput, ClientResult, check_choice
 from fljax.algorithms.local_training import LocalSGD, run_steps
+from fljax.errors import OptionError
 
 __all__ = ["PFedMe"]
 
@@ -39,47 +40,45 @@ class PFedMe(Centralized, LocalSGD):
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
         self.validate_local()
-        if not self.lam > 0 or not self.personal_lr > 0 or not self.beta > 0:
-            raise ValueError(f"lam, personal_lr and beta must be > 0, got {self.lam}, {self.personal_lr}, "
-                             f"{self.beta}.")
+        for key in ("lam", "personal_lr", "beta"):
+            if not getattr(self, key) > 0:
+                raise OptionError(key, f"must be > 0, got {getattr(self, key)}.")
         if self.inner_steps < 1:
-            raise ValueError(f"inner_steps must be >= 1, got {self.inner_steps}.")
-        if self.eval_mode not in ("stored", "refresh"):
-            raise ValueError(f"eval_mode must be 'stored' or 'refresh', got {self.eval_mode!r}.")
+            raise OptionError("inner_steps", f"must be >= 1, got {self.inner_steps}.")
+        check_choice("eval_mode", self.eval_mode, ("stored", "refresh"))
 
     def steps_per_round(self, n_max: int) -> int:
         return super().steps_per_round(n_max) * self.inner_steps
 
     def init(self, ctx):
-        params = self.model.init(self.init_key(ctx))
+        params = ctx.model.init(self.init_key(ctx))
         return {"params": params}, {"theta": tree.broadcast_clients(params, ctx.num_clients)}
 
-    def local_round(self, w_t, train, key, round_):
+    def local_round(self, w_t, inp: ClientInput, round_):
         """R local iterations from w_i = θ = w_t; returns (w_i, θ, mean loss)."""
         eta = self.lr_at(round_)
+        model = inp.model
 
         def inner(theta, w, batch):
             def body(_, th):
-                g = jax.grad(self.model.loss)(th, batch)
+                g = jax.grad(model.loss)(th, batch)
                 pull = tree.axpy(self.weight_decay, th, tree.scale(self.lam, tree.sub(th, w)))
                 return tree.axpy(-self.personal_lr, tree.add(g, pull), th)
 
-            return jax.lax.fori_loop(0, self.inner_steps, body, theta, unroll=self.unroll > 1)
+            return jax.lax.fori_loop(0, self.inner_steps, body, theta, unroll=inp.unroll > 1)
 
         def step(carry, batch, k):
             w, theta = carry
             theta = inner(theta, w, batch)
-            loss = self.model.loss(theta, batch)
+            loss = model.loss(theta, batch)
             return (tree.axpy(-eta * self.lam, tree.sub(w, theta), w), theta), loss
 
-        (w, theta), loss = run_steps(step, (w_t, w_t), train, self.plan(), key, self.unroll)
+        (w, theta), loss = run_steps(step, (w_t, w_t), inp.train, self.plan(), inp.key, inp.unroll)
         return w, theta, loss
 
-    def client_update(self, shared, per_client) -> ClientResult:
-        w_t, round_ = shared
-        state, train, key = per_client
-        w, theta, loss = self.local_round(w_t, train, key, round_)
-        return ClientResult(state={"theta": theta}, upload=w, weight=train.count, metrics={"train_loss": loss})
+    def client_update(self, inp: ClientInput) -> ClientResult:
+        w, theta, loss = self.local_round(inp.down, inp, inp.round)
+        return ClientResult(state={"theta": theta}, upload=w, weight=inp.train.count, metrics={"train_loss": loss})
 
     def server_update(self, ctx, server, clients, cohort, result):
         mean = tree.weighted_mean_clients(result.upload, self.aggregation_weights(result))
@@ -91,7 +90,7 @@ class PFedMe(Centralized, LocalSGD):
     def global_params(self, shared):
         return shared
 
-    def personal_params(self, shared, client_state, train, key):
+    def personal_params(self, inp: ClientInput):
         if self.eval_mode == "stored":
-            return client_state["theta"]
-        return self.local_round(shared, train, key, 0)[1]
+            return inp.state["theta"]
+        return self.local_round(inp.down, inp, 0)[1]

@@ -31,7 +31,7 @@ def get_algorithm(name: str) -> type[Algorithm]:
 
 
 def hyperparameter_fields(cls: type[Algorithm]) -> dict[str, dataclasses.Field]:
-    return {f.name: f for f in dataclasses.fields(cls) if f.name not in ("model", "unroll")}
+    return {f.name: f for f in dataclasses.fields(cls)}
 
 
 def make_algorithm(name: str, **hyperparameters) -> Algorithm:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 
 from fljax import tree
-from fljax.algorithms.base import Centralized, ClientResult
+from fljax.algorithms.base import Centralized, ClientInput, ClientResult
 from fljax.algorithms.local_training import LocalSGD
+from fljax.errors import OptionError
 
 __all__ = ["Scaffold"]
 
@@ -30,28 +31,27 @@ class Scaffold(Centralized, LocalSGD):
         super().validate(num_clients)
         self.validate_local()
         if not self.server_lr > 0:
-            raise ValueError(f"server_lr must be > 0, got {self.server_lr}.")
+            raise OptionError("server_lr", f"must be > 0, got {self.server_lr}.")
         if self.optimizer != "sgd" or self.momentum:
-            raise ValueError("SCAFFOLD's Option II assumes plain SGD steps; use optimizer='sgd' with momentum=0.")
+            raise OptionError("optimizer", "must be 'sgd' with momentum=0: SCAFFOLD's Option II assumes plain SGD "
+                                           "steps.")
 
     def init(self, ctx):
-        params = self.model.init(self.init_key(ctx))
+        params = ctx.model.init(self.init_key(ctx))
         zeros = tree.zeros_like(params)
         return {"params": params, "c": zeros}, {"c": tree.broadcast_clients(zeros, ctx.num_clients)}
 
     def broadcast(self, server):
         return server["params"], server["c"]
 
-    def client_update(self, shared, per_client) -> ClientResult:
-        (x, c), round_ = shared
-        state, train, key = per_client
-        c_i = state["c"]
+    def client_update(self, inp: ClientInput) -> ClientResult:
+        (x, c), c_i = inp.down, inp.state["c"]
         correction = tree.sub(c, c_i)
-        y, loss = self.train(self.model.loss, x, train, key, round_, self.unroll, extra_grad=lambda _: correction)
-        k = self.plan().active_steps(train.count, train.n_max)
-        c_plus = tree.axpy(1.0 / (k * self.lr_at(round_)), tree.sub(x, y), tree.sub(c_i, c))
+        y, loss = self.train(inp.model.loss, x, inp, extra_grad=lambda _: correction)
+        k = self.plan().active_steps(inp.train.count, inp.train.n_max)
+        c_plus = tree.axpy(1.0 / (k * self.lr_at(inp.round)), tree.sub(x, y), tree.sub(c_i, c))
         upload = (tree.sub(y, x), tree.sub(c_plus, c_i))
-        return ClientResult(state={"c": c_plus}, upload=upload, weight=train.count, metrics={"train_loss": loss})
+        return ClientResult(state={"c": c_plus}, upload=upload, weight=inp.train.count, metrics={"train_loss": loss})
 
     def server_update(self, ctx, server, clients, cohort, result):
         dy, dc = result.upload

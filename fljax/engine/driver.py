@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -19,13 +19,10 @@ import numpy as np
 from fljax import tree
 from fljax.data.federated import FederatedData
 from fljax.engine.context import RoundContext
-from fljax.engine.evaluation import evaluate
 from fljax.engine.executors import Executor, choose_executor, make_executor
+from fljax.engine.protocol import FederatedAlgorithm
 from fljax.engine.state import State
 from fljax.models.model import Model, auto_model, make_model
-
-if TYPE_CHECKING:  # the engine sits below the algorithms layer: no runtime import
-    from fljax.algorithms.base import Algorithm
 
 __all__ = ["Simulation", "RunResult", "RunLog", "default_model", "NonFiniteError", "block_schedule", "drive",
            "nonfinite_message"]
@@ -69,11 +66,12 @@ class Simulation:
     steps ('auto': see :meth:`_auto_unroll`).
     """
 
-    def __init__(self, algorithm: "Algorithm", data: FederatedData, model: Model | None = None, *,
+    def __init__(self, algorithm: FederatedAlgorithm, data: FederatedData, model: Model | None = None, *,
                  executor: str | Executor = "auto", chunk_size: int | None = None, seed: int = 0,
                  conv_impl: str = "auto", unroll: int | str = "auto"):
         algorithm.validate(data.num_clients)
         model = model or default_model(data)
+        self.algorithm = algorithm
         self.data = data
         self.seed = int(seed)
         if isinstance(executor, Executor):
@@ -83,15 +81,15 @@ class Simulation:
         else:
             self.executor = make_executor(executor, chunk_size=chunk_size)
         impl = conv_impl if conv_impl != "auto" else ("patches" if self.executor.vectorised else "native")
-        model = model.with_conv(impl)
-        self.algorithm = algorithm.bind(model, self._auto_unroll(model, algorithm) if unroll == "auto" else int(unroll))
+        self.model = model.with_conv(impl)
+        self.unroll = self._auto_unroll(self.model, algorithm) if unroll == "auto" else int(unroll)
         self.compile_seconds = 0.0
         self._compiled: dict = {}
 
     # ---------------------------------------------------------------------------------------------- sizing
-    def _auto_executor(self, model: Model, algorithm: "Algorithm", chunk_size: int | None) -> Executor:
+    def _auto_executor(self, model: Model, algorithm: FederatedAlgorithm, chunk_size: int | None) -> Executor:
         """Resolve 'auto' from the workload (see :func:`fljax.engine.executors.choose_executor`)."""
-        cohort = getattr(algorithm, "cohort_size", None) or self.data.num_clients
+        cohort = algorithm.participants(self.data.num_clients)
         params = model.num_params()
         train = self.data.train
         data_bytes = (train.x.nbytes + train.y.nbytes) // max(train.x.shape[0], 1)
@@ -100,23 +98,28 @@ class Simulation:
                                has_conv=model.has_conv, cohort=cohort, per_client_bytes=per_client_bytes,
                                chunk_size=chunk_size)
 
-    def _auto_unroll(self, model: Model, algorithm: "Algorithm") -> int:
+    def _auto_unroll(self, model: Model, algorithm: FederatedAlgorithm) -> int:
         """Unroll the local-step scan fully for convolutional models on CPU, where XLA:CPU runs convolutions
         inside a while loop several times slower than unrolled (engine.md, measured in benchmarks; at most 64
         steps, to bound compile time); else 1."""
-        if model.has_conv and jax.default_backend() == "cpu" and hasattr(algorithm, "plan"):
-            return max(1, min(64, algorithm.plan().num_steps(self.data.train.n_max)))  # cap: compile time
+        plan = algorithm.plan()
+        if model.has_conv and jax.default_backend() == "cpu" and plan is not None:
+            return max(1, min(64, plan.num_steps(self.data.train.n_max)))  # cap: compile time
         return 1
 
     def work_per_round(self) -> tuple[int, int]:
         """(client-steps, samples) of local training per round, from the algorithm's batch plan."""
-        algo = self.algorithm
-        if not hasattr(algo, "steps_per_round"):
+        algo, n_max = self.algorithm, self.data.train.n_max
+        plan = algo.plan()
+        if plan is None:
             return 0, 0
-        n_max = self.data.train.n_max
-        cohort = getattr(algo, "cohort_size", None) or self.data.num_clients
+        cohort = algo.participants(self.data.num_clients)
         steps = algo.steps_per_round(n_max)
-        return cohort * steps, cohort * steps * algo.plan().width(n_max)
+        return cohort * steps, cohort * steps * plan.width(n_max)
+
+    def context(self, data, round_, key) -> RoundContext:
+        """The round context the algorithm sees (the model and unroll factor bound here)."""
+        return RoundContext(self.executor, data, round_, key, self.model, self.unroll)
 
     # ---------------------------------------------------------------------------------------------- state
     def init(self, seed: int | None = None) -> State:
@@ -130,13 +133,13 @@ class Simulation:
         return jax.eval_shape(self._init, jax.random.PRNGKey(self.seed))
 
     def _init(self, key) -> State:
-        ctx = RoundContext(self.executor, self.data, jnp.int32(0), jax.random.fold_in(key, 0))
+        ctx = self.context(self.data, jnp.int32(0), jax.random.fold_in(key, 0))
         server, clients = self.algorithm.init(ctx)
         return State(server=server, clients=clients, round=jnp.int32(0), key=key)
 
     # ---------------------------------------------------------------------------------------------- rounds
     def _round(self, state: State, data: FederatedData):
-        ctx = RoundContext(self.executor, data, state.round, _round_key(state.key, state.round))
+        ctx = self.context(data, state.round, _round_key(state.key, state.round))
         server, clients, metrics = self.algorithm.round(ctx, state.server, state.clients)
         metrics = dict(metrics)
         losses = {k: v for k, v in metrics.items() if "loss" in k}
@@ -148,8 +151,8 @@ class Simulation:
         return jax.lax.scan(lambda s, _: self._round(s, data), state, None, length=n)
 
     def _evaluate(self, state: State, data: FederatedData):
-        ctx = RoundContext(self.executor, data, state.round, _round_key(state.key, state.round))
-        return evaluate(self.algorithm, ctx, state.server, state.clients)
+        ctx = self.context(data, state.round, _round_key(state.key, state.round))
+        return self.algorithm.evaluate(ctx, state.server, state.clients)
 
     def _compiled_fn(self, name: str, fn: Callable, args, static: tuple = ()):
         """AOT-compile ``fn`` once per (name, static) and account the compile time."""

@@ -8,20 +8,20 @@ re-exported here. ``ops.gossip`` and ``ops.sam`` are the submodules, so the oper
 ``gossip`` and is not re-exported.
 """
 from fljax.ops import admm, distill, gossip, meta, partition, prox, quant, sam, sparsity
-from fljax.ops.admm import (admm_consensus, augmented_lagrangian, cg_solver, cholesky_solver, consensus_from_z,
-                            dual_ascent, gd_branch, inverse_solver, linearised_prox, linearized_primal,
-                            woodbury_inverse_solver, woodbury_solver, z_form)
+from fljax.ops.admm import (admm_consensus, augmented_lagrangian, augmented_lagrangian_grad, cg_solver,
+                            cholesky_solver, consensus_from_z, dual_ascent, gd_branch, inverse_solver, linearised_prox,
+                            linearized_primal, woodbury_inverse_solver, woodbury_solver, z_form)
 from fljax.ops.distill import ProjectionHead, crd_critic, crd_loss, feature_l2, info_nce, kl_divergence
-from fljax.ops.gossip import (Mixing, consensus_distance, contraction, gossip_gather, is_connected,
+from fljax.ops.gossip import (Mixing, check_mixing, consensus_distance, contraction, gossip_gather, is_connected,
                               is_doubly_stochastic, is_row_stochastic, is_symmetric, make_topology,
                               metropolis_hastings, spectral_gap)
 from fljax.ops.meta import adapt, hvp, meta_grad
 from fljax.ops.partition import (count, mask_and, mask_from_paths, mask_not, mask_or, masked_average, merge,
                                  split)
 from fljax.ops.prox import (L1, Box, ElasticNet, GroupLasso, HardThreshold, L2Norm, NonNegative, Nuclear, Prox,
-                            SquaredL2, chain, low_rank_factors, matricize, on, per_leaf, prox_to_anchor,
-                            proximal_penalty, proximal_penalty_grad, soft_threshold, svt, top_k, top_k_dynamic,
-                            transmission_bytes, unmatricize)
+                            SquaredL2, chain, low_rank_factors, make_prox, matricize, measured_stats, on, per_leaf,
+                            prox_to_anchor, proximal_penalty, proximal_penalty_grad, soft_threshold, svt, top_k,
+                            top_k_dynamic, transmission_bytes, unmatricize)
 from fljax.ops.quant import (R, assign, bits_accounting, center_update, hard_quantize, init_centers, prox_x,
                              soft_quantize)
 from fljax.ops.sam import sam_perturbation, sam_value_and_grad

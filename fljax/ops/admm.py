@@ -13,6 +13,10 @@ FedGiA round (paper scaling, σ = t·r/m, ḡ_i = ∇f_i(x)/m)::
 
 AugFL round: ``θ_i = linearised_prox(θ, y_i, ĝ_i, w_i, ρ_i)`` (11), ``y_i = dual_ascent(y_i, θ_i, θ, ρ_i)`` (12),
 ``θ⁺ = admm_consensus(θ_i, y_i, ρ_i, G, λ)`` (13).
+
+Inexact (SGD) local solves add :func:`augmented_lagrangian_grad` to the loss gradient and close the step with
+:func:`dual_ascent`; both take the penalty as a multiplier ``sigma`` (σ·v) or a divisor ``eta`` (v/η), because the
+two round differently and each caller keeps the form of its paper's code (FedSLR, FedDyn, pFedMe: σ·v; FedPD: v/η).
 """
 from __future__ import annotations
 
@@ -30,9 +34,10 @@ PyTree = Any
 HIGHEST = jax.lax.Precision.HIGHEST
 
 __all__ = [
-    "dual_ascent", "linearized_primal", "z_form", "gd_branch", "consensus_from_z", "augmented_lagrangian",
-    "linearised_prox", "admm_consensus", "CholeskySolver", "WoodburySolver", "InverseSolver", "WoodburyInverseSolver",
-    "CGSolver", "cholesky_solver", "woodbury_solver", "inverse_solver", "woodbury_inverse_solver", "cg_solver",
+    "dual_ascent", "augmented_lagrangian_grad", "linearized_primal", "z_form", "gd_branch", "consensus_from_z",
+    "augmented_lagrangian", "linearised_prox", "admm_consensus", "CholeskySolver", "WoodburySolver", "InverseSolver",
+    "WoodburyInverseSolver", "CGSolver", "cholesky_solver", "woodbury_solver", "inverse_solver",
+    "woodbury_inverse_solver", "cg_solver",
 ]
 
 
@@ -42,9 +47,57 @@ def _bcast(a, x):
     return a.reshape(a.shape + (1,) * (x.ndim - a.ndim))
 
 
-def dual_ascent(pi: PyTree, x_i: PyTree, x: PyTree, sigma) -> PyTree:
-    """π ← π + σ(x_i − x). FedGiA (13); AugFL (12) (with y, ρ_i)."""
-    return jax.tree.map(lambda p, a, b: (p + sigma * (a - b)).astype(p.dtype), pi, x_i, x)
+def _penalty_scale(sigma, eta) -> Callable:
+    """v ↦ σ·v (``sigma``) or v ↦ v/η (``eta``), exactly one given. The two differ in the last bit on some
+    entries: IEEE division rounds once, (1/η)·v twice (XLA:CPU evaluates v/η as v·fl(1/fl(η)), in the leaf's
+    precision, which still differs from σ·v where σ = 1/η was rounded from double), so each caller keeps the form of
+    its code to stay bit-identical on every backend."""
+    if (sigma is None) == (eta is None):
+        raise ValueError(f"give exactly one of sigma (σ·v) and eta (v/η), got sigma={sigma!r}, eta={eta!r}")
+    return (lambda v: sigma * v) if eta is None else (lambda v: v / eta)
+
+
+def dual_ascent(pi: PyTree, x_i: PyTree, x: PyTree, sigma=None, *, eta=None) -> PyTree:
+    """π ← π + σ(x_i − x), evaluated leaf by leaf as ``π + σ·(x_i − x)``, or as ``π + (x_i − x)/η`` with ``eta``
+    (σ = 1/η). FedGiA (13); AugFL (12) (with y, ρ_i). The negated-dual updates are the same step with the sign in
+    σ or in the order of x_i, x (a − b = −(b − a) and σ·(−v) = −(σ·v) exactly, so both spellings agree bit for bit):
+
+    * FedSLR Eq. (5), γ_i ← γ_i + (w_t − w_i)/η_g: ``dual_ascent(gamma, w_t, w_i, 1/η_g)``;
+    * FedDyn (Acar et al. 2021, Alg. 1), g_i ← g_i − α(θ_i − θ): ``dual_ascent(g, theta_i, theta, -α)``;
+    * pFedMe's outer step (Dinh et al. 2020, Alg. 1), w ← w − ηλ(w − θ): ``dual_ascent(w, w, theta, -η·λ)``;
+    * FedPD (Zhang et al., oracle I, option I), λ_i ← λ_i + (x_i − x0_i)/η: ``dual_ascent(lam, x_i, x0_i, eta=η)``.
+    """
+    scale = _penalty_scale(sigma, eta)
+    return jax.tree.map(lambda p, a, b: (p + scale(a - b)).astype(p.dtype), pi, x_i, x)
+
+
+def augmented_lagrangian_grad(x_i: PyTree, x: PyTree, pi: PyTree | None = None, *, sigma=None, eta=None,
+                              dual_sign: int = 1) -> PyTree:
+    """∇_{x_i} of the coupling term s·⟨π, x_i − x⟩ + (σ/2)‖x_i − x‖² of :func:`augmented_lagrangian`:
+    σ(x_i − x) + s·π, the extra gradient of an inexact (SGD) local solve, ``extra_grad`` of local training.
+
+    Evaluated leaf by leaf as ``σ·(x_i − x) ± π`` or, with ``eta`` (the penalty ‖x_i − x‖²/(2η)),
+    ``(x_i − x)/η ± π``; ``dual_sign`` s = −1 subtracts π (papers that write the dual term as −⟨π, x_i⟩), and
+    ``pi=None`` leaves the penalty alone:
+
+    * FedSLR Phase I, Eq. (4), −⟨γ_i, w⟩ + ‖w − w_t‖²/(2η_g):
+      ``augmented_lagrangian_grad(w, w_t, gamma, sigma=1/η_g, dual_sign=-1)`` = (1/η_g)·(w − w_t) − γ_i;
+    * FedDyn (Acar et al. 2021, Alg. 1), −⟨g_i, θ⟩ + (α/2)‖θ − θ^{t−1}‖²:
+      ``augmented_lagrangian_grad(theta, theta_prev, g, sigma=α, dual_sign=-1)`` = α·(θ − θ^{t−1}) − g_i;
+    * FedPD (Zhang et al., oracle I, option I), ⟨λ_i, y − x0_i⟩ + ‖y − x0_i‖²/(2η):
+      ``augmented_lagrangian_grad(y, x0_i, lam, eta=η)`` = (y − x0_i)/η + λ_i (= λ_i + (y − x0_i)/η bit for bit;
+      the sum ∇f_i(y) + λ_i + (y − x0_i)/η then associates as ∇f_i + (λ_i + …), which may differ from the
+      left-to-right (∇f_i + λ_i) + … in the last bit);
+    * pFedMe's inner problem (Dinh et al. 2020, Alg. 1), (λ/2)‖θ − w‖²: ``augmented_lagrangian_grad(theta, w,
+      sigma=λ)`` = λ·(θ − w).
+    """
+    if dual_sign not in (1, -1):
+        raise ValueError(f"dual_sign must be 1 or -1, got {dual_sign!r}")
+    scale = _penalty_scale(sigma, eta)
+    if pi is None:
+        return jax.tree.map(lambda a, b: scale(a - b).astype(a.dtype), x_i, x)
+    combine = jnp.add if dual_sign == 1 else jnp.subtract
+    return jax.tree.map(lambda a, b, p: combine(scale(a - b).astype(a.dtype), p).astype(a.dtype), x_i, x, pi)
 
 
 def linearized_primal(x: PyTree, g: PyTree, pi: PyTree, curvature) -> PyTree:

@@ -27,7 +27,7 @@ HIGHEST = jax.lax.Precision.HIGHEST
 __all__ = [
     "Mixing", "Ring", "Torus", "GridOffsets", "Exponential", "Complete", "RandomK", "RandomKMH", "ErdosRenyi",
     "Identity", "TOPOLOGIES", "make_topology", "metropolis_hastings", "is_row_stochastic", "is_column_stochastic",
-    "is_doubly_stochastic", "is_symmetric", "is_connected", "spectral_gap", "contraction", "gossip", "gossip_gather",
+    "is_doubly_stochastic", "is_symmetric", "is_connected", "MIXING_PROPERTIES", "check_mixing", "spectral_gap", "contraction", "gossip", "gossip_gather",
     "consensus_distance",
 ]
 
@@ -338,6 +338,27 @@ def is_connected(w) -> bool:
         return bool(seen.all())
 
     return reaches_all(a) and reaches_all(a.T)
+
+
+MIXING_PROPERTIES = {
+    "row_stochastic": is_row_stochastic, "column_stochastic": is_column_stochastic,
+    "doubly_stochastic": is_doubly_stochastic, "symmetric": is_symmetric, "connected": is_connected,
+}
+
+
+def check_mixing(w, require=("row_stochastic", "connected"), atol: float = 1e-6) -> None:
+    """Raise a one-line ValueError naming every property of ``require`` (keys of ``MIXING_PROPERTIES``) that the
+    mixing matrix W (an array or a :class:`Mixing`) lacks; host-side. The default asks what gossip needs to reach
+    consensus, W ≥ 0, W1 = 1 and a strongly connected graph; DFedAlt Definition 1 adds ``symmetric`` and
+    ``doubly_stochastic``."""
+    unknown = [r for r in require if r not in MIXING_PROPERTIES]
+    if unknown:
+        raise ValueError(f"unknown mixing properties {unknown}; valid: {', '.join(MIXING_PROPERTIES)}")
+    failed = [r for r in require
+              if not (is_connected(w) if r == "connected" else MIXING_PROPERTIES[r](w, atol))]
+    if failed:
+        raise ValueError(f"the {_np(w).shape[0]}-node mixing matrix is not: {', '.join(failed)} "
+                         f"(required: {', '.join(require)})")
 
 
 def spectral_gap(w):

@@ -11,6 +11,9 @@ Kernel layouts are Flax's: Dense ``(in, out)``, Conv ``HWIO = (kh, kw, in, out)`
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
+import math
 from typing import Any, Callable, Sequence
 
 import jax
@@ -26,8 +29,8 @@ PyTree = Any
 __all__ = [
     "Prox", "Identity", "L1", "SquaredL2", "L2Norm", "GroupLasso", "ElasticNet", "Box", "NonNegative", "HardThreshold",
     "Nuclear", "on", "per_leaf", "chain", "soft_threshold", "top_k", "top_k_dynamic", "rank_mask", "matricize",
-    "unmatricize", "svt", "LowRankStats", "low_rank_factors", "transmission_bytes", "proximal_penalty",
-    "proximal_penalty_grad", "prox_to_anchor",
+    "unmatricize", "svt", "LowRankStats", "measured_stats", "low_rank_factors", "transmission_bytes",
+    "proximal_penalty", "proximal_penalty_grad", "prox_to_anchor", "PROXES", "make_prox",
 ]
 
 
@@ -355,46 +358,73 @@ def svt(matrix, tau) -> tuple[Any, LowRankStats]:
     s_new = jnp.maximum(s - tau, 0)
     z = ((u * s_new) @ vt).astype(matrix.dtype)
     m, n = matrix.shape
-    r = jnp.sum(s_new > 0).astype(jnp.int32)
-    stats = LowRankStats(rank=r, params=jnp.minimum(r * (m + n), m * n).astype(jnp.int32),
-                         max_rank=jnp.int32(min(m, n)), dense=jnp.int32(m * n))
-    return z, stats
+    return z, _matrix_stats(jnp.sum(s_new > 0).astype(jnp.int32), m, n)
 
 
-def _dense_stats(x) -> LowRankStats:
-    n = jnp.int32(int(np.prod(np.shape(x))))
-    return LowRankStats(rank=jnp.int32(0), params=n, max_rank=jnp.int32(0), dense=n)
+def _matrix_stats(r, m: int, n: int) -> LowRankStats:
+    return LowRankStats(rank=r, params=jnp.minimum(r * (m + n), m * n).astype(jnp.int32),
+                        max_rank=jnp.int32(min(m, n)), dense=jnp.int32(m * n))
+
+
+def measured_stats(x, conv_reshape: str = "fedslr", rtol: float | None = None) -> LowRankStats:
+    """:class:`LowRankStats` of a leaf that was not thresholded (jittable; FedSLR §5, D28).
+
+    Matrix leaves (ndim ≥ 2, through :func:`matricize`): the numerical rank r = #{s > s_max·max(m, n)·eps} of the
+    singular values s (numpy's ``matrix_rank`` tolerance), or #{s > s_max·rtol} with ``rtol``. 1-D leaves: rank 0,
+    params = dense = numel.
+    """
+    if x.ndim < 2:
+        n = jnp.int32(x.size)
+        return LowRankStats(rank=jnp.int32(0), params=n, max_rank=jnp.int32(0), dense=n)
+    mat = matricize(x, conv_reshape=conv_reshape)
+    m, n = mat.shape
+    s = jnp.linalg.svd(mat, compute_uv=False)
+    tol = s[0] * max(m, n) * jnp.finfo(mat.dtype).eps if rtol is None else s[0] * rtol
+    return _matrix_stats(jnp.sum(s > tol).astype(jnp.int32), m, n)
 
 
 @dataclasses.dataclass(frozen=True)
 class Nuclear(Prox):
-    """R(W) = λ Σ_l ‖π(W_l)‖_* over leaves with ndim ≥ 2 (π = :func:`matricize`); 1-D leaves are left alone.
+    """R(W) = λ Σ_l ‖π(W_l)‖_* over the matrix leaves (ndim ≥ 2; π = :func:`matricize`) not selected by
+    ``exclude``; 1-D and excluded leaves are left alone.
 
     prox = SVT with τ = λ·step on each matricised leaf, reshaped back (FedSLR Eq. (2), (15); server step of Alg. 2
-    with step = η_g). ``conv_reshape`` is ``"fedslr"`` (faithful, default) or ``"flat"``.
+    with step = η_g); ``step=None`` thresholds nothing. ``conv_reshape`` is ``"fedslr"`` (faithful, default) or
+    ``"flat"``; ``exclude`` is a selector (a path regex or a predicate ``(path, leaf) -> bool``,
+    :func:`fljax.ops.partition.matches`) of matrix leaves left out of the penalty (FedSLR D9, ``nuclear_exclude``).
     Apply per client (under ``vmap``): the leaf's own ndim decides matrix vs vector.
     """
 
     lam: Any = 1.0
     conv_reshape: str = "fedslr"
+    exclude: Selector | None = None
 
-    def _leaf(self, x, step):
-        if x.ndim < 2:
-            return x, _dense_stats(x)
+    def _penalised(self, path, x) -> bool:
+        return x.ndim >= 2 and not (self.exclude is not None and matches(self.exclude, path, x))
+
+    def _svt(self, x, step):
         z, stats = svt(matricize(x, conv_reshape=self.conv_reshape), self.lam * step)
         return unmatricize(z, x.shape, conv_reshape=self.conv_reshape), stats
 
     def _prox(self, path, x, step):
-        return self._leaf(x, step)[0]
+        return self._svt(x, step)[0] if step is not None and self._penalised(path, x) else x
 
     def _penalty(self, path, x):
-        if x.ndim < 2:
+        if not self._penalised(path, x):
             return jnp.zeros((), x.dtype)
         return self.lam * jnp.sum(jnp.linalg.svd(matricize(x, conv_reshape=self.conv_reshape), compute_uv=False))
 
     def with_stats(self, tree: PyTree, step) -> tuple[PyTree, PyTree]:
-        """``(prox(tree, step), stats)`` with a :class:`LowRankStats` per leaf."""
-        return _map2(lambda p, x: self._leaf(x, step), tree)
+        """``(prox(tree, step), stats)`` with a :class:`LowRankStats` per leaf: from the SVT on thresholded leaves
+        (r = #{s > λ·step}), :func:`measured_stats` on the others (1-D, excluded, or every leaf when ``step`` is
+        None). Jittable; replaces FedSLR's server step ``low_rank_step(z, λ·step, conv_reshape, exclude)``."""
+
+        def leaf(path, x):
+            if step is not None and self._penalised(path, x):
+                return self._svt(x, step)
+            return x, measured_stats(x, self.conv_reshape)
+
+        return _map2(leaf, tree)
 
 
 def low_rank_factors(matrix, tau):
@@ -412,30 +442,17 @@ def transmission_bytes(tree_stats_or_tree: PyTree, conv_reshape: str = "fedslr",
     """Downlink bytes of a (thresholded) model sent as low-rank factors vs dense: ``(factored, dense)``.
 
     Each matrix leaf sends min(r(m+n), mn) numbers (factors iff r(m+n) < mn), 1-D leaves numel; float32 = 4 B
-    (FedSLR §2, §5). Pass the stats tree from :meth:`Nuclear.with_stats` (jittable), or a parameter tree, whose
-    ranks are then counted on the host as #{s > rtol·s_max} (default rtol = max(m, n)·eps, as ``matrix_rank``).
-    Counts are int32 (models up to ~5·10⁸ parameters at 4 B each).
+    (FedSLR §2, §5). Pass the stats tree from :meth:`Nuclear.with_stats`, or a parameter tree, whose ranks are then
+    measured by :func:`measured_stats` (``rtol``); jittable either way. Counts are int32 (models up to ~5·10⁸
+    parameters at 4 B each).
     """
     is_stats = lambda x: isinstance(x, LowRankStats)  # noqa: E731
     leaves = jax.tree.leaves(tree_stats_or_tree, is_leaf=is_stats)
     if leaves and not all(is_stats(s) for s in leaves):
-        leaves = [_numerical_stats(x, conv_reshape, rtol) for x in leaves]
+        leaves = [measured_stats(x, conv_reshape, rtol) for x in leaves]
     sent = _sum(s.params.astype(jnp.int32) for s in leaves) * bytes_per_param
     dense = _sum(s.dense.astype(jnp.int32) for s in leaves) * bytes_per_param
     return sent, dense
-
-
-def _numerical_stats(x, conv_reshape, rtol) -> LowRankStats:
-    x = np.asarray(x)
-    if x.ndim < 2:
-        return _dense_stats(x)
-    mat = np.asarray(matricize(jnp.asarray(x), conv_reshape=conv_reshape))
-    m, n = mat.shape
-    s = np.linalg.svd(mat, compute_uv=False)
-    tol = (rtol if rtol is not None else max(m, n) * np.finfo(mat.dtype).eps) * (s[0] if s.size else 0)
-    r = int(np.sum(s > tol))
-    return LowRankStats(rank=jnp.int32(r), params=jnp.int32(min(r * (m + n), m * n)),
-                        max_rank=jnp.int32(min(m, n)), dense=jnp.int32(m * n))
 
 
 # -------------------------------------------------------------------------------------------- selection, chains
@@ -493,6 +510,47 @@ def chain(*proxes: Prox) -> Prox:
     it is only a splitting heuristic.
     """
     return _Chain(proxes=tuple(proxes))
+
+
+# ----------------------------------------------------------------------------------------------------- registry
+
+
+_REGISTRY: dict[str, tuple[Callable[..., Prox], str]] = {
+    "none": (lambda strength: Identity(), "R = 0: the identity (strength ignored)"),
+    "l1": (lambda strength: L1(strength), "λ‖x‖₁: soft threshold (FedSLR Eq. (16)–(17))"),
+    "squared_l2": (lambda strength: SquaredL2(strength), "(λ/2)‖x‖²: shrink x/(1 + λ·step)"),
+    "l2_norm": (lambda strength: L2Norm(strength), "λ‖x‖₂ per leaf: block soft threshold"),
+    "group_lasso": (lambda strength, axis=-1: GroupLasso(strength, axis),
+                    "λ Σ_g ‖x_g‖₂, a group per slice along axis= (default: output units / filters)"),
+    "elastic_net": (lambda strength, l2=1.0: ElasticNet(strength, strength * l2),
+                    "λ(‖x‖₁ + (l2/2)‖x‖²): soft threshold then shrink (l2= relative weight, default 1)"),
+    "l0": (lambda strength: HardThreshold(threshold=math.sqrt(2 * strength)),
+           "λ‖x‖₀: hard threshold, keep |x| > √(2λ·step)"),
+    "nonnegative": (lambda strength: NonNegative(), "indicator of x ≥ 0: max(x, 0) (strength ignored)"),
+    "box": (lambda strength, lo=-1.0, hi=1.0: Box(lo, hi), "indicator of [lo, hi]: clip (strength ignored)"),
+    "nuclear": (lambda strength, conv_reshape="fedslr", exclude=None: Nuclear(strength, conv_reshape, exclude),
+                "λ Σ_l ‖π(W_l)‖_* over matrix leaves: SVT (FedSLR Eq. (2), (15); conv_reshape=, exclude=)"),
+}
+PROXES = {name: summary for name, (_, summary) in _REGISTRY.items()}
+
+
+def make_prox(name: str, strength=1.0, **options) -> Prox:
+    """The prox of R = strength·R₁ by name (the keys of ``PROXES``, which maps each to a one-line summary), e.g.
+    ``make_prox("l1", μ)`` = ``L1(μ)``, ``make_prox("nuclear", λ, exclude="head")``; FedSLR's ``global_prox`` /
+    ``personal_prox`` names. Indicators (``nonnegative``, ``box``) and ``none`` ignore the strength (λ·ι = ι);
+    ``l0`` is R = λ‖x‖₀, i.e. :class:`HardThreshold` with τ = √(2λ). Unknown names and options raise a one-line
+    ValueError naming the valid ones."""
+    if name not in _REGISTRY:
+        close = difflib.get_close_matches(name, _REGISTRY, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown prox {name!r}; valid: {', '.join(_REGISTRY)}.{hint}")
+    build = _REGISTRY[name][0]
+    valid = list(inspect.signature(build).parameters)[1:]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(f"prox {name!r} takes no option {', '.join(map(repr, unknown))}; valid options: "
+                         f"{', '.join(valid) or 'none'}.")
+    return build(strength, **options)
 
 
 # ------------------------------------------------------------------------------------ FedProx proximal term
