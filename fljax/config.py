@@ -65,6 +65,10 @@ class ExperimentConfig(Options):
                                                 "0: never)", between(0, INT32_MAX))
 
     def check(self) -> None:
+        for key, cls in (("data", DataConfig), ("model", ModelConfig)):
+            if not isinstance(getattr(self, key), cls):
+                raise OptionError(key, f"must be a {cls.__name__} (from_dict builds one from a mapping), got "
+                                       f"{show(getattr(self, key))}.")
         if self.seed + self.seeds - 1 > SEED_MAX:
             raise OptionError("seeds", f"must be at most {SEED_MAX - self.seed + 1} from seed {self.seed} (seeds go "
                                        f"up to {SEED_MAX}), got {self.seeds}.")
