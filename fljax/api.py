@@ -11,8 +11,9 @@ from typing import Callable
 
 from fljax.algorithms import make_algorithm
 from fljax.config import ExperimentConfig, algorithm_config, check_compare_algo, from_dict, to_dict
-from fljax.data import FederatedData, make_federated
+from fljax.data import FederatedData, load_federated
 from fljax.engine import RunResult, Simulation, default_model
+from fljax.errors import OptionError
 from fljax.models import make_model
 
 __all__ = ["make_config", "load_data", "build", "run", "compare"]
@@ -35,15 +36,11 @@ def _config(config, overrides: dict, check_algo: bool) -> ExperimentConfig:
 
 
 def load_data(cfg: ExperimentConfig) -> FederatedData:
-    d = cfg.data
-    seed = cfg.seed if d.seed is None else d.seed
-    return make_federated(d.dataset, d.num_clients, d.partition, seed, alpha=d.alpha,
-                          classes_per_client=d.classes_per_client, sigma=d.sigma,
-                          test_per_client=d.test_per_client, test_fraction=d.test_fraction,
-                          synthetic_alpha=d.synthetic_alpha, synthetic_beta=d.synthetic_beta, data_dir=d.data_dir,
-                          limit=d.limit, max_samples=d.max_samples, noise=d.noise,
-                          samples_per_client=d.samples_per_client, on_exhausted=d.on_exhausted,
-                          test_rounding=d.test_rounding)
+    """The federated data set of ``cfg.data`` (drawn with the run seed unless ``data.seed`` is set)."""
+    try:
+        return load_federated(cfg.data, cfg.seed)
+    except OptionError as e:
+        raise e.within("data") from None
 
 
 def build(cfg: ExperimentConfig, data: FederatedData | None = None) -> Simulation:

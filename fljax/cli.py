@@ -131,19 +131,37 @@ def cmd_compare(args) -> int:
 
 def cmd_list(args) -> int:
     from fljax.algorithms import ALGORITHMS
-    from fljax.data import PARTITIONERS, SOURCES
+    from fljax.data import PARTITIONERS, SOURCES, DataConfig
     from fljax.engine import EXECUTORS
     from fljax.models import MODELS
+    from fljax.models.model import model_options
     from fljax.ops.gossip import TOPOLOGIES
+    from fljax.options import describe
 
-    sections = [("algorithms", {n: c.summary for n, c in ALGORITHMS.items()}), ("datasets", SOURCES),
-                ("partitioners", PARTITIONERS), ("models", MODELS), ("executors", EXECUTORS),
-                ("topologies", TOPOLOGIES), ("reproductions", {n: _summary(n) for n in _reproductions()})]
+    common = [o for o in describe(DataConfig) if o[0] != "options"]
+    model = {n: [(f.name, f.default, f.metadata.get("doc", "")) for f in model_options(n)] for n in MODELS}
+    sections = [("algorithms", {n: (c.summary, []) for n, c in ALGORITHMS.items()}),
+                ("data keys (every data set)", {k: (f"{doc} (default {_value(v)})", []) for k, v, doc in common}),
+                ("datasets", {n: (s.summary, describe(s.options)) for n, s in SOURCES.items()}),
+                ("partitioners", {n: (p.summary, describe(p.options)) for n, p in PARTITIONERS.items()}),
+                ("models", {n: (text, model[n]) for n, text in MODELS.items()}),
+                ("executors", {n: (text, []) for n, text in EXECUTORS.items()}),
+                ("topologies", {n: (text, []) for n, text in TOPOLOGIES.items()}),
+                ("reproductions", {n: (_summary(n), []) for n in _reproductions()})]
     for title, entries in sections:
         print(f"{title}:")
-        for name, text in entries.items():
+        for name, (text, options) in entries.items():
             print(f"  {name:<14} {text}")
+            for key, default, doc in options:
+                print(f"      {key} (default {_value(default)}): {doc}")
     return 0
+
+
+def _value(value) -> str:
+    """A default as a config file writes it (null, true, [200, 200])."""
+    import json
+
+    return value if isinstance(value, str) else json.dumps(list(value) if isinstance(value, tuple) else value)
 
 
 def _summary(reproduction: str) -> str:

@@ -1,110 +1,88 @@
 """Typed experiment configuration: dataclasses, parsing from nested dicts/YAML, dotted overrides, validation.
 
 Every wrong input is refused before anything runs, in one line that names the key and, for a misspelt key,
-suggests the closest valid name. :func:`load_config` reads YAML; :func:`apply_overrides` applies
-``key=value`` strings such as ``data.alpha=0.1``, ``algo.mu=0.01`` or ``rounds=50`` (values parsed as YAML).
+suggests the closest valid name. The keys are declared where they are used: the run settings here, the ``data:``
+keys by :class:`fljax.data.DataConfig` and the data sets and partitioners it names, ``model.options`` by the model's
+module, ``algo`` by the algorithm's dataclass; each raises :class:`fljax.errors.OptionError` naming its key, and
+this module adds the section (``data.``, ``model.options.``, ``algo.``). :func:`load_config` reads YAML
+(:mod:`fljax.yaml_io`: numbers as a person writes them, ``1e-3`` is a float); :func:`apply_overrides` applies
+``key=value`` strings such as ``data.alpha=0.1``, ``algo.mu=0.01`` or ``rounds=50`` (values parsed the same way).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
-import difflib
-import types
+import os
 import typing
-from typing import Any
+from typing import Any, Literal, Mapping
 
 import yaml
 
-from fljax.errors import ConfigError, OptionError  # noqa: F401 (re-exported)
+from fljax import yaml_io
+from fljax.data.config import DataConfig
+from fljax.errors import ConfigError, OptionError
+from fljax.options import (SEED_MAX, Options, at_least, between, check_value, option, parse, seed_check, show,
+                           suggest)
 
 __all__ = ["ConfigError", "DataConfig", "ModelConfig", "ExperimentConfig", "from_dict", "to_dict", "load_config",
-           "check_compare_algo",
-           "apply_overrides", "parse_override", "hyperparameters", "algorithm_config"]
+           "check_compare_algo", "apply_overrides", "parse_override", "hyperparameters", "algorithm_config"]
+
+INT32_MAX = 2 ** 31 - 1  # the engine counts rounds in int32
 
 
 @dataclasses.dataclass
-class DataConfig:
-    """Which data set, how it is split over clients, and how each client's test split is drawn."""
-
-    dataset: str = "synthetic"
-    num_clients: int = 100
-    partition: str | None = None  # None: 'natural' for synthetic, 'dirichlet' otherwise
-    alpha: float = 0.5  # Dirichlet concentration
-    classes_per_client: int = 2  # pathological split
-    sigma: float = 1.0  # power-law (lognormal) size spread
-    test_per_client: int | None = None  # pooled sources; None: ceil(test pool / num_clients)
-    test_fraction: float = 0.2  # natural sources: per-client hold-out
-    test_rounding: str = "largest_remainder"  # per-class test counts: largest_remainder | floor | ceil
-    samples_per_client: int | None = None  # client_dirichlet / client_pathological; None: pool size / clients
-    on_exhausted: str = "refill"  # client_* samplers: refill | redraw an exhausted class pool
-    synthetic_alpha: float = 1.0
-    synthetic_beta: float = 1.0
-    max_samples: int | None = 1000  # synthetic: cap on a client's size
-    noise: float = 0.0  # digits: fixed Gaussian pixel noise
-    data_dir: str | None = None  # TFDS
-    limit: int | None = None  # TFDS: first `limit` examples per split
-    seed: int | None = None  # None: the experiment seed
-
-
-@dataclasses.dataclass
-class ModelConfig:
+class ModelConfig(Options):
     """``name``: 'auto' (logreg for vectors, cnn1 for images) or a name from ``fljax list``; ``options`` go to the
     module (e.g. ``{hidden: [128, 128]}`` for mlp, ``{groups: 32, head_bias: true}`` for resnet18_gn)."""
 
-    name: str = "auto"
+    name: str = option("auto", "a model from `fljax list` (auto: logreg for vectors, cnn1 for images)")
     options: dict = dataclasses.field(default_factory=dict)
-    conv_impl: str = "auto"  # auto | native | patches
+    conv_impl: Literal["auto", "native", "patches"] = option("auto", "how convolutions run")
+
+
+def _run_name(name: str) -> str | None:
+    bad = [c for c in (os.sep, "\0") if c in name]
+    return f"must not contain {bad[0]!r} (it names the run directory), got {show(name)}." if bad else None
 
 
 @dataclasses.dataclass
-class ExperimentConfig:
+class ExperimentConfig(Options):
     """One experiment: an algorithm with its hyperparameters (``algo``), data, model and run settings."""
 
-    algorithm: str = "fedavg"
+    algorithm: str = option("fedavg", "an algorithm from `fljax list`")
     algo: dict = dataclasses.field(default_factory=dict)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
-    rounds: int = 100
-    eval_every: int = 10
-    seed: int = 0
-    executor: str = "auto"
-    chunk_size: int | None = None
-    name: str | None = None  # run name (default: the algorithm)
-    seeds: int = 1  # run seeds seed, seed+1, ..., seed+seeds-1 (vectorised when shapes allow)
-    checkpoint_every: int | None = None  # rounds between checkpoints; None: timed (see fljax.runner); 0: never
+    rounds: int = option(100, "communication rounds", between(1, INT32_MAX))
+    eval_every: int = option(10, "evaluate every k rounds (and after the last one)", between(1, INT32_MAX))
+    seed: int = option(0, "run seed: initialisation, cohorts, batches; also the data seed unless data.seed is set",
+                       seed_check)
+    executor: str = option("auto", "how the client axis runs: auto, vmap, chunked, sharded, loop")
+    chunk_size: int | None = option(None, "clients per group for chunked", between(1, INT32_MAX))
+    name: str | None = option(None, "run name (default: the algorithm)", _run_name)
+    seeds: int = option(1, "run seeds seed, seed+1, ..., seed+seeds-1 (vectorised when shapes allow)", at_least(1))
+    checkpoint_every: int | None = option(None, "rounds between checkpoints (null: timed, see fljax.runner; "
+                                                "0: never)", between(0, INT32_MAX))
+
+    def check(self) -> None:
+        for key, cls in (("data", DataConfig), ("model", ModelConfig)):
+            if not isinstance(getattr(self, key), cls):
+                raise OptionError(key, f"must be a {cls.__name__} (from_dict builds one from a mapping), got "
+                                       f"{show(getattr(self, key))}.")
+        if self.seed + self.seeds - 1 > SEED_MAX:
+            raise OptionError("seeds", f"must be at most {SEED_MAX - self.seed + 1} from seed {self.seed} (seeds go "
+                                       f"up to {SEED_MAX}), got {self.seeds}.")
 
     def validate(self, check_algo: bool = True) -> "ExperimentConfig":
-        """Refuse impossible values (types are checked by :func:`from_dict`). ``check_algo=False`` leaves ``algo``
-        to be checked per algorithm (``fljax compare``: see :func:`check_compare_algo`)."""
-        _positive(self, "rounds", "eval_every", "seeds")
-        if self.checkpoint_every is not None and self.checkpoint_every < 0:
-            raise ConfigError(f"checkpoint_every must be >= 0 (0: no checkpoints), got {self.checkpoint_every}.")
-        _positive(self.data, "num_clients", "classes_per_client")
-        if self.chunk_size is not None:
-            _positive(self, "chunk_size")
-        if not self.data.alpha > 0:
-            raise ConfigError(f"data.alpha must be > 0 (Dirichlet concentration), got {self.data.alpha}.")
-        if not 0 < self.data.test_fraction < 1:
-            raise ConfigError(f"data.test_fraction must be in (0, 1), got {self.data.test_fraction}.")
-        if self.data.sigma < 0 or self.data.noise < 0:
-            raise ConfigError("data.sigma and data.noise must be >= 0.")
+        """Check the names against the registries, the model options against the model and, with ``check_algo``,
+        the hyperparameters against the algorithm (``False`` leaves ``algo`` to be checked per algorithm, as
+        ``fljax compare`` does: see :func:`check_compare_algo`). Types and ranges are checked on construction."""
         from fljax.algorithms import ALGORITHMS, make_algorithm
-        from fljax.data.partitioners import PARTITIONERS
-        from fljax.data.sources import SOURCES
         from fljax.engine.executors import EXECUTORS
-        from fljax.models.model import MODELS, check_model_options
 
         _choice("algorithm", self.algorithm, ALGORITHMS)
-        _choice("data.dataset", self.data.dataset, SOURCES)
-        if self.data.partition is not None:
-            _choice("data.partition", self.data.partition, PARTITIONERS)
         _choice("executor", self.executor, EXECUTORS)
-        if self.model.name != "auto":
-            _choice("model.name", self.model.name, MODELS)
-            try:
-                check_model_options(self.model.name, self.model.options)
-            except ValueError as e:
-                raise ConfigError(f"model.options: {e}") from None
-        _choice("model.conv_impl", self.model.conv_impl, {"auto": 0, "native": 0, "patches": 0})
+        _check_model(self.model, self.data.source.input_shape)
         if not check_algo:
             return self
         self.algo = hyperparameters(self.algorithm, self.algo)
@@ -121,6 +99,23 @@ class ExperimentConfig:
         return self.name or self.algorithm
 
 
+def _check_model(model: ModelConfig, input_shape: tuple) -> None:
+    from fljax.models.model import MODELS, auto_model, check_model_input, check_model_options
+
+    if model.name != "auto":
+        _choice("model.name", model.name, MODELS)
+    name = auto_model(input_shape) if model.name == "auto" else model.name
+    try:
+        check_model_options(name, model.options, " (picked by model.name: auto; set model.name to choose another)"
+                            if model.name == "auto" else "")
+    except OptionError as e:
+        raise e.within("model.options") from None
+    try:
+        check_model_input(name, input_shape)
+    except OptionError as e:
+        raise e.within("model") from None
+
+
 def hyperparameters(algorithm: str, values: dict) -> dict:
     """``values`` checked against the algorithm's hyperparameter fields: unknown names are refused with the
     closest valid one, values are checked against the field types (and lists become tuples where a tuple is
@@ -130,123 +125,75 @@ def hyperparameters(algorithm: str, values: dict) -> dict:
     cls = get_algorithm(algorithm)
     fields = hyperparameter_fields(cls)
     hints = typing.get_type_hints(cls)
-    out = {}
-    for key, value in values.items():
-        if key not in fields:
-            raise ConfigError(f"unknown key 'algo.{key}' for algorithm {algorithm!r}.{_suggest(key, fields)} "
-                              f"Valid keys: {sorted(fields)}.")
-        out[key] = _check_type(f"algo.{key}", value, hints.get(key, typing.Any))
-    return out
+    try:
+        for key in values:
+            if key not in fields:
+                raise OptionError(str(key), f"is not a valid key for algorithm {algorithm!r}."
+                                            f"{suggest(str(key), fields)} Valid keys: {sorted(fields)}.")
+        return {key: check_value(key, value, hints.get(key, Any)) for key, value in values.items()}
+    except OptionError as e:
+        raise e.within("algo") from None
 
 
-def _positive(obj, *names):
-    prefix = "data." if isinstance(obj, DataConfig) else ""
-    for n in names:
-        v = getattr(obj, n)
-        if not v > 0:
-            raise ConfigError(f"{prefix}{n} must be > 0, got {v}.")
-
-
-def _suggest(key: str, choices) -> str:
-    close = difflib.get_close_matches(key, list(choices), n=1, cutoff=0.5)
-    return f" Did you mean {close[0]!r}?" if close else ""
-
-
-def _choice(key: str, value, choices):
+def _choice(key: str, value, choices) -> None:
     if value not in choices:
-        raise ConfigError(f"{key}: unknown value {value!r}; choose one of {sorted(choices)}.{_suggest(str(value), choices)}")
+        raise ConfigError(f"{key} must be one of {sorted(choices)}, got {show(value)}.{suggest(str(value), choices)}")
 
 
 # ------------------------------------------------------------------------------------------------ dict <-> dataclass
 
 
-def _check_type(key: str, value, annotation):
-    """Coerce/verify ``value`` against a field annotation; one-line error otherwise. Lists become tuples where a
-    tuple is expected; annotations this function does not know (custom classes) accept any value."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(annotation)
-        if value is None and type(None) in args:
-            return None
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _check_type(key, value, a)
-            except ConfigError:
-                pass
-        raise ConfigError(f"{key}: expected {_type_name(annotation)}, got {value!r}.")
-    if origin is typing.Literal:
-        choices = typing.get_args(annotation)
-        if value not in choices:
-            raise ConfigError(f"{key}: unknown value {value!r}; choose one of {list(choices)}."
-                              f"{_suggest(str(value), [str(c) for c in choices])}")
-        return value
-    if (origin or annotation) in (tuple, list):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {value!r}.")
-        args = typing.get_args(annotation)
-        if origin is tuple and args and args[-1] is not Ellipsis:  # tuple[int, float]: one type per position
-            if len(args) != len(value):
-                raise ConfigError(f"{key}: expected {len(args)} values, got {len(value)}.")
-            items = [_check_type(f"{key}[{i}]", v, a) for i, (a, v) in enumerate(zip(args, value))]
-        else:
-            item = args[0] if args else typing.Any
-            items = [_check_type(f"{key}[{i}]", v, item) for i, v in enumerate(value)]
-        return tuple(items) if (origin or annotation) is tuple else items
-    if annotation is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if annotation is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if annotation in (bool, str, dict) and isinstance(value, annotation):
-        return value
-    if dataclasses.is_dataclass(annotation) and isinstance(value, dict):
-        return from_dict(annotation, value, prefix=f"{key}.")
-    if annotation in (float, int, bool, str, dict) or dataclasses.is_dataclass(annotation):
-        raise ConfigError(f"{key}: expected {_type_name(annotation)}, got {value!r}.")
-    return value
-
-
-def _type_name(annotation) -> str:
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(annotation))
-    return "null" if annotation is type(None) else getattr(annotation, "__name__", str(annotation))
-
-
-def from_dict(cls, values: dict, prefix: str = ""):
-    """Build dataclass ``cls`` from a nested dict, refusing unknown keys and wrong types."""
-    if not isinstance(values, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {values!r}.")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name for f in dataclasses.fields(cls)}
+def from_dict(cls, values: Mapping) -> ExperimentConfig:
+    """Build an :class:`ExperimentConfig` (``cls``) from a nested dict, refusing unknown keys, wrong types and
+    impossible values."""
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"a config must be a mapping of keys to values, got {show(values)}.")
+    sections = {"data": DataConfig.from_dict, "model": lambda v: parse(ModelConfig, v)}
     kwargs = {}
     for key, value in values.items():
-        if key not in fields:
-            raise ConfigError(f"unknown key {prefix + key!r}.{_suggest(key, fields)} Valid keys: {sorted(fields)}.")
-        kwargs[key] = _check_type(prefix + key, value, hints[key])
-    return cls(**kwargs)
+        if key in sections:
+            if not isinstance(value, Mapping):
+                raise OptionError(key, f"must be a mapping of keys to values, got {show(value)}.")
+            try:
+                value = sections[key](value)
+            except OptionError as e:
+                raise e.within(key) from None
+        kwargs[key] = value
+    return parse(cls, kwargs)
 
 
 def to_dict(cfg) -> dict:
-    return dataclasses.asdict(cfg)
+    """The plain nested dict of a config (or of its ``data`` section), as ``config.yaml`` holds it."""
+    if isinstance(cfg, Options):
+        return {k: to_dict(v) for k, v in cfg.to_dict().items()}
+    if isinstance(cfg, dict):
+        return {k: to_dict(v) for k, v in cfg.items()}
+    if isinstance(cfg, (list, tuple)):
+        return [to_dict(v) for v in cfg]
+    return copy.deepcopy(cfg)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """``'data.alpha=0.1'`` → (['data', 'alpha'], 0.1); the value is parsed as YAML."""
+    """``'data.alpha=0.1'`` → (['data', 'alpha'], 0.1); the value is parsed as YAML (text that is not valid YAML
+    is taken as a string)."""
     if "=" not in text:
-        raise ConfigError(f"override {text!r} must look like key=value (for example data.alpha=0.1).")
+        raise ConfigError(f"override {show(text)} must look like key=value (for example data.alpha=0.1).")
     key, raw = text.split("=", 1)
+    path = key.strip().split(".")
+    if not all(path):
+        raise ConfigError(f"override {show(text)}: {show(key.strip())} is not a dotted key name (for example "
+                          f"data.alpha=0.1).")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = yaml_io.load(raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
-    return key.strip().split("."), value
+    except ConfigError as e:
+        raise ConfigError(f"override {show(text)}: {e}") from None
+    return path, value
 
 
 def apply_overrides(values: dict, overrides: list[str]) -> dict:
     """Apply dotted ``key=value`` overrides to a nested dict (a copy)."""
-    import copy
-
     out = copy.deepcopy(values)
     for text in overrides:
         path, value = parse_override(text)
@@ -254,9 +201,31 @@ def apply_overrides(values: dict, overrides: list[str]) -> dict:
         for part in path[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"override {text!r}: {part!r} is not a section.")
+                raise ConfigError(f"override {show(text)}: {part!r} is not a section.")
         node[path[-1]] = value
     return out
+
+
+def _read_yaml(path: str) -> dict:
+    try:
+        with open(path, "rb") as f:
+            loaded = yaml_io.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path!r} does not exist.") from None
+    except OSError as e:
+        raise ConfigError(f"config file {path!r} cannot be read: {e.strerror or e}.") from None
+    except ConfigError as e:
+        raise ConfigError(f"config file {path!r}: {e}") from None
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"config file {path!r} is not valid YAML: {problem}{line}.") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {path!r} must hold a mapping of keys to values, got {show(loaded)}.")
+    return loaded
 
 
 def load_config(path: str | None = None, overrides: list[str] | None = None, base: dict | None = None,
@@ -265,31 +234,25 @@ def load_config(path: str | None = None, overrides: list[str] | None = None, bas
     :meth:`ExperimentConfig.validate`)."""
     values = dict(base or {})
     if path is not None:
-        try:
-            with open(path) as f:
-                loaded = yaml.safe_load(f) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path!r} does not exist.") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {path!r} is not valid YAML: {str(e).splitlines()[0]}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path!r} must hold a mapping of keys to values.")
-        values.update(loaded)
+        values.update(_read_yaml(path))
     values = apply_overrides(values, overrides or [])
     return from_dict(ExperimentConfig, values).validate(check_algo)
 
 
 def check_compare_algo(cfg: ExperimentConfig, names: list[str]) -> None:
-    """In a comparison ``cfg.algo`` applies to every algorithm that accepts its keys: refuse a key that none of
-    ``names`` accepts, suggesting the closest valid one."""
+    """In a comparison ``cfg.algo`` applies to every algorithm that accepts its keys: refuse an empty list of
+    algorithms, and a key that none of ``names`` accepts, suggesting the closest valid one."""
     from fljax.algorithms import ALGORITHMS
     from fljax.algorithms.registry import hyperparameter_fields
 
+    if not names:
+        raise ConfigError("no algorithm to compare; name at least one (e.g. fljax compare --algorithms "
+                          "fedavg,fedprox).")
     fields = set().union(*(hyperparameter_fields(ALGORITHMS[n]) for n in names if n in ALGORITHMS))
     for key in cfg.algo:
         if key not in fields:
-            raise ConfigError(f"unknown key 'algo.{key}': none of the compared algorithms ({', '.join(names)}) has "
-                              f"it.{_suggest(key, fields)}")
+            raise ConfigError(f"algo.{key} is not a valid key for any of the compared algorithms "
+                              f"({', '.join(names)}).{suggest(str(key), fields)}")
 
 
 def algorithm_config(cfg: ExperimentConfig, name: str, hyper: dict | None = None) -> ExperimentConfig:

@@ -186,3 +186,51 @@ def test_epoch_permutations_are_uniform():
     pairs = np.bincount(orders[:, 0] * 5 + orders[:, 1], minlength=25).reshape(5, 5)
     off = pairs[~np.eye(5, dtype=bool)]  # 200 expected per ordered pair
     assert off.min() > 140 and off.max() < 260 and np.trace(pairs) == 0
+
+
+# make_federated's arrays, hashed with the code before the data options became per-component dataclasses: the same
+# options and seed must give the same partitions and test splits, bit for bit.
+_BEFORE = [
+    ("5d994ca419c0c2d3", dict(dataset="synthetic", num_clients=20, seed=0, max_samples=120)),
+    ("f2755b918f43a82e", dict(dataset="synthetic", num_clients=12, seed=3, synthetic_alpha=0.5, synthetic_beta=0.0,
+                              max_samples=None, test_fraction=0.3)),
+    ("fc3311968da1324a", dict(dataset="digits", num_clients=50, partition="dirichlet", seed=0, alpha=0.3,
+                              test_per_client=20)),
+    ("ff6d4bd600051f98", dict(dataset="digits", num_clients=10, partition="pathological", seed=1,
+                              classes_per_client=2, test_per_client=20)),
+    ("580173da776e1ee1", dict(dataset="digits", num_clients=15, partition="power_law", seed=2, sigma=1.5, noise=0.5)),
+    ("35617ad84e7ad969", dict(dataset="digits", num_clients=9, partition="iid", seed=4)),
+    ("976678d25d775b10", dict(dataset="digits", num_clients=20, partition="client_dirichlet", seed=0, alpha=0.1,
+                              samples_per_client=50, test_per_client=50, test_rounding="floor")),
+    ("ee35dc8ea1817bf0", dict(dataset="digits", num_clients=20, partition="client_pathological", seed=5,
+                              classes_per_client=2, samples_per_client=20, on_exhausted="redraw", noise=0.5,
+                              test_per_client=40, test_rounding="ceil")),
+    ("4b3f2e1fc2eb894f", dict(dataset="qot", num_clients=16, partition="iid", seed=0)),
+]
+
+
+def _fingerprint(data) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for part in (data.train, data.test):
+        for a in (part.x, part.y, part.mask, part.count):
+            h.update(np.ascontiguousarray(np.asarray(a)).tobytes())
+    return h.hexdigest()[:16]
+
+
+@pytest.mark.parametrize("expected,options", _BEFORE, ids=[f"{o['dataset']}-{o.get('partition')}" for _, o in _BEFORE])
+def test_partitions_are_unchanged(expected, options):
+    assert _fingerprint(D.make_federated(**options)) == expected
+
+
+def test_a_config_builds_the_same_data_as_before():
+    import os
+
+    from fljax.api import load_data
+    from fljax.config import load_config
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for name, expected in [("configs/fedavg.yaml", "fc3311968da1324a"), ("configs/dfedalt.yaml", "96796b679f1f0b86"),
+                           ("configs/fedslr.yaml", "976678d25d775b10")]:
+        assert _fingerprint(load_data(load_config(os.path.join(root, name)))) == expected, name

@@ -12,10 +12,12 @@ from __future__ import annotations
 import numpy as np
 
 from fljax.data import partitioners as partition_lib
+from fljax.data.config import DataConfig
 from fljax.data.federated import FederatedData, pad_clients
-from fljax.data.sources import DataError, Natural, Pooled, load_source
+from fljax.data.sources import DataError, Natural, Pooled
+from fljax.errors import OptionError
 
-__all__ = ["pool_test_split", "holdout_split", "federate", "make_federated"]
+__all__ = ["pool_test_split", "holdout_split", "federate", "make_federated", "load_federated"]
 
 
 TEST_ROUNDING = ("largest_remainder", "floor", "ceil")
@@ -72,11 +74,11 @@ def holdout_split(labels: list[np.ndarray], fraction: float, seed: int) -> tuple
     return trains, tests
 
 
-def federate(source: Pooled | Natural, num_clients: int, partition: str, seed: int, *, alpha: float = 0.5,
-             classes_per_client: int = 2, sigma: float = 1.0, test_per_client: int | None = None,
-             test_fraction: float = 0.2, samples_per_client: int | None = None, on_exhausted: str = "refill",
-             test_rounding: str = "largest_remainder") -> FederatedData:
-    """Partition a source into clients and build padded train/test arrays."""
+def federate(source: Pooled | Natural, num_clients: int, partition: str, seed: int, *,
+             test_per_client: int | None = None, test_fraction: float = 0.2,
+             test_rounding: str = "largest_remainder", **options) -> FederatedData:
+    """Partition a source into clients and build padded train/test arrays; ``options`` are the partitioner's
+    (e.g. ``alpha=0.1`` for dirichlet)."""
     if isinstance(source, Natural):
         if partition not in ("natural",):
             raise DataError(f"{source.name} defines its own clients; use partition='natural', not {partition!r}.")
@@ -91,12 +93,17 @@ def federate(source: Pooled | Natural, num_clients: int, partition: str, seed: i
         if partition == "natural":
             raise DataError(f"{source.name} has no natural clients; use one of "
                             f"{sorted(set(partition_lib.PARTITIONERS) - {'natural'})}.")
-        parts = partition_lib.partition(partition, source.y_train, num_clients, seed, alpha=alpha,
-                                        classes_per_client=classes_per_client, sigma=sigma,
-                                        samples_per_client=samples_per_client, on_exhausted=on_exhausted)
-        per_client = test_per_client or max(1, int(np.ceil(len(source.y_test) / num_clients)))
+        parts = partition_lib.partition(partition, source.y_train, num_clients, seed, **options)
+        per_client = max(1, int(np.ceil(len(source.y_test) / num_clients))) if test_per_client is None else \
+            test_per_client
         tests = pool_test_split([source.y_train[p] for p in parts], source.y_test, source.num_classes,
                                 per_client, seed, test_rounding)
+        empty = [i for i, t in enumerate(tests) if len(t) == 0]
+        if empty:
+            raise OptionError("test_per_client", f"is too small: {per_client} with test_rounding={test_rounding!r} "
+                                                 f"leaves {len(empty)} of {num_clients} clients without test samples "
+                                                 f"(first: client {empty[0]}); raise it or use test_rounding="
+                                                 f"'largest_remainder'.")
         train = pad_clients([source.x_train[p] for p in parts], [source.y_train[p] for p in parts])
         test = pad_clients([source.x_test[t] for t in tests], [source.y_test[t] for t in tests])
         input_shape = source.x_train.shape[1:]
@@ -105,18 +112,20 @@ def federate(source: Pooled | Natural, num_clients: int, partition: str, seed: i
                          name=source.name, description=desc)
 
 
+def load_federated(config: DataConfig, seed: int) -> FederatedData:
+    """The federated data set ``config`` describes, drawn with ``config.seed`` (``seed`` when that is null)."""
+    seed = seed if config.seed is None else config.seed
+    source_options, partition_options = config.components()
+    source = config.source.load(source_options, config.num_clients, seed)
+    return federate(source, config.num_clients, config.partition, seed, test_per_client=config.test_per_client,
+                    test_fraction=config.test_fraction, test_rounding=config.test_rounding,
+                    **partition_options.to_dict())
+
+
 def make_federated(dataset: str = "synthetic", num_clients: int = 100, partition: str | None = None, seed: int = 0,
-                   *, alpha: float = 0.5, classes_per_client: int = 2, sigma: float = 1.0,
-                   test_per_client: int | None = None, test_fraction: float = 0.2, synthetic_alpha: float = 1.0,
-                   synthetic_beta: float = 1.0, data_dir: str | None = None, limit: int | None = None,
-                   max_samples: int | None = 1000, noise: float = 0.0, samples_per_client: int | None = None,
-                   on_exhausted: str = "refill", test_rounding: str = "largest_remainder") -> FederatedData:
-    """Load ``dataset`` and federate it (the default partition is 'natural' for synthetic, 'dirichlet' otherwise)."""
-    source = load_source(dataset, num_clients=num_clients, seed=seed, synthetic_alpha=synthetic_alpha,
-                         synthetic_beta=synthetic_beta, data_dir=data_dir, limit=limit, max_samples=max_samples,
-                         noise=noise)
-    if partition is None:
-        partition = "natural" if isinstance(source, Natural) else "dirichlet"
-    return federate(source, num_clients, partition, seed, alpha=alpha, classes_per_client=classes_per_client,
-                    sigma=sigma, test_per_client=test_per_client, test_fraction=test_fraction,
-                    samples_per_client=samples_per_client, on_exhausted=on_exhausted, test_rounding=test_rounding)
+                   **options) -> FederatedData:
+    """Load ``dataset`` and federate it (the default partition is 'natural' for synthetic, 'dirichlet' otherwise).
+    ``options``: the per-client test split keys and the data set's and partitioner's own options (``fljax list``
+    shows them), checked as a config's ``data:`` section is (:class:`fljax.data.DataConfig`)."""
+    config = DataConfig.from_dict({"dataset": dataset, "num_clients": num_clients, "partition": partition, **options})
+    return load_federated(config, seed)

@@ -2,14 +2,22 @@
 
 Every partitioner takes the pooled labels, the number of clients and a seed, and returns a list of index arrays
 (one per client) that together use every sample exactly once. Each is reproducible from its seed and raises
-:class:`PartitionError` with a one-line fix when it would leave a client without data.
+:class:`PartitionError` with a one-line fix when it would leave a client without data. Each is registered in
+:data:`PARTITIONERS` with its options (a dataclass of :mod:`fljax.options`); :func:`partition` dispatches by name.
 """
 from __future__ import annotations
 
+import dataclasses
+from typing import Callable, Literal
+
 import numpy as np
 
-__all__ = ["PartitionError", "iid", "dirichlet", "pathological", "power_law", "client_centric", "PARTITIONERS",
-           "partition"]
+from fljax.errors import OptionError
+from fljax.options import Options, at_least, greater_than, option, parse, suggest
+
+__all__ = ["PartitionError", "iid", "dirichlet", "pathological", "power_law", "client_centric", "Partitioner",
+           "PARTITIONERS", "partition", "PartitionOptions", "DirichletOptions", "PathologicalOptions", "PowerLawOptions",
+           "ClientDirichletOptions", "ClientPathologicalOptions"]
 
 
 class PartitionError(ValueError):
@@ -172,34 +180,127 @@ def client_centric(labels: np.ndarray, num_clients: int, samples_per_client: int
     return out
 
 
-PARTITIONERS = {
-    "iid": "shuffle and cut into equal parts",
-    "dirichlet": "label skew: class proportions over clients ~ Dir(alpha) (Hsu et al. 2019)",
-    "pathological": "each client holds exactly classes_per_client classes (McMahan et al. shards)",
-    "power_law": "IID labels, heavy-tailed client sizes ~ lognormal(0, sigma)",
-    "client_dirichlet": "equal sizes (samples_per_client); each client's class prior ~ Dir(alpha), pools refilled "
-                        "(FedSLR/DFedAlt papers' sampler; samples may repeat across clients)",
-    "client_pathological": "equal sizes; each client samples uniformly from classes_per_client random classes",
-    "natural": "the source's own clients (Synthetic(alpha, beta))",
+def _alpha():
+    return option(0.5, "Dirichlet concentration (> 0; small: few classes per client, typically 0.1 to 1.0)",
+                  greater_than(0))
+
+
+def _classes_per_client():
+    return option(2, "classes each client holds", at_least(1))
+
+
+def _samples_per_client():
+    return option(None, "samples each client draws (null: the train pool's size / num_clients)", at_least(1))
+
+
+def _on_exhausted():
+    return option("refill", "when a class pool runs out: refill (reshuffle the whole class) or redraw (another of "
+                            "the client's classes)")
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionOptions(Options):
+    """A partitioner's options (none: iid, natural)."""
+
+    def check_data(self, train_size: int, num_classes: int) -> None:
+        """Refuse options that a data set with ``train_size`` training samples and ``num_classes`` classes cannot
+        satisfy (raise :class:`OptionError`)."""
+
+
+def _check_classes(classes_per_client: int, num_classes: int) -> None:
+    if classes_per_client > num_classes:
+        raise OptionError("classes_per_client", f"must be at most {num_classes} (the data set's classes), got "
+                                                f"{classes_per_client}.")
+
+
+def _check_samples(samples_per_client: int | None, train_size: int) -> None:
+    if samples_per_client is not None and samples_per_client > train_size:
+        raise OptionError("samples_per_client", f"must be at most {train_size} (the train pool's size), got "
+                                                f"{samples_per_client}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class DirichletOptions(PartitionOptions):
+    alpha: float = _alpha()
+
+
+@dataclasses.dataclass(frozen=True)
+class PathologicalOptions(PartitionOptions):
+    classes_per_client: int = _classes_per_client()
+
+    def check_data(self, train_size: int, num_classes: int) -> None:
+        _check_classes(self.classes_per_client, num_classes)
+
+
+@dataclasses.dataclass(frozen=True)
+class PowerLawOptions(PartitionOptions):
+    sigma: float = option(1.0, "spread of the client sizes: lognormal(0, sigma) weights", at_least(0))
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientDirichletOptions(PartitionOptions):
+    alpha: float = _alpha()
+    samples_per_client: int | None = _samples_per_client()
+    on_exhausted: Literal["refill", "redraw"] = _on_exhausted()
+
+    def check_data(self, train_size: int, num_classes: int) -> None:
+        _check_samples(self.samples_per_client, train_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientPathologicalOptions(PartitionOptions):
+    classes_per_client: int = _classes_per_client()
+    samples_per_client: int | None = _samples_per_client()
+    on_exhausted: Literal["refill", "redraw"] = _on_exhausted()
+
+    def check_data(self, train_size: int, num_classes: int) -> None:
+        _check_classes(self.classes_per_client, num_classes)
+        _check_samples(self.samples_per_client, train_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class Partitioner:
+    """A partitioner by name: a one-line summary, its options, and ``split(labels, num_clients, seed, options)``
+    (None for 'natural': the source's own clients)."""
+
+    summary: str
+    options: type[Options]
+    split: Callable[..., list[np.ndarray]] | None
+
+
+def _samples(labels, num_clients: int, o) -> int:
+    return o.samples_per_client or len(labels) // num_clients
+
+
+PARTITIONERS: dict[str, Partitioner] = {
+    "iid": Partitioner("shuffle and cut into equal parts", PartitionOptions,
+                       lambda y, n, seed, o: iid(y, n, seed)),
+    "dirichlet": Partitioner("label skew: class proportions over clients ~ Dir(alpha) (Hsu et al. 2019)",
+                             DirichletOptions, lambda y, n, seed, o: dirichlet(y, n, o.alpha, seed)),
+    "pathological": Partitioner("each client holds exactly classes_per_client classes (McMahan et al. shards)",
+                                PathologicalOptions,
+                                lambda y, n, seed, o: pathological(y, n, o.classes_per_client, seed)),
+    "power_law": Partitioner("IID labels, heavy-tailed client sizes ~ lognormal(0, sigma)", PowerLawOptions,
+                             lambda y, n, seed, o: power_law(y, n, seed, o.sigma)),
+    "client_dirichlet": Partitioner(
+        "equal sizes (samples_per_client); each client's class prior ~ Dir(alpha), pools refilled (FedSLR/DFedAlt "
+        "papers' sampler; samples may repeat across clients)", ClientDirichletOptions,
+        lambda y, n, seed, o: client_centric(y, n, _samples(y, n, o), seed, alpha=o.alpha,
+                                             on_exhausted=o.on_exhausted)),
+    "client_pathological": Partitioner(
+        "equal sizes; each client samples uniformly from classes_per_client random classes",
+        ClientPathologicalOptions,
+        lambda y, n, seed, o: client_centric(y, n, _samples(y, n, o), seed, classes_per_client=o.classes_per_client,
+                                             on_exhausted=o.on_exhausted)),
+    "natural": Partitioner("the source's own clients (Synthetic(alpha, beta))", PartitionOptions, None),
 }
 
 
-def partition(name: str, labels: np.ndarray, num_clients: int, seed: int, *, alpha: float = 0.5,
-              classes_per_client: int = 2, sigma: float = 1.0, samples_per_client: int | None = None,
-              on_exhausted: str = "refill") -> list[np.ndarray]:
-    """Dispatch by name; unknown names are refused with the list of valid ones."""
-    if name in ("client_dirichlet", "client_pathological"):
-        n = samples_per_client or len(labels) // num_clients
-        if name == "client_dirichlet":
-            return client_centric(labels, num_clients, n, seed, alpha=alpha, on_exhausted=on_exhausted)
-        return client_centric(labels, num_clients, n, seed, classes_per_client=classes_per_client,
-                              on_exhausted=on_exhausted)
-    if name == "iid":
-        return iid(labels, num_clients, seed)
-    if name == "dirichlet":
-        return dirichlet(labels, num_clients, alpha, seed)
-    if name == "pathological":
-        return pathological(labels, num_clients, classes_per_client, seed)
-    if name == "power_law":
-        return power_law(labels, num_clients, seed, sigma)
-    raise PartitionError(f"unknown partition {name!r}; choose one of {sorted(PARTITIONERS)}.")
+def partition(name: str, labels: np.ndarray, num_clients: int, seed: int, **options) -> list[np.ndarray]:
+    """Dispatch by name with that partitioner's options (e.g. ``alpha=0.1`` for dirichlet); unknown names and
+    options are refused with the closest valid one."""
+    if name not in PARTITIONERS or PARTITIONERS[name].split is None:
+        valid = sorted(n for n, p in PARTITIONERS.items() if p.split is not None)
+        raise PartitionError(f"unknown partition {name!r}; choose one of {valid}.{suggest(name, valid)}")
+    entry = PARTITIONERS[name]
+    return entry.split(labels, num_clients, seed, parse(entry.options, options, f" for partition {name!r}"))

@@ -5,17 +5,23 @@ image classification sets through ``tfds.data_source`` (the data must be prepare
 machine; tests use ``tfds.testing.mock_data``).
 
 A source is either *pooled* (global train/test arrays, to be partitioned) or *natural* (it defines its own clients).
+Each is registered in :data:`SOURCES` with its options (a dataclass of :mod:`fljax.options`), how to load it, and
+what it can supply (input shape, classes, the most clients).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from importlib import resources
+from typing import Callable
 
 import numpy as np
 
-__all__ = ["Pooled", "Natural", "synthetic", "digits", "qot_arrays", "qot", "tfds_source", "SOURCES", "load_source",
-           "DataError"]
+from fljax.options import NoOptions, Options, at_least, option, parse, suggest
+
+__all__ = ["Pooled", "Natural", "synthetic", "digits", "qot_arrays", "qot", "tfds_source", "Source", "SOURCES",
+           "load_source", "DataError", "SyntheticOptions", "DigitsOptions", "TfdsOptions"]
 
 
 class DataError(ValueError):
@@ -78,7 +84,10 @@ def synthetic(num_clients: int, alpha: float = 1.0, beta: float = 1.0, seed: int
     return Natural(xs, ys, num_classes, f"synthetic({alpha:g},{beta:g})")
 
 
-def digits(seed: int = 0, test_per_class: int = 50, noise: float = 0.0) -> Pooled:
+DIGITS_SIZE, DIGITS_TEST_PER_CLASS = 1797, 50
+
+
+def digits(seed: int = 0, test_per_class: int = DIGITS_TEST_PER_CLASS, noise: float = 0.0) -> Pooled:
     """scikit-learn's bundled 8×8 digits (1,797 images, 10 classes), pixels scaled to [0, 1], shape 8×8×1.
 
     ``test_per_class`` images of every class are held out as the test pool. ``noise`` > 0 adds fixed
@@ -98,6 +107,8 @@ def digits(seed: int = 0, test_per_class: int = 50, noise: float = 0.0) -> Poole
 
 
 _QOT_SHA256 = "af94b5ce08065edc67c2c0d82c5209baa4416a461ca215ce41a4555314bd8e97"
+QOT_CLASS_SIZES = (8251, 741)  # labels -1 and +1
+QOT_TEST_FRACTION = 0.2
 
 
 def qot_arrays() -> tuple[np.ndarray, np.ndarray]:
@@ -115,11 +126,11 @@ def qot_arrays() -> tuple[np.ndarray, np.ndarray]:
         a = np.unpackbits(f["X"], axis=1)[:, :n].astype(np.float64)
         b = f["y"].astype(np.int64)
     assert a.shape == (8992, 1024) and set(np.unique(a)) <= {0.0, 1.0}
-    assert (b == 1).sum() == 741 and (b == -1).sum() == 8251 and a.any(axis=0).all()
+    assert ((b == -1).sum(), (b == 1).sum()) == QOT_CLASS_SIZES and a.any(axis=0).all()
     return a, b
 
 
-def qot(seed: int = 0, test_fraction: float = 0.2) -> Pooled:
+def qot(seed: int = 0, test_fraction: float = QOT_TEST_FRACTION) -> Pooled:
     """qot as a binary classification task (labels −1 → 0, +1 → 1), stratified train/test pools."""
     a, b = qot_arrays()
     y = (b > 0).astype(np.int32)
@@ -166,32 +177,101 @@ def tfds_source(name: str, data_dir: str | None = None, limit: int | None = None
     return Pooled(x_tr, y_tr, x_te, y_te, num_classes, name)
 
 
-SOURCES = {
-    "synthetic": "FedProx Synthetic(alpha, beta): 60 features, 10 classes, natural clients (offline)",
-    "digits": "scikit-learn digits: 1,797 8x8 grey images, 10 classes (offline)",
-    "qot": "QSAR oral toxicity: 8,992 x 1,024 binary fingerprints, 2 classes (offline, vendored)",
-    "mnist": "MNIST through TFDS (needs the data prepared or network)",
-    "fashion_mnist": "Fashion-MNIST through TFDS",
-    "emnist": "EMNIST balanced (47 classes) through TFDS",
-    "cifar10": "CIFAR-10 through TFDS",
-    "cifar100": "CIFAR-100 through TFDS",
+@dataclasses.dataclass(frozen=True)
+class SyntheticOptions(Options):
+    """Options of Synthetic(alpha, beta)."""
+
+    synthetic_alpha: float = option(1.0, "how much the clients' models differ: u_k ~ N(0, alpha)", at_least(0))
+    synthetic_beta: float = option(1.0, "how much the clients' inputs differ: B_k ~ N(0, beta)", at_least(0))
+    max_samples: int | None = option(1000, "cap on a client's size (null: no cap); at least 11, which guarantees "
+                                     "every client two samples of one class, hence a test sample", at_least(11))
+
+
+@dataclasses.dataclass(frozen=True)
+class DigitsOptions(Options):
+    """Options of the digits data set."""
+
+    noise: float = option(0.0, "standard deviation of Gaussian pixel noise, drawn once from the data seed",
+                          at_least(0))
+
+
+@dataclasses.dataclass(frozen=True)
+class TfdsOptions(Options):
+    """Options of the TFDS data sets."""
+
+    data_dir: str | None = option(None, "TFDS data directory (null: TFDS's default)")
+    limit: int | None = option(None, "keep the first `limit` examples of each split (null: all)", at_least(1))
+
+
+SYNTHETIC_MAX_CLIENTS = 100_000  # beyond, the padded arrays (clients x max_samples x 60 floats) outgrow memory
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """A data set by name: a one-line summary, its options, how to load it, and what it supplies.
+
+    ``load(options, num_clients, seed)`` returns a :class:`Pooled` or :class:`Natural` set; ``max_clients(options)``
+    is the most clients it can supply (a pooled set: one training sample each; a natural one: as many as it
+    generates); ``input_shape`` and ``num_classes`` describe one sample."""
+
+    summary: str
+    options: type[Options]
+    load: Callable[..., "Pooled | Natural"]
+    max_clients: Callable[[Options], int]
+    input_shape: tuple
+    num_classes: int
+    natural: bool = False  # defines its own clients (partition 'natural')
+
+
+def _load_synthetic(o: SyntheticOptions, num_clients: int, seed: int) -> Natural:
+    return synthetic(num_clients, o.synthetic_alpha, o.synthetic_beta, seed, max_samples=o.max_samples)
+
+
+def _load_digits(o: DigitsOptions, num_clients: int, seed: int) -> Pooled:
+    return digits(seed, noise=o.noise)
+
+
+def _load_qot(o: NoOptions, num_clients: int, seed: int) -> Pooled:
+    return qot(seed)
+
+
+def _load_tfds(name: str, o: TfdsOptions, num_clients: int, seed: int) -> Pooled:
+    return tfds_source(name, o.data_dir, o.limit)
+
+
+def _fixed(n: int) -> Callable[[Options], int]:
+    return lambda o: n
+
+
+def _tfds_train(size: int, o: TfdsOptions) -> int:
+    return size if o.limit is None else min(size, o.limit)
+
+
+def _tfds(name: str, summary: str, train_size: int, input_shape: tuple, num_classes: int) -> Source:
+    return Source(summary, TfdsOptions, functools.partial(_load_tfds, name), functools.partial(_tfds_train, train_size),
+                  input_shape, num_classes)
+
+
+_QOT_TRAIN = sum(n - int(round(QOT_TEST_FRACTION * n)) for n in QOT_CLASS_SIZES)
+
+SOURCES: dict[str, Source] = {
+    "synthetic": Source("FedProx Synthetic(alpha, beta): 60 features, 10 classes, natural clients (offline)",
+                        SyntheticOptions, _load_synthetic, _fixed(SYNTHETIC_MAX_CLIENTS), (60,), 10, natural=True),
+    "digits": Source("scikit-learn digits: 1,797 8x8 grey images, 10 classes (offline)", DigitsOptions,
+                     _load_digits, _fixed(DIGITS_SIZE - 10 * DIGITS_TEST_PER_CLASS), (8, 8, 1), 10),
+    "qot": Source("QSAR oral toxicity: 8,992 x 1,024 binary fingerprints, 2 classes (offline, vendored)", NoOptions,
+                  _load_qot, _fixed(_QOT_TRAIN), (1024,), 2),
+    "mnist": _tfds("mnist", "MNIST through TFDS (needs the data prepared or network)", 60_000, (28, 28, 1), 10),
+    "fashion_mnist": _tfds("fashion_mnist", "Fashion-MNIST through TFDS", 60_000, (28, 28, 1), 10),
+    "emnist": _tfds("emnist", "EMNIST balanced (47 classes) through TFDS", 112_800, (28, 28, 1), 47),
+    "cifar10": _tfds("cifar10", "CIFAR-10 through TFDS", 50_000, (32, 32, 3), 10),
+    "cifar100": _tfds("cifar100", "CIFAR-100 through TFDS", 50_000, (32, 32, 3), 100),
 }
 
 
-def load_source(name: str, *, num_clients: int, seed: int, synthetic_alpha: float = 1.0,
-                synthetic_beta: float = 1.0, data_dir: str | None = None, limit: int | None = None,
-                max_samples: int | None = 1000, noise: float = 0.0) -> Pooled | Natural:
-    """Load a source by name (see :data:`SOURCES`)."""
-    if name == "synthetic":
-        return synthetic(num_clients, synthetic_alpha, synthetic_beta, seed, max_samples=max_samples)
-    if name == "digits":
-        return digits(seed, noise=noise)
-    if name == "qot":
-        return qot(seed)
-    if name in TFDS_NAMES:
-        return tfds_source(name, data_dir, limit)
-    import difflib
-
-    close = difflib.get_close_matches(name, SOURCES, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise DataError(f"unknown dataset {name!r}; choose one of {sorted(SOURCES)}.{hint}")
+def load_source(name: str, *, num_clients: int, seed: int, **options) -> Pooled | Natural:
+    """Load a source by name (see :data:`SOURCES`) with its options (e.g. ``noise=0.5`` for digits)."""
+    if name not in SOURCES:
+        raise DataError(f"unknown dataset {name!r}; choose one of {sorted(SOURCES)}.{suggest(name, SOURCES)}")
+    source = SOURCES[name]
+    return source.load(parse(source.options, options, f" for data set {name!r}"), num_clients, seed)

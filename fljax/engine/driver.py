@@ -22,7 +22,7 @@ from fljax.engine.context import RoundContext
 from fljax.engine.executors import Executor, choose_executor, make_executor
 from fljax.engine.protocol import FederatedAlgorithm
 from fljax.engine.state import State
-from fljax.models.model import Model, make_model
+from fljax.models.model import Model, auto_model, make_model
 
 __all__ = ["Simulation", "RunResult", "RunLog", "default_model", "NonFiniteError", "block_schedule", "drive",
            "nonfinite_message"]
@@ -34,8 +34,7 @@ class NonFiniteError(FloatingPointError):
 
 def default_model(data: FederatedData) -> Model:
     """Logistic regression for vector data, CNN1 for images."""
-    name = "logreg" if len(data.input_shape) == 1 else "cnn1"
-    return make_model(name, data.input_shape, data.num_classes)
+    return make_model(auto_model(data.input_shape), data.input_shape, data.num_classes)
 
 
 def _round_key(base, round_):

@@ -2,16 +2,19 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
+import typing
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
+from fljax.errors import OptionError
 from fljax.models import zoo
+from fljax.options import check_value, suggest
 
-__all__ = ["Model", "make_model", "check_model_options", "MODELS", "masked_cross_entropy", "accuracy_stats"]
+__all__ = ["Model", "make_model", "check_model_options", "check_model_input", "auto_model", "model_options", "MODELS",
+           "masked_cross_entropy", "accuracy_stats"]
 
 
 def masked_cross_entropy(logits, labels, mask):
@@ -90,31 +93,51 @@ _MODULES = {"logreg": zoo.LogisticRegression, "mlp": zoo.MLP, "cnn1": zoo.CNN1, 
 _IMAGE_MODELS = ("cnn1", "fedslr_cnn", "resnet18_gn")  # convolutional: take conv_impl, need (H, W, C) inputs
 
 
-def check_model_options(name: str, options: dict) -> None:
-    """Refuse options the module of model ``name`` does not have, suggesting the closest valid one."""
-    valid = {f.name for f in dataclasses.fields(_MODULES[name]) if f.init} - {"parent", "name", "num_classes",
-                                                                              "conv_impl"}
-    for key in options:
-        if key not in valid:
-            close = difflib.get_close_matches(key, valid, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"model {name!r} has no option {key!r}.{hint} Valid: {sorted(valid)}.")
+def auto_model(input_shape) -> str:
+    """The model ``name: auto`` picks: logreg for vectors, cnn1 for images."""
+    return "logreg" if len(input_shape) == 1 else "cnn1"
+
+
+def model_options(name: str) -> list[dataclasses.Field]:
+    """The options of model ``name``: its module's fields other than the number of classes and the convolution
+    implementation (set by the engine)."""
+    return [f for f in dataclasses.fields(_MODULES[name]) if f.init and f.name not in ("parent", "name", "num_classes",
+                                                                                      "conv_impl")]
+
+
+def check_model_options(name: str, options: dict, note: str = "") -> dict:
+    """``options`` checked against model ``name``'s module: unknown keys are refused with the closest valid one
+    (``note`` follows the model's name in that message), values against the field's type (lists element by
+    element) and its check. Returns them as the module takes them (lists as tuples); raises :class:`OptionError`
+    naming the option."""
+    fields = {f.name: f for f in model_options(name)}
+    hints = typing.get_type_hints(_MODULES[name])
+    out = {}
+    for key, value in options.items():
+        if key not in fields:
+            raise OptionError(str(key), f"is not a valid key for model {name!r}{note}.{suggest(str(key), fields)} "
+                                        f"Valid keys: {sorted(fields)}.")
+        out[key] = check_value(key, value, hints[key])
+        check = fields[key].metadata.get("check")
+        problem = check(out[key]) if check is not None else None
+        if problem:
+            raise OptionError(key, problem)
+    return out
+
+
+def check_model_input(name: str, input_shape) -> None:
+    """Refuse a convolutional model for vector inputs (raises :class:`OptionError` for the key ``name``)."""
+    if len(input_shape) == 1 and name in _IMAGE_MODELS:
+        raise OptionError("name", f"cannot be {name!r} for inputs of shape {tuple(input_shape)}: it needs images "
+                                  f"(H, W, C); use 'mlp' or 'logreg'.")
 
 
 def make_model(name: str, input_shape, num_classes: int, conv_impl: str = "native", **kwargs) -> Model:
     """Build a model by name (see :data:`MODELS`); ``kwargs`` go to the module (e.g. ``hidden``, ``groups``)."""
     if name not in _MODULES:
-        close = difflib.get_close_matches(name, MODELS, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}.{hint}")
-    check_model_options(name, kwargs)
-    options = {k: tuple(v) if k == "hidden" else v for k, v in kwargs.items()}
+        raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}.{suggest(name, MODELS)}")
+    options = check_model_options(name, kwargs)
+    check_model_input(name, input_shape)
     if name in _IMAGE_MODELS:
         options["conv_impl"] = conv_impl
-    module = _MODULES[name](num_classes, **options)
-    if kwargs.get("weight_init", "flax") not in zoo.INITS:
-        raise ValueError(f"model option weight_init={kwargs['weight_init']!r} is unknown; choose one of {zoo.INITS}.")
-    if len(input_shape) == 1 and name in _IMAGE_MODELS:
-        raise ValueError(f"model {name!r} needs image inputs (H, W, C), but the data has shape {tuple(input_shape)}; "
-                         f"use 'mlp' or 'logreg'.")
-    return Model(module, tuple(input_shape), num_classes, name)
+    return Model(_MODULES[name](num_classes, **options), tuple(input_shape), num_classes, name)

@@ -1,20 +1,30 @@
 """Flax modules: multinomial logistic regression, MLP, QuPeD's CNN1, FedSLR's reduced CNN, ResNet-18 with GroupNorm.
 
 Every convolution is :class:`fljax.models.layers.Conv`, whose ``impl`` ("native" or "patches") is a field of the
-module, so the same parameters run with either implementation.
+module, so the same parameters run with either implementation. A module's options (the fields a config's
+``model.options`` may set) are declared with :func:`fljax.options.option`: a default, a one-line doc, a check.
 """
 from __future__ import annotations
 
-from typing import Sequence
+import typing
+from typing import Literal, Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
 
 from fljax.models.layers import Conv, max_pool_2x2
+from fljax.options import at_least, each, option
 
 __all__ = ["LogisticRegression", "MLP", "CNN1", "FedSLRCNN", "ResNet18GN", "INITS", "kernel_init"]
 
-INITS = ("flax", "pytorch")
+Init = Literal["flax", "pytorch"]
+INITS = typing.get_args(Init)
+
+
+def _divides(channels: int):
+    """GroupNorm's groups must divide every normalised layer's channels (all multiples of ``channels``)."""
+    return lambda g: None if g >= 1 and channels % g == 0 else \
+        f"must divide {channels} (the channels of the first normalised layer), got {g}."
 
 
 def kernel_init(init: str) -> nn.initializers.Initializer:
@@ -41,7 +51,7 @@ class MLP(nn.Module):
     """Fully connected ReLU network; the last Dense layer is named ``head``."""
 
     num_classes: int
-    hidden: Sequence[int] = (200, 200)
+    hidden: Sequence[int] = option((200, 200), "widths of the hidden layers", each(at_least(1)))
 
     @nn.compact
     def __call__(self, x):
@@ -83,8 +93,8 @@ class FedSLRCNN(nn.Module):
     parameters. ``weight_init``: 'pytorch' (D17, default) or 'flax'."""
 
     num_classes: int
-    groups: int = 2
-    weight_init: str = "pytorch"
+    groups: int = option(2, "GroupNorm groups", _divides(32))
+    weight_init: Init = option("pytorch", "kernel initialiser: pytorch (FedSLR D17) or flax")
     conv_impl: str = "native"
 
     @nn.compact
@@ -126,9 +136,9 @@ class ResNet18GN(nn.Module):
     """
 
     num_classes: int
-    groups: int = 2
-    head_bias: bool = False
-    weight_init: str = "flax"
+    groups: int = option(2, "GroupNorm groups (FedSLR 2, DFedAlt 32)", _divides(64))
+    head_bias: bool = option(False, "a bias in the linear head (DFedAlt) or none (FedSLR)")
+    weight_init: Init = option("flax", "kernel initialiser: flax (LeCun normal) or pytorch (FedSLR D17)")
     conv_impl: str = "native"
 
     @nn.compact

@@ -9,7 +9,7 @@ import json
 import os
 import uuid
 
-import yaml
+from fljax import yaml_io
 
 __all__ = ["atomic_path", "write_text", "write_json", "write_jsonl", "write_yaml", "write_png", "read_json",
            "read_jsonl"]
@@ -54,7 +54,8 @@ def write_jsonl(path: str, records: list[dict]) -> None:
 
 
 def write_yaml(path: str, value) -> None:
-    write_text(path, yaml.safe_dump(value, sort_keys=False))
+    """YAML that :func:`fljax.yaml_io.load` (hence ``--resume``) reads back to the same values."""
+    write_text(path, yaml_io.dump(value))
 
 
 def write_png(path: str, fig) -> None:

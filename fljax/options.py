@@ -1,0 +1,200 @@
+"""Options declared where they are used: typed dataclass fields with a default, a one-line doc and a value check.
+
+A component (a data source, a partitioner) declares its options as a frozen dataclass deriving from
+:class:`Options`, each field made with :func:`option`. Constructing one checks every value against its type and its
+check and raises :class:`fljax.errors.OptionError` naming the option; :func:`parse` builds one from a plain dict and
+also refuses an unknown key, suggesting the closest valid one. :func:`check_value` is the type check alone (the
+config layer uses it for its own keys and for algorithms' hyperparameters).
+"""
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from typing import Any, Callable, Mapping
+
+from fljax.errors import OptionError
+
+__all__ = ["Options", "NoOptions", "option", "parse", "check_value", "describe", "suggest", "show", "greater_than",
+           "at_least", "between", "each", "seed_check", "INT64", "SEED_MAX"]
+
+INT64 = 2 ** 63 - 1  # the largest integer an option may hold (numpy's int64)
+SEED_MAX = 2 ** 32 - 1  # JAX's PRNGKey takes a uint32 seed (larger ones silently wrap around)
+
+Check = Callable[[Any], "str | None"]  # a value -> None when it is fine, else what is wrong ("must be > 0, got -1.")
+
+
+def option(default, doc: str, check: Check | None = None):
+    """A dataclass field: ``default``, a one-line ``doc`` (shown by ``fljax list``) and an optional value ``check``
+    (not applied to None)."""
+    return dataclasses.field(default=default, metadata={"doc": doc, "check": check})
+
+
+class Options:
+    """Base of an options dataclass: construction type-checks every field (ints become floats where a float is
+    expected, lists become tuples where a tuple is), applies each field's check, then :meth:`check`."""
+
+    def __post_init__(self):
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = check_value(f.name, getattr(self, f.name), hints[f.name])
+            object.__setattr__(self, f.name, value)
+            check = f.metadata.get("check")
+            problem = check(value) if check is not None and value is not None else None
+            if problem:
+                raise OptionError(f.name, problem)
+        self.check()
+
+    def check(self) -> None:
+        """Checks across fields (override; raise :class:`OptionError`)."""
+
+    def to_dict(self) -> dict:
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+@dataclasses.dataclass(frozen=True)
+class NoOptions(Options):
+    """A component without options."""
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def parse(cls: type, values: Mapping, where: str = ""):
+    """``cls(**values)``, refusing a key that is not one of its options (``where``: e.g. " for partition 'iid'")."""
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    for key in values:
+        if key not in names:
+            raise OptionError(str(key), f"is not a valid key{where}.{suggest(str(key), names)} Valid keys: "
+                                        f"{sorted(names)}.")
+    return cls(**values)
+
+
+def describe(cls: type) -> list[tuple[str, Any, str]]:
+    """(name, default, doc) of every option of ``cls``."""
+    return [(f.name, _plain(f.default), f.metadata.get("doc", "")) for f in dataclasses.fields(cls) if f.init]
+
+
+def suggest(key: str, choices) -> str:
+    close = difflib.get_close_matches(key, [str(c) for c in choices], n=1, cutoff=0.5)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def show(value, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters (messages stay one short line)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# ------------------------------------------------------------------------------------------------------- checks
+
+
+def greater_than(low) -> Check:
+    return lambda v: None if v > low else f"must be > {low}, got {show(v)}."
+
+
+def at_least(low) -> Check:
+    return lambda v: None if v >= low else f"must be >= {low}, got {show(v)}."
+
+
+def between(low, high, open_: bool = False) -> Check:
+    """``low <= v <= high`` (``open_``: ``low < v < high``)."""
+    if open_:
+        return lambda v: None if low < v < high else f"must be in ({low}, {high}), got {show(v)}."
+    return lambda v: None if low <= v <= high else f"must be between {low} and {high}, got {show(v)}."
+
+
+def seed_check(seed: int) -> str | None:
+    return None if 0 <= seed <= SEED_MAX else f"must be between 0 and {SEED_MAX} (a uint32 PRNG seed), got {seed}."
+
+
+def each(check: Check) -> Check:
+    """``check`` applied to every element of a list (the message names the first bad element)."""
+
+    def check_all(values):
+        for i, v in enumerate(values):
+            problem = check(v)
+            if problem:
+                return f"element {i} {problem}"
+        return None
+
+    return check_all
+
+
+# --------------------------------------------------------------------------------------------------- type check
+
+
+def check_value(key: str, value, annotation):
+    """``value`` checked against a type annotation; returns it (ints as floats where a float is expected, lists as
+    tuples where a tuple is). Raises :class:`OptionError` for a wrong type, a non-finite float or an integer beyond
+    int64. Annotations other than int, float, bool, str, dict, lists, tuples, sequences, unions and literals
+    accept any value."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        if value is None and type(None) in args:
+            return None
+        for a in args:
+            if a is not type(None):
+                try:
+                    return check_value(key, value, a)
+                except OptionError:
+                    pass
+        raise OptionError(key, f"must be {_type_name(annotation)}, got {show(value)}.")
+    if origin is typing.Literal:
+        choices = typing.get_args(annotation)
+        if value not in choices or isinstance(value, bool) != any(isinstance(c, bool) for c in choices):
+            raise OptionError(key, f"must be one of {list(choices)}, got {show(value)}.{suggest(str(value), choices)}")
+        return value
+    if (origin or annotation) in (tuple, list, collections.abc.Sequence):
+        return _check_items(key, value, annotation)
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise OptionError(key, f"must be a number, got {show(value)}.")
+        if isinstance(value, int) and abs(value) > INT64 or not math.isfinite(value):
+            raise OptionError(key, f"must be a finite number, got {show(value)}.")
+        return float(value)
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise OptionError(key, f"must be an integer, got {show(value)}.")
+        if abs(value) > INT64:
+            raise OptionError(key, f"must be an integer of at most {INT64}, got {show(value)}.")
+        return value
+    if annotation in (bool, str, dict):
+        if not isinstance(value, annotation):
+            raise OptionError(key, f"must be {_type_name(annotation)}, got {show(value)}.")
+        return value
+    return value
+
+
+def _check_items(key: str, value, annotation):
+    origin = typing.get_origin(annotation) or annotation
+    if not isinstance(value, (list, tuple)):
+        raise OptionError(key, f"must be a list, got {show(value)}.")
+    args = typing.get_args(annotation)
+    if origin is tuple and args and args[-1] is not Ellipsis:  # tuple[int, float]: one type per position
+        if len(args) != len(value):
+            raise OptionError(key, f"must be a list of {len(args)} values, got {len(value)}.")
+        items = [check_value(f"{key}[{i}]", v, a) for i, (a, v) in enumerate(zip(args, value))]
+    else:
+        item = args[0] if args else Any
+        items = [check_value(f"{key}[{i}]", v, item) for i, v in enumerate(value)]
+    return items if origin is list else tuple(items)
+
+
+def _type_name(annotation) -> str:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(annotation))
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a mapping",
+             type(None): "null"}
+    if annotation in names:
+        return names[annotation]
+    if (typing.get_origin(annotation) or annotation) in (tuple, list, collections.abc.Sequence):
+        return "a list"
+    if typing.get_origin(annotation) is typing.Literal:
+        return f"one of {list(typing.get_args(annotation))}"
+    return getattr(annotation, "__name__", str(annotation))

@@ -1,0 +1,243 @@
+"""The bad-input catalogue: what a user may get wrong, and the one line the command line answers with.
+
+Every case runs ``fljax`` (``fljax.cli.main``) in an empty working directory holding only the case's files and must
+end with exit status 2, one line on stderr starting ``fljax: error:`` (no traceback), a message containing the case's
+``expect`` fragment, and nothing written. ``tests/test_cli.py`` runs every case; ``docs/errors.md`` is generated
+from them, and a test fails when it differs from the regenerated text. Regenerate it with::
+
+    python tests/bad_inputs.py
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import os
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOC = os.path.join(ROOT, "docs", "errors.md")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    section: str
+    argv: tuple[str, ...]  # after `fljax`
+    expect: str  # a fragment the message must contain
+    files: tuple[tuple[str, str], ...] = ()  # (name, text) written into the working directory first
+    shown: str = ""  # how the catalogue shows a file's content (default: the text itself)
+
+
+def _case(section, command, expect, files=(), shown=""):
+    return Case(section, tuple(command.split()), expect, tuple(files), shown)
+
+
+_FILES = "Config files and YAML"
+_KEYS = "Keys"
+_NAMES = "Names"
+_TYPES = "Types and numbers"
+_VALUES = "Values"
+_DATA = "Data that cannot be split as asked"
+_COMMANDS = "Commands"
+_MLP = "run --set model.name=mlp "
+_DIGITS = "run --dataset digits "
+
+CASES = [
+    _case(_FILES, "run nope.yaml", "config file 'nope.yaml' does not exist."),
+    _case(_FILES, "run bad.yaml", "config file 'bad.yaml' is not valid YAML:", [("bad.yaml", "rounds: [1\n")]),
+    _case(_FILES, "run list.yaml", "must hold a mapping of keys to values", [("list.yaml", "- rounds: 3\n")]),
+    _case(_FILES, "run dup.yaml", "key 'rounds' appears twice in one mapping (lines 1 and 2)",
+          [("dup.yaml", "rounds: 3\nrounds: 30\n")]),
+    _case(_FILES, "run key.yaml", "key 1 (line 1) is not a name", [("key.yaml", "1: fedavg\n")]),
+    _case(_FILES, "run algokey.yaml", "key 0.1 (line 2) is not a name", [("algokey.yaml", "algo:\n  0.1: lr\n")]),
+    _case(_FILES, "run deep.yaml", "nests deeper than 32 levels",
+          [("deep.yaml", "rounds: " + "[" * 5000 + "]" * 5000 + "\n")], "rounds: [[[[…]]]] (5,000 levels)"),
+    _case(_FILES, "run --set rounds=" + "[" * 5000 + "]" * 5000, "nests deeper than 32 levels", (),
+          "fljax run --set rounds=[[[[…]]]] (5,000 levels)"),
+    _case(_FILES, "run alias.yaml", "aliases (*name) are not supported",
+          [("alias.yaml", "seed: &s 3\nrounds: *s\n")]),
+    _case(_FILES, "run tag.yaml", "tag 'tag:yaml.org,2002:python/object/apply:os.system' (line 1) is not supported",
+          [("tag.yaml", "name: !!python/object/apply:os.system [ls]\n")]),
+    _case(_FILES, "run big.yaml", "has 120 digits", [("big.yaml", "rounds: " + "9" * 120 + "\n")],
+          "rounds: 999…9 (120 digits)"),
+    _case(_KEYS, "run --set roundz=3", "roundz is not a valid key. Did you mean 'rounds'?"),
+    _case(_KEYS, "run --set data.alpah=0.1", "data.alpah is not a valid key for data set 'synthetic' with partition "
+                                             "'natural'. Did you mean 'alpha'?"),
+    _case(_KEYS, "run --set data.alpha=0.1", "data.alpha is an option of partitions 'dirichlet' and "
+                                             "'client_dirichlet', not of data set 'synthetic'"),
+    _case(_KEYS, "run configs/fedavg.yaml --set data.partition=iid",
+          "data.alpha is an option of partitions 'dirichlet' and 'client_dirichlet', not of data set 'digits' with "
+          "partition 'iid'; remove it (or set it to null)."),
+    _case(_KEYS, "run --set data.noise=0.5", "data.noise is an option of data set 'digits'"),
+    _case(_KEYS, "run --set algo.lrr=0.1", "algo.lrr is not a valid key for algorithm 'fedavg'. Did you mean 'lr'?"),
+    _case(_KEYS, _MLP + "--set model.options.hiden=[8]",
+          "model.options.hiden is not a valid key for model 'mlp'. Did you mean 'hidden'?"),
+    _case(_KEYS, "run --set model.options.hidden=[8]",
+          "model.options.hidden is not a valid key for model 'logreg' (picked by model.name: auto"),
+    _case(_KEYS, "run --set data=5", "data must be a mapping of keys to values, got 5."),
+    _case(_KEYS, "run --set rounds", "override 'rounds' must look like key=value"),
+    _case(_KEYS, "run --set data..alpha=0.1", "'data..alpha' is not a dotted key name"),
+    _case(_KEYS, "run configs/fedavg.yaml --set rounds.x=1", "'rounds' is not a section"),
+    _case(_NAMES, "run --algorithm fedavgg", "got 'fedavgg'. Did you mean 'fedavg'?"),
+    _case(_NAMES, "run --dataset digitz", "data.dataset must be one of ["),
+    _case(_NAMES, "run --set data.partition=dirichlett", "data.partition must be one of ["),
+    _case(_NAMES, "run --set data.partition=iid", "data.partition must be 'natural' for synthetic"),
+    _case(_NAMES, _DIGITS + "--set data.partition=natural", "data.partition cannot be 'natural' for digits"),
+    _case(_NAMES, "run --set model.name=mlpp", "model.name must be one of ["),
+    _case(_NAMES, "run --set model.name=cnn1", "model.name cannot be 'cnn1' for inputs of shape (60,)"),
+    _case(_NAMES, "run --set executor=vmapp", "executor must be one of ["),
+    _case(_NAMES, "run --set model.conv_impl=fast", "model.conv_impl must be one of ['auto', 'native', 'patches']"),
+    _case(_NAMES, _DIGITS + "--set data.test_rounding=round", "data.test_rounding must be one of ['largest_remainder'"),
+    _case(_NAMES, _DIGITS + "--set data.partition=client_dirichlet --set data.on_exhausted=reuse",
+          "data.on_exhausted must be one of ['refill', 'redraw'], got 'reuse'."),
+    _case(_NAMES, "run --set model.name=resnet18_gn --dataset digits --set model.options.weight_init=torch",
+          "model.options.weight_init must be one of ['flax', 'pytorch'], got 'torch'. Did you mean 'pytorch'?"),
+    _case(_TYPES, "run --set rounds=ten", "rounds must be an integer, got 'ten'."),
+    _case(_TYPES, "run --set rounds=1e20", "rounds must be an integer, got 1e+20."),
+    _case(_TYPES, "run --set algo.lr=fast", "algo.lr must be a number, got 'fast'."),
+    _case(_TYPES, "run --set algo.lr=.nan", "algo.lr must be a finite number, got nan."),
+    _case(_TYPES, "run --set data.num_clients=1.5", "data.num_clients must be an integer, got 1.5."),
+    _case(_TYPES, _DIGITS + "--set data.alpha=.nan", "data.alpha must be a finite number, got nan."),
+    _case(_TYPES, "run --set data.synthetic_beta=.inf", "data.synthetic_beta must be a finite number, got inf."),
+    _case(_TYPES, _MLP + "--set model.options.hidden=abc", "model.options.hidden must be a list, got 'abc'."),
+    _case(_TYPES, _MLP + "--set model.options.hidden=[16.5]", "model.options.hidden[0] must be an integer, got 16.5."),
+    _case(_TYPES, _MLP + "--set model.options.hidden=[64,x]", "model.options.hidden[1] must be an integer, got 'x'."),
+    _case(_TYPES, "run --set seeds=true", "seeds must be an integer, got True."),
+    _case(_TYPES, "run --set name=[a]", "name must be a string or null, got ['a']."),
+    _case(_VALUES, "run --set rounds=0", "rounds must be between 1 and 2147483647, got 0."),
+    _case(_VALUES, "run --set rounds=100000000000000000000", "rounds must be an integer of at most 9223372036854775807"),
+    _case(_VALUES, "run --set eval_every=-5", "eval_every must be between 1 and 2147483647, got -5."),
+    _case(_VALUES, "run --set seed=-1", "seed must be between 0 and 4294967295 (a uint32 PRNG seed), got -1."),
+    _case(_VALUES, "run --set seed=4294967296", "seed must be between 0 and 4294967295"),
+    _case(_VALUES, "run --set data.seed=-3", "data.seed must be between 0 and 4294967295"),
+    _case(_VALUES, "run --seeds 0", "seeds must be >= 1, got 0."),
+    _case(_VALUES, "run --set seed=4294967295 --seeds 3", "seeds must be at most 1 from seed 4294967295"),
+    _case(_VALUES, "run --checkpoint-every -1", "checkpoint_every must be between 0 and 2147483647, got -1."),
+    _case(_VALUES, "run --set chunk_size=0", "chunk_size must be between 1 and 2147483647, got 0."),
+    _case(_VALUES, "run --set name=a/b", "name must not contain '/' (it names the run directory)"),
+    _case(_VALUES, "run --set data.num_clients=0", "data.num_clients must be >= 1, got 0."),
+    _case(_VALUES, "run --set data.num_clients=1000000000",
+          "data.num_clients must be at most 100000 (the most clients synthetic generates), got 1000000000."),
+    _case(_VALUES, _DIGITS + "--set data.num_clients=5000",
+          "data.num_clients must be at most 1297 (the training samples of digits, at least one per client)"),
+    _case(_VALUES, "run --set data.max_samples=0", "data.max_samples must be >= 11, got 0."),
+    _case(_VALUES, "run --set data.max_samples=-5", "data.max_samples must be >= 11, got -5."),
+    _case(_VALUES, "run --set data.test_fraction=1", "data.test_fraction must be in (0, 1), got 1.0."),
+    _case(_VALUES, _DIGITS + "--set data.test_per_client=0", "data.test_per_client must be >= 1, got 0."),
+    _case(_VALUES, _DIGITS + "--set data.test_per_client=-3", "data.test_per_client must be >= 1, got -3."),
+    _case(_VALUES, _DIGITS + "--set data.alpha=0", "data.alpha must be > 0, got 0.0."),
+    _case(_VALUES, _DIGITS + "--set data.alpha=-0.5", "data.alpha must be > 0, got -0.5."),
+    _case(_VALUES, _DIGITS + "--set data.noise=-1", "data.noise must be >= 0, got -1.0."),
+    _case(_VALUES, "run --dataset mnist --set data.limit=-1", "data.limit must be >= 1, got -1."),
+    _case(_VALUES, _DIGITS + "--set data.partition=pathological --set data.classes_per_client=11",
+          "data.classes_per_client must be at most 10 (the data set's classes), got 11."),
+    _case(_VALUES, _DIGITS + "--set data.partition=client_dirichlet --set data.samples_per_client=5000",
+          "data.samples_per_client must be at most 1297 (the train pool's size), got 5000."),
+    _case(_VALUES, _MLP + "--set model.options.hidden=[0]", "model.options.hidden element 0 must be >= 1, got 0."),
+    _case(_VALUES, _MLP + "--set model.options.hidden=[-4]", "model.options.hidden element 0 must be >= 1, got -4."),
+    _case(_VALUES, "run --dataset digits --set model.name=resnet18_gn --set model.options.groups=3",
+          "model.options.groups must divide 64"),
+    _case(_VALUES, "run --set algo.lr=-0.1", "algo.lr must be > 0, got -0.1."),
+    _case(_VALUES, "run --set data.num_clients=20 --set algo.cohort_size=50",
+          "algo.cohort_size must be between 1 and num_clients=20 (or null for full participation), got 50."),
+    _case(_DATA, _DIGITS + "--set data.num_clients=500 --set data.alpha=0.001 --set algo.cohort_size=5",
+          "dirichlet(alpha=0.001) left a client with fewer than 1 samples"),
+    _case(_DATA, _DIGITS + "--set data.partition=client_dirichlet --set data.test_per_client=1 "
+                           "--set data.test_rounding=floor",
+          "data.test_per_client is too small: 1 with test_rounding='floor' leaves"),
+    _case(_COMMANDS, "compare --algorithms ,,,", "no algorithm to compare; name at least one"),
+    _case(_COMMANDS, "compare --algorithms fedavg,fedprx", "unknown algorithm 'fedprx'"),
+    _case(_COMMANDS, "compare --algorithms fedavg,perfedavg --set algo.betta=0.1",
+          "algo.betta is not a valid key for any of the compared algorithms (fedavg, perfedavg). Did you mean "
+          "'beta'?"),
+    _case(_COMMANDS, "run --resume", "--resume needs --out DIR"),
+    _case(_COMMANDS, "run --resume --out empty", "is not a run directory (no config.yaml)",
+          [("empty/.keep", "")]),
+    _case(_COMMANDS, "run --resume --out r", "--resume: no checkpoint in 'r/checkpoints'",
+          [("r/config.yaml", "algorithm: fedavg\n")]),
+    _case(_COMMANDS, "run cfg.yaml --resume --out r", "--resume reads the config from r/config.yaml"),
+    _case(_COMMANDS, "reproduce nosuch", "unknown reproduction 'nosuch'; available: ["),
+]
+
+
+def _listing(directory: str) -> set[str]:
+    return {os.path.relpath(os.path.join(d, f), directory) for d, _, fs in os.walk(directory) for f in fs} | \
+           {os.path.relpath(os.path.join(d, s), directory) + "/" for d, ss, _ in os.walk(directory) for s in ss}
+
+
+def run_case(case: Case, workdir: str) -> str:
+    """Run ``case`` in the empty directory ``workdir``; check the refusal (status 2, one line, no traceback,
+    nothing written) and return its message."""
+    from fljax.cli import main
+
+    for name, text in case.files:
+        os.makedirs(os.path.dirname(os.path.join(workdir, name)) or workdir, exist_ok=True)
+        with open(os.path.join(workdir, name), "w") as f:
+            f.write(text)
+    if any(a.startswith("configs/") for a in case.argv):
+        os.symlink(os.path.join(ROOT, "configs"), os.path.join(workdir, "configs"))
+    before = _listing(workdir)
+    err = io.StringIO()
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            status = main(list(case.argv))
+    finally:
+        os.chdir(cwd)
+    lines = [line for line in err.getvalue().splitlines() if line.strip()]
+    assert status == 2, (status, err.getvalue())
+    assert len(lines) == 1 and lines[0].startswith("fljax: error: "), err.getvalue()
+    assert _listing(workdir) == before, sorted(_listing(workdir) - before)
+    message = lines[0][len("fljax: error: "):]
+    assert case.expect in message, (case.expect, message)
+    return message
+
+
+def _cell(text: str) -> str:
+    return "`" + text.replace("|", "\\|").replace("`", "'") + "`"
+
+
+def _shown(case: Case) -> str:
+    if case.shown and not case.files:
+        return _cell(case.shown)
+    command = _cell("fljax " + " ".join(case.argv))
+    files = [f"{name}: {_cell(case.shown or text.rstrip().replace(chr(10), ' ↵ '))}" for name, text in case.files if text]
+    return command + "".join(f"<br>{f}" for f in files)
+
+
+def render(messages: list[str]) -> str:
+    """docs/errors.md from every case's message (in the order of :data:`CASES`)."""
+    out = ["# Bad inputs and what fljax answers",
+           "",
+           "Every input below is refused before anything runs or is written: one line on stderr starting with",
+           "`fljax: error:` and exit status 2 (`FLJAX_DEBUG=1` shows the Python traceback instead). The same checks",
+           "apply to `fljax.run`, `fljax.make_config` and `fljax.data.make_federated`, which raise",
+           "`fljax.ConfigError` (an `OptionError`, with the option's name in `.key`, for a bad option).",
+           "",
+           "Generated from the test cases in `tests/bad_inputs.py` (`python tests/bad_inputs.py` rewrites this file;",
+           "a test fails when it is out of date).",
+           ""]
+    section = None
+    for case, message in zip(CASES, messages):
+        if case.section != section:
+            section = case.section
+            out += ["", f"## {section}", "", "| input | message |", "|---|---|"]
+        out.append(f"| {_shown(case)} | {_cell(message)} |")
+    return "\n".join(out) + "\n"
+
+
+def messages() -> list[str]:
+    result = []
+    for case in CASES:
+        with tempfile.TemporaryDirectory() as workdir:
+            result.append(run_case(case, workdir))
+    return result
+
+
+if __name__ == "__main__":
+    os.environ.pop("FLJAX_DEBUG", None)
+    with open(DOC, "w") as f:
+        f.write(render(messages()))
+    print(f"wrote {DOC} ({len(CASES)} cases)", file=sys.stderr)

@@ -1,0 +1,105 @@
+"""The config layer: numbers as a person writes them, options declared and checked by the components that own
+them (errors carry their key), the flat data section, and config.yaml read back unchanged. The refusals themselves
+(one line, exit status 2, nothing written) are the catalogue in tests/bad_inputs.py, run by tests/test_cli.py."""
+import glob
+import os
+
+import numpy as np
+import pytest
+
+import fljax
+import fljax.data as D
+from fljax import yaml_io
+from fljax.config import apply_overrides, load_config, to_dict
+from fljax.data import partitioners as P
+from fljax.errors import ConfigError, OptionError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("text,value", [("1e-3", 1e-3), ("1E5", 1e5), (".5", 0.5), ("-2.5e-4", -2.5e-4), ("3", 3),
+                                        ("010", 10), ("1_000", 1000), ("0x10", 16), ("true", True), ("null", None),
+                                        ("yes", "yes"), ("off", "off"), ("1:30", "1:30"), ("2024-01-01", "2024-01-01"),
+                                        ("'1e-3'", "1e-3"), (".inf", float("inf"))])
+def test_yaml_reads_numbers_as_a_person_means(text, value):
+    assert yaml_io.load(f"v: {text}")["v"] == value
+    assert type(yaml_io.load(f"v: {text}")["v"]) is type(value)
+
+
+def test_a_learning_rate_in_exponent_form_is_a_float(tmp_path):
+    assert load_config(None, ["algo.lr=1e-3"]).algo["lr"] == 0.001  # YAML 1.1 read this as the text '1e-3'
+    path = tmp_path / "c.yaml"
+    path.write_text("algorithm: fedprox\nalgo: {lr: 5E-2, mu: 1e-3}\ndata: {dataset: digits, alpha: .3}\n")
+    cfg = load_config(str(path))
+    assert (cfg.algo["lr"], cfg.algo["mu"], cfg.data.options["alpha"]) == (0.05, 0.001, 0.3)
+
+
+def test_dump_quotes_text_that_would_read_back_as_something_else():
+    value = {"a": "1e3", "b": "0o17", "c": "yes", "d": [1.5e-05, float("inf")], "e": None, "f": (1, 2), "g": "~"}
+    back = yaml_io.load(yaml_io.dump(value))
+    assert back == {**value, "f": [1, 2]}
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml"))
+                                        + [os.path.join(ROOT, "fljax", "configs", "quickstart.yaml")]),
+                         ids=os.path.basename)
+def test_every_config_reads_back_from_its_config_yaml(tmp_path, path):
+    cfg = load_config(path)
+    saved = tmp_path / "config.yaml"
+    saved.write_text(yaml_io.dump(to_dict(cfg)))
+    assert to_dict(load_config(str(saved))) == to_dict(cfg)
+
+
+def test_errors_carry_their_key():
+    cases = [({"data": {"dataset": "digits", "alpha": -1.0}}, "data.alpha"),
+             ({"data": {"dataset": "digits", "partition": "iid", "alpha": 0.3}}, "data.alpha"),
+             ({"data": {"num_clients": 1.5}}, "data.num_clients"),
+             ({"model": {"name": "mlp", "options": {"hidden": [8, 0]}}}, "model.options.hidden"),
+             ({"model": {"name": "mlp", "options": {"hidden": ["a"]}}}, "model.options.hidden[0]"),
+             ({"algo": {"lr": float("nan")}}, "algo.lr"),
+             ({"algo": {"lrr": 0.1}}, "algo.lrr"),
+             ({"seed": 2 ** 32}, "seed"),
+             ({"roundz": 3}, "roundz")]
+    for values, key in cases:
+        with pytest.raises(OptionError) as e:
+            fljax.make_config(values)
+        assert e.value.key == key and str(e.value).startswith(key + " "), (values, str(e.value))
+
+
+def test_the_data_layer_checks_its_own_options():
+    with pytest.raises(OptionError) as e:
+        D.make_federated("digits", 10, "dirichlet", alpha=0.0)
+    assert e.value.key == "alpha" and str(e.value) == "alpha must be > 0, got 0.0."
+    with pytest.raises(OptionError, match="noise is an option of data set 'digits'"):
+        D.make_federated("synthetic", 10, noise=0.5)
+    with pytest.raises(OptionError, match=r"sigmaa is not a valid key for partition 'power_law'\. Did you mean"):
+        P.partition("power_law", np.arange(40) % 4, 4, 0, sigmaa=1.0)
+    with pytest.raises(OptionError, match="alpha must be > 0"):
+        P.DirichletOptions(alpha=-1.0)  # direct construction checks too
+
+
+def test_a_resolved_data_section_holds_exactly_the_chosen_components_keys():
+    data = to_dict(fljax.make_config(data={"dataset": "digits", "partition": "client_pathological"}))["data"]
+    common = ["dataset", "num_clients", "partition", "seed", "test_per_client", "test_fraction", "test_rounding"]
+    assert list(data) == [*common, "noise", "classes_per_client", "samples_per_client", "on_exhausted"]
+    assert to_dict(fljax.make_config())["data"]["partition"] == "natural"  # null resolved to the default
+
+
+def test_null_unsets_a_key_of_another_component():
+    with pytest.raises(ConfigError, match="data.alpha is an option of partitions"):
+        load_config(os.path.join(ROOT, "configs", "fedavg.yaml"), ["data.partition=iid"])
+    cfg = load_config(os.path.join(ROOT, "configs", "fedavg.yaml"), ["data.partition=iid", "data.alpha=null"])
+    assert cfg.data.partition == "iid" and "alpha" not in cfg.data.options
+
+
+def test_overrides_refuse_malformed_keys_and_values():
+    assert apply_overrides({}, ["data.alpha=0.1", "algo.lr=", "name=a: b"]) == {
+        "data": {"alpha": 0.1}, "algo": {"lr": None}, "name": {"a": "b"}}
+    assert apply_overrides({}, ["name=[unclosed"]) == {"name": "[unclosed"}  # not YAML: taken as text
+    with pytest.raises(ConfigError, match="appears twice"):
+        apply_overrides({}, ["model.options={a: 1, a: 2}"])
+
+
+def test_test_per_client_is_used_as_given():
+    data = D.make_federated("digits", 10, "iid", test_per_client=3)
+    assert (np.asarray(data.test.count) == 3).all()

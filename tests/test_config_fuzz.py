@@ -1,0 +1,153 @@
+"""Fuzzing the config layer: random YAML documents and random --set strings never produce a traceback, only a
+config (which survives the trip through config.yaml unchanged) or a one-line error naming what is wrong."""
+import dataclasses
+import os
+import tempfile
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import fljax.runner
+from fljax import yaml_io
+from fljax.cli import main
+from fljax.config import ConfigError, ExperimentConfig, ModelConfig, load_config, to_dict
+from fljax.data import PARTITIONERS, SOURCES, DataConfig
+from fljax.models import MODELS
+
+SETTINGS = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 150)), deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                             HealthCheck.function_scoped_fixture])
+
+_names = lambda cls: [f.name for f in dataclasses.fields(cls)]  # noqa: E731
+TOP_KEYS = _names(ExperimentConfig)
+DATA_KEYS = sorted({*_names(DataConfig), *(k for s in SOURCES.values() for k in _names(s.options)),
+                    *(k for p in PARTITIONERS.values() for k in _names(p.options))} - {"options"})
+ALGO_KEYS = ["lr", "cohort_size", "batch_size", "local_steps", "local_epochs", "mu", "momentum", "optimizer", "k",
+             "topology", "lam", "alpha", "beta", "personal"]
+WORDS = ["fedavg", "fedprox", "dfedalt", "digits", "synthetic", "qot", "mnist", "dirichlet", "iid", "natural",
+         "pathological", "client_dirichlet", "mlp", "logreg", "cnn1", "floor", "redraw", "auto", "vmap", "loop"]
+
+scalars = (st.none() | st.booleans() | st.integers(-10, 200) | st.integers(-2 ** 70, 2 ** 70)
+           | st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from(WORDS) | st.text(max_size=6))
+
+
+def _values(depth_keys):
+    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
+                        | st.dictionaries(st.sampled_from(depth_keys) | st.text(max_size=4), inner, max_size=3),
+                        max_leaves=6)
+
+
+values = _values(["hidden", "groups", "x"])
+
+
+small = st.integers(0, 60)
+unit = st.floats(0, 1) | st.sampled_from(["1e-3", "5E-1", ".5", "1e2"])
+PLAUSIBLE_DATA = {
+    "dataset": st.sampled_from(["digits", "synthetic", "qot"]), "num_clients": st.integers(1, 60),
+    "partition": st.sampled_from([None, *PARTITIONERS]), "alpha": unit, "classes_per_client": st.integers(1, 12),
+    "sigma": unit, "samples_per_client": small, "on_exhausted": st.sampled_from(["refill", "redraw"]),
+    "test_per_client": small, "test_fraction": unit, "test_rounding": st.sampled_from(["floor", "ceil"]),
+    "max_samples": st.integers(0, 2000), "noise": unit, "seed": small, "synthetic_alpha": unit,
+    "synthetic_beta": unit, "limit": small, "data_dir": st.text(max_size=4)}
+PLAUSIBLE = {
+    "algorithm": st.sampled_from(["fedavg", "fedprox", "local", "ditto", "dfedavg"]),
+    "algo.cohort_size": st.integers(1, 10) | st.none(), "algo.lr": unit, "algo.mu": unit,
+    "algo.local_steps": st.integers(1, 5), "algo.batch_size": st.integers(1, 20),
+    **{f"data.{k}": v for k, v in PLAUSIBLE_DATA.items()},
+    "model.name": st.sampled_from(["auto", *MODELS]), "model.options.hidden": st.lists(st.integers(-2, 64), max_size=3),
+    "model.options.groups": st.integers(0, 64), "model.options.weight_init": st.sampled_from(["flax", "pytorch"]),
+    "model.options.head_bias": st.booleans(), "model.conv_impl": st.sampled_from(["auto", "native", "patches"]),
+    **{k: small for k in ("rounds", "eval_every", "seed", "seeds", "chunk_size", "checkpoint_every")},
+    "executor": st.sampled_from(["auto", "vmap", "chunked", "loop"]), "name": st.text(max_size=6)}
+paths = st.sampled_from([*PLAUSIBLE, *(f"algo.{k}" for k in ALGO_KEYS), "data", "model", "algo", "model.options"]) \
+    | st.lists(st.text(max_size=4), min_size=1, max_size=3).map(".".join)
+
+
+def _document(plausible: dict, mutations: list) -> dict:
+    """A nested document from dotted keys: plausible values, then a few random ones (any key, any value)."""
+    doc: dict = {}
+    for path, value in [*plausible.items(), *mutations]:
+        node = doc
+        *parents, last = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {}) if isinstance(node.get(part, {}), dict) else {}
+        node[last] = value
+    return doc
+
+
+documents = st.builds(_document, st.fixed_dictionaries({}, optional=PLAUSIBLE),
+                      st.lists(st.tuples(paths, values), max_size=2))
+yaml_text = st.text(alphabet="[]{}:,-#&*!|>'\"%@ \n\t0123456789.eE+_abcdlrnstuxyz~", max_size=60)
+
+
+def _roundtrip(cfg: ExperimentConfig) -> None:
+    """An accepted config reads back from its config.yaml unchanged (what --resume relies on)."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "config.yaml")
+        with open(path, "w") as f:
+            f.write(yaml_io.dump(to_dict(cfg)))
+        assert to_dict(load_config(path)) == to_dict(cfg)
+
+
+def _load_or_refuse(text: str) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "c.yaml")
+        with open(path, "w") as f:
+            f.write(text)
+        try:
+            cfg = load_config(path)
+        except ConfigError as e:
+            assert "\n" not in str(e) and str(e), repr(str(e))
+            return
+    _roundtrip(cfg)
+
+
+@SETTINGS
+@given(documents)
+def test_random_config_documents(doc):
+    _load_or_refuse(yaml.safe_dump(doc))
+
+
+@SETTINGS
+@given(yaml_text)
+def test_random_yaml_text(text):
+    _load_or_refuse(text)
+
+
+class _Accepted(Exception):
+    pass
+
+
+def _stop(cfg, out, **kwargs):  # stands in for the runner: the config was accepted, nothing runs
+    _roundtrip(cfg)
+    raise _Accepted
+
+
+_flow = lambda v: yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("...").strip()  # noqa: E731
+keys = st.sampled_from([*PLAUSIBLE, *(f"data.{k}" for k in DATA_KEYS)]) | paths
+raw_values = st.one_of(st.sampled_from(WORDS), yaml_text, values.map(_flow),
+                       *[st.one_of(*PLAUSIBLE.values()).map(_flow)] * 3)
+overrides = st.lists(st.builds(lambda k, v: f"{k}={v}", keys, raw_values) | st.text(max_size=10), max_size=6)
+
+
+@SETTINGS
+@given(overrides)
+def test_random_set_strings_through_the_command_line(monkeypatch, capsys, sets):
+    monkeypatch.setattr(fljax.runner, "run_experiment", _stop)
+    monkeypatch.delenv("FLJAX_DEBUG", raising=False)
+    capsys.readouterr()
+    try:
+        status = main(["run", *(f"--set={s}" for s in sets)])
+    except _Accepted:
+        return
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert status == 2 and len(lines) == 1 and lines[0].startswith("fljax: error: "), err
+
+
+def test_the_fuzzers_reach_both_outcomes(monkeypatch):
+    """The strategies are not vacuous: a plain document is accepted and a broken one refused."""
+    _load_or_refuse("data: {dataset: digits, alpha: 1e-1}\nrounds: 5\n")
+    with pytest.raises(ConfigError):
+        load_config(None, ["rounds=.nan"])
+    assert ModelConfig().name == "auto"
