@@ -10,7 +10,7 @@ import fljax.data as D
 from fljax import tree
 from fljax.algorithms import make_algorithm
 from fljax.algorithms.base import ClientInput, ClientResult
-from fljax.algorithms.fedslr import low_rank_step
+from fljax.algorithms.fedslr import prox_with_stats
 from fljax.engine import Simulation, sample_cohort
 from fljax.engine.context import SAMPLE
 from fljax.engine.driver import _round_key
@@ -218,9 +218,9 @@ def test_split_variants_put_the_right_prox_on_each_part(digits10):
     assert np.linalg.matrix_rank(p, tol=1e-6 * max(np.abs(p).max(), 1e-12)) < 16
 
 
-def test_low_rank_step_excludes_and_measures(digits10):
+def test_server_prox_excludes_and_measures(digits10):
     params = _mlp(digits10).init(jax.random.PRNGKey(0))
-    w, stats = low_rank_step(params, 1.0, exclude="head")
+    w, stats = prox_with_stats(make_algorithm("fedslr", nuclear_exclude="head").nuclear(), params, 1.0)
     np.testing.assert_array_equal(w["head"]["kernel"], params["head"]["kernel"])
     assert int(stats["head"]["kernel"].rank) == 10 and int(stats["Dense_0"]["kernel"].rank) < 16
     assert int(stats["Dense_0"]["bias"].params) == 16 and int(stats["Dense_0"]["bias"].max_rank) == 0

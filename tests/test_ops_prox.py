@@ -309,21 +309,48 @@ def assert_bitwise(a, b):
 @pytest.mark.parametrize("conv_reshape", ["fedslr", "flat"])
 @pytest.mark.parametrize("exclude", [None, "head", "Conv_1/"])
 @pytest.mark.parametrize("seed", range(3))
-def test_nuclear_with_stats_is_fedslrs_server_step_bit_for_bit(conv_reshape, exclude, seed):
-    """``Nuclear(λ, conv_reshape, exclude).with_stats(z, η)`` = FedSLR's hand-written
-    ``low_rank_step(z, λ·η, conv_reshape, exclude)`` (params and stats, every bit), and ``step=None`` = ``tau=None``;
-    eager and jitted. (The reference is the algorithm's own code until FedSLR calls Nuclear.)"""
-    from fljax.algorithms.fedslr import low_rank_step
-
+def test_nuclear_with_stats_is_the_per_leaf_svt_bit_for_bit(conv_reshape, exclude, seed):
+    """``Nuclear(λ, conv_reshape, exclude).with_stats(z, η)`` = a literal per-leaf SVT with threshold λ·η on the
+    selected matrix leaves and the numerical rank measured elsewhere (the server step FedSLR wrote by hand before
+    it called Nuclear), params and stats, every bit; ``step=None`` thresholds nothing; eager and jitted."""
     z = model_tree(10 + seed)
     lam, eta = 10.0 ** np.random.default_rng(seed).uniform(-2, 0), 10.0
     nuc = P.Nuclear(lam, conv_reshape=conv_reshape, exclude=exclude)
     for step, tau in ((eta, lam * eta), (None, None)):
-        ref = low_rank_step(z, tau, conv_reshape, exclude)
+        ref = _literal_low_rank_step(z, tau, conv_reshape, exclude)
         assert_bitwise(nuc.with_stats(z, step), ref)
         assert_bitwise(jax.jit(lambda t: nuc.with_stats(t, step))(z), ref)
     thresholded = jax.tree.leaves(nuc.with_stats(z, eta)[1], is_leaf=lambda s: isinstance(s, P.LowRankStats))
     assert any(int(s.rank) < int(s.max_rank) for s in thresholded)     # the threshold bites somewhere
+
+
+def _literal_low_rank_step(params, tau, conv_reshape, exclude):
+    """The reference: SVT(τ) on every matrix leaf whose path does not match ``exclude``; every other leaf unchanged
+    with its numerical rank #{s > max(m, n)·eps·s_max} measured (``tau=None``: nothing thresholded)."""
+    import re
+
+    from fljax.tree import path_str
+
+    def measured(x):
+        if x.ndim < 2:
+            n = jnp.int32(x.size)
+            return P.LowRankStats(rank=jnp.int32(0), params=n, max_rank=jnp.int32(0), dense=n)
+        mat = P.matricize(x, conv_reshape=conv_reshape)
+        m, n = mat.shape
+        s = jnp.linalg.svd(mat, compute_uv=False)
+        r = jnp.sum(s > s[0] * max(m, n) * jnp.finfo(mat.dtype).eps).astype(jnp.int32)
+        return P.LowRankStats(rank=r, params=jnp.minimum(r * (m + n), m * n).astype(jnp.int32),
+                              max_rank=jnp.int32(min(m, n)), dense=jnp.int32(m * n))
+
+    def leaf(path, x):
+        if tau is None or x.ndim < 2 or (exclude and re.search(exclude, path)):
+            return x, measured(x)
+        w, stats = P.svt(P.matricize(x, conv_reshape=conv_reshape), tau)
+        return P.unmatricize(w, x.shape, conv_reshape=conv_reshape), stats
+
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+    pairs = [leaf(path_str(p), x) for p, x in leaves]
+    return jax.tree.unflatten(treedef, [a for a, _ in pairs]), jax.tree.unflatten(treedef, [b for _, b in pairs])
 
 
 # ------------------------------------------------------------------------------------------ selection, dtype

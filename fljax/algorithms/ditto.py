@@ -18,7 +18,7 @@ from fljax.algorithms.base import ClientInput, ClientResult, check_choice
 from fljax.algorithms.fedavg import FedAvg
 from fljax.data.batching import BatchPlan
 from fljax.errors import OptionError
-from fljax.ops import prox
+from fljax.ops import admm
 
 __all__ = ["Ditto"]
 
@@ -51,7 +51,7 @@ class Ditto(FedAvg):
         """``personal_epochs`` of SGD on f_i(v) + (λ/2)‖v − w_t‖² (gradient or decoupled proximal step)."""
         if self.prox_mode == "gradient":
             return self.personal_phase(inp.model.loss, v, inp, key, epochs=self.personal_epochs,
-                                       extra_grad=lambda p: prox.proximal_penalty_grad(p, anchor, self.lam))
+                                       extra_grad=lambda p: admm.augmented_lagrangian_grad(p, anchor, sigma=self.lam))
         return self.personal_phase(inp.model.loss, v, inp, key, epochs=self.personal_epochs,
                                    prox=lambda p, lr: tree.lerp(lr * self.lam, p, anchor))
 

@@ -16,6 +16,7 @@ from fljax import tree
 from fljax.algorithms.base import Centralized, ClientInput, ClientResult
 from fljax.algorithms.local_training import LocalSGD
 from fljax.errors import OptionError
+from fljax.ops import admm
 
 __all__ = ["FedDyn"]
 
@@ -40,9 +41,9 @@ class FedDyn(Centralized, LocalSGD):
 
     def client_update(self, inp: ClientInput) -> ClientResult:
         theta, g = inp.down, inp.state["g"]
-        dyn = lambda w: tree.sub(tree.scale(self.alpha, tree.sub(w, theta)), g)  # noqa: E731  −g_i + α(θ − θ^{t−1})
+        dyn = lambda w: admm.augmented_lagrangian_grad(w, theta, g, sigma=self.alpha, dual_sign=-1)  # noqa: E731
         theta_i, loss = self.train(inp.model.loss, theta, inp, extra_grad=dyn)
-        g = tree.axpy(-self.alpha, tree.sub(theta_i, theta), g)
+        g = admm.dual_ascent(g, theta_i, theta, -self.alpha)
         return ClientResult(state={"g": g}, upload=theta_i, weight=inp.train.count, metrics={"train_loss": loss})
 
     def server_update(self, ctx, server, clients, cohort, result):

@@ -24,8 +24,9 @@ once, in the per-client state. Options (spec §4, §12):
   server takes the plain mean (dense downlink; the uplink is low-rank, counted as such if ``lpgd_factor_uplink``).
 * ``solver='gpgd'`` — Eqs. (20)–(21): FedAvg clients, server w_{t+1} = Prox(mean_{S_t} w_i) with threshold λ·η_g
   (D19, ``gpgd_threshold='eta_g'``) or the paper-literal λ·η_l(t) (``'eta_l'``).
-* ``global_prox`` ∈ {nuclear, l1, none} × ``personal_prox`` ∈ {l1, nuclear, none}: LR+S (default), S+LR, LR+LR,
-  S+S (App. A.3).
+* ``global_prox`` × ``personal_prox``: nuclear × l1 = LR+S (default); l1 × nuclear, nuclear × nuclear, l1 × l1
+  are App. A.3's S+LR, LR+LR, S+S; any other prox of :data:`fljax.ops.prox.PROXES` (group lasso, elastic net,
+  box, ...) may be named too.
 * ``p_init`` 'zeros' (D1) or 'copy_w0' (w_0 in every ≥2-D leaf of p, zeros elsewhere: the authors' code);
   ``personal_weight_decay`` wd_p (D3); ``conv_reshape`` (D10); ``downlink`` 'factored' or 'dense' (D11);
   ``nuclear_exclude``: a path regex of matrix leaves left out of the nuclear prox (D9).
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from typing import Any
 
 import flax.struct
@@ -50,13 +50,11 @@ from fljax.algorithms.base import Centralized, ClientInput, ClientResult, check_
 from fljax.algorithms.local_training import LocalSGD, run_steps
 from fljax.data.batching import BatchPlan
 from fljax.errors import OptionError
-from fljax.ops import prox
+from fljax.ops import admm, prox
 
-__all__ = ["FedSLR", "Downlink", "low_rank_step"]
+__all__ = ["FedSLR", "Downlink", "prox_with_stats"]
 
 SOLVERS = ("fedslr", "lpgd", "gpgd")
-GLOBAL_PROXES = ("nuclear", "l1", "none")
-PERSONAL_PROXES = ("l1", "nuclear", "none")
 
 
 @flax.struct.dataclass
@@ -68,40 +66,18 @@ class Downlink:
     numel: Any
 
 
-def _measured_stats(x, conv_reshape: str) -> prox.LowRankStats:
-    """Statistics of a leaf that was not thresholded: numerical rank #{s > max(m, n)·eps·s_max} (jittable)."""
-    if x.ndim < 2:
-        n = jnp.int32(x.size)
-        return prox.LowRankStats(rank=jnp.int32(0), params=n, max_rank=jnp.int32(0), dense=n)
-    mat = prox.matricize(x, conv_reshape=conv_reshape)
-    m, n = mat.shape
-    s = jnp.linalg.svd(mat, compute_uv=False)
-    r = jnp.sum(s > s[0] * max(m, n) * jnp.finfo(mat.dtype).eps).astype(jnp.int32)
-    return prox.LowRankStats(rank=r, params=jnp.minimum(r * (m + n), m * n).astype(jnp.int32),
-                             max_rank=jnp.int32(min(m, n)), dense=jnp.int32(m * n))
+@functools.partial(jax.jit, static_argnums=0)
+def prox_with_stats(op: prox.Nuclear, params, tau):
+    """``op.with_stats(params, tau)``: SVT with threshold ``tau`` on the matrix leaves ``op`` selects, measured
+    statistics elsewhere (``tau=None``: nothing thresholded). Jitted, so that the server step is one program under
+    the eager loop executor too."""
+    return op.with_stats(params, tau)
 
 
-@functools.partial(jax.jit, static_argnames=("conv_reshape", "exclude"))
-def low_rank_step(params, tau, conv_reshape: str = "fedslr", exclude: str | None = None):
-    """``(Prox_{τ‖·‖_*}(params), stats)`` leaf by leaf: SVT with threshold ``tau`` on every matrix leaf (ndim ≥ 2)
-    whose path does not match ``exclude``; other leaves are unchanged. ``tau=None`` thresholds nothing. Stats
-    (:class:`fljax.ops.prox.LowRankStats`) come from the SVT, or are measured (numerical rank) on the rest.
-    Jitted, so that the server step is one program under the eager loop executor too."""
-    skip = re.compile(exclude) if exclude else None
-
-    def leaf(path, x):
-        if tau is None or x.ndim < 2 or (skip is not None and skip.search(path)):
-            return x, _measured_stats(x, conv_reshape)
-        z, stats = prox.svt(prox.matricize(x, conv_reshape=conv_reshape), tau)
-        return prox.unmatricize(z, x.shape, conv_reshape=conv_reshape), stats
-
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
-    pairs = [leaf(tree.path_str(p), x) for p, x in leaves]
-    return jax.tree.unflatten(treedef, [a for a, _ in pairs]), jax.tree.unflatten(treedef, [b for _, b in pairs])
-
-
-def _stats_leaves(stats) -> list[prox.LowRankStats]:
-    return jax.tree.leaves(stats, is_leaf=lambda s: isinstance(s, prox.LowRankStats))
+def wire_numel(stats):
+    """Values on the wire for a model with these :class:`~fljax.ops.prox.LowRankStats`: Σ min(r(m+n), mn) over
+    matrices + Σ numel over vectors."""
+    return prox.transmission_bytes(stats, bytes_per_param=1)[0]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -136,7 +112,7 @@ class FedSLR(Centralized, LocalSGD):
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
         self.validate_local()
-        for key, choices in [("solver", SOLVERS), ("global_prox", GLOBAL_PROXES), ("personal_prox", PERSONAL_PROXES),
+        for key, choices in [("solver", SOLVERS), ("global_prox", prox.PROXES), ("personal_prox", prox.PROXES),
                              ("p_init", ("zeros", "copy_w0")), ("conv_reshape", ("fedslr", "flat")),
                              ("downlink", ("factored", "dense")), ("gpgd_threshold", ("eta_g", "eta_l"))]:
             check_choice(key, getattr(self, key), choices)
@@ -157,21 +133,25 @@ class FedSLR(Centralized, LocalSGD):
     def uses_dual(self) -> bool:
         return self.solver == "fedslr"
 
+    def nuclear(self) -> prox.Nuclear:
+        """The unit nuclear norm Σ_l ‖π(W_l)‖_* over the matrix leaves (FedSLR's conv reshape π, D10), without the
+        leaves matching ``nuclear_exclude`` (D9)."""
+        return prox.Nuclear(1.0, conv_reshape=self.conv_reshape, exclude=self.nuclear_exclude)
+
     def global_prox_step(self, z, tau):
-        """(w, stats) = Prox_{τR}(z) for the global regulariser R (nuclear, l1 or none)."""
-        if self.global_prox == "nuclear":
-            return low_rank_step(z, tau, self.conv_reshape, self.nuclear_exclude)
-        if self.global_prox == "l1" and tau is not None:
-            z = prox.L1(1.0)(z, tau)
-        return low_rank_step(z, None, self.conv_reshape)
+        """(w, stats) = Prox_{τR}(z) for the global regulariser R = ``global_prox`` (nuclear: SVT, Eq. 15; any
+        other prox of :data:`fljax.ops.prox.PROXES` at unit strength, App. A.3), with the GKR's low-rank stats."""
+        if self.global_prox != "nuclear":
+            if tau is not None:
+                z = prox.make_prox(self.global_prox, 1.0)(z, tau)
+            tau = None
+        return prox_with_stats(self.nuclear(), z, tau)
 
     def personal_prox_op(self) -> prox.Prox:
-        """Phase II's prox: μ‖·‖₁ (LR+S), μ Σ‖·‖_* (LR+LR) or none."""
-        if self.personal_prox == "l1":
-            return prox.L1(self.mu)
-        if self.personal_prox == "nuclear":
-            return prox.Nuclear(self.mu, conv_reshape=self.conv_reshape)
-        return prox.Identity()
+        """Phase II's prox: μR for R = ``personal_prox``: ‖·‖₁ (LR+S), Σ‖·‖_* (LR+LR), none, or any prox of
+        :data:`fljax.ops.prox.PROXES`."""
+        options = {"conv_reshape": self.conv_reshape} if self.personal_prox == "nuclear" else {}
+        return prox.make_prox(self.personal_prox, self.mu, **options)
 
     def steps_per_round(self, n_max: int) -> int:
         return super().steps_per_round(n_max) + BatchPlan(batch_size=self.batch_size,
@@ -180,7 +160,7 @@ class FedSLR(Centralized, LocalSGD):
     # ------------------------------------------------------------------------------------------ state
     def init(self, ctx):
         w0 = ctx.model.init(self.init_key(ctx))
-        server = {"params": w0, "stats": low_rank_step(w0, None, self.conv_reshape)[1]}
+        server = {"params": w0, "stats": prox_with_stats(self.nuclear(), w0, None)[1]}
         if self.memory_efficient:
             server["gamma_bar"] = tree.zeros_like(w0)
         if self.p_init == "zeros":
@@ -193,7 +173,7 @@ class FedSLR(Centralized, LocalSGD):
         return server, clients
 
     def broadcast(self, server):
-        numel = sum(s.params for s in _stats_leaves(server["stats"]))
+        numel = wire_numel(server["stats"])
         if self.downlink == "dense":
             numel = jnp.int32(tree.size(server["params"]))
         return Downlink(params=server["params"], numel=numel)
@@ -201,9 +181,9 @@ class FedSLR(Centralized, LocalSGD):
     # ------------------------------------------------------------------------------------------ client
     def phase_one(self, w_t, gamma, inp: ClientInput, key):
         """Eq. (4) by SGD from w_t: g = ∇CE(w; ξ) + wd·w − γ_i + (w − w_t)/η_g; then Eq. (5)."""
-        pull = lambda w: tree.sub(tree.scale(1.0 / self.eta_g, tree.sub(w, w_t)), gamma)  # noqa: E731
+        pull = lambda w: admm.augmented_lagrangian_grad(w, w_t, gamma, sigma=1.0 / self.eta_g, dual_sign=-1)  # noqa
         w_i, loss = self.train(inp.model.loss, w_t, inp, key=key, extra_grad=pull)
-        return w_i, tree.axpy(1.0 / self.eta_g, tree.sub(w_t, w_i), gamma), loss
+        return w_i, admm.dual_ascent(gamma, w_t, w_i, 1.0 / self.eta_g), loss
 
     def lpgd_local(self, w_t, inp: ClientInput, key):
         """Eqs. (18)–(19): w ← Prox_{lr·λ‖·‖_*}(w − lr·(∇CE(w; ξ) + wd·w)) at every step; returns the number of
@@ -214,8 +194,8 @@ class FedSLR(Centralized, LocalSGD):
 
         def step(carry, batch, k):
             (w, s), loss = sgd(carry[:2], batch, k)
-            w, stats = low_rank_step(w, lr * self.lam, self.conv_reshape, self.nuclear_exclude)
-            return (w, s, sum(st.params for st in _stats_leaves(stats))), loss
+            w, stats = prox_with_stats(self.nuclear(), w, lr * self.lam)
+            return (w, s, wire_numel(stats)), loss
 
         numel0 = jnp.int32(tree.size(w_t))
         (w, _, numel), loss = run_steps(step, (w_t, opt.init(w_t), numel0), inp.train, self.plan(), key,
@@ -289,10 +269,10 @@ class FedSLR(Centralized, LocalSGD):
         """GKR rank density Σ_l r_l / Σ_l min(m_l, n_l), each matrix leaf's rank (``rank/<path>``), the GKR's
         factorised parameter count D_T, and over clients: the non-zero fraction of p_i and the mixed model's
         parameter count D_T + nnz(p_i) (mean and std; spec §5, D28)."""
-        stats = _stats_leaves(server["stats"])
+        stats = jax.tree.leaves(server["stats"], is_leaf=lambda st: isinstance(st, prox.LowRankStats))
         params, _ = jax.tree_util.tree_flatten_with_path(server["params"])
         matrices = [(tree.path_str(p), st) for (p, x), st in zip(params, stats) if x.ndim >= 2]
-        gkr = sum(st.params for st in stats).astype(jnp.float32)
+        gkr = wire_numel(server["stats"]).astype(jnp.float32)
         rank = sum(st.rank for _, st in matrices).astype(jnp.float32)
         max_rank = sum(st.max_rank for _, st in matrices).astype(jnp.float32)
         out = {"gkr_params": gkr, "gkr_rank_density": rank / jnp.maximum(max_rank, 1.0)}

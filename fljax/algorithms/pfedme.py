@@ -21,6 +21,7 @@ from fljax import tree
 from fljax.algorithms.base import Centralized, ClientInput, ClientResult, check_choice
 from fljax.algorithms.local_training import LocalSGD, run_steps
 from fljax.errors import OptionError
+from fljax.ops import admm
 
 __all__ = ["PFedMe"]
 
@@ -62,7 +63,7 @@ class PFedMe(Centralized, LocalSGD):
         def inner(theta, w, batch):
             def body(_, th):
                 g = jax.grad(model.loss)(th, batch)
-                pull = tree.axpy(self.weight_decay, th, tree.scale(self.lam, tree.sub(th, w)))
+                pull = tree.axpy(self.weight_decay, th, admm.augmented_lagrangian_grad(th, w, sigma=self.lam))
                 return tree.axpy(-self.personal_lr, tree.add(g, pull), th)
 
             return jax.lax.fori_loop(0, self.inner_steps, body, theta, unroll=inp.unroll > 1)
@@ -71,7 +72,7 @@ class PFedMe(Centralized, LocalSGD):
             w, theta = carry
             theta = inner(theta, w, batch)
             loss = model.loss(theta, batch)
-            return (tree.axpy(-eta * self.lam, tree.sub(w, theta), w), theta), loss
+            return (admm.dual_ascent(w, w, theta, -eta * self.lam), theta), loss
 
         (w, theta), loss = run_steps(step, (w_t, w_t), inp.train, self.plan(), inp.key, inp.unroll)
         return w, theta, loss

@@ -417,7 +417,7 @@ class Nuclear(Prox):
     def with_stats(self, tree: PyTree, step) -> tuple[PyTree, PyTree]:
         """``(prox(tree, step), stats)`` with a :class:`LowRankStats` per leaf: from the SVT on thresholded leaves
         (r = #{s > λ·step}), :func:`measured_stats` on the others (1-D, excluded, or every leaf when ``step`` is
-        None). Jittable; replaces FedSLR's server step ``low_rank_step(z, λ·step, conv_reshape, exclude)``."""
+        None). Jittable; FedSLR's server step (Alg. 2, Eq. 15)."""
 
         def leaf(path, x):
             if step is not None and self._penalised(path, x):
