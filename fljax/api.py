@@ -1,4 +1,5 @@
-"""The public entry points: build a simulation from a config, run one experiment, compare algorithms.
+"""The public entry points: build a simulation from a config; run one experiment, a grid, or a comparison (all
+through :mod:`fljax.runner`, the path the command line takes).
 
     import fljax
     result = fljax.run(algorithm="fedprox", algo={"mu": 0.01}, data={"dataset": "digits", "alpha": 0.1},
@@ -7,16 +8,19 @@
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING
 
 from fljax.algorithms import make_algorithm
-from fljax.config import ExperimentConfig, algorithm_config, check_compare_algo, from_dict, to_dict
+from fljax.config import ExperimentConfig, from_dict, to_dict
 from fljax.data import FederatedData, load_federated
-from fljax.engine import RunResult, Simulation, default_model
+from fljax.engine import Simulation, default_model
 from fljax.errors import OptionError
 from fljax.models import make_model
 
-__all__ = ["make_config", "load_data", "build", "run", "compare"]
+__all__ = ["make_config", "load_data", "build", "run", "compare", "sweep"]
+
+if TYPE_CHECKING:
+    from fljax.runner import ExperimentResult
 
 
 def make_config(config: ExperimentConfig | dict | None = None, **overrides) -> ExperimentConfig:
@@ -56,27 +60,58 @@ def build(cfg: ExperimentConfig, data: FederatedData | None = None) -> Simulatio
                       conv_impl=cfg.model.conv_impl)
 
 
-def run(config: ExperimentConfig | dict | None = None, *, progress: bool = True,
-        callback: Callable | None = None, data: FederatedData | None = None, **overrides) -> RunResult:
-    """Run one experiment; ``overrides`` are top-level config keys (``algorithm=``, ``algo=``, ``data=``, ...)."""
-    cfg = make_config(config, **overrides)
-    sim = build(cfg, data)
-    return sim.run(cfg.rounds, cfg.eval_every, progress=progress, callback=callback)
+def run(config: ExperimentConfig | dict | None = None, *, out: str | None = None, progress: bool = True,
+        resume: bool = False, lanes: str = "vmap", **overrides) -> "ExperimentResult":
+    """Run one experiment (all its ``seeds``) through the same path as ``fljax run``; ``overrides`` are top-level
+    config keys (``algorithm=``, ``algo=``, ``data=``, ``seeds=``, ``checkpoint_every=``, …). ``out``: the run
+    directory (None: nothing is written). ``data`` may also be a :class:`~fljax.data.FederatedData` of your own.
+    Raises :class:`~fljax.engine.NonFiniteError` when training produced NaN/Inf or diverged."""
+    from fljax.runner import run_experiment
+
+    overrides, cache = _own_data(overrides)
+    return run_experiment(make_config(config, **overrides), out, resume=resume, output=_output(progress),
+                          data_cache=cache, lanes=lanes)
 
 
 def compare(algorithms: list[str | tuple[str, dict]], config: ExperimentConfig | dict | None = None, *,
-            progress: bool = True, data: FederatedData | None = None, **overrides) -> dict[str, RunResult]:
-    """Run several algorithms on the same data, partition and seed. Each entry is a name or (name, hyperparameters);
-    the config's ``algo`` dict applies to every algorithm that accepts its keys."""
+            out: str | None = None, progress: bool = True, **overrides) -> dict[str, "ExperimentResult"]:
+    """Run several algorithms on the same data, partition and seeds (as ``fljax compare``). Each entry is a name or
+    (name, hyperparameters); the config's ``algo`` dict applies to every algorithm that accepts its keys."""
+    from fljax.runner import compare_experiments
+
+    overrides, cache = _own_data(overrides)
     cfg = _config(config, overrides, check_algo=False)
-    check_compare_algo(cfg, [e if isinstance(e, str) else e[0] for e in algorithms])
-    data = data if data is not None else load_data(cfg)
-    results = {}
-    for entry in algorithms:
-        name, hp = (entry, {}) if isinstance(entry, str) else entry
-        one = algorithm_config(cfg, name, hp)
-        results[label(name, hp)] = build(one, data).run(cfg.rounds, cfg.eval_every, progress=progress)
-    return results
+    return compare_experiments(cfg, algorithms, out, output=_output(progress), data_cache=cache)[1]
+
+
+def sweep(grid: dict[str, list], config: ExperimentConfig | dict | None = None, *, out: str | None = None,
+          progress: bool = True, lanes: str = "vmap", **overrides) -> dict[str, "ExperimentResult"]:
+    """Run every point of ``grid`` (``{"algo.lr": [0.01, 0.1], "algo.mu": [0, 0.01]}``) for the config's seeds, as
+    ``fljax sweep``: points that differ only in numeric hyperparameters run with the seeds as lanes of one compiled
+    program. Returns the results by point label (``"lr=0.01,mu=0"``)."""
+    from fljax.runner import sweep_experiments
+
+    overrides, cache = _own_data(overrides)
+    cfg = make_config(config, **overrides)
+    return sweep_experiments(cfg, grid, out, output=_output(progress), lanes=lanes, data_cache=cache)[1]
+
+
+def _output(progress: bool):
+    from fljax.runner import Output
+
+    return Output("bar" if progress else "quiet")
+
+
+def _own_data(overrides: dict):
+    """A :class:`FederatedData` passed as ``data=``: every run uses it (the config's ``data.num_clients`` is set to
+    its number of clients, so that cohort sizes are checked against it)."""
+    from fljax.runner.sweep import DataCache
+
+    data = overrides.get("data")
+    if not isinstance(data, FederatedData):
+        return overrides, None
+    rest = {k: v for k, v in overrides.items() if k != "data"}
+    return {**rest, "data": {"num_clients": data.num_clients}}, DataCache.fixed(data)
 
 
 def label(name: str, hyper: dict | None = None) -> str:

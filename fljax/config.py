@@ -21,8 +21,8 @@ import yaml
 from fljax import yaml_io
 from fljax.data.config import DataConfig
 from fljax.errors import ConfigError, OptionError
-from fljax.options import (SEED_MAX, Options, at_least, between, check_value, option, parse, seed_check, show,
-                           suggest)
+from fljax.options import (SEED_MAX, Options, at_least, between, check_value, greater_than, option, parse,
+                           seed_check, show, suggest)
 
 __all__ = ["ConfigError", "DataConfig", "ModelConfig", "ExperimentConfig", "from_dict", "to_dict", "load_config",
            "check_compare_algo", "apply_overrides", "parse_override", "hyperparameters", "algorithm_config"]
@@ -63,6 +63,8 @@ class ExperimentConfig(Options):
     seeds: int = option(1, "run seeds seed, seed+1, ..., seed+seeds-1 (vectorised when shapes allow)", at_least(1))
     checkpoint_every: int | None = option(None, "rounds between checkpoints (null: timed, see fljax.runner; "
                                                 "0: never)", between(0, INT32_MAX))
+    diverge_factor: float | None = option(1e3, "stop a run whose train loss exceeds this many times max(its first "
+                                               "round's loss, 1) (null: never)", greater_than(1))
 
     def check(self) -> None:
         for key, cls in (("data", DataConfig), ("model", ModelConfig)):

@@ -230,11 +230,11 @@ def test_fedslr_metrics_reach_the_run_history(digits10):
     sim = Simulation(make_algorithm("fedslr", cohort_size=4, batch_size=10, lam=1e-2), digits10, _mlp(digits10),
                      executor="vmap", seed=0)
     hist = sim.run(2, eval_every=1, progress=False).history
-    assert len(hist) == 2
+    assert [h["round"] for h in hist] == [0, 1, 2]  # round 0: the initial model
     for key in ("gkr_rank_density", "gkr_params", "sparse_nnz_frac", "mixed_params", "rank/Dense_0/kernel",
                 "personal_acc", "global_acc"):
         assert key in hist[-1] and np.isfinite(hist[-1][key])
-    assert hist[0]["bytes_down"] == 4 * 4 * tree.size(sim.init().server["params"])  # round 0: dense w_0
+    assert hist[1]["bytes_down"] == 4 * 4 * tree.size(sim.init().server["params"])  # first round: dense w_0
 
 
 @pytest.mark.parametrize("kw,msg", [({"solver": "lpdg"}, "solver must be one of"),

@@ -9,7 +9,7 @@ import pytest
 import fljax.data as D
 from fljax.cli import main
 from fljax.engine import Lanes
-from fljax.engine.driver import block_schedule
+from fljax.engine.loop import block_schedule
 from fljax.engine.lanes import stack_data
 from fljax.runner import files
 from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
@@ -81,16 +81,17 @@ def test_run_directory_layout_and_json_log(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["run", *TINY, "--set", "rounds=4", "--set", "eval_every=2", "--out", str(out), "--json"]) == 0
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]  # stdout: JSON only
-    assert [e["event"] for e in events] == ["eval", "eval", "summary"]
-    assert [e["round"] for e in events[:2]] == [2, 4]
+    assert [e["event"] for e in events] == ["eval", "eval", "eval", "summary"]  # round 0: the initial model
+    assert [e["round"] for e in events[:3]] == [0, 2, 4]
     assert sorted(os.listdir(out)) == ["accuracy_vs_bytes.png", "accuracy_vs_round.png", "checkpoints",
                                        "client_accuracy.png", "config.yaml", "metrics.jsonl", "summary.json"]
     records = _metrics(out)
-    assert [r["round"] for r in records] == [2, 4]
+    assert [r["round"] for r in records] == [0, 2, 4]
     for key in ("personal_acc", "personal_loss", "global_acc", "global_loss", "train_loss", "bytes_up",
                 "bytes_down", "wall_seconds"):
-        assert key in records[0]
-    assert records[1]["bytes_up"] == 2 * records[0]["bytes_up"] > 0  # cumulative
+        assert key in records[1]
+    assert "train_loss" not in records[0] and records[0]["bytes_up"] == 0  # the initial model: nothing trained yet
+    assert records[2]["bytes_up"] == 2 * records[1]["bytes_up"] > 0  # cumulative
     summary = files.read_json(out / "summary.json")
     assert summary["status"] == "completed" and summary["rounds"] == 4
     assert summary["final"] == records[-1]
@@ -124,11 +125,11 @@ def test_resume_after_a_kill_is_bit_identical(tmp_path, monkeypatch):
     monkeypatch.setattr(Checkpointer, "save", save_then_die)
     assert main(["run", *args, "--out", cut]) == 130
     monkeypatch.undo()
-    assert [r["round"] for r in _metrics(cut)] == [3]
+    assert [r["round"] for r in _metrics(cut)] == [0, 3]
     assert not os.path.exists(os.path.join(cut, "summary.json"))
 
     assert main(["run", "--resume", "--out", cut, "--quiet"]) == 0
-    assert [r["round"] for r in _metrics(cut)] == [3, 6]  # no duplicate, no missing line
+    assert [r["round"] for r in _metrics(cut)] == [0, 3, 6]  # no duplicate, no missing line
     assert _without_time(_metrics(cut)) == _without_time(_metrics(full))
     (state_full, log_full), (state_cut, log_cut) = _final_params(full), _final_params(cut)
     leaves_full, leaves_cut = jax.tree.leaves(state_full), jax.tree.leaves(state_cut)
@@ -139,12 +140,13 @@ def test_resume_after_a_kill_is_bit_identical(tmp_path, monkeypatch):
 
     # a finished run can be extended: the config is the run directory's own, plus --set
     assert main(["run", "--resume", "--out", cut, "--set", "rounds=9", "--quiet"]) == 0
-    assert [r["round"] for r in _metrics(cut)] == [3, 6, 9]
+    assert [r["round"] for r in _metrics(cut)] == [0, 3, 6, 9]
 
 
 def test_nonfinite_round_stops_with_round_and_metric(tmp_path, capsys):
     out = str(tmp_path / "nan")
     argv = ["run", *TINY, "--set", "model.name=mlp", "--set", "model.options.hidden=[16]", "--set", "algo.lr=50",
+            "--set", "diverge_factor=null",
             "--set", "algo.local_steps=5", "--set", "rounds=20", "--set", "eval_every=2", "--checkpoint-every", "2",
             "--out", out, "--quiet"]
     assert main(argv) == 3
@@ -159,7 +161,7 @@ def test_nonfinite_round_stops_with_round_and_metric(tmp_path, capsys):
     assert "lower the learning rate (algo.lr)" in err
     last_good = (bad - 1) // 2 * 2
     assert err.endswith(f"Kept in {out}: metrics.jsonl so far and the last good checkpoint (round {last_good}).")
-    assert [r["round"] for r in _metrics(out)] == list(range(2, last_good + 1, 2))
+    assert [r["round"] for r in _metrics(out)] == list(range(0, last_good + 1, 2))
     with Checkpointer(os.path.join(out, "checkpoints")) as c:
         assert c.latest_round() == last_good
         state, _ = c.restore()
@@ -183,7 +185,7 @@ def test_vectorised_sweep_equals_separate_runs_and_resumes(tmp_path, monkeypatch
         one = tmp_path / f"seed{seed}"
         assert main(["run", *common, "--set", f"seed={seed}", "--out", str(one)]) == 0
         a, b = _metrics(one), _metrics(sweep / f"seed_{seed}")
-        assert [r["round"] for r in a] == [r["round"] for r in b] == [2, 4]
+        assert [r["round"] for r in a] == [r["round"] for r in b] == [0, 2, 4]
         for ra, rb in zip(a, b):
             for key in ra:
                 if key != "wall_seconds":

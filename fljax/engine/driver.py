@@ -20,17 +20,12 @@ from fljax import tree
 from fljax.data.federated import FederatedData
 from fljax.engine.context import RoundContext
 from fljax.engine.executors import Executor, choose_executor, make_executor
+from fljax.engine.loop import NonFiniteError, NonFiniteGuard, RunLog, drive
 from fljax.engine.protocol import FederatedAlgorithm
 from fljax.engine.state import State
 from fljax.models.model import Model, auto_model, make_model
 
-__all__ = ["Simulation", "RunResult", "RunLog", "default_model", "NonFiniteError", "block_schedule", "drive",
-           "nonfinite_message"]
-
-
-class NonFiniteError(FloatingPointError):
-    """Training produced NaN or Inf."""
-
+__all__ = ["Simulation", "RunResult", "default_model"]
 
 def default_model(data: FederatedData) -> Model:
     """Logistic regression for vector data, CNN1 for images."""
@@ -200,8 +195,8 @@ class Simulation:
     # ---------------------------------------------------------------------------------------------- run
     def run(self, rounds: int, eval_every: int | None = None, state: State | None = None,
             callback: Callable[[dict, State], None] | None = None, progress: bool = True,
-            stop_on_nonfinite: bool = True, *, log: "RunLog | None" = None, checkpoint_every: int = 0,
-            on_checkpoint: Callable[[State, "RunLog"], None] | None = None) -> RunResult:
+            stop_on_nonfinite: bool = True, *, log: RunLog | None = None, checkpoint_every: int = 0,
+            on_checkpoint: Callable[[State, RunLog], None] | None = None) -> RunResult:
         """Run until ``rounds`` rounds are done, evaluating every ``eval_every`` rounds (default: about 10 times)
         and at the end. ``callback(record, state)`` runs after every evaluation.
 
@@ -215,148 +210,10 @@ class Simulation:
         eval_every = eval_every or max(1, math.ceil(rounds / 10))
         lane_callback = None if callback is None else (lambda _, record, s: callback(record, s))
         lane_checkpoint = None if on_checkpoint is None else (lambda _, s, lg: on_checkpoint(s, lg))
-        state, per_client = drive(self, state, [log], rounds, eval_every, checkpoint_every, lanes=False,
-                                  callback=lane_callback, on_checkpoint=lane_checkpoint, progress=progress,
-                                  stop_on_nonfinite=stop_on_nonfinite)
+        guards = (NonFiniteGuard(),) if stop_on_nonfinite else ()
+        state, per_client, stopped = drive(self, state, [log], rounds, eval_every, checkpoint_every, lanes=False,
+                                           callback=lane_callback, on_checkpoint=lane_checkpoint, guards=guards,
+                                           progress=progress)
+        if stopped:
+            raise NonFiniteError(f"{stopped[0]}; lower the learning rate (algo.lr) or check the data.")
         return RunResult(state, log.history, jax.device_get(per_client), self.compile_seconds, log.run_seconds)
-
-
-@dataclasses.dataclass
-class RunLog:
-    """What a run has measured so far (part of a checkpoint, so a resumed run continues it): one record per
-    evaluation, the cumulative communication, and the seconds spent running (compilation apart) and compiling."""
-
-    history: list = dataclasses.field(default_factory=list)
-    bytes_up: float = 0.0
-    bytes_down: float = 0.0
-    run_seconds: float = 0.0
-    compile_seconds: float = 0.0
-
-    def add_block(self, metrics: dict, seconds: float, compile_seconds: float):
-        """Account one block of rounds (``metrics``: per-round arrays on the host)."""
-        self.bytes_up += float(np.sum(metrics.get("bytes_up", 0.0)))
-        self.bytes_down += float(np.sum(metrics.get("bytes_down", 0.0)))
-        self.run_seconds += seconds
-        self.compile_seconds += compile_seconds
-
-    def add_record(self, round_: int, metrics: dict, summary: dict) -> dict:
-        """The evaluation record after round ``round_`` (``metrics``: the last block's per-round arrays)."""
-        order = sorted(summary, key=lambda k: (not k.startswith("personal"), k))  # personalized first
-        record = {"round": round_, **{k: float(summary[k]) for k in order},
-                  "train_loss": float(np.mean(metrics["train_loss"])),
-                  "bytes_up": self.bytes_up, "bytes_down": self.bytes_down, "wall_seconds": self.run_seconds}
-        self.history.append(record)
-        return record
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, values: dict) -> "RunLog":
-        return cls(**values)
-
-
-def block_schedule(start: int, rounds: int, eval_every: int, checkpoint_every: int = 0):
-    """The blocks of rounds from ``start`` to ``rounds``: ``(size, evaluate, checkpoint)`` triples. A block ends at
-    every multiple of ``eval_every`` (evaluate), of ``checkpoint_every`` (checkpoint; 0: never) and at ``rounds``
-    (both). The ends depend only on these numbers, never on ``start``, so a resumed run uses the same blocks."""
-    r = start
-    while r < rounds:
-        ends = [rounds, (r // eval_every + 1) * eval_every]
-        if checkpoint_every:
-            ends.append((r // checkpoint_every + 1) * checkpoint_every)
-        end = min(ends)
-        yield end - r, end % eval_every == 0 or end == rounds, bool(
-            checkpoint_every and end % checkpoint_every == 0) or end == rounds
-        r = end
-
-
-def nonfinite_message(metrics: dict, summary: dict | None, start: int) -> str | None:
-    """None when the block that began after round ``start`` stayed finite, else a one-line message naming the
-    first bad round and what went non-finite (a per-round metric, the parameters, or an evaluation loss)."""
-    finite = np.asarray(metrics["finite"])
-    if finite.all():
-        bad_eval = [k for k, v in (summary or {}).items() if k.endswith("_loss") and not np.isfinite(v)]
-        if not bad_eval:
-            return None
-        what = ", ".join(f"{k}={float(summary[k])}" for k in bad_eval)
-        return f"round {start + finite.size} produced NaN/Inf in the evaluation ({what})"
-    i = int(np.argmin(finite))
-    names = [f"{k}={float(np.ravel(v)[i]):.4g}" for k, v in sorted(metrics.items())
-             if not k.startswith("finite") and not np.isfinite(np.ravel(v)[i])]
-    if not np.ravel(metrics.get("finite_params", finite))[i]:
-        names.append("the model parameters")
-    return f"round {start + i + 1} produced NaN/Inf in {' and '.join(names)}"
-
-
-def drive(sim, state, logs: list, rounds: int, eval_every: int, checkpoint_every: int, *, lanes: bool,
-          callback=None, on_checkpoint=None, progress: bool = True, stop_on_nonfinite: bool = True,
-          labels: list | None = None):
-    """The run loop shared by one run and a batch of seeds (``lanes=True``: every leaf of ``state`` and of the
-    metrics has a leading seed axis, and ``logs`` holds one :class:`RunLog` per seed).
-
-    Runs the blocks of :func:`block_schedule` with ``sim.run_rounds``; after each, evaluates when due, checks that
-    every round stayed finite (raising :class:`NonFiniteError` before anything of the bad block is recorded or
-    checkpointed), appends the records and calls ``callback(lane, record, lane_state)`` and, when due,
-    ``on_checkpoint(lane, lane_state, log)``. Returns the final state and the last per-client accuracies.
-    """
-    pick = (lambda tree_, i: jax.tree.map(lambda x: x[i], tree_)) if lanes else (lambda tree_, i: tree_)
-    start = int(np.ravel(jax.device_get(state.round))[0])
-    per_client: dict = {}
-    bar = _progress_bar(rounds, start, progress)
-    r = start
-    try:
-        for n, do_eval, do_checkpoint in block_schedule(start, rounds, eval_every, checkpoint_every):
-            t0, c0 = time.perf_counter(), sim.compile_seconds
-            state, metrics = sim.run_rounds(state, n)
-            jax.block_until_ready(state)
-            summary = None
-            if do_eval:
-                summary, per_client = sim.evaluate(state)
-            summary, metrics = jax.device_get((summary, metrics))
-            compile_s = sim.compile_seconds - c0
-            seconds = time.perf_counter() - t0 - compile_s  # compile time apart
-            if stop_on_nonfinite:
-                for i in range(len(logs)):
-                    message = nonfinite_message(pick(metrics, i), None if summary is None else pick(summary, i), r)
-                    if message:
-                        who = f"{labels[i]}: " if labels else ""
-                        raise NonFiniteError(f"{who}{message}; lower the learning rate (algo.lr) or check the data.")
-            r += n
-            records = []
-            for i, log in enumerate(logs):
-                log.add_block(pick(metrics, i), seconds, compile_s)
-                if do_eval:
-                    records.append(log.add_record(r, pick(metrics, i), pick(summary, i)))
-            if bar is not None:
-                bar.update(n)
-                if records:
-                    bar.set_postfix(_postfix(records))
-            for i, log in enumerate(logs):
-                if records and callback is not None:
-                    callback(i, records[i], pick(state, i))
-                if do_checkpoint and on_checkpoint is not None:
-                    on_checkpoint(i, pick(state, i), log)
-    finally:
-        if bar is not None:
-            bar.close()
-    return state, per_client
-
-
-def _progress_bar(total: int, initial: int, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, unit="round", dynamic_ncols=True, leave=False)
-
-
-def _postfix(records: list[dict]) -> dict:
-    """The latest metrics for the progress bar (the mean over seeds when several run together)."""
-    mean = lambda k: float(np.mean([r[k] for r in records]))
-    out = {"loss": f"{mean('train_loss'):.3f}"}
-    if "personal_acc" in records[0]:
-        out["pers"] = f"{mean('personal_acc'):.3f}"
-    if "global_acc" in records[0]:
-        out["glob"] = f"{mean('global_acc'):.3f}"
-    return out

@@ -16,8 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fljax import tree
-from fljax.engine.driver import RunLog, RunResult, Simulation, drive
+from fljax.engine.driver import RunResult, Simulation
 from fljax.engine.executors import ShardedExecutor
+from fljax.engine.loop import NonFiniteGuard, RunLog, drive
 
 __all__ = ["Lanes", "stack_data", "stack_hyperparameters", "can_batch"]
 
@@ -54,11 +55,19 @@ def stack_hyperparameters(sim: Simulation, hps: list[dict]) -> dict:
     return out
 
 
+LANE_MAPS = ("vmap", "map")
+
+
 class Lanes:
     """``sim`` run for every lane at once: ``seeds[i]``, data ``datas[i]`` (None: ``sim.data`` for all) and traced
-    hyperparameters ``hps[i]`` (None: the algorithm's own values, not traced)."""
+    hyperparameters ``hps[i]`` (None: the algorithm's own values, not traced). ``mode``: 'vmap' batches the lanes
+    (fastest; batched reductions may round differently from a separate run), 'map' runs them one after another
+    inside the one program (``lax.map``: each lane is bit-identical to its own run of the traced program)."""
 
-    def __init__(self, sim: Simulation, seeds: list[int], datas: list | None = None, hps: list[dict] | None = None):
+    def __init__(self, sim: Simulation, seeds: list[int], datas: list | None = None, hps: list[dict] | None = None,
+                 mode: str = "vmap"):
+        if mode not in LANE_MAPS:
+            raise ValueError(f"mode must be one of {LANE_MAPS}, got {mode!r}.")
         if not can_batch(sim, datas):
             raise ValueError("these runs cannot run as one program (loop or sharded executor, or data of different "
                              "shapes per lane); run them one after another.")
@@ -69,44 +78,56 @@ class Lanes:
         self.data = sim.data if datas is None else stack_data(datas)
         self._data_axis = None if datas is None else 0
         self.hp = None if not hps or not hps[0] else stack_hyperparameters(sim, hps)
+        self.mode = mode
 
     @property
     def compile_seconds(self) -> float:
         return self.sim.compile_seconds
 
-    def _vmap(self, fn):
-        """``fn(state, data, hp)`` vmapped over the lane axis of the state, the data (if per lane) and hp."""
-        return jax.vmap(fn, in_axes=(0, self._data_axis, None if self.hp is None else 0))
+    def _over_lanes(self, fn, lane_data: bool = True):
+        """``fn(x, data, hp)`` over the lane axis of ``x``, of the data (if per lane and ``lane_data``) and of hp."""
+        data_axis = self._data_axis if lane_data else None
+        hp_axis = None if self.hp is None else 0
+        if self.mode == "vmap":
+            return jax.vmap(fn, in_axes=(0, data_axis, hp_axis))
+
+        def mapped(x, data, hp):
+            per_lane = (x, data if data_axis == 0 else None, hp if hp_axis == 0 else None)
+            return jax.lax.map(lambda a: fn(a[0], data if data_axis is None else a[1], hp if hp_axis is None
+                                             else a[2]), per_lane)
+
+        return mapped
 
     def init(self):
         """The lanes' initial states, stacked: lane i is exactly ``Simulation.init(seeds[i], hps[i])``."""
         keys = jnp.stack([jax.random.PRNGKey(s) for s in self.seeds])
-        fn = jax.vmap(self.sim._init, in_axes=(0, None if self.hp is None else 0))
-        return self.sim._compiled_fn("lanes_init", fn, (keys, self.hp))(keys, self.hp)
+        fn = self._over_lanes(lambda k, _, h: self.sim._init(k, h), lane_data=False)
+        return self.sim._compiled_fn("lanes_init", fn, (keys, None, self.hp), (self.mode,))(keys, None, self.hp)
 
     def run_rounds(self, states, n: int):
-        """n rounds of every lane as one compiled, vmapped scan; metrics have shape [lanes, n]."""
-        block = self._vmap(lambda s, d, h: self.sim._block(s, d, n, h))
-        return self.sim._compiled_fn("lanes_block", block, (states, self.data, self.hp), (n,))(
+        """n rounds of every lane as one compiled program; metrics have shape [lanes, n]."""
+        block = self._over_lanes(lambda s, d, h: self.sim._block(s, d, n, h))
+        return self.sim._compiled_fn("lanes_block", block, (states, self.data, self.hp), (n, self.mode))(
             states, self.data, self.hp)
 
     def evaluate(self, states):
-        fn = self._vmap(self.sim._evaluate)
-        return self.sim._compiled_fn("lanes_evaluate", fn, (states, self.data, self.hp))(states, self.data, self.hp)
+        fn = self._over_lanes(self.sim._evaluate)
+        return self.sim._compiled_fn("lanes_evaluate", fn, (states, self.data, self.hp), (self.mode,))(
+            states, self.data, self.hp)
 
     def run(self, rounds: int, eval_every: int, states=None, logs: list[RunLog] | None = None, *,
-            checkpoint_every: int = 0, callback=None, on_checkpoint=None, progress: bool = True,
-            stop_on_nonfinite: bool = True, labels: list[str] | None = None) -> list[RunResult]:
-        """Like :meth:`Simulation.run` for every lane; ``callback(lane, record, state)`` and
-        ``on_checkpoint(lane, state, log)`` receive the lane index and that lane's state. Resuming: pass the
-        stacked states and the lanes' logs from checkpoints taken at the same round."""
+            checkpoint_every: int = 0, callback=None, on_checkpoint=None, on_stop=None,
+            guards: tuple = (NonFiniteGuard(),), progress: bool = True) -> tuple[list[RunResult], dict]:
+        """Like :meth:`Simulation.run` for every lane; ``callback(lane, record, state)``, ``on_checkpoint(lane, state,
+        log)`` and ``on_stop(lane, message)`` receive the lane index. A lane a guard stops is frozen out of the
+        records while the others go on. Resuming: pass the stacked states and the lanes' logs from checkpoints taken
+        at the same round. Returns the lanes' results and {lane: message} of the stopped lanes."""
         states = states if states is not None else self.init()
         logs = logs if logs is not None else [RunLog() for _ in self.seeds]
-        states, per_client = drive(self, states, logs, rounds, eval_every, checkpoint_every, lanes=True,
-                                   callback=callback, on_checkpoint=on_checkpoint, progress=progress,
-                                   stop_on_nonfinite=stop_on_nonfinite,
-                                   labels=labels or [f"seed {s}" for s in self.seeds])
+        states, per_client, stopped = drive(self, states, logs, rounds, eval_every, checkpoint_every, lanes=True,
+                                            callback=callback, on_checkpoint=on_checkpoint, on_stop=on_stop,
+                                            guards=guards, progress=progress)
         per_client = jax.device_get(per_client)
         return [RunResult(jax.tree.map(lambda x: x[i], states), log.history,
                           {k: v[i] for k, v in per_client.items()}, self.compile_seconds, log.run_seconds)
-                for i, log in enumerate(logs)]
+                for i, log in enumerate(logs)], stopped

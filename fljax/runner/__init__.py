@@ -10,7 +10,7 @@
 
 (The package is not called ``fljax.run``: that name is the :func:`fljax.run` function.)
 """
-from fljax.runner.experiment import ExperimentResult, compare_experiments, run_experiment
+from fljax.runner.experiment import ExperimentResult, compare_experiments, run_experiment, run_points, sweep_experiments
 from fljax.runner.report import Output
 
-__all__ = ["ExperimentResult", "Output", "compare_experiments", "run_experiment"]
+__all__ = ["ExperimentResult", "Output", "compare_experiments", "run_experiment", "run_points", "sweep_experiments"]

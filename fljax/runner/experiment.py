@@ -1,120 +1,135 @@
-"""One experiment on disk (any number of seeds), resumable; and a comparison of algorithms.
+"""The one path every experiment takes: points × seeds → runs → compiled programs → run directories.
 
-:func:`run_experiment` writes the run directory (:mod:`fljax.runner.results`), checkpoints every
-``checkpoint_every`` rounds (:mod:`fljax.runner.checkpoint`) and, with ``resume=True``, continues from the latest
-checkpoint: the state, the PRNG key, the round and the records so far are restored, ``metrics.jsonl`` is cut back to
-the checkpoint's records, and the blocks of rounds end where the uninterrupted run's end, so the continued run gives
-the same metrics and parameters bit for bit. A round that produces NaN/Inf stops the run; the last good checkpoint
-and the metrics written so far stay, and ``summary.json`` says where it stopped.
+:func:`run_points` runs any set of points (configs with labels), each for its seeds: ``fljax run`` and
+:func:`fljax.run` (one point), ``fljax sweep`` and :func:`fljax.sweep` (a grid), ``fljax compare`` (one point per
+algorithm) and the paper reproductions (:mod:`fljax.runner.study`) all come here. Runs that can share a compiled
+program do (:mod:`fljax.runner.plan`: seeds, trials and grid points as lanes of one vmapped program); each run writes
+its own directory (:mod:`fljax.runner.results`), checkpoints itself (:mod:`fljax.runner.checkpoint`) and stops alone
+when a guard fires (NaN/Inf, divergence), while its lanes' neighbours go on.
 
-:func:`compare_experiments` runs several algorithms on the same data, partition and seeds (one run directory each)
-and writes ``compare.md`` (the table), ``compare.png`` and ``summary.json``.
+Resuming (``resume=True``): every run restores its latest checkpoint and its metrics file is cut back to the
+checkpoint's records; blocks of rounds end where the uninterrupted run's end, so the continued run gives the same
+metrics and parameters bit for bit. A run whose ``summary.json`` says it completed is reused as it is.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 import re
+from typing import Any
 
 import jax
 
 from fljax import tree
-from fljax.config import ConfigError, ExperimentConfig, algorithm_config, check_compare_algo
-from fljax.engine import Lanes, NonFiniteError, RunLog, RunResult, Simulation
+from fljax.config import ConfigError, ExperimentConfig, algorithm_config, check_compare_algo, to_dict
+from fljax.engine import DivergenceGuard, Lanes, NonFiniteError, NonFiniteGuard, RunLog, RunResult, Simulation
 from fljax.engine.lanes import can_batch
+from fljax.engine.loop import drive
 from fljax.runner import files
 from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
+from fljax.runner.plan import Program, group_runs, traceable
 from fljax.runner.plots import plot_compare, plot_run
 from fljax.runner.report import Output, markdown_table, summary_row
 from fljax.runner.results import RunDir, aggregate_summaries, make_summary
-from fljax.runner.sweep import DataCache, seed_list
+from fljax.runner.sweep import DataCache, grid_points, point_config, point_label, seed_list
 
-__all__ = ["ExperimentResult", "LaneResult", "run_experiment", "compare_experiments", "dir_name", "saved_config",
-           "saved_algorithms"]
+__all__ = ["ExperimentResult", "Run", "run_points", "run_experiment", "compare_experiments", "sweep_experiments",
+           "dir_name",
+           "saved_config", "saved_algorithms", "LANE_MODES"]
+
+LANE_MODES = ("vmap", "map", "off")
 
 
 @dataclasses.dataclass
-class LaneResult:
-    """One seed of an experiment."""
+class Run:
+    """One lane: a point's config with one seed (``cfg.seed``; ``cfg.seeds`` = 1), its directory and progress."""
 
-    seed: int
+    label: str | None
+    cfg: ExperimentConfig
     directory: RunDir
-    result: RunResult
-    summary: dict
+    data: Any = None
+    state: Any = None
+    log: RunLog = dataclasses.field(default_factory=RunLog)
+    start: int = 0
+    checkpointer: Checkpointer | None = None
+    status: str = "pending"  # running | completed | stopped | reused
+    message: str | None = None
+    result: RunResult | None = None
+    summary: dict | None = None
+    steps_per_round: int = 0
+    vectorised: bool = False  # ran as a lane of a program with others
+
+    @property
+    def seed(self) -> int:
+        return self.cfg.seed
 
 
 @dataclasses.dataclass
 class ExperimentResult:
+    """One point (all its seeds): ``runs`` per seed, ``summary`` (summary.json at the point's top), ``vectorised``
+    (every run was a lane of a program with other runs: its seeds, or other points of a grid)."""
+
     cfg: ExperimentConfig
     directory: RunDir
-    lanes: list[LaneResult]
-    summary: dict  # summary.json at the top of the run directory
+    runs: list[Run]
+    summary: dict
     vectorised: bool
 
     @property
     def histories(self) -> list[list[dict]]:
-        return [lane.result.history for lane in self.lanes]
+        return [run.log.history for run in self.runs]
+
+    @property
+    def history(self) -> list[dict]:
+        """The first seed's evaluation records."""
+        return self.runs[0].log.history
+
+    @property
+    def final(self) -> dict:
+        """The last evaluation record (one seed), or every final metric's mean over seeds (several)."""
+        if len(self.runs) == 1:
+            return self.history[-1] if self.history else {}
+        return {k: v["mean"] for k, v in self.summary.get("final", {}).items()}
+
+    @property
+    def state(self):
+        """The first seed's final state."""
+        return self.runs[0].result.state if self.runs[0].result else None
+
+    @property
+    def stopped(self) -> list[Run]:
+        return [run for run in self.runs if run.status == "stopped"]
 
     def row(self, label: str | None = None) -> dict:
-        row = summary_row(label or self.cfg.run_name, [lane.summary for lane in self.lanes])
+        row = summary_row(label or self.cfg.run_name, [run.summary for run in self.runs])
         row["client-steps/s"] = f"{self.summary['client_steps_per_second']:,.0f}"
         return row
 
 
 def dir_name(label: str) -> str:
     """A file-system friendly directory name for a run label such as ``fedprox(mu=0.1)``."""
-    return re.sub(r"[^A-Za-z0-9_.=+-]+", "_", label).strip("_")
+    name = re.sub(r"[^A-Za-z0-9_.=+,-]+", "_", label).strip("_.")
+    return name or "run"
 
 
-class _Lanes:
-    """The seeds of one experiment: their directories, data, simulations, checkpoints and logs."""
+# ---------------------------------------------------------------------------------------------------- planning
 
-    def __init__(self, cfg: ExperimentConfig, root: RunDir, cache: DataCache, resume: bool):
-        self.cfg = cfg
-        self.seeds = seed_list(cfg)
-        self.dirs = [root] if len(self.seeds) == 1 else [root.seed_dir(s) for s in self.seeds]
-        self.datas = [cache(cfg, s) for s in self.seeds]
-        self.shared_data = all(d is self.datas[0] for d in self.datas)
-        self.sims: list[Simulation] = []
-        for i, s in enumerate(self.seeds):  # seeds that share data share one simulation (and its compiled code)
-            same = self.shared_data and i > 0
-            self.sims.append(self.sims[0] if same else _build(dataclasses.replace(cfg, seed=s), self.datas[i]))
-        self.steps_per_round = self.sims[0].work_per_round()[0]
-        self.every = cfg.checkpoint_every  # None: timed (CheckpointTimer) and after the last round; 0: never
-        self.checkpointers = [Checkpointer(d.checkpoints) if (self.every != 0 or resume) else None
-                              for d in self.dirs]
-        self.states: list = [None] * len(self.seeds)
-        self.logs = [RunLog() for _ in self.seeds]
 
-    def restore(self) -> None:
-        """Load every seed's latest checkpoint (seeds without one start afresh) and cut its metrics file back to
-        the checkpoint's records."""
-        for i, ck in enumerate(self.checkpointers):
-            if ck is not None and ck.latest_round() is not None:
-                self.states[i], self.logs[i] = ck.restore(self.sims[i].state_shapes())
-            self.dirs[i].write_metrics(self.logs[i].history)
+def _point_dirs(points: list[tuple[str | None, ExperimentConfig]], root: RunDir, subdirs: bool) -> list[RunDir]:
+    if not subdirs:
+        return [root]
+    names = [dir_name(label or cfg.run_name) for label, cfg in points]
+    if len(set(names)) < len(names):
+        raise ConfigError(f"two points would share a run directory ({sorted(n for n in names if names.count(n) > 1)[0]});"
+                          f" give them distinct names.")
+    return [root.child(n) for n in names]
 
-    def can_vectorise(self) -> bool:
-        """All seeds can run as one program now (see fljax.runner.sweep)."""
-        rounds = {None if s is None else int(s.round) for s in self.states}
-        return len(self.seeds) > 1 and len(rounds) == 1 and can_batch(
-            self.sims[0], None if self.shared_data else self.datas)
 
-    def last_checkpoint(self) -> int | None:
-        """The latest round checkpointed by any seed (after pending saves finish)."""
-        kept = []
-        for ck in self.checkpointers:
-            if ck is not None:
-                ck.wait()
-                kept.append(ck.latest_round())
-        kept = [k for k in kept if k is not None]
-        return max(kept) if kept else None
-
-    def close(self) -> None:
-        for i, ck in enumerate(self.checkpointers):
-            if ck is not None:
-                ck.close()
-                self.checkpointers[i] = None
+def _runs_of(label, cfg: ExperimentConfig, point_dir: RunDir) -> list[Run]:
+    seeds = seed_list(cfg)
+    one = len(seeds) == 1
+    return [Run(label, dataclasses.replace(cfg, seed=s, seeds=1), point_dir if one else point_dir.seed_dir(s))
+            for s in seeds]
 
 
 def _build(cfg: ExperimentConfig, data) -> Simulation:
@@ -123,118 +138,217 @@ def _build(cfg: ExperimentConfig, data) -> Simulation:
     return build(cfg, data)
 
 
-def run_experiment(cfg: ExperimentConfig, out: str, *, resume: bool = False, output: Output | None = None,
-                   data_cache: DataCache | None = None, plots: bool = True,
-                   missing_ok: bool = False) -> ExperimentResult:
-    """Run ``cfg`` (all its seeds) into run directory ``out``.
+class _Sims:
+    """Simulations by program: runs with equal configs but for the seed (and traced keys) and the same data object
+    share one, hence its compiled programs."""
 
-    ``resume``: continue from the latest checkpoints in ``out`` (refused when there is none, unless
-    ``missing_ok``: then seeds without a checkpoint start afresh). Without ``resume``, a directory that already
-    holds a run is refused. Raises :class:`NonFiniteError` (after writing what it has) when a round produces
-    NaN/Inf.
-    """
-    cfg.validate()
+    def __init__(self):
+        self._sims: dict = {}
+
+    def __call__(self, run: Run, traced: tuple = ()) -> Simulation:
+        from fljax.runner.plan import _key
+
+        key = (_key(run.cfg, set(traced)), id(run.data))
+        if key not in self._sims:
+            self._sims[key] = _build(dataclasses.replace(run.cfg, seed=run.seed), run.data)
+        return self._sims[key]
+
+
+def _batchable(sims: _Sims):
+    def check(runs: list[Run]) -> bool:
+        datas = [r.data for r in runs]
+        shared = all(d is datas[0] for d in datas)
+        return can_batch(sims(runs[0]), None if shared else datas)
+
+    return check
+
+
+def _guards(cfg: ExperimentConfig) -> tuple:
+    return (NonFiniteGuard(),) + ((DivergenceGuard(cfg.diverge_factor),) if cfg.diverge_factor else ())
+
+
+# ---------------------------------------------------------------------------------------------------- running
+
+
+def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | None, *, resume: bool = False,
+               output: Output | None = None, data_cache: DataCache | None = None, plots: bool = True,
+               missing_ok: bool = False, lanes: str = "vmap", subdirs: bool | None = None,
+               trace: tuple[str, ...] = ()) -> list[ExperimentResult]:
+    """Run every point for its seeds into ``out`` (one point: ``out`` is its directory; several, or ``subdirs``:
+    ``out/<label>/``; ``out=None``: nothing is written). ``resume``: continue from the runs' checkpoints (refused when there is none,
+    unless ``missing_ok``); without it a directory that already holds a run is refused. ``lanes``: how runs that can
+    share a program run — 'vmap' (vectorised lanes), 'map' (one after another inside the program: bit-identical to
+    separate runs of the traced program) or 'off' (separate programs); ``trace``: algorithm keys passed as traced
+    values even when all runs agree on them (a sweep's grid keys). Runs a guard stops are reported in their
+    summaries (status 'stopped' and the message); the caller decides what that means."""
+    if lanes not in LANE_MODES:
+        raise ConfigError(f"lanes must be one of {list(LANE_MODES)}, got {lanes!r}.")
     output = output or Output()
+    for _, cfg in points:
+        cfg.validate()
     root = RunDir(out)
-    seeds = seed_list(cfg)
-    dirs = [root] if len(seeds) == 1 else [root.seed_dir(s) for s in seeds]
-    if resume and not missing_ok and not any(d.has_checkpoint() for d in dirs):
-        raise ConfigError(f"--resume: no checkpoint in {dirs[0].checkpoints!r}; start the run without --resume "
-                          f"(or point --out at the run directory to continue).")
-    if not resume and any(d.holds_run() for d in [root, *dirs]):
+    dirs = _point_dirs(points, root, len(points) > 1 if subdirs is None else subdirs)
+    runs_by_point = [_runs_of(label, cfg, d) for (label, cfg), d in zip(points, dirs)]
+    all_runs = [run for runs in runs_by_point for run in runs]
+    if resume and not missing_ok and not any(run.directory.has_checkpoint() for run in all_runs):
+        raise ConfigError(f"--resume: no checkpoint in {all_runs[0].directory.checkpoints!r}; start the run without "
+                          f"--resume (or point --out at the run directory to continue).")
+    if not resume and any(d.holds_run() for d in [*dirs, *(r.directory for r in all_runs)]):
         raise ConfigError(f"run directory {root.path!r} already holds a run; continue it with --resume or choose "
                           f"another --out.")
-    lanes = _Lanes(cfg, root, data_cache or DataCache(), resume)
+    cache = data_cache or DataCache()
+    sims = _Sims()
+    for run in all_runs:  # refuse a bad split or a model that does not fit the data before writing anything
+        run.data = cache(run.cfg, run.seed)
+        run.steps_per_round = sims(run).work_per_round()[0]
     try:
-        root.write_config(cfg)
-        if len(seeds) > 1:
-            for s, d in zip(seeds, dirs):
-                d.write_config(dataclasses.replace(cfg, seed=s, seeds=1))
-        if resume:
-            lanes.restore()
-        output.note(f"{cfg.run_name}: {lanes.sims[0].algorithm.summary or cfg.algorithm}")
-        output.note(f"  data: {lanes.datas[0].summary()}; results in {root.path}")
-        vectorised = lanes.can_vectorise()
-        results = _run_lanes(lanes, output, vectorised)
-    except NonFiniteError as e:
-        kept = lanes.last_checkpoint()
-        where = "no checkpoint yet" if kept is None else f"the last good checkpoint (round {kept})"
-        raise NonFiniteError(f"{e} Kept in {root.path}: metrics.jsonl so far and {where}.") from None
+        for (label, cfg), d, runs in zip(points, dirs, runs_by_point):
+            d.write_config(cfg)
+            if len(runs) > 1:
+                for run in runs:
+                    run.directory.write_config(run.cfg)
+        for run in all_runs:
+            if resume:
+                _restore(run, sims(run))
+            if run.status != "reused" and run.cfg.checkpoint_every != 0 and out is not None:
+                run.checkpointer = Checkpointer(run.directory.checkpoints)
+        todo = [r for r in all_runs if r.status != "reused"]
+        if points:
+            label, cfg = points[0]
+            output.note(f"{label or cfg.run_name}: {sims(all_runs[0]).algorithm.summary or cfg.algorithm}"
+                        + (f" (+{len(points) - 1} more points)" if len(points) > 1 else ""))
+            output.note(f"  data: {all_runs[0].data.summary()}; results in {root.path or '(not written)'}")
+        split: set[str] = set()
+        while todo:
+            programs = group_runs(todo, batchable=_batchable(sims), lanes=lanes, split=split, trace=set(trace))
+            program = programs[0]
+            if program.traced:
+                sim, hp = sims(program.runs[0], program.traced), program.hps()[0]
+                if traceable(sim, hp):  # a key reached Python control flow: its values become separate programs
+                    bad = [k for k in program.traced if traceable(sim, {k: hp[k]})] or list(program.traced)
+                    split |= set(bad)
+                    output.note(f"  {', '.join(bad)}: not a traceable value (Python branches on it or it sets a "
+                                f"shape); one program per value")
+                    continue
+            _execute(program, sims, output, lanes)
+            todo = [r for r in todo if all(r is not done for done in program.runs)]
     finally:
-        lanes.close()
-    lane_results = []
-    for i, (seed, d, res) in enumerate(zip(lanes.seeds, lanes.dirs, results)):
-        summary = make_summary(cfg, seed, lanes.logs[i], lanes.steps_per_round)
-        d.write_summary(summary)
-        output.event("summary", run=cfg.run_name, **summary)
-        if plots and len(seeds) == 1:
-            plot_run(d.path, [res.history], [res.per_client], cfg.run_name)
-        lane_results.append(LaneResult(seed, d, res, summary))
-    if len(seeds) > 1:
-        top = aggregate_summaries([lr.summary for lr in lane_results], vectorised)
-        root.write_summary(top)
-        if plots:
-            plot_run(root.path, [lr.result.history for lr in lane_results],
-                     [lr.result.per_client for lr in lane_results], f"{cfg.run_name} ({len(seeds)} seeds)")
-    else:
-        top = lane_results[0].summary
-    return ExperimentResult(cfg, root, lane_results, top, vectorised)
+        for run in all_runs:
+            if run.checkpointer is not None:
+                run.checkpointer.close()
+                run.checkpointer = None
+    return [_finish(label, cfg, d, runs, output, plots) for (label, cfg), d, runs in
+            zip(points, dirs, runs_by_point)]
 
 
-def _run_lanes(lanes: _Lanes, output: Output, vectorised: bool) -> list[RunResult]:
-    """Run every seed to ``cfg.rounds``: together (``vectorised``) or one after another."""
-    cfg = lanes.cfg
+def _restore(run: Run, sim: Simulation) -> None:
+    """Reuse a completed run, or load its latest checkpoint (none: it starts afresh) and cut its metrics back."""
+    if run.directory.holds_summary():
+        summary = run.directory.read_summary()
+        if summary.get("status") == "completed" and summary.get("rounds") == run.cfg.rounds:
+            run.status, run.summary = "reused", summary
+            run.log = RunLog(history=run.directory.read_metrics())
+            return
+    if run.directory.has_checkpoint():
+        with Checkpointer(run.directory.checkpoints) as ck:
+            run.state, run.log = ck.restore(sim.state_shapes())
+        run.start = int(run.state.round)
+    run.directory.write_metrics(run.log.history)
 
-    timer = CheckpointTimer() if lanes.every is None else None
+
+def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str) -> None:
+    """Run the program's lanes to their config's ``rounds`` (one run: a plain run; several: :class:`Lanes`)."""
+    runs = program.runs
+    cfg = runs[0].cfg
+    sim = sims(runs[0], program.traced)
+    timer = CheckpointTimer() if cfg.checkpoint_every is None else None
 
     def on_eval(i, record, state):
-        lanes.dirs[i].write_metrics(lanes.logs[i].history)
-        output.event("eval", run=cfg.run_name, seed=lanes.seeds[i], **record)
+        run = runs[i]
+        run.directory.write_metrics(run.log.history)
+        output.event("eval", run=run.label or cfg.run_name, seed=run.seed, **record)
         if timer is not None and record["round"] < cfg.rounds and timer.due(record["round"]):
-            on_checkpoint(i, state, lanes.logs[i])  # (the last round is checkpointed below)
+            on_checkpoint(i, state, run.log)  # (the last round is checkpointed below)
 
     def on_checkpoint(i, state, log):
-        lanes.checkpointers[i].save(state, log)
+        if runs[i].checkpointer is not None:
+            runs[i].checkpointer.save(state, log)
 
-    def stopped(i, message):
-        lanes.dirs[i].write_summary(make_summary(cfg, lanes.seeds[i], lanes.logs[i], lanes.steps_per_round,
-                                                 "stopped", message))
+    def on_stop(i, message):
+        run = runs[i]
+        run.status, run.message = "stopped", message
+        run.summary = make_summary(run.cfg, run.seed, run.log, run.steps_per_round, "stopped", message)
+        run.directory.write_summary(run.summary)
 
-    saving = lanes.every != 0
-    common = dict(checkpoint_every=lanes.every or 0, progress=output.progress)
-    if vectorised:
-        batch = Lanes(lanes.sims[0], lanes.seeds, None if lanes.shared_data else lanes.datas)
-        states = batch.init() if lanes.states[0] is None else tree.stack(lanes.states)
-        try:
-            results = batch.run(cfg.rounds, cfg.eval_every, states, lanes.logs, callback=on_eval,
-                                on_checkpoint=on_checkpoint if saving else None, **common)
-        except NonFiniteError as e:
-            for i in range(len(lanes.seeds)):
-                stopped(i, str(e))
-            raise
+    common = dict(checkpoint_every=cfg.checkpoint_every or 0, callback=on_eval, on_checkpoint=on_checkpoint,
+                  on_stop=on_stop, guards=_guards(cfg), progress=output.progress)
+    for run in runs:
+        run.status = "running"
+    if len(runs) == 1 and not program.traced:
+        run = runs[0]
+        state = run.state if run.state is not None else sim.init(run.seed)
+        state, per_client, _ = drive(sim, state, [run.log], cfg.rounds, cfg.eval_every, lanes=False, **common)
+        results = [RunResult(state, run.log.history, jax.device_get(per_client), sim.compile_seconds,
+                             run.log.run_seconds)]
     else:
-        results = []
-        for i, (seed, sim) in enumerate(zip(lanes.seeds, lanes.sims)):
-            state = lanes.states[i] if lanes.states[i] is not None else sim.init(seed)
-            save = (lambda st, lg, i=i: on_checkpoint(i, st, lg)) if saving else None
-            try:
-                results.append(sim.run(cfg.rounds, cfg.eval_every, state, log=lanes.logs[i],
-                                       callback=lambda rec, st, i=i: on_eval(i, rec, st), on_checkpoint=save,
-                                       **common))
-            except NonFiniteError as e:
-                message = f"seed {seed}: {e}" if len(lanes.seeds) > 1 else str(e)
-                stopped(i, message)
-                raise NonFiniteError(message) from None
-    for i, res in enumerate(results):  # a resumed run that was already complete: evaluate for the plots
-        if not res.per_client:
-            _, per_client = lanes.sims[i].evaluate(res.state)
-            results[i] = dataclasses.replace(res, per_client=jax.device_get(per_client))
-    return results
+        datas = [r.data for r in runs]
+        shared = all(d is datas[0] for d in datas)
+        batch = Lanes(sim, [r.seed for r in runs], None if shared else datas, program.hps(), mode=lanes_mode)
+        restored = [r.state for r in runs]
+        states = batch.init() if restored[0] is None else tree.stack(restored)
+        results, _ = batch.run(cfg.rounds, cfg.eval_every, states, [r.log for r in runs], **common)
+    for run, res in zip(runs, results):
+        run.result, run.vectorised = res, len(runs) > 1
+        if run.status != "stopped":
+            run.status = "completed"
+            run.summary = make_summary(run.cfg, run.seed, run.log, run.steps_per_round)
+            run.directory.write_summary(run.summary)
 
 
-def compare_experiments(cfg: ExperimentConfig, algorithms: list[str | tuple[str, dict]], out: str, *,
-                        resume: bool = False, output: Output | None = None, plots: bool = True
-                        ) -> tuple[list[dict], dict[str, ExperimentResult]]:
+def _finish(label, cfg: ExperimentConfig, d: RunDir, runs: list[Run], output: Output, plots: bool
+            ) -> ExperimentResult:
+    """Events, plots and the point's summary once all its runs are done."""
+    for run in runs:
+        output.event("summary", run=label or cfg.run_name, **run.summary)
+    vectorised = all(r.vectorised for r in runs)
+    top = runs[0].summary if len(runs) == 1 else aggregate_summaries([r.summary for r in runs], vectorised)
+    if len(runs) > 1:
+        d.write_summary(top)
+    if plots and d.path is not None and any(r.log.history for r in runs):
+        title = label or cfg.run_name
+        plot_run(d.path, [r.log.history for r in runs], [r.result.per_client if r.result else {} for r in runs],
+                 title if len(runs) == 1 else f"{title} ({len(runs)} seeds)")
+    return ExperimentResult(cfg, d, runs, top, vectorised)
+
+
+def run_experiment(cfg: ExperimentConfig, out: str | None, *, resume: bool = False, output: Output | None = None,
+                   data_cache: DataCache | None = None, plots: bool = True, missing_ok: bool = False,
+                   lanes: str = "vmap") -> ExperimentResult:
+    """Run ``cfg`` (all its seeds) into run directory ``out`` (None: write nothing). Raises
+    :class:`~fljax.engine.NonFiniteError`, after writing what it has, when a seed produced NaN/Inf or diverged."""
+    result = run_points([(None, cfg)], out, resume=resume, output=output, data_cache=data_cache, plots=plots,
+                        missing_ok=missing_ok, lanes=lanes)[0]
+    stopped = result.stopped
+    if stopped:
+        run = stopped[0]
+        kept = _last_checkpoint(run)
+        where = "no checkpoint yet" if kept is None else f"the last good checkpoint (round {kept})"
+        who = f"seed {run.seed}: " if len(result.runs) > 1 else ""
+        kept_in = f" Kept in {result.directory.path}: metrics.jsonl so far and {where}." if out else ""
+        raise NonFiniteError(f"{who}{run.message}; lower the learning rate (algo.lr) or check the data.{kept_in}")
+    return result
+
+
+def _last_checkpoint(run: Run) -> int | None:
+    if not run.directory.has_checkpoint():
+        return None
+    with Checkpointer(run.directory.checkpoints) as ck:
+        return ck.latest_round()
+
+
+def compare_experiments(cfg: ExperimentConfig, algorithms: list[str | tuple[str, dict]], out: str | None, *,
+                        resume: bool = False, output: Output | None = None, plots: bool = True,
+                        data_cache: DataCache | None = None) -> tuple[list[dict], dict[str, ExperimentResult]]:
     """Run every algorithm on the data, partition and seeds of ``cfg`` into ``out/<label>/``; write the table
     (``compare.md``), ``compare.png`` and ``summary.json`` into ``out``. Every algorithm's config is validated
     before anything runs. Returns the table rows and the results by label."""
@@ -244,14 +358,10 @@ def compare_experiments(cfg: ExperimentConfig, algorithms: list[str | tuple[str,
     root = RunDir(out)
     entries = [(e, {}) if isinstance(e, str) else tuple(e) for e in algorithms]
     check_compare_algo(cfg, [name for name, _ in entries])
-    configs = {}
+    points = []
     for name, hyper in entries:
         lbl = make_label(name, hyper)
-        configs[lbl] = dataclasses.replace(algorithm_config(cfg, name, hyper), name=lbl)
-    cache = DataCache()
-    for one in configs.values():  # refuse a bad split or a model that does not fit the data before writing anything
-        for seed in seed_list(one):
-            _build(dataclasses.replace(one, seed=seed), cache(one, seed))
+        points.append((lbl, dataclasses.replace(algorithm_config(cfg, name, hyper), name=lbl)))
     if resume and not root.holds_run():
         raise ConfigError(f"--resume: {root.path!r} holds no comparison to continue; start it without --resume.")
     if not resume and root.holds_run():
@@ -260,20 +370,63 @@ def compare_experiments(cfg: ExperimentConfig, algorithms: list[str | tuple[str,
     listing = [{"label": make_label(n, h), "algorithm": n, "hyperparameters": h} for n, h in entries]
     root.write_config(cfg)
     root.write_summary({"status": "running", "algorithms": listing})
-    results = {}
-    for lbl, one in configs.items():
-        results[lbl] = run_experiment(one, root.file(dir_name(lbl)), resume=resume, missing_ok=True, output=output,
-                                      data_cache=cache, plots=plots)
-    rows = [r.row(lbl) for lbl, r in results.items()]
-    table = markdown_table(rows)
+    results = run_points(points, out, resume=resume, missing_ok=True, output=output, plots=plots, subdirs=True,
+                         data_cache=data_cache)
+    by_label = {lbl: r for (lbl, _), r in zip(points, results)}
+    rows = [r.row(lbl) for lbl, r in by_label.items()]
     title = (f"{cfg.data.dataset}, {cfg.data.num_clients} clients, {cfg.rounds} rounds, "
              f"{cfg.seeds} seed{'s' if cfg.seeds > 1 else ''}")
-    files.write_text(root.file("compare.md"), f"# {title}\n\n{table}\n")
-    if plots:
-        plot_compare(root.file("compare.png"), {lbl: r.histories for lbl, r in results.items()}, title)
+    root.write_text("compare.md", f"# {title}\n\n{markdown_table(rows)}\n")
+    if plots and root.path is not None:
+        plot_compare(root.file("compare.png"), {lbl: r.histories for lbl, r in by_label.items()}, title)
     root.write_summary({"status": "completed", "algorithms": listing,
-                        "results": {lbl: r.summary for lbl, r in results.items()}})
-    return rows, results
+                        "results": {lbl: r.summary for lbl, r in by_label.items()}})
+    return rows, by_label
+
+
+def sweep_experiments(cfg: ExperimentConfig, grid: dict[str, list], out: str | None, *, resume: bool = False,
+                      output: Output | None = None, plots: bool = True, lanes: str = "vmap",
+                      data_cache: DataCache | None = None) -> tuple[list[dict], dict[str, ExperimentResult]]:
+    """Run every point of ``grid`` (dotted keys → values, :func:`~fljax.runner.sweep.grid_points`) on ``cfg`` for its
+    seeds into ``out/<point>/``; points that differ only in numeric hyperparameters are lanes of one program with
+    the seeds. Writes ``sweep.md`` (the table: mean ± std over seeds), ``sweep.png`` and ``summary.json``. Returns
+    the table rows and the results by point label; a point a guard stopped is marked 'stopped' in the table."""
+    output = output or Output()
+    root = RunDir(out)
+    if not grid:
+        raise ConfigError("a sweep needs a grid, e.g. --grid algo.lr=0.01,0.1.")
+    base = to_dict(cfg)
+    points = []
+    for values in grid_points(grid):
+        label = point_label(values)
+        points.append((label, dataclasses.replace(point_config(base, values), name=label)))
+    if not resume and root.holds_run():
+        raise ConfigError(f"directory {root.path!r} already holds a sweep; continue it with --resume or choose "
+                          f"another --out.")
+    root.write_config(cfg)
+    root.write_summary({"status": "running", "grid": grid})
+    trace = tuple(k.split(".", 1)[1] for k in grid if k.startswith("algo."))
+    results = run_points(points, out, resume=resume, missing_ok=True, output=output, plots=plots, subdirs=True,
+                         lanes=lanes, trace=trace, data_cache=data_cache)
+    by_label = {lbl: r for (lbl, _), r in zip(points, results)}
+    rows = []
+    for lbl, r in by_label.items():
+        row = r.row(lbl)
+        row["status"] = "stopped: " + r.stopped[0].message if r.stopped else "completed"
+        rows.append(row)
+    title = (f"{cfg.algorithm} on {cfg.data.dataset}, {len(points)} points × {cfg.seeds} seed"
+             f"{'s' if cfg.seeds > 1 else ''}, {cfg.rounds} rounds")
+    root.write_text("sweep.md", f"# {title}\n\n{markdown_table(rows)}\n")
+    if plots and root.path is not None:
+        plot_compare(root.file("sweep.png"), {lbl: r.histories for lbl, r in by_label.items()}, title)
+    root.write_summary({"status": "completed", "grid": grid, "programs": _program_count(results),
+                        "results": {lbl: r.summary for lbl, r in by_label.items()}})
+    return rows, by_label
+
+
+def _program_count(results: list[ExperimentResult]) -> dict:
+    runs = [run for r in results for run in r.runs]
+    return {"runs": len(runs), "vectorised_runs": sum(run.vectorised for run in runs)}
 
 
 def saved_config(directory: str) -> str:
@@ -285,6 +438,15 @@ def saved_config(directory: str) -> str:
     return path
 
 
+def saved_grid(directory: str) -> dict[str, list]:
+    """The grid of the sweep in ``directory`` (for ``--resume``)."""
+    path = RunDir(directory).file("summary.json")
+    if not os.path.exists(path) or "grid" not in files.read_json(path):
+        raise ConfigError(f"--resume: {directory!r} holds no sweep (no grid in summary.json); pass the --out of the "
+                          f"sweep to continue.")
+    return files.read_json(path)["grid"]
+
+
 def saved_algorithms(directory: str) -> list[tuple[str, dict]]:
     """The algorithms (name, hyperparameters) of the comparison in ``directory`` (for ``--resume``)."""
     path = RunDir(directory).file("summary.json")
@@ -292,4 +454,3 @@ def saved_algorithms(directory: str) -> list[tuple[str, dict]]:
         raise ConfigError(f"--resume: {directory!r} holds no comparison (no summary.json); pass the --out of the "
                           f"comparison to continue.")
     return [(a["algorithm"], a["hyperparameters"]) for a in files.read_json(path)["algorithms"]]
-

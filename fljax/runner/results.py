@@ -26,41 +26,60 @@ __all__ = ["RunDir", "make_summary", "aggregate_summaries"]
 
 
 class RunDir:
-    def __init__(self, path: str):
-        self.path = str(path)
+    """A run directory (``path``), or nowhere (``path=None``: a run from Python that writes nothing; every write
+    is then skipped)."""
 
-    def file(self, name: str) -> str:
-        return os.path.join(self.path, name)
+    def __init__(self, path: str | None):
+        self.path = None if path is None else str(path)
+
+    def file(self, name: str) -> str | None:
+        return None if self.path is None else os.path.join(self.path, name)
+
+    def child(self, name: str) -> "RunDir":
+        return RunDir(self.file(name))
 
     @property
-    def checkpoints(self) -> str:
+    def checkpoints(self) -> str | None:
         return self.file("checkpoints")
+
+    def _exists(self, name: str) -> bool:
+        return self.path is not None and os.path.exists(self.file(name))
 
     def holds_run(self) -> bool:
         """True when an earlier run wrote results here."""
-        return any(os.path.exists(self.file(n)) for n in ("metrics.jsonl", "summary.json", "checkpoints"))
+        return any(self._exists(n) for n in ("metrics.jsonl", "summary.json", "checkpoints"))
+
+    def holds_summary(self) -> bool:
+        return self._exists("summary.json")
 
     def has_checkpoint(self) -> bool:
         d = self.checkpoints
-        return os.path.isdir(d) and any(n.isdigit() for n in os.listdir(d))
+        return d is not None and os.path.isdir(d) and any(n.isdigit() for n in os.listdir(d))
 
     def seed_dir(self, seed: int) -> "RunDir":
-        return RunDir(self.file(f"seed_{seed}"))
+        return self.child(f"seed_{seed}")
 
     def write_config(self, cfg: ExperimentConfig) -> None:
-        files.write_yaml(self.file("config.yaml"), to_dict(cfg))
+        if self.path is not None:
+            files.write_yaml(self.file("config.yaml"), to_dict(cfg))
 
     def write_metrics(self, history: list[dict]) -> None:
-        files.write_jsonl(self.file("metrics.jsonl"), history)
+        if self.path is not None:
+            files.write_jsonl(self.file("metrics.jsonl"), history)
 
     def read_metrics(self) -> list[dict]:
-        return files.read_jsonl(self.file("metrics.jsonl"))
+        return files.read_jsonl(self.file("metrics.jsonl")) if self._exists("metrics.jsonl") else []
 
     def write_summary(self, summary: dict) -> None:
-        files.write_json(self.file("summary.json"), summary)
+        if self.path is not None:
+            files.write_json(self.file("summary.json"), summary)
 
     def read_summary(self) -> dict:
         return files.read_json(self.file("summary.json"))
+
+    def write_text(self, name: str, text: str) -> None:
+        if self.path is not None:
+            files.write_text(self.file(name), text)
 
 
 def _best(history: list[dict]) -> dict:

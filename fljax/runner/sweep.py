@@ -1,27 +1,21 @@
-"""Seeds of one experiment: which seeds, their data, and whether they run vectorised or one after another.
+"""Points and seeds: what a run, a sweep or a comparison is made of, and the data each needs.
 
-Seed sweep ``seeds: N`` runs seeds ``seed, seed+1, ..., seed+N-1``. The data seed is ``data.seed`` when set (every
-run seed then shares one data set and partition) and otherwise follows the run seed (each seed draws its own
-partition). The seeds run as ONE compiled program, vmapped over a leading seed axis of the state
-(:class:`fljax.engine.Lanes`), when
-
-* the executor is jitted on one device (``vmap`` or ``chunked``; not ``loop`` or ``sharded``), and
-* every seed has the same data, or per-seed data of identical shapes (for example an ``iid`` split, whose client
-  sizes do not depend on the seed); no padding is added, since padding would change the batch schedules and
-  with them the results;
-* when resuming, every seed's checkpoint is at the same round.
-
-Otherwise they run one after another (sharing compiled programs whenever they share the data).
+A *point* is one experiment config (an algorithm with its hyperparameters, data, model, run settings) with a
+label; it runs for ``seeds`` seeds ``seed, seed+1, …``. ``fljax run`` is one point, ``fljax sweep`` the points of
+a grid of overrides (:func:`grid_points`), ``fljax compare`` one point per algorithm, a paper reproduction the
+points of its studies. The data seed is ``data.seed`` when set (every run seed then shares one data set and
+partition) and otherwise follows the run seed (each seed draws its own partition).
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 
-from fljax.config import ExperimentConfig, to_dict
+from fljax.config import ConfigError, ExperimentConfig, apply_overrides, from_dict, parse_override, to_dict
 from fljax.data import FederatedData
 
-__all__ = ["seed_list", "DataCache", "data_seed"]
+__all__ = ["seed_list", "DataCache", "data_seed", "parse_grid", "grid_points", "point_label"]
 
 
 def seed_list(cfg: ExperimentConfig) -> list[int]:
@@ -33,15 +27,76 @@ def data_seed(cfg: ExperimentConfig, seed: int) -> int:
 
 
 class DataCache:
-    """Federated data sets by (data config, data seed), built once and shared between seeds and algorithms."""
+    """Federated data sets by (data config, data seed), built once and shared between seeds, points and
+    algorithms."""
 
     def __init__(self):
         self._cache: dict = {}
+        self._fixed: FederatedData | None = None
+
+    @classmethod
+    def fixed(cls, data: FederatedData) -> "DataCache":
+        """A cache that gives ``data`` (the user's own) to every run."""
+        cache = cls()
+        cache._fixed = data
+        return cache
 
     def __call__(self, cfg: ExperimentConfig, seed: int) -> FederatedData:
         from fljax.api import load_data
 
-        key = (json.dumps(to_dict(cfg.data), sort_keys=True), data_seed(cfg, seed))
+        if self._fixed is not None:
+            return self._fixed
+        key = (json.dumps(to_dict(cfg.data), sort_keys=True, default=str), data_seed(cfg, seed))
         if key not in self._cache:
             self._cache[key] = load_data(dataclasses.replace(cfg, seed=seed))
         return self._cache[key]
+
+
+def parse_grid(specs: list[str]) -> dict[str, list]:
+    """``["algo.lr=0.01,0.03", "algo.mu=0,0.01"]`` → ``{"algo.lr": [0.01, 0.03], "algo.mu": [0, 0.01]}``; values are
+    read as in ``--set`` (``1e-3`` is a float). A value list in YAML brackets (``algo.hidden=[[16],[32]]``) is
+    taken as the list of values."""
+    grid: dict[str, list] = {}
+    for spec in specs:
+        if "=" not in spec:
+            raise ConfigError(f"--grid {spec!r} must look like key=v1,v2,... (for example algo.lr=0.01,0.1).")
+        key, raw = spec.split("=", 1)
+        key = key.strip()
+        if key in grid:
+            raise ConfigError(f"--grid {key} is given twice; list all its values in one --grid.")
+        stripped = raw.strip()
+        if stripped.startswith("["):
+            values = parse_override(f"{key}={stripped}")[1]
+            if not isinstance(values, list):
+                raise ConfigError(f"--grid {key}: {raw!r} is not a list of values.")
+        else:
+            values = [parse_override(f"{key}={v}")[1] for v in stripped.split(",")]
+        if not values or any(v is None and r.strip() == "" for v, r in zip(values, stripped.split(","))):
+            raise ConfigError(f"--grid {key} needs at least one value, e.g. {key}=0.01,0.1.")
+        grid[key] = values
+    return grid
+
+
+def grid_points(grid: dict[str, list]) -> list[dict[str, object]]:
+    """The Cartesian product of a grid, as flat ``{dotted key: value}`` dicts, in the grid's order."""
+    keys = list(grid)
+    return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def point_label(point: dict[str, object]) -> str:
+    """``{"algo.lr": 0.1, "algo.mu": 0}`` → ``"lr=0.1,mu=0"`` (the last part of each key)."""
+    return ",".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in point.items()) or "base"
+
+
+def point_config(base: dict, point: dict[str, object]) -> ExperimentConfig:
+    """The validated config of one grid point: ``base`` (a nested dict) with the point's dotted overrides."""
+    values = apply_overrides(base, [])
+    for key, value in point.items():
+        node = values
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--grid {key}: {part!r} is not a section.")
+        node[parts[-1]] = value
+    return from_dict(ExperimentConfig, values).validate()

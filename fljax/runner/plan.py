@@ -1,0 +1,126 @@
+"""Which runs share one compiled program.
+
+A run is one lane: a point's config with one seed. Runs go into one program (:class:`fljax.engine.Lanes`) when
+
+* their configs are equal except for the seed, the point's name and *numeric* algorithm hyperparameters (learning
+  rates, μ, λ, ρ, k0, …), which then become traced arguments — the grid is one program;
+* they share their data, or have data of identical shapes (stacked per lane);
+* the executor is jitted on one device (not ``loop``, not ``sharded``);
+* they start at the same round (resuming).
+
+Everything else runs as separate programs (one per distinct config). A hyperparameter that Python control flow
+inspects (``if momentum:``) cannot be traced: :func:`traceable` finds out by tracing one round, and the runner then
+splits the program by that key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from fljax.config import to_dict
+
+__all__ = ["Program", "group_runs", "numeric", "traceable"]
+
+NOT_IN_PROGRAM = ("seed", "seeds", "name")  # per-lane or cosmetic keys
+
+
+def numeric(value) -> bool:
+    """An int or float that can become a traced scalar (not a bool, not None)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _key(cfg, drop_algo: set[str]) -> str:
+    values = {k: v for k, v in to_dict(cfg).items() if k not in NOT_IN_PROGRAM}
+    values["algo"] = {k: v for k, v in values["algo"].items() if k not in drop_algo}
+    return json.dumps(values, sort_keys=True, default=str)
+
+
+@dataclasses.dataclass
+class Program:
+    """Runs of one compiled program: ``runs`` (lanes), the algorithm keys traced per lane, whether the lanes
+    share one data set."""
+
+    runs: list
+    traced: tuple[str, ...] = ()
+
+    def hps(self) -> list[dict] | None:
+        """Per-lane values of the traced keys (None when nothing is traced)."""
+        if not self.traced:
+            return None
+        return [{k: run.cfg.algo.get(k, _default(run.cfg.algorithm, k)) for k in self.traced} for run in self.runs]
+
+
+def _default(algorithm: str, key: str):
+    from fljax.algorithms.registry import get_algorithm
+
+    return getattr(get_algorithm(algorithm)(), key)
+
+
+def group_runs(runs: list, *, batchable, lanes: str = "vmap", split: set[str] = frozenset(),
+               trace: set[str] = frozenset()) -> list[Program]:
+    """Programs for ``runs`` (objects with ``.cfg`` and ``.start``, the round they resume from). ``batchable(runs)``
+    says whether a set of runs can share a program (executor, data shapes). ``lanes='off'``: every run alone.
+    ``split``: algorithm keys that must not be traced (found untraceable); ``trace``: keys traced even where every
+    run has the same value (a sweep's grid keys, so that a one-point sweep runs the very program of a larger one)."""
+    if lanes == "off":
+        return [Program([r]) for r in runs]
+    groups: dict[tuple, list] = {}
+    for run in runs:  # same algorithm, same everything but the algorithm's hyperparameters, same start round
+        groups.setdefault((_key(run.cfg, set(run.cfg.algo) | _all_fields(run.cfg.algorithm)), run.start), []).append(run)
+    programs = []
+    for members in groups.values():
+        candidates = _differing(members) | set(trace)
+        traced = {k for k in candidates if all(numeric(_value(r.cfg, k)) for r in members)} - set(split)
+        by_rest: dict[str, list] = {}
+        for run in members:  # the keys that cannot be traced separate programs
+            by_rest.setdefault(_key(run.cfg, traced), []).append(run)
+        for rest in by_rest.values():
+            programs.extend(_by_data(rest, tuple(sorted(traced)), batchable))
+    return programs
+
+
+def _all_fields(algorithm: str) -> set[str]:
+    from fljax.algorithms.registry import get_algorithm, hyperparameter_fields
+
+    return set(hyperparameter_fields(get_algorithm(algorithm)))
+
+
+def _value(cfg, key: str) -> Any:
+    return cfg.algo[key] if key in cfg.algo else _default(cfg.algorithm, key)
+
+
+def _differing(runs: list) -> set[str]:
+    keys = set().union(*(r.cfg.algo for r in runs))
+    return {k for k in keys if len({json.dumps(_value(r.cfg, k), default=str) for r in runs}) > 1}
+
+
+def _by_data(runs: list, traced: tuple, batchable) -> list[Program]:
+    """One program if the runs can share it (data of one shape, a jitted executor); else one per data set (e.g. a
+    grid's points for each seed when every seed draws its own partition); else one per run (tracing ``traced``
+    only under a jitted executor)."""
+    if batchable(runs):
+        return [Program(runs, traced)]
+    by_data: dict[int, list] = {}
+    for run in runs:
+        by_data.setdefault(id(run.data), []).append(run)
+    if len(by_data) < len(runs):
+        return [p for group in by_data.values() for p in _by_data(group, traced, batchable)]
+    return [Program([r], traced if batchable([r]) else ()) for r in runs]
+
+
+def traceable(sim, hp: dict) -> str | None:
+    """None when one round and one evaluation of ``sim`` trace with ``hp`` as traced values, else the message of
+    the tracing error (a Python branch on a traced hyperparameter)."""
+    import jax
+    import jax.numpy as jnp
+
+    hp = {k: jnp.asarray(v) for k, v in hp.items()}
+    try:
+        state = jax.eval_shape(lambda h: sim._init(jax.random.PRNGKey(0), h), hp)
+        jax.eval_shape(lambda s, h: sim._block(s, sim.data, 1, h), state, hp)
+        jax.eval_shape(lambda s, h: sim._evaluate(s, sim.data, h), state, hp)
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
+            jax.errors.TracerIntegerConversionError, TypeError) as e:
+        return str(e).splitlines()[0]
+    return None

@@ -1,0 +1,97 @@
+"""Vectorised hyperparameter grids (`fljax sweep`, `fljax.sweep`): a grid of numeric hyperparameters × seeds is
+one compiled program; it equals the separate runs (bit for bit when the lanes run one after another inside the
+program, to float tolerance when they are batched); keys that cannot be traced fall back to separate programs; a
+diverging point stops alone."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import fljax
+from fljax.cli import main
+from fljax.runner import files
+from fljax.runner.sweep import grid_points, parse_grid, point_label
+
+COMMON = dict(algorithm="fedprox", data={"dataset": "digits", "num_clients": 8, "seed": 0},
+              model={"name": "mlp", "options": {"hidden": [16]}}, algo={"cohort_size": 4, "local_steps": 3},
+              rounds=4, eval_every=2, seeds=2, progress=False)
+
+
+def _records(result):
+    return [[{k: v for k, v in r.items() if k != "wall_seconds"} for r in run.log.history] for run in result.runs]
+
+
+def test_grid_parsing_and_points():
+    grid = parse_grid(["algo.lr=0.01,1e-3", "algo.mu=[0, 0.5]"])
+    assert grid == {"algo.lr": [0.01, 0.001], "algo.mu": [0, 0.5]}  # 1e-3 is a float, as a person means
+    points = grid_points(grid)
+    assert points[1] == {"algo.lr": 0.01, "algo.mu": 0.5} and len(points) == 4
+    assert point_label(points[1]) == "lr=0.01,mu=0.5"
+    for bad in (["algo.lr"], ["algo.lr=0.1", "algo.lr=0.2"]):
+        with pytest.raises(fljax.ConfigError):
+            parse_grid(bad)
+
+
+def test_grid_is_one_program_and_equals_its_separate_runs_bit_for_bit():
+    """Lanes run one after another inside the program (lanes='map'): each point equals the same point swept alone
+    (its own program, the hyperparameter traced the same way), every metric bit for bit."""
+    grid = {"algo.lr": [0.03, 0.1, 0.3], "algo.mu": [0.0, 0.5]}
+    together = fljax.sweep(grid, lanes="map", **COMMON)
+    assert all(r.vectorised for r in together.values())
+    for values in grid_points(grid):
+        alone = fljax.sweep({k: [v] for k, v in values.items()}, lanes="map", **COMMON)
+        (label, result), = alone.items()
+        assert label == point_label(values)
+        assert _records(result) == _records(together[label])
+
+
+def test_vectorised_grid_agrees_with_plain_runs():
+    """The default batched lanes equal `fljax.run` of each point (hyperparameters as constants) to float
+    tolerance; the points really differ."""
+    grid = {"algo.lr": [0.03, 0.3]}
+    swept = fljax.sweep(grid, **COMMON)
+    finals = []
+    for values in grid_points(grid):
+        plain = fljax.run(**{**COMMON, "algo": {**COMMON["algo"], "lr": values["algo.lr"]}})
+        for a, b in zip(_records(plain), _records(swept[point_label(values)])):
+            for ra, rb in zip(a, b):
+                for key in ra:
+                    np.testing.assert_allclose(rb[key], ra[key], rtol=2e-5, atol=1e-6, err_msg=key)
+        finals.append(plain.final["personal_acc"])
+    assert finals[0] != finals[1]
+
+
+def test_untraceable_and_shape_changing_keys_run_as_separate_programs():
+    """momentum is a Python branch (momentum or None), batch_size a shape: one program per value of theirs, the lr
+    values still lanes; every point equals its plain run."""
+    grid = {"algo.lr": [0.05, 0.2], "algo.momentum": [0.0, 0.5], "algo.batch_size": [5, 10]}
+    swept = fljax.sweep(grid, **{**COMMON, "seeds": 1})
+    assert len(swept) == 8 and all(r.vectorised for r in swept.values())  # lanes over lr (two lr per program)
+    values = {"algo.lr": 0.2, "algo.momentum": 0.5, "algo.batch_size": 5}
+    plain = fljax.run(**{**COMMON, "seeds": 1, "algo": {**COMMON["algo"], "lr": 0.2, "momentum": 0.5,
+                                                        "batch_size": 5}})
+    np.testing.assert_allclose(swept[point_label(values)].final["personal_acc"], plain.final["personal_acc"],
+                               atol=1e-6)
+
+
+def test_sweep_cli_table_files_and_a_diverging_point_stops_alone(tmp_path, capsys):
+    out = tmp_path / "sw"
+    argv = ["sweep", "--algorithm", "fedavg", "--dataset", "digits", "--set", "data.num_clients=8",
+            "--set", "model.name=mlp", "--set", "model.options.hidden=[16]", "--set", "rounds=4",
+            "--set", "algo.cohort_size=4",
+            "--set", "eval_every=2", "--grid", "algo.lr=0.1,1e6", "--seeds", "2", "--out", str(out), "--quiet"]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "lr=0.1" in table and "stopped: round 1 diverged: train_loss=" in table
+    assert sorted(os.listdir(out)) == ["config.yaml", "lr=0.1", "lr=1000000.0", "summary.json", "sweep.md",
+                                       "sweep.png"]
+    summary = files.read_json(out / "summary.json")
+    assert summary["grid"] == {"algo.lr": [0.1, 1000000.0]} and summary["programs"]["vectorised_runs"] == 4
+    ok = files.read_json(out / "lr=0.1" / "seed_0" / "summary.json")
+    bad = files.read_json(out / "lr=1000000.0" / "seed_1" / "summary.json")
+    assert ok["status"] == "completed" and ok["rounds"] == 4
+    assert bad["status"] == "stopped" and "diverged" in bad["message"] and bad["rounds"] == 0
+    # the sweep's own config and grid let it resume; a finished sweep resumes to the same table
+    assert main(["sweep", "--resume", "--out", str(out), "--quiet"]) == 0
+    assert json.loads((out / "lr=0.1" / "seed_0" / "summary.json").read_text()) == ok
