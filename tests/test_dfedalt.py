@@ -1,5 +1,7 @@
 """DFedAlt / DFedSalt and the decentralized template: the identities of the DFedAlt spec (§9 claim 5, issue point 5)
 and executor agreement."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +11,7 @@ import fljax.data as D
 from fljax import tree
 from fljax.algorithms import ClientInput, ClientResult, make_algorithm
 from fljax.engine import Simulation
+from fljax.errors import OptionError
 from fljax.models import make_model
 from fljax.ops import gossip, partition
 
@@ -213,6 +216,61 @@ def test_bad_hyperparameters_are_refused_in_one_line(pat12, hp, match):
     with pytest.raises(ValueError, match=match) as e:
         _sim(pat12, "dfedalt", **hp)
     assert "\n" not in str(e.value)
+
+
+@dataclasses.dataclass(frozen=True)
+class _FixedTopology:
+    """A topology whose every draw is the given W (rows as tuples, so that it hashes like the real ones)."""
+
+    rows: tuple
+    static: bool = True
+    name: str = "fixed"
+
+    def sample(self, key=None):
+        return gossip.Mixing(W=jnp.asarray(self.rows, jnp.float32))
+
+
+def _rows(w):
+    return tuple(map(tuple, np.asarray(w, float)))
+
+
+def _two_blocks(m):
+    """Two complete blocks with no edge between them: row-stochastic, not connected."""
+    w, h = np.zeros((m, m)), m // 2
+    w[:h, :h], w[h:, h:] = 1 / h, 1 / (m - h)
+    return _rows(w)
+
+
+@pytest.mark.parametrize("name,rows,static,match", [
+    ("ring", _two_blocks(M), True, "mixing matrix is not: connected \\(required: row_stochastic, connected\\)"),
+    ("ring", _rows(0.9 * np.eye(M)), True, "not: row_stochastic, connected"),
+    ("identity", _rows(0.9 * np.eye(M)), True, "not: row_stochastic \\(required: row_stochastic\\)"),
+    ("random_k", _rows(np.full((M, M), 1.1 / M)), False, "not: row_stochastic .*draw from PRNGKey\\(0\\)"),
+    ("identity", _rows(np.eye(M)), True, None),        # no communication by design: not required to be connected
+    ("random_k", _two_blocks(M), False, None),         # one draw of a redrawn topology need not be connected
+], ids=["static-disconnected", "static-not-stochastic", "identity-not-stochastic", "redrawn-not-stochastic",
+        "identity-not-connected-ok", "redrawn-not-connected-ok"])
+def test_validate_checks_the_mixing_matrix(monkeypatch, name, rows, static, match):
+    """``Decentralized.validate`` refuses, in one line naming ``topology``, a mixing matrix that is not row-stochastic
+    or (static, not ``identity``) not connected (``ops.gossip.check_mixing``)."""
+    monkeypatch.setattr(gossip, "make_topology", lambda *a, **kw: _FixedTopology(rows, static))
+    algo = make_algorithm("dfedavg", topology=name)
+    if match is None:
+        algo.validate(M)
+        return
+    with pytest.raises(OptionError, match=match) as e:
+        algo.validate(M)
+    assert e.value.key == "topology" and "\n" not in str(e.value)
+    assert str(e.value).startswith(f"topology {name!r} with {M} clients: the {M}-node mixing matrix is not: ")
+
+
+def test_every_topology_passes_the_mixing_check():
+    """The library's topologies are valid: each at M nodes, and sparse random_k draws that are not connected (the
+    DFedAlt neighbours study, k = 2 over 50 clients)."""
+    for name in gossip.TOPOLOGIES:
+        make_algorithm("dfedavg", topology=name, k=3).validate(M)
+    assert not gossip.is_connected(gossip.make_topology("random_k", 50, k=2).sample(jax.random.PRNGKey(0)))
+    make_algorithm("dfedavg", topology="random_k", k=2).validate(50)
 
 
 def test_dfedalt_refuses_a_split_that_shares_nothing(pat12):

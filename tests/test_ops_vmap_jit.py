@@ -35,7 +35,7 @@ def nuclear_l1(p, step):
 
 
 def sam_grad(p, b):
-    return sam.sam(jax.grad(loss), 0.1, mask="dense")(p, b)
+    return sam.sam_value_and_grad(jax.value_and_grad(loss), 0.1, mask="dense")(p, b)
 
 
 def meta_fd(p, s, q):
@@ -51,8 +51,8 @@ def quant_step(x, c):
     return y, quant.center_update(c, jnp.zeros_like(c), y, 0.1, 0.2)
 
 
-def topk_traced(x, k):
-    return prox.top_k_dynamic(x, k)
+def rank_traced(x, k):
+    return prox.rank_mask(jnp.abs(x), k)
 
 
 def kl(t, s):
@@ -70,7 +70,7 @@ def cases():
         "meta_fd": (meta_fd, (params, s, q), (0, 0, 0)),
         "meta_exact": (meta_exact, (params, s, q), (0, 0, 0)),
         "quant": (quant_step, (rnd(31, C, 20), centers), (0, 0)),
-        "top_k_dynamic": (topk_traced, (rnd(32, C, 12), jnp.array([0, 3, 5, 12])), (0, 0)),
+        "rank_mask": (rank_traced, (rnd(32, C, 12), jnp.array([0, 3, 5, 12])), (0, 0)),
         "kl": (kl, (rnd(33, C, 5, 3), rnd(34, C, 5, 3)), (0, 0)),
         "linearised_prox": (lambda th, y, g: admm.linearised_prox(th, y, g, 0.3, 0.7), (theta, params, params),
                             (None, 0, 0)),

@@ -3,9 +3,8 @@ distillation, meta-gradients). Each operator is a small pure function on pytrees
 over a leading client axis; see ``docs/ops.md`` for the API reference with formulas and paper equations.
 
 The submodules are the primary namespaces (``ops.prox.L1``, ``ops.gossip.Ring``); the most used names are
-re-exported here. ``ops.gossip`` and ``ops.sam`` are the submodules, so the operators of the same name are called
-``ops.gossip.gossip(W, tree)`` and ``ops.sam.sam(grad_fn, rho)``; ``Identity`` exists in both ``prox`` and
-``gossip`` and is not re-exported.
+re-exported here. ``ops.gossip`` is the submodule, so the operator of the same name is called
+``ops.gossip.gossip(W, tree)``; ``Identity`` exists in both ``prox`` and ``gossip`` and is not re-exported.
 """
 from fljax.ops import admm, distill, gossip, meta, partition, prox, quant, sam, sparsity
 from fljax.ops.admm import (admm_consensus, augmented_lagrangian, augmented_lagrangian_grad, cg_solver,
@@ -16,12 +15,10 @@ from fljax.ops.gossip import (Mixing, check_mixing, consensus_distance, contract
                               is_doubly_stochastic, is_row_stochastic, is_symmetric, make_topology,
                               metropolis_hastings, spectral_gap)
 from fljax.ops.meta import adapt, hvp, meta_grad
-from fljax.ops.partition import (count, mask_and, mask_from_paths, mask_not, mask_or, masked_average, merge,
-                                 split)
+from fljax.ops.partition import count, mask_from_paths, mask_not, masked_average, merge, split
 from fljax.ops.prox import (L1, Box, ElasticNet, GroupLasso, HardThreshold, L2Norm, NonNegative, Nuclear, Prox,
-                            SquaredL2, chain, low_rank_factors, make_prox, matricize, measured_stats, on, per_leaf,
-                            prox_to_anchor, proximal_penalty, proximal_penalty_grad, soft_threshold, svt, top_k,
-                            top_k_dynamic, transmission_bytes, unmatricize)
+                            SquaredL2, chain, make_prox, matricize, measured_stats, on, per_leaf, proximal_penalty,
+                            soft_threshold, svt, transmission_bytes, unmatricize)
 from fljax.ops.quant import (R, assign, bits_accounting, center_update, hard_quantize, init_centers, prox_x,
                              soft_quantize)
 from fljax.ops.sam import sam_perturbation, sam_value_and_grad

@@ -26,8 +26,7 @@ PyTree = Any
 Selector = Union[str, Callable[[str, Any], bool], bool]
 
 __all__ = [
-    "matches", "mask_from_paths", "as_leaf_mask", "split", "merge", "mask_and", "mask_or", "mask_not", "count",
-    "masked_average",
+    "matches", "mask_from_paths", "as_leaf_mask", "split", "merge", "mask_not", "count", "masked_average",
 ]
 
 
@@ -77,16 +76,6 @@ def merge(a: PyTree, b: PyTree) -> PyTree:
 
 def _is_array(x) -> bool:
     return isinstance(x, (jax.Array, np.ndarray))
-
-
-def mask_and(a: PyTree, b: PyTree) -> PyTree:
-    """Leafwise / entrywise logical AND of two masks (leaf masks stay Python bools)."""
-    return jax.tree.map(lambda x, y: jnp.logical_and(x, y) if _is_array(x) or _is_array(y) else (x and y), a, b)
-
-
-def mask_or(a: PyTree, b: PyTree) -> PyTree:
-    """Leafwise / entrywise logical OR of two masks."""
-    return jax.tree.map(lambda x, y: jnp.logical_or(x, y) if _is_array(x) or _is_array(y) else (x or y), a, b)
 
 
 def mask_not(a: PyTree) -> PyTree:

@@ -18,7 +18,6 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 from fljax.ops.partition import Selector, matches
@@ -28,9 +27,8 @@ PyTree = Any
 
 __all__ = [
     "Prox", "Identity", "L1", "SquaredL2", "L2Norm", "GroupLasso", "ElasticNet", "Box", "NonNegative", "HardThreshold",
-    "Nuclear", "on", "per_leaf", "chain", "soft_threshold", "top_k", "top_k_dynamic", "rank_mask", "matricize",
-    "unmatricize", "svt", "LowRankStats", "measured_stats", "low_rank_factors", "transmission_bytes",
-    "proximal_penalty", "proximal_penalty_grad", "prox_to_anchor", "PROXES", "make_prox",
+    "Nuclear", "on", "per_leaf", "chain", "soft_threshold", "rank_mask", "matricize", "unmatricize", "svt",
+    "LowRankStats", "measured_stats", "transmission_bytes", "proximal_penalty", "PROXES", "make_prox",
 ]
 
 
@@ -193,7 +191,7 @@ class NonNegative(Box):
     hi: Any = jnp.inf
 
 
-# ------------------------------------------------------------------------------------------ hard threshold / top-k
+# ------------------------------------------------------------------------------------- hard threshold / ranks
 
 
 def _sortable_bits(x):
@@ -226,67 +224,18 @@ def rank_mask(scores, k):
     return (keep & (k > 0)).reshape(scores.shape)
 
 
-def _flat_abs(tree):
-    return jnp.concatenate([jnp.abs(x).ravel() for x in jax.tree.leaves(tree)])
-
-
-def _keep(tree: PyTree, mask_flat) -> tuple[PyTree, PyTree]:
-    """Split a flat mask back into the leaves of ``tree``; returns ``(tree ⊙ mask, mask)``."""
-    leaves, treedef = jax.tree.flatten(tree)
-    parts = jnp.split(mask_flat, np.cumsum([np.size(x) for x in leaves])[:-1])
-    masks = [m.reshape(np.shape(x)) for m, x in zip(parts, leaves)]
-    kept = [jnp.where(m, x, 0).astype(x.dtype) for x, m in zip(leaves, masks)]
-    return jax.tree.unflatten(treedef, kept), jax.tree.unflatten(treedef, masks)
-
-
-def top_k(tree: PyTree, k: int) -> tuple[PyTree, PyTree]:
-    """Keep the ``k`` entries of largest magnitude over the whole tree (a single array is a one-leaf tree); returns
-    ``(value, mask)`` with zeros elsewhere (ties to the lower flat index). ``k`` is a static int (``lax.top_k``);
-    :func:`top_k_dynamic` takes a traced count. This is the projection onto {‖x‖₀ ≤ k}."""
-    mags = _flat_abs(tree)
-    _, idx = jax.lax.top_k(mags, min(int(k), mags.size))
-    return _keep(tree, jnp.zeros(mags.shape, bool).at[idx].set(True))
-
-
-def top_k_dynamic(tree: PyTree, k) -> tuple[PyTree, PyTree]:
-    """:func:`top_k` with a possibly traced ``k`` (ranks via :func:`rank_mask`)."""
-    return _keep(tree, rank_mask(_flat_abs(tree), k))
-
-
 @dataclasses.dataclass(frozen=True)
 class HardThreshold(Prox):
-    """Hard thresholding, per leaf; exactly one of ``k`` and ``threshold`` is set.
+    """R(x) = (τ²/2)‖x‖₀ with τ = ``threshold``; prox_{step·R} keeps x_j iff |x_j| > τ·√step, per entry (at
+    ``step=1`` the cut is τ). ``make_prox("l0", λ)`` is this prox with τ = √(2λ)."""
 
-    * ``k``: R = indicator of {‖x‖₀ ≤ k} per leaf; prox = keep the k largest |x| (``step`` ignored).
-    * ``threshold`` = τ: R(x) = (τ²/2)‖x‖₀; prox_{step·R} keeps x_j iff |x_j| > τ·√step (at ``step=1`` the cut is τ).
-
-    :meth:`with_mask` also returns the kept-entry mask (sparse personal masks, DisPFL).
-    """
-
-    k: int | None = None
-    threshold: Any = None
-
-    def __post_init__(self):
-        if (self.k is None) == (self.threshold is None):
-            raise ValueError("HardThreshold needs exactly one of k or threshold")
-
-    def _mask(self, x, step):
-        if self.k is not None:
-            return top_k(x, self.k)[1]
-        return jnp.abs(x) > self.threshold * jnp.sqrt(step)
+    threshold: Any
 
     def _prox(self, path, x, step):
-        return jnp.where(self._mask(x, step), x, 0).astype(x.dtype)
+        return jnp.where(jnp.abs(x) > self.threshold * jnp.sqrt(step), x, 0).astype(x.dtype)
 
     def _penalty(self, path, x):
-        nnz = jnp.count_nonzero(x)
-        if self.k is not None:
-            return jnp.where(nnz <= self.k, 0.0, jnp.inf).astype(x.dtype)
-        return (0.5 * self.threshold ** 2 * nnz).astype(x.dtype)
-
-    def with_mask(self, tree: PyTree, step) -> tuple[PyTree, PyTree]:
-        """``(prox(tree, step), mask)``."""
-        return _map2(lambda p, x: (self._prox(p, x, step), self._mask(x, step)), tree)
+        return (0.5 * self.threshold ** 2 * jnp.count_nonzero(x)).astype(x.dtype)
 
 
 # ------------------------------------------------------------------------------------------------------ nuclear
@@ -427,16 +376,6 @@ class Nuclear(Prox):
         return _map2(leaf, tree)
 
 
-def low_rank_factors(matrix, tau):
-    """FedSLR Remark 2 downlink factors of SVT(X, τ): U_c = U_{:,:r}·diag(√s'_r) (m×r), V_cᵀ = diag(√s'_r)·Vᵀ_{:r,:}
-    (r×n), so U_c V_cᵀ = SVT(X, τ). Host-side: the factor shapes depend on the rank (not jittable)."""
-    u, s, vt = jnp.linalg.svd(matrix, full_matrices=False)
-    s_new = jnp.maximum(s - tau, 0)
-    r = int(jnp.sum(s_new > 0))
-    root = jnp.sqrt(s_new[:r])
-    return u[:, :r] * root, root[:, None] * vt[:r]
-
-
 def transmission_bytes(tree_stats_or_tree: PyTree, conv_reshape: str = "fedslr", bytes_per_param: int = 4,
                        rtol: float | None = None):
     """Downlink bytes of a (thresholded) model sent as low-rank factors vs dense: ``(factored, dense)``.
@@ -560,14 +499,3 @@ def proximal_penalty(params: PyTree, anchor: PyTree, mu):
     """(μ/2)‖params − anchor‖², the FedProx proximal term (Li et al. 2020, Eq. (2)); FedGiA §6 baseline."""
     sq = [jnp.sum(jnp.square(a - b)) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(anchor))]
     return 0.5 * mu * _sum(sq)
-
-
-def proximal_penalty_grad(params: PyTree, anchor: PyTree, mu) -> PyTree:
-    """∇ of :func:`proximal_penalty`: μ(params − anchor)."""
-    return jax.tree.map(lambda a, b: (mu * (a - b)).astype(a.dtype), params, anchor)
-
-
-def prox_to_anchor(y: PyTree, anchor: PyTree, mu, step) -> PyTree:
-    """argmin_x ‖x − y‖²/(2·step) + (μ/2)‖x − anchor‖² = (y + step·μ·anchor)/(1 + step·μ)
-    (the decoupled FedProx / Ditto proximal step)."""
-    return jax.tree.map(lambda a, b: ((a + step * mu * b) / (1 + step * mu)).astype(a.dtype), y, anchor)

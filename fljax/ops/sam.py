@@ -1,10 +1,11 @@
-"""Sharpness-aware minimisation (SAM, Foret et al. 2021) as a gradient wrapper (DFedAlt §3, §10, D10).
+"""Sharpness-aware minimisation (SAM, Foret et al. 2021) as a value-and-gradient wrapper (DFedAlt §3, §10, D10).
 
-Given a gradient function g(θ, *args), SAM returns the gradient at the first-order worst-case perturbation:
+Given ``vg(θ, *args) -> (value, g)``, SAM returns the gradient at the first-order worst-case perturbation:
 ``e = ρ·g_M/(‖g_M‖₂ + ε)`` with g_M the gradient restricted to the masked leaves (one global norm over them, zero on
-the others), and ``sam(g)(θ, *args) = g(θ + e, *args)`` on the *same* args (batch). DFedSalt-U/-V/-UV wrap the
-u-phase, the v-phase or both; DFedSAM wraps the full model with ρ = 0.01. Weight decay and clipping come after.
-A wrapper (not an optax transform) because it needs a second gradient at another point.
+the others), and the SAM gradient is the gradient of ``vg(θ + e, *args)`` on the *same* args (batch).
+DFedSalt-U/-V/-UV wrap the u-phase, the v-phase or both; DFedSAM wraps the full model with ρ = 0.01 (through
+:class:`fljax.algorithms.local_training.LocalSGD`). Weight decay and clipping come after. A wrapper (not an optax
+transform) because it needs a second gradient at another point.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from fljax.ops.partition import as_leaf_mask
 
 PyTree = Any
 
-__all__ = ["sam_perturbation", "sam", "sam_value_and_grad"]
+__all__ = ["sam_perturbation", "sam_value_and_grad"]
 
 
 def sam_perturbation(grads: PyTree, rho, mask=None, eps: float = 1e-12) -> PyTree:
@@ -34,25 +35,13 @@ def _perturb(params, e):
     return jax.tree.map(lambda p, d: (p + d).astype(p.dtype), params, e)
 
 
-def sam(grad_fn: Callable, rho, mask=None, eps: float = 1e-12) -> Callable:
-    """Wrap ``grad_fn(params, *args, **kw) -> grads`` into the SAM gradient with the same signature:
-    ``grad_fn(params + e, *args, **kw)`` with e = :func:`sam_perturbation` of ``grad_fn(params, *args, **kw)``.
-    ``rho == 0`` as a Python number returns ``grad_fn`` itself (no second gradient); a traced ρ is always wrapped."""
-    if isinstance(rho, (int, float)) and rho == 0:
-        return grad_fn
-
-    def wrapped(params, *args, **kw):
-        e = sam_perturbation(grad_fn(params, *args, **kw), rho, mask, eps)
-        return grad_fn(_perturb(params, e), *args, **kw)
-
-    return wrapped
-
-
 def sam_value_and_grad(vg_fn: Callable, rho, mask=None, eps: float = 1e-12) -> Callable:
     """SAM for ``vg_fn(params, *args) -> (value, grads)`` (e.g. ``jax.value_and_grad(loss, has_aux=...)``).
 
     Returns ``(value at the unperturbed params, SAM grads)``: the value is the ordinary loss of the current model
-    (what one logs), computed by the first call at no extra cost; the gradient is taken at params + e."""
+    (what one logs), computed by the first call at no extra cost; the gradient is taken at params + e, with e =
+    :func:`sam_perturbation` of the first call's gradient (``mask``: the leaves perturbed). ``rho == 0`` as a Python
+    number returns ``vg_fn`` itself (no second gradient); a traced ρ is always wrapped."""
     if isinstance(rho, (int, float)) and rho == 0:
         return vg_fn
 

@@ -25,10 +25,10 @@ from fljax.ops.prox import rank_mask
 
 PyTree = Any
 
-__all__ = ["maskable", "erk_densities", "layer_densities", "random_masks", "prune_regrow", "anneal_fraction"]
+__all__ = ["erk_densities", "layer_densities", "random_masks", "prune_regrow", "anneal_fraction"]
 
 
-def maskable(x) -> bool:
+def _maskable(x) -> bool:
     """Whether a leaf can be sparse: kernels (``ndim >= 2``)."""
     return np.ndim(x) >= 2
 
@@ -59,7 +59,7 @@ def layer_densities(params: PyTree, density: float, rule: str = "erk") -> PyTree
     if rule not in ("erk", "uniform"):
         raise ValueError(f"layer density rule must be 'erk' or 'uniform', got {rule!r}.")
     leaves, treedef = jax.tree.flatten(params)
-    idx = [i for i, x in enumerate(leaves) if maskable(x)]
+    idx = [i for i, x in enumerate(leaves) if _maskable(x)]
     out = [1.0] * len(leaves)
     dens = erk_densities([np.shape(leaves[i]) for i in idx], density) if rule == "erk" else [density] * len(idx)
     for i, d in zip(idx, dens):
@@ -100,7 +100,7 @@ def prune_regrow(params: PyTree, masks: PyTree, fraction, key, scores: PyTree | 
     keys = jax.random.split(key, len(leaves))
     out = []
     for k, w, m, s in zip(keys, leaves, mask_leaves, score_leaves):
-        if not maskable(w):
+        if not _maskable(w):
             out.append(m)
             continue
         n_drop = jnp.ceil(fraction * jnp.sum(m)).astype(jnp.int32)
