@@ -2,8 +2,9 @@
 
 Every error a user can cause (unknown names, wrong types, impossible values, bad partitions, a missing or broken
 config file, nothing to resume) is printed as one line starting with ``fljax: error:`` and exit status 2, never as
-a stack trace (set ``FLJAX_DEBUG=1`` to see the trace). A run stopped by NaN/Inf exits with status 3, an
-interrupted one (Ctrl-C) with 130 and a line saying how to resume it. Full documentation: ``docs/cli.md``.
+a stack trace (set ``FLJAX_DEBUG=1`` to see the trace). A run stopped by NaN/Inf or divergence exits with status
+3; an interrupted one (Ctrl-C: 130, SIGTERM: 143) is checkpointed first and prints a line saying how to resume it.
+Full documentation: ``docs/cli.md``.
 """
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import argparse
 import datetime
 import difflib
 import os
+import signal
 import sys
+import threading
 from importlib import resources
 
 from fljax.config import ConfigError, load_config
@@ -87,10 +90,14 @@ def _output(args):
     return Output("json" if args.json else "quiet" if args.quiet else "bar")
 
 
-def _interrupted(command: str, out: str) -> int:
-    print(f"fljax: interrupted; continue from the last checkpoint with: fljax {command} --resume --out {out}",
-          file=sys.stderr)
-    return 130
+def _interrupted(command: str, out: str, e: KeyboardInterrupt) -> int:
+    """Ctrl-C or SIGTERM (:mod:`fljax.runner.interrupt`): one line saying how to continue; 128 + the signal."""
+    from fljax.runner.interrupt import Interrupted
+
+    e = e if isinstance(e, Interrupted) else Interrupted(signal.SIGINT)
+    print(f"fljax: interrupted by {e.name}; continue from the last checkpoint with: fljax {command} --resume --out "
+          f"{out}", file=sys.stderr)
+    return e.exit_status
 
 
 def cmd_run(args) -> int:
@@ -102,8 +109,8 @@ def cmd_run(args) -> int:
     output = _output(args)
     try:
         result = run_experiment(cfg, out, resume=args.resume, output=output)
-    except KeyboardInterrupt:
-        return _interrupted("run", out)
+    except KeyboardInterrupt as e:
+        return _interrupted("run", out, e)
     output.result(markdown_table([result.row()]))
     output.note(f"results: {out}")
     return 0
@@ -127,8 +134,8 @@ def cmd_compare(args) -> int:
     output = _output(args)
     try:
         rows, _ = compare_experiments(cfg, entries, out, resume=args.resume, output=output)
-    except KeyboardInterrupt:
-        return _interrupted("compare", out)
+    except KeyboardInterrupt as e:
+        return _interrupted("compare", out, e)
     output.result(markdown_table(rows))
     output.note(f"results: {out} (compare.md, compare.png, one directory per algorithm)")
     return 0
@@ -154,8 +161,8 @@ def cmd_sweep(args) -> int:
     output = _output(args)
     try:
         rows, results = sweep_experiments(cfg, grid, out, resume=args.resume, output=output, lanes=args.lanes)
-    except KeyboardInterrupt:
-        return _interrupted("sweep", out)
+    except KeyboardInterrupt as e:
+        return _interrupted("sweep", out, e)
     output.result(markdown_table(rows))
     stopped = [label for label, r in results.items() if r.stopped]
     if stopped:
@@ -290,11 +297,25 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _on_sigterm(signum, frame):
+    from fljax.runner.interrupt import Interrupted
+
+    raise Interrupted(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     debug = bool(os.environ.get("FLJAX_DEBUG"))
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None  # SIGTERM acts as Ctrl-C
     try:
         return args.func(args)
+    except KeyboardInterrupt as e:  # outside a run (a run reports how to resume it)
+        from fljax.runner.interrupt import Interrupted
+
+        e = e if isinstance(e, Interrupted) else Interrupted(signal.SIGINT)
+        print(f"fljax: interrupted by {e.name}", file=sys.stderr)
+        return e.exit_status
     except FloatingPointError as e:  # NaN/Inf during training (NonFiniteError)
         if debug:
             raise
@@ -306,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
         text = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"fljax: error: {text}", file=sys.stderr)
         return 2
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 if __name__ == "__main__":
