@@ -120,9 +120,10 @@ class Lanes:
             guards: tuple = (NonFiniteGuard(),), progress: bool = True, should_stop=None
             ) -> tuple[list[RunResult], dict]:
         """Like :meth:`Simulation.run` for every lane; ``callback(lane, record, state)``, ``on_checkpoint(lane, state,
-        log)`` and ``on_stop(lane, message)`` receive the lane index; ``should_stop``: see :func:`drive`. A lane a guard stops is frozen out of the
-        records while the others go on. Resuming: pass the stacked states and the lanes' logs from checkpoints taken
-        at the same round. Returns the lanes' results and {lane: message} of the stopped lanes."""
+        log)`` and ``on_stop(lane, message)`` receive the lane index; ``should_stop``: see :func:`drive`. A lane a
+        guard stops is frozen out of the records while the others go on. Resuming: pass the stacked states and the
+        lanes' logs from checkpoints taken at the same round. Returns the lanes' results and {lane: message} of the
+        stopped lanes."""
         states = states if states is not None else self.init()
         logs = logs if logs is not None else [RunLog() for _ in self.seeds]
         states, per_client, stopped = drive(self, states, logs, rounds, eval_every, checkpoint_every, lanes=True,

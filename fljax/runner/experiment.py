@@ -215,7 +215,7 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
     all_runs = [run for runs in runs_by_point for run in runs]
     configs = _configs(root, root_config, points, dirs, runs_by_point)
     if resume and out is not None:
-        for d, cfg in configs:
+        for d, cfg in reversed(configs):  # the root first
             check_resume(d.path, cfg)
     cache = data_cache or DataCache()
     sims = _Sims()
@@ -227,15 +227,13 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
         if resume:
             for run in all_runs:
                 _restore(run, sims(run), output)
-        for d, cfg in configs:
-            d.write_config(cfg)
         if root_summary is not None:
             root.write_summary(root_summary)
+        for d, cfg in configs:  # the root's config.yaml last: once it exists, the directory can be resumed
+            d.write_config(cfg)
         for run in all_runs:
             if run.status != "reused":
                 run.directory.write_metrics(run.log.history)  # resumed: cut back to the checkpoint's records
-                if run.cfg.checkpoint_every != 0 and out is not None:
-                    run.checkpointer = Checkpointer(run.directory.checkpoints)
         if points:
             label, cfg = points[0]
             output.note(f"{label or cfg.run_name}: {sims(all_runs[0]).algorithm.summary or cfg.algorithm}"
@@ -243,6 +241,9 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
             output.note(f"  data: {all_runs[0].data.summary()}; results in {root.path or '(not written)'}")
         with interrupt.graceful(output.warn) as stop:
             try:
+                for run in all_runs:
+                    if run.status != "reused" and run.cfg.checkpoint_every != 0 and out is not None:
+                        run.checkpointer = Checkpointer(run.directory.checkpoints)
                 _run_all(all_runs, sims, output, lanes, trace, stop)
             finally:
                 for run in all_runs:
@@ -254,14 +255,13 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
 
 
 def _configs(root: RunDir, root_config, points, dirs, runs_by_point) -> list[tuple[RunDir, ExperimentConfig]]:
-    """Every (directory, config) this call writes a ``config.yaml`` for: the collection's root, each point, and
-    each seed of a point with several."""
-    configs = [(root, root_config)] if root_config is not None else []
+    """Every (directory, config) this call writes a ``config.yaml`` for, inner directories first: each seed of a
+    point with several, each point, the collection's root."""
+    configs = []
     for (_, cfg), d, runs in zip(points, dirs, runs_by_point):
+        configs += [(run.directory, run.cfg) for run in runs] if len(runs) > 1 else []
         configs.append((d, cfg))
-        if len(runs) > 1:
-            configs += [(run.directory, run.cfg) for run in runs]
-    return configs
+    return configs + ([(root, root_config)] if root_config is not None else [])
 
 
 def _check_directories(root: RunDir, dirs: list[RunDir], resume: bool, missing_ok: bool) -> None:
