@@ -91,12 +91,16 @@ def _output(args):
 
 
 def _interrupted(command: str, out: str, e: KeyboardInterrupt) -> int:
-    """Ctrl-C or SIGTERM (:mod:`fljax.runner.interrupt`): one line saying how to continue; 128 + the signal."""
+    """Ctrl-C or SIGTERM (:mod:`fljax.runner.interrupt`): one line saying how to continue (when the run had
+    started: its ``config.yaml`` exists); 128 + the signal."""
     from fljax.runner.interrupt import Interrupted
 
     e = e if isinstance(e, Interrupted) else Interrupted(signal.SIGINT)
-    print(f"fljax: interrupted by {e.name}; continue from the last checkpoint with: fljax {command} --resume --out "
-          f"{out}", file=sys.stderr)
+    if os.path.exists(os.path.join(out, "config.yaml")):
+        print(f"fljax: interrupted by {e.name}; continue from the last checkpoint with: fljax {command} --resume "
+              f"--out {out}", file=sys.stderr)
+    else:
+        print(f"fljax: interrupted by {e.name} before the run started; nothing to resume in {out}", file=sys.stderr)
     return e.exit_status
 
 

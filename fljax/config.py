@@ -21,13 +21,14 @@ import yaml
 from fljax import yaml_io
 from fljax.data.config import DataConfig
 from fljax.errors import ConfigError, OptionError
-from fljax.options import (SEED_MAX, Options, at_least, between, check_value, greater_than, option, parse,
+from fljax.options import (SEED_MAX, Options, between, check_value, greater_than, option, parse,
                            seed_check, show, suggest)
 
 __all__ = ["ConfigError", "DataConfig", "ModelConfig", "ExperimentConfig", "from_dict", "to_dict", "load_config",
            "check_compare_algo", "apply_overrides", "parse_override", "hyperparameters", "algorithm_config"]
 
 INT32_MAX = 2 ** 31 - 1  # the engine counts rounds in int32
+RUNS_MAX = 10_000  # the most runs (seeds × points) one command starts: each has its own directory and open lock
 
 
 @dataclasses.dataclass
@@ -60,7 +61,8 @@ class ExperimentConfig(Options):
     executor: str = option("auto", "how the client axis runs: auto, vmap, chunked, sharded, loop")
     chunk_size: int | None = option(None, "clients per group for chunked", between(1, INT32_MAX))
     name: str | None = option(None, "run name (default: the algorithm)", _run_name)
-    seeds: int = option(1, "run seeds seed, seed+1, ..., seed+seeds-1 (vectorised when shapes allow)", at_least(1))
+    seeds: int = option(1, "run seeds seed, seed+1, ..., seed+seeds-1 (vectorised when shapes allow)",
+                        between(1, RUNS_MAX))
     checkpoint_every: int | None = option(None, "rounds between checkpoints (null: timed, see fljax.runner; "
                                                 "0: never)", between(0, INT32_MAX))
     diverge_factor: float | None = option(1e3, "stop a run whose train loss exceeds this many times max(its first "

@@ -46,6 +46,7 @@ _VALUES = "Values"
 _DATA = "Data that cannot be split as asked"
 _COMMANDS = "Commands"
 _RESUME = "Run directories and --resume"
+_MEMORY = "Simulations too large for the memory"
 _RUN = "r/config.yaml", "algorithm: fedavg\n"
 _COMPARE = [("c/config.yaml", "data:\n  dataset: digits\n"),
             ("c/summary.json", '{"algorithms": [{"label": "fedavg", "algorithm": "fedavg", "hyperparameters": {}}]}\n')]
@@ -124,11 +125,13 @@ CASES = [
     _case(_VALUES, "run --set seed=-1", "seed must be between 0 and 4294967295 (a uint32 PRNG seed), got -1."),
     _case(_VALUES, "run --set seed=4294967296", "seed must be between 0 and 4294967295"),
     _case(_VALUES, "run --set data.seed=-3", "data.seed must be between 0 and 4294967295"),
-    _case(_VALUES, "run --seeds 0", "seeds must be >= 1, got 0."),
+    _case(_VALUES, "run --seeds 0", "seeds must be between 1 and 10000, got 0."),
+    _case(_VALUES, "run --seeds 100000000", "seeds must be between 1 and 10000, got 100000000."),
     _case(_VALUES, "run --set seed=4294967295 --seeds 3", "seeds must be at most 1 from seed 4294967295"),
     _case(_VALUES, "run --checkpoint-every -1", "checkpoint_every must be between 0 and 2147483647, got -1."),
     _case(_VALUES, "run --set chunk_size=0", "chunk_size must be between 1 and 2147483647, got 0."),
     _case(_VALUES, "run --set name=a/b", "name must not contain '/' (it names the run directory)"),
+    _case(_VALUES, "run --set name=../../x", "name must not contain '/' (it names the run directory)"),
     _case(_VALUES, "run --set data.num_clients=0", "data.num_clients must be >= 1, got 0."),
     _case(_VALUES, "run --set data.num_clients=1000000000",
           "data.num_clients must be at most 100000 (the most clients synthetic generates), got 1000000000."),
@@ -152,6 +155,7 @@ CASES = [
     _case(_VALUES, "run --dataset digits --set model.name=resnet18_gn --set model.options.groups=3",
           "model.options.groups must divide 64"),
     _case(_VALUES, "run --set algo.lr=-0.1", "algo.lr must be > 0, got -0.1."),
+    _case(_VALUES, "run --set algo.weight_decay=.inf", "algo.weight_decay must be a finite number, got inf."),
     _case(_VALUES, "run --set data.num_clients=20 --set algo.cohort_size=50",
           "algo.cohort_size must be between 1 and num_clients=20 (or null for full participation), got 50."),
     _case(_DATA, _DIGITS + "--set data.num_clients=500 --set data.alpha=0.001 --set algo.cohort_size=5",
@@ -159,6 +163,15 @@ CASES = [
     _case(_DATA, _DIGITS + "--set data.partition=client_dirichlet --set data.test_per_client=1 "
                            "--set data.test_rounding=floor",
           "data.test_per_client is too small: 1 with test_rounding='floor' leaves"),
+    _case(_MEMORY, _MLP + "--set model.options.hidden=[100000000000]",
+          "the simulation needs at least 26,449.6 GiB of memory, more than the"),
+    _case(_MEMORY, "run --set algo.batch_size=1000000000000", "one client's round draws 10,000,000,000,000 "
+                                                              "samples (37,252.9 GiB of minibatch indices); lower "
+                                                              "algo.batch_size"),
+    _case(_COMMANDS, "sweep --seeds 2 --grid algo.lr=" + ",".join(map(str, range(1, 101))) + " --grid "
+          "algo.local_steps=" + ",".join(map(str, range(1, 101))),
+          "--grid gives 10,000 points × 2 seed(s) = 20,000 runs, more than the 10,000 one command may start", (),
+          "fljax sweep --seeds 2 --grid algo.lr=1,2,…,100 --grid algo.local_steps=1,2,…,100"),
     _case(_COMMANDS, "compare --algorithms ,,,", "no algorithm to compare; name at least one"),
     _case(_COMMANDS, "compare --algorithms fedavg,fedprx", "unknown algorithm 'fedprx'"),
     _case(_COMMANDS, "compare --algorithms fedavg,perfedavg --set algo.betta=0.1",
@@ -268,6 +281,12 @@ def _shown(case: Case) -> str:
     return command + "".join(f"<br>{f}" for f in files)
 
 
+def _machine_free(message: str) -> str:
+    """The message without what differs from machine to machine: a process id, the memory size."""
+    return re.sub(r"more than the [0-9.,]+ GiB of .+?:", "more than the … GiB of this machine:",
+                  re.sub(r"pid [0-9]+", "pid …", message))
+
+
 def render(messages: list[str]) -> str:
     """docs/errors.md from every case's message (in the order of :data:`CASES`)."""
     out = ["# Bad inputs and what fljax answers",
@@ -286,7 +305,7 @@ def render(messages: list[str]) -> str:
             section = case.section
             out += ["", f"## {section}", "", "| input | message |", "|---|---|"]
         busy = "".join(f"<br>{d}/ in use by another run" for d in case.busy)
-        out.append(f"| {_shown(case)}{busy} | {_cell(re.sub(r'pid [0-9]+', 'pid …', message))} |")
+        out.append(f"| {_shown(case)}{busy} | {_cell(_machine_free(message))} |")
     return "\n".join(out) + "\n"
 
 

@@ -220,6 +220,22 @@ def test_sigterm_and_ctrl_c_checkpoint_write_the_status_and_resume_bit_identical
     _assert_same_run(cut, full)
 
 
+def test_a_signal_before_the_run_started_leaves_nothing_to_resume(tmp_path, capsys, monkeypatch):
+    """SIGTERM while the data is still being built: exit 143, nothing written, and no resume command offered for a
+    directory that holds no run."""
+    from fljax.runner.sweep import DataCache
+
+    def build_then_signal(self, cfg, seed):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(DataCache, "__call__", build_then_signal)
+    out = str(tmp_path / "run")
+    status, err = _run(capsys, ["run", *TINY, "--out", out, "--quiet"])
+    assert status == 143 and err == [f"fljax: interrupted by SIGTERM before the run started; nothing to resume in "
+                                     f"{out}"], err
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_second_signal_stops_at_once():
     notes = []
     with graceful(notes.append) as stop:
@@ -236,7 +252,8 @@ def test_a_second_signal_stops_at_once():
 def test_sweep_interrupted_by_sigterm_resumes_to_the_uninterrupted_sweep(tmp_path, capsys, monkeypatch):
     """A sweep (2 learning rates × 2 seeds as lanes of one program) gets SIGTERM: every lane is checkpointed at the
     end of the block, every run and the sweep's root say 'interrupted'; `fljax sweep --resume` gives every run of
-    the uninterrupted sweep bit for bit."""
+    the uninterrupted sweep bit for bit, also when one lane's newest checkpoint is missing (the lanes then all
+    continue from the round they share, as one program again)."""
     args = ["sweep", *TINY, "--set", "data.seed=0", "--set", "rounds=4", "--set", "eval_every=1",
             "--checkpoint-every", "2", "--grid", "algo.lr=0.05,0.2", "--seeds", "2", "--quiet"]
     full, cut = tmp_path / "full", tmp_path / "cut"
@@ -249,8 +266,9 @@ def test_sweep_interrupted_by_sigterm_resumes_to_the_uninterrupted_sweep(tmp_pat
     for run in runs:
         assert files.read_json(cut / run / "summary.json")["status"] == "interrupted"
         assert sorted(os.listdir(cut / run / "checkpoints")) == ["2", "3"]
+    shutil.rmtree(cut / runs[0] / "checkpoints" / "3")  # a lane left behind (killed while writing round 3)
     capsys.readouterr()
-    assert main(["sweep", "--resume", "--out", str(cut), "--quiet"]) == 0
+    assert main(["sweep", "--resume", "--out", str(cut), "--quiet"]) == 0  # every lane continues from round 2
     assert files.read_json(cut / "summary.json")["status"] == "completed"
     for run in runs:
         _assert_same_run(cut / run, full / run)
@@ -280,6 +298,9 @@ def test_divergence_guard_stops_the_run_with_exit_status_3(tmp_path, capsys):
     assert status == 3 and len(err) == 1, err
     assert re.match(r"fljax: error: round \d+ diverged: train_loss=\S+ is above 1000 × max\(initial loss \S+, 1\) "
                     r"\(diverge_factor\); ", err[0]), err
+    kept = [r["round"] for r in _metrics(tmp_path / "a")]  # (issue: "Kept: metrics.jsonl" when none was written)
+    assert err[0].endswith(f"Kept in {tmp_path / 'a'}: metrics.jsonl up to round {kept[-1]} and no checkpoint."), err
+    assert not RunDir(str(tmp_path / "a")).has_checkpoint()
     summary = files.read_json(tmp_path / "a" / "summary.json")
     assert summary["status"] == "stopped" and "diverged" in summary["message"]
     assert main([*args, "--set", "diverge_factor=null", "--out", str(tmp_path / "b")]) == 0

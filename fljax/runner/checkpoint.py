@@ -72,12 +72,12 @@ class Checkpointer:
                                                                 log=args.JsonRestore()))
         return out.state, RunLog.from_json(out.log)
 
-    def restore_newest(self, template: State | None = None, warn: Callable[[str], None] = print
-                       ) -> tuple[State, RunLog] | None:
-        """The newest checkpoint that can be read, or None when none can (then nothing is moved). Each newer one
-        that cannot be read is renamed ``<round>.unreadable`` (kept for inspection, no longer a checkpoint) and
-        reported by ``warn`` in one line."""
-        rounds = sorted(self.rounds(), reverse=True)
+    def restore_newest(self, template: State | None = None, warn: Callable[[str], None] = print,
+                       at_most: int | None = None) -> tuple[State, RunLog] | None:
+        """The newest checkpoint that can be read (of a round <= ``at_most``, when given), or None when none can
+        (then nothing is moved). Each newer one that cannot be read is renamed ``<round>.unreadable`` (kept for
+        inspection, no longer a checkpoint) and reported by ``warn`` in one line."""
+        rounds = sorted((r for r in self.rounds() if at_most is None or r <= at_most), reverse=True)
         failures = []
         for round_ in rounds:
             try:
@@ -91,6 +91,12 @@ class Checkpointer:
                      f"{bad}.unreadable and resumed from round {round_}")
             return restored
         return None
+
+    def delete_after(self, round_: int) -> None:
+        """Delete the checkpoints of rounds after ``round_`` (a run continued from ``round_`` saves them again)."""
+        for later in self.rounds():
+            if later > round_:
+                self._manager.delete(later)
 
     def wait(self) -> None:
         self._manager.wait_until_finished()

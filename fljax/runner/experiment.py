@@ -18,6 +18,7 @@ is reused as it is. Ctrl-C and SIGTERM checkpoint the runs and mark them 'interr
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from typing import Any
@@ -25,13 +26,14 @@ from typing import Any
 import jax
 
 from fljax import tree
-from fljax.config import ConfigError, ExperimentConfig, algorithm_config, check_compare_algo, to_dict
+from fljax.config import RUNS_MAX, ConfigError, ExperimentConfig, algorithm_config, check_compare_algo, to_dict
 from fljax.errors import OptionError
 from fljax.engine import DivergenceGuard, Lanes, NonFiniteError, NonFiniteGuard, RunLog, RunResult, Simulation
 from fljax.engine.lanes import can_batch
 from fljax.engine.loop import drive
 from fljax.runner import files, interrupt, lock
 from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
+from fljax.runner.memory import check_fits
 from fljax.runner.plan import Program, group_runs, traceable
 from fljax.runner.plots import plot_compare, plot_run
 from fljax.runner.report import Output, markdown_table, summary_row
@@ -219,14 +221,14 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
             check_resume(d.path, cfg)
     cache = data_cache or DataCache()
     sims = _Sims()
-    for run in all_runs:  # refuse a bad split or a model that does not fit the data before writing anything
+    for run in all_runs:  # refuse a bad split, a model that does not fit the data or the memory before writing
         run.data = cache(run.cfg, run.seed)
+        check_fits(sims(run))
         run.steps_per_round = sims(run).work_per_round()[0]
     with lock.hold([root.path, *(d.path for d, _ in configs)]):
         _check_directories(root, [d for d, _ in configs], resume, missing_ok)
         if resume:
-            for run in all_runs:
-                _restore(run, sims(run), output)
+            _restore_all(all_runs, sims, output)
         if root_summary is not None:
             root.write_summary(root_summary)
         for d, cfg in configs:  # the root's config.yaml last: once it exists, the directory can be resumed
@@ -298,28 +300,53 @@ def _run_all(all_runs: list[Run], sims: _Sims, output: Output, lanes: str, trace
         todo = [r for r in todo if all(r is not done for done in program.runs)]
 
 
-def _restore(run: Run, sim: Simulation, output: Output) -> None:
-    """Reuse a completed run, or load its newest readable checkpoint (none: it starts at round 0). Reads only,
-    except that a damaged checkpoint is moved aside."""
+def _restore_all(runs: list[Run], sims: _Sims, output: Output) -> None:
+    """Reuse the completed runs; every other run continues from the newest round that all of them have a
+    readable checkpoint of (none: round 0), so that they form the programs (lanes) of the uninterrupted call: a
+    kill during a checkpoint write leaves some lanes one checkpoint behind the others, and lanes batched otherwise
+    may differ in the last bits. Checkpoints after that round are deleted (the run writes them again)."""
+    todo = [run for run in runs if not _reuse(run)]
+    bound = None
+    while len({_restore(run, sims(run), output, bound) for run in todo}) > 1:
+        bound = min(run.start for run in todo)
+    for run in todo:
+        if run.directory.has_checkpoint():
+            with Checkpointer(run.directory.checkpoints) as ck:
+                ck.delete_after(run.start)
+
+
+def _reuse(run: Run) -> bool:
+    """A run whose summary says it completed its rounds is kept as it is."""
     d = run.directory
     if d.holds_summary():
         summary = d.read_summary()
         if summary.get("status") == "completed" and summary.get("rounds") == run.cfg.rounds:
             run.status, run.summary = "reused", summary
             run.log = RunLog(history=d.read_metrics())
-            return
+            return True
+    return False
+
+
+def _restore(run: Run, sim: Simulation, output: Output, at_most: int | None = None) -> int:
+    """Load the run's newest readable checkpoint of a round <= ``at_most`` (None: any round); without one it
+    starts at round 0. Returns the start round. Reads only, except that a damaged checkpoint is moved aside."""
+    d = run.directory
+    run.state, run.log, run.start = None, RunLog(), 0
     if not d.has_checkpoint():
-        return
+        return 0
     with Checkpointer(d.checkpoints) as ck:
-        restored = ck.restore_newest(sim.state_shapes(), output.warn)
-    if restored is None:
+        restored = ck.restore_newest(sim.state_shapes(), output.warn, at_most)
+    if restored is None and at_most is None:
         raise ConfigError(f"--resume: no checkpoint in {d.checkpoints!r} can be read; move that directory away to "
                           f"start the run afresh.")
+    if restored is None:
+        return 0
     run.state, run.log = restored
     run.start = int(run.state.round)
     if run.start > run.cfg.rounds:
         raise OptionError("rounds", f"must be at least {run.start} to resume {d.path!r} (its checkpoint is of round "
                                     f"{run.start}), got {run.cfg.rounds}.")
+    return run.start
 
 
 def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str, stop) -> None:
@@ -364,14 +391,15 @@ def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str, sto
         restored = [r.state for r in runs]
         states = batch.init() if restored[0] is None else tree.stack(restored)
         results, _ = batch.run(cfg.rounds, cfg.eval_every, states, [r.log for r in runs], **common)
+    for run in runs:  # every lane's last checkpoint on disk before any of them says 'completed' (_restore_all)
+        if run.checkpointer is not None:
+            run.checkpointer.wait()
     for run, res in zip(runs, results):
         run.result, run.vectorised = res, len(runs) > 1
         if run.status == "stopped":
             continue
         reached = int(res.state.round)
         if reached == run.cfg.rounds:
-            if run.checkpointer is not None:
-                run.checkpointer.wait()  # 'completed' only once the final checkpoint is on disk
             run.status, run.message = "completed", None
         else:
             run.status, run.message = "interrupted", f"stopped by {stop.name} after round {reached}"
@@ -475,6 +503,10 @@ def sweep_experiments(cfg: ExperimentConfig, grid: dict[str, list], out: str | N
     root = RunDir(out)
     if not grid:
         raise ConfigError("a sweep needs a grid, e.g. --grid algo.lr=0.01,0.1.")
+    count = math.prod(len(values) for values in grid.values())
+    if count * cfg.seeds > RUNS_MAX:
+        raise ConfigError(f"--grid gives {count:,} points × {cfg.seeds} seed(s) = {count * cfg.seeds:,} runs, more "
+                          f"than the {RUNS_MAX:,} one command may start; sweep fewer values or seeds at a time.")
     base = to_dict(cfg)
     points = []
     for values in grid_points(grid):
