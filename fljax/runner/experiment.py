@@ -65,6 +65,7 @@ class Run:
     result: RunResult | None = None
     summary: dict | None = None
     steps_per_round: int = 0
+    facts: dict = dataclasses.field(default_factory=dict)  # model, num_params, executor (for summary.json)
     vectorised: bool = False  # ran as a lane of a program with others
 
     @property
@@ -195,14 +196,16 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
 
     * everything is checked before anything is written: the configs, the data, and the directories' state (a
       refusal is a :class:`~fljax.config.ConfigError` and leaves the directories as they were);
-    * every directory written is locked for the whole call (:mod:`fljax.runner.lock`): one owner at a time;
+    * every directory a ``config.yaml`` is written into is locked for the whole call (:mod:`fljax.runner.lock`):
+      one owner at a time (a root that only holds the run directories, as a study's, is not: its workers share it);
     * without ``resume``, a directory holding results (a checkpoint, a completed or stopped run) is refused; one
       without (a run that died before its first checkpoint) is started afresh;
     * with ``resume``, a config that changes the simulation is refused (:mod:`fljax.runner.resume`); a completed
-      run is reused as it is; every other run continues from its newest readable checkpoint (a damaged newer one is
-      moved aside with a warning), its metrics cut back to the checkpoint's, or from round 0 when it has none; a
-      directory holding no run at all is refused unless ``missing_ok``;
-    * a run's summary says 'completed' only once its final checkpoint is on disk;
+      run is reused as it is; the other runs continue from the newest round they all have a readable checkpoint of
+      (a damaged newer one is moved aside with a warning; later ones are deleted), their metrics cut back to the
+      checkpoint's, or from round 0 when there is none (:func:`_restore_all`); a directory holding no run at all
+      is refused unless ``missing_ok``;
+    * a run's summary says 'completed' only once the final checkpoints of all the lanes it ran with are on disk;
     * SIGINT/SIGTERM (:mod:`fljax.runner.interrupt`): the runs finish their block of rounds, are checkpointed
       there, their summaries say 'interrupted', and :class:`~fljax.runner.interrupt.Interrupted` is raised.
     """
@@ -223,9 +226,12 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
     sims = _Sims()
     for run in all_runs:  # refuse a bad split, a model that does not fit the data or the memory before writing
         run.data = cache(run.cfg, run.seed)
-        check_fits(sims(run))
-        run.steps_per_round = sims(run).work_per_round()[0]
-    with lock.hold([root.path, *(d.path for d, _ in configs)]):
+        sim = sims(run)
+        check_fits(sim)
+        run.steps_per_round = sim.work_per_round()[0]
+        run.facts = {"model": getattr(sim.model, "name", None), "num_params": sim.model.num_params() if sim.model
+                     else None, "executor": sim.executor.describe()}
+    with lock.hold([d.path for d, _ in configs]):
         _check_directories(root, [d for d, _ in configs], resume, missing_ok)
         if resume:
             _restore_all(all_runs, sims, output)
@@ -371,7 +377,7 @@ def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str, sto
     def on_stop(i, message):
         run = runs[i]
         run.status, run.message = "stopped", message
-        run.summary = make_summary(run.cfg, run.seed, run.log, run.steps_per_round, "stopped", message)
+        run.summary = make_summary(run.cfg, run.seed, run.log, run.steps_per_round, "stopped", message, run.facts)
         run.directory.write_summary(run.summary)
 
     common = dict(checkpoint_every=cfg.checkpoint_every or 0, callback=on_eval, on_checkpoint=on_checkpoint,
@@ -403,7 +409,8 @@ def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str, sto
             run.status, run.message = "completed", None
         else:
             run.status, run.message = "interrupted", f"stopped by {stop.name} after round {reached}"
-        run.summary = make_summary(run.cfg, run.seed, run.log, run.steps_per_round, run.status, run.message)
+        run.summary = make_summary(run.cfg, run.seed, run.log, run.steps_per_round, run.status, run.message,
+                                   run.facts)
         run.directory.write_summary(run.summary)
 
 
