@@ -305,3 +305,46 @@ def test_divergence_guard_stops_the_run_with_exit_status_3(tmp_path, capsys):
     assert summary["status"] == "stopped" and "diverged" in summary["message"]
     assert main([*args, "--set", "diverge_factor=null", "--out", str(tmp_path / "b")]) == 0
     assert files.read_json(tmp_path / "b" / "summary.json")["status"] == "completed"
+
+
+# ------------------------------------------------------------------------------------------------ memory
+
+
+class _Device:
+    def __init__(self, platform, stats):
+        self.platform, self.device_kind, self._stats = platform, "Fake GPU", stats
+
+    def memory_stats(self):
+        return self._stats
+
+
+def test_device_memory_is_the_accelerators_or_the_machines(monkeypatch):
+    from fljax.runner import memory
+
+    monkeypatch.setattr(memory.jax, "local_devices", lambda: [_Device("gpu", {"bytes_limit": 2 ** 30})] * 2)
+    assert memory.device_memory() == ("2 × Fake GPU", 2 ** 31)
+    machine = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    monkeypatch.setattr(memory.jax, "local_devices", lambda: [_Device("gpu", None)])  # no statistics
+    assert memory.device_memory() == ("this machine", machine)
+    monkeypatch.setattr(memory.jax, "local_devices", lambda: [_Device("cpu", None)])
+    assert memory.device_memory() == ("this machine", machine)
+
+
+def test_a_simulation_is_refused_only_when_its_lower_bound_exceeds_the_memory(monkeypatch):
+    """The bound counts the state (server and clients) and one client's minibatch indices of a round."""
+    from fljax import tree
+    from fljax.api import build
+    from fljax.config import ConfigError, load_config
+    from fljax.runner import memory
+    from fljax.runner.sweep import DataCache
+
+    cfg = load_config(None, ["data.num_clients=8", "data.max_samples=40", "algo.cohort_size=4",
+                             "algo.local_steps=3", "algo.batch_size=10"])
+    sim = build(cfg, DataCache()(cfg, 0))
+    need = tree.nbytes(sim.state_shapes()) + 4 * 3 * 10
+    monkeypatch.setattr(memory, "device_memory", lambda: ("this machine", need))
+    memory.check_fits(sim)
+    monkeypatch.setattr(memory, "device_memory", lambda: ("this machine", need - 1))
+    with pytest.raises(ConfigError, match="the simulation needs at least 0.0 GiB of memory, more than the 0.0 GiB "
+                                          "of this machine: the server's and clients' states take"):
+        memory.check_fits(sim)
