@@ -11,6 +11,8 @@ round differently). :func:`stack_data` refuses data of different shapes; such ru
 """
 from __future__ import annotations
 
+import copy
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -40,8 +42,9 @@ def stack_data(datas: list):
 
 
 def stack_hyperparameters(sim: Simulation, hps: list[dict]) -> dict:
-    """``[{"lr": 0.1}, {"lr": 0.3}]`` → ``{"lr": Array([0.1, 0.3])}`` in each field's dtype (float32 for floats,
-    int32 for ints, as the values would be traced in a separate run). Every lane must set the same keys."""
+    """``[{"lr": 0.1}, {"lr": 0.3}]`` → ``{"lr": Array([0.1, 0.3])}`` in each field's dtype (JAX's default float
+    for floats: float32, float64 under x64, as a Python float is traced in a separate run; int32 for ints). Every
+    lane must set the same keys."""
     keys = {tuple(sorted(h)) for h in hps}
     if len(keys) != 1:
         raise ValueError(f"every lane must set the same hyperparameters, got {sorted(keys)}.")
@@ -49,7 +52,7 @@ def stack_hyperparameters(sim: Simulation, hps: list[dict]) -> dict:
     for key in sorted(hps[0]):
         values = [h[key] for h in hps]
         dtype = jnp.int32 if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values) \
-            else jnp.float32
+            else jax.dtypes.canonicalize_dtype(jnp.float64)
         out[key] = jnp.asarray(values, dtype)
     return out
 
@@ -74,15 +77,25 @@ class Lanes:
     def compile_seconds(self) -> float:
         return self.sim.compile_seconds
 
+    def with_hyperparameters(self, hps: list[dict] | None) -> "Lanes":
+        """The same seeds and (already stacked) data with other traced hyperparameter values ``hps[i]``."""
+        if hps is not None and len(hps) != len(self.seeds):
+            raise ValueError(f"{len(self.seeds)} seeds but {len(hps)} hyperparameter settings.")
+        other = copy.copy(self)
+        other.hp = None if not hps or not hps[0] else stack_hyperparameters(self.sim, hps)
+        return other
+
     def _vmap(self, fn):
         """``fn(state, data, hp)`` vmapped over the lane axis of the state, the data (if per lane) and hp."""
         return jax.vmap(fn, in_axes=(0, self._data_axis, None if self.hp is None else 0))
 
     def init(self):
-        """The lanes' initial states, stacked: lane i is exactly ``Simulation.init(seeds[i], hps[i])``."""
+        """The lanes' initial states, stacked: lane i is exactly ``Simulation.init(seeds[i], hps[i])`` on its own
+        data."""
         keys = jnp.stack([jax.random.PRNGKey(s) for s in self.seeds])
-        fn = jax.vmap(self.sim._init, in_axes=(0, None if self.hp is None else 0))
-        return self.sim._compiled_fn("lanes_init", fn, (keys, self.hp))(keys, self.hp)
+        fn = jax.vmap(lambda k, d, h: self.sim._init(k, h, d),
+                      in_axes=(0, self._data_axis, None if self.hp is None else 0))
+        return self.sim._compiled_fn("lanes_init", fn, (keys, self.data, self.hp))(keys, self.data, self.hp)
 
     def run_rounds(self, states, n: int):
         """n rounds of every lane as one compiled, vmapped scan; metrics have shape [lanes, n]."""
