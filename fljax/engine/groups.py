@@ -49,13 +49,12 @@ def map_groups(executor: Executor, fn: Callable, shared: Any, groups: Sequence, 
     if serial and not any(_floating(leaf) for leaf in jax.tree.leaves(shared)):
         raise ValueError("map_groups(serial=True) orders the groups through a floating-point leaf of shared; "
                          "shared has none.")
-    outs, lo, after = [], 0, None
+    outs, lo = [], 0
     for k, group in enumerate(groups):
         hi = lo + tree.num_clients(group)
         args = (group, jax.tree.map(lambda a: a[lo:hi], per_client), None if per_group is None else per_group[k])
-        outs.append(executor.map_clients(fn, shared if after is None else _plus(shared, after), args))
-        if serial:
-            after = _zero_after(outs[-1])
+        outs.append(executor.map_clients(fn, _plus(shared, _zero_after(outs[-1])) if serial and outs else shared,
+                                         args))
         lo = hi
     if not concat:
         return tuple(outs)
