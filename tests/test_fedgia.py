@@ -328,6 +328,25 @@ def test_executors_agree():
         np.testing.assert_allclose(got.hist_e, ref.hist_e, rtol=1e-10, atol=1e-16)
 
 
+def test_registered_and_runs_as_a_plain_engine_run():
+    """FedGiA and its baselines are ordinary registered algorithms (out of the default classification comparison):
+    the auto executor and work_per_round accept their data (no model), and Simulation.run evaluates f and Error at
+    the aggregate, i.e. at the point the next round's metrics describe."""
+    from fljax.algorithms import ALGORITHMS, make_algorithm
+
+    for name in ("fedgia", "fedavg_gd", "fedprox_gd", "fedpd"):
+        assert not ALGORITHMS[name].generic and ALGORITHMS[name].problem == "consensus regression"
+    data = pack_trials([instance("ls", m=6)], gram=True)
+    sim = Simulation(make_algorithm("fedgia", loss=LeastSquares(), variant="G", k0=2, t=1.0),
+                     jax.device_put(data.trials()[0]))                         # executor "auto", no model
+    assert sim.model is None and sim.work_per_round() == (0, 0)
+    res = sim.run(6, eval_every=2, progress=False)
+    errors = [r["error"] for r in res.history]
+    assert [r["round"] for r in res.history] == [2, 4, 6] and errors[0] > errors[1] > errors[2]
+    _, metrics = sim.round(res.state)
+    assert float(metrics["error"]) == pytest.approx(errors[-1], rel=1e-12)
+
+
 def test_conventions_and_errors():
     data = pack_trials([instance("ls", m=5)])
     code = solve(FedGiA(loss=LeastSquares(), k0=2), data)
