@@ -92,3 +92,21 @@ def test_baseline_executors_agree(method):
         np.testing.assert_array_equal(got.rounds, ref.rounds)
         np.testing.assert_allclose(got.hist_e, ref.hist_e, rtol=1e-10)
         np.testing.assert_allclose(got.x, ref.x, rtol=0, atol=1e-12)
+
+
+def test_traced_step_sizes_lanes_equal_separate_runs():
+    """a, μ, η and FedPD's agg_prob are traced lane values: one program for the grid, each lane its own run."""
+    from fljax.engine import Lanes, run_until
+    from tests.test_fedgia import stop_rule
+
+    data = pack_trials([instance("log", m=5, sizes=(3, 9))], blocks=2)
+    trial = jax.device_put(data.trials()[0])
+    for cls, points in [(FedProxGD, [{"a": 0.2, "mu": 0.1}, {"a": 0.4, "mu": 0.0}]),
+                        (FedPD, [{"a": 0.2, "eta": 2.0, "agg_prob": 0.5}, {"a": 0.3, "eta": 5.0, "agg_prob": 1.0}])]:
+        method = cls(loss=Logistic(), k0=2, iters=2)
+        rule = stop_rule(method, data, max_iters=None, max_rounds=8)
+        grid = run_until(Lanes(simulation(method, data), [3, 3], [trial, trial], hps=points), rule)
+        for i, point in enumerate(points):
+            alone = run_until(simulation(cls(loss=Logistic(), k0=2, iters=2, **point), data), rule, seed=3)
+            assert alone.rounds == grid.rounds[i] and alone.iters == grid.iters[i]
+            np.testing.assert_allclose(grid.history["error"][i], alone.history["error"], rtol=1e-10)
