@@ -5,8 +5,8 @@ A lane is one run: a seed, its data (shared by every lane, or its own of the sam
 ``vmap``-ed over a leading lane axis of :class:`State`, of the data when each lane has its own, and of the traced
 hyperparameters, so seeds, trials and a grid of learning rates all run as ONE program.
 
-Lane i's state starts from ``Simulation.init(seeds[i], hps[i])``, so it draws exactly the random numbers a separate
-run with that seed draws; the results agree with separate runs to floating-point tolerance (batched matmuls may
+Lane i's state starts from ``Simulation.init(seeds[i], hps[i])`` on its own data (an algorithm's ``init`` may read
+the data: FedGiA's precomputation), so it draws exactly the random numbers a separate run with that seed draws; the results agree with separate runs to floating-point tolerance (batched matmuls may
 round differently). :func:`stack_data` refuses data of different shapes; such runs go one after another.
 """
 from __future__ import annotations
@@ -65,13 +65,16 @@ class Lanes:
         if not can_batch(sim, datas):
             raise ValueError("these runs cannot run as one program (loop or sharded executor, or data of different "
                              "shapes per lane); run them one after another.")
-        if hps is not None and len(hps) != len(seeds):
-            raise ValueError(f"{len(seeds)} seeds but {len(hps)} hyperparameter settings.")
         self.sim = sim
         self.seeds = list(seeds)
         self.data = sim.data if datas is None else stack_data(datas)
         self._data_axis = None if datas is None else 0
-        self.hp = None if not hps or not hps[0] else stack_hyperparameters(sim, hps)
+        self.hp = self._stacked(hps)
+
+    def _stacked(self, hps: list[dict] | None):
+        if hps is not None and len(hps) != len(self.seeds):
+            raise ValueError(f"{len(self.seeds)} seeds but {len(hps)} hyperparameter settings.")
+        return None if not hps or not hps[0] else stack_hyperparameters(self.sim, hps)
 
     @property
     def compile_seconds(self) -> float:
@@ -79,10 +82,8 @@ class Lanes:
 
     def with_hyperparameters(self, hps: list[dict] | None) -> "Lanes":
         """The same seeds and (already stacked) data with other traced hyperparameter values ``hps[i]``."""
-        if hps is not None and len(hps) != len(self.seeds):
-            raise ValueError(f"{len(self.seeds)} seeds but {len(hps)} hyperparameter settings.")
         other = copy.copy(self)
-        other.hp = None if not hps or not hps[0] else stack_hyperparameters(self.sim, hps)
+        other.hp = self._stacked(hps)
         return other
 
     def _vmap(self, fn):
