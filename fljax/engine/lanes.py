@@ -6,8 +6,10 @@ A lane is one run: a seed, its data (shared by every lane, or its own of the sam
 hyperparameters, so seeds, trials and a grid of learning rates all run as ONE program.
 
 Lane i's state starts from ``Simulation.init(seeds[i], hps[i])`` on its own data (an algorithm's ``init`` may read
-the data: FedGiA's precomputation), so it draws exactly the random numbers a separate run with that seed draws; the results agree with separate runs to floating-point tolerance (batched matmuls may
-round differently). :func:`stack_data` refuses data of different shapes; such runs go one after another.
+the data: FedGiA's precomputation), so it draws exactly the random numbers a separate run with that seed draws; the
+results agree with separate runs to floating-point tolerance (batched matmuls may round differently).
+:func:`stack_data` refuses data of different shapes; such runs go one after another. The stopping-rule driver
+(:func:`fljax.engine.run_until`) runs lanes too, each until its own stop.
 """
 from __future__ import annotations
 
