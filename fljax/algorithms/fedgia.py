@@ -109,10 +109,6 @@ class FedGiA(ConsensusRegression):
             if value is not None and np.ndim(value) == 0 and not float(value) > 0:
                 raise OptionError(key, f"must be > 0 (σ = r0·t·r/m), got {value}.")
 
-    @property
-    def label(self) -> str:
-        return f"FedGiA_{self.variant}"
-
     # ------------------------------------------------------------------------------------ precomputation
     def client_lambda(self, _, per_client):
         """λ_i = ‖B_i‖: the exact value packed with the data (``"eigh"``) or power iteration (``"power"``)."""

@@ -60,7 +60,6 @@ class _Baseline(ConsensusRegression):
     agg: str = "mean"
     lr_index: str = "global"
 
-    label: ClassVar[str] = "baseline"
     paper_a_v1: ClassVar[float] = 0.01
 
     def validate(self, num_clients: int) -> None:
@@ -114,7 +113,6 @@ class FedAvgGD(_Baseline):
 
     name: ClassVar[str] = "fedavg_gd"
     summary: ClassVar[str] = "FedAvg with full local gradients on consensus regression (FedGiA's Table IV baseline)"
-    label: ClassVar[str] = "FedAvg"
     paper_a_v1: ClassVar[float] = 0.01
 
     def client_update(self, shared, per_client):
@@ -143,7 +141,6 @@ class FedProxGD(_Baseline):
     name: ClassVar[str] = "fedprox_gd"
     summary: ClassVar[str] = ("FedProx with GD on the proximal subproblem, consensus regression (FedGiA's Table IV "
                               "baseline)")
-    label: ClassVar[str] = "FedProx"
     paper_a_v1: ClassVar[float] = 0.001
     mu: float = 1e-4
 
@@ -191,7 +188,6 @@ class FedPD(_Baseline):
 
     name: ClassVar[str] = "fedpd"
     summary: ClassVar[str] = "FedPD (oracle I, option I) on consensus regression (FedGiA's Table IV baseline)"
-    label: ClassVar[str] = "FedPD"
     paper_a_v1: ClassVar[float] = 0.05
     eta: float | None = None
     agg_prob: float | None = None
