@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from fljax.options import NoOptions, Options, at_least, option, parse, suggest
+from fljax.options import NoOptions, Options, at_least, between, option, parse, suggest
 
 __all__ = ["Pooled", "Natural", "synthetic", "digits", "qot_arrays", "qot", "tfds_source", "Source", "SOURCES",
            "load_source", "DataError", "SyntheticOptions", "DigitsOptions", "TfdsOptions"]
@@ -157,11 +157,13 @@ def _read_tfds(name: str, split: str, data_dir: str | None, limit: int | None):
     return np.stack(images).astype(np.float32) / 255.0, np.asarray(labels, np.int32)
 
 
-def tfds_source(name: str, data_dir: str | None = None, limit: int | None = None) -> Pooled:
+def tfds_source(name: str, data_dir: str | None = None, limit: int | None = None,
+                standardize: bool = False) -> Pooled:
     """An image classification set through ``tfds.data_source`` (ArrayRecord; no TensorFlow needed).
 
     Pixels are scaled to [0, 1]; the official train/test splits become the train and test pools. ``limit`` keeps
-    the first ``limit`` examples of each split (for quick runs).
+    the first ``limit`` examples of each split (for quick runs). ``standardize``: per-channel standardization with
+    the train pool's mean and std (QuPeD D31).
     """
     if name not in TFDS_NAMES:
         raise DataError(f"unknown TFDS data set {name!r}; choose one of {sorted(TFDS_NAMES)}.")
@@ -174,6 +176,10 @@ def tfds_source(name: str, data_dir: str | None = None, limit: int | None = None
                         f"{str(e).splitlines()[0] if str(e) else ''}); prepare it once on a machine with network "
                         f"(tfds.data_source downloads it) or pass data_dir.") from e
     num_classes = int(max(y_tr.max(), y_te.max()) + 1)
+    if standardize:
+        axes = tuple(range(x_tr.ndim - 1))
+        mean, std = x_tr.mean(axis=axes), x_tr.std(axis=axes)
+        x_tr, x_te = (x_tr - mean) / std, (x_te - mean) / std
     return Pooled(x_tr, y_tr, x_te, y_te, num_classes, name)
 
 
@@ -193,6 +199,8 @@ class DigitsOptions(Options):
 
     noise: float = option(0.0, "standard deviation of Gaussian pixel noise, drawn once from the data seed",
                           at_least(0))
+    test_per_class: int = option(DIGITS_TEST_PER_CLASS, "images of every class held out as the test pool (the "
+                                 "smallest class has 174 images)", between(1, 173))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,6 +209,7 @@ class TfdsOptions(Options):
 
     data_dir: str | None = option(None, "TFDS data directory (null: TFDS's default)")
     limit: int | None = option(None, "keep the first `limit` examples of each split (null: all)", at_least(1))
+    standardize: bool = option(False, "per-channel standardization with the train pool's mean and std (QuPeD D31)")
 
 
 SYNTHETIC_MAX_CLIENTS = 100_000  # beyond, the padded arrays (clients x max_samples x 60 floats) outgrow memory
@@ -228,7 +237,7 @@ def _load_synthetic(o: SyntheticOptions, num_clients: int, seed: int) -> Natural
 
 
 def _load_digits(o: DigitsOptions, num_clients: int, seed: int) -> Pooled:
-    return digits(seed, noise=o.noise)
+    return digits(seed, test_per_class=o.test_per_class, noise=o.noise)
 
 
 def _load_qot(o: NoOptions, num_clients: int, seed: int) -> Pooled:
@@ -236,7 +245,7 @@ def _load_qot(o: NoOptions, num_clients: int, seed: int) -> Pooled:
 
 
 def _load_tfds(name: str, o: TfdsOptions, num_clients: int, seed: int) -> Pooled:
-    return tfds_source(name, o.data_dir, o.limit)
+    return tfds_source(name, o.data_dir, o.limit, o.standardize)
 
 
 def _fixed(n: int) -> Callable[[Options], int]:
@@ -258,7 +267,7 @@ SOURCES: dict[str, Source] = {
     "synthetic": Source("FedProx Synthetic(alpha, beta): 60 features, 10 classes, natural clients (offline)",
                         SyntheticOptions, _load_synthetic, _fixed(SYNTHETIC_MAX_CLIENTS), (60,), 10, natural=True),
     "digits": Source("scikit-learn digits: 1,797 8x8 grey images, 10 classes (offline)", DigitsOptions,
-                     _load_digits, _fixed(DIGITS_SIZE - 10 * DIGITS_TEST_PER_CLASS), (8, 8, 1), 10),
+                     _load_digits, lambda o: DIGITS_SIZE - 10 * o.test_per_class, (8, 8, 1), 10),
     "qot": Source("QSAR oral toxicity: 8,992 x 1,024 binary fingerprints, 2 classes (offline, vendored)", NoOptions,
                   _load_qot, _fixed(_QOT_TRAIN), (1024,), 2),
     "mnist": _tfds("mnist", "MNIST through TFDS (needs the data prepared or network)", 60_000, (28, 28, 1), 10),
