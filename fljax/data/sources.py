@@ -199,8 +199,8 @@ class DigitsOptions(Options):
 
     noise: float = option(0.0, "standard deviation of Gaussian pixel noise, drawn once from the data seed",
                           at_least(0))
-    test_per_class: int = option(DIGITS_TEST_PER_CLASS, "images of every class held out as the test pool (the "
-                                 "smallest class has 174 images)", between(1, 173))
+    test_per_class: int = option(DIGITS_TEST_PER_CLASS, "images of each class held out as the test pool",
+                                 between(1, 170))
 
 
 @dataclasses.dataclass(frozen=True)
