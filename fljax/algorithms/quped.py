@@ -109,6 +109,7 @@ class QuPeD(Centralized, LocalSGD):
 
     cohort_size: int | None = None
     weighting: str = "uniform"
+    cohort_mode: str = "mask"
     lr: float = 0.1
     weight_decay: float = 1e-4
     batch_size: int | None = 25
