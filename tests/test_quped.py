@@ -126,14 +126,15 @@ def test_T7_finetuning_switch_freezes_indices_on_the_centers(data, mlp):
 
 
 def test_quantized_model_is_deployed_and_sized(data, mlp):
-    """The deployed personal model is Q_c(x) (its quantized leaves take at most 2^b values); bits/parameter follow
-    §7's accounting; λ is zero before the first epoch ends only if κ is, so the r-rule's κ is positive."""
+    """Size accounting (§7) of the deployed 1-bit model, the teacher-health metric, and a positive r-rule κ."""
     algo = make_algorithm("quped", **KW, bits=1)
     sim, state, _ = _run(algo, data, mlp, 1)
     summary, _ = sim.evaluate(state)
     shapes = jax.eval_shape(mlp.init, jax.random.PRNGKey(0))
     mask = tree.map_with_path(lambda p, _: p in algo.spec(mlp).paths, shapes)
-    np.testing.assert_allclose(summary["bits_per_param"], quant.bits_accounting(shapes, mask, 1)[1], rtol=1e-6)
+    bits, per_param, _ = quant.bits_accounting(shapes, mask, 1)
+    np.testing.assert_allclose(summary["bits_per_param"], per_param, rtol=1e-6)
+    np.testing.assert_allclose(summary["model_mb"], bits / 8e6, rtol=1e-6)
     assert 0 < float(summary["teacher_max_prob"]) <= 1
     assert bool(jnp.all(state.clients["kappa"] > 0))
 

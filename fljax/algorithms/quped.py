@@ -67,7 +67,7 @@ class QuantSpec:
         return "client" if self.shared else path
 
     def keys(self) -> tuple:
-        return ("client",) if self.shared else self.paths
+        return ("client",) if self.shared and self.paths else self.paths
 
     def quantize(self, x, centers, rule: str, idx=None):
         """Q_c(x) on the quantized leaves (with frozen indices ``idx`` when given), x elsewhere."""
@@ -233,8 +233,8 @@ class QuPeD(Centralized, LocalSGD):
         state["c"] = {k: quant.init_centers(spec.members(x0, k), self.bits, self.center_init) for k in spec.keys()}
         state["idx"] = {p: jnp.zeros(tree_leaf(x0, p).shape, jnp.int32) for p in spec.paths}
         state["switched"] = jnp.bool_(False)
-        if self.kappa is not None:
-            state["kappa"] = jnp.float32(self.kappa)
+        if self.kappa is not None or not spec.paths:  # a model without hidden layers has nothing to quantize
+            state["kappa"] = jnp.float32(self.kappa or 0.0)
         else:
             sigma0 = jnp.mean(jnp.stack([jnp.std(tree_leaf(x0, p)) for p in spec.paths]))
             r = self.penalty_r or PENALTY_R.get(self.bits, 0.3)
@@ -312,7 +312,7 @@ class QuPeD(Centralized, LocalSGD):
         if self.clamp_x is not None:  # D17 option (authors' code)
             x = tree.map_with_path(lambda p, v: jnp.clip(v, -self.clamp_x, self.clamp_x) if p in spec.paths else v,
                                    x)
-        if self.center_updates:
+        if self.center_updates and c:
             h = jax.grad(lambda cc: self.personal_loss(model, spec.quantize(x, cc, rule), zw, batch, lam_p))(c)
             eta2 = self.center_lr(model)
             c = {k: quant.center_update(c[k], h[k], spec.members(x, k), eta2, lam, self.center_prox_sign,
@@ -338,7 +338,7 @@ class QuPeD(Centralized, LocalSGD):
 
         loss, (gu, h) = jax.value_and_grad(loss_fn, argnums=(0, 1))(x, c)
         u = tree.axpy(-eta1, tree.axpy(self.weight_decay, x, gu), x)  # quantized leaves are replaced below
-        if self.center_updates:
+        if self.center_updates and c:
             eta2 = self.center_lr(model)
             c = {k: c[k] - eta2 * (h[k] if self.center_grad_clip is None
                                    else jnp.clip(h[k], -self.center_grad_clip, self.center_grad_clip)) for k in c}
@@ -396,9 +396,10 @@ class QuPeD(Centralized, LocalSGD):
 
     def evaluate_client(self, inp: ClientInput) -> dict:
         """Accuracies, plus teacher health (§12: the global model's mean max-probability on the client's test split)
-        and the personal model's size (§7: bits per parameter)."""
+        and the personal model's size (§7: bits per parameter, megabytes)."""
         out = super().evaluate_client(inp)
-        scalars = {"bits_per_param": jnp.float32(self.size(inp.model)[1])}
+        bits, per_param, _ = self.size(inp.model)
+        scalars = {"bits_per_param": jnp.float32(per_param), "model_mb": jnp.float32(bits / 8e6)}
         if self.uses_server:
             p = jax.nn.softmax(inp.global_model.apply(inp.down, inp.test.x), axis=-1)
             m = inp.test.mask.astype(jnp.float32)
