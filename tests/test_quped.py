@@ -166,3 +166,20 @@ def test_config_groups_build_a_mixed_population():
     a, b = sim.population.groups
     assert (a.model, a.size, b.size, b.model.name, b.overrides) == (None, 5, 5, "cnn2_s", {"bits": None, "lam_p": 0.15})
     assert sim.model.name == "cnn1_s"
+
+
+def test_fml_joint_step_is_each_models_own_gradient(data, mlp):
+    """FML (spec §10): the joint loss's gradient is, for x, ∇[(1 − a)CE(x) + a KL(sg p_w ‖ p_x)] and, for w,
+    ∇[(1 − b)CE(w) + b KL(sg p_x ‖ p_w)], both from the pre-update logits; a mixed-width population runs."""
+    algo = make_algorithm("fml", a=0.3, b=0.2, lr=0.1, batch_size=8, local_steps=2)
+    x, w = (mlp.init(k) for k in jax.random.split(jax.random.PRNGKey(1)))
+    batch = Batch(x=data.train.x[0, :8], y=data.train.y[0, :8], mask=jnp.ones(8, bool))
+    gx, gw = jax.grad(lambda p: algo.joint_loss(mlp, mlp, p, batch))((x, w))
+    zx, zw = mlp.apply(x, batch.x), mlp.apply(w, batch.x)
+    ce = lambda v: mlp.loss(v, batch)  # noqa: E731
+    ex = jax.grad(lambda v: 0.7 * ce(v) + 0.3 * kl_divergence(zw, mlp.apply(v, batch.x), mask=batch.mask))(x)
+    ew = jax.grad(lambda v: 0.8 * ce(v) + 0.2 * kl_divergence(zx, mlp.apply(v, batch.x), mask=batch.mask))(w)
+    assert_trees_close((gx, gw), (ex, ew), rtol=1e-5, atol=1e-7)
+    wide = make_model("mlp", data.input_shape, data.num_classes, hidden=[24, 12])
+    _, state, metrics = _run(algo, data, mlp, 1, [ClientGroup("a", 2, mlp), ClientGroup("b", 3, wide, hp={"a": 0.15})])
+    assert np.isfinite(metrics["train_loss"]).all() and state.clients[1]["x"]["Dense_0"]["kernel"].shape[-1] == 24

@@ -12,6 +12,7 @@ from fljax.algorithms.fedgia import FedGiA
 from fljax.algorithms.fedgia_baselines import FedAvgGD, FedPD, FedProxGD
 from fljax.algorithms.fedrod import FedRoD
 from fljax.algorithms.fedslr import FedSLR
+from fljax.algorithms.fml import FML
 from fljax.algorithms.local import Local
 from fljax.algorithms.local_training import LocalSGD, run_steps
 from fljax.algorithms.partial import FedPer, FedRep, LGFedAvg
@@ -22,7 +23,7 @@ from fljax.algorithms.registry import ALGORITHMS, get_algorithm, make_algorithm,
 from fljax.algorithms.scaffold import Scaffold
 
 for _cls in (FedAvg, FedProx, FedAvgFT, Local, FedPer, FedRep, LGFedAvg, Ditto, FedSLR, FedDyn, Scaffold, APFL,
-             PerFedAvg, PFedMe, FedBABU, FedRoD, DFedAvg, DFedAvgM, DFedSAM, DisPFL, DFedAlt, DFedSalt, QuPeD, QuantizedLocal):
+             PerFedAvg, PFedMe, FedBABU, FedRoD, DFedAvg, DFedAvgM, DFedSAM, DisPFL, DFedAlt, DFedSalt, QuPeD, QuantizedLocal, FML):
     register(_cls)
 # FedGiA and its regression baselines solve consensus regression problems (fljax.problems), not the classification
 # Simulation, so they are not in the registry: see fljax.algorithms.fedgia.solve and `python -m fljax.reproduce.fedgia`.
@@ -30,5 +31,5 @@ for _cls in (FedAvg, FedProx, FedAvgFT, Local, FedPer, FedRep, LGFedAvg, Ditto, 
 __all__ = ["Algorithm", "Centralized", "ClientInput", "ClientResult", "TestStats", "APFL", "Ditto", "FedAvg", "FedAvgFT", "FedDyn",
            "FedProx", "FedSLR", "Local", "FedPer", "FedRep", "LGFedAvg", "PerFedAvg", "PFedMe", "Scaffold",
            "FedBABU", "FedRoD", "Decentralized", "DFedAvg", "DFedAvgM", "DFedSAM", "DisPFL", "DFedAlt", "DFedSalt",
-           "QuPeD", "QuantizedLocal", "FedGiA", "FedAvgGD", "FedProxGD", "FedPD",
+           "QuPeD", "QuantizedLocal", "FML", "FedGiA", "FedAvgGD", "FedProxGD", "FedPD",
            "LocalSGD", "run_steps", "ALGORITHMS", "get_algorithm", "make_algorithm", "register"]
