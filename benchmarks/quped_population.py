@@ -8,7 +8,7 @@ the round's one compiled program. ``one group after another``: four Simulations,
 work smaller). Reports client-steps/s (clients × τ local iterations per round / seconds; median of ``--repeats``
 timed blocks of ``--rounds`` rounds after a warm-up) and compile seconds; writes ``results/quped_population.{json,md}``.
 
-    python benchmarks/quped_population.py [--per-group 5] [--rounds 5] [--repeats 3]
+    python benchmarks/quped_population.py [--per-group 5] [--rounds 5] [--repeats 3] [--unroll 1]
 """
 from __future__ import annotations
 
@@ -58,6 +58,7 @@ def main() -> None:
     ap.add_argument("--per-group", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--unroll", default="auto", help="scan unroll of the local steps (auto: the engine's rule)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     args = ap.parse_args()
     n = args.per_group * len(GROUPS)
@@ -70,20 +71,22 @@ def main() -> None:
               for name, bits in GROUPS]
     steps = n * TAU * args.rounds
     rows = []
-    sim = Simulation(_algo(), data, models["cnn1_s"], executor="vmap", seed=0, groups=groups)
+    sim = Simulation(_algo(), data, models["cnn1_s"], executor="vmap", seed=0, groups=groups, unroll=args.unroll)
     seconds, compile_s = _timed(sim, args.rounds, args.repeats)
     rows.append({"mode": "together (one program, 4 groups)", "seconds": seconds, "compile_seconds": compile_s,
                  "client_steps_per_s": steps / seconds})
     total, compile_total = 0.0, 0.0
     for g, group in enumerate(groups):
         part = jax.tree.map(lambda a: a[g * args.per_group:(g + 1) * args.per_group], data)
-        one = Simulation(_algo(), part, models["cnn1_s"], executor="vmap", seed=0, groups=[group])
+        one = Simulation(_algo(), part, models["cnn1_s"], executor="vmap", seed=0, groups=[group],
+                         unroll=args.unroll)
         s, c = _timed(one, args.rounds, args.repeats)
         total, compile_total = total + s, compile_total + c
     rows.append({"mode": "one group after another (4 programs)", "seconds": total, "compile_seconds": compile_total,
                  "client_steps_per_s": steps / total})
     meta = {"command": " ".join(["python benchmarks/quped_population.py"] + sys.argv[1:]), "clients": n,
             "local_steps": TAU, "batch_size": BATCH, "rounds_per_block": args.rounds, "repeats": args.repeats,
+            "unroll": args.unroll,
             "jax": jax.__version__, "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
             "cpu_count": os.cpu_count(), "machine": platform.machine(), "date": time.strftime("%Y-%m-%d")}
     md = markdown(meta, rows)
@@ -97,7 +100,8 @@ def main() -> None:
 def markdown(meta: dict, rows: list[dict]) -> str:
     lines = [f"QuPeD population of {meta['clients']} clients (CNN1-S 2-bit, CNN1-S FP, CNN2-S 2-bit, CNN2-S FP), "
              f"τ = {meta['local_steps']} iterations of batch {meta['batch_size']} per round, median of "
-             f"{meta['repeats']} blocks of {meta['rounds_per_block']} rounds. Backend {meta['backend']} "
+             f"{meta['repeats']} blocks of {meta['rounds_per_block']} rounds, scan unroll {meta['unroll']}. "
+             f"Backend {meta['backend']} "
              f"({meta['cpu_count']} cores, {meta['devices'][0]}), jax {meta['jax']}. Command: `{meta['command']}`.",
              "", "| mode | client-steps/s | s per block | compile s |", "|---|---|---|---|"]
     for r in rows:

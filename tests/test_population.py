@@ -1,11 +1,9 @@
 """Heterogeneous client populations (fljax.engine.population, QuPeD spec §8): groups against the plain loop, against
 one homogeneous run per architecture, and the two cohort modes (D32) against each other."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fljax import tree
 from fljax.algorithms import make_algorithm
 from fljax.engine import Simulation
 from fljax.engine.population import ClientGroup, Population
