@@ -46,6 +46,7 @@ class Algorithm:
     name: ClassVar[str] = "algorithm"
     summary: ClassVar[str] = ""
     generic: ClassVar[bool] = True  # runs on any classification data set (part of the default `fljax compare`)
+    problem: ClassVar[str] = "classification"  # the data it solves (experiment configs describe classification)
 
     supports_groups: ClassVar[bool] = True  # runs a population of client groups (fljax.engine.population)
     # groups may run architectures other than the global model's (False: every client trains the global model)

@@ -18,7 +18,7 @@ import numpy as np
 
 from fljax import tree
 from fljax.data.federated import FederatedData
-from fljax.engine import compile_cache
+from fljax.engine import blas, compile_cache
 from fljax.engine.context import RoundContext
 from fljax.engine.executors import Executor, choose_executor, make_executor
 from fljax.engine.loop import NonFiniteError, NonFiniteGuard, RunLog, drive
@@ -57,30 +57,37 @@ class RunResult:
 class Simulation:
     """An algorithm bound to data, a model and an executor.
 
-    ``executor``: 'auto' | 'vmap' | 'chunked' | 'sharded' | 'loop' or an :class:`Executor`. ``conv_impl``: 'auto'
-    uses the patches-plus-matmul convolution when clients are vectorised and the native one under the loop
-    executor (measured: ``benchmarks/throughput.py``). ``unroll``: the ``lax.scan`` unroll factor of the local
-    steps ('auto': see :meth:`_auto_unroll`).
+    ``data``: classification data (:class:`~fljax.data.FederatedData`) or any pytree with a ``num_clients``
+    property that the algorithm understands (FedGiA's regression blocks, :class:`fljax.problems.ClientBlocks`).
+    ``model``: None picks :func:`default_model` for classification data; other data runs without a model (the
+    algorithm's own functions, ``ctx.model`` is None). ``executor``: 'auto' | 'vmap' | 'chunked' | 'sharded' |
+    'loop' or an :class:`Executor`. ``conv_impl``: 'auto' uses the patches-plus-matmul convolution when clients are
+    vectorised and the native one under the loop executor (measured: ``benchmarks/throughput.py``). ``unroll``: the
+    ``lax.scan`` unroll factor of the local steps ('auto': see :meth:`_auto_unroll`).
 
     ``groups``: a heterogeneous population (:class:`~fljax.engine.population.Population` or a list of
     :class:`~fljax.engine.population.ClientGroup` whose sizes add up to the data's clients): each group runs its own
     model (None: ``model``) and hyperparameter overrides, ``model`` is then the global model's, and the per-client
     state is a tuple of one pytree per group. None: one homogeneous population.
+
+    Every compiled call runs through :func:`fljax.engine.blas.call` (one BLAS thread when the user allowed more).
     """
 
-    def __init__(self, algorithm: FederatedAlgorithm, data: FederatedData, model: Model | None = None, *,
+    def __init__(self, algorithm: FederatedAlgorithm, data, model: Model | None = None, *,
                  executor: str | Executor = "auto", chunk_size: int | None = None, seed: int = 0,
                  conv_impl: str = "auto", unroll: int | str = "auto", groups=None):
         compile_cache.enable()
         algorithm.validate(data.num_clients)
-        model = model or default_model(data)
+        if model is None and isinstance(data, FederatedData):
+            model = default_model(data)
         population = None if groups is None else Population.of(groups)
         if population is not None:
             self._check_population(algorithm, population, data, model)
         self.algorithm = algorithm
         self.data = data
         self.seed = int(seed)
-        models = [model] + ([] if population is None else [g.model for g in population.groups if g.model])
+        models = [m for m in [model] + ([] if population is None else [g.model for g in population.groups])
+                  if m is not None]
         if isinstance(executor, Executor):
             self.executor = executor
         elif executor == "auto":
@@ -88,7 +95,7 @@ class Simulation:
         else:
             self.executor = make_executor(executor, chunk_size=chunk_size)
         impl = conv_impl if conv_impl != "auto" else ("patches" if self.executor.vectorised else "native")
-        self.model = model.with_conv(impl)
+        self.model = None if model is None else model.with_conv(impl)
         self.population = None if population is None else Population(tuple(
             dataclasses.replace(g, model=g.model.with_conv(impl) if g.model is not None else None)
             for g in population.groups))
@@ -99,7 +106,7 @@ class Simulation:
     @staticmethod
     def _check_population(algorithm, population: Population, data: FederatedData, model: Model) -> None:
         name = getattr(algorithm, "name", type(algorithm).__name__)
-        if not getattr(algorithm, "supports_groups", False):
+        if not getattr(algorithm, "supports_groups", False) or model is None:
             raise ValueError(f"algorithm {name!r} does not run client groups.")
         shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
         for group in population.groups:
@@ -119,10 +126,9 @@ class Simulation:
         """Resolve 'auto' from the workload (see :func:`fljax.engine.executors.choose_executor`; the largest of the
         models sizes a chunk, and any convolutional one counts)."""
         cohort = algorithm.participants(self.data.num_clients)
-        params = max(m.num_params() for m in models)
-        train = self.data.train
-        data_bytes = (train.x.nbytes + train.y.nbytes) // max(train.x.shape[0], 1)
-        per_client_bytes = 16 * params + data_bytes  # parameters, gradients, optimizer state, updates; local data
+        params = max((m.num_params() for m in models), default=0)
+        # parameters, gradients, optimizer state, updates; local data
+        per_client_bytes = 16 * params + _client_data_bytes(self.data)
         return choose_executor(backend=jax.default_backend(), device_count=jax.device_count(),
                                has_conv=any(m.has_conv for m in models), cohort=cohort,
                                per_client_bytes=per_client_bytes, chunk_size=chunk_size)
@@ -137,11 +143,13 @@ class Simulation:
         return 1
 
     def work_per_round(self) -> tuple[int, int]:
-        """(client-steps, samples) of local training per round, from the algorithm's batch plan."""
-        algo, n_max = self.algorithm, self.data.train.n_max
+        """(client-steps, samples) of local training per round, from the algorithm's batch plan ((0, 0) without
+        one)."""
+        algo = self.algorithm
         plan = algo.plan()
         if plan is None:
             return 0, 0
+        n_max = self.data.train.n_max
         cohort = algo.participants(self.data.num_clients)
         steps = algo.steps_per_round(n_max)
         return cohort * steps, cohort * steps * plan.width(n_max)
@@ -163,16 +171,16 @@ class Simulation:
         (default: the algorithm's), compiled once per simulation (eagerly under the loop executor)."""
         key = jax.random.PRNGKey(self.seed if seed is None else seed)
         if not self.executor.jittable:
-            return self._init(key, hp)
-        return self._compiled_fn("init", self._init, (key, hp))(key, hp)
+            return blas.call(self._init, key, hp)
+        return self._compiled_fn("init", self._init, (key, hp, self.data))(key, hp, self.data)
 
     def state_shapes(self) -> State:
         """The state's structure, shapes and dtypes (``jax.ShapeDtypeStruct`` leaves), e.g. to restore a checkpoint
         into; nothing is computed."""
         return jax.eval_shape(self._init, jax.random.PRNGKey(self.seed))
 
-    def _init(self, key, hp: dict | None = None) -> State:
-        ctx = self.context(self.data, jnp.int32(0), jax.random.fold_in(key, 0), key)
+    def _init(self, key, hp: dict | None = None, data=None) -> State:
+        ctx = self.context(self.data if data is None else data, jnp.int32(0), jax.random.fold_in(key, 0), key)
         server, clients = self.algorithm_at(hp).init_population(ctx)
         return State(server=server, clients=clients, round=jnp.int32(0), key=key)
 
@@ -195,12 +203,14 @@ class Simulation:
 
     def _compiled_fn(self, name: str, fn: Callable, args, static: tuple = ()):
         """AOT-compile ``fn`` once per (name, static, structure and shapes of ``args``) and account the compile
-        time."""
+        time. ``static`` must hold every Python value ``fn`` depends on beyond ``args`` (``fn`` itself is not part
+        of the key). The program is returned wrapped in :func:`fljax.engine.blas.call`."""
         leaves, treedef = jax.tree.flatten(args)
         key = (name, static, treedef, tuple((np.shape(x), str(getattr(x, 'dtype', type(x)))) for x in leaves))
         if key not in self._compiled:
             t0 = time.perf_counter()
-            self._compiled[key] = jax.jit(fn).lower(*args).compile()
+            compiled = jax.jit(fn).lower(*args).compile()
+            self._compiled[key] = lambda *a: blas.call(compiled, *a)
             self.compile_seconds += time.perf_counter() - t0
         return self._compiled[key]
 
@@ -213,7 +223,7 @@ class Simulation:
         if not self.executor.jittable:
             outs = []
             for _ in range(n):
-                state, m = self._round(state, self.data)
+                state, m = blas.call(self._round, state, self.data)
                 outs.append(m)
             metrics = tree.stack(outs)
         else:
@@ -224,7 +234,7 @@ class Simulation:
     def evaluate(self, state: State) -> tuple[dict, dict]:
         """(scalar summaries, per-client accuracies) of the global and personalized models."""
         if not self.executor.jittable:
-            return self._evaluate(state, self.data)
+            return blas.call(self._evaluate, state, self.data)
         return self._compiled_fn("evaluate", self._evaluate, (state, self.data))(state, self.data)
 
     # ---------------------------------------------------------------------------------------------- run
@@ -252,3 +262,11 @@ class Simulation:
         if stopped:
             raise NonFiniteError(f"{stopped[0]}; lower the learning rate (algo.lr) or check the data.")
         return RunResult(state, log.history, jax.device_get(per_client), self.compile_seconds, log.run_seconds)
+
+
+def _client_data_bytes(data) -> int:
+    """Bytes of one client's local data: its train split for classification data, else an equal share of all."""
+    if isinstance(data, FederatedData):
+        train = data.train
+        return (train.x.nbytes + train.y.nbytes) // max(train.x.shape[0], 1)
+    return tree.nbytes(data) // max(data.num_clients, 1)
