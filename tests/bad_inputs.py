@@ -159,6 +159,13 @@ CASES = [
     _case(_VALUES, "run --set algo.weight_decay=.inf", "algo.weight_decay must be a finite number, got inf."),
     _case(_VALUES, "run --set data.num_clients=20 --set algo.cohort_size=50",
           "algo.cohort_size must be between 1 and num_clients=20 (or null for full participation), got 50."),
+    _case(_VALUES, 'run --set data.num_clients=20 --set groups=[{"name":"a","size":12}]',
+          "groups sizes must add up to data.num_clients=20, got 12."),
+    _case(_VALUES, 'run --set data.num_clients=4 --set algo.cohort_size=null '
+                   '--set groups=[{"name":"a","size":2},{"name":"b","size":2,"algo":{"lr":0}}]',
+          "groups[1].algo.lr must be > 0, got 0.0."),
+    _case(_VALUES, "run --set algorithm=quped --set algo.bits=0", "algo.bits must be in 1..8 or null (full "
+                                                                  "precision), got 0."),
     _case(_DATA, _DIGITS + "--set data.num_clients=500 --set data.alpha=0.001 --set algo.cohort_size=5",
           "dirichlet(alpha=0.001) left a client with fewer than 1 samples"),
     _case(_DATA, _DIGITS + "--set data.partition=client_dirichlet --set data.test_per_client=1 "
