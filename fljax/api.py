@@ -40,21 +40,37 @@ def _config(config, overrides: dict, check_algo: bool) -> ExperimentConfig:
 
 
 def load_data(cfg: ExperimentConfig) -> FederatedData:
-    """The federated data set of ``cfg.data`` (drawn with the run seed unless ``data.seed`` is set)."""
+    """The federated data set of ``cfg.data`` (drawn with the run seed unless ``data.seed`` is set), with the
+    server's pretrained model of ``cfg.server`` attached (trained once, then restored from its cache)."""
     try:
-        return load_federated(cfg.data, cfg.seed)
+        data = load_federated(cfg.data, cfg.seed)
     except OptionError as e:
         raise e.within("data") from None
+    server = cfg.server
+    if server.pretrained is None:
+        return data
+    from fljax.runner.pretrained import attach_pretrained
+
+    if server.pretrained == "same":
+        pm = model_for(cfg, data)
+    else:
+        pm = make_model(server.pretrained, data.input_shape, data.num_classes, **server.pretrained_options)
+    return attach_pretrained(data, pm, epochs=server.epochs, lr=server.lr, batch_size=server.batch_size,
+                             seed=server.seed, cache_dir=server.cache_dir)
+
+
+def model_for(cfg: ExperimentConfig, data: FederatedData):
+    """The model ``cfg.model`` describes for ``data``."""
+    if cfg.model.name == "auto":
+        return default_model(data) if not cfg.model.options else make_model(
+            default_model(data).name, data.input_shape, data.num_classes, **cfg.model.options)
+    return make_model(cfg.model.name, data.input_shape, data.num_classes, **cfg.model.options)
 
 
 def build(cfg: ExperimentConfig, data: FederatedData | None = None) -> Simulation:
     """The :class:`Simulation` a config describes (``data`` may be passed to share it between runs)."""
     data = data if data is not None else load_data(cfg)
-    if cfg.model.name == "auto":
-        model = default_model(data) if not cfg.model.options else make_model(
-            default_model(data).name, data.input_shape, data.num_classes, **cfg.model.options)
-    else:
-        model = make_model(cfg.model.name, data.input_shape, data.num_classes, **cfg.model.options)
+    model = model_for(cfg, data)
     algo = make_algorithm(cfg.algorithm, **cfg.algo)
     return Simulation(algo, data, model, executor=cfg.executor, chunk_size=cfg.chunk_size, seed=cfg.seed,
                       conv_impl=cfg.model.conv_impl)

@@ -5,7 +5,8 @@ from fljax.algorithms.decentralized import DFedAvg, DFedAvgM, DFedSAM, Decentral
 from fljax.algorithms.dfedalt import DFedAlt, DFedSalt
 from fljax.algorithms.dispfl import DisPFL
 from fljax.algorithms.ditto import Ditto
-from fljax.algorithms.fedavg import FedAvg, FedAvgFT, FedProx
+from fljax.algorithms.augfl import AugFL
+from fljax.algorithms.fedavg import FedAvg, FedAvgFT, FedLP, FedProx
 from fljax.algorithms.fedbabu import FedBABU
 from fljax.algorithms.feddyn import FedDyn
 from fljax.algorithms.fedgia import FedGiA
@@ -21,12 +22,12 @@ from fljax.algorithms.registry import ALGORITHMS, get_algorithm, make_algorithm,
 from fljax.algorithms.scaffold import Scaffold
 
 for _cls in (FedAvg, FedProx, FedAvgFT, Local, FedPer, FedRep, LGFedAvg, Ditto, FedSLR, FedDyn, Scaffold, APFL,
-             PerFedAvg, PFedMe, FedBABU, FedRoD, DFedAvg, DFedAvgM, DFedSAM, DisPFL, DFedAlt, DFedSalt):
+             PerFedAvg, PFedMe, FedBABU, FedRoD, DFedAvg, DFedAvgM, DFedSAM, DisPFL, DFedAlt, DFedSalt, AugFL, FedLP):
     register(_cls)
 # FedGiA and its regression baselines solve consensus regression problems (fljax.problems), not the classification
 # Simulation, so they are not in the registry: see fljax.algorithms.fedgia.solve and `python -m fljax.reproduce.fedgia`.
 
-__all__ = ["Algorithm", "Centralized", "ClientInput", "ClientResult", "TestStats", "APFL", "Ditto", "FedAvg", "FedAvgFT", "FedDyn",
+__all__ = ["Algorithm", "Centralized", "ClientInput", "ClientResult", "TestStats", "APFL", "AugFL", "FedLP", "Ditto", "FedAvg", "FedAvgFT", "FedDyn",
            "FedProx", "FedSLR", "Local", "FedPer", "FedRep", "LGFedAvg", "PerFedAvg", "PFedMe", "Scaffold",
            "FedBABU", "FedRoD", "Decentralized", "DFedAvg", "DFedAvgM", "DFedSAM", "DisPFL", "DFedAlt", "DFedSalt",
            "FedGiA", "FedAvgGD", "FedProxGD", "FedPD",

@@ -11,12 +11,13 @@ from fljax.engine.executors import Executor
 from fljax.engine.protocol import ClientInput
 from fljax.engine.sampling import sample_cohort
 
-__all__ = ["RoundContext", "ClientCall", "TRAIN", "EVAL", "SAMPLE", "INIT", "MIXING"]
+__all__ = ["RoundContext", "ClientCall", "TRAIN", "EVAL", "SAMPLE", "INIT", "MIXING", "SERVER"]
 
 # Stream tags: every random choice derives from fold_in(fold_in(run_key, round), tag) and then the client id, so
 # results never depend on the executor, the cohort's order or the batch position of a client.
 SAMPLE, TRAIN, EVAL, INIT = 0, 1, 2, 3
 MIXING = 4  # the round's mixing matrix of decentralized algorithms (redrawn topologies)
+SERVER = 5  # the server's own draws on its data (e.g. AugFL's knowledge-transfer minibatches and negatives)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +41,12 @@ class ClientCall:
 class RoundContext:
     """``executor``: how the client axis runs; ``data``: the federated data (device arrays); ``round``: the round
     index (traced int); ``key``: this round's key; ``model``: the model clients run (static; None for problems
-    without one); ``unroll``: the unroll factor of local-step loops (static)."""
+    without one); ``unroll``: the unroll factor of local-step loops (static).
+
+    Server-side inputs: :attr:`server` is what the server holds (``data.server``, a
+    :class:`~fljax.data.ServerData`: its own labelled set and frozen pretrained models), an argument of the compiled
+    round like the client data but handed to no client: :meth:`run_clients` passes each client only its state, its
+    train (and test) split, its key, the round and ``down``."""
 
     executor: Executor
     data: Any
@@ -52,6 +58,16 @@ class RoundContext:
     @property
     def num_clients(self) -> int:
         return self.data.num_clients
+
+    @property
+    def num_train_clients(self) -> int:
+        """Clients that may train: all but the data's target clients (ids ``0 … num_train_clients − 1``)."""
+        return self.data.num_clients - getattr(self.data, "num_target", 0)
+
+    @property
+    def server(self):
+        """The server's own data and frozen models (``data.server``), or None."""
+        return getattr(self.data, "server", None)
 
     def map_clients(self, fn, shared, per_client):
         """``fn(shared, per_client[i])`` for every client i, stacked (see :mod:`fljax.engine.executors`)."""
@@ -72,5 +88,6 @@ class RoundContext:
         return jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.asarray(ids))
 
     def sample_cohort(self, size: int | None):
-        """Sorted ids of a uniform cohort of ``size`` clients without replacement (all clients when None)."""
-        return sample_cohort(self.stream(SAMPLE), self.num_clients, size)
+        """Sorted ids of a uniform cohort of ``size`` training clients without replacement (all of them when
+        None); target clients are never sampled."""
+        return sample_cohort(self.stream(SAMPLE), self.num_train_clients, size)

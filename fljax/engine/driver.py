@@ -64,7 +64,7 @@ class Simulation:
     def __init__(self, algorithm: FederatedAlgorithm, data: FederatedData, model: Model | None = None, *,
                  executor: str | Executor = "auto", chunk_size: int | None = None, seed: int = 0,
                  conv_impl: str = "auto", unroll: int | str = "auto"):
-        algorithm.validate(data.num_clients)
+        algorithm.validate(data.num_train_clients)
         model = model or default_model(data)
         self.algorithm = algorithm
         self.data = data
@@ -84,7 +84,7 @@ class Simulation:
     # ---------------------------------------------------------------------------------------------- sizing
     def _auto_executor(self, model: Model, algorithm: FederatedAlgorithm, chunk_size: int | None) -> Executor:
         """Resolve 'auto' from the workload (see :func:`fljax.engine.executors.choose_executor`)."""
-        cohort = algorithm.participants(self.data.num_clients)
+        cohort = algorithm.participants(self.data.num_train_clients)
         params = model.num_params()
         train = self.data.train
         data_bytes = (train.x.nbytes + train.y.nbytes) // max(train.x.shape[0], 1)
@@ -108,7 +108,7 @@ class Simulation:
         plan = algo.plan()
         if plan is None:
             return 0, 0
-        cohort = algo.participants(self.data.num_clients)
+        cohort = algo.participants(self.data.num_train_clients)
         steps = algo.steps_per_round(n_max)
         return cohort * steps, cohort * steps * plan.width(n_max)
 

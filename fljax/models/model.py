@@ -58,6 +58,19 @@ class Model:
         with nn.intercept_methods(take_head_input):
             return self.apply(params, x)
 
+    def features_and_logits(self, params, x):
+        """(h(x), logits) from one forward pass: the input of the ``head`` layer and the model's output."""
+        seen = []
+
+        def record_head_input(next_fun, args, kwargs, context):
+            if context.module.name == "head" and context.method_name == "__call__":
+                seen.append(args[0])
+            return next_fun(*args, **kwargs)
+
+        with nn.intercept_methods(record_head_input):
+            logits = self.apply(params, x)
+        return seen[-1], logits
+
     def loss(self, params, batch):
         """Masked mean cross-entropy of ``batch`` (a :class:`fljax.data.Batch`)."""
         return masked_cross_entropy(self.apply(params, batch.x), batch.y, batch.mask)
@@ -81,6 +94,8 @@ MODELS = {
     "logreg": "multinomial logistic regression",
     "mlp": "fully connected ReLU network (hidden widths: hidden=[200, 200])",
     "cnn1": "QuPeD's CNN1: 2 conv (5x5, 6 and 16 channels) + 3 dense (120, 84, C)",
+    "cnn_s": "AugFL's CNN-S: conv3x3(16) - pool - conv3x3(32) - pool - Dense(64) - Dense(C) (channels, width)",
+    "cnn_l": "AugFL's CNN-L (its reduced-scale pretrained model): CNN-S with widths 64/128 and Dense(256)",
     "fedslr_cnn": "FedSLR's reduced CNN: conv3x3(32) - GN - conv3x3(64, s2) - GN - GAP - Dense(64) - Dense(C), "
                   "no biases, GroupNorm(2), PyTorch init (weight_init='pytorch'|'flax')",
     "resnet18_gn": "CIFAR ResNet-18 with GroupNorm (groups=2, head_bias=False by default; "
@@ -88,9 +103,10 @@ MODELS = {
 }
 
 
-_MODULES = {"logreg": zoo.LogisticRegression, "mlp": zoo.MLP, "cnn1": zoo.CNN1, "fedslr_cnn": zoo.FedSLRCNN,
+_MODULES = {"logreg": zoo.LogisticRegression, "mlp": zoo.MLP, "cnn1": zoo.CNN1, "cnn_s": zoo.SmallCNN,
+            "cnn_l": zoo.LargeCNN, "fedslr_cnn": zoo.FedSLRCNN,
             "resnet18_gn": zoo.ResNet18GN}
-_IMAGE_MODELS = ("cnn1", "fedslr_cnn", "resnet18_gn")  # convolutional: take conv_impl, need (H, W, C) inputs
+_IMAGE_MODELS = ("cnn1", "cnn_s", "cnn_l", "fedslr_cnn", "resnet18_gn")  # convolutional: take conv_impl, need (H, W, C) inputs
 
 
 def auto_model(input_shape) -> str:

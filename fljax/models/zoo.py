@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from fljax.models.layers import Conv, max_pool_2x2
 from fljax.options import at_least, each, option
 
-__all__ = ["LogisticRegression", "MLP", "CNN1", "FedSLRCNN", "ResNet18GN", "INITS", "kernel_init"]
+__all__ = ["LogisticRegression", "MLP", "CNN1", "SmallCNN", "LargeCNN", "FedSLRCNN", "ResNet18GN", "INITS", "kernel_init"]
 
 Init = Literal["flax", "pytorch"]
 INITS = typing.get_args(Init)
@@ -84,6 +84,30 @@ class CNN1(nn.Module):
         x = nn.relu(nn.Dense(120)(x))
         x = nn.relu(nn.Dense(84)(x))
         return nn.Dense(self.num_classes, name="head")(x)
+
+
+class SmallCNN(nn.Module):
+    """AugFL spec §6's reduced-scale CNN-S: conv3×3(16) – ReLU – maxpool2 – conv3×3(32) – ReLU – maxpool2 – flatten –
+    Dense(64) – ReLU (the 64-d penultimate feature) – Dense(C) (``head``); SAME padding."""
+
+    num_classes: int
+    channels: Sequence[int] = option((16, 32), "output channels of the two 3x3 convolutions", each(at_least(1)))
+    width: int = option(64, "width of the penultimate dense layer (the feature dimension)", at_least(1))
+    conv_impl: str = "native"
+
+    @nn.compact
+    def __call__(self, x):
+        for c in self.channels:
+            x = max_pool_2x2(nn.relu(Conv(c, (3, 3), padding="SAME", impl=self.conv_impl)(x)))
+        x = nn.relu(nn.Dense(self.width)(x.reshape(x.shape[0], -1)))
+        return nn.Dense(self.num_classes, name="head")(x)
+
+
+class LargeCNN(SmallCNN):
+    """AugFL spec §6's CNN-L, the reduced-scale pretrained model: CNN-S's layout with widths 64/128 and Dense(256)."""
+
+    channels: Sequence[int] = option((64, 128), "output channels of the two 3x3 convolutions", each(at_least(1)))
+    width: int = option(256, "width of the penultimate dense layer (the feature dimension)", at_least(1))
 
 
 class FedSLRCNN(nn.Module):
