@@ -6,7 +6,9 @@ its row index is below the client's count.
 
 Meta-learning splits (AugFL, Per-FedAvg with support/query sets) also set ``support [C]``: client i's first
 ``support[i]`` rows are its support set and the rest of its samples its query set (:meth:`ClientArrays.support_batch`,
-:meth:`ClientArrays.query_batch`, :meth:`ClientArrays.support_view`).
+:meth:`ClientArrays.query_batch`, :meth:`ClientArrays.support_view`), with the static bounds ``support_max`` and
+``query_max`` (the largest support and query sets), so full-batch steps on either set compute on no more rows than
+it can hold.
 
 Two optional parts describe settings where not every client trains and the server holds data of its own:
 ``FederatedData.num_target`` (the last ``num_target`` clients are *target* clients: they never train and are only
@@ -42,6 +44,8 @@ class ClientArrays:
     n_min: int = flax.struct.field(pytree_node=False, default=1)
     n_max: int = flax.struct.field(pytree_node=False, default=1)
     support: Any = None  # [C] int or None: the first support[i] rows of client i form its support set
+    support_max: int = flax.struct.field(pytree_node=False, default=0)  # largest support / query set (static)
+    query_max: int = flax.struct.field(pytree_node=False, default=0)
 
     @property
     def num_clients(self) -> int:
@@ -53,19 +57,21 @@ class ClientArrays:
                             support=None if self.support is None else self.support[idx])
 
     def support_batch(self):
-        """The support set as one full :class:`~fljax.data.Batch` (rows past it masked); the whole split when no
-        support set is declared. Works on one client (no client axis) or on a stacked population."""
+        """One client's support set as a full :class:`~fljax.data.Batch` of ``support_max`` rows (past its size
+        masked); its whole split when no support set is declared."""
         if self.support is None:
             return Batch(self.x, self.y, self.mask)
-        rows = jnp.arange(self.mask.shape[-1])
-        return Batch(self.x, self.y, self.mask & (rows < jnp.expand_dims(self.support, -1)))
+        rows = jnp.arange(self.support_max)
+        return Batch(self.x[: self.support_max], self.y[: self.support_max], rows < self.support)
 
     def query_batch(self):
-        """The query set (the samples after the support set) as one full, masked :class:`~fljax.data.Batch`."""
+        """One client's query set (its samples after the support set) as a full :class:`~fljax.data.Batch` of
+        ``query_max`` rows (past its size masked)."""
         if self.support is None:
             raise ValueError("these client arrays declare no support/query split (support is None).")
-        rows = jnp.arange(self.mask.shape[-1])
-        return Batch(self.x, self.y, self.mask & (rows >= jnp.expand_dims(self.support, -1)))
+        rows = jnp.arange(self.query_max)
+        idx = jnp.minimum(rows + self.support, self.n_max - 1)
+        return Batch(jnp.take(self.x, idx, axis=0), jnp.take(self.y, idx, axis=0), rows < self.count - self.support)
 
     def support_view(self) -> "ClientArrays":
         """The support set as client arrays of their own (a prefix of the rows, so batch plans apply; ``n_min`` drops

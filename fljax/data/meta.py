@@ -113,7 +113,10 @@ def meta_pairs(source: Pooled, num_clients: int, seed: int, options: MetaPairsOp
     else:
         scale = lambda a: a  # noqa: E731
     train = pad_clients([scale(train_x[i]) for i in order], [train_y[i] for i in order])
-    train = train.replace(support=jnp.asarray(np.asarray(supports, np.int32)[order]))
+    supports = np.asarray(supports, np.int32)[order]
+    queries = np.asarray([len(q) for q in query_y], np.int32)[order]
+    train = train.replace(support=jnp.asarray(supports), support_max=int(supports.max()),
+                          query_max=int(queries.max()))
     test = pad_clients([scale(query_x[i]) for i in order], [query_y[i] for i in order])
     server = ServerData(x=jnp.asarray(scale(x[server_idx])), y=jnp.asarray(y[server_idx]))
     desc = (f"meta_pairs: two classes per client ({o.pairs} pairs), D_i from M={o.samples_min}, support/query "
