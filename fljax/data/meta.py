@@ -1,6 +1,7 @@
 """Few-shot federated splits with a server-held set and target clients (AugFL spec §4, §6: ``partition: meta_pairs``).
 
-From a pooled data set (its train and test pools together):
+From a pooled data set (its train and test pools together, put in a canonical order by their contents, so the
+source's own seeded train/test shuffle changes nothing):
 
 1. **Server split** 𝒟_s: ``server_per_class`` samples of every class, drawn with ``server_seed`` (fixed by default,
    so every run seed shares one server set and hence one pretrained model), disjoint from every client.
@@ -20,6 +21,8 @@ From a pooled data set (its train and test pools together):
 Labels stay global (C-way), as in the authors' code.
 """
 from __future__ import annotations
+
+import hashlib
 
 import jax.numpy as jnp
 import numpy as np
@@ -63,11 +66,20 @@ def _draw(pools: list[np.ndarray], used: np.ndarray, c: int, n: int) -> np.ndarr
     return out
 
 
+def _canonical_order(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """A permutation that sorts the samples by a hash of their bytes (pixels and label): the same order for the same
+    set of samples whatever order they came in (equal samples are interchangeable)."""
+    keys = [hashlib.blake2b(xi.tobytes() + yi.tobytes(), digest_size=8).digest() for xi, yi in zip(x, y)]
+    return np.asarray(sorted(range(len(keys)), key=keys.__getitem__), np.int64)
+
+
 def meta_pairs(source: Pooled, num_clients: int, seed: int, options: MetaPairsOptions) -> FederatedData:
     """The AugFL split of ``source`` (see the module docstring) for ``num_clients`` clients with run seed ``seed``."""
     o = options
     x = np.concatenate([source.x_train, source.x_test]).astype(np.float32)
     y = np.concatenate([source.y_train, source.y_test]).astype(np.int32)
+    order = _canonical_order(x, y)
+    x, y = x[order], y[order]
     c_num = source.num_classes
     n_target = o.target_clients if o.target_clients is not None else max(1, int(round(0.2 * num_clients)))
     if n_target >= num_clients:

@@ -18,8 +18,10 @@ __all__ = ["Model", "make_model", "check_model_options", "check_model_input", "a
 
 
 def masked_cross_entropy(logits, labels, mask):
-    """Mean softmax cross-entropy over the samples with ``mask`` true (0 when none is)."""
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
+    """Mean softmax cross-entropy over the samples with ``mask`` true (0 when none is), in float32 at least (float64
+    logits stay float64)."""
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)),
+                                                         labels)
     m = mask.astype(ce.dtype)
     return jnp.sum(ce * m) / jnp.maximum(jnp.sum(m), 1.0)
 
