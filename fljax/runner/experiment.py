@@ -57,6 +57,7 @@ class Run:
     result: RunResult | None = None
     summary: dict | None = None
     steps_per_round: int = 0
+    facts: dict = dataclasses.field(default_factory=dict)  # model, num_params, executor (for summary.json)
     vectorised: bool = False  # ran as a lane of a program with others
 
     @property
@@ -200,7 +201,10 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
     sims = _Sims()
     for run in all_runs:  # refuse a bad split or a model that does not fit the data before writing anything
         run.data = cache(run.cfg, run.seed)
-        run.steps_per_round = sims(run).work_per_round()[0]
+        sim = sims(run)
+        run.steps_per_round = sim.work_per_round()[0]
+        run.facts = {"model": getattr(sim.model, "name", None), "num_params": sim.model.num_params() if sim.model
+                     else None, "executor": sim.executor.describe()}
     try:
         for (label, cfg), d, runs in zip(points, dirs, runs_by_point):
             d.write_config(cfg)
@@ -277,7 +281,7 @@ def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str) -> 
     def on_stop(i, message):
         run = runs[i]
         run.status, run.message = "stopped", message
-        run.summary = make_summary(run.cfg, run.seed, run.log, run.steps_per_round, "stopped", message)
+        run.summary = make_summary(run.cfg, run.seed, run.log, run.steps_per_round, "stopped", message, run.facts)
         run.directory.write_summary(run.summary)
 
     common = dict(checkpoint_every=cfg.checkpoint_every or 0, callback=on_eval, on_checkpoint=on_checkpoint,
@@ -301,7 +305,7 @@ def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str) -> 
         run.result, run.vectorised = res, len(runs) > 1
         if run.status != "stopped":
             run.status = "completed"
-            run.summary = make_summary(run.cfg, run.seed, run.log, run.steps_per_round)
+            run.summary = make_summary(run.cfg, run.seed, run.log, run.steps_per_round, facts=run.facts)
             run.directory.write_summary(run.summary)
 
 

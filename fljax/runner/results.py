@@ -96,15 +96,17 @@ def _best(history: list[dict]) -> dict:
 
 
 def make_summary(cfg: ExperimentConfig, seed: int, log: RunLog, steps_per_round: int, status: str = "completed",
-                 message: str | None = None) -> dict:
-    """``summary.json`` of one run. ``status``: 'completed' or 'stopped' (``message`` says why)."""
+                 message: str | None = None, facts: dict | None = None) -> dict:
+    """``summary.json`` of one run. ``status``: 'completed' or 'stopped' (``message`` says why); ``facts``: what the
+    run was made of (model, its parameter count, executor)."""
     rounds = log.history[-1]["round"] if log.history else 0
     summary = {"name": cfg.run_name, "algorithm": cfg.algorithm, "dataset": cfg.data.dataset, "seed": seed,
                "status": status, "rounds": rounds, "evaluations": len(log.history),
                "final": log.history[-1] if log.history else {}, "best": _best(log.history),
                "run_seconds": log.run_seconds, "compile_seconds": log.compile_seconds,
                "wall_seconds": log.run_seconds + log.compile_seconds,
-               "client_steps_per_second": steps_per_round * rounds / log.run_seconds if log.run_seconds > 0 else 0.0}
+               "client_steps_per_second": steps_per_round * rounds / log.run_seconds if log.run_seconds > 0 else 0.0,
+               **(facts or {})}
     if message:
         summary["message"] = message
     return summary
