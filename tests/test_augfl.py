@@ -3,6 +3,7 @@ Eq. 13 with heterogeneous ρ_i, the CRD batch loss against its formula, no pretr
 bit-identical reruns; the server's pretrained model is built once; target clients never train."""
 import dataclasses
 import inspect
+import os
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +25,7 @@ from fljax.runner import pretrained
 
 from conftest import assert_trees_close
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 META = dict(partition="meta_pairs", samples_min=6, server_per_class=20, target_clients=2)
 
 
@@ -380,3 +382,48 @@ def test_bad_hyperparameters_are_one_line_option_errors(kw, key):
     with pytest.raises(OptionError) as e:
         AugFL(**kw).validate(8)
     assert e.value.key == key and "\n" not in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------ configs, CLI, study
+def test_full_scale_config_validates_with_the_paper_models():
+    cfg = fljax.config.load_config(os.path.join(ROOT, "configs", "augfl_cifar10.yaml"))
+    assert (cfg.algorithm, cfg.data.dataset, cfg.model.name, cfg.server.pretrained) == (
+        "augfl", "cifar10", "resnet8x4", "resnet32x4")
+    AugFL(**cfg.algo).validate(cfg.data.num_clients - cfg.data.options["target_clients"])
+    for name, blocks in (("resnet8x4", 1), ("resnet32x4", 5)):
+        model = make_model(name, (32, 32, 3), 10)
+        shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+        assert sum(1 for k in shapes.get("params", shapes) if k.startswith("layer")) == 3 * blocks
+        feats = jax.eval_shape(model.features, shapes, jnp.zeros((2, 32, 32, 3)))
+        assert feats.shape == (2, 256)  # the 256-d penultimate feature of spec §6
+
+
+@pytest.mark.parametrize("name", ["augfl", pytest.param("fedlp", marks=pytest.mark.slow)])
+def test_configs_run_on_offline_data(tmp_path, monkeypatch, name):
+    from fljax.cli import main
+
+    monkeypatch.setenv("FLJAX_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / name
+    assert main(["run", os.path.join(ROOT, "configs", f"{name}.yaml"), "--quiet", "--out", str(out),
+                 "--set", "rounds=1", "--set", "eval_every=1", "--set", "server.epochs=1",
+                 "--set", "checkpoint_every=0"]) == 0
+    assert (out / "summary.json").exists()
+
+
+def test_list_shows_augfl_and_fedlp(capsys):
+    from fljax.cli import main
+
+    assert main(["list"]) == 0
+    text = capsys.readouterr().out
+    assert "augfl" in text and "fedlp" in text and "meta_pairs" in text and "cnn_l" in text
+
+
+def test_reproduction_study_cells_are_valid_configs():
+    from fljax.runner.study import load_study
+
+    study = load_study("augfl")
+    cells = study.cells()
+    assert {c.study for c in cells} == {"E1", "E2", "E5", "E6", "E7"}
+    for c in cells:
+        fljax.make_config({**c.config, "seed": 0})
+    assert len(study.cells(seeds=3)[0].seeds) == 3

@@ -98,6 +98,8 @@ MODELS = {
     "cnn1": "QuPeD's CNN1: 2 conv (5x5, 6 and 16 channels) + 3 dense (120, 84, C)",
     "cnn_s": "AugFL's CNN-S: conv3x3(16) - pool - conv3x3(32) - pool - Dense(64) - Dense(C) (channels, width)",
     "cnn_l": "AugFL's CNN-L (its reduced-scale pretrained model): CNN-S with widths 64/128 and Dense(256)",
+    "resnet8x4": "AugFL's meta-model: CIFAR ResNet, 32-channel stem, 1 BasicBlock per stage (64/128/256), GroupNorm(8)",
+    "resnet32x4": "AugFL's pretrained model: the same CIFAR ResNet with 5 BasicBlocks per stage (blocks=5)",
     "fedslr_cnn": "FedSLR's reduced CNN: conv3x3(32) - GN - conv3x3(64, s2) - GN - GAP - Dense(64) - Dense(C), "
                   "no biases, GroupNorm(2), PyTorch init (weight_init='pytorch'|'flax')",
     "resnet18_gn": "CIFAR ResNet-18 with GroupNorm (groups=2, head_bias=False by default; "
@@ -106,9 +108,10 @@ MODELS = {
 
 
 _MODULES = {"logreg": zoo.LogisticRegression, "mlp": zoo.MLP, "cnn1": zoo.CNN1, "cnn_s": zoo.SmallCNN,
-            "cnn_l": zoo.LargeCNN, "fedslr_cnn": zoo.FedSLRCNN,
+            "cnn_l": zoo.LargeCNN, "resnet8x4": zoo.CifarResNet,
+            "resnet32x4": zoo.CifarResNet32, "fedslr_cnn": zoo.FedSLRCNN,
             "resnet18_gn": zoo.ResNet18GN}
-_IMAGE_MODELS = ("cnn1", "cnn_s", "cnn_l", "fedslr_cnn", "resnet18_gn")  # convolutional: take conv_impl, need (H, W, C) inputs
+_IMAGE_MODELS = ("cnn1", "cnn_s", "cnn_l", "resnet8x4", "resnet32x4", "fedslr_cnn", "resnet18_gn")  # convolutional: take conv_impl, need (H, W, C) inputs
 
 
 def auto_model(input_shape) -> str:

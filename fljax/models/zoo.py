@@ -15,7 +15,8 @@ import jax.numpy as jnp
 from fljax.models.layers import Conv, max_pool_2x2
 from fljax.options import at_least, each, option
 
-__all__ = ["LogisticRegression", "MLP", "CNN1", "SmallCNN", "LargeCNN", "FedSLRCNN", "ResNet18GN", "INITS", "kernel_init"]
+__all__ = ["LogisticRegression", "MLP", "CNN1", "SmallCNN", "LargeCNN", "FedSLRCNN", "ResNet18GN", "CifarResNet",
+           "CifarResNet32", "INITS", "kernel_init"]
 
 Init = Literal["flax", "pytorch"]
 INITS = typing.get_args(Init)
@@ -176,3 +177,34 @@ class ResNet18GN(nn.Module):
                                 self.weight_init, name=f"layer{stage + 1}_{block}")(x)
         x = jnp.mean(x, axis=(1, 2))
         return nn.Dense(self.num_classes, use_bias=self.head_bias, kernel_init=k, name="head")(x)
+
+
+class CifarResNet(nn.Module):
+    """AugFL spec §6's CIFAR ResNets with GroupNorm in place of BatchNorm (D19): 3×3 stem to 32 channels, three
+    stages of ``blocks`` BasicBlocks of widths 64/128/256 and strides 1/2/2, global average pool (the 256-d
+    penultimate feature), linear ``head``. ``blocks=1``: ResNet8×4 (the paper's meta-model); ``blocks=5``:
+    ResNet32×4 (its pretrained model)."""
+
+    num_classes: int
+    blocks: int = option(1, "BasicBlocks per stage (1: ResNet8x4, 5: ResNet32x4)", at_least(1))
+    groups: int = option(8, "GroupNorm groups", _divides(32))
+    weight_init: Init = option("flax", "kernel initialiser: flax (LeCun normal) or pytorch")
+    conv_impl: str = "native"
+
+    @nn.compact
+    def __call__(self, x):
+        k = kernel_init(self.weight_init)
+        x = Conv(32, (3, 3), use_bias=False, impl=self.conv_impl, kernel_init=k, name="stem")(x)
+        x = nn.relu(nn.GroupNorm(self.groups, epsilon=1e-5, name="gn_stem")(x))
+        for stage, (width, stride) in enumerate(zip((64, 128, 256), (1, 2, 2))):
+            for block in range(self.blocks):
+                x = _BasicBlock(width, stride if block == 0 else 1, self.groups, self.conv_impl,
+                                self.weight_init, name=f"layer{stage + 1}_{block}")(x)
+        x = jnp.mean(x, axis=(1, 2))
+        return nn.Dense(self.num_classes, kernel_init=k, name="head")(x)
+
+
+class CifarResNet32(CifarResNet):
+    """ResNet32×4 (:class:`CifarResNet` with 5 BasicBlocks per stage): AugFL's paper-scale pretrained model."""
+
+    blocks: int = option(5, "BasicBlocks per stage (1: ResNet8x4, 5: ResNet32x4)", at_least(1))
