@@ -83,6 +83,8 @@ class AugFL(Centralized):
         if self.rho is not None and not self.rho > 0:
             raise OptionError("rho", f"must be > 0 or null (0.7·max(1, 40/clients)), got {self.rho}.")
         if self.rho_per_client is not None:
+            if self.rho is not None:
+                raise OptionError("rho_per_client", f"cannot be set together with rho={self.rho}; give one of them.")
             if len(self.rho_per_client) != num_clients:
                 raise OptionError("rho_per_client", f"must list one penalty per training client ({num_clients}), "
                                                     f"got {len(self.rho_per_client)}.")
