@@ -196,6 +196,14 @@ def test_eq13_with_heterogeneous_rho_and_param_l2(meta10_same):
     np.testing.assert_allclose(np.asarray(s1.clients["rho"][:k]), rho, rtol=1e-6)
 
 
+def test_fused_upload_gives_the_same_server_model_with_half_the_bytes(meta10_same):
+    kw = dict(lam=3.0, kt="param_l2")
+    a, ma = _run(meta10_same, rounds=2, **kw)
+    b, mb = _run(meta10_same, rounds=2, upload="fused", **kw)
+    assert_trees_close(a.server, b.server, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(mb["bytes_up"]), np.asarray(ma["bytes_up"]) / 2)
+
+
 def test_param_l2_pulls_the_meta_model_to_the_pretrained_model(meta10_same):
     pm = meta10_same.server.pm_params
     dist = []
@@ -377,7 +385,8 @@ def test_augfl_with_kt_needs_a_pretrained_model(meta10):
     (dict(alpha=0.0), "alpha"), (dict(rho=-1.0), "rho"), (dict(lam=-1.0), "lam"), (dict(hvp_mode="hf"), "hvp_mode"),
     (dict(kt="crd2"), "kt"), (dict(delta_schedule="x"), "delta_schedule"), (dict(cohort_size=4), "cohort_size"),
     (dict(rho_per_client=(1.0, 2.0)), "rho_per_client"), (dict(rho=1.0, rho_per_client=(1.0,) * 8), "rho_per_client"), (dict(kt_momentum=1.0), "kt_momentum"),
-    (dict(kt_negatives=0), "kt_negatives"), (dict(adapt_steps=-1), "adapt_steps")])
+    (dict(kt_negatives=0), "kt_negatives"), (dict(adapt_steps=-1), "adapt_steps"),
+    (dict(upload="both"), "upload")])
 def test_bad_hyperparameters_are_one_line_option_errors(kw, key):
     with pytest.raises(OptionError) as e:
         AugFL(**kw).validate(8)

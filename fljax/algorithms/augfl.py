@@ -19,6 +19,9 @@ the client update has no argument that could carry the PM. Evaluation (spec §7)
 θ^t after ``adapt_steps`` full-batch gradient steps of size α on its support set, scored on its query set; target
 clients (never trained) are reported as ``target_personal_*``.
 
+``upload='pair'`` (default) sends the paper's (θ_i, y_i); ``upload='fused'`` sends the one vector y_i + ρ_i θ_i,
+all that Eq. 13 uses (half the upload, the same θ^{t+1}; spec D11).
+
 ``only_kt=True`` is the "Only KT" arm: no clients, θ^{t+1} = θ^t − α G_t from the same θ^0.
 
 Defaults follow spec §5/§12: α = 0.03, ρ = 0.7·max(1, 40/|𝓘|) (``rho``), λ = 5, fd HVP with the δ schedule of
@@ -42,6 +45,7 @@ from fljax.ops import admm, meta
 __all__ = ["AugFL", "DELTA_SCHEDULES"]
 
 DELTA_SCHEDULES = ("paper", "summable")
+UPLOADS = ("pair", "fused")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -58,6 +62,7 @@ class AugFL(Centralized):
     hvp_mode: str = "fd"
     delta_schedule: str = "paper"
     adapt_steps: int = 1
+    upload: str = "pair"
     only_kt: bool = False
     kt: str = "crd"
     kt_ce_weight: float = 1.0
@@ -96,6 +101,7 @@ class AugFL(Centralized):
         check_choice("hvp_mode", self.hvp_mode, meta.HVP_MODES)
         check_choice("delta_schedule", self.delta_schedule, DELTA_SCHEDULES)
         check_choice("kt", self.kt, KT_KINDS)
+        check_choice("upload", self.upload, UPLOADS)
         if self.adapt_steps < 0:
             raise OptionError("adapt_steps", f"must be >= 0, got {self.adapt_steps}.")
         for key in ("kt_batch_size", "kt_dim"):
@@ -164,7 +170,9 @@ class AugFL(Centralized):
                                            delta=self.delta(k))
         theta_i = admm.linearised_prox(theta, st["y"], g, st["w"], st["rho"])
         y = admm.dual_ascent(st["y"], theta_i, theta, st["rho"])
-        return ClientResult(state={**st, "y": y, "k": k}, upload={"theta": theta_i, "y": y},
+        upload = ({"theta": theta_i, "y": y} if self.upload == "pair"
+                  else {"fused": jax.tree.map(lambda a, t: a + st["rho"] * t, y, theta_i)})
+        return ClientResult(state={**st, "y": y, "k": k}, upload=upload,
                             weight=inp.train.count, metrics={"train_loss": loss, "meta_loss": loss * st["w"]})
 
     def knowledge_transfer(self, ctx, server):
@@ -177,7 +185,10 @@ class AugFL(Centralized):
         g, kt = None, server["kt"]
         if self.uses_kt():
             g, kt, _ = self.knowledge_transfer(ctx, server)
-        theta = admm.admm_consensus(result.upload["theta"], result.upload["y"], clients["rho"][cohort], g, self.lam)
+        up = result.upload
+        if self.upload == "fused":  # Σ_i (y_i + ρ_i θ_i) arrives summed per client: θ_i = 0, y_i = the fused vector
+            up = {"theta": tree.zeros_like(up["fused"]), "y": up["fused"]}
+        theta = admm.admm_consensus(up["theta"], up["y"], clients["rho"][cohort], g, self.lam)
         return {"params": theta, "kt": kt}
 
     def round(self, ctx, server, clients):
