@@ -24,7 +24,8 @@ from fljax.errors import ConfigError, OptionError
 from fljax.options import (SEED_MAX, Options, at_least, between, check_value, greater_than, option, parse,
                            seed_check, show, suggest)
 
-__all__ = ["ConfigError", "DataConfig", "ModelConfig", "ServerConfig", "ExperimentConfig", "from_dict", "to_dict", "load_config",
+__all__ = ["ConfigError", "DataConfig", "ModelConfig", "ServerConfig", "ExperimentConfig", "from_dict", "to_dict",
+           "load_config",
            "check_compare_algo", "apply_overrides", "parse_override", "hyperparameters", "algorithm_config"]
 
 INT32_MAX = 2 ** 31 - 1  # the engine counts rounds in int32

@@ -384,7 +384,8 @@ def test_augfl_with_kt_needs_a_pretrained_model(meta10):
 @pytest.mark.parametrize("kw,key", [
     (dict(alpha=0.0), "alpha"), (dict(rho=-1.0), "rho"), (dict(lam=-1.0), "lam"), (dict(hvp_mode="hf"), "hvp_mode"),
     (dict(kt="crd2"), "kt"), (dict(delta_schedule="x"), "delta_schedule"), (dict(cohort_size=4), "cohort_size"),
-    (dict(rho_per_client=(1.0, 2.0)), "rho_per_client"), (dict(rho=1.0, rho_per_client=(1.0,) * 8), "rho_per_client"), (dict(kt_momentum=1.0), "kt_momentum"),
+    (dict(rho_per_client=(1.0, 2.0)), "rho_per_client"), (dict(rho=1.0, rho_per_client=(1.0,) * 8), "rho_per_client"),
+    (dict(kt_momentum=1.0), "kt_momentum"),
     (dict(kt_negatives=0), "kt_negatives"), (dict(adapt_steps=-1), "adapt_steps"),
     (dict(upload="both"), "upload")])
 def test_bad_hyperparameters_are_one_line_option_errors(kw, key):

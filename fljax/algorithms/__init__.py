@@ -27,7 +27,8 @@ for _cls in (FedAvg, FedProx, FedAvgFT, Local, FedPer, FedRep, LGFedAvg, Ditto, 
 # FedGiA and its regression baselines solve consensus regression problems (fljax.problems), not the classification
 # Simulation, so they are not in the registry: see fljax.algorithms.fedgia.solve and `python -m fljax.reproduce.fedgia`.
 
-__all__ = ["Algorithm", "Centralized", "ClientInput", "ClientResult", "TestStats", "APFL", "AugFL", "FedLP", "Ditto", "FedAvg", "FedAvgFT", "FedDyn",
+__all__ = ["Algorithm", "Centralized", "ClientInput", "ClientResult", "TestStats", "APFL", "AugFL", "FedLP", "Ditto",
+           "FedAvg", "FedAvgFT", "FedDyn",
            "FedProx", "FedSLR", "Local", "FedPer", "FedRep", "LGFedAvg", "PerFedAvg", "PFedMe", "Scaffold",
            "FedBABU", "FedRoD", "Decentralized", "DFedAvg", "DFedAvgM", "DFedSAM", "DisPFL", "DFedAlt", "DFedSalt",
            "FedGiA", "FedAvgGD", "FedProxGD", "FedPD",

@@ -12,6 +12,7 @@ __all__ = [
     "Batch", "BatchPlan", "gather_batch", "federate", "holdout_split", "load_federated", "make_federated",
     "pool_test_split", "DataConfig",
     "ClientArrays", "FederatedData", "ServerData", "label_histogram", "pad_clients", "PARTITIONERS", "PartitionError",
-    "client_centric", "dirichlet", "iid", "partition", "pathological", "power_law", "SOURCES", "DataError", "Natural", "Pooled",
+    "client_centric", "dirichlet", "iid", "partition", "pathological", "power_law", "SOURCES", "DataError", "Natural",
+    "Pooled",
     "digits", "load_source", "mnist5k", "qot", "qot_arrays", "synthetic", "tfds_source",
 ]

@@ -20,7 +20,8 @@ import numpy as np
 
 from fljax.options import NoOptions, Options, at_least, between, option, parse, suggest
 
-__all__ = ["Pooled", "Natural", "synthetic", "digits", "mnist5k", "qot_arrays", "qot", "tfds_source", "Source", "SOURCES",
+__all__ = ["Pooled", "Natural", "synthetic", "digits", "mnist5k", "qot_arrays", "qot", "tfds_source", "Source",
+           "SOURCES",
            "load_source", "DataError", "SyntheticOptions", "DigitsOptions", "TfdsOptions"]
 
 

@@ -111,7 +111,8 @@ _MODULES = {"logreg": zoo.LogisticRegression, "mlp": zoo.MLP, "cnn1": zoo.CNN1, 
             "cnn_l": zoo.LargeCNN, "resnet8x4": zoo.CifarResNet,
             "resnet32x4": zoo.CifarResNet32, "fedslr_cnn": zoo.FedSLRCNN,
             "resnet18_gn": zoo.ResNet18GN}
-_IMAGE_MODELS = ("cnn1", "cnn_s", "cnn_l", "resnet8x4", "resnet32x4", "fedslr_cnn", "resnet18_gn")  # convolutional: take conv_impl, need (H, W, C) inputs
+# convolutional: take conv_impl, need (H, W, C) inputs
+_IMAGE_MODELS = ("cnn1", "cnn_s", "cnn_l", "resnet8x4", "resnet32x4", "fedslr_cnn", "resnet18_gn")
 
 
 def auto_model(input_shape) -> str:
