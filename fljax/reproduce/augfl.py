@@ -73,7 +73,7 @@ def claims(results) -> list[tuple[str, str, str]]:
         lams = sorted({c.labels["algo.lam"] for c in results.cells if c.study == "E7"})
         accs = [_mean(_acc(results, "E7", method="AugFL", **{"algo.lam": lam})) for lam in lams]
         best = int(np.nanargmax(accs)) if not np.isnan(accs).all() else 0
-        out.append(("3. inverted U in λ: the best λ is interior and λ = 20 falls below it",
+        out.append((f"3. inverted U in λ: the best λ is interior and λ = {lams[-1]:g} falls below it",
                     ", ".join(f"λ={lam:g}: {a:.2f}" for lam, a in zip(lams, accs)),
                     _verdict(0 < best < len(lams) - 1 and accs[-1] < accs[best], *accs)))
     if results.cell("E2") is not None:
