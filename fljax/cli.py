@@ -332,8 +332,9 @@ def make_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", metavar="DIR", help="output folder (default: the file's, benchmarks/results/NAME)")
     rp.add_argument("--render", action="store_true", help="only rebuild README.md and plots from results.json.gz")
     rp.add_argument("--fresh", action="store_true", help="ignore the runs already in DIR/runs")
-    rp.add_argument("--lanes", choices=("vmap", "map", "off"), default="vmap",
-                    help="how runs that can share a program run (see fljax sweep --help)")
+    rp.add_argument("--lanes", choices=("vmap", "map", "off"), default=None,
+                    help="how runs that can share a program run (default: the study file's, else vmap; see fljax "
+                    "sweep --help)")
     mode = rp.add_mutually_exclusive_group()
     mode.add_argument("--quiet", action="store_true", help="no progress bars or notes")
     mode.add_argument("--json", action="store_true", help="JSON-log mode (see fljax run --help)")
