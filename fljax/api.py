@@ -42,11 +42,23 @@ def _config(config, overrides: dict, check_algo: bool) -> ExperimentConfig:
 
 
 def load_data(cfg: ExperimentConfig) -> FederatedData:
-    """The federated data set of ``cfg.data`` (drawn with the run seed unless ``data.seed`` is set)."""
+    """The federated data set of ``cfg.data`` (drawn with the run seed unless ``data.seed`` is set), with the
+    server's pretrained model of ``cfg.server`` attached (trained once, then restored from its cache)."""
     try:
-        return load_federated(cfg.data, cfg.seed)
+        data = load_federated(cfg.data, cfg.seed)
     except OptionError as e:
         raise e.within("data") from None
+    server = cfg.server
+    if server.pretrained is None:
+        return data
+    from fljax.runner.pretrained import attach_pretrained
+
+    if server.pretrained == "same":
+        pm = _model(cfg.model, data)
+    else:
+        pm = make_model(server.pretrained, data.input_shape, data.num_classes, **server.pretrained_options)
+    return attach_pretrained(data, pm, epochs=server.epochs, lr=server.lr, batch_size=server.batch_size,
+                             seed=server.seed, cache_dir=server.cache_dir)
 
 
 def build(cfg: ExperimentConfig, data: FederatedData | None = None) -> Simulation:

@@ -24,7 +24,7 @@ from fljax.errors import ConfigError, OptionError
 from fljax.options import (SEED_MAX, Options, at_least, between, check_value, greater_than, option, parse,
                            seed_check, show, suggest)
 
-__all__ = ["ConfigError", "DataConfig", "ModelConfig", "GroupConfig", "group_configs",
+__all__ = ["ConfigError", "DataConfig", "ModelConfig", "GroupConfig", "group_configs", "ServerConfig",
            "ExperimentConfig", "from_dict", "to_dict", "load_config",
            "check_compare_algo", "apply_overrides", "parse_override", "hyperparameters", "algorithm_config"]
 
@@ -67,6 +67,23 @@ def group_configs(cfg: "ExperimentConfig") -> list[GroupConfig]:
     return out
 
 
+@dataclasses.dataclass
+class ServerConfig(Options):
+    """What the server holds besides the data split's server set: a pretrained model made by the project itself
+    (``pretrained``: a model name, or 'same' for the run's own architecture; trained centrally with Adam on the
+    server set, cached and reused, :mod:`fljax.runner.pretrained`)."""
+
+    pretrained: str | None = option(None, "the server's pretrained model: a model from `fljax list`, 'same' (the "
+                                          "run's model), or null (none); needs a split with a server set")
+    pretrained_options: dict = dataclasses.field(default_factory=dict)
+    epochs: int = option(60, "pretraining epochs over the server set", at_least(1))
+    lr: float = option(1e-3, "pretraining Adam learning rate", greater_than(0))
+    batch_size: int = option(128, "pretraining minibatch size", at_least(1))
+    seed: int = option(0, "pretraining seed (initialisation and shuffling)", seed_check)
+    cache_dir: str | None = option(None, "where pretrained models are kept (null: $FLJAX_CACHE, else "
+                                         "~/.cache/fljax)")
+
+
 def _run_name(name: str) -> str | None:
     bad = [c for c in (os.sep, "\0") if c in name]
     return f"must not contain {bad[0]!r} (it names the run directory), got {show(name)}." if bad else None
@@ -80,6 +97,7 @@ class ExperimentConfig(Options):
     algo: dict = dataclasses.field(default_factory=dict)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    server: ServerConfig = dataclasses.field(default_factory=ServerConfig)
     rounds: int = option(100, "communication rounds", between(1, INT32_MAX))
     eval_every: int = option(10, "evaluate every k rounds (and after the last one)", between(1, INT32_MAX))
     seed: int = option(0, "run seed: initialisation, cohorts, batches; also the data seed unless data.seed is set",
@@ -97,7 +115,7 @@ class ExperimentConfig(Options):
                                                "round's loss, 1) (null: never)", greater_than(1))
 
     def check(self) -> None:
-        for key, cls in (("data", DataConfig), ("model", ModelConfig)):
+        for key, cls in (("data", DataConfig), ("model", ModelConfig), ("server", ServerConfig)):
             if not isinstance(getattr(self, key), cls):
                 raise OptionError(key, f"must be a {cls.__name__} (from_dict builds one from a mapping), got "
                                        f"{show(getattr(self, key))}.")
@@ -116,6 +134,7 @@ class ExperimentConfig(Options):
         _check_problem(self.algorithm, ALGORITHMS[self.algorithm])
         _choice("executor", self.executor, EXECUTORS)
         _check_model(self.model, self.data.source.input_shape)
+        _check_server(self.server, self.data.source.input_shape)
         if not check_algo:
             return self
         self.algo = hyperparameters(self.algorithm, self.algo)
@@ -184,6 +203,26 @@ def _check_model(model: ModelConfig, input_shape: tuple) -> None:
         raise e.within("model") from None
 
 
+def _check_server(server: ServerConfig, input_shape: tuple) -> None:
+    from fljax.models.model import MODELS, check_model_input, check_model_options
+
+    if server.pretrained is None:
+        if server.pretrained_options:
+            raise OptionError("server.pretrained_options", "needs server.pretrained (a model name or 'same').")
+        return
+    if server.pretrained == "same":
+        if server.pretrained_options:
+            raise OptionError("server.pretrained_options", "must be empty with pretrained: same (the run's model "
+                                                           "options apply).")
+        return
+    _choice("server.pretrained", server.pretrained, [*MODELS, "same"])
+    try:
+        check_model_options(server.pretrained, server.pretrained_options)
+        check_model_input(server.pretrained, input_shape)
+    except OptionError as e:
+        raise e.within("server.pretrained_options") from None
+
+
 def hyperparameters(algorithm: str, values: dict) -> dict:
     """``values`` checked against the algorithm's hyperparameter fields: unknown names are refused with the
     closest valid one, values are checked against the field types (and lists become tuples where a tuple is
@@ -216,7 +255,8 @@ def from_dict(cls, values: Mapping) -> ExperimentConfig:
     impossible values."""
     if not isinstance(values, Mapping):
         raise ConfigError(f"a config must be a mapping of keys to values, got {show(values)}.")
-    sections = {"data": DataConfig.from_dict, "model": lambda v: parse(ModelConfig, v)}
+    sections = {"data": DataConfig.from_dict, "model": lambda v: parse(ModelConfig, v),
+                "server": lambda v: parse(ServerConfig, v)}
     kwargs = {}
     for key, value in values.items():
         if key in sections:

@@ -5,7 +5,8 @@ from fljax.algorithms.decentralized import DFedAvg, DFedAvgM, DFedSAM, Decentral
 from fljax.algorithms.dfedalt import DFedAlt, DFedSalt
 from fljax.algorithms.dispfl import DisPFL
 from fljax.algorithms.ditto import Ditto
-from fljax.algorithms.fedavg import FedAvg, FedAvgFT, FedProx
+from fljax.algorithms.augfl import AugFL
+from fljax.algorithms.fedavg import FedAvg, FedAvgFT, FedLP, FedProx
 from fljax.algorithms.fedbabu import FedBABU
 from fljax.algorithms.feddyn import FedDyn
 from fljax.algorithms.fedgia import FedGiA
@@ -24,11 +25,12 @@ from fljax.algorithms.regression import ConsensusRegression
 from fljax.algorithms.scaffold import Scaffold
 
 for _cls in (FedAvg, FedProx, FedAvgFT, Local, FedPer, FedRep, LGFedAvg, Ditto, FedSLR, FedDyn, Scaffold, APFL,
-             PerFedAvg, PFedMe, FedBABU, FedRoD, DFedAvg, DFedAvgM, DFedSAM, DisPFL, DFedAlt, DFedSalt,
+             PerFedAvg, PFedMe, FedBABU, FedRoD, DFedAvg, DFedAvgM, DFedSAM, DisPFL, DFedAlt, DFedSalt, AugFL, FedLP,
              FedGiA, FedAvgGD, FedProxGD, FedPD, QuPeD, QuantizedLocal, FML):
     register(_cls)
 
-__all__ = ["Algorithm", "Centralized", "ClientInput", "ClientResult", "TestStats", "APFL", "Ditto", "FedAvg", "FedAvgFT", "FedDyn",
+__all__ = ["Algorithm", "Centralized", "ClientInput", "ClientResult", "TestStats", "APFL", "AugFL", "FedLP", "Ditto",
+           "FedAvg", "FedAvgFT", "FedDyn",
            "FedProx", "FedSLR", "Local", "FedPer", "FedRep", "LGFedAvg", "PerFedAvg", "PFedMe", "Scaffold",
            "FedBABU", "FedRoD", "Decentralized", "DFedAvg", "DFedAvgM", "DFedSAM", "DisPFL", "DFedAlt", "DFedSalt",
            "ConsensusRegression", "FedGiA", "FedAvgGD", "FedProxGD", "FedPD", "QuPeD", "QuantizedLocal", "FML",

@@ -142,13 +142,21 @@ class Algorithm:
 
     def evaluate(self, ctx: RoundContext, server, clients) -> tuple[dict, dict]:
         """(scalar summaries, per-client accuracy arrays) of the global and personalized models on every client's
-        own test split (every group of a population with its own model), plus :meth:`eval_metrics`."""
+        own test split (every group of a population with its own model), plus :meth:`eval_metrics`. With target
+        clients (``data.num_target``) the ``global_*`` and ``personal_*`` summaries cover the training clients and
+        ``target_global_*``, ``target_personal_*`` the target clients (their personalized model is the one
+        :meth:`personal_params` adapts from the server's)."""
         stats = run_all(ctx, lambda g: self.group_algorithm(ctx, g).evaluate_client, self.eval_shared(server),
                         clients, EVAL)
         summary, per_client = {}, {}
         scalars = stats.pop("scalars", {})
+        k = ctx.num_train_clients
         for kind, s in stats.items():
-            summary.update(summarize(s, kind))
+            if k < ctx.num_clients:
+                summary.update(summarize(jax.tree.map(lambda a: a[:k], s), kind))
+                summary.update(summarize(jax.tree.map(lambda a: a[k:], s), f"target_{kind}"))
+            else:
+                summary.update(summarize(s, kind))
             per_client[f"{kind}_acc"] = s.correct / jnp.maximum(s.count.astype(jnp.float32), 1.0)
         valid = jnp.asarray(next(iter(stats.values())).count > 0, jnp.float32) if stats else None
         for name, v in scalars.items():

@@ -6,7 +6,13 @@ FedAvg, one round t:
 With the default server optimizer (SGD, server_lr = 1) w_{t+1} is the weighted mean of the w_i.
 
 FedProx adds the proximal term (μ/2)‖w − w_t‖² to every local objective (FedProx Eq. 2).
-FedAvg-FT evaluates client i with the global model fine-tuned for ``finetune_steps`` local steps on i's data.
+FedAvg-FT evaluates client i with the global model fine-tuned for ``finetune_steps`` local steps on i's data (its
+support set when the data declares support/query sets: AugFL spec §7's one full-batch step of size α).
+FedLP ("Where to begin?", Nguyen et al.; AugFL spec §8) is FedAvg-FT started from the server's same-architecture
+pretrained model θ_p instead of a random θ^0.
+
+``local_data`` (FedAvg and its variants): 'all' trains on the client's whole train split (with support/query sets:
+𝒟_i^s ∪ 𝒟_i^q, AugFL spec D22), 'support' on its support set only (the AugFL authors' code).
 
 ``eval_model`` (FedAvg, FedProx): 'global' scores every client with the global model; 'stored' scores client i with
 the model it stored after its latest local training (the initial model before its first participation), the CFL
@@ -17,16 +23,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import jax
+import jax.numpy as jnp
 import optax
 
 from fljax import tree
 from fljax.algorithms.base import Centralized, ClientInput, ClientResult, check_choice
 from fljax.algorithms.local_training import LocalSGD
 from fljax.data.batching import BatchPlan
-from fljax.errors import OptionError
+from fljax.errors import ConfigError, OptionError
 from fljax.ops import prox
 
-__all__ = ["FedAvg", "FedProx", "FedAvgFT"]
+__all__ = ["FedAvg", "FedProx", "FedAvgFT", "FedLP"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -39,6 +47,7 @@ class FedAvg(Centralized, LocalSGD):
     server_lr: float = 1.0
     server_momentum: float = 0.0
     eval_model: str = "global"
+    local_data: str = "all"
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
@@ -46,6 +55,7 @@ class FedAvg(Centralized, LocalSGD):
         if not self.server_lr > 0:
             raise OptionError("server_lr", f"must be > 0, got {self.server_lr}.")
         check_choice("eval_model", self.eval_model, ("global", "stored"))
+        check_choice("local_data", self.local_data, ("all", "support"))
 
     def server_optimizer(self) -> optax.GradientTransformation:
         return optax.sgd(self.server_lr, momentum=self.server_momentum or None)
@@ -61,7 +71,8 @@ class FedAvg(Centralized, LocalSGD):
 
     def client_update(self, inp: ClientInput) -> ClientResult:
         loss_fn = functools.partial(self.local_loss, inp.model, anchor=inp.down)
-        params, loss = self.train(loss_fn, inp.down, inp)
+        params, loss = self.train(loss_fn, inp.down,
+                                  inp.replace(train=inp.train.support_view()) if self.local_data == "support" else inp)
         state = {"params": params} if self.eval_model == "stored" else inp.state
         return ClientResult(state=state, upload=params, weight=inp.train.count, metrics={"train_loss": loss})
 
@@ -106,13 +117,39 @@ class FedAvgFT(FedAvg):
     name = "fedavg_ft"
     summary = "FedAvg-FT: FedAvg, then k local fine-tuning steps before personalized evaluation"
     finetune_steps: int = 5
+    finetune_lr: float | None = None
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
         if self.finetune_steps < 0:
             raise OptionError("finetune_steps", f"must be >= 0, got {self.finetune_steps}.")
+        if self.finetune_lr is not None and not self.finetune_lr > 0:
+            raise OptionError("finetune_lr", f"must be > 0 or null (the client lr), got {self.finetune_lr}.")
 
     def personal_params(self, inp: ClientInput):
+        """The global model after ``finetune_steps`` steps at ``finetune_lr`` (default: the round-0 client lr) on
+        the client's support set (its whole train split when the data declares none)."""
         plan = BatchPlan(batch_size=self.batch_size, steps=self.finetune_steps)
-        params, _ = self.train(inp.model.loss, inp.down, inp, plan=plan, lr=self.lr_at(0))
+        lr = self.lr_at(0) if self.finetune_lr is None else self.finetune_lr
+        params, _ = self.train(inp.model.loss, inp.down, inp.replace(train=inp.train.support_view()), plan=plan,
+                               lr=lr)
         return params
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FedLP(FedAvgFT):
+    """FedAvg-FT from θ^0 = θ_p, the server's pretrained model of the run's own architecture (``server.pretrained:
+    same``); AugFL spec §8."""
+
+    name = "fedlp"
+    summary = "FedLP: FedAvg-FT started from the server's same-architecture pretrained model (Nguyen et al.)"
+    generic = False  # needs a server with a pretrained model
+
+    def init(self, ctx):
+        pm = None if ctx.server is None else ctx.server.pm_params
+        if pm is None or jax.tree.map(jnp.shape, pm) != jax.tree.map(jnp.shape, ctx.model.init(self.init_key(ctx))):
+            raise ConfigError("fedlp starts from the server's pretrained model of the run's own architecture: set "
+                              "server.pretrained: same (with a split that gives the server a set, e.g. "
+                              "data.partition: meta_pairs).")
+        server, clients = super().init(ctx)
+        return {**server, "params": pm, "opt_state": self.server_optimizer().init(pm)}, clients

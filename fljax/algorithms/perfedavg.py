@@ -12,6 +12,10 @@ fields of their own (not the ``lr`` of other algorithms; PFLlib silently sets β
 Batches: each step consumes 2 (FO) or 3 (HF) batches of ``batch_size``: one minibatch of 2B (3B) from the epoch's
 shuffle, split by interleaving rows (D = rows 0, 2, 4, …; D′ = rows 1, 3, 5, …), so ``local_epochs`` passes take
 E·⌈n_i/(2B)⌉ steps (D20) and D ≠ D′ always.
+
+``batches='support_query'`` (AugFL spec §8, for data with support/query sets, ``partition: meta_pairs``): each of
+``local_epochs`` steps uses D = 𝒟_i^s, D′ = 𝒟_i^q, D″ = 𝒟_i^s, all full batch, and the evaluation adapts with one
+α-step on the full support set; HF then uses the same block as AugFL's ``fd`` direction ĝ.
 """
 from __future__ import annotations
 
@@ -43,9 +47,11 @@ class PerFedAvg(Centralized):
     weight_decay: float = 0.0
     batch_size: int = 20
     local_epochs: int = 2
+    batches: str = "minibatch"
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
+        check_choice("batches", self.batches, ("minibatch", "support_query"))
         for key in ("alpha", "beta"):
             if not getattr(self, key) > 0:
                 raise OptionError(key, f"must be > 0, got {getattr(self, key)}.")
@@ -79,8 +85,12 @@ class PerFedAvg(Centralized):
     def meta_step(self, model, w, batch: Batch, alpha, beta):
         """One Per-FedAvg step on the interleaved sub-batches D, D′ (, D″)."""
         n = self.batches_per_step
-        f = functools.partial(self.objective, model)
         d, d1, d2 = [Batch(batch.x[j::n], batch.y[j::n], batch.mask[j::n]) for j in range(n)] + [None] * (3 - n)
+        return self.meta_step_on(model, w, d, d1, d2, alpha, beta)
+
+    def meta_step_on(self, model, w, d: Batch, d1: Batch, d2: Batch | None, alpha, beta):
+        """One Per-FedAvg step with inner batch D, outer batch D′ and Hessian batch D″."""
+        f = functools.partial(self.objective, model)
         w_tilde = meta.adapt(f, w, d, alpha)
         loss, r = jax.value_and_grad(f)(w_tilde, d1)
         if self.hvp_mode != "none":
@@ -89,6 +99,12 @@ class PerFedAvg(Centralized):
 
     def client_update(self, inp: ClientInput) -> ClientResult:
         alpha, beta = self.rates(inp.round)
+        if self.batches == "support_query":
+            support, query = inp.train.support_batch(), inp.train.query_batch()
+            step = lambda w, _: self.meta_step_on(inp.model, w, support, query, support, alpha, beta)  # noqa: E731
+            w, losses = jax.lax.scan(step, inp.down, None, length=self.local_epochs)
+            return ClientResult(state=inp.state, upload=w, weight=inp.train.count,
+                                metrics={"train_loss": jnp.mean(losses)})
         step = lambda w, batch, k: self.meta_step(inp.model, w, batch, alpha, beta)  # noqa: E731
         w, loss = run_steps(step, inp.down, inp.train, self.plan(), inp.key, inp.unroll)
         return ClientResult(state=inp.state, upload=w, weight=inp.train.count, metrics={"train_loss": loss})
@@ -103,7 +119,11 @@ class PerFedAvg(Centralized):
         return shared
 
     def personal_params(self, inp: ClientInput):
-        """One α-step (round-0 α) on one training batch of ``batch_size`` from w_T."""
+        """One α-step (round-0 α) on one training batch of ``batch_size`` from w_T (``batches='support_query'``: on
+        the full support set)."""
+        if self.batches == "support_query":
+            return meta.adapt(functools.partial(self.objective, inp.model), inp.down, inp.train.support_batch(),
+                              self.alpha)
         train = inp.train
         idx, mask, _ = BatchPlan(batch_size=self.batch_size, steps=1).schedule(inp.key, train.count, train.n_min,
                                                                                train.n_max)

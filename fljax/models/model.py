@@ -20,8 +20,10 @@ __all__ = ["Model", "make_model", "check_model_options", "check_model_input", "a
 
 
 def masked_cross_entropy(logits, labels, mask):
-    """Mean softmax cross-entropy over the samples with ``mask`` true (0 when none is)."""
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
+    """Mean softmax cross-entropy over the samples with ``mask`` true (0 when none is), in float32 at least (float64
+    logits stay float64)."""
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)),
+                                                         labels)
     m = mask.astype(ce.dtype)
     return jnp.sum(ce * m) / jnp.maximum(jnp.sum(m), 1.0)
 
@@ -59,6 +61,19 @@ class Model:
 
         with nn.intercept_methods(take_head_input):
             return self.apply(params, x)
+
+    def features_and_logits(self, params, x):
+        """(h(x), logits) from one forward pass: the input of the ``head`` layer and the model's output."""
+        seen = []
+
+        def record_head_input(next_fun, args, kwargs, context):
+            if context.module.name == "head" and context.method_name == "__call__":
+                seen.append(args[0])
+            return next_fun(*args, **kwargs)
+
+        with nn.intercept_methods(record_head_input):
+            logits = self.apply(params, x)
+        return seen[-1], logits
 
     def loss(self, params, batch):
         """Masked mean cross-entropy of ``batch`` (a :class:`fljax.data.Batch`)."""
@@ -116,6 +131,10 @@ MODELS = {
     "cnn2": "QuPeD's CNN2: CNN1 plus a 5x5 conv (32 channels, SAME) after the second pool",
     "cnn1_s": "QuPeD's reduced CNN1-S: 2 conv (3x3, 16 and 32 channels, SAME) + 3 dense (256, 128, C)",
     "cnn2_s": "QuPeD's reduced CNN2-S: CNN1-S plus a 3x3 conv (64 channels, SAME) after the second pool",
+    "cnn_s": "AugFL's CNN-S: conv3x3(16) - pool - conv3x3(32) - pool - Dense(64) - Dense(C) (channels, width)",
+    "cnn_l": "AugFL's CNN-L (its reduced-scale pretrained model): CNN-S with widths 64/128 and Dense(256)",
+    "resnet8x4": "AugFL's meta-model: CIFAR ResNet, 32-channel stem, 1 BasicBlock per stage (64/128/256), GroupNorm(8)",
+    "resnet32x4": "AugFL's pretrained model: the same CIFAR ResNet with 5 BasicBlocks per stage (blocks=5)",
     "fedslr_cnn": "FedSLR's reduced CNN: conv3x3(32) - GN - conv3x3(64, s2) - GN - GAP - Dense(64) - Dense(C), "
                   "no biases, GroupNorm(2), PyTorch init (weight_init='pytorch'|'flax')",
     "resnet18_gn": "CIFAR ResNet-18 with GroupNorm (groups=2, head_bias=False by default; "
@@ -124,9 +143,11 @@ MODELS = {
 
 
 _MODULES = {"logreg": zoo.LogisticRegression, "mlp": zoo.MLP, "cnn1": zoo.CNN1, "cnn2": zoo.CNN2, "cnn1_s": zoo.CNN1S,
-            "cnn2_s": zoo.CNN2S, "fedslr_cnn": zoo.FedSLRCNN, "resnet18_gn": zoo.ResNet18GN}
+            "cnn2_s": zoo.CNN2S, "cnn_s": zoo.SmallCNN, "cnn_l": zoo.LargeCNN, "resnet8x4": zoo.CifarResNet,
+            "resnet32x4": zoo.CifarResNet32, "fedslr_cnn": zoo.FedSLRCNN, "resnet18_gn": zoo.ResNet18GN}
 # convolutional: take conv_impl, need (H, W, C) inputs
-_IMAGE_MODELS = ("cnn1", "cnn2", "cnn1_s", "cnn2_s", "fedslr_cnn", "resnet18_gn")
+_IMAGE_MODELS = ("cnn1", "cnn2", "cnn1_s", "cnn2_s", "cnn_s", "cnn_l", "resnet8x4", "resnet32x4", "fedslr_cnn",
+                 "resnet18_gn")
 
 
 def auto_model(input_shape) -> str:

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 from fljax.models.layers import Conv, max_pool_2x2
 from fljax.options import at_least, each, option
 
-__all__ = ["LogisticRegression", "MLP", "CNN1", "CNN2", "CNN1S", "CNN2S", "FedSLRCNN", "ResNet18GN", "INITS",
-           "kernel_init", "qcnn"]
+__all__ = ["LogisticRegression", "MLP", "CNN1", "CNN2", "CNN1S", "CNN2S", "SmallCNN", "LargeCNN", "FedSLRCNN",
+           "ResNet18GN", "CifarResNet", "CifarResNet32", "INITS", "kernel_init", "qcnn"]
 
 Init = Literal["flax", "pytorch"]
 INITS = typing.get_args(Init)
@@ -165,6 +165,30 @@ class CNN2S(CNN1S):
     extra: int = dataclasses.field(default=64, init=False)
 
 
+class SmallCNN(nn.Module):
+    """AugFL spec §6's reduced-scale CNN-S: conv3×3(16) – ReLU – maxpool2 – conv3×3(32) – ReLU – maxpool2 – flatten –
+    Dense(64) – ReLU (the 64-d penultimate feature) – Dense(C) (``head``); SAME padding."""
+
+    num_classes: int
+    channels: Sequence[int] = option((16, 32), "output channels of the two 3x3 convolutions", each(at_least(1)))
+    width: int = option(64, "width of the penultimate dense layer (the feature dimension)", at_least(1))
+    conv_impl: str = "native"
+
+    @nn.compact
+    def __call__(self, x):
+        for c in self.channels:
+            x = max_pool_2x2(nn.relu(Conv(c, (3, 3), padding="SAME", impl=self.conv_impl)(x)))
+        x = nn.relu(nn.Dense(self.width)(x.reshape(x.shape[0], -1)))
+        return nn.Dense(self.num_classes, name="head")(x)
+
+
+class LargeCNN(SmallCNN):
+    """AugFL spec §6's CNN-L, the reduced-scale pretrained model: CNN-S's layout with widths 64/128 and Dense(256)."""
+
+    channels: Sequence[int] = option((64, 128), "output channels of the two 3x3 convolutions", each(at_least(1)))
+    width: int = option(256, "width of the penultimate dense layer (the feature dimension)", at_least(1))
+
+
 class FedSLRCNN(nn.Module):
     """The FedSLR spec's reduced CPU model (§8), no biases, GroupNorm with 2 groups, ReLU:
     conv3×3(→32) – GN – conv3×3(32→64, stride 2) – GN – global average pool – Dense(64→64) – ReLU – Dense(64→C)
@@ -231,3 +255,34 @@ class ResNet18GN(nn.Module):
                                 self.weight_init, name=f"layer{stage + 1}_{block}")(x)
         x = jnp.mean(x, axis=(1, 2))
         return nn.Dense(self.num_classes, use_bias=self.head_bias, kernel_init=k, name="head")(x)
+
+
+class CifarResNet(nn.Module):
+    """AugFL spec §6's CIFAR ResNets with GroupNorm in place of BatchNorm (D19): 3×3 stem to 32 channels, three
+    stages of ``blocks`` BasicBlocks of widths 64/128/256 and strides 1/2/2, global average pool (the 256-d
+    penultimate feature), linear ``head``. ``blocks=1``: ResNet8×4 (the paper's meta-model); ``blocks=5``:
+    ResNet32×4 (its pretrained model)."""
+
+    num_classes: int
+    blocks: int = option(1, "BasicBlocks per stage (1: ResNet8x4, 5: ResNet32x4)", at_least(1))
+    groups: int = option(8, "GroupNorm groups", _divides(32))
+    weight_init: Init = option("flax", "kernel initialiser: flax (LeCun normal) or pytorch")
+    conv_impl: str = "native"
+
+    @nn.compact
+    def __call__(self, x):
+        k = kernel_init(self.weight_init)
+        x = Conv(32, (3, 3), use_bias=False, impl=self.conv_impl, kernel_init=k, name="stem")(x)
+        x = nn.relu(nn.GroupNorm(self.groups, epsilon=1e-5, name="gn_stem")(x))
+        for stage, (width, stride) in enumerate(zip((64, 128, 256), (1, 2, 2))):
+            for block in range(self.blocks):
+                x = _BasicBlock(width, stride if block == 0 else 1, self.groups, self.conv_impl,
+                                self.weight_init, name=f"layer{stage + 1}_{block}")(x)
+        x = jnp.mean(x, axis=(1, 2))
+        return nn.Dense(self.num_classes, kernel_init=k, name="head")(x)
+
+
+class CifarResNet32(CifarResNet):
+    """ResNet32×4 (:class:`CifarResNet` with 5 BasicBlocks per stage): AugFL's paper-scale pretrained model."""
+
+    blocks: int = option(5, "BasicBlocks per stage (1: ResNet8x4, 5: ResNet32x4)", at_least(1))

@@ -14,7 +14,7 @@ from fljax.tree import axpy, zeros_like
 
 PyTree = Any
 
-__all__ = ["adapt", "hvp", "meta_grad"]
+__all__ = ["adapt", "hvp", "meta_grad", "meta_value_and_grad", "HVP_MODES"]
 
 HVP_MODES = ("exact", "fd", "none")
 
@@ -43,10 +43,17 @@ def hvp(loss_fn: Callable, params: PyTree, v: PyTree, batch, mode: str = "exact"
     raise ValueError(f"unknown hvp mode {mode!r}; valid: {', '.join(HVP_MODES)}")
 
 
-def meta_grad(loss_fn: Callable, params: PyTree, support, query, alpha, mode: str = "exact", delta=1e-3) -> PyTree:
-    """ĝ = r − α·HVP(θ, r; S) with r = ∇L(θ − α∇L(θ; S); Q): the gradient of θ ↦ L(θ − α∇L(θ; S); Q) (exact for
-    ``mode="exact"``), AugFL Eq. (9) linearisation direction; Per-FedAvg HF (``"fd"``/``"exact"``) and FO
-    (``"none"``)."""
-    r = jax.grad(loss_fn)(adapt(loss_fn, params, support, alpha), query)
+def meta_value_and_grad(loss_fn: Callable, params: PyTree, support, query, alpha, mode: str = "exact",
+                        delta=1e-3):
+    """(L(φ; Q), ĝ) with φ = θ − α∇L(θ; S), r = ∇L(φ; Q) and ĝ = r − α·HVP(θ, r; S): the meta-objective
+    θ ↦ L(θ − α∇L(θ; S); Q) and its gradient (exact for ``mode="exact"``), AugFL Eq. (7)–(10), the linearisation
+    direction of Eq. (9); Per-FedAvg HF (``"fd"``/``"exact"``) and FO (``"none"``). r is a constant of the HVP
+    (nothing is differentiated through it)."""
+    value, r = jax.value_and_grad(loss_fn)(adapt(loss_fn, params, support, alpha), query)
     h = hvp(loss_fn, params, r, support, mode=mode, delta=delta)
-    return axpy(-alpha, h, r)
+    return value, axpy(-alpha, h, r)
+
+
+def meta_grad(loss_fn: Callable, params: PyTree, support, query, alpha, mode: str = "exact", delta=1e-3) -> PyTree:
+    """ĝ of :func:`meta_value_and_grad` alone."""
+    return meta_value_and_grad(loss_fn, params, support, query, alpha, mode, delta)[1]

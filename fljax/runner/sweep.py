@@ -46,7 +46,8 @@ class DataCache:
 
         if self._fixed is not None:
             return self._fixed
-        key = (json.dumps(to_dict(cfg.data), sort_keys=True, default=str), data_seed(cfg, seed))
+        key = (json.dumps([to_dict(cfg.data), to_dict(cfg.server)], sort_keys=True, default=str),
+               data_seed(cfg, seed))
         if key not in self._cache:
             self._cache[key] = load_data(dataclasses.replace(cfg, seed=seed))
         return self._cache[key]

@@ -1,0 +1,217 @@
+"""AugFL (Yue et al., *Augmenting Federated Learning with Pretrained Models*): federated meta-learning as a
+linearised ADMM whose server step carries a knowledge-transfer regulariser from a pretrained model (PM) that only
+the server holds (spec: AugFL §1–§5).
+
+Problem (Eqs. 2–5): min_θ Σ_i w_i L_i(φ_i(θ), 𝒟_i^q) + λ R_h(θ, θ_p), φ_i(θ) = θ − α∇L_i(θ, 𝒟_i^s), in consensus
+form with local copies θ_i, duals y_i and penalties ρ_i. One round t (Algorithm 1), every training client i at once
+(θ^t broadcast, the client axis vmapped by the executor):
+
+    k_i ← k_i + 1;  δ = 1/(10 k_i + 100)                                   (δ schedule; 'summable': 100/(10k+100)²)
+    φ   = θ^t − α∇L_i(θ^t, 𝒟_i^s)                                          Eq. 7, one full-batch support step
+    r   = ∇L_i(φ, 𝒟_i^q);   h ≈ ∇²L_i(θ^t, 𝒟_i^s)·r;   ĝ = r − α h         Eqs. 9–10 (hvp_mode fd | exact | none)
+    θ_i = θ^t − (y_i + w_i ĝ)/ρ_i                                          Eq. 11  (ops.admm.linearised_prox)
+    y_i ← y_i + ρ_i(θ_i − θ^t)                                             Eq. 12  (ops.admm.dual_ascent)
+    server:  θ^{t+1} = [Σ_i (y_i + ρ_i θ_i) − λ G_t] / Σ_i ρ_i              Eq. 13  (ops.admm.admm_consensus)
+
+G_t ≈ ∇_θ R_h(θ^t, θ_p) is computed by the server at θ^t on its own set with its frozen PM
+(:mod:`fljax.algorithms.augfl_kt`: CRD with projection heads and memory banks by default). It reads ``ctx.server``;
+the client update has no argument that could carry the PM. Evaluation (spec §7): a client's personalized model is
+θ^t after ``adapt_steps`` full-batch gradient steps of size α on its support set, scored on its query set; target
+clients (never trained) are reported as ``target_personal_*``.
+
+``upload='pair'`` (default) sends the paper's (θ_i, y_i); ``upload='fused'`` sends the one vector y_i + ρ_i θ_i,
+all that Eq. 13 uses (half the upload, the same θ^{t+1}; spec D11).
+
+``only_kt=True`` is the "Only KT" arm: no clients, θ^{t+1} = θ^t − α G_t from the same θ^0.
+
+Defaults follow spec §5/§12: α = 0.03, ρ = 0.7·max(1, 40/|𝓘|) (``rho``), λ = 5, fd HVP with the δ schedule of
+the code, w_i = D_i/Σ D_j over training clients (``weighting='uniform'``: 1/|𝓘|), full participation.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from fljax import tree
+from fljax.algorithms.augfl_kt import KT_KINDS, kt_grad, kt_init
+from fljax.algorithms.base import Centralized, ClientInput, ClientResult, check_choice
+from fljax.engine.context import SERVER
+from fljax.errors import ConfigError, OptionError
+from fljax.ops import admm, meta
+
+__all__ = ["AugFL", "DELTA_SCHEDULES"]
+
+DELTA_SCHEDULES = ("paper", "summable")
+UPLOADS = ("pair", "fused")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AugFL(Centralized):
+    name = "augfl"
+    summary = ("AugFL: federated meta-learning by linearised ADMM; the server transfers knowledge from its own "
+               "pretrained model (Yue et al.)")
+    generic = False  # needs a split with support/query sets (data.partition: meta_pairs)
+    cohort_size: int | None = None
+    alpha: float = 0.03
+    rho: float | None = None
+    rho_per_client: tuple[float, ...] | None = None
+    lam: float = 5.0
+    hvp_mode: str = "fd"
+    delta_schedule: str = "paper"
+    adapt_steps: int = 1
+    upload: str = "pair"
+    only_kt: bool = False
+    kt: str = "crd"
+    kt_ce_weight: float = 1.0
+    kt_weight: float = 0.8
+    kt_batch_size: int = 128
+    kt_dim: int = 128
+    kt_tau: float = 0.07
+    kt_negatives: int | None = None
+    kt_momentum: float = 0.5
+    kt_head_lr: float = 0.002
+    kt_head_momentum: float = 0.9
+    kt_head_wd: float = 5e-4
+    kd_temperature: float = 4.0
+
+    def validate(self, num_clients: int) -> None:
+        if self.cohort_size is not None:
+            raise OptionError("cohort_size", f"must be null: AugFL runs with full participation (spec D10), got "
+                                             f"{self.cohort_size}.")
+        super().validate(num_clients)
+        for key in ("alpha", "kt_tau", "kt_head_lr", "kd_temperature"):
+            if not getattr(self, key) > 0:
+                raise OptionError(key, f"must be > 0, got {getattr(self, key)}.")
+        if self.rho is not None and not self.rho > 0:
+            raise OptionError("rho", f"must be > 0 or null (0.7·max(1, 40/clients)), got {self.rho}.")
+        if self.rho_per_client is not None:
+            if self.rho is not None:
+                raise OptionError("rho_per_client", f"cannot be set together with rho={self.rho}; give one of them.")
+            if len(self.rho_per_client) != num_clients:
+                raise OptionError("rho_per_client", f"must list one penalty per training client ({num_clients}), "
+                                                    f"got {len(self.rho_per_client)}.")
+            if not all(r > 0 for r in self.rho_per_client):
+                raise OptionError("rho_per_client", f"must hold penalties > 0, got {list(self.rho_per_client)}.")
+        for key in ("lam", "kt_ce_weight", "kt_weight", "kt_head_wd"):
+            if getattr(self, key) < 0:
+                raise OptionError(key, f"must be >= 0, got {getattr(self, key)}.")
+        check_choice("hvp_mode", self.hvp_mode, meta.HVP_MODES)
+        check_choice("delta_schedule", self.delta_schedule, DELTA_SCHEDULES)
+        check_choice("kt", self.kt, KT_KINDS)
+        check_choice("upload", self.upload, UPLOADS)
+        if self.adapt_steps < 0:
+            raise OptionError("adapt_steps", f"must be >= 0, got {self.adapt_steps}.")
+        for key in ("kt_batch_size", "kt_dim"):
+            if getattr(self, key) < 1:
+                raise OptionError(key, f"must be >= 1, got {getattr(self, key)}.")
+        if self.kt_negatives is not None and self.kt_negatives < 1:
+            raise OptionError("kt_negatives", f"must be >= 1 or null (min(16384, D_s/2)), got {self.kt_negatives}.")
+        if not 0 <= self.kt_momentum < 1 or not 0 <= self.kt_head_momentum < 1:
+            raise OptionError("kt_momentum" if not 0 <= self.kt_momentum < 1 else "kt_head_momentum",
+                              "must be in [0, 1).")
+
+    # ------------------------------------------------------------------------------------------ pieces
+    def uses_kt(self) -> bool:
+        """False when λ is a Python 0 (G_t is then never computed); a traced λ (a grid) always computes it."""
+        return self.only_kt or not (isinstance(self.lam, (int, float)) and self.lam == 0)
+
+    def delta(self, k):
+        """δ of a client's k-th update: 1/(10k + 100) (paper and code) or the summable 100/(10k + 100)²."""
+        base = 10.0 * k.astype(jnp.float32) + 100.0
+        return 1.0 / base if self.delta_schedule == "paper" else 100.0 / base ** 2
+
+    def penalties(self, num_train: int, num_clients: int):
+        """ρ_i for every client id (target clients get 1: they never train)."""
+        if self.rho_per_client is not None:
+            rho = jnp.asarray(self.rho_per_client, jnp.float32)
+        else:
+            value = self.rho if self.rho is not None else 0.7 * max(1.0, 40.0 / num_train)
+            rho = jnp.full((num_train,), value, jnp.float32)
+        return jnp.concatenate([rho, jnp.ones((num_clients - num_train,), jnp.float32)])
+
+    def client_weights(self, counts, num_train: int):
+        """w_i = D_i/Σ_j D_j over the training clients ('samples') or 1/|𝓘| ('uniform'); 0 for target clients."""
+        train = jnp.arange(counts.shape[0]) < num_train
+        raw = counts.astype(jnp.float32) if self.weighting == "samples" else jnp.ones(counts.shape, jnp.float32)
+        raw = jnp.where(train, raw, 0.0)
+        return raw / jnp.sum(raw)
+
+    def _server_inputs(self, ctx):
+        server = ctx.server
+        if self.uses_kt() and (server is None or not server.has_pretrained):
+            raise ConfigError(f"augfl with lam={self.lam}{' and only_kt' if self.only_kt else ''} needs a server "
+                              f"set and a pretrained model: data.partition: meta_pairs and server.pretrained "
+                              f"(e.g. cnn_l), or algo.lam: 0.")
+        if self.kt == "param_l2" and self.uses_kt():
+            pm_shapes = jax.tree.map(jnp.shape, server.pm_params)
+            if pm_shapes != jax.tree.map(jnp.shape, ctx.model.init(jax.random.PRNGKey(0))):
+                raise ConfigError("augfl kt=param_l2 needs a pretrained model of the meta-model's own architecture "
+                                  "(server.pretrained: same).")
+        return server
+
+    # ------------------------------------------------------------------------------------------ protocol
+    def init(self, ctx):
+        params = ctx.model.init(self.init_key(ctx))
+        server = self._server_inputs(ctx)
+        kt = kt_init(self, jax.random.fold_in(self.init_key(ctx), 1), ctx.model, server) if self.uses_kt() else {}
+        n, k = ctx.num_clients, ctx.num_train_clients
+        clients = {"y": tree.broadcast_clients(tree.zeros_like(params), n), "k": jnp.zeros((n,), jnp.int32),
+                   "w": self.client_weights(ctx.data.train.count, k), "rho": self.penalties(k, n)}
+        return {"params": params, "kt": kt}, clients
+
+    def client_update(self, inp: ClientInput) -> ClientResult:
+        st, theta = inp.state, inp.down
+        k = st["k"] + 1
+        loss, g = meta.meta_value_and_grad(inp.model.loss, theta, inp.train.support_batch(),
+                                           inp.train.query_batch(), self.alpha, mode=self.hvp_mode,
+                                           delta=self.delta(k))
+        theta_i = admm.linearised_prox(theta, st["y"], g, st["w"], st["rho"])
+        y = admm.dual_ascent(st["y"], theta_i, theta, st["rho"])
+        upload = ({"theta": theta_i, "y": y} if self.upload == "pair"
+                  else {"fused": jax.tree.map(lambda a, t: a + st["rho"] * t, y, theta_i)})
+        return ClientResult(state={**st, "y": y, "k": k}, upload=upload,
+                            weight=inp.train.count, metrics={"train_loss": loss, "meta_loss": loss * st["w"]})
+
+    def knowledge_transfer(self, ctx, server):
+        """(G_t, new KT state, metrics) at θ^t on the server's set (ctx.server)."""
+        g, kt, metrics = kt_grad(self, ctx.model, server["params"], server["kt"], ctx.server,
+                                 ctx.stream(SERVER), ctx.data.num_classes)
+        return g, kt, metrics
+
+    def server_update(self, ctx, server, clients, cohort, result):
+        g, kt = None, server["kt"]
+        if self.uses_kt():
+            g, kt, _ = self.knowledge_transfer(ctx, server)
+        up = result.upload
+        if self.upload == "fused":  # Σ_i (y_i + ρ_i θ_i) arrives summed per client: θ_i = 0, y_i = the fused vector
+            up = {"theta": tree.zeros_like(up["fused"]), "y": up["fused"]}
+        theta = admm.admm_consensus(up["theta"], up["y"], clients["rho"][cohort], g, self.lam)
+        return {"params": theta, "kt": kt}
+
+    def round(self, ctx, server, clients):
+        if not self.only_kt:
+            server, clients, metrics = super().round(ctx, server, clients)
+            metrics["meta_loss"] = metrics["meta_loss"] * ctx.num_train_clients  # Σ_i w_i L_i(φ_i, 𝒟_i^q)
+            return server, clients, metrics
+        g, kt, metrics = self.knowledge_transfer(ctx, server)
+        theta = tree.axpy(-self.alpha, g, server["params"])
+        metrics = {"train_loss": metrics["kt_loss"], "bytes_up": jnp.float32(0), "bytes_down": jnp.float32(0)}
+        return {"params": theta, "kt": kt}, clients, metrics
+
+    # ------------------------------------------------------------------------------------------ evaluation
+    def eval_shared(self, server):
+        return server["params"]
+
+    def global_params(self, shared):
+        return shared
+
+    def personal_params(self, inp: ClientInput):
+        """θ after ``adapt_steps`` full-batch steps of size α on the client's support set (spec §7)."""
+        adapt = functools.partial(meta.adapt, inp.model.loss, batch=inp.train.support_batch(), alpha=self.alpha)
+        params = inp.down
+        for _ in range(self.adapt_steps):
+            params = adapt(params)
+        return params

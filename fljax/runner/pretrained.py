@@ -1,0 +1,102 @@
+"""The server's pretrained model: made by the project itself, once, and reused (AugFL spec §4).
+
+A data set whose split gives the server its own labelled set (``data.server``, e.g. ``partition: meta_pairs``) can
+also give it a frozen pretrained model (PM). A config's ``server:`` section names it::
+
+    server: {pretrained: cnn_l, epochs: 60, lr: 0.001, batch_size: 128}
+
+:func:`attach_pretrained` returns the data with the PM attached: ``server.pm_params``, and the PM's penultimate
+features ``pm_features`` and logits ``pm_logits`` on the server's set (computed once: the PM is frozen and the set
+unaugmented). The PM is trained centrally on the server's set (:func:`fljax.engine.central.pretrain`: optax Adam)
+and saved in the project's checkpoint format (orbax, :class:`~fljax.runner.checkpoint.Checkpointer`) under
+``<cache_dir>/pretrained/<model>-<key>/``, where the key hashes everything the PM depends on (the server set's
+bytes, the architecture and its options, epochs, learning rate, batch size, seed). A later run — another seed, another
+algorithm, another process — with the same server set and settings restores it instead of training it again. Its
+accuracy on the server set and on the clients' test splits (the target clients' query sets) is recorded with it
+(``pm_info``, shown in the data summary of every run).
+
+The PM reaches only the server: it lives in ``data.server``, which the round context exposes to the server update
+(``ctx.server``) and never passes to a client (:meth:`fljax.engine.RoundContext.run_clients`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fljax.data.federated import FederatedData
+from fljax.engine import RunLog, State, central
+from fljax.errors import ConfigError
+
+__all__ = ["attach_pretrained", "pretrained_params", "cache_root", "PRETRAIN_CALLS"]
+
+PRETRAIN_CALLS = {"count": 0}  # how many PMs this process has trained (tests check the cache is used)
+
+
+def cache_root(cache_dir: str | None) -> str:
+    """``cache_dir``, else ``$FLJAX_CACHE``, else ``$XDG_CACHE_HOME/fljax`` (``~/.cache/fljax``)."""
+    if cache_dir:
+        return os.path.abspath(os.path.expanduser(cache_dir))
+    if os.environ.get("FLJAX_CACHE"):
+        return os.path.abspath(os.environ["FLJAX_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fljax")
+
+
+def _key(server, model, settings: dict) -> str:
+    h = hashlib.sha256()
+    h.update(np.asarray(server.x).tobytes())
+    h.update(np.asarray(server.y).tobytes())
+    h.update(json.dumps({"model": model.name, "module": repr(model.module), "input_shape": list(model.input_shape),
+                         "classes": model.num_classes, **settings}, sort_keys=True, default=str).encode())
+    return h.hexdigest()[:20]
+
+
+def pretrained_params(model, server, *, epochs: int, lr: float, batch_size: int, seed: int,
+                      cache_dir: str | None = None) -> tuple:
+    """``(params, info, cached)``: the PM ``model`` trained on ``server`` (x, y) with these settings, restored from
+    the cache when an earlier call saved it (``cached`` True), else trained and saved."""
+    from fljax.runner.checkpoint import Checkpointer
+
+    settings = {"epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed}
+    directory = os.path.join(cache_root(cache_dir), "pretrained", f"{model.name}-{_key(server, model, settings)}")
+    key = jax.random.PRNGKey(seed)
+    template = State(server=jax.eval_shape(model.init, key), clients=None, round=jnp.int32(0), key=key)
+    if os.path.isdir(directory):
+        with Checkpointer(directory) as ck:
+            if ck.latest_round() is not None:
+                state, log = ck.restore(template)
+                return state.server, log.history[-1], True
+    params, losses = central.pretrain(model, server.x, server.y, key, epochs=epochs, lr=lr, batch_size=batch_size)
+    PRETRAIN_CALLS["count"] += 1
+    info = {"model": model.name, **settings, "final_loss": float(losses[-1]) if losses else None,
+            "server_acc": central.accuracy(model, params, server.x, server.y)}
+    with Checkpointer(directory, max_to_keep=1) as ck:
+        ck.save(State(server=params, clients=None, round=jnp.int32(epochs), key=key), RunLog(history=[info]))
+    return params, info, False
+
+
+def attach_pretrained(data: FederatedData, model, *, epochs: int, lr: float, batch_size: int, seed: int,
+                      cache_dir: str | None = None) -> FederatedData:
+    """``data`` with the server's pretrained ``model`` attached (trained once, then restored from the cache; see the
+    module docstring)."""
+    server = data.server
+    if server is None:
+        raise ConfigError("server.pretrained needs a data split that gives the server its own set (e.g. "
+                          "data.partition: meta_pairs); this one has none.")
+    params, info, _ = pretrained_params(model, server, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,
+                                             cache_dir=cache_dir)
+    test = data.test
+    k = data.num_train_clients
+    scores = {"client_test_acc": central.accuracy(model, params, test.x, test.y, test.mask)}
+    if data.num_target:
+        scores["target_acc"] = central.accuracy(model, params, test.x[k:], test.y[k:], test.mask[k:])
+    server = server.replace(pm_params=params, pm_features=central.features(model, params, server.x),
+                            pm_logits=central.logits(model, params, server.x), pm_model=model,
+                            pm_scores={n: jnp.float32(v) for n, v in scores.items()},
+                            pm_info=tuple(sorted(info.items())))
+    return data.replace(server=server)

