@@ -17,9 +17,11 @@ from fljax.engine import Simulation, default_model
 from fljax.errors import OptionError
 from fljax.models import make_model
 
-__all__ = ["make_config", "load_data", "build", "run", "compare", "sweep"]
+__all__ = ["make_config", "load_data", "build", "run", "compare", "sweep", "load_run", "load_compare"]
 
 if TYPE_CHECKING:
+    import pandas
+
     from fljax.runner import ExperimentResult
 
 
@@ -61,31 +63,36 @@ def build(cfg: ExperimentConfig, data: FederatedData | None = None) -> Simulatio
 
 
 def run(config: ExperimentConfig | dict | None = None, *, out: str | None = None, progress: bool = True,
-        resume: bool = False, lanes: str = "vmap", **overrides) -> "ExperimentResult":
+        resume: bool = False, lanes: str = "vmap", tensorboard: str | None = None,
+        **overrides) -> "ExperimentResult":
     """Run one experiment (all its ``seeds``) through the same path as ``fljax run``; ``overrides`` are top-level
     config keys (``algorithm=``, ``algo=``, ``data=``, ``seeds=``, ``checkpoint_every=``, …). ``out``: the run
-    directory (None: nothing is written). ``data`` may also be a :class:`~fljax.data.FederatedData` of your own.
-    Raises :class:`~fljax.engine.NonFiniteError` when training produced NaN/Inf or diverged."""
+    directory (None: nothing is written); ``tensorboard``: a log directory for TensorBoard scalars. ``data`` may
+    also be a :class:`~fljax.data.FederatedData` of your own. Raises :class:`~fljax.engine.NonFiniteError` when training produced NaN/Inf or diverged."""
     from fljax.runner import run_experiment
 
     overrides, cache = _own_data(overrides)
-    return run_experiment(make_config(config, **overrides), out, resume=resume, output=_output(progress),
-                          data_cache=cache, lanes=lanes)
+    cfg = make_config(config, **overrides)
+    with _output(progress, tensorboard) as output:
+        return run_experiment(cfg, out, resume=resume, output=output, data_cache=cache, lanes=lanes)
 
 
 def compare(algorithms: list[str | tuple[str, dict]], config: ExperimentConfig | dict | None = None, *,
-            out: str | None = None, progress: bool = True, **overrides) -> dict[str, "ExperimentResult"]:
+            out: str | None = None, progress: bool = True, tensorboard: str | None = None,
+            **overrides) -> dict[str, "ExperimentResult"]:
     """Run several algorithms on the same data, partition and seeds (as ``fljax compare``). Each entry is a name or
     (name, hyperparameters); the config's ``algo`` dict applies to every algorithm that accepts its keys."""
     from fljax.runner import compare_experiments
 
     overrides, cache = _own_data(overrides)
     cfg = _config(config, overrides, check_algo=False)
-    return compare_experiments(cfg, algorithms, out, output=_output(progress), data_cache=cache)[1]
+    with _output(progress, tensorboard) as output:
+        return compare_experiments(cfg, algorithms, out, output=output, data_cache=cache)[1]
 
 
 def sweep(grid: dict[str, list], config: ExperimentConfig | dict | None = None, *, out: str | None = None,
-          progress: bool = True, lanes: str = "vmap", **overrides) -> dict[str, "ExperimentResult"]:
+          progress: bool = True, lanes: str = "vmap", tensorboard: str | None = None,
+          **overrides) -> dict[str, "ExperimentResult"]:
     """Run every point of ``grid`` (``{"algo.lr": [0.01, 0.1], "algo.mu": [0, 0.01]}``) for the config's seeds, as
     ``fljax sweep``: points that differ only in numeric hyperparameters run with the seeds as lanes of one compiled
     program. Returns the results by point label (``"lr=0.01,mu=0"``)."""
@@ -93,13 +100,30 @@ def sweep(grid: dict[str, list], config: ExperimentConfig | dict | None = None, 
 
     overrides, cache = _own_data(overrides)
     cfg = make_config(config, **overrides)
-    return sweep_experiments(cfg, grid, out, output=_output(progress), lanes=lanes, data_cache=cache)[1]
+    with _output(progress, tensorboard) as output:
+        return sweep_experiments(cfg, grid, out, output=output, lanes=lanes, data_cache=cache)[1]
 
 
-def _output(progress: bool):
+def load_run(directory) -> "pandas.DataFrame":
+    """A run directory's history (every seed) as a pandas DataFrame: see :func:`fljax.runner.load.load_run`."""
+    from fljax.runner.load import load_run as load
+
+    return load(directory)
+
+
+def load_compare(directory) -> "pandas.DataFrame":
+    """A comparison's or sweep's histories as one pandas DataFrame with a ``run`` column: see
+    :func:`fljax.runner.load.load_compare`."""
+    from fljax.runner.load import load_compare as load
+
+    return load(directory)
+
+
+def _output(progress: bool, tensorboard: str | None = None):
     from fljax.runner import Output
+    from fljax.runner.tensorboard import TensorBoard
 
-    return Output("bar" if progress else "quiet")
+    return Output("bar" if progress else "quiet", tensorboard=TensorBoard(tensorboard) if tensorboard else None)
 
 
 def _own_data(overrides: dict):

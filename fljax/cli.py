@@ -83,8 +83,10 @@ def _default_out(name: str) -> str:
 
 def _output(args):
     from fljax.runner import Output
+    from fljax.runner.tensorboard import TensorBoard
 
-    return Output("json" if args.json else "quiet" if args.quiet else "bar")
+    return Output("json" if args.json else "quiet" if args.quiet else "bar",
+                  tensorboard=TensorBoard(args.tensorboard) if args.tensorboard else None)
 
 
 def _interrupted(command: str, out: str) -> int:
@@ -244,6 +246,9 @@ def make_parser() -> argparse.ArgumentParser:
         sp.add_argument("--checkpoint-every", type=int, metavar="K",
                         help="checkpoint every K rounds (default: at an evaluation once a minute has passed, "
                         "and at the end; 0: never)")
+        sp.add_argument("--tensorboard", metavar="DIR",
+                        help="also write every evaluation as TensorBoard scalars into DIR/<run>/seed_<s>/ "
+                        "(needs tensorboardX: pip install 'fljax[explore]')")
         mode = sp.add_mutually_exclusive_group()
         mode.add_argument("--quiet", action="store_true", help="no progress bar or notes, only the final table")
         mode.add_argument("--json", action="store_true",

@@ -51,6 +51,18 @@ class RunResult:
     def final(self) -> dict:
         return self.history[-1] if self.history else {}
 
+    def to_frame(self):
+        """The history as a pandas DataFrame (one row per evaluation, ``round`` first)."""
+        from fljax.frames import history_frame
+
+        return history_frame(self.history)
+
+    def __repr__(self) -> str:
+        from fljax.frames import headline
+
+        return (f"RunResult({headline(self.final)}, evaluations={len(self.history)}, "
+                f"compile_seconds={self.compile_seconds:.1f}, run_seconds={self.run_seconds:.1f})")
+
 
 class Simulation:
     """An algorithm bound to data, a model and an executor.

@@ -100,6 +100,20 @@ class ExperimentResult:
     def stopped(self) -> list[Run]:
         return [run for run in self.runs if run.status == "stopped"]
 
+    def to_frame(self):
+        """Every seed's history as one pandas DataFrame: columns ``seed``, ``round`` and the metrics."""
+        from fljax.frames import concat, history_frame
+
+        return concat([history_frame(run.log.history, seed=run.seed) for run in self.runs])
+
+    def __repr__(self) -> str:
+        from fljax.frames import headline
+
+        seeds = len(self.runs)
+        where = f", directory={self.directory.path!r}" if self.directory.path else ""
+        return (f"ExperimentResult({self.cfg.run_name} on {self.cfg.data.dataset}, {seeds} seed"
+                f"{'s' if seeds > 1 else ''}: {headline(self.final)}{where})")
+
     def row(self, label: str | None = None) -> dict:
         row = summary_row(label or self.cfg.run_name, [run.summary for run in self.runs])
         row["client-steps/s"] = f"{self.summary['client_steps_per_second']:,.0f}"
