@@ -14,7 +14,7 @@ import os
 import sys
 from importlib import resources
 
-from fljax.config import ConfigError, load_config
+from fljax.config import ConfigError, load_config, preset
 
 EXAMPLES_RUN = """examples:
   fljax run configs/fedavg.yaml                              # one experiment from a config file
@@ -60,6 +60,13 @@ def _overrides(args) -> list[str]:
     return overrides
 
 
+def _load(args):
+    """The config file with the command line's overrides; without a file, the quick-start preset (the one
+    ``fljax compare`` uses) with those of its ``algo`` keys that the algorithm takes."""
+    overrides = _overrides(args)
+    return load_config(args.config, overrides, base=None if args.config else preset(_quickstart_path(), overrides))
+
+
 def _resume_config(args, check_algo: bool = True):
     """On --resume the config is the run directory's own (only --set/--seeds/--checkpoint-every may change it)."""
     from fljax.runner.experiment import saved_config
@@ -99,7 +106,7 @@ def cmd_run(args) -> int:
     from fljax.runner import run_experiment
     from fljax.runner.report import markdown_table
 
-    cfg = _resume_config(args) if args.resume else load_config(args.config, _overrides(args))
+    cfg = _resume_config(args) if args.resume else _load(args)
     out = args.out or _default_out(cfg.run_name)
     output = _output(args)
     try:
@@ -121,7 +128,9 @@ def cmd_compare(args) -> int:
         cfg = _resume_config(args, check_algo=False)
         entries = saved_algorithms(args.out)
     else:
-        cfg = load_config(args.config or _quickstart_path(), _overrides(args), check_algo=False)
+        overrides = _overrides(args)
+        cfg = load_config(args.config, overrides, check_algo=False,
+                          base=None if args.config else preset(_quickstart_path(), overrides, algorithm_keys=False))
         names = [n.strip() for n in args.algorithms.split(",") if n.strip()] if args.algorithms else \
             [n for n, c in ALGORITHMS.items() if c.generic]
         entries = [(n, {}) for n in names]
@@ -148,7 +157,7 @@ def cmd_sweep(args) -> int:
         cfg = _resume_config(args)
         grid = saved_grid(args.out)
     else:
-        cfg = load_config(args.config, _overrides(args))
+        cfg = _load(args)
         grid = parse_grid(args.grid or [])
         if not grid:
             raise ConfigError("a sweep needs at least one --grid KEY=V1,V2,... (for example --grid algo.lr=0.01,0.1).")

@@ -15,7 +15,7 @@ from fljax.runner import files
 from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
 
 # A tiny experiment: 8 synthetic clients, logistic regression, 4 clients per round.
-TINY = ["--set", "data.num_clients=8", "--set", "data.max_samples=40", "--set", "algo.cohort_size=4",
+TINY = ["--dataset", "synthetic", "--set", "data.num_clients=8", "--set", "data.max_samples=40", "--set", "algo.cohort_size=4",
         "--set", "algo.local_steps=2", "--set", "algo.batch_size=10", "--set", "model.name=logreg"]
 
 
@@ -24,7 +24,7 @@ def _metrics(run_dir) -> list[dict]:
 
 
 def _without_time(records):
-    return [{k: v for k, v in r.items() if k != "wall_seconds"} for r in records]
+    return [{k: v for k, v in r.items() if k != "run_seconds"} for r in records]
 
 
 def _final_params(run_dir):
@@ -88,7 +88,7 @@ def test_run_directory_layout_and_json_log(tmp_path, capsys):
     records = _metrics(out)
     assert [r["round"] for r in records] == [0, 2, 4]
     for key in ("personal_acc", "personal_loss", "global_acc", "global_loss", "train_loss", "bytes_up",
-                "bytes_down", "wall_seconds"):
+                "bytes_down", "run_seconds"):
         assert key in records[1]
     assert "train_loss" not in records[0] and records[0]["bytes_up"] == 0  # the initial model: nothing trained yet
     assert records[2]["bytes_up"] == 2 * records[1]["bytes_up"] > 0  # cumulative
@@ -98,6 +98,8 @@ def test_run_directory_layout_and_json_log(tmp_path, capsys):
     assert summary["best"]["personal_acc"]["value"] == max(r["personal_acc"] for r in records)
     for key in ("run_seconds", "compile_seconds", "wall_seconds", "client_steps_per_second"):
         assert summary[key] > 0
+    parts = ("setup_seconds", "compile_seconds", "run_seconds", "other_seconds")
+    assert summary["wall_seconds"] == pytest.approx(sum(summary[k] for k in parts))
     assert open(out / "accuracy_vs_round.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert os.listdir(out / "checkpoints") == ["4"]  # default policy: a short run is checkpointed at its end
     assert "already holds a run" in _one_error(capsys, ["run", *TINY, "--out", str(out)])
@@ -188,7 +190,7 @@ def test_vectorised_sweep_equals_separate_runs_and_resumes(tmp_path, monkeypatch
         assert [r["round"] for r in a] == [r["round"] for r in b] == [0, 2, 4]
         for ra, rb in zip(a, b):
             for key in ra:
-                if key != "wall_seconds":
+                if key != "run_seconds":
                     np.testing.assert_allclose(rb[key], ra[key], rtol=1e-5, atol=1e-6, err_msg=key)
     values = top["final"]["personal_acc"]["values"]
     assert top["final"]["personal_acc"]["mean"] == pytest.approx(np.mean(values))

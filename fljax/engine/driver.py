@@ -18,6 +18,7 @@ import numpy as np
 
 from fljax import tree
 from fljax.data.federated import FederatedData
+from fljax.engine import compile_clock
 from fljax.engine.context import RoundContext
 from fljax.engine.executors import Executor, choose_executor, make_executor
 from fljax.engine.loop import NonFiniteError, NonFiniteGuard, RunLog, drive
@@ -140,7 +141,7 @@ class Simulation:
         (default: the algorithm's), compiled once per simulation (eagerly under the loop executor)."""
         key = jax.random.PRNGKey(self.seed if seed is None else seed)
         if not self.executor.jittable:
-            return self._init(key, hp)
+            return self._eager(self._init, key, hp)
         return self._compiled_fn("init", self._init, (key, hp))(key, hp)
 
     def state_shapes(self) -> State:
@@ -181,6 +182,14 @@ class Simulation:
             self.compile_seconds += time.perf_counter() - t0
         return self._compiled[key]
 
+    def _eager(self, fn: Callable, *args):
+        """``fn(*args)`` run from Python (an executor that is not jittable), its jit compilations accounted."""
+        c0 = compile_clock.compile_seconds()
+        try:
+            return fn(*args)
+        finally:
+            self.compile_seconds += compile_clock.compile_seconds() - c0
+
     def round(self, state: State):
         """One round: ``(new state, metrics)``."""
         return self.run_rounds(state, 1, stack=False)
@@ -190,7 +199,7 @@ class Simulation:
         if not self.executor.jittable:
             outs = []
             for _ in range(n):
-                state, m = self._round(state, self.data)
+                state, m = self._eager(self._round, state, self.data)
                 outs.append(m)
             metrics = tree.stack(outs)
         else:
@@ -201,7 +210,7 @@ class Simulation:
     def evaluate(self, state: State) -> tuple[dict, dict]:
         """(scalar summaries, per-client accuracies) of the global and personalized models."""
         if not self.executor.jittable:
-            return self._evaluate(state, self.data)
+            return self._eager(self._evaluate, state, self.data)
         return self._compiled_fn("evaluate", self._evaluate, (state, self.data))(state, self.data)
 
     # ---------------------------------------------------------------------------------------------- run

@@ -16,12 +16,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import time
 from typing import Any
 
 import jax
 
 from fljax import tree
-from fljax.config import ConfigError, ExperimentConfig, algorithm_config, check_compare_algo, to_dict
+from fljax.config import ConfigError, ExperimentConfig, algorithm_config, check_compare_algo, resolved, to_dict
 from fljax.engine import DivergenceGuard, Lanes, NonFiniteError, NonFiniteGuard, RunLog, RunResult, Simulation
 from fljax.engine.lanes import can_batch
 from fljax.engine.loop import drive
@@ -30,7 +31,7 @@ from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
 from fljax.runner.plan import Program, group_runs, traceable
 from fljax.runner.plots import plot_compare, plot_run
 from fljax.runner.report import Output, markdown_table, summary_row
-from fljax.runner.results import RunDir, aggregate_summaries, make_summary
+from fljax.runner.results import RunDir, aggregate_summaries, environment, make_summary
 from fljax.runner.sweep import DataCache, grid_points, point_config, point_label, seed_list
 
 __all__ = ["ExperimentResult", "Run", "run_points", "run_experiment", "compare_experiments", "sweep_experiments",
@@ -58,6 +59,12 @@ class Run:
     summary: dict | None = None
     steps_per_round: int = 0
     vectorised: bool = False  # ran as a lane of a program with others
+    setup_seconds: float = 0.0  # building its data and simulation (in this process)
+    environment: dict = dataclasses.field(default_factory=dict)  # results.environment of its simulation
+
+    def make_summary(self, status: str = "completed", message: str | None = None) -> dict:
+        return make_summary(self.cfg, self.seed, self.log, self.steps_per_round, status, message,
+                            setup_seconds=self.setup_seconds, env=self.environment)
 
     @property
     def seed(self) -> int:
@@ -213,14 +220,17 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
     cache = data_cache or DataCache()
     sims = _Sims()
     for run in all_runs:  # refuse a bad split or a model that does not fit the data before writing anything
+        t0 = time.perf_counter()
         run.data = cache(run.cfg, run.seed)
         run.steps_per_round = sims(run).work_per_round()[0]
+        run.environment = environment(sims(run))
+        run.setup_seconds = time.perf_counter() - t0
     try:
         for (label, cfg), d, runs in zip(points, dirs, runs_by_point):
-            d.write_config(cfg)
+            d.write_config(resolved(cfg))
             if len(runs) > 1:
                 for run in runs:
-                    run.directory.write_config(run.cfg)
+                    run.directory.write_config(resolved(run.cfg))
         for run in all_runs:
             if resume:
                 _restore(run, sims(run))
@@ -291,7 +301,7 @@ def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str) -> 
     def on_stop(i, message):
         run = runs[i]
         run.status, run.message = "stopped", message
-        run.summary = make_summary(run.cfg, run.seed, run.log, run.steps_per_round, "stopped", message)
+        run.summary = run.make_summary("stopped", message)
         run.directory.write_summary(run.summary)
 
     common = dict(checkpoint_every=cfg.checkpoint_every or 0, callback=on_eval, on_checkpoint=on_checkpoint,
@@ -300,7 +310,7 @@ def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str) -> 
         run.status = "running"
     if len(runs) == 1 and not program.traced:
         run = runs[0]
-        state = run.state if run.state is not None else sim.init(run.seed)
+        state = _initial(runs, sim, lambda: run.state if run.state is not None else sim.init(run.seed))
         state, per_client, _ = drive(sim, state, [run.log], cfg.rounds, cfg.eval_every, lanes=False, **common)
         results = [RunResult(state, run.log.history, jax.device_get(per_client), sim.compile_seconds,
                              run.log.run_seconds)]
@@ -309,14 +319,25 @@ def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str) -> 
         shared = all(d is datas[0] for d in datas)
         batch = Lanes(sim, [r.seed for r in runs], None if shared else datas, program.hps(), mode=lanes_mode)
         restored = [r.state for r in runs]
-        states = batch.init() if restored[0] is None else tree.stack(restored)
+        states = _initial(runs, sim, lambda: batch.init() if restored[0] is None else tree.stack(restored))
         results, _ = batch.run(cfg.rounds, cfg.eval_every, states, [r.log for r in runs], **common)
     for run, res in zip(runs, results):
         run.result, run.vectorised = res, len(runs) > 1
         if run.status != "stopped":
             run.status = "completed"
-            run.summary = make_summary(run.cfg, run.seed, run.log, run.steps_per_round)
+            run.summary = run.make_summary()
             run.directory.write_summary(run.summary)
+
+
+def _initial(runs: list[Run], sim: Simulation, make):
+    """``make()``: the runs' initial (or restored) state, its compile and wall seconds accounted to their logs."""
+    t0, c0 = time.perf_counter(), sim.compile_seconds
+    state = jax.block_until_ready(make())
+    compile_s, wall = sim.compile_seconds - c0, time.perf_counter() - t0
+    for run in runs:
+        run.log.compile_seconds += compile_s
+        run.log.loop_seconds += wall
+    return state
 
 
 def _finish(label, cfg: ExperimentConfig, d: RunDir, runs: list[Run], output: Output, plots: bool
