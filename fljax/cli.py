@@ -38,8 +38,10 @@ EXAMPLES_COMPARE = """examples:
   fljax compare --resume --out runs/cmp           # continue an interrupted comparison
 """
 EXAMPLES_REPRODUCE = """examples:
-  fljax reproduce fedgia --help                   # the options of one reproduction
-  fljax reproduce fedgia                          # run it with its defaults
+  fljax reproduce dfedalt                         # every study, the file's seeds (about 16 min on 2 cores)
+  fljax reproduce dfedalt --only table --seeds 1 --rounds 20 --out /tmp/look   # a quick look
+  fljax reproduce fedslr --jobs 2                 # two worker processes
+  fljax reproduce dfedalt --render                # rebuild the report from results.json.gz
 """
 
 
@@ -211,6 +213,10 @@ def _value(value) -> str:
 
 
 def _summary(reproduction: str) -> str:
+    from fljax.runner.study import load_study, study_names
+
+    if reproduction in study_names():
+        return f"{load_study(reproduction).title} (fljax reproduce {reproduction})"
     import importlib
 
     doc = importlib.import_module(f"fljax.reproduce.{reproduction}").__doc__ or ""
@@ -218,23 +224,55 @@ def _summary(reproduction: str) -> str:
 
 
 def _reproductions() -> list[str]:
+    """Study files (fljax/reproduce/NAME.yaml), and the reproductions still written as a script with ``main``."""
+    import importlib
     import pkgutil
 
     import fljax.reproduce
+    from fljax.runner.study import study_names
 
-    return sorted(m.name for m in pkgutil.iter_modules(fljax.reproduce.__path__) if not m.name.startswith("_"))
+    scripts = [m.name for m in pkgutil.iter_modules(fljax.reproduce.__path__) if not m.name.startswith("_")
+               and hasattr(importlib.import_module(f"fljax.reproduce.{m.name}"), "main")]
+    return sorted(set(study_names()) | set(scripts))
 
 
 def cmd_reproduce(args) -> int:
     import importlib
+
+    from fljax.runner.study import load_study, render_study, results_from_file, run_study, study_names
 
     available = _reproductions()
     if args.name not in available:
         close = difflib.get_close_matches(args.name, available, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"unknown reproduction {args.name!r}; available: {available or 'none yet'}.{hint}")
-    module = importlib.import_module(f"fljax.reproduce.{args.name}")
-    return int(module.main(list(args.args)) or 0)
+    if args.name not in study_names():
+        module = importlib.import_module(f"fljax.reproduce.{args.name}")
+        return int(module.main(list(args.script_args)) or 0)
+    if args.args:
+        raise ConfigError(f"unrecognized arguments: {' '.join(args.args)} (see fljax reproduce --help).")
+    study = load_study(args.name)
+    out = args.out or study.spec.get("out", os.path.join("runs", f"reproduce-{args.name}"))
+    only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
+    output = _output(args)
+    if args.render:
+        text = render_study(results_from_file(study, out), out)
+    else:
+        for key in ("seeds", "rounds", "jobs"):
+            if getattr(args, key) is not None and getattr(args, key) < 1:
+                raise ConfigError(f"--{key} must be >= 1, got {getattr(args, key)}.")
+        try:
+            results = run_study(study, out, only=only, seeds=args.seeds, rounds=args.rounds, jobs=args.jobs or 1,
+                                lanes=args.lanes, fresh=args.fresh, output=output)
+        except KeyboardInterrupt:
+            print(f"fljax: interrupted; runs finished so far are kept in {out}/runs and reused by: fljax reproduce "
+                  f"{args.name} --out {out}", file=sys.stderr)
+            return 130
+        text = open(os.path.join(out, "README.md")).read()
+        del results
+    output.result(text)
+    output.note(f"wrote {out}/README.md, results.json.gz and the plots")
+    return 0
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -294,18 +332,38 @@ def make_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("list", help="show algorithms, data sets, partitioners, models, executors, topologies",
                         description="Everything fljax knows by name, one line each.")
     ls.set_defaults(func=cmd_list)
-    rp = sub.add_parser("reproduce", help="run a paper reproduction (fljax/reproduce/NAME.py)",
-                        description="Run the reproduction script fljax.reproduce.NAME with the remaining "
-                        "arguments (`fljax list` shows the available ones).", epilog=EXAMPLES_REPRODUCE,
+    rp = sub.add_parser("reproduce", help="run a paper reproduction (fljax/reproduce/NAME.yaml)",
+                        description="Run the studies of a paper reproduction (a study file: base config, axes of "
+                        "overrides, seeds, the paper's numbers) through the path of `fljax run`; runs finished "
+                        "before an interruption are reused. Writes README.md (tables, claims), results.json.gz and "
+                        "plots into --out. `fljax list` shows the available ones.", epilog=EXAMPLES_REPRODUCE,
                         formatter_class=raw)
     rp.add_argument("name", help="reproduction name")
-    rp.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the reproduction")
+    rp.add_argument("--only", metavar="STUDIES", help="comma-separated studies of the file (default: all)")
+    rp.add_argument("--seeds", type=int, metavar="N", help="seeds per cell (default: the file's)")
+    rp.add_argument("--rounds", type=int, metavar="T", help="rounds per run (default: the file's; a quick look)")
+    rp.add_argument("--jobs", type=int, metavar="N", help="worker processes (default 1)")
+    rp.add_argument("--out", metavar="DIR", help="output folder (default: the file's, benchmarks/results/NAME)")
+    rp.add_argument("--render", action="store_true", help="only rebuild README.md and plots from results.json.gz")
+    rp.add_argument("--fresh", action="store_true", help="ignore the runs already in DIR/runs")
+    rp.add_argument("--lanes", choices=("vmap", "map", "off"), default="vmap",
+                    help="how runs that can share a program run (see fljax sweep --help)")
+    mode = rp.add_mutually_exclusive_group()
+    mode.add_argument("--quiet", action="store_true", help="no progress bars or notes")
+    mode.add_argument("--json", action="store_true", help="JSON-log mode (see fljax run --help)")
     rp.set_defaults(func=cmd_reproduce)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = make_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "reproduce":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.args = extra
+    if args.command == "reproduce":  # a reproduction written as a script takes every argument after its name
+        args.script_args = argv[argv.index(args.name) + 1:]
     debug = bool(os.environ.get("FLJAX_DEBUG"))
     try:
         return args.func(args)

@@ -117,9 +117,15 @@ def load_federated(config: DataConfig, seed: int) -> FederatedData:
     seed = seed if config.seed is None else config.seed
     source_options, partition_options = config.components()
     source = config.source.load(source_options, config.num_clients, seed)
-    return federate(source, config.num_clients, config.partition, seed, test_per_client=config.test_per_client,
+    data = federate(source, config.num_clients, config.partition, seed, test_per_client=config.test_per_client,
                     test_fraction=config.test_fraction, test_rounding=config.test_rounding,
                     **partition_options.to_dict())
+    if config.test_rows is not None:
+        if config.test_rows < data.test.n_max:
+            raise OptionError("test_rows", f"must be at least the largest client's test split "
+                                           f"({data.test.n_max}), got {config.test_rows}.")
+        data = data.replace(test=data.test.padded(config.test_rows))
+    return data
 
 
 def make_federated(dataset: str = "synthetic", num_clients: int = 100, partition: str | None = None, seed: int = 0,

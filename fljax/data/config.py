@@ -54,6 +54,9 @@ class DataConfig(Options):
     test_rounding: Literal["largest_remainder", "floor", "ceil"] = option(
         "largest_remainder", "pooled data sets: per-class test counts by largest remainder (exactly "
                              "test_per_client), floor (FedSLR) or ceil (DFedAlt)")
+    test_rows: int | None = option(None, "pad every client's test split to this many rows (one shape whatever the "
+                                         "seed, so that seeds with their own partitions still run as lanes)",
+                                   at_least(1))
     options: dict = dataclasses.field(default_factory=dict)
 
     @classmethod

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from fljax.options import NoOptions, Options, at_least, option, parse, suggest
+from fljax.options import NoOptions, Options, at_least, between, option, parse, suggest
 
 __all__ = ["Pooled", "Natural", "synthetic", "digits", "qot_arrays", "qot", "tfds_source", "Source", "SOURCES",
            "load_source", "DataError", "SyntheticOptions", "DigitsOptions", "TfdsOptions"]
@@ -197,6 +197,8 @@ class DigitsOptions(Options):
 
     noise: float = option(0.0, "standard deviation of Gaussian pixel noise, drawn once from the data seed",
                           at_least(0))
+    test_per_class: int = option(DIGITS_TEST_PER_CLASS, "images of each class held out as the test pool",
+                                 between(1, 170))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,7 +234,7 @@ def _load_synthetic(o: SyntheticOptions, num_clients: int, seed: int) -> Natural
 
 
 def _load_digits(o: DigitsOptions, num_clients: int, seed: int) -> Pooled:
-    return digits(seed, noise=o.noise)
+    return digits(seed, test_per_class=o.test_per_class, noise=o.noise)
 
 
 def _load_qot(o: NoOptions, num_clients: int, seed: int) -> Pooled:
@@ -262,7 +264,7 @@ SOURCES: dict[str, Source] = {
     "synthetic": Source("FedProx Synthetic(alpha, beta): 60 features, 10 classes, natural clients (offline)",
                         SyntheticOptions, _load_synthetic, _fixed(SYNTHETIC_MAX_CLIENTS), (60,), 10, natural=True),
     "digits": Source("scikit-learn digits: 1,797 8x8 grey images, 10 classes (offline)", DigitsOptions,
-                     _load_digits, _fixed(DIGITS_SIZE - 10 * DIGITS_TEST_PER_CLASS), (8, 8, 1), 10),
+                     _load_digits, lambda o: DIGITS_SIZE - 10 * o.test_per_class, (8, 8, 1), 10),
     "qot": Source("QSAR oral toxicity: 8,992 x 1,024 binary fingerprints, 2 classes (offline, vendored)", NoOptions,
                   _load_qot, _fixed(_QOT_TRAIN), (1024,), 2),
     "mnist": _tfds("mnist", "MNIST through TFDS (needs the data prepared or network)", 60_000, (28, 28, 1), 10),

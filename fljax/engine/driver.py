@@ -18,7 +18,7 @@ import numpy as np
 
 from fljax import tree
 from fljax.data.federated import FederatedData
-from fljax.engine import compile_clock
+from fljax.engine import compile_cache, compile_clock
 from fljax.engine.context import RoundContext
 from fljax.engine.executors import Executor, choose_executor, make_executor
 from fljax.engine.loop import NonFiniteError, NonFiniteGuard, RunLog, drive
@@ -77,6 +77,7 @@ class Simulation:
     def __init__(self, algorithm: FederatedAlgorithm, data: FederatedData, model: Model | None = None, *,
                  executor: str | Executor = "auto", chunk_size: int | None = None, seed: int = 0,
                  conv_impl: str = "auto", unroll: int | str = "auto"):
+        compile_cache.enable()
         algorithm.validate(data.num_clients)
         model = model or default_model(data)
         self.algorithm = algorithm

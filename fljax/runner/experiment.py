@@ -58,12 +58,13 @@ class Run:
     result: RunResult | None = None
     summary: dict | None = None
     steps_per_round: int = 0
+    facts: dict = dataclasses.field(default_factory=dict)  # model, num_params, executor (for summary.json)
     vectorised: bool = False  # ran as a lane of a program with others
     setup_seconds: float = 0.0  # building its data and simulation (in this process)
     environment: dict = dataclasses.field(default_factory=dict)  # results.environment of its simulation
 
     def make_summary(self, status: str = "completed", message: str | None = None) -> dict:
-        return make_summary(self.cfg, self.seed, self.log, self.steps_per_round, status, message,
+        return make_summary(self.cfg, self.seed, self.log, self.steps_per_round, status, message, self.facts,
                             setup_seconds=self.setup_seconds, env=self.environment)
 
     @property
@@ -222,8 +223,11 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
     for run in all_runs:  # refuse a bad split or a model that does not fit the data before writing anything
         t0 = time.perf_counter()
         run.data = cache(run.cfg, run.seed)
-        run.steps_per_round = sims(run).work_per_round()[0]
-        run.environment = environment(sims(run))
+        sim = sims(run)
+        run.steps_per_round = sim.work_per_round()[0]
+        run.facts = {"model": getattr(sim.model, "name", None), "num_params": sim.model.num_params() if sim.model
+                     else None, "executor": sim.executor.describe()}
+        run.environment = environment(sim)
         run.setup_seconds = time.perf_counter() - t0
     try:
         for (label, cfg), d, runs in zip(points, dirs, runs_by_point):

@@ -110,8 +110,8 @@ def seconds(setup: float, log: RunLog) -> dict:
 
 
 def environment(sim) -> dict:
-    """What ran, beyond the config: library versions, the device, and what ``auto`` resolved to (executor,
-    convolution implementation, local-step unroll) with the model's size."""
+    """Where and how it ran, beyond the config and the run's facts (model, size, executor): library versions,
+    the device, and what ``auto`` resolved the convolutions and the local-step unroll to."""
     import flax
     import jax
     import jaxlib
@@ -121,22 +121,23 @@ def environment(sim) -> dict:
     device = jax.devices()[0]
     return {"fljax": fljax.__version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
             "flax": flax.__version__, "backend": jax.default_backend(), "device": device.device_kind,
-            "device_count": jax.device_count(), "executor": sim.executor.describe(), "model": sim.model.name,
-            "model_params": sim.model.num_params(),
-            "conv_impl": sim.model.module.conv_impl if sim.model.has_conv else None, "unroll": sim.unroll}
+            "device_count": jax.device_count(),
+            "conv_impl": sim.model.module.conv_impl if sim.model is not None and sim.model.has_conv else None,
+            "unroll": sim.unroll}
 
 
 def make_summary(cfg: ExperimentConfig, seed: int, log: RunLog, steps_per_round: int, status: str = "completed",
-                 message: str | None = None, *, setup_seconds: float = 0.0, env: dict | None = None) -> dict:
-    """``summary.json`` of one run. ``status``: 'completed' or 'stopped' (``message`` says why); times:
-    :func:`seconds`; ``env``: :func:`environment`."""
+                 message: str | None = None, facts: dict | None = None, *, setup_seconds: float = 0.0,
+                 env: dict | None = None) -> dict:
+    """``summary.json`` of one run. ``status``: 'completed' or 'stopped' (``message`` says why); ``facts``: what the
+    run was made of (model, its parameter count, executor); times: :func:`seconds`; ``env``: :func:`environment`."""
     rounds = log.history[-1]["round"] if log.history else 0
     summary = {"name": cfg.run_name, "algorithm": cfg.algorithm, "dataset": cfg.data.dataset, "seed": seed,
                "status": status, "rounds": rounds, "evaluations": len(log.history),
                "final": log.history[-1] if log.history else {}, "best": _best(log.history),
                **seconds(setup_seconds, log),
                "client_steps_per_second": steps_per_round * rounds / log.run_seconds if log.run_seconds > 0 else 0.0,
-               "environment": env or {}}
+               **(facts or {}), "environment": env or {}}
     if message:
         summary["message"] = message
     return summary

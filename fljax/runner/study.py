@@ -1,0 +1,444 @@
+"""Paper reproductions as data: a study file (YAML) and one runner.
+
+A study file (``fljax/reproduce/<name>.yaml``) holds
+
+* ``title``, ``command`` (how to run it), ``out`` (default output folder), ``seeds`` (default number of seeds);
+* ``base``: an experiment config (the keys of ``fljax run`` configs) shared by every cell;
+* ``presets``: named sets of config overrides that axis values build on (``use: [train, cfl]``);
+* ``axes``: named choices, each value a set of config overrides (nested dicts), optionally with ``tags`` (labels the
+  tables use, e.g. which model a method reports) — e.g. ``split: {pat2: {data: {...}}}``, ``method: {FedAvg: {...}}``;
+* ``rules``: overrides applied to the cells whose axis values match ``when`` (e.g. DFedAlt's head epochs on the
+  pathological splits);
+* ``studies``: each a product of axis values (``cells: {split: all, method: [FedAvg, DFedAlt]}``), optional extra
+  overrides (``set``), a ``grid`` of dotted keys (an axis each) and its own ``seeds``; a value ``$rounds`` anywhere
+  in a cell's config is replaced by the cell's number of rounds;
+* ``tables`` and ``plots``: rendered by :mod:`fljax.runner.tables`, with the paper's numbers beside ours;
+* ``claims``: ``module:function`` computing the paper's claims (verdicts) from the results.
+
+:func:`run_study` turns the chosen studies into runs — one per distinct (config, seed), shared by every cell that
+needs it — and runs them through :func:`fljax.runner.run_points`, the path of ``fljax run``: run directories under
+``<out>/runs/``, checkpoints and resume, seeds and grid points as lanes of one program where shapes allow, runs
+finished before an interruption reused, ``jobs`` worker processes. Then the report (``README.md``), the plots and
+``results.json`` (every run's history) are written into ``out``.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib
+import itertools
+import json
+import os
+import time
+from importlib import resources
+
+import numpy as np
+
+from fljax import yaml_io
+from fljax.config import ConfigError, ExperimentConfig, from_dict, to_dict
+from fljax.runner import files
+from fljax.runner.report import Output
+from fljax.runner.results import RunDir
+
+__all__ = ["Study", "Cell", "StudyResults", "load_study", "study_names", "run_study", "render_study"]
+
+
+# ---------------------------------------------------------------------------------------------------- the file
+
+
+def study_names() -> list[str]:
+    """The reproductions shipped with fljax (``fljax/reproduce/<name>.yaml``)."""
+    folder = resources.files("fljax").joinpath("reproduce")
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+@dataclasses.dataclass
+class Cell:
+    """One cell of a study: its axis values (``labels``), its config (without seed) and its seeds."""
+
+    study: str
+    labels: dict
+    config: dict
+    seeds: list[int]
+    tags: dict
+
+    def key(self, seed: int) -> str:
+        """The identity of the run (config, seed) behind this cell's ``seed``: equal cells share it."""
+        return json.dumps({"config": self.config, "seed": seed}, sort_keys=True, default=str)
+
+
+@dataclasses.dataclass
+class Study:
+    name: str
+    spec: dict
+
+    @property
+    def title(self) -> str:
+        return self.spec.get("title", self.name)
+
+    @property
+    def studies(self) -> list[str]:
+        return list(self.spec.get("studies", {}))
+
+    def cells(self, only: list[str] | None = None, seeds: int | None = None, rounds: int | None = None) -> list[Cell]:
+        """Every cell of the chosen studies, with the seeds and rounds overrides of the command line."""
+        out = []
+        for study in only or self.studies:
+            if study not in self.spec.get("studies", {}):
+                raise ConfigError(f"study {self.name!r} has no study {study!r}; choose from {self.studies}.")
+            out.extend(self._cells(study, seeds, rounds))
+        return out
+
+    def _cells(self, study: str, seeds: int | None, rounds: int | None) -> list[Cell]:
+        spec = self.spec["studies"][study]
+        axes = self.spec.get("axes", {})
+        names, choices = [], []
+        for axis, values in (spec.get("cells") or {}).items():
+            if axis not in axes:
+                raise ConfigError(f"study {self.name}/{study}: unknown axis {axis!r}; axes: {sorted(axes)}.")
+            values = list(axes[axis]) if values == "all" else list(values)
+            missing = [v for v in values if v not in axes[axis]]
+            if missing:
+                raise ConfigError(f"study {self.name}/{study}: axis {axis!r} has no value {missing[0]!r}.")
+            names.append(axis)
+            choices.append(values)
+        grid = spec.get("grid") or {}
+        names += list(grid)
+        choices += [list(v) for v in grid.values()]
+        n_seeds = seeds or spec.get("seeds") or self.spec.get("seeds", 1)
+        n_seeds = max(n_seeds, spec.get("min_seeds", 0))
+        cells = []
+        for values in itertools.product(*choices):
+            labels = dict(zip(names, values))
+            config, tags = copy.deepcopy(self.spec.get("base", {})), {}
+            for axis, value in labels.items():
+                if axis in grid:
+                    _set_dotted(config, axis, value)
+                    continue
+                choice = self._expand(copy.deepcopy(axes[axis][value] or {}))
+                tags.update(choice.pop("tags", {}) or {})
+                _merge(config, choice)
+            for rule in self.spec.get("rules", []):
+                if all(labels.get(k) in (v if isinstance(v, list) else [v]) for k, v in rule["when"].items()):
+                    _merge(config, copy.deepcopy(rule["set"]))
+            _merge(config, copy.deepcopy(spec.get("set") or {}))
+            if rounds is not None:
+                config["rounds"] = rounds if "rounds_factor" not in spec else rounds * spec["rounds_factor"]
+            elif "rounds_factor" in spec:
+                config["rounds"] = config.get("rounds", 100) * spec["rounds_factor"]
+            config = _substitute(config, {"$rounds": config.get("rounds", 100)})
+            cells.append(Cell(study, labels, config, list(range(n_seeds)), tags))
+        return cells
+
+
+    def _expand(self, overrides: dict) -> dict:
+        """``use: [name, ...]``: the named ``presets`` merged first (in order), then the value's own keys."""
+        out: dict = {}
+        for name in overrides.pop("use", []) or []:
+            if name not in self.spec.get("presets", {}):
+                raise ConfigError(f"study {self.name}: unknown preset {name!r}; presets: "
+                                  f"{sorted(self.spec.get('presets', {}))}.")
+            _merge(out, self._expand(copy.deepcopy(self.spec["presets"][name])))
+        _merge(out, overrides)
+        return out
+
+
+def _merge(into: dict, extra: dict) -> None:
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            _merge(into[k], v)
+        else:
+            into[k] = v
+
+
+def _set_dotted(config: dict, key: str, value) -> None:
+    node = config
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+def _substitute(value, table: dict):
+    if isinstance(value, str) and value in table:
+        return table[value]
+    if isinstance(value, dict):
+        return {k: _substitute(v, table) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute(v, table) for v in value]
+    return value
+
+
+def load_study(name_or_path: str) -> Study:
+    """A shipped study by name, or a study file by path."""
+    if os.path.exists(name_or_path):
+        path = name_or_path
+        name = os.path.splitext(os.path.basename(path))[0]
+    else:
+        if name_or_path not in study_names():
+            import difflib
+
+            close = difflib.get_close_matches(name_or_path, study_names(), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown reproduction {name_or_path!r}; available: {study_names()}.{hint}")
+        name = name_or_path
+        path = str(resources.files("fljax").joinpath(f"reproduce/{name}.yaml"))
+    with open(path, "rb") as f:
+        spec = yaml_io.load(f)
+    if not isinstance(spec, dict) or "studies" not in spec:
+        raise ConfigError(f"study file {path!r} must hold a mapping with 'studies'.")
+    return Study(name, spec)
+
+
+# ---------------------------------------------------------------------------------------------------- results
+
+
+class StudyResults:
+    """Every cell's runs (history and summary per seed), read back from the run directories."""
+
+    def __init__(self, study: Study, cells: list[Cell], runs: dict[str, dict], meta: dict):
+        self.study, self.cells, self.runs, self.meta = study, cells, runs, meta
+
+    def cell(self, study: str, **labels) -> Cell | None:
+        for c in self.cells:
+            if c.study == study and all(c.labels.get(k) == v for k, v in labels.items()):
+                return c
+        return None
+
+    def seeds(self, study: str, **labels) -> list[dict]:
+        """The cell's runs ({"history": [...], "summary": {...}}) that exist, in seed order."""
+        c = self.cell(study, **labels)
+        if c is None:
+            return []
+        return [self.runs[c.key(s)] for s in c.seeds if c.key(s) in self.runs]
+
+    def final(self, study: str, metric: str, **labels) -> np.ndarray:
+        """The final evaluation's ``metric`` (a name or an expression of names, which may also use the run's
+        summary numbers such as ``num_params`` and ``run_seconds``) for every seed of the cell."""
+        return np.array([evaluate(metric, {**_numbers(r["summary"]), **r["history"][-1]})
+                         for r in self.seeds(study, **labels) if r["history"]], float)
+
+    def at_round(self, study: str, metric: str, round_: int, **labels) -> np.ndarray:
+        out = []
+        for r in self.seeds(study, **labels):
+            rec = [h for h in r["history"] if h["round"] == round_]
+            out.append(evaluate(metric, rec[0]) if rec else np.nan)
+        return np.array(out, float)
+
+    def curve(self, study: str, metric: str, **labels) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rounds, mean, std over seeds) of ``metric`` at every evaluation the seeds share."""
+        runs = [r["history"] for r in self.seeds(study, **labels) if r["history"]]
+        if not runs:
+            return np.array([]), np.array([]), np.array([])
+        n = min(len(h) for h in runs)
+        values = np.array([[evaluate(metric, rec) for rec in h[:n]] for h in runs], float)
+        return np.array([rec["round"] for rec in runs[0][:n]]), values.mean(0), values.std(0)
+
+
+def _numbers(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def evaluate(expression: str, record: dict) -> float:
+    """A metric name, or an arithmetic expression of metric names and numbers (``+ - * / **``, ``min``, ``max``,
+    ``abs``, ``log10``), on one evaluation record; a missing metric is NaN. Parsed with ``ast``: nothing else runs."""
+    import ast
+    import math
+    import operator
+
+    if expression in record:
+        return float(record[expression])
+    funcs = {"min": min, "max": max, "abs": abs, "log10": math.log10}
+
+    def walk(node):
+        if isinstance(node, ast.Expression):
+            return walk(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return float(node.value)
+        if isinstance(node, ast.Name):
+            return float(record.get(node.id, np.nan))
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow)):
+            a, b = walk(node.left), walk(node.right)
+            op = type(node.op)
+            if op is ast.Div:
+                return a / b if b else np.nan
+            try:
+                return {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Pow: operator.pow}[op](a, b)
+            except OverflowError:
+                return np.inf
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -walk(node.operand)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in funcs:
+            return float(funcs[node.func.id](*(walk(a) for a in node.args)))
+        raise ConfigError(f"metric expression {expression!r}: only metric names, numbers, + - * / ** and "
+                          f"{sorted(funcs)} are allowed.")
+
+    # metric names with '/' (rank/Dense_0/kernel) are looked up directly above; others parse as Python
+    return walk(ast.parse(expression, mode="eval"))
+
+
+# ---------------------------------------------------------------------------------------------------- running
+
+
+def _run_dir_names(cells: list[Cell]) -> dict[str, str]:
+    """A readable, unique directory name per run key: the first cell that needs it, and the seed."""
+    names, used = {}, set()
+    for c in cells:
+        for s in c.seeds:
+            key = c.key(s)
+            if key in names:
+                continue
+            base = ".".join([c.study] + [str(v) for v in c.labels.values()]) + f".s{s}"
+            from fljax.runner.experiment import dir_name
+
+            name, k = dir_name(base), 2
+            while name in used:
+                name, k = f"{dir_name(base)}-{k}", k + 1
+            used.add(name)
+            names[key] = name
+    return names
+
+
+def _configs(cells: list[Cell]) -> dict[str, ExperimentConfig]:
+    """The validated config of every run (refusing a bad cell before anything runs)."""
+    out = {}
+    for c in cells:
+        for s in c.seeds:
+            key = c.key(s)
+            if key not in out:
+                try:
+                    cfg = from_dict(ExperimentConfig, {**c.config, "seed": s, "seeds": 1}).validate()
+                except ConfigError as e:
+                    raise ConfigError(f"study cell {c.study} {c.labels}: {e}") from None
+                out[key] = cfg
+    return out
+
+
+def _families(keys: list[str], configs: dict) -> list[list[str]]:
+    """Runs grouped by config without seed (those that may share a compiled program)."""
+    groups: dict[str, list[str]] = {}
+    for key in keys:
+        values = to_dict(configs[key])
+        values.pop("seed")
+        groups.setdefault(json.dumps(values, sort_keys=True, default=str), []).append(key)
+    return list(groups.values())
+
+
+def _run_some(root: str, items: list[tuple[str, str, dict]], lanes: str, progress: bool) -> float:
+    """Run these (dir name, key, config dict) in ``root``; returns the wall seconds (a worker's job)."""
+    from fljax.runner.experiment import run_points
+
+    t0 = time.perf_counter()
+    points = [(name, from_dict(ExperimentConfig, cfg).validate()) for name, _, cfg in items]
+    run_points(points, root, resume=True, missing_ok=True, output=Output("bar" if progress else "quiet"),
+               plots=False, subdirs=True, lanes=lanes)
+    return time.perf_counter() - t0
+
+
+def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: int | None = None,
+              rounds: int | None = None, jobs: int = 1, lanes: str = "vmap", fresh: bool = False,
+              output: Output | None = None) -> StudyResults:
+    """Run the chosen studies' cells into ``out`` (finished runs reused, interrupted ones resumed) and write the
+    report. ``seeds``/``rounds`` override the file's (a quick look); ``fresh``: ignore earlier runs in ``out``."""
+    output = output or Output()
+    cells = study.cells(only, seeds, rounds)
+    configs = _configs(cells)
+    names = _run_dir_names(cells)
+    root = os.path.join(out, "runs")
+    if fresh and os.path.isdir(root):
+        import shutil
+
+        shutil.rmtree(root)
+    for key, name in names.items():  # a run directory made with other settings would be resumed wrongly
+        saved = RunDir(os.path.join(root, name)).file("config.yaml")
+        if os.path.exists(saved):
+            old = yaml_io.load(open(saved, "rb"))
+            if old != to_dict(configs[key]):
+                raise ConfigError(f"{os.path.dirname(saved)} was run with other settings than the study now asks "
+                                  f"for; rerun with --fresh (or another --out).")
+    todo = [key for key in names if not _completed(os.path.join(root, names[key]), configs[key])]
+    output.note(f"{study.title}: {len(cells)} cells, {len(names)} runs ({len(names) - len(todo)} already done), "
+                f"{jobs} job(s); results in {out}")
+    t0 = time.perf_counter()
+    families = _families(todo, configs)
+    work = [[(names[k], k, to_dict(configs[k])) for k in fam] for fam in families]
+    if jobs <= 1 or len(work) <= 1:
+        for items in work:
+            _run_some(root, items, lanes, output.progress)
+    else:
+        _run_parallel(root, work, jobs, lanes)
+    runs = {}
+    for key, name in names.items():
+        d = RunDir(os.path.join(root, name))
+        if d.holds_summary():
+            runs[key] = {"history": d.read_metrics(), "summary": d.read_summary()}
+    previous = _read_meta(out)
+    meta = {"study": study.name, "title": study.title, "only": only or study.studies, "seeds": seeds,
+            "rounds": rounds, "runs": len(names), "computed": len(todo), "jobs": jobs,
+            "wall_seconds": time.perf_counter() - t0 + (previous.get("wall_seconds", 0.0) if todo != list(names)
+                                                       else 0.0)}
+    results = StudyResults(study, cells, runs, meta)
+    render_study(results, out)
+    return results
+
+
+def _completed(path: str, cfg: ExperimentConfig) -> bool:
+    d = RunDir(path)
+    if not d.holds_summary():
+        return False
+    summary = d.read_summary()
+    return summary.get("status") in ("completed", "stopped") and (summary.get("status") == "stopped" or
+                                                                  summary.get("rounds") == cfg.rounds)
+
+
+def _run_parallel(root: str, work: list, jobs: int, lanes: str) -> None:
+    import concurrent.futures
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    order = sorted(work, key=len, reverse=True)  # the biggest families first
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx, max_tasks_per_child=4) as pool:
+        for fut in concurrent.futures.as_completed([pool.submit(_run_some, root, items, lanes, False)
+                                                    for items in order]):
+            fut.result()
+
+
+def _read_meta(out: str) -> dict:
+    path = os.path.join(out, "results.json.gz")
+    if os.path.exists(path):
+        return files.read_json(path).get("meta", {})
+    return {}
+
+
+def render_study(results: StudyResults, out: str) -> str:
+    """Write ``README.md`` (tables, claims, time), the plots and ``results.json.gz`` into ``out``; returns the
+    report text."""
+    from fljax.runner.tables import render_plots, render_report
+
+    text = render_report(results)
+    files.write_text(os.path.join(out, "README.md"), text)
+    render_plots(results, out)
+    files.write_json(os.path.join(out, "results.json.gz"),
+                     {"meta": results.meta, "cells": [dataclasses.asdict(c) for c in results.cells],
+                      "runs": results.runs}, indent=None)
+    return text
+
+
+def claims_of(study: Study, results: StudyResults) -> list[tuple[str, str, str]]:
+    """(claim, measured, verdict) from the study's ``claims: module:function``."""
+    target = study.spec.get("claims")
+    if not target:
+        return []
+    module, function = target.split(":")
+    return getattr(importlib.import_module(module), function)(results)
+
+
+def results_from_file(study: Study, out: str) -> StudyResults:
+    """The results saved in ``out/results.json.gz`` (``--render``)."""
+    path = os.path.join(out, "results.json.gz")
+    if not os.path.exists(path):
+        raise ConfigError(f"{path} does not exist; run the study first (without --render).")
+    saved = files.read_json(path)
+    cells = [Cell(**c) for c in saved["cells"]]
+    return StudyResults(study, cells, saved["runs"], saved["meta"])
+

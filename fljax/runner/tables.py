@@ -1,0 +1,261 @@
+"""The one module that renders every reproduction's report: tables (Markdown) and plots (PNG) declared in the
+study file, the claims' verdicts and the time spent.
+
+A table (``tables:`` in the study file)::
+
+    - title: "Table 1 (reduced): personal accuracy"
+      study: table                      # the study whose cells fill it
+      rows: method                      # one row per value of this axis (or a list of axes: one row per combination)
+      where: {split: [pat2, dir0.3]}    # restrict the cells
+      columns:
+        - {axis: split, value: personal_acc, scale: 100}          # one column per value of the axis
+        - {title: MB, where: {split: dir0.1}, value: (bytes_up + bytes_down) / 1e6, scale: 1, digits: 1}
+        - {title: "paper", paper: {FedAvg: 83.87, DFedAlt: 86.21}}  # the paper's numbers, by row
+        - {title: "DFedAlt − method", value: personal_acc, minus: {method: DFedAlt}, scale: 100}  # paired
+        - {title: "seeds DFedAlt ahead", value: personal_acc, wins: {method: DFedAlt}}
+        - {title: "reported model", tag: reported}                   # a tag of the row's cell
+
+A cell is the mean ± std (ddof 0) over seeds of ``value`` (a metric name or an expression of names, see
+:func:`fljax.runner.study.evaluate`; ``{tag}`` is replaced by the row's tag, e.g. ``"{reported}_acc"``) at the final
+evaluation, or at round ``at``; ``format: mean`` drops the std, ``format: g`` prints 3 significant digits.
+
+A plot (``plots:``): ``kind: curves`` (value vs round, one line per value of ``lines``, one panel per value of
+``panels``) or ``kind: final`` (the final value against the numeric axis ``x``, one line per combination of
+``lines``); ``value`` may be a list (one panel per metric); ``logy`` for a log scale.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+
+import numpy as np
+
+from fljax.runner.report import markdown_table as _markdown_rows
+
+__all__ = ["render_report", "render_plots", "table", "fmt"]
+
+
+def _pipe_table(header: list[str], rows: list[list[str]]) -> str:
+    return _markdown_rows([dict(zip(header, r)) for r in rows]) if rows else ""
+
+
+def fmt(values: np.ndarray, scale: float = 100.0, digits: int = 2, form: str = "mean_std") -> str:
+    """'mean ± std' (ddof 0) of ``values`` × ``scale``; '-' when there are none."""
+    values = np.asarray(values, float)
+    values = values[~np.isnan(values)]
+    if values.size == 0:
+        return "-"
+    mean, std = scale * values.mean(), scale * values.std()
+    if form == "g":
+        return f"{mean:.3g}"
+    if form == "mean" or values.size == 1:
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def _axis_values(results, study: str, axis: str, where: dict) -> list:
+    """The values of ``axis`` among the study's cells (in cell order), restricted by ``where``."""
+    seen = []
+    for c in results.cells:
+        if c.study != study or axis not in c.labels:
+            continue
+        if any(c.labels.get(k) not in _as_list(v) for k, v in where.items()):
+            continue
+        if c.labels[axis] not in seen:
+            seen.append(c.labels[axis])
+    return seen
+
+
+def _label(results, axis: str, value) -> str:
+    display = ((results.study.spec.get("axes", {}).get(axis) or {}).get(value) or {}) if isinstance(value, str) \
+        else {}
+    return str((display.get("tags") or {}).get("title", value)) if isinstance(display, dict) else str(value)
+
+
+def _values(results, study: str, spec: dict, labels: dict) -> np.ndarray:
+    cell = results.cell(study, **labels)
+    if cell is None:
+        return np.array([])
+    value = spec["value"].format(**cell.tags) if "{" in spec["value"] else spec["value"]
+    if "at" in spec:
+        return results.at_round(study, value, spec["at"], **labels)
+    return results.final(study, value, **labels)
+
+
+def table(results, spec: dict) -> str:
+    """One table of the study file, as Markdown."""
+    study = spec["study"]
+    where = spec.get("where", {})
+    row_axes = _as_list(spec["rows"])
+    row_values = [_axis_values(results, study, a, where) for a in row_axes]
+    header = [a.split(".")[-1] for a in row_axes]
+    columns = []  # (title, column spec, extra labels)
+    for col in spec["columns"]:
+        if "axis" in col:
+            for v in _axis_values(results, study, col["axis"], {**where, **col.get("where", {})}):
+                columns.append((col.get("title", "{}").format(_label(results, col["axis"], v)), col,
+                                {col["axis"]: v}))
+        else:
+            columns.append((col["title"], col, {}))
+    header += [t for t, _, _ in columns]
+    rows = []
+    for combo in itertools.product(*row_values):
+        labels = dict(zip(row_axes, combo))
+        row = [_label(results, a, v) for a, v in labels.items()]
+        for _, col, extra in columns:
+            row.append(_column_cell(results, study, col, {**labels, **extra, **_fixed(col.get("where", {}))}))
+        if any(x != "-" for x in row[len(row_axes):]):
+            rows.append(row)
+    return _pipe_table(header, rows)
+
+
+def _fixed(where: dict) -> dict:
+    return {k: v for k, v in where.items() if not isinstance(v, list)}
+
+
+def _column_cell(results, study: str, col: dict, labels: dict) -> str:
+    scale, digits, form = col.get("scale", 100.0), col.get("digits", 2), col.get("format", "mean_std")
+    if "tag" in col:
+        cell = results.cell(study, **labels)
+        return "-" if cell is None else str(cell.tags.get(col["tag"], "-"))
+    if "paper" in col:
+        key = next(iter(labels.values())) if len(labels) == 1 else "/".join(str(v) for v in labels.values())
+        value = col["paper"].get(key, col["paper"].get(str(key)))
+        return "-" if value is None else str(value)
+    values = _values(results, study, col, labels)
+    reference = col.get("minus") or col.get("wins")
+    if reference is None:
+        return fmt(values, scale, digits, form)
+    other = _values(results, study, col, {**labels, **reference})
+    if labels == {**labels, **reference} or not values.size or other.size != values.size:
+        return "-"
+    if "wins" in col:
+        return f"{int(np.sum(other > values))}/{values.size}"
+    return fmt(other - values, scale, digits, form)
+
+
+def render_report(results) -> str:
+    """The reproduction's README.md: provenance, every table of the study file, the claims, the time spent."""
+    from fljax.runner.study import claims_of
+
+    spec, meta = results.study.spec, results.meta
+    wall = meta.get("wall_seconds", 0.0)
+    parts = [f"# {results.study.title}", "",
+             f"Command: `{_command(results)}`  ",
+             f"Runs: {meta.get('runs')} ({meta.get('computed')} computed in this invocation, {meta.get('jobs')} job(s), "
+             f"{wall / 60:.1f} min of wall time in the invocations that computed them). "
+             + spec.get("values_note", "Values: final evaluation, unweighted mean over clients, mean ± std over seeds "
+                                       "(ddof 0).")]
+    for t in spec.get("tables", []):
+        if results.cell(t["study"]) is None:
+            continue
+        body = table(results, t)
+        if body:
+            parts += ["", f"## {t['title']}", ""] + ([t["note"], ""] if t.get("note") else []) + [body]
+    claims = claims_of(results.study, results)
+    if claims:
+        parts += ["", f"## {spec.get('claims_title', 'Claims')}", "",
+                  _pipe_table(["claim", "measured", "verdict"], [list(c) for c in claims])]
+    for title, body in _sections(results):
+        parts += ["", f"## {title}", "", body]
+    parts += ["", "## Time per run (this machine)", "", _timing(results)]
+    return "\n".join(parts) + "\n"
+
+
+def _command(results) -> str:
+    meta = results.meta
+    argv = [f"fljax reproduce {results.study.name}"]
+    if meta.get("only") and meta["only"] != results.study.studies:
+        argv.append("--only " + ",".join(meta["only"]))
+    for key in ("seeds", "rounds"):
+        if meta.get(key):
+            argv.append(f"--{key} {meta[key]}")
+    if meta.get("jobs", 1) > 1:
+        argv.append(f"--jobs {meta['jobs']}")
+    return " ".join(argv)
+
+
+def _sections(results) -> list[tuple[str, str]]:
+    """Extra sections from the study's ``sections: module:function`` (checks that are not runs)."""
+    import importlib
+
+    target = results.study.spec.get("sections")
+    if not target:
+        return []
+    module, function = target.split(":")
+    return getattr(importlib.import_module(module), function)(results)
+
+
+def _timing(results) -> str:
+    by_algo: dict[str, list] = {}
+    for run in results.runs.values():
+        s = run["summary"]
+        by_algo.setdefault(s.get("algorithm", "?"), []).append(s)
+    rows = [[a, str(len(r)), f"{np.mean([x.get('run_seconds', 0) for x in r]):.1f}",
+             f"{np.mean([x.get('compile_seconds', 0) for x in r]):.1f}"] for a, r in sorted(by_algo.items())]
+    return _pipe_table(["algorithm", "runs", "run s (mean)", "compile s (mean)"], rows)
+
+
+# ---------------------------------------------------------------------------------------------------- plots
+
+
+def render_plots(results, out: str) -> list[str]:
+    """Every plot of the study file whose study has results; returns the files written."""
+    written = []
+    for spec in results.study.spec.get("plots", []):
+        if results.cell(spec["study"]) is None:
+            continue
+        fig = _plot(results, spec)
+        if fig is not None:
+            from fljax.runner.files import write_png
+
+            path = os.path.join(out, spec["file"])
+            write_png(path, fig)
+            written.append(path)
+    return written
+
+
+def _plot(results, spec: dict):
+    from matplotlib.figure import Figure
+
+    study, where = spec["study"], spec.get("where", {})
+    metrics = _as_list(spec["value"])
+    panel_axis = spec.get("panels")
+    panels = [(None, m) for m in metrics] if panel_axis is None else [
+        (v, metrics[0]) for v in _axis_values(results, study, panel_axis, where)]
+    if not panels:
+        return None
+    fig = Figure(figsize=(5.5 * len(panels), 4.2))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    line_axes = _as_list(spec.get("lines", []))
+    for ax, (panel_value, metric) in zip(axes, panels):
+        sub_where = {**where, **({panel_axis: panel_value} if panel_axis else {})}
+        combos = itertools.product(*[_axis_values(results, study, a, sub_where) for a in line_axes])
+        for i, combo in enumerate(combos):
+            labels = {**_fixed(sub_where), **dict(zip(line_axes, combo))}
+            name = " ".join(_label(results, a, v) for a, v in zip(line_axes, combo))
+            style = dict(color=f"C{i % 10}", ls=("-", "--", ":", "-.")[(i // 10) % 4])
+            if spec.get("kind", "curves") == "curves":
+                x, mean, _ = results.curve(study, metric, **labels)
+                if x.size:
+                    ax.plot(x, spec.get("scale", 1.0) * mean, label=name, **style)
+            else:
+                xs = _axis_values(results, study, spec["x"], labels)
+                ys = [results.final(study, metric, **{**labels, spec["x"]: x}) for x in xs]
+                ax.errorbar(xs, [spec.get("scale", 1.0) * np.mean(y) if y.size else np.nan for y in ys],
+                            [spec.get("scale", 1.0) * np.std(y) if y.size else np.nan for y in ys], marker="o",
+                            capsize=3, label=name, **style)
+        if spec.get("logy"):
+            ax.set_yscale("log")
+        ax.set_xlabel("round" if spec.get("kind", "curves") == "curves" else spec["x"].split(".")[-1])
+        ax.set_ylabel(metric if panel_axis else "")
+        title = spec.get("title", "{value}")
+        ax.set_title(title.format(value=metric, panel=_label(results, panel_axis, panel_value) if panel_axis
+                                  else metric))
+        ax.grid(alpha=0.3)
+    axes[-1].legend(fontsize=7, ncol=1 + len(line_axes) // 2, loc="best")
+    return fig

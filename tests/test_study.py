@@ -1,0 +1,147 @@
+"""The study runner (fljax/runner/study.py) and the shipped study files: cells from axes, presets, rules and grids;
+one run per distinct (config, seed) shared by every cell; runs reused after an interruption; tables, claims and
+plots rendered by the one table module; every shipped study's every cell is a valid config."""
+import os
+import textwrap
+
+import numpy as np
+import pytest
+
+from fljax.cli import main
+from fljax.errors import ConfigError
+from fljax.runner import files
+from fljax.runner.study import _configs, evaluate, load_study, results_from_file, run_study, study_names
+from fljax.runner.tables import fmt
+
+STUDY = textwrap.dedent("""
+    title: A tiny study
+    seeds: 2
+    base:
+      data: {dataset: digits, num_clients: 6, partition: iid, test_per_client: 10}
+      model: {name: mlp, options: {hidden: [8]}}
+      rounds: 2
+      eval_every: 1
+      checkpoint_every: 0
+    presets:
+      sgd: {algo: {lr: 0.1, batch_size: 10, local_steps: 2, cohort_size: 3}}
+    axes:
+      method:
+        FedAvg: {algorithm: fedavg, use: [sgd], tags: {reported: global}}
+        Local: {algorithm: local, use: [sgd], tags: {reported: personal}}
+      split:
+        iid: {}
+        dir: {data: {partition: dirichlet, alpha: 0.5}}
+    rules:
+      - when: {method: Local, split: dir}
+        set: {algo: {lr: 0.05}}
+    studies:
+      main:
+        cells: {method: all, split: [iid]}
+      lr:
+        cells: {method: [FedAvg], split: [iid]}
+        grid: {algo.lr: [0.1, 0.3]}
+      rules:
+        cells: {method: [Local], split: all}
+    tables:
+      - title: Main
+        study: main
+        rows: method
+        columns:
+          - {title: reported model, tag: reported}
+          - {axis: split, value: "{reported}_acc"}
+          - {title: paper, paper: {FedAvg: 90.0}}
+          - {title: "FedAvg − method", value: personal_acc, minus: {method: FedAvg}}
+      - title: LR
+        study: lr
+        rows: algo.lr
+        columns:
+          - {title: acc, value: personal_acc}
+          - {title: MB, value: (bytes_up + bytes_down) / 1e6, scale: 1, digits: 3}
+    plots:
+      - {file: curves.png, study: main, kind: curves, value: personal_acc, lines: method}
+      - {file: lr.png, study: lr, kind: final, x: algo.lr, value: personal_acc, lines: [method]}
+""")
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(STUDY)
+    return load_study(str(path))
+
+
+def test_cells_follow_axes_presets_rules_and_grids(tiny):
+    cells = tiny.cells()
+    assert [(c.study, c.labels) for c in cells[:2]] == [("main", {"method": "FedAvg", "split": "iid"}),
+                                                       ("main", {"method": "Local", "split": "iid"})]
+    by = {(c.study, tuple(c.labels.values())): c for c in cells}
+    assert by[("main", ("FedAvg", "iid"))].config["algo"] == {"lr": 0.1, "batch_size": 10, "local_steps": 2,
+                                                             "cohort_size": 3}
+    assert by[("rules", ("Local", "dir"))].config["algo"]["lr"] == 0.05  # the rule applies
+    assert by[("rules", ("Local", "iid"))].config["algo"]["lr"] == 0.1
+    assert by[("lr", ("FedAvg", "iid", 0.3))].config["algo"]["lr"] == 0.3
+    # equal configs are one run: main/FedAvg = lr/0.1, main/Local = rules/Local/iid
+    keys = {c.key(s) for c in cells for s in c.seeds}
+    assert len(keys) == 2 * (len(cells) - 2) and len(_configs(cells)) == len(keys)
+    assert tiny.cells(seeds=1)[0].seeds == [0]
+    with pytest.raises(ConfigError, match="no study 'nope'"):
+        tiny.cells(["nope"])
+
+
+def test_run_report_reuse_and_render(tiny, tmp_path, monkeypatch):
+    out = str(tmp_path / "out")
+    results = run_study(tiny, out)
+    assert results.meta["runs"] == 8 and results.meta["computed"] == 8
+    readme = open(os.path.join(out, "README.md")).read()
+    assert "## Main" in readme and "| FedAvg" in readme and "90.0" in readme and "## LR" in readme
+    acc = results.final("main", "personal_acc", method="FedAvg", split="iid")
+    assert acc.shape == (2,) and fmt(acc) in readme
+    assert sorted(os.listdir(out)) == ["README.md", "curves.png", "lr.png", "results.json.gz", "runs"]
+    # every run directory is a `fljax run` directory
+    run = os.path.join(out, "runs", sorted(os.listdir(os.path.join(out, "runs")))[0])
+    assert {"config.yaml", "metrics.jsonl", "summary.json"} <= set(os.listdir(run))
+    # a second invocation reuses every finished run; a lost run is computed again
+    import shutil
+
+    shutil.rmtree(run)
+    again = run_study(tiny, out)
+    assert again.meta["computed"] == 1
+    np.testing.assert_array_equal(again.final("main", "personal_acc", method="FedAvg", split="iid"), acc)
+    # --render rebuilds the report from results.json.gz alone
+    rendered = results_from_file(tiny, out)
+    assert rendered.final("lr", "personal_acc", **{"algo.lr": 0.3}).shape == (2,)
+    # a study file whose settings changed is refused rather than mixed with old runs
+    changed = load_study(str(tmp_path / "tiny.yaml"))
+    changed.spec["base"]["rounds"] = 3
+    with pytest.raises(ConfigError, match="other settings"):
+        run_study(changed, out)
+
+
+def test_metric_expressions_are_arithmetic_only():
+    record = {"a": 2.0, "b": 4.0, "rank/Dense_0/kernel": 3.0}
+    assert evaluate("a", record) == 2.0 and evaluate("(a + b) / 2", record) == 3.0
+    assert evaluate("rank/Dense_0/kernel", record) == 3.0 and np.isnan(evaluate("missing", record))
+    assert evaluate("max(a, b) ** 2 - abs(-1)", record) == 15.0
+    with pytest.raises(ConfigError, match="only metric names"):
+        evaluate("__import__('os').system('true')", record)
+
+
+@pytest.mark.parametrize("name", study_names())
+def test_every_shipped_study_cell_is_a_valid_config(name):
+    study = load_study(name)
+    cells = study.cells()
+    assert cells and _configs(cells)
+    for table in study.spec.get("tables", []):
+        assert table["study"] in study.studies
+    for plot in study.spec.get("plots", []):
+        assert plot["study"] in study.studies
+
+
+def test_reproduce_cli(tmp_path, capsys):
+    assert main(["reproduce", "dfedalt", "--only", "more_seeds", "--seeds", "1", "--rounds", "2", "--out",
+                 str(tmp_path / "d"), "--quiet"]) == 0
+    assert "Claim 1 with 10 seeds" in capsys.readouterr().out
+    assert main(["reproduce", "dfedalt", "--render", "--out", str(tmp_path / "d"), "--quiet"]) == 0
+    assert main(["reproduce", "dfedlat"]) == 2
+    assert "Did you mean 'dfedalt'" in capsys.readouterr().err
+    assert files.read_json(tmp_path / "d" / "results.json.gz")["meta"]["runs"] == 4
