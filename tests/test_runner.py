@@ -243,7 +243,7 @@ def test_seed_batch_refuses_data_of_different_shapes():
 
 def test_compare_writes_table_plot_and_runs(tmp_path, capsys):
     out = tmp_path / "cmp"
-    digits = ["--set", "data.num_clients=8", *TINY[4:]]  # the quick-start data is digits: max_samples is synthetic's
+    digits = ["--set", "data.num_clients=8", *TINY[6:]]  # the quick-start data is digits: max_samples is synthetic's
     argv = ["compare", *digits, "--set", "model.options={}", "--set", "data.seed=0", "--set", "rounds=4", "--set", "eval_every=2",
             "--algorithms", "fedavg,local", "--seeds", "2", "--out", str(out), "--quiet"]
     assert main(argv) == 0
