@@ -16,6 +16,7 @@ from fljax.data import FederatedData, load_federated
 from fljax.engine import Simulation, default_model
 from fljax.errors import OptionError
 from fljax.models import make_model
+from fljax.models.model import own_model
 
 __all__ = ["make_config", "load_data", "build", "run", "compare", "sweep", "load_run", "load_compare"]
 
@@ -49,10 +50,13 @@ def load_data(cfg: ExperimentConfig) -> FederatedData:
         raise e.within("data") from None
 
 
-def build(cfg: ExperimentConfig, data: FederatedData | None = None) -> Simulation:
-    """The :class:`Simulation` a config describes (``data`` may be passed to share it between runs)."""
+def build(cfg: ExperimentConfig, data: FederatedData | None = None, module=None) -> Simulation:
+    """The :class:`Simulation` a config describes (``data`` may be passed to share it between runs; ``module``: a
+    Flax module of your own, used instead of the config's model)."""
     data = data if data is not None else load_data(cfg)
-    if cfg.model.name == "auto":
+    if module is not None:
+        model = own_model(module, data.input_shape, data.num_classes)
+    elif cfg.model.name == "auto":
         model = default_model(data) if not cfg.model.options else make_model(
             default_model(data).name, data.input_shape, data.num_classes, **cfg.model.options)
     else:
@@ -68,13 +72,15 @@ def run(config: ExperimentConfig | dict | None = None, *, out: str | None = None
     """Run one experiment (all its ``seeds``) through the same path as ``fljax run``; ``overrides`` are top-level
     config keys (``algorithm=``, ``algo=``, ``data=``, ``seeds=``, ``checkpoint_every=``, …). ``out``: the run
     directory (None: nothing is written); ``tensorboard``: a log directory for TensorBoard scalars. ``data`` may
-    also be a :class:`~fljax.data.FederatedData` of your own. Raises :class:`~fljax.engine.NonFiniteError` when training produced NaN/Inf or diverged."""
+    also be a :class:`~fljax.data.FederatedData` of your own (e.g. :func:`fljax.data.from_arrays`), ``model`` a
+    Flax module of your own (:func:`fljax.models.model.own_model` says which are accepted). Raises :class:`~fljax.engine.NonFiniteError` when training produced NaN/Inf or diverged."""
     from fljax.runner import run_experiment
 
     overrides, cache = _own_data(overrides)
+    overrides, module = _own_model(overrides)
     cfg = make_config(config, **overrides)
     with _output(progress, tensorboard) as output:
-        return run_experiment(cfg, out, resume=resume, output=output, data_cache=cache, lanes=lanes)
+        return run_experiment(cfg, out, resume=resume, output=output, data_cache=cache, lanes=lanes, model=module)
 
 
 def compare(algorithms: list[str | tuple[str, dict]], config: ExperimentConfig | dict | None = None, *,
@@ -85,9 +91,10 @@ def compare(algorithms: list[str | tuple[str, dict]], config: ExperimentConfig |
     from fljax.runner import compare_experiments
 
     overrides, cache = _own_data(overrides)
+    overrides, module = _own_model(overrides)
     cfg = _config(config, overrides, check_algo=False)
     with _output(progress, tensorboard) as output:
-        return compare_experiments(cfg, algorithms, out, output=output, data_cache=cache)[1]
+        return compare_experiments(cfg, algorithms, out, output=output, data_cache=cache, model=module)[1]
 
 
 def sweep(grid: dict[str, list], config: ExperimentConfig | dict | None = None, *, out: str | None = None,
@@ -99,9 +106,10 @@ def sweep(grid: dict[str, list], config: ExperimentConfig | dict | None = None, 
     from fljax.runner import sweep_experiments
 
     overrides, cache = _own_data(overrides)
+    overrides, module = _own_model(overrides)
     cfg = make_config(config, **overrides)
     with _output(progress, tensorboard) as output:
-        return sweep_experiments(cfg, grid, out, output=output, lanes=lanes, data_cache=cache)[1]
+        return sweep_experiments(cfg, grid, out, output=output, lanes=lanes, data_cache=cache, model=module)[1]
 
 
 def load_run(directory) -> "pandas.DataFrame":
@@ -136,6 +144,16 @@ def _own_data(overrides: dict):
         return overrides, None
     rest = {k: v for k, v in overrides.items() if k != "data"}
     return {**rest, "data": {"num_clients": data.num_clients}}, DataCache.fixed(data)
+
+
+def _own_model(overrides: dict):
+    """A Flax module passed as ``model=``: every run uses it (the config's model section stays at its default)."""
+    import flax.linen as nn
+
+    module = overrides.get("model")
+    if not isinstance(module, nn.Module):
+        return overrides, None
+    return {k: v for k, v in overrides.items() if k != "model"}, module
 
 
 def label(name: str, hyper: dict | None = None) -> str:

@@ -178,6 +178,8 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_list(args) -> int:
+    if args.name:
+        return _list_algorithm(args.name)
     from fljax.algorithms import ALGORITHMS
     from fljax.data import PARTITIONERS, SOURCES, DataConfig
     from fljax.engine import EXECUTORS
@@ -202,6 +204,18 @@ def cmd_list(args) -> int:
             print(f"  {name:<14} {text}")
             for key, default, doc in options:
                 print(f"      {key} (default {_value(default)}): {doc}")
+    return 0
+
+
+def _list_algorithm(name: str) -> int:
+    """One algorithm: its summary, then every hyperparameter with its type, default and one line about it."""
+    from fljax.algorithms.registry import get_algorithm, hyperparameter_docs
+
+    cls = get_algorithm(name)
+    print(f"{name}: {cls.summary}")
+    print("hyperparameters (set them with --set algo.KEY=VALUE or a config's algo: section):")
+    for key, (kind, default, doc) in hyperparameter_docs(cls).items():
+        print(f"  {key} ({kind}, default {_value(default)}): {doc}")
     return 0
 
 
@@ -330,7 +344,9 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--algorithms", help="comma-separated names (default: every general-purpose algorithm)")
     c.set_defaults(func=cmd_compare)
     ls = sub.add_parser("list", help="show algorithms, data sets, partitioners, models, executors, topologies",
-                        description="Everything fljax knows by name, one line each.")
+                        description="Everything fljax knows by name, one line each; with an algorithm's name, its "
+                        "hyperparameters with their types, defaults and one line each.")
+    ls.add_argument("name", nargs="?", help="an algorithm: list its hyperparameters")
     ls.set_defaults(func=cmd_list)
     rp = sub.add_parser("reproduce", help="run a paper reproduction (fljax/reproduce/NAME.yaml)",
                         description="Run the studies of a paper reproduction (a study file: base config, axes of "

@@ -58,3 +58,14 @@ def test_summary_times_add_up_and_count_compilation(executor, tmp_path):
     assert env["jax"] and env["fljax"] == fljax.__version__ and env["device"] and env["backend"]
     config = yaml.safe_load(open(out / "config.yaml"))
     assert config["algo"]["lr"] == make_algorithm("fedavg").lr  # a default, recorded
+
+
+def test_list_one_algorithm_shows_its_hyperparameters(capsys):
+    from fljax.cli import main
+
+    assert main(["list", "fedprox"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("fedprox: FedProx")
+    fields = [f.name for f in dataclasses.fields(ALGORITHMS["fedprox"])]
+    assert [line.split()[0] for line in lines[2:]] == fields  # one line each, in order
+    assert "  lr (float, default 0.1): ``lr`` at round t is ``lr · lr_decay^t``." in lines

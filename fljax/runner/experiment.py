@@ -64,8 +64,10 @@ class Run:
     environment: dict = dataclasses.field(default_factory=dict)  # results.environment of its simulation
 
     def make_summary(self, status: str = "completed", message: str | None = None) -> dict:
-        return make_summary(self.cfg, self.seed, self.log, self.steps_per_round, status, message, self.facts,
-                            setup_seconds=self.setup_seconds, env=self.environment)
+        summary = make_summary(self.cfg, self.seed, self.log, self.steps_per_round, status, message, self.facts,
+                               setup_seconds=self.setup_seconds, env=self.environment)
+        summary["dataset"] = getattr(self.data, "name", None) or summary["dataset"]  # the user's own data's name
+        return summary
 
     @property
     def seed(self) -> int:
@@ -119,7 +121,8 @@ class ExperimentResult:
 
         seeds = len(self.runs)
         where = f", directory={self.directory.path!r}" if self.directory.path else ""
-        return (f"ExperimentResult({self.cfg.run_name} on {self.cfg.data.dataset}, {seeds} seed"
+        dataset = getattr(self.runs[0].data, "name", None) or self.cfg.data.dataset
+        return (f"ExperimentResult({self.cfg.run_name} on {dataset}, {seeds} seed"
                 f"{'s' if seeds > 1 else ''}: {headline(self.final)}{where})")
 
     def row(self, label: str | None = None) -> dict:
@@ -154,25 +157,26 @@ def _runs_of(label, cfg: ExperimentConfig, point_dir: RunDir) -> list[Run]:
             for s in seeds]
 
 
-def _build(cfg: ExperimentConfig, data) -> Simulation:
+def _build(cfg: ExperimentConfig, data, module) -> Simulation:
     from fljax.api import build
 
-    return build(cfg, data)
+    return build(cfg, data, module)
 
 
 class _Sims:
     """Simulations by program: runs with equal configs but for the seed (and traced keys) and the same data object
-    share one, hence its compiled programs."""
+    share one, hence its compiled programs. ``module``: the user's own Flax module (None: the config's model)."""
 
-    def __init__(self):
+    def __init__(self, module=None):
         self._sims: dict = {}
+        self.module = module
 
     def __call__(self, run: Run, traced: tuple = ()) -> Simulation:
         from fljax.runner.plan import _key
 
         key = (_key(run.cfg, set(traced)), id(run.data))
         if key not in self._sims:
-            self._sims[key] = _build(dataclasses.replace(run.cfg, seed=run.seed), run.data)
+            self._sims[key] = _build(dataclasses.replace(run.cfg, seed=run.seed), run.data, self.module)
         return self._sims[key]
 
 
@@ -195,7 +199,7 @@ def _guards(cfg: ExperimentConfig) -> tuple:
 def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | None, *, resume: bool = False,
                output: Output | None = None, data_cache: DataCache | None = None, plots: bool = True,
                missing_ok: bool = False, lanes: str = "vmap", subdirs: bool | None = None,
-               trace: tuple[str, ...] = ()) -> list[ExperimentResult]:
+               trace: tuple[str, ...] = (), model=None) -> list[ExperimentResult]:
     """Run every point for its seeds into ``out`` (one point: ``out`` is its directory; several, or ``subdirs``:
     ``out/<label>/``; ``out=None``: nothing is written). ``resume``: continue from the runs' checkpoints (refused when there is none,
     unless ``missing_ok``); without it a directory that already holds a run is refused. ``lanes``: how runs that can
@@ -219,7 +223,7 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
         raise ConfigError(f"run directory {root.path!r} already holds a run; continue it with --resume or choose "
                           f"another --out.")
     cache = data_cache or DataCache()
-    sims = _Sims()
+    sims = _Sims(model)
     for run in all_runs:  # refuse a bad split or a model that does not fit the data before writing anything
         t0 = time.perf_counter()
         run.data = cache(run.cfg, run.seed)
@@ -231,10 +235,10 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
         run.setup_seconds = time.perf_counter() - t0
     try:
         for (label, cfg), d, runs in zip(points, dirs, runs_by_point):
-            d.write_config(resolved(cfg))
+            d.write_config(_record(cfg, model))
             if len(runs) > 1:
                 for run in runs:
-                    run.directory.write_config(resolved(run.cfg))
+                    run.directory.write_config(_record(run.cfg, model))
         for run in all_runs:
             if resume:
                 _restore(run, sims(run))
@@ -267,6 +271,15 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
                 run.checkpointer = None
     return [_finish(label, cfg, d, runs, output, plots) for (label, cfg), d, runs in
             zip(points, dirs, runs_by_point)]
+
+
+def _record(cfg: ExperimentConfig, module) -> dict:
+    """What config.yaml records: the resolved config; with the user's own module, its class and fields instead of
+    the model section (such a file documents the run; running it again needs the module)."""
+    values = to_dict(resolved(cfg))
+    if module is not None:
+        values["model"] = {"name": f"own: {type(module).__name__}", "module": repr(module)}
+    return values
 
 
 def _restore(run: Run, sim: Simulation) -> None:
@@ -362,11 +375,11 @@ def _finish(label, cfg: ExperimentConfig, d: RunDir, runs: list[Run], output: Ou
 
 def run_experiment(cfg: ExperimentConfig, out: str | None, *, resume: bool = False, output: Output | None = None,
                    data_cache: DataCache | None = None, plots: bool = True, missing_ok: bool = False,
-                   lanes: str = "vmap") -> ExperimentResult:
+                   lanes: str = "vmap", model=None) -> ExperimentResult:
     """Run ``cfg`` (all its seeds) into run directory ``out`` (None: write nothing). Raises
     :class:`~fljax.engine.NonFiniteError`, after writing what it has, when a seed produced NaN/Inf or diverged."""
     result = run_points([(None, cfg)], out, resume=resume, output=output, data_cache=data_cache, plots=plots,
-                        missing_ok=missing_ok, lanes=lanes)[0]
+                        missing_ok=missing_ok, lanes=lanes, model=model)[0]
     stopped = result.stopped
     if stopped:
         run = stopped[0]
@@ -387,7 +400,8 @@ def _last_checkpoint(run: Run) -> int | None:
 
 def compare_experiments(cfg: ExperimentConfig, algorithms: list[str | tuple[str, dict]], out: str | None, *,
                         resume: bool = False, output: Output | None = None, plots: bool = True,
-                        data_cache: DataCache | None = None) -> tuple[list[dict], dict[str, ExperimentResult]]:
+                        data_cache: DataCache | None = None, model=None
+                        ) -> tuple[list[dict], dict[str, ExperimentResult]]:
     """Run every algorithm on the data, partition and seeds of ``cfg`` into ``out/<label>/``; write the table
     (``compare.md``), ``compare.png`` and ``summary.json`` into ``out``. Every algorithm's config is validated
     before anything runs. Returns the table rows and the results by label."""
@@ -410,7 +424,7 @@ def compare_experiments(cfg: ExperimentConfig, algorithms: list[str | tuple[str,
     root.write_config(cfg)
     root.write_summary({"status": "running", "algorithms": listing})
     results = run_points(points, out, resume=resume, missing_ok=True, output=output, plots=plots, subdirs=True,
-                         data_cache=data_cache)
+                         data_cache=data_cache, model=model)
     by_label = {lbl: r for (lbl, _), r in zip(points, results)}
     rows = [r.row(lbl) for lbl, r in by_label.items()]
     title = (f"{cfg.data.dataset}, {cfg.data.num_clients} clients, {cfg.rounds} rounds, "
@@ -425,7 +439,8 @@ def compare_experiments(cfg: ExperimentConfig, algorithms: list[str | tuple[str,
 
 def sweep_experiments(cfg: ExperimentConfig, grid: dict[str, list], out: str | None, *, resume: bool = False,
                       output: Output | None = None, plots: bool = True, lanes: str = "vmap",
-                      data_cache: DataCache | None = None) -> tuple[list[dict], dict[str, ExperimentResult]]:
+                      data_cache: DataCache | None = None, model=None
+                      ) -> tuple[list[dict], dict[str, ExperimentResult]]:
     """Run every point of ``grid`` (dotted keys → values, :func:`~fljax.runner.sweep.grid_points`) on ``cfg`` for its
     seeds into ``out/<point>/``; points that differ only in numeric hyperparameters are lanes of one program with
     the seeds. Writes ``sweep.md`` (the table: mean ± std over seeds), ``sweep.png`` and ``summary.json``. Returns
@@ -446,7 +461,7 @@ def sweep_experiments(cfg: ExperimentConfig, grid: dict[str, list], out: str | N
     root.write_summary({"status": "running", "grid": grid})
     trace = tuple(k.split(".", 1)[1] for k in grid if k.startswith("algo."))
     results = run_points(points, out, resume=resume, missing_ok=True, output=output, plots=plots, subdirs=True,
-                         lanes=lanes, trace=trace, data_cache=data_cache)
+                         lanes=lanes, trace=trace, data_cache=data_cache, model=model)
     by_label = {lbl: r for (lbl, _), r in zip(points, results)}
     rows = []
     for lbl, r in by_label.items():
