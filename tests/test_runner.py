@@ -83,8 +83,9 @@ def test_run_directory_layout_and_json_log(tmp_path, capsys):
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]  # stdout: JSON only
     assert [e["event"] for e in events] == ["eval", "eval", "eval", "summary"]  # round 0: the initial model
     assert [e["round"] for e in events[:3]] == [0, 2, 4]
-    assert sorted(os.listdir(out)) == ["accuracy_vs_bytes.png", "accuracy_vs_round.png", "checkpoints",
-                                       "client_accuracy.png", "config.yaml", "metrics.jsonl", "summary.json"]
+    plots = [f"{name}.{fmt}" for name in ("accuracy_vs_bytes", "accuracy_vs_round", "client_accuracy", "metrics")
+             for fmt in ("pdf", "png")]  # metrics: the train loss
+    assert sorted(os.listdir(out)) == sorted([*plots, "checkpoints", "config.yaml", "metrics.jsonl", "summary.json"])
     records = _metrics(out)
     assert [r["round"] for r in records] == [0, 2, 4]
     for key in ("personal_acc", "personal_loss", "global_acc", "global_loss", "train_loss", "bytes_up",
@@ -252,12 +253,13 @@ def test_compare_writes_table_plot_and_runs(tmp_path, capsys):
     assert header[:6] == ["algorithm", "seeds", "personal acc", "weighted", "p10 client", "global acc"]
     assert [row.split("|")[1].strip() for row in table[2:]] == ["fedavg", "local"]
     assert all(" ± " in row.split("|")[3] for row in table[2:])  # mean ± std over the 2 seeds
-    assert sorted(os.listdir(out)) == ["compare.md", "compare.png", "config.yaml", "fedavg", "local",
-                                       "summary.json"]
+    assert sorted(os.listdir(out)) == ["compare.md", "compare.pdf", "compare.png", "compare_metrics.pdf",
+                                       "compare_metrics.png", "config.yaml", "fedavg", "local", "summary.json"]
     assert "\n".join(table) in (out / "compare.md").read_text()
-    assert sorted(os.listdir(out / "fedavg")) == ["accuracy_vs_bytes.png", "accuracy_vs_round.png",
-                                                  "client_accuracy.png", "config.yaml", "seed_0", "seed_1",
-                                                  "summary.json"]
+    plots = [f"{name}.{fmt}" for name in ("accuracy_vs_bytes", "accuracy_vs_round", "client_accuracy", "metrics")
+             for fmt in ("pdf", "png")]
+    assert sorted(os.listdir(out / "fedavg")) == sorted([*plots, "config.yaml", "seed_0", "seed_1", "summary.json"])
+    assert "accuracy_vs_bytes.png" not in os.listdir(out / "local")  # Local communicates nothing
     summary = files.read_json(out / "summary.json")
     assert summary["status"] == "completed" and set(summary["results"]) == {"fedavg", "local"}
     # the local baseline communicates nothing; fedavg does

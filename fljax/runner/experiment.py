@@ -29,7 +29,7 @@ from fljax.engine.loop import drive
 from fljax.runner import files
 from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
 from fljax.runner.plan import Program, group_runs, traceable
-from fljax.runner.plots import plot_compare, plot_run
+from fljax.runner.plots import plot_compare, plot_run, setting
 from fljax.runner.report import Output, markdown_table, summary_row
 from fljax.runner.results import RunDir, aggregate_summaries, environment, make_summary
 from fljax.runner.sweep import DataCache, grid_points, point_config, point_label, seed_list
@@ -367,9 +367,9 @@ def _finish(label, cfg: ExperimentConfig, d: RunDir, runs: list[Run], output: Ou
     if len(runs) > 1:
         d.write_summary(top)
     if plots and d.path is not None and any(r.log.history for r in runs):
-        title = label or cfg.run_name
+        title = f"{label or cfg.run_name}: {setting(cfg, runs[0].data)}"
         plot_run(d.path, [r.log.history for r in runs], [r.result.per_client if r.result else {} for r in runs],
-                 title if len(runs) == 1 else f"{title} ({len(runs)} seeds)")
+                 title if len(runs) == 1 else f"{title}, {len(runs)} seeds")
     return ExperimentResult(cfg, d, runs, top, vectorised)
 
 
@@ -427,7 +427,7 @@ def compare_experiments(cfg: ExperimentConfig, algorithms: list[str | tuple[str,
                          data_cache=data_cache, model=model)
     by_label = {lbl: r for (lbl, _), r in zip(points, results)}
     rows = [r.row(lbl) for lbl, r in by_label.items()]
-    title = (f"{cfg.data.dataset}, {cfg.data.num_clients} clients, {cfg.rounds} rounds, "
+    title = (f"{setting(cfg, results[0].runs[0].data)}, {cfg.rounds} rounds, "
              f"{cfg.seeds} seed{'s' if cfg.seeds > 1 else ''}")
     root.write_text("compare.md", f"# {title}\n\n{markdown_table(rows)}\n")
     if plots and root.path is not None:
@@ -468,8 +468,8 @@ def sweep_experiments(cfg: ExperimentConfig, grid: dict[str, list], out: str | N
         row = r.row(lbl)
         row["status"] = "stopped: " + r.stopped[0].message if r.stopped else "completed"
         rows.append(row)
-    title = (f"{cfg.algorithm} on {cfg.data.dataset}, {len(points)} points × {cfg.seeds} seed"
-             f"{'s' if cfg.seeds > 1 else ''}, {cfg.rounds} rounds")
+    title = (f"{cfg.algorithm} on {setting(cfg, results[0].runs[0].data)}, {len(points)} points × {cfg.seeds} "
+             f"seed{'s' if cfg.seeds > 1 else ''}, {cfg.rounds} rounds")
     root.write_text("sweep.md", f"# {title}\n\n{markdown_table(rows)}\n")
     if plots and root.path is not None:
         plot_compare(root.file("sweep.png"), {lbl: r.histories for lbl, r in by_label.items()}, title)
