@@ -84,6 +84,7 @@ class ExperimentConfig(Options):
         from fljax.engine.executors import EXECUTORS
 
         _choice("algorithm", self.algorithm, ALGORITHMS)
+        _check_problem(self.algorithm, ALGORITHMS[self.algorithm])
         _choice("executor", self.executor, EXECUTORS)
         _check_model(self.model, self.data.source.input_shape)
         if not check_algo:
@@ -100,6 +101,13 @@ class ExperimentConfig(Options):
     @property
     def run_name(self) -> str:
         return self.name or self.algorithm
+
+
+def _check_problem(name: str, cls) -> None:
+    """Refuse an algorithm that solves another kind of problem than the classification an experiment describes."""
+    if cls.problem != "classification":
+        raise ConfigError(f"algorithm {name!r} solves {cls.problem} problems, which an experiment config cannot "
+                          f"describe yet; run it with `fljax reproduce fedgia` or from Python (docs/fedgia.md).")
 
 
 def _check_model(model: ModelConfig, input_shape: tuple) -> None:

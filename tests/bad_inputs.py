@@ -81,6 +81,7 @@ CASES = [
     _case(_KEYS, "run --set data..alpha=0.1", "'data..alpha' is not a dotted key name"),
     _case(_KEYS, "run configs/fedavg.yaml --set rounds.x=1", "'rounds' is not a section"),
     _case(_NAMES, "run --algorithm fedavgg", "got 'fedavgg'. Did you mean 'fedavg'?"),
+    _case(_NAMES, "run --algorithm fedgia", "algorithm 'fedgia' solves consensus regression problems"),
     _case(_NAMES, "run --dataset digitz", "data.dataset must be one of ["),
     _case(_NAMES, "run --set data.partition=dirichlett", "data.partition must be one of ["),
     _case(_NAMES, _SYNTHETIC + "--set data.partition=iid", "data.partition must be 'natural' for synthetic"),

@@ -50,10 +50,11 @@ def lipschitz(kind: str, a, mu: float):
     return lam / d if kind == "ls" else lam / (4 * d) + mu / d
 
 
-def fedgia_literal(kind, clients, variant, k0, alpha, key, iters, t, mu=0.0, shift_v2=False, record=None):
+def fedgia_literal(kind, clients, variant, k0, alpha, selection_key, iters, t, mu=0.0, shift_v2=False, record=None):
     """Algorithm 1 per iteration k = 0..iters−1 with x_i⁰ = π_i⁰ = 0. Aggregation (11), gradients and selection at
-    k ∈ {0, k0, 2k0, …} (selection keys fold_in(key, s), s = k/k0). Returns the list of aggregates x^{τ} and the
-    client z at every aggregation; ``record(k, x, X, Pi, sigma)`` is called after every iteration."""
+    k ∈ {0, k0, 2k0, …} (the selection of aggregation s = k/k0 from the key ``selection_key(s)``). Returns the list
+    of aggregates x^{τ} and the client z at every aggregation; ``record(k, x, X, Pi, sigma)`` is called after every
+    iteration."""
     f, g = loss_np(kind, mu)
     m, n = len(clients), clients[0][0].shape[1]
     r = max(lipschitz(kind, a, mu) for a, _ in clients)
@@ -67,7 +68,7 @@ def fedgia_literal(kind, clients, variant, k0, alpha, key, iters, t, mu=0.0, shi
             x = Z.mean(axis=0)                                                        # (11)
             gbar = np.array([g(x, a, b) for a, b in clients]) / m
             with jax.enable_x64(True):                                                # as the solver draws them
-                sel = np.asarray(selection(jax.random.fold_in(key, s), m, alpha))
+                sel = np.asarray(selection(selection_key(s), m, alpha))
             aggregates.append(x)
             zs.append(Z.copy())
         for i in range(m):

@@ -1,30 +1,26 @@
-"""FedGiA's baselines (fljax.algorithms.fedgia_baselines) against literal NumPy loops of spec §6 and its options."""
-import functools
-
+"""FedGiA's baselines (fljax.algorithms.fedgia_baselines) against literal NumPy loops of spec §6 and its options,
+through fljax.engine in float64."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fljax.algorithms import regression_driver as drv
 from fljax.algorithms.fedgia_baselines import FedAvgGD, FedPD, FedProxGD
-from fljax.engine.executors import LoopExecutor, VmapExecutor
+from fljax.engine.executors import ChunkedExecutor, LoopExecutor, VmapExecutor
+from fljax.errors import OptionError
 from fljax.problems import LeastSquares, Logistic, pack_trials
 from tests.fedgia_reference import baseline_literal
-from tests.test_fedgia import instance, ordered
+from tests.test_fedgia import instance, ordered, simulation, solve, x64  # noqa: F401 (x64: autouse fixture)
 
 
 def aggregates(method, data, rounds):
-    """The aggregate at the start of each of ``rounds`` rounds of trial 0, through the driver's round_step."""
-    with jax.enable_x64(True):
-        one = jax.tree.map(lambda a: jnp.asarray(a[0]), data)
-        run = drv.init_run(method, None, one)
-        step = jax.jit(functools.partial(drv.round_step, method, VmapExecutor(), None, one, jax.random.PRNGKey(0)))
-        out = []
-        for _ in range(rounds):
-            out.append(np.asarray(method.aggregate(None, one, run.alg)))
-            run = step(run.replace(done=jnp.zeros((), bool)))
-        return out
+    """The aggregate at the start of each of ``rounds`` plain engine rounds of trial 0."""
+    sim = simulation(method, data)
+    state = sim.init()
+    out = []
+    for _ in range(rounds):
+        out.append(np.asarray(method.aggregate(sim.data, state.server, state.clients)))
+        state, _ = sim.round(state)
+    return out
 
 
 CASES = [(FedAvgGD, "fedavg", "ls", dict()), (FedAvgGD, "fedavg", "log", dict(agg="data_weighted")),
@@ -51,34 +47,66 @@ def test_paper_settings_and_stopping():
     η = max{400, d/50} on the logistic examples; the run stops at Error ≤ tol or after max_rounds."""
     inst = instance("log", m=4, rows=[30, 40, 50, 60])
     data = pack_trials([inst])
-    with jax.enable_x64(True):
-        one = jax.tree.map(lambda a: jnp.asarray(a[0]), data)
-        assert float(FedAvgGD(loss=Logistic()).scale_a(one)) == pytest.approx(0.5 * 180 / 4)
-        assert float(FedPD(loss=Logistic()).scale_eta(one)) == 400.0
-        assert FedAvgGD(loss=LeastSquares()).scale_a(one) == 0.01
-        assert FedProxGD(loss=LeastSquares()).scale_a(one) == 0.001
-        assert FedPD(loss=LeastSquares()).scale_a(one) == 0.05 and FedPD(loss=LeastSquares()).scale_eta(one) == 1.0
-    res = drv.solve(FedAvgGD(loss=LeastSquares(), k0=2, a=0.2), pack_trials([instance("ls", m=4)]))
+    one = jax.device_put(data.trials()[0])
+    assert float(FedAvgGD(loss=Logistic()).scale_a(one)) == pytest.approx(0.5 * 180 / 4)
+    assert float(FedPD(loss=Logistic()).scale_eta(one)) == 400.0
+    assert FedAvgGD(loss=LeastSquares()).scale_a(one) == 0.01
+    assert FedProxGD(loss=LeastSquares()).scale_a(one) == 0.001
+    assert FedPD(loss=LeastSquares()).scale_a(one) == 0.05 and FedPD(loss=LeastSquares()).scale_eta(one) == 1.0
+    ls = pack_trials([instance("ls", m=4)])
+    res = solve(FedAvgGD(loss=LeastSquares(), k0=2, a=0.2), ls, max_iters=None, max_rounds=1000)
     assert res.converged[0] and res.err[0] <= min(1e-7, 0.1 * res.hist_e[0, 0])
-    capped = drv.solve(FedAvgGD(loss=LeastSquares(), k0=2, a=0.2, max_rounds=3), pack_trials([instance("ls", m=4)]))
+    capped = solve(FedAvgGD(loss=LeastSquares(), k0=2, a=0.2), ls, max_iters=None, max_rounds=3)
     assert capped.rounds[0] == 3 and not capped.converged[0] and capped.iters[0] == 6
-    with pytest.raises(ValueError, match="lr_index"):
-        drv.solve(FedProxGD(loss=LeastSquares(), lr_index="outer"), data)
+    assert np.isnan(capped.hist_e[0, 4:]).all() and not np.isnan(capped.hist_e[0, :4]).any()
+    for bad in [dict(lr_index="outer"), dict(agg="median"), dict(local_scale="2"), dict(iters=0), dict(a=-1.0),
+                dict(k0=0)]:
+        with pytest.raises(OptionError) as e:
+            simulation(FedProxGD(loss=LeastSquares(), **bad), data)
+        assert e.value.key == next(iter(bad)) and "\n" not in str(e.value)
+    for bad in [dict(mu=-0.1)]:
+        with pytest.raises(OptionError, match="mu"):
+            simulation(FedProxGD(**bad), data)
+    for bad in [dict(eta=0.0), dict(agg_prob=1.5)]:
+        with pytest.raises(OptionError, match=next(iter(bad))):
+            simulation(FedPD(**bad), data)
 
 
 def test_fedpd_random_aggregation_counts_local_steps():
     data = pack_trials([instance("ls", m=4)])
-    det = drv.solve(FedPD(loss=LeastSquares(), k0=1, max_rounds=30), data)
-    one = drv.solve(FedPD(loss=LeastSquares(), k0=1, agg_prob=1.0, max_rounds=30), data)
+    det = solve(FedPD(loss=LeastSquares(), k0=1), data, max_iters=None, max_rounds=30)
+    one = solve(FedPD(loss=LeastSquares(), k0=1, agg_prob=1.0), data, max_iters=None, max_rounds=30)
     np.testing.assert_array_equal(det.hist_e, one.hist_e)            # p = 1: one step per round, as k0 = 1
-    rnd = drv.solve(FedPD(loss=LeastSquares(), k0=1, agg_prob=0.25, max_rounds=30), data)
+    rnd = solve(FedPD(loss=LeastSquares(), k0=1, agg_prob=0.25), data, max_iters=None, max_rounds=30)
     assert rnd.iters[0] > 2 * rnd.rounds[0]                         # E[steps] = 4 per round
 
 
-def test_baseline_executors_agree():
+@pytest.mark.parametrize("method", [FedAvgGD(loss=Logistic(), k0=2, a=0.3),
+                                    FedProxGD(loss=Logistic(), k0=2, a=0.3, mu=0.1, iters=2),
+                                    FedPD(loss=Logistic(), k0=2, a=0.3, eta=2.0, iters=2)], ids=lambda m: m.name)
+def test_baseline_executors_agree(method):
     data = pack_trials([instance("log", m=5, sizes=(3, 9))], blocks=2)
-    method = FedPD(loss=Logistic(), k0=2, a=0.3, eta=2.0, max_rounds=2)
-    ref = drv.solve(method, data, executor=LoopExecutor())
-    got = drv.solve(method, data, executor=VmapExecutor())
-    np.testing.assert_allclose(got.hist_e, ref.hist_e, rtol=1e-10)
-    np.testing.assert_allclose(got.x, ref.x, rtol=0, atol=1e-12)
+    ref = solve(method, data, executor=LoopExecutor(), max_iters=None, max_rounds=2)
+    for ex in (VmapExecutor(), ChunkedExecutor(chunk_size=2)):
+        got = solve(method, data, executor=ex, max_iters=None, max_rounds=2)
+        np.testing.assert_array_equal(got.rounds, ref.rounds)
+        np.testing.assert_allclose(got.hist_e, ref.hist_e, rtol=1e-10)
+        np.testing.assert_allclose(got.x, ref.x, rtol=0, atol=1e-12)
+
+
+def test_traced_step_sizes_lanes_equal_separate_runs():
+    """a, μ, η and FedPD's agg_prob are traced lane values: one program for the grid, each lane its own run."""
+    from fljax.engine import Lanes, run_until
+    from tests.test_fedgia import stop_rule
+
+    data = pack_trials([instance("log", m=5, sizes=(3, 9))], blocks=2)
+    trial = jax.device_put(data.trials()[0])
+    for cls, points in [(FedProxGD, [{"a": 0.2, "mu": 0.1}, {"a": 0.4, "mu": 0.0}]),
+                        (FedPD, [{"a": 0.2, "eta": 2.0, "agg_prob": 0.5}, {"a": 0.3, "eta": 5.0, "agg_prob": 1.0}])]:
+        method = cls(loss=Logistic(), k0=2, iters=2)
+        rule = stop_rule(method, data, max_iters=None, max_rounds=8)
+        grid = run_until(Lanes(simulation(method, data), [3, 3], [trial, trial], hps=points), rule)
+        for i, point in enumerate(points):
+            alone = run_until(simulation(cls(loss=Logistic(), k0=2, iters=2, **point), data), rule, seed=3)
+            assert alone.rounds == grid.rounds[i] and alone.iters == grid.iters[i]
+            np.testing.assert_allclose(grid.history["error"][i], alone.history["error"], rtol=1e-10)

@@ -233,7 +233,7 @@ def _inline_cases():
                         lambda th, w, th2, c: T.axpy(1e-3, th, A.augmented_lagrangian_grad(th, w, sigma=c)), 15.0),
         "pfedme_outer": (lambda w, theta, _, c: T.axpy(-c * 15.0, T.sub(w, theta), w),
                          lambda w, theta, _, c: A.dual_ascent(w, w, theta, -c * 15.0), 0.005),
-        # FedPD (fedgia_baselines.py FedPD.client_update), c = η; its arrays, leaf by leaf
+        # FedPD (fedgia_baselines.py FedPD.client_update, which calls the operators), c = η; arrays, leaf by leaf
         "fedpd_pull": (lambda u, x0_i, lam, c: jax.tree.map(lambda u, x0_i, lam: lam + (u - x0_i) / c, u, x0_i, lam),
                        lambda u, x0_i, lam, c: A.augmented_lagrangian_grad(u, x0_i, lam, eta=c), 1.0),
         "fedpd_dual": (lambda x_i, x0_i, lam, c: jax.tree.map(lambda x_i, x0_i, lam: lam + (x_i - x0_i) / c,

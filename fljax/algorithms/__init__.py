@@ -18,16 +18,16 @@ from fljax.algorithms.partial import FedPer, FedRep, LGFedAvg
 from fljax.algorithms.perfedavg import PerFedAvg
 from fljax.algorithms.pfedme import PFedMe
 from fljax.algorithms.registry import ALGORITHMS, get_algorithm, make_algorithm, register
+from fljax.algorithms.regression import ConsensusRegression
 from fljax.algorithms.scaffold import Scaffold
 
 for _cls in (FedAvg, FedProx, FedAvgFT, Local, FedPer, FedRep, LGFedAvg, Ditto, FedSLR, FedDyn, Scaffold, APFL,
-             PerFedAvg, PFedMe, FedBABU, FedRoD, DFedAvg, DFedAvgM, DFedSAM, DisPFL, DFedAlt, DFedSalt):
+             PerFedAvg, PFedMe, FedBABU, FedRoD, DFedAvg, DFedAvgM, DFedSAM, DisPFL, DFedAlt, DFedSalt,
+             FedGiA, FedAvgGD, FedProxGD, FedPD):
     register(_cls)
-# FedGiA and its regression baselines solve consensus regression problems (fljax.problems), not the classification
-# Simulation, so they are not in the registry: see fljax.algorithms.fedgia.solve and `python -m fljax.reproduce.fedgia`.
 
 __all__ = ["Algorithm", "Centralized", "ClientInput", "ClientResult", "TestStats", "APFL", "Ditto", "FedAvg", "FedAvgFT", "FedDyn",
            "FedProx", "FedSLR", "Local", "FedPer", "FedRep", "LGFedAvg", "PerFedAvg", "PFedMe", "Scaffold",
            "FedBABU", "FedRoD", "Decentralized", "DFedAvg", "DFedAvgM", "DFedSAM", "DisPFL", "DFedAlt", "DFedSalt",
-           "FedGiA", "FedAvgGD", "FedProxGD", "FedPD",
+           "ConsensusRegression", "FedGiA", "FedAvgGD", "FedProxGD", "FedPD",
            "LocalSGD", "run_steps", "ALGORITHMS", "get_algorithm", "make_algorithm", "register"]

@@ -45,6 +45,7 @@ class Algorithm:
     name: ClassVar[str] = "algorithm"
     summary: ClassVar[str] = ""
     generic: ClassVar[bool] = True  # runs on any classification data set (part of the default `fljax compare`)
+    problem: ClassVar[str] = "classification"  # the data it solves (experiment configs describe classification)
 
     def validate(self, num_clients: int) -> None:
         """Refuse impossible hyperparameters with a one-line :class:`~fljax.errors.OptionError` naming the field

@@ -1,28 +1,36 @@
 """FedGiA (Zhou & Li, "FedGiA: An Efficient Hybrid Algorithm for Federated Learning"), Algorithm 1 in round form.
 
-Consensus problem (6) with the augmented Lagrangian (7), σ = r0·t·r/m, ḡ_i = ∇f_i(x)/m. Round s (spec §2)::
+Consensus problem (6) with the augmented Lagrangian (7), σ = r0·t·r/m, ḡ_i = ∇f_i(x)/m. ``init`` computes once
+per run (spec §2, §10.3): r_i (the Lipschitz constant of ∇f_i), r = max_i r_i, σ and every client's curvature
+S_i = H_i/m + σI; x_i = π_i = z_i = 0. Round s::
 
     x    ← (1/m) Σ_i z_i                                           (11)   aggregate
     ḡ_i  ← ∇f_i(x)/m for every client                                     once per round, reused k0 times
-    C    ← ⌈αm⌉ clients, uniform without replacement
-    i ∈ C, k0 times:  x_i ← x − (H_i/m + σI)⁻¹(ḡ_i + π_i)         (12)   inexact ADMM
+    C    ← ⌈αm⌉ clients, uniform without replacement                      D11 (the round's SAMPLE stream)
+    i ∈ C, k0 times:  x_i ← x − S_i⁻¹(ḡ_i + π_i)                   (12)   inexact ADMM
                       π_i ← π_i + σ(x_i − x)                       (13)
                       z_i ← x_i + π_i/σ                            (14)
     i ∉ C, once:      (x_i, π_i, z_i) ← (x, −ḡ_i, x − ḡ_i/σ)       (15)–(17)  gradient descent
 
-H_i (Table III): ``variant="G"`` (Gram) H_i = B_i/(κd_i) + (s/d_i)·I; c1·B_i + c0·I is factored once per trial by
-Cholesky (n ≤ rows) or through Woodbury with a rows×rows factor, and applied as explicit inverses
+H_i (Table III): ``variant="G"`` (Gram) H_i = B_i/(κd_i) + (s/d_i)·I; c1·B_i + c0·I is factored once by Cholesky
+(n ≤ rows) or through Woodbury with a rows×rows factor, and applied as explicit inverses
 (``gram_solver="inverse"``; ``"cholesky"``: triangular solves every step; ``"cg"``: conjugate gradients; D14);
 ``variant="D"`` (diagonal) H_i = (λ_i/(κd_i) + s/d_i)·I. κ, s and the Lipschitz constants come from the loss
-(:mod:`fljax.problems.regression`). Both branches run for every client through the executor and are combined by
-the selection mask (no per-client Python branching). Stopping, Error and CR: :mod:`regression_driver`.
+(:mod:`fljax.problems.regression`). Both branches run for every client and are combined by the selection mask
+(no per-client Python branching). The size classes of the data run through :func:`fljax.engine.map_groups`; the
+factorisations of successive classes are serialised there (an XLA:CPU workaround).
 
-    from fljax.algorithms.fedgia import FedGiA, solve
-    res = solve(FedGiA(loss=Logistic(), variant="G", k0=5), data)       # data: fljax.problems.pack_trials(...)
+The round's metrics are f, Error and ‖∇f‖² at x (:mod:`fljax.algorithms.regression`); Table IV's run stops at the
+first aggregation with Error ≤ tol or k ≥ max_iters (D15, CR = completed rounds)::
+
+    stop = Stopping(Tolerance(tol0=1e-7, metric="error"), max_rounds=10_000, max_iters=10_000, track=("train_loss",))
+    with jax.enable_x64(True):
+        res = run_until(Simulation(FedGiA(loss=LeastSquares(), variant="G", k0=5), data, executor="vmap"), stop)
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import dataclasses
+from typing import ClassVar
 
 import flax.struct
 import jax
@@ -30,12 +38,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from fljax import tree
-from fljax.algorithms.regression_driver import Conventions, Method, Result, prepare, solve, trial_keys
+from fljax.algorithms.base import check_choice
+from fljax.algorithms.regression import ConsensusRegression
+from fljax.engine.context import SAMPLE
+from fljax.errors import OptionError
 from fljax.ops import admm
-from fljax.problems.regression import LeastSquares, Loss, lambda_max_power, map_blocks
+from fljax.problems.regression import LeastSquares, Loss, lambda_max_power
 
-__all__ = ["FedGiA", "FedGiAConsts", "FedGiAState", "selection", "paper_t", "solve", "prepare", "Result",
-           "Conventions", "trial_keys"]
+__all__ = ["FedGiA", "FedGiAServer", "FedGiAClients", "selection", "paper_t"]
 
 
 def paper_t(loss: Loss, d, n: int):
@@ -52,18 +62,17 @@ def selection(key, m: int, alpha):
 
 
 @flax.struct.dataclass
-class FedGiAConsts:
-    """Per-trial constants: σ, r = max_i r_i, λ_i = ‖B_i‖ (client order) and one curvature per size class
-    (``[C]`` weights w_i = h_i/m + σ for D; stacked solvers for G)."""
+class FedGiAServer:
+    """Computed once by ``init``: σ, r = max_i r_i and one curvature per size class (``[C]`` weights
+    w_i = h_i/m + σ for D; stacked solvers for G)."""
 
     sigma: jax.Array
     r: jax.Array
-    lam: jax.Array
     curv: tuple
 
 
 @flax.struct.dataclass
-class FedGiAState:
+class FedGiAClients:
     """Per-client x_i, π_i, z_i ``[m, n]`` (paper scaling, spec §2)."""
 
     x: jax.Array
@@ -71,38 +80,34 @@ class FedGiAState:
     z: jax.Array
 
 
-@flax.struct.dataclass
-class FedGiA(Method):
-    """FedGiA's hyperparameters. Leaves (traced, no recompilation): ``k0``, ``alpha``, ``t`` (None → :func:`paper_t`),
-    ``r0``, ``tol0``. Static: ``loss``, ``variant`` ("D" or "G"), ``lipschitz`` ("eigh" | "power", D10),
-    ``gram_solver`` ("inverse" | "cholesky" | "cg", D14), ``max_iters`` (stop at the first aggregation with
-    k ≥ max_iters, D15), ``conventions`` (D1–D3)."""
-
-    alpha: Any = 0.5
-    t: Any = None
-    r0: Any = 1.0
-    variant: str = flax.struct.field(pytree_node=False, default="D")
-    lipschitz: str = flax.struct.field(pytree_node=False, default="eigh")
-    gram_solver: str = flax.struct.field(pytree_node=False, default="inverse")
-    max_iters: int = flax.struct.field(pytree_node=False, default=10_000)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FedGiA(ConsensusRegression):
+    """FedGiA's hyperparameters. ``k0``, ``alpha``, ``t`` (None → :func:`paper_t`) and ``r0`` may be traced
+    (``Simulation.algorithm_at``, ``Lanes`` hps). Static: ``loss``, ``variant`` ("D" or "G"), ``lipschitz``
+    ("eigh": the exact λ_max packed with the data | "power": power iteration in the program, D10),
+    ``gram_solver`` ("inverse" | "cholesky" | "cg", D14)."""
 
     name: ClassVar[str] = "fedgia"
+    summary: ClassVar[str] = ("FedGiA: inexact ADMM for a random ⌈αm⌉ of the clients, gradient descent for the "
+                              "others; consensus regression (Zhou & Li)")
+    alpha: float = 0.5
+    t: float | None = None
+    r0: float = 1.0
+    variant: str = "D"
+    lipschitz: str = "eigh"
+    gram_solver: str = "inverse"
 
-    def validate(self) -> None:
-        super().validate()
-        choices = {"variant": ("D", "G"), "lipschitz": ("eigh", "power"),
-                   "gram_solver": ("inverse", "cholesky", "cg")}
-        for key, allowed in choices.items():
-            if getattr(self, key) not in allowed:
-                raise ValueError(f"FedGiA {key} must be one of {allowed}, got {getattr(self, key)!r}.")
+    def validate(self, num_clients: int) -> None:
+        super().validate(num_clients)
+        check_choice("variant", self.variant, ("D", "G"))
+        check_choice("lipschitz", self.lipschitz, ("eigh", "power"))
+        check_choice("gram_solver", self.gram_solver, ("inverse", "cholesky", "cg"))
         if np.ndim(self.alpha) == 0 and not 0.0 <= float(self.alpha) <= 1.0:
-            raise ValueError(f"FedGiA alpha must lie in [0, 1] (the fraction of clients selected), got {self.alpha}.")
-        if self.max_iters < 1:
-            raise ValueError(f"max_iters must be positive, got {self.max_iters}.")
-
-    @property
-    def label(self) -> str:
-        return f"FedGiA_{self.variant}"
+            raise OptionError("alpha", f"must lie in [0, 1] (the fraction of clients selected), got {self.alpha}.")
+        for key in ("t", "r0"):
+            value = getattr(self, key)
+            if value is not None and np.ndim(value) == 0 and not float(value) > 0:
+                raise OptionError(key, f"must be > 0 (σ = r0·t·r/m), got {value}.")
 
     # ------------------------------------------------------------------------------------ precomputation
     def client_lambda(self, _, per_client):
@@ -110,11 +115,8 @@ class FedGiA(Method):
         blk, _, _ = per_client
         return blk.lam if self.lipschitz == "eigh" else lambda_max_power(blk.A)
 
-    def host_seconds(self, data) -> np.ndarray:
-        return np.asarray(data.lam_seconds) if self.lipschitz == "eigh" else np.zeros(data.num_trials)
-
     def client_curvature(self, shared, per_client):
-        """H_i/m + σI for one client: the scalar w_i (D) or a solver of c1·B_i + c0·I (G), c1 = 1/(κ d_i m),
+        """S_i = H_i/m + σI for one client: the scalar w_i (D) or a solver of c1·B_i + c0·I (G), c1 = 1/(κ d_i m),
         c0 = σ + s/(d_i m) (spec §10.3)."""
         sigma, m = shared
         blk, lam, _ = per_client
@@ -130,35 +132,24 @@ class FedGiA(Method):
             return (admm.inverse_solver if explicit else admm.cholesky_solver)(gram, c1, c0)
         return (admm.woodbury_inverse_solver if explicit else admm.woodbury_solver)(blk.A, c1, c0)
 
-    def prepare(self, executor, data) -> FedGiAConsts:
-        m, n = data.num_clients, data.dim
-        lam = map_blocks(executor, self.client_lambda, None, data.blocks)
-        d = jnp.concatenate([blk.d for blk in data.blocks])
-        r = jnp.max(self.loss.lipschitz(lam, d))
-        t = paper_t(self.loss, jnp.sum(d), n) if self.t is None else self.t
-        sigma = self.r0 * t * r / m                                                     # D13
+    def init(self, ctx):
+        data, m, n = ctx.data, ctx.num_clients, ctx.data.dim
         if self.variant == "G" and self.gram_solver == "cholesky" and len(data.blocks) > 1:
-            raise ValueError("gram_solver='cholesky' with several size classes can deadlock XLA:CPU (concurrent "
-                             "batched LAPACK calls); use gram_solver='inverse' (the default) or pack with blocks=1.")
-        curv, lo, after = [], 0, jnp.zeros((), sigma.dtype)
-        for blk in data.blocks:
-            hi = lo + blk.num_clients
-            curv.append(executor.map_clients(self.client_curvature, (sigma + after, m), (blk, lam[lo:hi], None)))
-            # a true data dependency (σ + 0·c, c finite, read from every leaf incl. the factor) makes the next size
-            # class's batched Cholesky wait for this one: XLA:CPU runs independent LAPACK calls concurrently, and
-            # jaxlib's batched kernels wait on the thread pool they occupy; two at once deadlocked on two cores
-            probe = sum(jnp.ravel(leaf)[0] for leaf in jax.tree.leaves(curv[-1]))
-            after = jnp.where(jnp.isfinite(probe), probe, 0.0) * 0.0
-            lo = hi
-        return FedGiAConsts(sigma=sigma, r=r, lam=lam, curv=tuple(curv))
+            raise OptionError("gram_solver", "='cholesky' with several size classes can deadlock XLA:CPU (batched "
+                                             "LAPACK solves of two classes at once); use 'inverse' (the default) "
+                                             "or pack the data with blocks=1.")
+        lam = ctx.map_groups(self.client_lambda, None, data.blocks)                                 # λ_i = ‖B_i‖
+        d = jnp.concatenate([blk.d for blk in data.blocks])
+        r = jnp.max(self.loss.lipschitz(lam, d))                                                  # r = max_i r_i
+        t = paper_t(self.loss, jnp.sum(d), n) if self.t is None else self.t
+        sigma = self.r0 * t * r / m                                                                       # D13
+        curv = ctx.map_groups(self.client_curvature, (sigma, m), data.blocks, lam, concat=False, serial=True)
+        zeros = jnp.zeros((m, n), data.blocks[0].A.dtype)
+        return FedGiAServer(sigma=sigma, r=r, curv=curv), FedGiAClients(x=zeros, pi=zeros, z=zeros)
 
     # ------------------------------------------------------------------------------------ rounds
-    def init(self, consts, data) -> FedGiAState:
-        zeros = jnp.zeros((data.num_clients, data.dim), data.blocks[0].A.dtype)
-        return FedGiAState(x=zeros, pi=zeros, z=zeros)                      # x_i⁰ = π_i⁰ = 0, so z_i⁰ = 0
-
-    def aggregate(self, consts, data, state: FedGiAState):
-        return admm.consensus_from_z(state.z)                                                         # (11)
+    def aggregate(self, data, server: FedGiAServer, clients: FedGiAClients):
+        return admm.consensus_from_z(clients.z)                                                           # (11)
 
     def client_update(self, shared, per_client):
         """One client's round: k0 inexact-ADMM steps (12)–(14) and the GD branch (15)–(17), picked by ``selected``."""
@@ -167,23 +158,18 @@ class FedGiA(Method):
 
         def admm_step(_, carry):
             _, p, _ = carry
-            x_i = admm.linearized_primal(x, g_bar, p, curv)                                            # (12)
-            p = admm.dual_ascent(p, x_i, x, sigma)                                                     # (13)
-            return x_i, p, admm.z_form(x_i, p, sigma)                                                  # (14)
+            x_i = admm.linearized_primal(x, g_bar, p, curv)                                                # (12)
+            p = admm.dual_ascent(p, x_i, x, sigma)                                                         # (13)
+            return x_i, p, admm.z_form(x_i, p, sigma)                                                      # (14)
 
         admm_branch = jax.lax.fori_loop(0, self.k0, admm_step, (x, pi, admm.z_form(x, pi, sigma)))
-        return tree.where(selected, admm_branch, admm.gd_branch(x, g_bar, sigma))                 # (15)–(17)
+        return tree.where(selected, admm_branch, admm.gd_branch(x, g_bar, sigma))                     # (15)–(17)
 
-    def local(self, executor, consts: FedGiAConsts, data, state: FedGiAState, x, g, key, s, k) -> FedGiAState:
-        m = data.num_clients
-        selected = selection(key, m, self.alpha)
-        x_i, pi, z = map_blocks(executor, self.client_update, (x, consts.sigma), data.blocks,
-                                (g / m, state.pi, selected), consts.curv)
-        return FedGiAState(x=x_i, pi=pi, z=z)
-
-    def capped(self, s, k):
-        return k >= self.max_iters                                                                     # D15
-
-    @property
-    def history_length(self) -> int:
-        return self.max_iters + 1
+    def round(self, ctx, server: FedGiAServer, clients: FedGiAClients):
+        m = ctx.num_clients
+        x = self.aggregate(ctx.data, server, clients)                                                     # (11)
+        f, g = self.measure(ctx, x)                                                            # f_i(x), ∇f_i(x)
+        selected = selection(ctx.stream(SAMPLE), m, self.alpha)                                            # C
+        x_i, pi, z = ctx.map_groups(self.client_update, (x, server.sigma), ctx.data.blocks,
+                                    (g / m, clients.pi, selected), server.curv)
+        return server, FedGiAClients(x=x_i, pi=pi, z=z), self.round_metrics(f, g, m, self.k0, up=z, down=x)

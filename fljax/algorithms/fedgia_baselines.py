@@ -1,27 +1,32 @@
-"""The baselines of FedGiA's Table IV on regression problems (spec §6): FedAvg with full-gradient local steps,
+"""The baselines of FedGiA's Table IV on consensus regression (spec §6): FedAvg with full-gradient local steps,
 FedProx and FedPD (oracle choice I, option I).
 
 Shared settings: x_i⁰ = 0; every client works at every local step; an unweighted mean aggregates after every k0
-local steps; metrics, tolerance and CR as for FedGiA (:mod:`regression_driver`), measured at the aggregate; at most
-``max_rounds`` = 1000 rounds. Step size γ_k(a) = a/log₂(k + 2) with k the 0-based global local-step counter
-(decision D17), shared by the inner GD iterations of a step.
+local steps; the round's metrics are f, Error and ‖∇f‖² at the aggregate (:mod:`fljax.algorithms.regression`), so
+the same stopping rule as FedGiA applies (at most 1000 rounds in Table IV). Step size γ_k(a) = a/log₂(k + 2) with k
+the 0-based global local-step counter (decision D17), shared by the inner GD iterations of a step; the server
+state counts k. One round, every client i::
 
-* FedAvg: local step x_i ← x_i − γ_k ∇f_i(x_i); aggregation x = mean_i x_i, x_i ← x.
-* FedProx: local step = ``iters`` GD iterations y ← y − γ_k[∇f_i(y) + μ(y − x)] from y = x_i, then x_i ← y;
-  aggregation as FedAvg.
-* FedPD: local step = ``iters`` GD iterations y ← y − γ_k[∇f_i(y) + λ_i + (y − x0_i)/η] from y = x_i, then x_i ← y,
-  λ_i ← λ_i + (x_i − x0_i)/η, x0_i ← x_i + ηλ_i; aggregation x0 = mean_i x0_i, x0_i ← x0.
+    FedAvg:  x ← mean_i x_i;  x_i ← x;  k0 times: x_i ← x_i − γ_k ∇f_i(x_i)
+    FedProx: x ← mean_i x_i;  x_i ← x;  k0 times: ``iters`` times y ← y − γ_k[∇f_i(y) + μ(y − x)] from y = x_i
+    FedPD:   x0 ← mean_i x0_i;  x0_i ← x0;  k0 times (or a Geometric(p) number with ``agg_prob`` = p):
+               x_i ← ``iters`` times y ← y − γ_k[∇f_i(y) + λ_i + (y − x0_i)/η] from y = x_i
+               λ_i ← λ_i + (x_i − x0_i)/η;  x0_i ← x_i + ηλ_i
+
+FedProx's μ(y − x) is :func:`fljax.ops.admm.augmented_lagrangian_grad` without a dual; FedPD's λ_i + (y − x0_i)/η is
+:func:`fljax.ops.admm.augmented_lagrangian_grad` and its dual step :func:`fljax.ops.admm.dual_ascent`.
 
 Paper settings (None → these): FedAvg a = 0.01 (V.1), FedProx a = 0.001 (V.1), FedPD a = 0.05 and η = 1 (V.1);
 a = 0.5d/m and η = max{400, d/50} for the logistic examples. Where the paper is silent the project's choices are
 D16–D19; every alternative is an option: ``local_scale`` ("1" or "1/m": the local objective f_i or f_i/m),
 ``agg`` ("mean" or "data_weighted"), ``lr_index`` ("global", "inner": restart per local step, "round"),
 ``iters`` (inner GD iterations), FedPD's ``agg_prob`` (None: aggregate every k0 steps; p: FedPD's random
-aggregation, a Geometric(p) number of local steps per round).
+aggregation, a Geometric(p) number of local steps per round, drawn from the round's SAMPLE stream).
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import dataclasses
+from typing import ClassVar
 
 import flax.struct
 import jax
@@ -29,10 +34,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from fljax import tree
-from fljax.algorithms.regression_driver import Method
-from fljax.problems.regression import LeastSquares, map_blocks
+from fljax.algorithms.base import check_choice
+from fljax.algorithms.regression import ConsensusRegression, total_rows
+from fljax.engine.context import SAMPLE
+from fljax.errors import OptionError
+from fljax.ops import admm
+from fljax.problems.regression import LeastSquares
 
-__all__ = ["FedAvgGD", "FedProxGD", "FedPD", "BASELINES", "step_size"]
+__all__ = ["FedAvgGD", "FedProxGD", "FedPD", "FedPDClients", "BASELINES", "step_size"]
 
 
 def step_size(a, k):
@@ -40,35 +49,28 @@ def step_size(a, k):
     return a / jnp.log2(k + 2.0)
 
 
-def _total_rows(data):
-    return sum(jnp.sum(blk.d) for blk in data.blocks)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Baseline(ConsensusRegression):
+    """Shared fields: ``a`` (None → the paper's value; may be traced), ``iters`` (inner GD iterations of FedProx
+    and FedPD) and the static options of the module docstring. The server state is the local-step counter k."""
 
+    a: float | None = None
+    iters: int = 5
+    local_scale: str = "1"
+    agg: str = "mean"
+    lr_index: str = "global"
 
-@flax.struct.dataclass
-class _Baseline(Method):
-    """Shared fields: ``a`` (None → the paper's value), ``iters`` (inner GD iterations of FedProx/FedPD) and the
-    static options of the module docstring."""
-
-    a: Any = None
-    iters: int = flax.struct.field(pytree_node=False, default=5)
-    local_scale: str = flax.struct.field(pytree_node=False, default="1")
-    agg: str = flax.struct.field(pytree_node=False, default="mean")
-    lr_index: str = flax.struct.field(pytree_node=False, default="global")
-    max_rounds: int = flax.struct.field(pytree_node=False, default=1000)
-
-    label: ClassVar[str] = "baseline"
     paper_a_v1: ClassVar[float] = 0.01
 
-    def validate(self) -> None:
-        super().validate()
-        choices = {"local_scale": ("1", "1/m"), "agg": ("mean", "data_weighted"),
-                   "lr_index": ("global", "inner", "round")}
-        for key, allowed in choices.items():
-            if getattr(self, key) not in allowed:
-                raise ValueError(f"{self.label} {key} must be one of {allowed}, got {getattr(self, key)!r}.")
-        if self.max_rounds < 1 or self.iters < 1:
-            raise ValueError(f"{self.label} max_rounds and iters must be positive, got {self.max_rounds}, "
-                             f"{self.iters}.")
+    def validate(self, num_clients: int) -> None:
+        super().validate(num_clients)
+        check_choice("local_scale", self.local_scale, ("1", "1/m"))
+        check_choice("agg", self.agg, ("mean", "data_weighted"))
+        check_choice("lr_index", self.lr_index, ("global", "inner", "round"))
+        if not (isinstance(self.iters, (int, np.integer)) and self.iters >= 1):
+            raise OptionError("iters", f"must be a positive integer (inner GD iterations), got {self.iters!r}.")
+        if self.a is not None and np.ndim(self.a) == 0 and not float(self.a) > 0:
+            raise OptionError("a", f"must be > 0 (γ_k = a/log₂(k + 2)), got {self.a}.")
 
     # ------------------------------------------------------------------ settings
     def scale_a(self, data):
@@ -77,7 +79,7 @@ class _Baseline(Method):
             return self.a
         if isinstance(self.loss, LeastSquares):
             return self.paper_a_v1
-        return 0.5 * _total_rows(data) / data.num_clients
+        return 0.5 * total_rows(data) / data.num_clients
 
     def gamma(self, a, k, inner, s):
         """γ at local step k, inner iteration ``inner``, round s, indexed per ``lr_index`` (D17)."""
@@ -94,26 +96,23 @@ class _Baseline(Method):
             return tree.mean_clients(v)
         return tree.weighted_mean_clients(v, jnp.concatenate([blk.d for blk in data.blocks]))
 
-    def init(self, consts, data):
-        return jnp.zeros((data.num_clients, data.dim), data.blocks[0].A.dtype)        # x_i⁰ = 0
+    def init(self, ctx):
+        zeros = jnp.zeros((ctx.num_clients, ctx.data.dim), ctx.data.blocks[0].A.dtype)          # x_i⁰ = 0
+        return {"k": jnp.zeros((), jnp.int32)}, self.init_clients(zeros)
 
-    def aggregate(self, consts, data, state):
-        return self.mean(data, state)
+    def init_clients(self, zeros):
+        return zeros
 
-    def capped(self, s, k):
-        return s >= self.max_rounds
-
-    @property
-    def history_length(self) -> int:
-        return self.max_rounds + 1
+    def aggregate(self, data, server, clients):
+        return self.mean(data, clients)
 
 
-@flax.struct.dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class FedAvgGD(_Baseline):
     """FedAvg with full local gradients: k0 steps x_i ← x_i − γ_k ∇f_i(x_i) per round, from x_i = x."""
 
     name: ClassVar[str] = "fedavg_gd"
-    label: ClassVar[str] = "FedAvg"
+    summary: ClassVar[str] = "FedAvg with full local gradients on consensus regression (FedGiA's Table IV baseline)"
     paper_a_v1: ClassVar[float] = 0.01
 
     def client_update(self, shared, per_client):
@@ -124,66 +123,81 @@ class FedAvgGD(_Baseline):
         step = lambda j, y: y - self.gamma(a, k_start + j, 0, s) * self.local_grad(y, blk, m)
         return jax.lax.fori_loop(1, self.k0, step, y)
 
-    def local(self, executor, consts, data, state, x, g, key, s, k):
-        shared = (x, self.scale_a(data), k, s, data.num_clients)
-        return map_blocks(executor, self.client_update, shared, data.blocks, g)
+    def round(self, ctx, server, clients):
+        m = ctx.num_clients
+        x = self.aggregate(ctx.data, server, clients)
+        f, g = self.measure(ctx, x)
+        shared = (x, self.scale_a(ctx.data), server["k"], ctx.round, m)
+        x_i = ctx.map_groups(self.client_update, shared, ctx.data.blocks, g)
+        return {"k": server["k"] + self.k0}, x_i, self.round_metrics(f, g, m, self.k0, up=x_i, down=x)
 
 
-@flax.struct.dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class FedProxGD(_Baseline):
     """FedProx with GD on the proximal subproblem: each local step runs ``iters`` iterations
-    y ← y − γ_k[∇f_i(y) + μ(y − x)] from the current x_i (warm start, no early exit: D18); x is the last aggregate."""
-
-    mu: Any = 1e-4
+    y ← y − γ_k[∇f_i(y) + μ(y − x)] from the current x_i (warm start, no early exit: D18); x is the last aggregate.
+    ``mu`` may be traced."""
 
     name: ClassVar[str] = "fedprox_gd"
-    label: ClassVar[str] = "FedProx"
+    summary: ClassVar[str] = ("FedProx with GD on the proximal subproblem, consensus regression (FedGiA's Table IV "
+                              "baseline)")
     paper_a_v1: ClassVar[float] = 0.001
+    mu: float = 1e-4
+
+    def validate(self, num_clients: int) -> None:
+        super().validate(num_clients)
+        if np.ndim(self.mu) == 0 and not float(self.mu) >= 0:
+            raise OptionError("mu", f"must be >= 0, got {self.mu}.")
 
     def client_update(self, shared, per_client):
         x, a, k_start, s, m = shared
         blk, _, _ = per_client
 
         def local_step(j, y):
-            inner = lambda i, u: u - self.gamma(a, k_start + j, i, s) * (self.local_grad(u, blk, m) + self.mu * (u - x))
+            grad = lambda u: self.local_grad(u, blk, m) + admm.augmented_lagrangian_grad(u, x, sigma=self.mu)
+            inner = lambda i, u: u - self.gamma(a, k_start + j, i, s) * grad(u)
             return jax.lax.fori_loop(0, self.iters, inner, y)
 
         return jax.lax.fori_loop(0, self.k0, local_step, x)          # x_i = x after the aggregation
 
-    def local(self, executor, consts, data, state, x, g, key, s, k):
-        shared = (x, self.scale_a(data), k, s, data.num_clients)
-        return map_blocks(executor, self.client_update, shared, data.blocks)
+    def round(self, ctx, server, clients):
+        m = ctx.num_clients
+        x = self.aggregate(ctx.data, server, clients)
+        f, g = self.measure(ctx, x)
+        x_i = ctx.map_groups(self.client_update, (x, self.scale_a(ctx.data), server["k"], ctx.round, m),
+                             ctx.data.blocks)
+        return {"k": server["k"] + self.k0}, x_i, self.round_metrics(f, g, m, self.k0, up=x_i, down=x)
 
 
 @flax.struct.dataclass
-class FedPDState:
-    """FedPD's per-client primal x_i, dual λ_i and local copy x0_i of the global variable ``[m, n]``; ``steps`` the
-    local steps of the last round."""
+class FedPDClients:
+    """FedPD's per-client primal x_i, dual λ_i and local copy x0_i of the global variable ``[m, n]``."""
 
     x: jax.Array
     lam: jax.Array
     x0: jax.Array
-    steps: jax.Array
 
 
-@flax.struct.dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class FedPD(_Baseline):
     """FedPD (Zhang et al., oracle choice I, option I): per local step, ``iters`` GD iterations with learning rate
     η1 = γ_k(a) on f_i(y) + ⟨λ_i, y − x0_i⟩ + ‖y − x0_i‖²/(2η) started at x_i, then λ_i ← λ_i + (x_i − x0_i)/η and
     x0_i ← x_i + ηλ_i. The server averages x0_i every k0 steps (the paper's deterministic variant; D19) or, with
-    ``agg_prob`` = p, after a Geometric(p) number of steps (FedPD's random aggregation). Metrics are at x0."""
-
-    eta: Any = None
-    agg_prob: Any = None
+    ``agg_prob`` = p, after a Geometric(p) number of steps (FedPD's random aggregation). Metrics are at x0.
+    ``eta`` (None → the paper's) and ``agg_prob`` may be traced."""
 
     name: ClassVar[str] = "fedpd"
-    label: ClassVar[str] = "FedPD"
+    summary: ClassVar[str] = "FedPD (oracle I, option I) on consensus regression (FedGiA's Table IV baseline)"
     paper_a_v1: ClassVar[float] = 0.05
+    eta: float | None = None
+    agg_prob: float | None = None
 
-    def validate(self) -> None:
-        super().validate()
+    def validate(self, num_clients: int) -> None:
+        super().validate(num_clients)
+        if self.eta is not None and np.ndim(self.eta) == 0 and not float(self.eta) > 0:
+            raise OptionError("eta", f"must be > 0, got {self.eta}.")
         if self.agg_prob is not None and np.ndim(self.agg_prob) == 0 and not 0.0 < float(self.agg_prob) <= 1.0:
-            raise ValueError(f"FedPD agg_prob must lie in (0, 1], got {self.agg_prob}.")
+            raise OptionError("agg_prob", f"must lie in (0, 1], got {self.agg_prob}.")
 
     def scale_eta(self, data):
         """η: the field, else the paper's (1 for V.1; max{400, d/50} for the logistic examples)."""
@@ -191,14 +205,13 @@ class FedPD(_Baseline):
             return self.eta
         if isinstance(self.loss, LeastSquares):
             return 1.0
-        return jnp.maximum(400.0, _total_rows(data) / 50.0)
+        return jnp.maximum(400.0, total_rows(data) / 50.0)
 
-    def init(self, consts, data):
-        zeros = super().init(consts, data)
-        return FedPDState(x=zeros, lam=zeros, x0=zeros, steps=jnp.zeros((), jnp.int32))   # λ_i⁰ = x0_i⁰ = 0
+    def init_clients(self, zeros):
+        return FedPDClients(x=zeros, lam=zeros, x0=zeros)                                   # λ_i⁰ = x0_i⁰ = 0
 
-    def aggregate(self, consts, data, state: FedPDState):
-        return self.mean(data, state.x0)
+    def aggregate(self, data, server, clients: FedPDClients):
+        return self.mean(data, clients.x0)
 
     def client_update(self, shared, per_client):
         x0, a, eta, k_start, s, steps, m = shared
@@ -206,24 +219,24 @@ class FedPD(_Baseline):
 
         def local_step(j, carry):
             x_i, lam, x0_i = carry
-            grad = lambda u: self.local_grad(u, blk, m) + lam + (u - x0_i) / eta
+            grad = lambda u: self.local_grad(u, blk, m) + admm.augmented_lagrangian_grad(u, x0_i, lam, eta=eta)
             inner = lambda i, u: u - self.gamma(a, k_start + j, i, s) * grad(u)
             x_i = jax.lax.fori_loop(0, self.iters, inner, x_i)
-            lam = lam + (x_i - x0_i) / eta
-            return x_i, lam, x_i + eta * lam
+            lam = admm.dual_ascent(lam, x_i, x0_i, eta=eta)                          # λ_i ← λ_i + (x_i − x0_i)/η
+            return x_i, lam, x_i + eta * lam                                          # x0_i ← x_i + ηλ_i
 
         return jax.lax.fori_loop(0, steps, local_step, (x_i, lam, x0))   # x0_i ← x0 after the aggregation
 
-    def local(self, executor, consts, data, state: FedPDState, x, g, key, s, k):
+    def round(self, ctx, server, clients: FedPDClients):
+        m = ctx.num_clients
+        x0 = self.aggregate(ctx.data, server, clients)
+        f, g = self.measure(ctx, x0)
         steps = (jnp.asarray(self.k0, jnp.int32) if self.agg_prob is None
-                 else jax.random.geometric(key, self.agg_prob).astype(jnp.int32))
-        shared = (x, self.scale_a(data), self.scale_eta(data), k, s, steps,
-                  data.num_clients)
-        x_i, lam, x0 = map_blocks(executor, self.client_update, shared, data.blocks, (state.x, state.lam))
-        return FedPDState(x=x_i, lam=lam, x0=x0, steps=steps)
-
-    def iterations(self, state: FedPDState):
-        return state.steps
+                 else jax.random.geometric(ctx.stream(SAMPLE), self.agg_prob).astype(jnp.int32))
+        shared = (x0, self.scale_a(ctx.data), self.scale_eta(ctx.data), server["k"], ctx.round, steps, m)
+        x_i, lam, x0_i = ctx.map_groups(self.client_update, shared, ctx.data.blocks, (clients.x, clients.lam))
+        return ({"k": server["k"] + steps}, FedPDClients(x=x_i, lam=lam, x0=x0_i),
+                self.round_metrics(f, g, m, steps, up=x0_i, down=x0))
 
 
 BASELINES = {cls.name: cls for cls in (FedAvgGD, FedProxGD, FedPD)}

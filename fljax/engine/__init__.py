@@ -1,16 +1,20 @@
-"""fljax.engine: the algorithm contract, state, executors, client sampling, the round driver and evaluation summaries."""
+"""fljax.engine: the algorithm contract, state, executors (and grouped clients), client sampling, the round driver,
+lanes, the stopping-rule driver and evaluation summaries."""
 from fljax.engine.context import ClientCall, RoundContext
 from fljax.engine.driver import RunResult, Simulation, default_model
 from fljax.engine.evaluation import summarize
 from fljax.engine.executors import (EXECUTORS, ChunkedExecutor, Executor, LoopExecutor, ShardedExecutor, VmapExecutor,
                                     choose_executor, make_executor)
+from fljax.engine.groups import map_groups
 from fljax.engine.protocol import ClientInput, ClientResult, FederatedAlgorithm
 from fljax.engine.sampling import bernoulli_mask, sample_cohort
 from fljax.engine.lanes import Lanes
 from fljax.engine.loop import DivergenceGuard, NonFiniteError, NonFiniteGuard, RunLog, block_schedule, drive
 from fljax.engine.state import State
+from fljax.engine.stopping import Stopping, StoppingRule, StopResult, Tolerance, run_until
 
 __all__ = ["ClientCall", "RoundContext", "NonFiniteError", "NonFiniteGuard", "DivergenceGuard", "RunLog", "block_schedule", "drive", "RunResult", "Lanes", "Simulation",
            "default_model", "summarize", "EXECUTORS", "ChunkedExecutor", "Executor", "LoopExecutor",
            "ShardedExecutor", "VmapExecutor", "make_executor", "choose_executor", "ClientInput", "ClientResult",
-           "FederatedAlgorithm", "bernoulli_mask", "sample_cohort", "State"]
+           "FederatedAlgorithm", "bernoulli_mask", "sample_cohort", "State", "map_groups", "Stopping",
+           "StoppingRule", "StopResult", "Tolerance", "run_until"]

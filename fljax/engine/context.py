@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from fljax.engine.executors import Executor
+from fljax.engine.groups import map_groups
 from fljax.engine.protocol import ClientInput
 from fljax.engine.sampling import sample_cohort
 
@@ -56,6 +57,12 @@ class RoundContext:
     def map_clients(self, fn, shared, per_client):
         """``fn(shared, per_client[i])`` for every client i, stacked (see :mod:`fljax.engine.executors`)."""
         return self.executor.map_clients(fn, shared, per_client)
+
+    def map_groups(self, fn, shared, groups, per_client=None, per_group=None, *, concat: bool = True,
+                   serial: bool = False):
+        """``fn`` over every client of every group of clients whose arrays differ in shape between groups (see
+        :func:`fljax.engine.groups.map_groups`)."""
+        return map_groups(self.executor, fn, shared, groups, per_client, per_group, concat=concat, serial=serial)
 
     def run_clients(self, update: Callable, down, states, train, keys, test=None):
         """``update(ClientInput)`` for every client whose stacked ``states``, ``train`` split, ``keys`` (and

@@ -18,7 +18,7 @@ import numpy as np
 
 from fljax import tree
 from fljax.data.federated import FederatedData
-from fljax.engine import compile_cache, compile_clock
+from fljax.engine import blas, compile_cache, compile_clock
 from fljax.engine.context import RoundContext
 from fljax.engine.executors import Executor, choose_executor, make_executor
 from fljax.engine.loop import NonFiniteError, NonFiniteGuard, RunLog, drive
@@ -68,18 +68,24 @@ class RunResult:
 class Simulation:
     """An algorithm bound to data, a model and an executor.
 
-    ``executor``: 'auto' | 'vmap' | 'chunked' | 'sharded' | 'loop' or an :class:`Executor`. ``conv_impl``: 'auto'
-    uses the patches-plus-matmul convolution when clients are vectorised and the native one under the loop
-    executor (measured: ``benchmarks/throughput.py``). ``unroll``: the ``lax.scan`` unroll factor of the local
-    steps ('auto': see :meth:`_auto_unroll`).
+    ``data``: classification data (:class:`~fljax.data.FederatedData`) or any pytree with a ``num_clients``
+    property that the algorithm understands (FedGiA's regression blocks, :class:`fljax.problems.ClientBlocks`).
+    ``model``: None picks :func:`default_model` for classification data; other data runs without a model (the
+    algorithm's own functions, ``ctx.model`` is None). ``executor``: 'auto' | 'vmap' | 'chunked' | 'sharded' |
+    'loop' or an :class:`Executor`. ``conv_impl``: 'auto' uses the patches-plus-matmul convolution when clients are
+    vectorised and the native one under the loop executor (measured: ``benchmarks/throughput.py``). ``unroll``: the
+    ``lax.scan`` unroll factor of the local steps ('auto': see :meth:`_auto_unroll`).
+
+    Every compiled call runs through :func:`fljax.engine.blas.call` (one BLAS thread when the user allowed more).
     """
 
-    def __init__(self, algorithm: FederatedAlgorithm, data: FederatedData, model: Model | None = None, *,
+    def __init__(self, algorithm: FederatedAlgorithm, data, model: Model | None = None, *,
                  executor: str | Executor = "auto", chunk_size: int | None = None, seed: int = 0,
                  conv_impl: str = "auto", unroll: int | str = "auto"):
         compile_cache.enable()
         algorithm.validate(data.num_clients)
-        model = model or default_model(data)
+        if model is None and isinstance(data, FederatedData):
+            model = default_model(data)
         self.algorithm = algorithm
         self.data = data
         self.seed = int(seed)
@@ -90,38 +96,39 @@ class Simulation:
         else:
             self.executor = make_executor(executor, chunk_size=chunk_size)
         impl = conv_impl if conv_impl != "auto" else ("patches" if self.executor.vectorised else "native")
-        self.model = model.with_conv(impl)
+        self.model = None if model is None else model.with_conv(impl)
         self.unroll = self._auto_unroll(self.model, algorithm) if unroll == "auto" else int(unroll)
         self.compile_seconds = 0.0
         self._compiled: dict = {}
 
     # ---------------------------------------------------------------------------------------------- sizing
-    def _auto_executor(self, model: Model, algorithm: FederatedAlgorithm, chunk_size: int | None) -> Executor:
+    def _auto_executor(self, model: Model | None, algorithm: FederatedAlgorithm, chunk_size: int | None) -> Executor:
         """Resolve 'auto' from the workload (see :func:`fljax.engine.executors.choose_executor`)."""
         cohort = algorithm.participants(self.data.num_clients)
-        params = model.num_params()
-        train = self.data.train
-        data_bytes = (train.x.nbytes + train.y.nbytes) // max(train.x.shape[0], 1)
-        per_client_bytes = 16 * params + data_bytes  # parameters, gradients, optimizer state, updates; local data
+        params = 0 if model is None else model.num_params()
+        # parameters, gradients, optimizer state, updates; local data
+        per_client_bytes = 16 * params + _client_data_bytes(self.data)
         return choose_executor(backend=jax.default_backend(), device_count=jax.device_count(),
-                               has_conv=model.has_conv, cohort=cohort, per_client_bytes=per_client_bytes,
-                               chunk_size=chunk_size)
+                               has_conv=model is not None and model.has_conv, cohort=cohort,
+                               per_client_bytes=per_client_bytes, chunk_size=chunk_size)
 
-    def _auto_unroll(self, model: Model, algorithm: FederatedAlgorithm) -> int:
+    def _auto_unroll(self, model: Model | None, algorithm: FederatedAlgorithm) -> int:
         """Unroll the local-step scan fully for convolutional models on CPU, where XLA:CPU runs convolutions
         inside a while loop several times slower than unrolled (engine.md, measured in benchmarks; at most 64
         steps, to bound compile time); else 1."""
         plan = algorithm.plan()
-        if model.has_conv and jax.default_backend() == "cpu" and plan is not None:
+        if model is not None and model.has_conv and jax.default_backend() == "cpu" and plan is not None:
             return max(1, min(64, plan.num_steps(self.data.train.n_max)))  # cap: compile time
         return 1
 
     def work_per_round(self) -> tuple[int, int]:
-        """(client-steps, samples) of local training per round, from the algorithm's batch plan."""
-        algo, n_max = self.algorithm, self.data.train.n_max
+        """(client-steps, samples) of local training per round, from the algorithm's batch plan ((0, 0) without
+        one)."""
+        algo = self.algorithm
         plan = algo.plan()
         if plan is None:
             return 0, 0
+        n_max = self.data.train.n_max
         cohort = algo.participants(self.data.num_clients)
         steps = algo.steps_per_round(n_max)
         return cohort * steps, cohort * steps * plan.width(n_max)
@@ -143,15 +150,15 @@ class Simulation:
         key = jax.random.PRNGKey(self.seed if seed is None else seed)
         if not self.executor.jittable:
             return self._eager(self._init, key, hp)
-        return self._compiled_fn("init", self._init, (key, hp))(key, hp)
+        return self._compiled_fn("init", self._init, (key, hp, self.data))(key, hp, self.data)
 
     def state_shapes(self) -> State:
         """The state's structure, shapes and dtypes (``jax.ShapeDtypeStruct`` leaves), e.g. to restore a checkpoint
         into; nothing is computed."""
         return jax.eval_shape(self._init, jax.random.PRNGKey(self.seed))
 
-    def _init(self, key, hp: dict | None = None) -> State:
-        ctx = self.context(self.data, jnp.int32(0), jax.random.fold_in(key, 0))
+    def _init(self, key, hp: dict | None = None, data=None) -> State:
+        ctx = self.context(self.data if data is None else data, jnp.int32(0), jax.random.fold_in(key, 0))
         server, clients = self.algorithm_at(hp).init(ctx)
         return State(server=server, clients=clients, round=jnp.int32(0), key=key)
 
@@ -174,12 +181,14 @@ class Simulation:
 
     def _compiled_fn(self, name: str, fn: Callable, args, static: tuple = ()):
         """AOT-compile ``fn`` once per (name, static, structure and shapes of ``args``) and account the compile
-        time."""
+        time. ``static`` must hold every Python value ``fn`` depends on beyond ``args`` (``fn`` itself is not part
+        of the key). The program is returned wrapped in :func:`fljax.engine.blas.call`."""
         leaves, treedef = jax.tree.flatten(args)
         key = (name, static, treedef, tuple((np.shape(x), str(getattr(x, 'dtype', type(x)))) for x in leaves))
         if key not in self._compiled:
             t0 = time.perf_counter()
-            self._compiled[key] = jax.jit(fn).lower(*args).compile()
+            compiled = jax.jit(fn).lower(*args).compile()
+            self._compiled[key] = lambda *a: blas.call(compiled, *a)
             self.compile_seconds += time.perf_counter() - t0
         return self._compiled[key]
 
@@ -187,7 +196,7 @@ class Simulation:
         """``fn(*args)`` run from Python (an executor that is not jittable), its jit compilations accounted."""
         c0 = compile_clock.compile_seconds()
         try:
-            return fn(*args)
+            return blas.call(fn, *args)
         finally:
             self.compile_seconds += compile_clock.compile_seconds() - c0
 
@@ -239,3 +248,11 @@ class Simulation:
         if stopped:
             raise NonFiniteError(f"{stopped[0]}; lower the learning rate (algo.lr) or check the data.")
         return RunResult(state, log.history, jax.device_get(per_client), self.compile_seconds, log.run_seconds)
+
+
+def _client_data_bytes(data) -> int:
+    """Bytes of one client's local data: its train split for classification data, else an equal share of all."""
+    if isinstance(data, FederatedData):
+        train = data.train
+        return (train.x.nbytes + train.y.nbytes) // max(train.x.shape[0], 1)
+    return tree.nbytes(data) // max(data.num_clients, 1)

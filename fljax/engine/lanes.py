@@ -5,11 +5,15 @@ A lane is one run: a seed, its data (shared by every lane, or its own of the sam
 ``vmap``-ed over a leading lane axis of :class:`State`, of the data when each lane has its own, and of the traced
 hyperparameters, so seeds, trials and a grid of learning rates all run as ONE program.
 
-Lane i's state starts from ``Simulation.init(seeds[i], hps[i])``, so it draws exactly the random numbers a separate
-run with that seed draws; the results agree with separate runs to floating-point tolerance (batched matmuls may
-round differently). :func:`stack_data` refuses data of different shapes; such runs go one after another.
+Lane i's state starts from ``Simulation.init(seeds[i], hps[i])`` on its own data (an algorithm's ``init`` may read
+the data: FedGiA's precomputation), so it draws exactly the random numbers a separate run with that seed draws; the
+results agree with separate runs to floating-point tolerance (batched matmuls may round differently).
+:func:`stack_data` refuses data of different shapes; such runs go one after another. The stopping-rule driver
+(:func:`fljax.engine.run_until`) runs lanes too, each until its own stop.
 """
 from __future__ import annotations
+
+import copy
 
 import jax
 import jax.numpy as jnp
@@ -41,8 +45,9 @@ def stack_data(datas: list):
 
 
 def stack_hyperparameters(sim: Simulation, hps: list[dict]) -> dict:
-    """``[{"lr": 0.1}, {"lr": 0.3}]`` → ``{"lr": Array([0.1, 0.3])}`` in each field's dtype (float32 for floats,
-    int32 for ints, as the values would be traced in a separate run). Every lane must set the same keys."""
+    """``[{"lr": 0.1}, {"lr": 0.3}]`` → ``{"lr": Array([0.1, 0.3])}`` in each field's dtype (JAX's default float
+    for floats: float32, float64 under x64, as a Python float is traced in a separate run; int32 for ints). Every
+    lane must set the same keys."""
     keys = {tuple(sorted(h)) for h in hps}
     if len(keys) != 1:
         raise ValueError(f"every lane must set the same hyperparameters, got {sorted(keys)}.")
@@ -50,7 +55,7 @@ def stack_hyperparameters(sim: Simulation, hps: list[dict]) -> dict:
     for key in sorted(hps[0]):
         values = [h[key] for h in hps]
         dtype = jnp.int32 if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values) \
-            else jnp.float32
+            else jax.dtypes.canonicalize_dtype(jnp.float64)
         out[key] = jnp.asarray(values, dtype)
     return out
 
@@ -71,22 +76,31 @@ class Lanes:
         if not can_batch(sim, datas):
             raise ValueError("these runs cannot run as one program (loop or sharded executor, or data of different "
                              "shapes per lane); run them one after another.")
-        if hps is not None and len(hps) != len(seeds):
-            raise ValueError(f"{len(seeds)} seeds but {len(hps)} hyperparameter settings.")
         self.sim = sim
         self.seeds = list(seeds)
         self.data = sim.data if datas is None else stack_data(datas)
         self._data_axis = None if datas is None else 0
-        self.hp = None if not hps or not hps[0] else stack_hyperparameters(sim, hps)
+        self.hp = self._stacked(hps)
         self.mode = mode
+
+    def _stacked(self, hps: list[dict] | None):
+        if hps is not None and len(hps) != len(self.seeds):
+            raise ValueError(f"{len(self.seeds)} seeds but {len(hps)} hyperparameter settings.")
+        return None if not hps or not hps[0] else stack_hyperparameters(self.sim, hps)
 
     @property
     def compile_seconds(self) -> float:
         return self.sim.compile_seconds
 
-    def _over_lanes(self, fn, lane_data: bool = True):
-        """``fn(x, data, hp)`` over the lane axis of ``x``, of the data (if per lane and ``lane_data``) and of hp."""
-        data_axis = self._data_axis if lane_data else None
+    def with_hyperparameters(self, hps: list[dict] | None) -> "Lanes":
+        """The same seeds and (already stacked) data with other traced hyperparameter values ``hps[i]``."""
+        other = copy.copy(self)
+        other.hp = self._stacked(hps)
+        return other
+
+    def _over_lanes(self, fn):
+        """``fn(x, data, hp)`` over the lane axis of ``x``, of the data (if per lane) and of hp."""
+        data_axis = self._data_axis
         hp_axis = None if self.hp is None else 0
         if self.mode == "vmap":
             return jax.vmap(fn, in_axes=(0, data_axis, hp_axis))
@@ -99,10 +113,12 @@ class Lanes:
         return mapped
 
     def init(self):
-        """The lanes' initial states, stacked: lane i is exactly ``Simulation.init(seeds[i], hps[i])``."""
+        """The lanes' initial states, stacked: lane i is exactly ``Simulation.init(seeds[i], hps[i])`` on its own
+        data."""
         keys = jnp.stack([jax.random.PRNGKey(s) for s in self.seeds])
-        fn = self._over_lanes(lambda k, _, h: self.sim._init(k, h), lane_data=False)
-        return self.sim._compiled_fn("lanes_init", fn, (keys, None, self.hp), (self.mode,))(keys, None, self.hp)
+        fn = self._over_lanes(lambda k, d, h: self.sim._init(k, h, d))
+        return self.sim._compiled_fn("lanes_init", fn, (keys, self.data, self.hp), (self.mode,))(
+            keys, self.data, self.hp)
 
     def run_rounds(self, states, n: int):
         """n rounds of every lane as one compiled program; metrics have shape [lanes, n]."""

@@ -2,8 +2,8 @@
 from fljax.problems.fedgia_data import (ClientBlocks, pack_trials, qot_instance, sct_standin_instance, size_blocks,
                                        v1_instance)
 from fljax.problems.regression import (LOSSES, ClientData, LeastSquares, Logistic, Loss, NonconvexLogistic,
-                                       lambda_max_host, lambda_max_power, make_loss, map_blocks)
+                                       lambda_max_host, lambda_max_power, make_loss)
 
 __all__ = ["ClientBlocks", "pack_trials", "qot_instance", "sct_standin_instance", "size_blocks", "v1_instance",
            "LOSSES", "ClientData", "LeastSquares", "Logistic", "Loss", "NonconvexLogistic", "lambda_max_host",
-           "lambda_max_power", "make_loss", "map_blocks"]
+           "lambda_max_power", "make_loss"]

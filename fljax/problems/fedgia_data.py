@@ -139,7 +139,8 @@ class ClientBlocks:
     """Clients in size classes: ``blocks`` is a tuple of :class:`ClientData`, in client order; ``order [m]`` gives
     the instance's client index at every position; ``lam_seconds`` the host time spent on the exact λ_max(B_i)
     (FedGiA adds it to its precomputation time). Built by :func:`pack_trials` with a leading trial axis on every
-    leaf; the solvers vmap it away."""
+    leaf; :meth:`trials` gives one trial each (the data an algorithm of :mod:`fljax.algorithms.regression` runs on),
+    and every block is a group of :func:`fljax.engine.map_groups`."""
 
     blocks: tuple
     order: np.ndarray
@@ -163,6 +164,13 @@ class ClientBlocks:
 
         idx = slice(t, t + 1) if isinstance(t, (int, np.integer)) else t
         return jax.tree.map(lambda x: x[idx], self)
+
+    def trials(self) -> list["ClientBlocks"]:
+        """Every trial on its own, the trial axis removed: the data of one run (``Simulation``), or of the lanes of
+        :class:`fljax.engine.Lanes` (``datas=``)."""
+        import jax
+
+        return [jax.tree.map(lambda x: x[t], self) for t in range(self.num_trials)]
 
 
 def size_blocks(sizes: np.ndarray, blocks: int = 1, row_multiple: int = 8) -> list[tuple[int, int, int]]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import flax.struct
 import jax
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["ClientData", "Loss", "LeastSquares", "Logistic", "NonconvexLogistic", "LOSSES", "make_loss",
-           "lambda_max_host", "lambda_max_power", "map_blocks"]
+           "lambda_max_host", "lambda_max_power"]
 
 
 @flax.struct.dataclass
@@ -241,21 +241,3 @@ def lambda_max_power(a, iters: int = 300):
 
     v = jax.lax.fori_loop(0, iters, step, jnp.full((gram.shape[0],), gram.shape[0] ** -0.5, a.dtype))
     return v @ (gram @ v)
-
-
-def map_blocks(executor, fn: Callable, shared, blocks, per_client=None, per_block=None):
-    """Run ``fn(shared, (client_data, per_client_i, per_block_i))`` for every client of every size class.
-
-    ``blocks`` is a tuple of :class:`ClientData` (clients padded per size class, in client order); ``per_client`` is
-    a pytree with the full client axis (sliced per block); ``per_block`` a tuple with one per-client-stacked pytree
-    per block (or None). Each block goes through ``executor.map_clients``; the outputs are concatenated in client
-    order. XLA may run the blocks concurrently: ``fn`` should not call batched LAPACK kernels (see
-    :class:`fljax.ops.admm.InverseSolver`).
-    """
-    outs, lo = [], 0
-    for k, blk in enumerate(blocks):
-        hi = lo + blk.num_clients
-        args = (blk, jax.tree.map(lambda a: a[lo:hi], per_client), None if per_block is None else per_block[k])
-        outs.append(executor.map_clients(fn, shared, args))
-        lo = hi
-    return outs[0] if len(outs) == 1 else jax.tree.map(lambda *xs: jnp.concatenate(xs), *outs)

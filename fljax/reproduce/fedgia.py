@@ -6,7 +6,11 @@
 
 Writes ``table4.md`` (provenance, one table per example with the paper's numbers next to ours, the gates, figure
 verdicts), ``table4.json`` (every trial) and ``fig1.png`` … ``fig6.png`` to ``--out``
-(default ``benchmarks/results/fedgia``). Everything runs in float64 (x64 is switched on inside the solvers).
+(default ``benchmarks/results/fedgia``). Everything runs in float64 (x64 is switched on for the runs).
+
+Every method runs through the engine: an algorithm of :mod:`fljax.algorithms.regression` in a
+:class:`~fljax.engine.Simulation`, trial t as lane t of a :class:`~fljax.engine.Lanes` (data seed seed0 + t, run
+seed seed0 + t), until the stopping rule of the conventions (spec §4) fires (:func:`fljax.engine.run_until`).
 """
 from __future__ import annotations
 
@@ -17,17 +21,22 @@ import os
 import platform
 import sys
 import time
+from typing import ClassVar
 
+import jax
 import numpy as np
 
 from fljax.algorithms.fedgia import FedGiA
 from fljax.algorithms.fedgia_baselines import FedAvgGD, FedPD, FedProxGD
-from fljax.algorithms.regression_driver import Conventions, Method, Result, prepare, solve, trial_keys
+from fljax.algorithms.regression import ConsensusRegression
+from fljax.engine import Lanes, Simulation, Stopping, StopResult, Tolerance, run_until
+from fljax.errors import OptionError
 from fljax.problems import (LeastSquares, Logistic, Loss, NonconvexLogistic, pack_trials, qot_instance,
                             sct_standin_instance, size_blocks, v1_instance)
 from fljax.runner.files import atomic_path, write_png, write_text
 
-__all__ = ["main", "PAPER_TABLE4", "EXAMPLES", "METHODS", "run_grid", "make_method", "Example"]
+__all__ = ["main", "PAPER_TABLE4", "EXAMPLES", "METHODS", "run_grid", "make_method", "Example", "Conventions",
+           "Method", "Result", "paper_tol0"]
 
 METHODS = ("FedAvg", "FedProx", "FedPD", "FedGiA_D", "FedGiA_G")
 METHOD_KEYS = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedpd": "FedPD", "fedgia_d": "FedGiA_D",
@@ -83,19 +92,139 @@ EXAMPLES = examples()
 # ------------------------------------------------------------------------------------------------ building blocks
 
 
+@dataclasses.dataclass(frozen=True)
+class Conventions:
+    """Error, tolerance and CR conventions (spec §4, decisions D1–D3).
+
+    * ``error``: ``"code"`` Error = ‖∇f(x)‖²/m² (reference code, default; the rounds' ``error`` metric) or
+      ``"paper"`` ‖∇f(x)‖² (35) (``grad_norm_sq``);
+    * ``tol_rule``: ``"min"`` tol = min(tol0, 0.1·Error(x⁰)) (default) or ``"fixed"`` tol = tol0;
+    * ``stop_cmp``: ``"le"`` stop when Error ≤ tol (default) or ``"lt"`` Error < tol;
+    * ``cr``: ``"rounds"`` CR = ⌈k/k0⌉ = completed rounds (default) or ``"paper_eq31"`` ⌊2k/k0⌋ (31).
+
+    ``Conventions.preset("paper")`` switches all four to the paper-literal definitions.
+    """
+
+    error: str = "code"
+    tol_rule: str = "min"
+    stop_cmp: str = "le"
+    cr: str = "rounds"
+
+    CHOICES: ClassVar[dict] = {"error": ("code", "paper"), "tol_rule": ("min", "fixed"), "stop_cmp": ("le", "lt"),
+                               "cr": ("rounds", "paper_eq31")}
+
+    def __post_init__(self):
+        for key, allowed in self.CHOICES.items():
+            if getattr(self, key) not in allowed:
+                raise OptionError(f"conventions.{key}", f"must be one of {list(allowed)}, got {getattr(self, key)!r}.")
+
+    @classmethod
+    def preset(cls, name: str) -> "Conventions":
+        """``"code"``: the reference-code conventions behind Table IV; ``"paper"``: (35), tol0, (31)."""
+        if name == "code":
+            return cls()
+        if name == "paper":
+            return cls(error="paper", tol_rule="fixed", stop_cmp="le", cr="paper_eq31")
+        raise OptionError("conventions", f"must be 'code' or 'paper', got {name!r}.")
+
+    @property
+    def metric(self) -> str:
+        """The rounds' metric that is Error under these conventions."""
+        return "error" if self.error == "code" else "grad_norm_sq"
+
+    def rule(self, tol0) -> Tolerance:
+        """The stopping rule: Error ≤ tol (or <), tol = min(tol0, 0.1·Error(x⁰)) or tol0."""
+        return Tolerance(tol0=tol0, relative=0.1 if self.tol_rule == "min" else None, metric=self.metric,
+                         strict=self.stop_cmp == "lt")
+
+    def cr_of(self, rounds):
+        return rounds if self.cr == "rounds" else 2 * rounds
+
+
+def paper_tol0(loss: Loss, d: int) -> float:
+    """§V-B: tol0 = 10⁻⁷ for Example V.1 (least squares), 5·10⁻⁶/d for Examples V.2 and V.3 (d = Σ_i d_i)."""
+    return 1e-7 if isinstance(loss, LeastSquares) else 5e-6 / d
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """A Table IV method: the algorithm, the conventions of its stopping rule and its caps (D15: FedGiA stops at the
+    first aggregation with k ≥ max_iters, the baselines after max_rounds rounds)."""
+
+    algorithm: ConsensusRegression
+    conventions: Conventions
+    max_rounds: int
+    max_iters: int | None = None
+
+    def stopping(self, tol0: float) -> Stopping:
+        return Stopping(self.conventions.rule(tol0), max_rounds=self.max_rounds, max_iters=self.max_iters,
+                        track=("train_loss",))
+
+    def host_seconds(self, data) -> np.ndarray:
+        """Per-trial host time of the precomputation done while packing (FedGiA's exact λ_max(B_i), D10)."""
+        alg = self.algorithm
+        exact = isinstance(alg, FedGiA) and alg.lipschitz == "eigh"
+        return np.asarray(data.lam_seconds) if exact else np.zeros(data.num_trials)
+
+
 def make_method(label: str, loss: Loss, args, k0: int = 1) -> Method:
     """The method of a Table IV row with the command-line options (paper settings unless overridden)."""
     conv = Conventions.preset(args.conventions)
     if label.startswith("FedGiA"):
-        return FedGiA(loss=loss, conventions=conv, k0=k0, variant=label[-1], alpha=args.alpha, t=args.t, r0=args.r0,
-                      lipschitz=args.lipschitz, gram_solver=args.gram_solver, max_iters=args.max_iters)
-    common = dict(loss=loss, conventions=conv, k0=k0, local_scale=args.local_scale, agg=args.agg,
-                  lr_index=args.lr_index, max_rounds=args.max_rounds)
+        alg = FedGiA(loss=loss, k0=k0, variant=label[-1], alpha=args.alpha, t=args.t, r0=args.r0,
+                     lipschitz=args.lipschitz, gram_solver=args.gram_solver)
+        return Method(alg, conv, max_rounds=args.max_iters, max_iters=args.max_iters)  # k0 ≥ 1: rounds ≤ iterations
+    common = dict(loss=loss, k0=k0, local_scale=args.local_scale, agg=args.agg, lr_index=args.lr_index)
     if label == "FedAvg":
-        return FedAvgGD(**common)
-    if label == "FedProx":
-        return FedProxGD(**common, iters=args.fedprox_iters, mu=args.fedprox_mu)
-    return FedPD(**common, iters=args.fedpd_iters, agg_prob=args.fedpd_agg_prob)
+        alg = FedAvgGD(**common)
+    elif label == "FedProx":
+        alg = FedProxGD(**common, iters=args.fedprox_iters, mu=args.fedprox_mu)
+    else:
+        alg = FedPD(**common, iters=args.fedpd_iters, agg_prob=args.fedpd_agg_prob)
+    return Method(alg, conv, max_rounds=args.max_rounds)
+
+
+@dataclasses.dataclass
+class Result:
+    """Per-trial outcomes of one method and grid point (host arrays with a leading trial axis).
+
+    ``obj``/``err``: f and Error at the aggregate where the run stopped; ``rounds`` = s; ``cr`` per the conventions;
+    ``iters`` = k; ``converged`` (Error ≤ tol), ``diverged`` (non-finite Error), otherwise the cap was hit;
+    ``hist_f``/``hist_e`` per round (NaN after the stop); ``seconds`` the wall clock per trial of the compiled run,
+    ``prep_seconds`` of the compiled initial state (FedGiA's precomputation) plus the host time of the exact λ_max
+    (both exclude compilation; lanes run together share the time evenly).
+    """
+
+    obj: np.ndarray
+    err: np.ndarray
+    rounds: np.ndarray
+    cr: np.ndarray
+    iters: np.ndarray
+    converged: np.ndarray
+    diverged: np.ndarray
+    hist_f: np.ndarray
+    hist_e: np.ndarray
+    seconds: np.ndarray
+    prep_seconds: np.ndarray
+
+    @property
+    def capped(self) -> np.ndarray:
+        return ~(self.converged | self.diverged)
+
+    @classmethod
+    def of(cls, method: Method, res: StopResult, host_seconds: np.ndarray) -> "Result":
+        """The per-trial result of a lanes run (``res``: one lane per trial)."""
+        trials, metric = len(res.rounds), method.conventions.metric
+        return cls(obj=res.metrics["train_loss"], err=res.metrics[metric], rounds=res.rounds,
+                   cr=np.asarray(method.conventions.cr_of(res.rounds)), iters=res.iters, converged=res.converged,
+                   diverged=res.diverged, hist_f=res.history["train_loss"], hist_e=res.history[metric],
+                   seconds=np.full(trials, res.seconds / trials),
+                   prep_seconds=res.init_seconds / trials + np.asarray(host_seconds, float))
+
+    @classmethod
+    def concatenate(cls, parts: list["Result"]) -> "Result":
+        """Join results of consecutive trial chunks."""
+        return cls(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in dataclasses.fields(cls)})
 
 
 def instances(kind: str, seeds, m: int, args):
@@ -120,6 +249,15 @@ class TrialData:
             self._cache = {t: inst for t, inst in enumerate(instances(kind, range(seed0, seed0 + trials), m, args))}
             sizes = np.array([[len(b) for _, b in self._cache[t]] for t in range(trials)])
         self.layout = size_blocks(sizes, self.blocks)
+        self.rows = sizes.sum(axis=1)
+
+    def tol0(self, loss: Loss, lo: int, hi: int) -> float:
+        """:func:`paper_tol0` of trials lo … hi − 1 (one value: the lanes share their stopping rule)."""
+        values = {paper_tol0(loss, int(d)) for d in self.rows[lo:hi]}
+        if len(values) > 1:
+            raise ValueError(f"trials {lo}..{hi - 1} have different tol0 {sorted(values)}; run them one at a time "
+                             f"(--time-mode trial).")
+        return values.pop()
 
     def chunk(self, lo: int, hi: int):
         insts = [self._cache[t] if t in self._cache else instances(self.kind, [self.seed0 + t], self.m, self.args)[0]
@@ -128,18 +266,22 @@ class TrialData:
 
 
 def run_grid(method: Method, data: TrialData, points: list[dict], chunk: int, seed0: int) -> list[Result]:
-    """``method`` with each point's leaf overrides (k0, α, …: no recompilation) on every trial; one precomputation
-    per trial chunk is shared by all points and its time added to each point's ``prep_seconds``."""
-    keys = trial_keys(seed0, data.trials)
+    """``method`` at each point's hyperparameters (k0, α, …: traced, so every point runs the same compiled program)
+    on every trial: trial t is a lane with data seed and run seed ``seed0 + t``, the trials run ``chunk`` lanes at a
+    time (one simulation, hence one compile cache, for all chunks and points)."""
     out: list[list[Result]] = [[] for _ in points]
-    for lo in range(0, data.trials, chunk):
-        hi = min(lo + chunk, data.trials)
-        packed = data.chunk(lo, hi)
-        consts, prep = prepare(method, packed)
-        for j, point in enumerate(points):
-            res = solve(method.replace(**point), packed, keys=keys[lo:hi], consts=consts, trial_chunk=hi - lo)
-            res.prep_seconds = np.asarray(prep, float) * np.ones(hi - lo)
-            out[j].append(res)
+    sim = None
+    with jax.enable_x64(True):
+        for lo in range(0, data.trials, chunk):
+            hi = min(lo + chunk, data.trials)
+            packed = data.chunk(lo, hi)
+            trials = [jax.device_put(t) for t in packed.trials()]
+            sim = sim or Simulation(method.algorithm, trials[0], executor="vmap")
+            lanes = Lanes(sim, [seed0 + t for t in range(lo, hi)], trials)
+            stopping = method.stopping(data.tol0(method.algorithm.loss, lo, hi))
+            for j, point in enumerate(points):
+                res = run_until(lanes.with_hyperparameters([point] * (hi - lo)), stopping)
+                out[j].append(Result.of(method, res, method.host_seconds(packed)))
     return [Result.concatenate(parts) for parts in out]
 
 
@@ -198,8 +340,13 @@ _NOT_IN_CELL = {"out", "examples", "methods", "figures", "figures_only", "quick"
                 "fig_k0_max", "fig_alpha", "sct_standin"}
 
 
+# Cells computed by an earlier version of the runs (other selection draws, other fields) are not reused.
+CELL_VERSION = 2
+
+
 def _cell_signature(args) -> str:
-    return json.dumps({k: v for k, v in sorted(vars(args).items()) if k not in _NOT_IN_CELL}, default=str)
+    settings = {k: v for k, v in sorted(vars(args).items()) if k not in _NOT_IN_CELL}
+    return json.dumps({"cell_version": CELL_VERSION, **settings}, default=str)
 
 
 def _save_cell(path: str, args, results: list[Result], seconds: float) -> None:
@@ -449,8 +596,9 @@ def report(args, argv, results: dict, verdicts: list[str], seconds: float, cell_
              f"invocation; the Table IV cells took {total:.1f} min when computed (each is cached in "
              f"`OUT/cells` and reused by later invocations with the same settings; minutes per cell: {cells}) "
              f"({prov['device']}, JAX {prov['jax']}, float64). Conventions: {prov['conventions']} "
-             f"(spec §4). Trials: {args.trials} (trial t: data seed {args.seed0} + t, selection key "
-             f"fold_in(PRNGKey({args.seed0}), t)). Times: per trial, compiled, including FedGiA's precomputation "
+             f"(spec §4). Trials: {args.trials} (trial t: data seed {args.seed0} + t, run seed {args.seed0} + t, "
+             f"whose round s draws FedGiA's selection from fold_in(fold_in(fold_in(PRNGKey(seed), 1), s), 0)). "
+             f"Times: per trial, compiled, including FedGiA's precomputation "
              f"({timing}).",
              "", "The sct rows of Table IV are not reproducible (data unavailable)."
              + (" The sct stand-in rows are synthetic and never compared with the paper." if any(
@@ -466,7 +614,7 @@ def report(args, argv, results: dict, verdicts: list[str], seconds: float, cell_
         parts += ["", "## Figures", ""] + [f"- {v}" for v in verdicts]
     data = {"provenance": prov, "results": {
         ex: {label: {str(k0): {f.name: getattr(r, f.name).tolist() for f in dataclasses.fields(r)
-                               if f.name not in ("x", "hist_f", "hist_e")}
+                               if f.name not in ("hist_f", "hist_e")}
                      for k0, r in by_k0.items()} for label, by_k0 in by_label.items()}
         for ex, by_label in results.items()}}
     return "\n".join(parts) + "\n", data
