@@ -58,13 +58,13 @@ def test_load_run_equals_to_frame(compared):
     root, results = compared
     frame = fljax.load_run(root / "cmp" / "fedavg")
     pd.testing.assert_frame_equal(frame, results["fedavg"].to_frame())
-    assert frame.attrs["config"]["algorithm"] == "fedavg"
+    assert frame.attrs["config"]["algorithm"] == "fedavg" and frame.attrs["resolved"]["algo"]["lr"] == 0.1
 
 
 def test_results_have_a_short_repr(compared):
     _, results = compared
     text = repr(results["fedavg"])
-    assert text.startswith("ExperimentResult(fedavg on synthetic, 2 seeds: personal_acc=") and len(text) < 200
+    assert text.startswith("ExperimentResult(fedavg on synthetic(1,1), 2 seeds: personal_acc=") and len(text) < 250
     run = results["fedavg"].runs[0].result
     assert repr(run).startswith("RunResult(round=4, personal_acc=") and "Array" not in repr(run)
     assert list(run.to_frame()["round"]) == [0, 2, 4]

@@ -235,10 +235,12 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
         run.setup_seconds = time.perf_counter() - t0
     try:
         for (label, cfg), d, runs in zip(points, dirs, runs_by_point):
-            d.write_config(_record(cfg, model))
+            d.write_config(cfg)
+            d.write_resolved(_resolved(cfg, model))
             if len(runs) > 1:
                 for run in runs:
-                    run.directory.write_config(_record(run.cfg, model))
+                    run.directory.write_config(run.cfg)
+                    run.directory.write_resolved(_resolved(run.cfg, model))
         for run in all_runs:
             if resume:
                 _restore(run, sims(run))
@@ -273,9 +275,9 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
             zip(points, dirs, runs_by_point)]
 
 
-def _record(cfg: ExperimentConfig, module) -> dict:
-    """What config.yaml records: the resolved config; with the user's own module, its class and fields instead of
-    the model section (such a file documents the run; running it again needs the module)."""
+def _resolved(cfg: ExperimentConfig, module) -> dict:
+    """What resolved.yaml records: :func:`~fljax.config.resolved`; with the user's own module, its class and fields
+    instead of the model section (such a file documents the run; running it again needs the module)."""
     values = to_dict(resolved(cfg))
     if module is not None:
         values["model"] = {"name": f"own: {type(module).__name__}", "module": repr(module)}

@@ -5,7 +5,8 @@
 * :func:`load_compare` — a comparison or a sweep directory: the same with a ``run`` column in front (the
   algorithm's or grid point's label).
 
-The frame's ``attrs`` hold the directory's ``config`` (config.yaml as a dict) and ``summary`` (summary.json).
+The frame's ``attrs`` hold the directory's ``config`` (config.yaml as a dict), ``resolved`` (resolved.yaml) and
+``summary`` (summary.json).
 """
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ def _seed_dirs(root: RunDir) -> list[tuple[int, RunDir]]:
             if os.path.exists(root.child(n).file("metrics.jsonl"))]
 
 
-def _read_yaml(d: RunDir) -> dict:
-    path = d.file("config.yaml")
+def _read_yaml(d: RunDir, name: str = "config.yaml") -> dict:
+    path = d.file(name)
     if not os.path.exists(path):
         return {}
     with open(path) as f:
@@ -69,13 +70,14 @@ def _runs(root: RunDir) -> list[tuple[str, str]]:
 
 def _frame(root: RunDir, **labels):
     frame = concat([history_frame(d.read_metrics(), **labels, seed=seed) for seed, d in _seed_dirs(root)])
-    frame.attrs.update(config=_read_yaml(root), summary=_summary(root))
+    frame.attrs.update(config=_read_yaml(root), resolved=_read_yaml(root, "resolved.yaml"), summary=_summary(root))
     return frame
 
 
 def load_run(directory):
     """The history of the run in ``directory`` (every seed) as a DataFrame: columns ``seed``, ``round``, then
-    the metrics; ``attrs['config']`` and ``attrs['summary']`` hold its config.yaml and summary.json."""
+    the metrics; ``attrs['config']``, ``attrs['resolved']`` and ``attrs['summary']`` hold its config.yaml,
+    resolved.yaml and summary.json."""
     root = _directory(directory)
     if not _seed_dirs(root):
         what = ("a comparison or sweep: use fljax.load_compare" if _runs(root) else

@@ -1,8 +1,10 @@
 """The run directory and what is written into it.
 
     <run dir>/
-      config.yaml           the resolved configuration (every key, the algorithm's and the model's defaults
-                            filled in, model 'auto' resolved; loading it back runs the same experiment)
+      config.yaml           the configuration as given, every key of the config layer filled in (what --resume
+                            and the study runner read back)
+      resolved.yaml         the same with every default made explicit: all of the algorithm's hyperparameters,
+                            the model 'auto' picked with its options (loading it runs the same experiment)
       metrics.jsonl         one JSON object per evaluation: round, personalized and global accuracy/loss
                             (mean over clients, sample-weighted, 10th-percentile client), train loss, cumulative
                             bytes up/down, run_seconds (rounds and evaluations so far, compilation apart)
@@ -64,6 +66,10 @@ class RunDir:
     def write_config(self, cfg: ExperimentConfig) -> None:
         if self.path is not None:
             files.write_yaml(self.file("config.yaml"), to_dict(cfg))
+
+    def write_resolved(self, values: dict) -> None:
+        if self.path is not None:
+            files.write_yaml(self.file("resolved.yaml"), values)
 
     def write_metrics(self, history: list[dict]) -> None:
         if self.path is not None:
