@@ -95,7 +95,7 @@ def _output(args):
     from fljax.runner.tensorboard import TensorBoard
 
     return Output("json" if args.json else "quiet" if args.quiet else "bar",
-                  tensorboard=TensorBoard(args.tensorboard) if args.tensorboard else None)
+                  tensorboard=TensorBoard(args.tensorboard) if getattr(args, "tensorboard", None) else None)
 
 
 def _interrupted(command: str, out: str) -> int:
