@@ -11,12 +11,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fljax.algorithms import make_algorithm
-from fljax.config import ExperimentConfig, from_dict, to_dict
+from fljax.config import ExperimentConfig, ModelConfig, from_dict, group_configs, hyperparameters, to_dict
 from fljax.data import FederatedData, load_federated
 from fljax.engine import Simulation, default_model
+from fljax.engine.population import ClientGroup
 from fljax.errors import OptionError
 from fljax.models import make_model
 from fljax.models.model import own_model
+from fljax.options import parse
 
 __all__ = ["make_config", "load_data", "build", "run", "compare", "sweep", "load_run", "load_compare"]
 
@@ -54,16 +56,20 @@ def build(cfg: ExperimentConfig, data: FederatedData | None = None, module=None)
     """The :class:`Simulation` a config describes (``data`` may be passed to share it between runs; ``module``: a
     Flax module of your own, used instead of the config's model)."""
     data = data if data is not None else load_data(cfg)
-    if module is not None:
-        model = own_model(module, data.input_shape, data.num_classes)
-    elif cfg.model.name == "auto":
-        model = default_model(data) if not cfg.model.options else make_model(
-            default_model(data).name, data.input_shape, data.num_classes, **cfg.model.options)
-    else:
-        model = make_model(cfg.model.name, data.input_shape, data.num_classes, **cfg.model.options)
+    model = own_model(module, data.input_shape, data.num_classes) if module is not None else _model(cfg.model, data)
     algo = make_algorithm(cfg.algorithm, **cfg.algo)
+    groups = [ClientGroup(g.name, g.size, _model(parse(ModelConfig, g.model), data) if g.model else None,
+                          hyperparameters(cfg.algorithm, g.algo)) for g in group_configs(cfg)] or None
     return Simulation(algo, data, model, executor=cfg.executor, chunk_size=cfg.chunk_size, seed=cfg.seed,
-                      conv_impl=cfg.model.conv_impl)
+                      conv_impl=cfg.model.conv_impl, groups=groups)
+
+
+def _model(mc, data: FederatedData):
+    """The model a ``model:`` section names (auto: the data's default model, with the options given)."""
+    if mc.name == "auto":
+        return default_model(data) if not mc.options else make_model(
+            default_model(data).name, data.input_shape, data.num_classes, **mc.options)
+    return make_model(mc.name, data.input_shape, data.num_classes, **mc.options)
 
 
 def run(config: ExperimentConfig | dict | None = None, *, out: str | None = None, progress: bool = True,

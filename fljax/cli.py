@@ -2,8 +2,9 @@
 
 Every error a user can cause (unknown names, wrong types, impossible values, bad partitions, a missing or broken
 config file, nothing to resume) is printed as one line starting with ``fljax: error:`` and exit status 2, never as
-a stack trace (set ``FLJAX_DEBUG=1`` to see the trace). A run stopped by NaN/Inf exits with status 3, an
-interrupted one (Ctrl-C) with 130 and a line saying how to resume it. Full documentation: ``docs/cli.md``.
+a stack trace (set ``FLJAX_DEBUG=1`` to see the trace). A run stopped by NaN/Inf or divergence exits with status
+3; an interrupted one (Ctrl-C: 130, SIGTERM: 143) is checkpointed first and prints a line saying how to resume it.
+Full documentation: ``docs/cli.md``.
 """
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import argparse
 import datetime
 import difflib
 import os
+import signal
 import sys
+import threading
 from importlib import resources
 
 from fljax.config import ConfigError, load_config, preset
@@ -98,10 +101,23 @@ def _output(args):
                   tensorboard=TensorBoard(args.tensorboard) if getattr(args, "tensorboard", None) else None)
 
 
-def _interrupted(command: str, out: str) -> int:
-    print(f"fljax: interrupted; continue from the last checkpoint with: fljax {command} --resume --out {out}",
-          file=sys.stderr)
-    return 130
+def _signal_of(e: KeyboardInterrupt):
+    """The :class:`~fljax.runner.interrupt.Interrupted` that stopped the command (a bare KeyboardInterrupt: Ctrl-C)."""
+    from fljax.runner.interrupt import Interrupted
+
+    return e if isinstance(e, Interrupted) else Interrupted(signal.SIGINT)
+
+
+def _interrupted(command: str, out: str, e: KeyboardInterrupt) -> int:
+    """Ctrl-C or SIGTERM (:mod:`fljax.runner.interrupt`): one line saying how to continue (when the run had
+    started: its ``config.yaml`` exists); 128 + the signal."""
+    e = _signal_of(e)
+    if os.path.exists(os.path.join(out, "config.yaml")):
+        print(f"fljax: interrupted by {e.name}; continue from the last checkpoint with: fljax {command} --resume "
+              f"--out {out}", file=sys.stderr)
+    else:
+        print(f"fljax: interrupted by {e.name} before the run started; nothing to resume in {out}", file=sys.stderr)
+    return e.exit_status
 
 
 def cmd_run(args) -> int:
@@ -113,8 +129,8 @@ def cmd_run(args) -> int:
     output = _output(args)
     try:
         result = run_experiment(cfg, out, resume=args.resume, output=output)
-    except KeyboardInterrupt:
-        return _interrupted("run", out)
+    except KeyboardInterrupt as e:
+        return _interrupted("run", out, e)
     output.result(markdown_table([result.row()]))
     output.note(f"results: {out}")
     return 0
@@ -140,8 +156,8 @@ def cmd_compare(args) -> int:
     output = _output(args)
     try:
         rows, _ = compare_experiments(cfg, entries, out, resume=args.resume, output=output)
-    except KeyboardInterrupt:
-        return _interrupted("compare", out)
+    except KeyboardInterrupt as e:
+        return _interrupted("compare", out, e)
     output.result(markdown_table(rows))
     output.note(f"results: {out} (compare.md, compare.png, one directory per algorithm)")
     return 0
@@ -167,8 +183,8 @@ def cmd_sweep(args) -> int:
     output = _output(args)
     try:
         rows, results = sweep_experiments(cfg, grid, out, resume=args.resume, output=output, lanes=args.lanes)
-    except KeyboardInterrupt:
-        return _interrupted("sweep", out)
+    except KeyboardInterrupt as e:
+        return _interrupted("sweep", out, e)
     output.result(markdown_table(rows))
     stopped = [label for label, r in results.items() if r.stopped]
     if stopped:
@@ -278,10 +294,11 @@ def cmd_reproduce(args) -> int:
         try:
             results = run_study(study, out, only=only, seeds=args.seeds, rounds=args.rounds, jobs=args.jobs or 1,
                                 lanes=args.lanes, fresh=args.fresh, output=output)
-        except KeyboardInterrupt:
-            print(f"fljax: interrupted; runs finished so far are kept in {out}/runs and reused by: fljax reproduce "
-                  f"{args.name} --out {out}", file=sys.stderr)
-            return 130
+        except KeyboardInterrupt as e:
+            e = _signal_of(e)
+            print(f"fljax: interrupted by {e.name}; runs finished so far are kept in {out}/runs and reused by: fljax "
+                  f"reproduce {args.name} --out {out}", file=sys.stderr)
+            return e.exit_status
         text = open(os.path.join(out, "README.md")).read()
         del results
     output.result(text)
@@ -362,13 +379,20 @@ def make_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", metavar="DIR", help="output folder (default: the file's, benchmarks/results/NAME)")
     rp.add_argument("--render", action="store_true", help="only rebuild README.md and plots from results.json.gz")
     rp.add_argument("--fresh", action="store_true", help="ignore the runs already in DIR/runs")
-    rp.add_argument("--lanes", choices=("vmap", "map", "off"), default="vmap",
-                    help="how runs that can share a program run (see fljax sweep --help)")
+    rp.add_argument("--lanes", choices=("vmap", "map", "off"), default=None,
+                    help="how runs that can share a program run (default: the study file's, else vmap; see fljax "
+                    "sweep --help)")
     mode = rp.add_mutually_exclusive_group()
     mode.add_argument("--quiet", action="store_true", help="no progress bars or notes")
     mode.add_argument("--json", action="store_true", help="JSON-log mode (see fljax run --help)")
     rp.set_defaults(func=cmd_reproduce)
     return p
+
+
+def _on_sigterm(signum, frame):
+    from fljax.runner.interrupt import Interrupted
+
+    raise Interrupted(signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -381,8 +405,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "reproduce":  # a reproduction written as a script takes every argument after its name
         args.script_args = argv[argv.index(args.name) + 1:]
     debug = bool(os.environ.get("FLJAX_DEBUG"))
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None  # SIGTERM acts as Ctrl-C
     try:
         return args.func(args)
+    except KeyboardInterrupt as e:  # outside a run (a run reports how to resume it)
+        e = _signal_of(e)
+        print(f"fljax: interrupted by {e.name}", file=sys.stderr)
+        return e.exit_status
     except FloatingPointError as e:  # NaN/Inf during training (NonFiniteError)
         if debug:
             raise
@@ -394,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
         text = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"fljax: error: {text}", file=sys.stderr)
         return 2
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 if __name__ == "__main__":

@@ -24,11 +24,13 @@ from fljax.errors import ConfigError, OptionError
 from fljax.options import (SEED_MAX, Options, at_least, between, check_value, greater_than, option, parse,
                            seed_check, show, suggest)
 
-__all__ = ["ConfigError", "DataConfig", "ModelConfig", "ExperimentConfig", "from_dict", "to_dict", "load_config",
+__all__ = ["ConfigError", "DataConfig", "ModelConfig", "GroupConfig", "group_configs",
+           "ExperimentConfig", "from_dict", "to_dict", "load_config",
            "check_compare_algo", "apply_overrides", "parse_override", "hyperparameters", "algorithm_config",
            "resolved", "preset"]
 
 INT32_MAX = 2 ** 31 - 1  # the engine counts rounds in int32
+RUNS_MAX = 10_000  # the most runs (seeds × points) one command starts: each has its own directory and open lock
 
 
 @dataclasses.dataclass
@@ -39,6 +41,31 @@ class ModelConfig(Options):
     name: str = option("auto", "a model from `fljax list` (auto: logreg for vectors, cnn1 for images)")
     options: dict = dataclasses.field(default_factory=dict)
     conv_impl: Literal["auto", "native", "patches"] = option("auto", "how convolutions run")
+
+
+@dataclasses.dataclass
+class GroupConfig(Options):
+    """One client group of a heterogeneous population (:mod:`fljax.engine.population`): ``size`` consecutive
+    clients that run ``model`` (``{name, options}``; empty: the experiment's model) with the algorithm's
+    hyperparameters overridden by ``algo`` (e.g. ``{bits: null, lam_p: 0.15}``)."""
+
+    name: str = option("group", "the group's name (distinct within the population)")
+    size: int = option(1, "clients in the group (the groups' sizes add up to data.num_clients)", at_least(1))
+    model: dict = dataclasses.field(default_factory=dict)
+    algo: dict = dataclasses.field(default_factory=dict)
+
+
+def group_configs(cfg: "ExperimentConfig") -> list[GroupConfig]:
+    """The parsed ``groups`` of a config (empty when it has none)."""
+    out = []
+    for i, g in enumerate(cfg.groups or ()):
+        if not isinstance(g, Mapping):
+            raise OptionError(f"groups[{i}]", f"must be a mapping (name, size, model, algo), got {show(g)}.")
+        try:
+            out.append(parse(GroupConfig, g))
+        except OptionError as e:
+            raise e.within(f"groups[{i}]") from None
+    return out
 
 
 def _run_name(name: str) -> str | None:
@@ -61,9 +88,12 @@ class ExperimentConfig(Options):
     executor: str = option("auto", "how the client axis runs: auto, vmap, chunked, sharded, loop")
     chunk_size: int | None = option(None, "clients per group for chunked", between(1, INT32_MAX))
     name: str | None = option(None, "run name (default: the algorithm)", _run_name)
-    seeds: int = option(1, "run seeds seed, seed+1, ..., seed+seeds-1 (vectorised when shapes allow)", at_least(1))
+    seeds: int = option(1, "run seeds seed, seed+1, ..., seed+seeds-1 (vectorised when shapes allow)",
+                        between(1, RUNS_MAX))
     checkpoint_every: int | None = option(None, "rounds between checkpoints (null: timed, see fljax.runner; "
                                                 "0: never)", between(0, INT32_MAX))
+    groups: list | None = option(None, "a heterogeneous population: client groups {name, size, model, algo} "
+                                       "(null: every client runs the model and algo)")
     diverge_factor: float | None = option(1e3, "stop a run whose train loss exceeds this many times max(its first "
                                                "round's loss, 1) (null: never)", greater_than(1))
 
@@ -96,7 +126,35 @@ class ExperimentConfig(Options):
             raise e.within("algo") from None
         except (TypeError, ValueError) as e:
             raise ConfigError(f"algo: {e}") from None
+        self._check_groups()
         return self
+
+    def _check_groups(self) -> None:
+        from fljax.algorithms import make_algorithm
+
+        groups = group_configs(self)
+        if not groups:
+            return
+        total = sum(g.size for g in groups)
+        if total != self.data.num_clients:
+            raise OptionError("groups", f"sizes must add up to data.num_clients={self.data.num_clients}, got {total}.")
+        names = [g.name for g in groups]
+        if len(set(names)) < len(names):
+            raise OptionError("groups", f"names must be distinct, got {names}.")
+        for i, g in enumerate(groups):
+            if g.model:
+                try:
+                    _check_model(parse(ModelConfig, g.model), self.data.source.input_shape)
+                except OptionError as e:  # already names model.…
+                    raise e.within(f"groups[{i}]") from None
+            try:
+                hp = hyperparameters(self.algorithm, g.algo)
+            except OptionError as e:
+                raise e.within(f"groups[{i}]") from None
+            try:
+                make_algorithm(self.algorithm, **{**self.algo, **hp}).validate(self.data.num_clients)
+            except OptionError as e:
+                raise e.within(f"groups[{i}].algo") from None
 
     @property
     def run_name(self) -> str:
@@ -280,6 +338,17 @@ def preset(path: str, overrides: list[str] | None = None, algorithm_keys: bool =
     if algorithm_keys and isinstance(name, str) and name in ALGORITHMS and isinstance(values.get("algo"), dict):
         accepted = hyperparameter_fields(ALGORITHMS[name])
         values["algo"] = {k: v for k, v in values["algo"].items() if k in accepted}
+        while values["algo"]:  # a preset key the algorithm refuses (QuPeD counts local_steps) yields too
+            try:
+                ALGORITHMS[name](**values["algo"]).validate(values.get("data", {}).get("num_clients", 100))
+                break
+            except OptionError as e:  # the preset keys the refusal names
+                named = [k for k in values["algo"] if k == e.key or k in str(e)]
+                if not named:
+                    break
+                values["algo"] = {k: v for k, v in values["algo"].items() if k not in named}
+            except (TypeError, ValueError):
+                break
     return values
 
 

@@ -22,6 +22,7 @@ __all__ = ["Options", "NoOptions", "option", "parse", "check_value", "describe",
            "at_least", "between", "each", "seed_check", "INT64", "SEED_MAX"]
 
 INT64 = 2 ** 63 - 1  # the largest integer an option may hold (numpy's int64)
+FLOAT32_MAX = 3.4028234663852886e38  # the largest magnitude of a float option (the engine computes in float32)
 SEED_MAX = 2 ** 32 - 1  # JAX's PRNGKey takes a uint32 seed (larger ones silently wrap around)
 
 Check = Callable[[Any], "str | None"]  # a value -> None when it is fine, else what is wrong ("must be > 0, got -1.")
@@ -128,11 +129,15 @@ def each(check: Check) -> Check:
 # --------------------------------------------------------------------------------------------------- type check
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def check_value(key: str, value, annotation):
     """``value`` checked against a type annotation; returns it (ints as floats where a float is expected, lists as
-    tuples where a tuple is). Raises :class:`OptionError` for a wrong type, a non-finite float or an integer beyond
-    int64. Annotations other than int, float, bool, str, dict, lists, tuples, sequences, unions and literals
-    accept any value."""
+    tuples where a tuple is). Raises :class:`OptionError` for a wrong type, a non-finite float, a float beyond
+    float32's range or an integer beyond int64. Annotations other than int, float, bool, str, dict, lists, tuples,
+    sequences, unions and literals accept any value."""
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(annotation)
@@ -143,7 +148,8 @@ def check_value(key: str, value, annotation):
                 try:
                     return check_value(key, value, a)
                 except OptionError:
-                    pass
+                    if a in (int, float) and _is_number(value) and (a is float or isinstance(value, int)):
+                        raise  # the right kind of number, out of range: say so
         raise OptionError(key, f"must be {_type_name(annotation)}, got {show(value)}.")
     if origin is typing.Literal:
         choices = typing.get_args(annotation)
@@ -157,6 +163,9 @@ def check_value(key: str, value, annotation):
             raise OptionError(key, f"must be a number, got {show(value)}.")
         if isinstance(value, int) and abs(value) > INT64 or not math.isfinite(value):
             raise OptionError(key, f"must be a finite number, got {show(value)}.")
+        if abs(value) > FLOAT32_MAX:
+            raise OptionError(key, f"must be at most {FLOAT32_MAX:.4g} in magnitude (computations are float32, "
+                                   f"where it would be infinite), got {show(float(value))}.")
         return float(value)
     if annotation is int:
         if isinstance(value, bool) or not isinstance(value, int):

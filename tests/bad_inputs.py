@@ -1,8 +1,9 @@
 """The bad-input catalogue: what a user may get wrong, and the one line the command line answers with.
 
-Every case runs ``fljax`` (``fljax.cli.main``) in an empty working directory holding only the case's files and must
-end with exit status 2, one line on stderr starting ``fljax: error:`` (no traceback), a message containing the case's
-``expect`` fragment, and nothing written. ``tests/test_cli.py`` runs every case; ``docs/errors.md`` is generated
+Every case runs ``fljax`` (``fljax.cli.main``) in an empty working directory holding only the case's files (and, for
+a ``busy`` case, directories another process holds locked) and must end with exit status 2, one line on stderr
+starting ``fljax: error:`` (no traceback), a message containing the case's ``expect`` fragment, and nothing written
+(no file added, removed or changed). ``tests/test_cli.py`` runs every case; ``docs/errors.md`` is generated
 from them, and a test fails when it differs from the regenerated text. Regenerate it with::
 
     python tests/bad_inputs.py
@@ -11,8 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import io
 import os
+import re
+import subprocess
 import sys
 import tempfile
 
@@ -27,10 +31,11 @@ class Case:
     expect: str  # a fragment the message must contain
     files: tuple[tuple[str, str], ...] = ()  # (name, text) written into the working directory first
     shown: str = ""  # how the catalogue shows a file's content (default: the text itself)
+    busy: tuple[str, ...] = ()  # directories another fljax process holds locked during the case
 
 
-def _case(section, command, expect, files=(), shown=""):
-    return Case(section, tuple(command.split()), expect, tuple(files), shown)
+def _case(section, command, expect, files=(), shown="", busy=()):
+    return Case(section, tuple(command.split()), expect, tuple(files), shown, tuple(busy))
 
 
 _FILES = "Config files and YAML"
@@ -40,6 +45,13 @@ _TYPES = "Types and numbers"
 _VALUES = "Values"
 _DATA = "Data that cannot be split as asked"
 _COMMANDS = "Commands"
+_RESUME = "Run directories and --resume"
+_MEMORY = "Simulations too large for the memory"
+_RUN = "r/config.yaml", "algorithm: fedavg\n"
+_COMPARE = [("c/config.yaml", "data:\n  dataset: digits\n"),
+            ("c/summary.json", '{"algorithms": [{"label": "fedavg", "algorithm": "fedavg", "hyperparameters": {}}]}\n')]
+_SWEEP = [("s/config.yaml", "algorithm: fedprox\n"), ("s/summary.json", '{"grid": {"algo.lr": [0.1, 0.2]}}\n')]
+_SMALL = " --set data.num_clients=4 --set algo.cohort_size=2"
 _MLP = "run --set model.name=mlp "
 _DIGITS = "run --dataset digits "
 _SYNTHETIC = "run --dataset synthetic "  # `run` without a file starts from the digits quick-start preset
@@ -105,6 +117,8 @@ CASES = [
     _case(_TYPES, _MLP + "--set model.options.hidden=abc", "model.options.hidden must be a list, got 'abc'."),
     _case(_TYPES, _MLP + "--set model.options.hidden=[16.5]", "model.options.hidden[0] must be an integer, got 16.5."),
     _case(_TYPES, _MLP + "--set model.options.hidden=[64,x]", "model.options.hidden[1] must be an integer, got 'x'."),
+    _case(_TYPES, "run --set algo.weight_decay=1e300", "algo.weight_decay must be at most 3.403e+38 in magnitude "
+                                                       "(computations are float32, where it would be infinite)"),
     _case(_TYPES, "run --set seeds=true", "seeds must be an integer, got True."),
     _case(_TYPES, "run --set name=[a]", "name must be a string or null, got ['a']."),
     _case(_VALUES, "run --set rounds=0", "rounds must be between 1 and 2147483647, got 0."),
@@ -113,11 +127,13 @@ CASES = [
     _case(_VALUES, "run --set seed=-1", "seed must be between 0 and 4294967295 (a uint32 PRNG seed), got -1."),
     _case(_VALUES, "run --set seed=4294967296", "seed must be between 0 and 4294967295"),
     _case(_VALUES, "run --set data.seed=-3", "data.seed must be between 0 and 4294967295"),
-    _case(_VALUES, "run --seeds 0", "seeds must be >= 1, got 0."),
+    _case(_VALUES, "run --seeds 0", "seeds must be between 1 and 10000, got 0."),
+    _case(_VALUES, "run --seeds 100000000", "seeds must be between 1 and 10000, got 100000000."),
     _case(_VALUES, "run --set seed=4294967295 --seeds 3", "seeds must be at most 1 from seed 4294967295"),
     _case(_VALUES, "run --checkpoint-every -1", "checkpoint_every must be between 0 and 2147483647, got -1."),
     _case(_VALUES, "run --set chunk_size=0", "chunk_size must be between 1 and 2147483647, got 0."),
     _case(_VALUES, "run --set name=a/b", "name must not contain '/' (it names the run directory)"),
+    _case(_VALUES, "run --set name=../../x", "name must not contain '/' (it names the run directory)"),
     _case(_VALUES, "run --set data.num_clients=0", "data.num_clients must be >= 1, got 0."),
     _case(_VALUES, _SYNTHETIC + "--set data.num_clients=1000000000",
           "data.num_clients must be at most 100000 (the most clients synthetic generates), got 1000000000."),
@@ -141,13 +157,30 @@ CASES = [
     _case(_VALUES, "run --dataset digits --set model.name=resnet18_gn --set model.options.groups=3",
           "model.options.groups must divide 64"),
     _case(_VALUES, "run --set algo.lr=-0.1", "algo.lr must be > 0, got -0.1."),
+    _case(_VALUES, "run --set algo.weight_decay=.inf", "algo.weight_decay must be a finite number, got inf."),
     _case(_VALUES, "run --set data.num_clients=20 --set algo.cohort_size=50",
           "algo.cohort_size must be between 1 and num_clients=20 (or null for full participation), got 50."),
+    _case(_VALUES, 'run --set data.num_clients=20 --set groups=[{"name":"a","size":12}]',
+          "groups sizes must add up to data.num_clients=20, got 12."),
+    _case(_VALUES, 'run --set data.num_clients=4 --set algo.cohort_size=null '
+                   '--set groups=[{"name":"a","size":2},{"name":"b","size":2,"algo":{"lr":0}}]',
+          "groups[1].algo.lr must be > 0, got 0.0."),
+    _case(_VALUES, "run --set algorithm=quped --set algo.bits=0", "algo.bits must be in 1..8 or null (full "
+                                                                  "precision), got 0."),
     _case(_DATA, _DIGITS + "--set data.num_clients=500 --set data.alpha=0.001 --set algo.cohort_size=5",
           "dirichlet(alpha=0.001) left a client with fewer than 1 samples"),
     _case(_DATA, _DIGITS + "--set data.partition=client_dirichlet --set data.test_per_client=1 "
                            "--set data.test_rounding=floor",
           "data.test_per_client is too small: 1 with test_rounding='floor' leaves"),
+    _case(_MEMORY, _MLP + "--set model.options.hidden=[100000000000]",
+          "the simulation needs at least 27,939.7 GiB of memory, more than the"),
+    _case(_MEMORY, "run --set algo.batch_size=1000000000000", "one client's round draws 10,000,000,000,000 "
+                                                              "samples (37,252.9 GiB of minibatch indices); lower "
+                                                              "algo.batch_size"),
+    _case(_COMMANDS, "sweep --seeds 2 --grid algo.lr=" + ",".join(map(str, range(1, 101))) + " --grid "
+          "algo.local_steps=" + ",".join(map(str, range(1, 101))),
+          "--grid gives 10,000 points × 2 seed(s) = 20,000 runs, more than the 10,000 one command may start", (),
+          "fljax sweep --seeds 2 --grid algo.lr=1,2,…,100 --grid algo.local_steps=1,2,…,100"),
     _case(_COMMANDS, "compare --algorithms ,,,", "no algorithm to compare; name at least one"),
     _case(_COMMANDS, "compare --algorithms fedavg,fedprx", "unknown algorithm 'fedprx'"),
     _case(_COMMANDS, "compare --algorithms fedavg,perfedavg --set algo.betta=0.1",
@@ -156,16 +189,62 @@ CASES = [
     _case(_COMMANDS, "run --resume", "--resume needs --out DIR"),
     _case(_COMMANDS, "run --resume --out empty", "is not a run directory (no config.yaml)",
           [("empty/.keep", "")]),
-    _case(_COMMANDS, "run --resume --out r", "--resume: no checkpoint in 'r/checkpoints'",
-          [("r/config.yaml", "algorithm: fedavg\n")]),
     _case(_COMMANDS, "run cfg.yaml --resume --out r", "--resume reads the config from r/config.yaml"),
     _case(_COMMANDS, "reproduce nosuch", "unknown reproduction 'nosuch'; available: ["),
+    _case(_RESUME, "run --resume --out r --set data.num_clients=20",
+          "--resume cannot change data.num_clients (100 in r/config.yaml, 20 now): it changes the simulation", [_RUN]),
+    _case(_RESUME, "run --resume --out r --set algo.lr=0.5", "--resume cannot change algo.lr (0.1 in r/config.yaml, "
+                                                           "0.5 now)", [_RUN]),
+    _case(_RESUME, "run --resume --out r --set seed=1", "--resume cannot change seed (0 in r/config.yaml, 1 now)",
+          [_RUN]),
+    _case(_RESUME, "run --resume --out r --seeds 3", "--resume cannot change seeds (1 in r/config.yaml, 3 now)",
+          [_RUN]),
+    _case(_RESUME, "run --resume --out r --set model.name=mlp", "--resume cannot change model.name", [_RUN]),
+    _case(_RESUME, "compare --resume --out c --set data.alpha=0.1",
+          "--resume cannot change data.alpha (0.5 in c/config.yaml, 0.1 now)", _COMPARE),
+    _case(_RESUME, "sweep --resume --out s --set algo.mu=0.1",
+          "--resume cannot change algo.mu (0.01 in s/config.yaml, 0.1 now)", _SWEEP),
+    _case(_RESUME, "run --out r", "run directory 'r' already holds results (a checkpoint or a finished run); "
+                                  "continue it with --resume", [_RUN, ("r/summary.json", '{"status": "completed"}\n')]),
+    _case(_RESUME, "run --out r" + _SMALL, "run directory 'r' is in use by another fljax process (pid", busy=["r"]),
+    _case(_RESUME, "sweep --grid algo.lr=0.1,0.2 --out s" + _SMALL, "run directory 's/lr=0.2' is in use by another "
+                                                                    "fljax process", busy=["s/lr=0.2"]),
 ]
 
 
 def _listing(directory: str) -> set[str]:
-    return {os.path.relpath(os.path.join(d, f), directory) for d, _, fs in os.walk(directory) for f in fs} | \
+    """Every file (with a digest of its content) and directory under ``directory``."""
+    def digest(path):
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()[:16]
+
+    return {f"{os.path.relpath(os.path.join(d, f), directory)} {digest(os.path.join(d, f))}"
+            for d, _, fs in os.walk(directory) for f in fs} | \
            {os.path.relpath(os.path.join(d, s), directory) + "/" for d, ss, _ in os.walk(directory) for s in ss}
+
+
+_HOLDER = """import sys
+from fljax.runner.lock import hold
+with hold(sys.argv[1:]):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def _held_by_another_process(directories: tuple[str, ...]):
+    """Another Python process holds the run-directory locks of ``directories`` (as a running fljax would)."""
+    if not directories:
+        yield
+        return
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, *directories], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
 
 
 def run_case(case: Case, workdir: str) -> str:
@@ -179,19 +258,21 @@ def run_case(case: Case, workdir: str) -> str:
             f.write(text)
     if any(a.startswith("configs/") for a in case.argv):
         os.symlink(os.path.join(ROOT, "configs"), os.path.join(workdir, "configs"))
-    before = _listing(workdir)
     err = io.StringIO()
     cwd = os.getcwd()
     os.chdir(workdir)
     try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            status = main(list(case.argv))
+        with _held_by_another_process(case.busy):
+            before = _listing(workdir)
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                status = main(list(case.argv))
+            after = _listing(workdir)
     finally:
         os.chdir(cwd)
     lines = [line for line in err.getvalue().splitlines() if line.strip()]
     assert status == 2, (status, err.getvalue())
     assert len(lines) == 1 and lines[0].startswith("fljax: error: "), err.getvalue()
-    assert _listing(workdir) == before, sorted(_listing(workdir) - before)
+    assert after == before, (sorted(after - before), sorted(before - after))
     message = lines[0][len("fljax: error: "):]
     assert case.expect in message, (case.expect, message)
     return message
@@ -207,6 +288,12 @@ def _shown(case: Case) -> str:
     command = _cell("fljax " + " ".join(case.argv))
     files = [f"{name}: {_cell(case.shown or text.rstrip().replace(chr(10), ' ↵ '))}" for name, text in case.files if text]
     return command + "".join(f"<br>{f}" for f in files)
+
+
+def _machine_free(message: str) -> str:
+    """The message without what differs from machine to machine: a process id, the memory size."""
+    return re.sub(r"more than the [0-9.,]+ GiB of .+?:", "more than the … GiB of this machine:",
+                  re.sub(r"pid [0-9]+", "pid …", message))
 
 
 def render(messages: list[str]) -> str:
@@ -226,7 +313,8 @@ def render(messages: list[str]) -> str:
         if case.section != section:
             section = case.section
             out += ["", f"## {section}", "", "| input | message |", "|---|---|"]
-        out.append(f"| {_shown(case)} | {_cell(message)} |")
+        busy = "".join(f"<br>{d}/ in use by another run" for d in case.busy)
+        out.append(f"| {_shown(case)}{busy} | {_cell(_machine_free(message))} |")
     return "\n".join(out) + "\n"
 
 

@@ -1,22 +1,26 @@
-"""Fuzzing the config layer: random YAML documents and random --set strings never produce a traceback, only a
-config (which survives the trip through config.yaml unchanged) or a one-line error naming what is wrong."""
+"""Fuzzing the config layer (issue 14, point 4): random YAML documents, and random --set, --grid and --algorithms
+strings given to `fljax run`, `fljax sweep` and `fljax compare`, never produce a traceback, only configs (which
+survive the trip through config.yaml unchanged) or a one-line error naming what is wrong. FUZZ_EXAMPLES=N sets the
+number of examples per test (150)."""
 import dataclasses
+import operator
 import os
 import tempfile
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 
-import fljax.runner
 from fljax import yaml_io
+from fljax.algorithms import ALGORITHMS
 from fljax.cli import main
 from fljax.config import ConfigError, ExperimentConfig, ModelConfig, load_config, to_dict
 from fljax.data import PARTITIONERS, SOURCES, DataConfig
 from fljax.models import MODELS
+from fljax.runner import experiment
 
-SETTINGS = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 150)), deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                             HealthCheck.function_scoped_fixture])
+SETTINGS = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 150)), deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 _names = lambda cls: [f.name for f in dataclasses.fields(cls)]  # noqa: E731
 TOP_KEYS = _names(ExperimentConfig)
@@ -118,8 +122,9 @@ class _Accepted(Exception):
     pass
 
 
-def _stop(cfg, out, **kwargs):  # stands in for the runner: the config was accepted, nothing runs
-    _roundtrip(cfg)
+def _stop(points, out, **kwargs):  # stands in for the runner: every point was accepted, nothing runs
+    for _, cfg in points:
+        _roundtrip(cfg.validate())
     raise _Accepted
 
 
@@ -127,22 +132,65 @@ _flow = lambda v: yaml.safe_dump(v, default_flow_style=True).strip().removesuffi
 keys = st.sampled_from([*PLAUSIBLE, *(f"data.{k}" for k in DATA_KEYS)]) | paths
 raw_values = st.one_of(st.sampled_from(WORDS), yaml_text, values.map(_flow),
                        *[st.one_of(*PLAUSIBLE.values()).map(_flow)] * 3)
-overrides = st.lists(st.builds(lambda k, v: f"{k}={v}", keys, raw_values) | st.text(max_size=10), max_size=6)
+random_overrides = st.lists(st.builds(lambda k, v: f"{k}={v}", keys, raw_values) | st.text(max_size=10), max_size=2)
 
 
-@SETTINGS
-@given(overrides)
-def test_random_set_strings_through_the_command_line(monkeypatch, capsys, sets):
-    monkeypatch.setattr(fljax.runner, "run_experiment", _stop)
+def _plausible(values_of, count: int):
+    """Up to ``count`` distinct keys of :data:`PLAUSIBLE`, each with ``values_of(key, strategy)``."""
+    return st.lists(st.sampled_from(list(PLAUSIBLE)), max_size=count, unique=True).flatmap(
+        lambda chosen: st.tuples(*(values_of(k, PLAUSIBLE[k]) for k in chosen)).map(list))
+
+
+def _grid_spec(key: str, values: list[str]) -> str:
+    return f"{key}={','.join(values)}"
+
+
+# mostly plausible overrides and grid axes (to reach accepted configs) with a few random ones
+overrides = st.builds(operator.add, _plausible(lambda k, v: v.map(lambda x: f"{k}={_flow(x)}"), 4), random_overrides)
+plausible_grids = _plausible(lambda k, v: st.lists(v.map(_flow), min_size=1, max_size=3).map(
+    lambda xs: _grid_spec(k, xs)), 2)
+random_grids = st.lists(st.builds(_grid_spec, keys, st.lists(raw_values, max_size=3)) | st.text(max_size=10),
+                        max_size=1)
+grids = st.builds(operator.add, plausible_grids, random_grids)
+algorithm_lists = st.lists(st.sampled_from([*ALGORITHMS, "", " "]) | st.text(max_size=6), max_size=4).map(",".join)
+
+
+def _one_line_or_accepted(monkeypatch, capsys, tmp_path, argv: list[str]) -> None:
+    """``fljax argv`` up to the runner (:func:`fljax.runner.experiment.run_points`, replaced by :func:`_stop`):
+    the configs are accepted, or refused in one line with exit status 2."""
+    monkeypatch.setattr(experiment, "run_points", _stop)
     monkeypatch.delenv("FLJAX_DEBUG", raising=False)
+    monkeypatch.chdir(tmp_path)  # a sweep or comparison locks its (default) directory before running
     capsys.readouterr()
     try:
-        status = main(["run", *(f"--set={s}" for s in sets)])
+        status = main(argv)
     except _Accepted:
+        event("accepted")
         return
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
     assert status == 2 and len(lines) == 1 and lines[0].startswith("fljax: error: "), err
+    event("refused")
+
+
+@SETTINGS
+@given(overrides)
+def test_random_set_strings_through_the_command_line(monkeypatch, capsys, tmp_path, sets):
+    _one_line_or_accepted(monkeypatch, capsys, tmp_path, ["run", *(f"--set={s}" for s in sets)])
+
+
+@SETTINGS
+@given(overrides, grids)
+def test_random_sweep_grids_through_the_command_line(monkeypatch, capsys, tmp_path, sets, specs):
+    _one_line_or_accepted(monkeypatch, capsys, tmp_path,
+                          ["sweep", *(f"--set={s}" for s in sets), *(f"--grid={g}" for g in specs)])
+
+
+@SETTINGS
+@given(overrides, algorithm_lists)
+def test_random_comparisons_through_the_command_line(monkeypatch, capsys, tmp_path, sets, algorithms):
+    _one_line_or_accepted(monkeypatch, capsys, tmp_path,
+                          ["compare", *(f"--set={s}" for s in sets), f"--algorithms={algorithms}"])
 
 
 def test_the_fuzzers_reach_both_outcomes(monkeypatch):

@@ -144,6 +144,9 @@ def test_tfds_source_with_mock_data():
         assert fd.num_clients == 4 and fd.input_shape == (28, 28, 1)
         src = D.tfds_source("cifar10", limit=20)
         assert src.x_train.shape == (20, 32, 32, 3)
+        std = D.tfds_source("cifar10", limit=20, standardize=True)      # QuPeD D31: per-channel standardization
+        np.testing.assert_allclose(std.x_train.mean(axis=(0, 1, 2)), 0, atol=1e-4)
+        np.testing.assert_allclose(std.x_train.std(axis=(0, 1, 2)), 1, atol=1e-4)
 
 
 @pytest.mark.parametrize("kw", [{"alpha": 0.1}, {"classes_per_client": 2}])
@@ -234,3 +237,35 @@ def test_a_config_builds_the_same_data_as_before():
     for name, expected in [("configs/fedavg.yaml", "fc3311968da1324a"), ("configs/dfedalt.yaml", "96796b679f1f0b86"),
                            ("configs/fedslr.yaml", "976678d25d775b10")]:
         assert _fingerprint(load_data(load_config(os.path.join(root, name)))) == expected, name
+
+
+def test_class_slots_quped_reduced_split():
+    """QuPeD spec §12: 10 clients, 4 distinct classes each, every class on 4 clients, 33 train + 10 test per
+    (client, class), disjoint slices, reproducible from the seed."""
+    kw = dict(noise=0.5, test_per_class=40, classes_per_client=4, train_per_slot=33, test_per_slot=10)
+    d = D.make_federated("digits", 10, "class_slots", seed=3, **kw)
+    tr, te = d.train_label_counts(), D.label_histogram(d.test, 10)
+    assert set(np.unique(tr)) == {0, 33} and ((tr > 0).sum(1) == 4).all() and ((tr > 0).sum(0) == 4).all()
+    np.testing.assert_array_equal(te, tr // 33 * 10)
+    x = np.asarray(d.train.x).reshape(-1, 64)[np.asarray(d.train.mask).ravel()]
+    assert len(np.unique(x, axis=0)) == len(x) == 1320  # disjoint slices (noisy images are all distinct)
+    xt = np.asarray(d.test.x).reshape(-1, 64)[np.asarray(d.test.mask).ravel()]
+    assert len(np.unique(np.concatenate([x, xt]), axis=0)) == 1320 + 400
+    again = D.make_federated("digits", 10, "class_slots", seed=3, **kw)
+    np.testing.assert_array_equal(np.asarray(again.train.x), np.asarray(d.train.x))
+    other = D.make_federated("digits", 10, "class_slots", seed=4, **kw)
+    assert not np.array_equal(other.train_label_counts(), tr)
+
+
+def test_class_slots_table_for_many_clients_and_errors():
+    from fljax.data.partitioners import PartitionError, class_slots
+
+    labels = np.repeat(np.arange(10), 500)
+    parts = class_slots(labels, 50, 4, seed=0, per_slot=25)           # CIFAR-10's table: 20 slots per class
+    held = np.array([np.bincount(labels[p], minlength=10) for p in parts])
+    assert set(np.unique(held)) == {0, 25} and ((held > 0).sum(1) == 4).all() and ((held > 0).sum(0) == 20).all()
+    assert len(np.unique(np.concatenate(parts))) == 50 * 4 * 25
+    with pytest.raises(PartitionError, match="multiple of the 10 classes"):
+        class_slots(labels, 7, 4)
+    with pytest.raises(PartitionError, match="lower train_per_slot"):
+        class_slots(labels, 50, 4, per_slot=26)

@@ -8,7 +8,8 @@ from fljax.models import make_model
 from conftest import assert_trees_close
 
 
-@pytest.mark.parametrize("name,shape", [("cnn1", (28, 28, 1)), ("cnn1", (32, 32, 3)), ("cnn1", (8, 8, 1))])
+@pytest.mark.parametrize("name,shape", [("cnn1", (28, 28, 1)), ("cnn1", (32, 32, 3)), ("cnn1", (8, 8, 1)),
+                                        ("cnn2", (32, 32, 3))])
 def test_patches_conv_equals_native_under_vmap(name, shape):
     native = make_model(name, shape, 10, conv_impl="native")
     patches = native.with_conv("patches")
@@ -27,6 +28,46 @@ def test_parameter_counts_match_papers():
     assert make_model("cnn1", (32, 32, 3), 10).num_params() == 62006  # QuPeD spec §7
     assert make_model("cnn1", (28, 28, 1), 10).num_params() == 61706
     assert make_model("resnet18_gn", (32, 32, 3), 10).num_params() == 11173952  # FedSLR spec §7
+    assert make_model("cnn2", (32, 32, 3), 10).num_params() == 122838  # QuPeD spec §7
+    assert make_model("cnn1_s", (8, 8, 1), 10).num_params() == 72010  # QuPeD spec §12
+    assert make_model("cnn2_s", (8, 8, 1), 10).num_params() == 123274
+
+
+def _quantized_size(model):
+    shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+    return sum(s.size for s, q in zip(jax.tree.leaves(shapes), jax.tree.leaves(model.quant_mask())) if q)
+
+
+@pytest.mark.parametrize("name,shape,paths,size", [
+    ("cnn1", (32, 32, 3), ["Conv_1/kernel", "Dense_0/kernel", "Dense_1/kernel"], 60480),
+    ("cnn2", (32, 32, 3), ["Conv_1/kernel", "Conv_2/kernel", "Dense_0/kernel", "Dense_1/kernel"], 121280),
+    ("cnn1_s", (8, 8, 1), ["Conv_1/kernel", "Dense_0/kernel", "Dense_1/kernel"], 70144),
+    ("cnn2_s", (8, 8, 1), ["Conv_1/kernel", "Conv_2/kernel", "Dense_0/kernel", "Dense_1/kernel"], 121344),
+])
+def test_quant_mask_skips_first_and_last_layer(name, shape, paths, size):
+    """QuPeD §7: every conv/dense kernel but the first and the last layer's is quantized (the §7 table's counts)."""
+    from fljax import tree
+
+    model = make_model(name, shape, 10)
+    flags = jax.tree_util.tree_flatten_with_path(model.quant_mask())[0]
+    assert sorted(tree.path_str(p) for p, q in flags if q) == paths
+    assert _quantized_size(model) == size
+    resnet = make_model("resnet18_gn", (32, 32, 3), 10)
+    assert resnet.kernel_paths()[0] == "stem/kernel" and resnet.kernel_paths()[-1] == "head/kernel"
+
+
+def test_pytorch_init_of_the_cnn_family():
+    """D9 paper scale: kernels and biases ~ U(±1/√fan_in); the reduced scale: LeCun normal, zero biases."""
+    p = jax.jit(make_model("cnn1", (32, 32, 3), 10, weight_init="pytorch").init)(jax.random.PRNGKey(0))
+    for layer, fan in (("Conv_0", 75), ("Conv_1", 150), ("Dense_0", 400), ("head", 84)):
+        for leaf in (p[layer]["kernel"], p[layer]["bias"]):
+            assert float(jnp.max(jnp.abs(leaf))) <= fan ** -0.5
+            assert float(jnp.max(jnp.abs(leaf))) > 0.8 * fan ** -0.5
+    q = jax.jit(make_model("cnn1_s", (8, 8, 1), 10).init)(jax.random.PRNGKey(0))
+    assert float(jnp.max(jnp.abs(q["Dense_0"]["bias"]))) == 0.0
+    np.testing.assert_allclose(jnp.std(q["Dense_0"]["kernel"]), 128 ** -0.5, rtol=0.05)
+    wide = make_model("cnn1", (32, 32, 3), 10, widths="tf_tutorial")
+    assert jax.eval_shape(wide.init, jax.random.PRNGKey(0))["Dense_0"]["kernel"].shape == (5 * 5 * 64, 384)
 
 
 def test_model_errors():

@@ -90,3 +90,14 @@ def test_crd_critic_and_loss_equal_the_formula():
         np.testing.assert_allclose(D.crd_loss(c_pos, s_pos, c_neg, data, tau, z), formula, rtol=1e-10)
         # the loss falls when the positive pair aligns
         assert float(D.crd_loss(s_pos, s_pos, c_neg, data, tau)) < float(D.crd_loss(-s_pos, s_pos, c_neg, data, tau))
+
+
+def test_kl_teacher_only_softening():
+    """D4's option: the teacher softened by T, the student at T_s = 1."""
+    r = np.random.default_rng(7)
+    zt, zs = jnp.asarray(r.normal(size=(5, 4))), jnp.asarray(r.normal(size=(5, 4)))
+    T = 3.0
+    pt = np.exp(np.asarray(zt) / T) / np.exp(np.asarray(zt) / T).sum(-1, keepdims=True)
+    ps = np.exp(np.asarray(zs)) / np.exp(np.asarray(zs)).sum(-1, keepdims=True)
+    want = np.mean(np.sum(pt * (np.log(pt) - np.log(ps)), axis=-1))
+    np.testing.assert_allclose(D.kl_divergence(zt, zs, T, student_temperature=1.0), want, rtol=1e-5)

@@ -157,3 +157,42 @@ def test_bits_accounting_accepts_array_trees():
     assert Q.bits_accounting(tree, {"a": True, "b": False}, 1)[0] == 100 + 64 + 5 * 32
     with pytest.raises(ValueError):
         Q.bits_accounting(tree, {"a": True}, 1)
+
+
+# ------------------------------------------------------------------------------------ assignment rules (D7)
+
+
+def test_assign_searchsorted_for_many_centers_equals_argmin():
+    """m > 4 assigns by searchsorted on the midpoints: the same as the argmin (ties at midpoints to the lower)."""
+    r = np.random.default_rng(5)
+    c = jnp.asarray(np.sort(r.normal(size=8)), jnp.float32)
+    x = jnp.concatenate([jnp.asarray(r.normal(size=500) * 2, jnp.float32), c])
+    ref = jnp.argmin(jnp.abs(x[:, None] - c), axis=-1)
+    np.testing.assert_array_equal(Q.assign(x, c), ref)
+    grid = jnp.arange(8, dtype=jnp.float32)                     # exact midpoints 0.5, 1.5, ...: the lower index
+    np.testing.assert_array_equal(Q.assign(grid[:-1] + 0.5, grid), np.arange(7))
+
+
+def test_assign_sign_rule_for_one_bit():
+    c = jnp.array([-0.1, 0.5])
+    x = jnp.array([-2.0, -0.0, 0.0, 0.1, 0.2, 3.0])
+    np.testing.assert_array_equal(Q.assign(x, c, "sign"), [0, 1, 1, 1, 1, 1])
+    np.testing.assert_array_equal(Q.assign(x, c), [0, 0, 0, 0, 0, 1])   # nearest (midpoint 0.2 goes down)
+    with pytest.raises(ValueError, match="m = 2"):
+        Q.assign(x, jnp.array([-1.0, 0.0, 1.0]), "sign")
+    with pytest.raises(ValueError, match="unknown assign rule"):
+        Q.assign(x, c, "floor")
+
+
+def test_center_update_gradient_clip():
+    c = jnp.array([-1.0, 1.0])
+    out = Q.center_update(c, jnp.array([50.0, -3.0]), jnp.zeros(3), 0.1, 0.0, prox=False, grad_clip=10.0)
+    np.testing.assert_allclose(out, [-1.0 - 1.0, 1.0 + 0.3], rtol=1e-6)
+
+
+def test_center_update_pools_members_of_several_leaves():
+    """One center vector for several leaves (D6 option): the counts run over the concatenated members."""
+    c = jnp.array([-1.0, 1.0])
+    a, b = jnp.array([1.2, 1.3]), jnp.array([[1.4], [0.9]])
+    joint = Q.center_update(c, jnp.zeros(2), jnp.concatenate([a.ravel(), b.ravel()]), 1.0, 0.2)
+    np.testing.assert_allclose(joint, [-1.0, 1.0 + 0.1 * (3 - 1)], rtol=1e-6)

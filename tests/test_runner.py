@@ -104,7 +104,9 @@ def test_run_directory_layout_and_json_log(tmp_path, capsys):
     assert summary["wall_seconds"] == pytest.approx(sum(summary[k] for k in parts))
     assert open(out / "accuracy_vs_round.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert os.listdir(out / "checkpoints") == ["4"]  # default policy: a short run is checkpointed at its end
-    assert "already holds a run" in _one_error(capsys, ["run", *TINY, "--out", str(out)])
+    before = sorted(os.listdir(out))
+    assert "already holds results" in _one_error(capsys, ["run", *TINY, "--out", str(out)])
+    assert sorted(os.listdir(out)) == before  # the refusal left no lock file behind
 
 
 def _one_error(capsys, argv) -> str:
@@ -162,9 +164,10 @@ def test_nonfinite_round_stops_with_round_and_metric(tmp_path, capsys):
     assert m, err
     bad = int(m.group(1))
     assert 2 < bad < 20
-    assert "lower the learning rate (algo.lr)" in err
+    assert "lower the learning rate (algo.lr) or check the other hyperparameters and the data." in err
     last_good = (bad - 1) // 2 * 2
-    assert err.endswith(f"Kept in {out}: metrics.jsonl so far and the last good checkpoint (round {last_good}).")
+    assert err.endswith(f"Kept in {out}: metrics.jsonl up to round {last_good} and the last good checkpoint (round "
+                        f"{last_good}).")
     assert [r["round"] for r in _metrics(out)] == list(range(0, last_good + 1, 2))
     with Checkpointer(os.path.join(out, "checkpoints")) as c:
         assert c.latest_round() == last_good

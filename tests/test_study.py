@@ -145,3 +145,21 @@ def test_reproduce_cli(tmp_path, capsys):
     assert main(["reproduce", "dfedlat"]) == 2
     assert "Did you mean 'dfedalt'" in capsys.readouterr().err
     assert files.read_json(tmp_path / "d" / "results.json.gz")["meta"]["runs"] == 4
+
+
+def test_lanes_default_comes_from_the_study_file(tiny, tmp_path, monkeypatch):
+    import fljax.runner.study as study_module
+
+    seen = set()
+    monkeypatch.setattr(study_module, "_run_some", lambda root, items, lanes, progress: seen.add(lanes) or 0.0)
+
+    def lanes_used(out, **kw):
+        seen.clear()
+        run_study(tiny, str(tmp_path / out), only=["lr"], seeds=1, rounds=1, **kw)
+        return seen.copy()
+
+    assert lanes_used("a") == {"vmap"}
+    tiny.spec["lanes"] = "map"
+    assert lanes_used("b") == {"map"}
+    assert lanes_used("c", lanes="vmap") == {"vmap"}   # the command line wins
+    assert load_study("dfedalt").spec["lanes"] == "map"  # its committed tables were made run by run

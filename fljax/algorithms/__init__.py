@@ -12,22 +12,24 @@ from fljax.algorithms.fedgia import FedGiA
 from fljax.algorithms.fedgia_baselines import FedAvgGD, FedPD, FedProxGD
 from fljax.algorithms.fedrod import FedRoD
 from fljax.algorithms.fedslr import FedSLR
+from fljax.algorithms.fml import FML
 from fljax.algorithms.local import Local
 from fljax.algorithms.local_training import LocalSGD, run_steps
 from fljax.algorithms.partial import FedPer, FedRep, LGFedAvg
 from fljax.algorithms.perfedavg import PerFedAvg
 from fljax.algorithms.pfedme import PFedMe
+from fljax.algorithms.quped import QuantizedLocal, QuPeD
 from fljax.algorithms.registry import ALGORITHMS, get_algorithm, make_algorithm, register
 from fljax.algorithms.regression import ConsensusRegression
 from fljax.algorithms.scaffold import Scaffold
 
 for _cls in (FedAvg, FedProx, FedAvgFT, Local, FedPer, FedRep, LGFedAvg, Ditto, FedSLR, FedDyn, Scaffold, APFL,
              PerFedAvg, PFedMe, FedBABU, FedRoD, DFedAvg, DFedAvgM, DFedSAM, DisPFL, DFedAlt, DFedSalt,
-             FedGiA, FedAvgGD, FedProxGD, FedPD):
+             FedGiA, FedAvgGD, FedProxGD, FedPD, QuPeD, QuantizedLocal, FML):
     register(_cls)
 
 __all__ = ["Algorithm", "Centralized", "ClientInput", "ClientResult", "TestStats", "APFL", "Ditto", "FedAvg", "FedAvgFT", "FedDyn",
            "FedProx", "FedSLR", "Local", "FedPer", "FedRep", "LGFedAvg", "PerFedAvg", "PFedMe", "Scaffold",
            "FedBABU", "FedRoD", "Decentralized", "DFedAvg", "DFedAvgM", "DFedSAM", "DisPFL", "DFedAlt", "DFedSalt",
-           "ConsensusRegression", "FedGiA", "FedAvgGD", "FedProxGD", "FedPD",
+           "ConsensusRegression", "FedGiA", "FedAvgGD", "FedProxGD", "FedPD", "QuPeD", "QuantizedLocal", "FML",
            "LocalSGD", "run_steps", "ALGORITHMS", "get_algorithm", "make_algorithm", "register"]

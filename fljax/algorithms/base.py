@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 
 from fljax import tree
-from fljax.engine.context import EVAL, INIT, TRAIN, RoundContext
+from fljax.engine.cohort import COHORT_MODES, run_all, run_cohort
+from fljax.engine.context import EVAL, INIT, RoundContext
 from fljax.engine.evaluation import summarize
 from fljax.engine.protocol import ClientInput, ClientResult
 from fljax.errors import OptionError
@@ -47,12 +48,34 @@ class Algorithm:
     generic: ClassVar[bool] = True  # runs on any classification data set (part of the default `fljax compare`)
     problem: ClassVar[str] = "classification"  # the data it solves (experiment configs describe classification)
 
+    supports_groups: ClassVar[bool] = True  # runs a population of client groups (fljax.engine.population)
+    # groups may run architectures other than the global model's (False: every client trains the global model)
+    mixed_architectures: ClassVar[bool] = False
+
     def validate(self, num_clients: int) -> None:
         """Refuse impossible hyperparameters with a one-line :class:`~fljax.errors.OptionError` naming the field
         (called before anything runs)."""
 
     def hyperparameters(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def for_group(self, group) -> "Algorithm":
+        """This algorithm with client group ``group``'s hyperparameter overrides (a
+        :class:`~fljax.engine.population.ClientGroup`; None: no group)."""
+        return self if group is None or not group.hp else dataclasses.replace(self, **group.overrides)
+
+    def group_algorithm(self, ctx: RoundContext, g: int | None) -> "Algorithm":
+        """The algorithm group ``g`` of ``ctx``'s population runs (itself when g is None)."""
+        return self if g is None else self.for_group(ctx.population.groups[g])
+
+    def init_population(self, ctx: RoundContext):
+        """``init`` over a population: the server from the whole context (the global model), each group's
+        per-client state from its own context (its model, size and client ids), as a tuple."""
+        server, clients = self.init(ctx)
+        if ctx.population is None:
+            return server, clients
+        return server, tuple(self.group_algorithm(ctx, g).init(ctx.for_group(g))[1]
+                             for g in range(len(ctx.population.groups)))
 
     # ------------------------------------------------------------------------------------------ protocol
     def init(self, ctx: RoundContext):
@@ -107,25 +130,29 @@ class Algorithm:
 
     def evaluate_client(self, inp: ClientInput) -> dict:
         """``{"global": TestStats, "personal": TestStats}`` of one client (``global`` absent when there is no
-        global model)."""
+        global model; it runs the global model's architecture, ``inp.global_model``). An entry ``"scalars"``
+        (a dict of per-client scalars) is averaged over the clients with a test split into the summary."""
         out = {}
         g = self.global_params(inp.down)
         if g is not None:
-            out["global"] = self.test_stats(inp.model, g, inp.test)
+            out["global"] = self.test_stats(inp.global_model or inp.model, g, inp.test)
         p = self.personal_params(inp)
         out["personal"] = self.test_stats(inp.model, p, inp.test) if p is not None else out["global"]
         return out
 
     def evaluate(self, ctx: RoundContext, server, clients) -> tuple[dict, dict]:
         """(scalar summaries, per-client accuracy arrays) of the global and personalized models on every client's
-        own test split, plus :meth:`eval_metrics`."""
-        data = ctx.data
-        keys = ctx.client_keys(jnp.arange(data.num_clients), EVAL)
-        stats = ctx.run_clients(self.evaluate_client, self.eval_shared(server), clients, data.train, keys, data.test)
+        own test split (every group of a population with its own model), plus :meth:`eval_metrics`."""
+        stats = run_all(ctx, lambda g: self.group_algorithm(ctx, g).evaluate_client, self.eval_shared(server),
+                        clients, EVAL)
         summary, per_client = {}, {}
+        scalars = stats.pop("scalars", {})
         for kind, s in stats.items():
             summary.update(summarize(s, kind))
             per_client[f"{kind}_acc"] = s.correct / jnp.maximum(s.count.astype(jnp.float32), 1.0)
+        valid = jnp.asarray(next(iter(stats.values())).count > 0, jnp.float32) if stats else None
+        for name, v in scalars.items():
+            summary[name] = jnp.sum(v * valid) / jnp.maximum(jnp.sum(valid), 1.0)
         extra = self.eval_metrics(server, clients)
         clash = sorted(set(extra) & set(summary))
         if clash:
@@ -145,23 +172,30 @@ def check_choice(key: str, value, choices) -> None:
 class Centralized(Algorithm):
     """Template for server-based algorithms.
 
-    Hyperparameters: ``cohort_size`` (clients per round; None = full participation) and ``weighting``
-    ('samples': aggregate with weights n_i; 'uniform'). Subclasses implement ``init``, ``broadcast``,
-    ``client_update`` and ``server_update``; non-sampled clients' state is untouched. One round::
+    Hyperparameters: ``cohort_size`` (clients per round; None = full participation), ``weighting``
+    ('samples': aggregate with weights n_i; 'uniform') and ``cohort_mode`` (how the cohort runs,
+    :mod:`fljax.engine.cohort`: 'gather' its clients, or compute every client and commit with a 'mask'; equal up to
+    float reassociation). Subclasses implement ``init``, ``broadcast``, ``client_update`` and ``server_update``;
+    non-sampled clients' state is untouched. One round::
 
         S_t ← cohort;  down ← broadcast(server)
         result_i ← client_update(ClientInput(state_i, train_i, key_i, round, down))    every i ∈ S_t at once
         clients[S_t] ← result.state;  server ← server_update(server, result)           (weighted mean of uploads)
+
+    Over a population of client groups (:mod:`fljax.engine.population`) the cohort is drawn over all clients, each
+    group runs its members with its own model and hyperparameters, and the server aggregates across groups.
     """
 
     cohort_size: int | None = 10
     weighting: str = "samples"
+    cohort_mode: str = "gather"
 
     def validate(self, num_clients: int) -> None:
         if self.cohort_size is not None and not 1 <= self.cohort_size <= num_clients:
             raise OptionError("cohort_size", f"must be between 1 and num_clients={num_clients} (or null for full "
                                              f"participation), got {self.cohort_size}.")
         check_choice("weighting", self.weighting, ("samples", "uniform"))
+        check_choice("cohort_mode", self.cohort_mode, COHORT_MODES)
 
     def participants(self, num_clients: int) -> int:
         return num_clients if self.cohort_size is None else min(self.cohort_size, num_clients)
@@ -178,26 +212,30 @@ class Centralized(Algorithm):
         raise NotImplementedError
 
     def aggregation_weights(self, result: ClientResult):
+        """Per-entry aggregation weights (zero for the entries of unsampled clients, ``result.valid``)."""
         if self.weighting == "uniform":
-            return jnp.ones_like(result.weight, dtype=jnp.float32)
+            ones = jnp.ones_like(result.weight, dtype=jnp.float32)
+            return ones if result.valid is None else ones * result.valid
         return result.weight.astype(jnp.float32)
 
     def comm_bytes(self, down, result: ClientResult, cohort_size: int) -> tuple:
         """(bytes up, bytes down) this round; default: every cohort member downloads ``down`` and uploads its
-        ``upload`` densely (``result.upload`` is stacked over the cohort, so its size is already the total)."""
-        return float(tree.nbytes(result.upload)), float(tree.nbytes(down) * cohort_size)
+        ``upload`` densely."""
+        leaves = jax.tree.leaves(result.upload)
+        per_client = tree.nbytes(result.upload) / leaves[0].shape[0] if leaves else 0.0
+        return float(per_client * cohort_size), float(tree.nbytes(down) * cohort_size)
 
     def round(self, ctx: RoundContext, server, clients):
         cohort = ctx.sample_cohort(self.cohort_size)
-        full = cohort.shape[0] == ctx.num_clients
         down = self.broadcast(server)
-        result = ctx.run_clients(self.client_update, down,
-                                 clients if full else tree.take_clients(clients, cohort),
-                                 ctx.data.train if full else ctx.data.train.take(cohort),
-                                 ctx.client_keys(cohort, TRAIN))
-        clients = result.state if full else tree.put_clients(clients, cohort, result.state)
+        clients, result = run_cohort(ctx, lambda g: self.group_algorithm(ctx, g).client_update, down, clients,
+                                     cohort, self.cohort_mode)
         server = self.server_update(ctx, server, clients, cohort, result)
         up, dn = self.comm_bytes(down, result, cohort.shape[0])
-        metrics = {k: jnp.mean(v) for k, v in result.metrics.items()}
+        if result.valid is None:
+            metrics = {k: jnp.mean(v) for k, v in result.metrics.items()}
+        else:
+            w = result.valid.astype(jnp.float32)
+            metrics = {k: jnp.sum(v * w) / jnp.maximum(jnp.sum(w), 1.0) for k, v in result.metrics.items()}
         metrics.update(bytes_up=jnp.float32(up), bytes_down=jnp.float32(dn))
         return server, clients, metrics

@@ -97,6 +97,8 @@ class Decentralized(Algorithm):
     step).
     """
 
+    supports_groups = False  # gossip mixes whole models between neighbours: one architecture for all
+
     topology: str = "random_k"
     k: int = 10
     p: float | None = None

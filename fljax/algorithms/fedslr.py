@@ -88,6 +88,7 @@ class FedSLR(Centralized, LocalSGD):
 
     name = "fedslr"
     summary = "FedSLR: low-rank global model (server SVT, per-client dual) + sparse personal part (Huang et al.)"
+    supports_groups = False  # Algorithm 2's server averages every client's dual state (one stacked pytree)
     lam: float = 1e-4
     mu: float = 1e-3
     eta_g: float = 10.0

@@ -18,6 +18,7 @@ __all__ = ["Local"]
 class Local(Centralized, LocalSGD):
     name = "local"
     summary = "Local: each client trains alone on its own data, no communication"
+    mixed_architectures = True
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)

@@ -21,7 +21,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-__all__ = ["BatchPlan", "Batch", "gather_batch"]
+__all__ = ["BatchPlan", "ClockPlan", "Batch", "gather_batch"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +86,40 @@ class BatchPlan:
         p = jnp.arange(k * b)
         idx = orders[p // count, p % count].reshape(k, b)
         return idx, jnp.ones((k, b), bool), jnp.ones((k,), bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClockPlan:
+    """Minibatches on a global iteration clock that spans rounds (QuPeD §1, §6): iteration t of a client lies in
+    epoch ⌊t/I⌋ at position p = t mod I, with I = ⌈N_max/B⌉ iterations per epoch; epoch e draws its permutation of
+    the client's valid rows from ``fold_in(key, e)`` (pass the client's round-independent clock key), and position
+    p takes its rows [pB, pB + B) (masked past the client's count). A round runs ``steps`` iterations from ``start``
+    (traced: t = round·τ), so epochs straddle rounds as in the paper. Every step is active, so a step function that
+    counts iterations stays on the clock; a client smaller than N_max gets all-masked batches at the end of an
+    epoch, which the step function must skip (``jnp.any(batch.mask)``)."""
+
+    batch_size: int
+    steps: int
+    start: object = 0
+
+    def iters_per_epoch(self, n_max: int) -> int:
+        return math.ceil(n_max / self.batch_size)
+
+    def num_steps(self, n_max: int) -> int:
+        return self.steps
+
+    def width(self, n_max: int) -> int:
+        return self.batch_size
+
+    def schedule(self, key, count, n_min: int, n_max: int):
+        """``(idx [K, B], mask [K, B], active [K])`` of iterations start … start + K − 1."""
+        per_epoch, b = self.iters_per_epoch(n_max), self.batch_size
+        t = self.start + jnp.arange(self.steps)
+        epoch, pos = t // per_epoch, t % per_epoch
+        orders = jax.vmap(lambda e: _epoch_orders(jax.random.fold_in(key, e), count, n_max, 1)[0])(epoch)
+        rows = pos[:, None] * b + jnp.arange(b)
+        idx = jnp.take_along_axis(jnp.pad(orders, ((0, 0), (0, per_epoch * b - n_max))), rows, axis=1)
+        return idx, rows < count, jnp.ones((self.steps,), bool)
 
 
 PACKED_SORT_MAX_BITS = 12  # index bits under which the fast packed sort keeps >= 20 random bits per key

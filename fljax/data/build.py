@@ -96,8 +96,16 @@ def federate(source: Pooled | Natural, num_clients: int, partition: str, seed: i
         parts = partition_lib.partition(partition, source.y_train, num_clients, seed, **options)
         per_client = max(1, int(np.ceil(len(source.y_test) / num_clients))) if test_per_client is None else \
             test_per_client
-        tests = pool_test_split([source.y_train[p] for p in parts], source.y_test, source.num_classes,
-                                per_client, seed, test_rounding)
+        entry = partition_lib.PARTITIONERS[partition]
+        if entry.split_test is not None:
+            if test_per_client is not None:
+                raise OptionError("test_per_client", f"is not used by partition {partition!r}, which cuts its own "
+                                                     f"test slices; remove it.")
+            opts = partition_lib.parse(entry.options, options, f" for partition {partition!r}")
+            tests = entry.split_test([source.y_train[p] for p in parts], source.y_test, seed, opts)
+        else:
+            tests = pool_test_split([source.y_train[p] for p in parts], source.y_test, source.num_classes,
+                                    per_client, seed, test_rounding)
         empty = [i for i, t in enumerate(tests) if len(t) == 0]
         if empty:
             raise OptionError("test_per_client", f"is too small: {per_client} with test_rounding={test_rounding!r} "
@@ -107,7 +115,8 @@ def federate(source: Pooled | Natural, num_clients: int, partition: str, seed: i
         train = pad_clients([source.x_train[p] for p in parts], [source.y_train[p] for p in parts])
         test = pad_clients([source.x_test[t] for t in tests], [source.y_test[t] for t in tests])
         input_shape = source.x_train.shape[1:]
-        desc = f"partition {partition}, per-client test sets of {per_client} following each client's labels"
+        desc = (f"partition {partition}, " + ("test slices cut by the partitioner" if entry.split_test is not None else
+                                              f"per-client test sets of {per_client} following each client's labels"))
     return FederatedData(train=train, test=test, num_classes=source.num_classes, input_shape=tuple(input_shape),
                          name=source.name, description=desc)
 

@@ -15,7 +15,8 @@ import numpy as np
 from fljax.errors import OptionError
 from fljax.options import Options, at_least, greater_than, option, parse, suggest
 
-__all__ = ["PartitionError", "iid", "dirichlet", "pathological", "power_law", "client_centric", "Partitioner",
+__all__ = ["PartitionError", "iid", "dirichlet", "pathological", "power_law", "client_centric", "class_slots",
+           "class_slots_test", "ClassSlotsOptions", "Partitioner",
            "PARTITIONERS", "partition", "PartitionOptions", "DirichletOptions", "PathologicalOptions", "PowerLawOptions",
            "ClientDirichletOptions", "ClientPathologicalOptions"]
 
@@ -180,6 +181,91 @@ def client_centric(labels: np.ndarray, num_clients: int, samples_per_client: int
     return out
 
 
+def _slot_table(num_clients: int, classes: np.ndarray, per_client: int, rng: np.random.Generator) -> np.ndarray:
+    """An ``[n, c]`` table holding every class s = n·c/C times, every row c distinct classes: a uniformly shuffled
+    multiset, then random swaps between a row with a repeated class and another row until no row repeats one (a
+    swap is kept when it does not add repeats). Rejecting whole tables, as the spec words it, needs ~0.59^n draws
+    for c = 4 of 10 classes, so it is only feasible for about 15 clients."""
+    slots = num_clients * per_client // len(classes)
+    table = rng.permutation(np.repeat(classes, slots)).reshape(num_clients, per_client)
+
+    def repeats(row):
+        return per_client - len(np.unique(row))
+
+    bad = [i for i in range(num_clients) if repeats(table[i])]
+    while bad:
+        i = bad[rng.integers(len(bad))]
+        vals, counts = np.unique(table[i], return_counts=True)
+        a = rng.choice(np.flatnonzero(np.isin(table[i], vals[counts > 1])))
+        j, b = rng.integers(num_clients), rng.integers(per_client)
+        if j == i:
+            continue
+        before = repeats(table[i]) + repeats(table[j])
+        table[i, a], table[j, b] = table[j, b], table[i, a]
+        if repeats(table[i]) + repeats(table[j]) > before:
+            table[i, a], table[j, b] = table[j, b], table[i, a]
+        bad = [k for k in range(num_clients) if repeats(table[k])]
+    return table
+
+
+def class_slots(labels: np.ndarray, num_clients: int, classes_per_client: int, seed: int = 0,
+                per_slot: int | None = None) -> list[np.ndarray]:
+    """Balanced class slots (QuPeD spec §9, D22): every client holds ``classes_per_client`` = c distinct classes and
+    every class is held by s = n·c/C clients; each class's shuffled samples are cut into s slices of ``per_slot``
+    (None: ⌊class size/s⌋, i.e. all data), one per holder. The table is :func:`_slot_table`. Test slices come from
+    :func:`class_slots_test` (the test pool cut the same way, one slice per holder, disjoint across clients)."""
+    classes = np.unique(labels)
+    c = classes_per_client
+    if not 1 <= c <= len(classes):
+        raise PartitionError(f"class_slots: classes_per_client must be in [1, {len(classes)}], got {c}.")
+    if num_clients < 1 or num_clients * c % len(classes):
+        raise PartitionError(f"class_slots: num_clients x classes_per_client = {num_clients} x {c} must be a multiple "
+                             f"of the {len(classes)} classes, so that every class is held equally often.")
+    rng = np.random.default_rng(seed)
+    table = _slot_table(num_clients, classes, c, rng)
+    return _cut_slots(labels, table, per_slot, rng, "train_per_slot")
+
+
+def _cut_slots(labels: np.ndarray, table: np.ndarray, per_slot: int | None, rng: np.random.Generator,
+               key: str) -> list[np.ndarray]:
+    """Client i gets one slice of ``per_slot`` shuffled samples of each class in row i of ``table``."""
+    parts: list[list[np.ndarray]] = [[] for _ in range(table.shape[0])]
+    for k in np.unique(table):
+        holders = np.flatnonzero((table == k).any(axis=1))
+        idx = rng.permutation(np.flatnonzero(labels == k))
+        size = len(idx) // len(holders) if per_slot is None else per_slot
+        if size < 1 or size * len(holders) > len(idx):
+            raise PartitionError(f"class_slots: class {k} has {len(idx)} samples for {len(holders)} slots of "
+                                 f"{size}; lower {key} or num_clients.")
+        for slot, i in enumerate(holders):
+            parts[i].append(idx[slot * size:(slot + 1) * size])
+    return [np.sort(np.concatenate(p)) for p in parts]
+
+
+def class_slots_test(train_labels: list[np.ndarray], test_labels: np.ndarray, seed: int,
+                     per_slot: int | None = None) -> list[np.ndarray]:
+    """The test slices of :func:`class_slots`: client i's classes are those of its train split; each class's
+    shuffled test pool is cut into one slice of ``per_slot`` (None: an equal share) per holder."""
+    classes = sorted({int(k) for y in train_labels for k in np.unique(y)})
+    c = max(len(np.unique(y)) for y in train_labels)
+    table = np.full((len(train_labels), c), -1)
+    for i, y in enumerate(train_labels):
+        held = np.unique(y)
+        table[i, :len(held)] = held
+    rng = np.random.default_rng(seed + 7919)
+    parts: list[list[np.ndarray]] = [[] for _ in train_labels]
+    for k in classes:
+        holders = np.flatnonzero((table == k).any(axis=1))
+        idx = rng.permutation(np.flatnonzero(test_labels == k))
+        size = len(idx) // len(holders) if per_slot is None else per_slot
+        if size < 1 or size * len(holders) > len(idx):
+            raise PartitionError(f"class_slots: class {k} has {len(idx)} test samples for {len(holders)} slots of "
+                                 f"{size}; lower test_per_slot or num_clients.")
+        for slot, i in enumerate(holders):
+            parts[i].append(idx[slot * size:(slot + 1) * size])
+    return [np.sort(np.concatenate(p)) for p in parts]
+
+
 def _alpha():
     return option(0.5, "Dirichlet concentration (> 0; small: few classes per client, typically 0.1 to 1.0)",
                   greater_than(0))
@@ -259,13 +345,29 @@ class ClientPathologicalOptions(PartitionOptions):
 
 
 @dataclasses.dataclass(frozen=True)
+class ClassSlotsOptions(PartitionOptions):
+    classes_per_client: int = option(4, "classes each client holds (num_clients x classes_per_client must be a "
+                                        "multiple of the number of classes)", at_least(1))
+    train_per_slot: int | None = option(None, "train samples per (client, class) slot (null: all data, an equal "
+                                              "share of the class)", at_least(1))
+    test_per_slot: int | None = option(None, "test samples per (client, class) slot, from the test pool (null: an "
+                                             "equal share)", at_least(1))
+
+    def check_data(self, train_size: int, num_classes: int) -> None:
+        _check_classes(self.classes_per_client, num_classes)
+
+
+@dataclasses.dataclass(frozen=True)
 class Partitioner:
-    """A partitioner by name: a one-line summary, its options, and ``split(labels, num_clients, seed, options)``
-    (None for 'natural': the source's own clients)."""
+    """A partitioner by name: a one-line summary, its options, ``split(labels, num_clients, seed, options)`` (None
+    for 'natural': the source's own clients) and, for partitioners that cut the test pool themselves,
+    ``split_test(train_labels_per_client, test_labels, seed, options)`` (None: each client's test split follows its
+    train labels, drawn from the test pool)."""
 
     summary: str
     options: type[Options]
     split: Callable[..., list[np.ndarray]] | None
+    split_test: Callable[..., list[np.ndarray]] | None = None
 
 
 def _samples(labels, num_clients: int, o) -> int:
@@ -292,6 +394,11 @@ PARTITIONERS: dict[str, Partitioner] = {
         ClientPathologicalOptions,
         lambda y, n, seed, o: client_centric(y, n, _samples(y, n, o), seed, classes_per_client=o.classes_per_client,
                                              on_exhausted=o.on_exhausted)),
+    "class_slots": Partitioner(
+        "balanced class slots (QuPeD): classes_per_client distinct classes per client, every class on equally many "
+        "clients, train_per_slot / test_per_slot samples per (client, class), disjoint", ClassSlotsOptions,
+        lambda y, n, seed, o: class_slots(y, n, o.classes_per_client, seed, o.train_per_slot),
+        lambda ys, y_test, seed, o: class_slots_test(ys, y_test, seed, o.test_per_slot)),
     "natural": Partitioner("the source's own clients (Synthetic(alpha, beta))", PartitionOptions, None),
 }
 

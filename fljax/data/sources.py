@@ -157,11 +157,13 @@ def _read_tfds(name: str, split: str, data_dir: str | None, limit: int | None):
     return np.stack(images).astype(np.float32) / 255.0, np.asarray(labels, np.int32)
 
 
-def tfds_source(name: str, data_dir: str | None = None, limit: int | None = None) -> Pooled:
+def tfds_source(name: str, data_dir: str | None = None, limit: int | None = None,
+                standardize: bool = False) -> Pooled:
     """An image classification set through ``tfds.data_source`` (ArrayRecord; no TensorFlow needed).
 
     Pixels are scaled to [0, 1]; the official train/test splits become the train and test pools. ``limit`` keeps
-    the first ``limit`` examples of each split (for quick runs).
+    the first ``limit`` examples of each split (for quick runs). ``standardize``: per-channel standardization with
+    the train pool's mean and std (QuPeD D31).
     """
     if name not in TFDS_NAMES:
         raise DataError(f"unknown TFDS data set {name!r}; choose one of {sorted(TFDS_NAMES)}.")
@@ -178,6 +180,10 @@ def tfds_source(name: str, data_dir: str | None = None, limit: int | None = None
                         f"{str(e).splitlines()[0] if str(e) else ''}); prepare it once on a machine with network "
                         f"(tfds.data_source downloads it) or pass data_dir.") from e
     num_classes = int(max(y_tr.max(), y_te.max()) + 1)
+    if standardize:
+        axes = tuple(range(x_tr.ndim - 1))
+        mean, std = x_tr.mean(axis=axes), x_tr.std(axis=axes)
+        x_tr, x_te = (x_tr - mean) / std, (x_te - mean) / std
     return Pooled(x_tr, y_tr, x_te, y_te, num_classes, name)
 
 
@@ -207,6 +213,7 @@ class TfdsOptions(Options):
 
     data_dir: str | None = option(None, "TFDS data directory (null: TFDS's default)")
     limit: int | None = option(None, "keep the first `limit` examples of each split (null: all)", at_least(1))
+    standardize: bool = option(False, "per-channel standardization with the train pool's mean and std (QuPeD D31)")
 
 
 SYNTHETIC_MAX_CLIENTS = 100_000  # beyond, the padded arrays (clients x max_samples x 60 floats) outgrow memory
@@ -242,7 +249,7 @@ def _load_qot(o: NoOptions, num_clients: int, seed: int) -> Pooled:
 
 
 def _load_tfds(name: str, o: TfdsOptions, num_clients: int, seed: int) -> Pooled:
-    return tfds_source(name, o.data_dir, o.limit)
+    return tfds_source(name, o.data_dir, o.limit, o.standardize)
 
 
 def _fixed(n: int) -> Callable[[Options], int]:

@@ -6,42 +6,50 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fljax.engine.executors import Executor
 from fljax.engine.groups import map_groups
 from fljax.engine.protocol import ClientInput
 from fljax.engine.sampling import sample_cohort
 
-__all__ = ["RoundContext", "ClientCall", "TRAIN", "EVAL", "SAMPLE", "INIT", "MIXING"]
+__all__ = ["RoundContext", "ClientCall", "TRAIN", "EVAL", "SAMPLE", "INIT", "MIXING", "CLOCK"]
 
 # Stream tags: every random choice derives from fold_in(fold_in(run_key, round), tag) and then the client id, so
 # results never depend on the executor, the cohort's order or the batch position of a client.
 SAMPLE, TRAIN, EVAL, INIT = 0, 1, 2, 3
 MIXING = 4  # the round's mixing matrix of decentralized algorithms (redrawn topologies)
+CLOCK = 5  # round-independent per-client streams: fold_in(fold_in(run_key, CLOCK), id) (the epoch clock's batches)
 
 
 @dataclasses.dataclass(frozen=True)
 class ClientCall:
     """``update(ClientInput(...))`` for one client, as the executor's ``fn(shared, per_client)``: ``shared`` =
-    (down, round), ``per_client`` = (state, train, key, test). Hashable (a bound method of a frozen
-    algorithm, a hashable model), so the loop executor compiles it once."""
+    (down, round), ``per_client`` = (state, train, key, test, clock_key). Hashable (a bound method of a frozen
+    algorithm, hashable models), so the loop executor compiles it once."""
 
     update: Callable
     model: Any
     unroll: int
+    global_model: Any = None
 
     def __call__(self, shared, per_client):
         down, round_ = shared
-        state, train, key, test = per_client
+        state, train, key, test, clock_key = per_client
         return self.update(ClientInput(state=state, train=train, key=key, round=round_, down=down, test=test,
-                                       model=self.model, unroll=self.unroll))
+                                       clock_key=clock_key, model=self.model, unroll=self.unroll,
+                                       global_model=self.global_model or self.model))
 
 
 @dataclasses.dataclass
 class RoundContext:
     """``executor``: how the client axis runs; ``data``: the federated data (device arrays); ``round``: the round
     index (traced int); ``key``: this round's key; ``model``: the model clients run (static; None for problems
-    without one); ``unroll``: the unroll factor of local-step loops (static)."""
+    without one); ``unroll``: the unroll factor of local-step loops (static). ``run_key``: the run's base key (for
+    round-independent streams, :meth:`clock_keys`); ``population``: the client groups
+    (:class:`~fljax.engine.population.Population`; None: one homogeneous population); ``global_model``: the model of
+    the server's global parameters (None: ``model``); ``ids``: the client ids of ``data``'s rows (None: 0 … C − 1;
+    a group's context holds its slice of the population)."""
 
     executor: Executor
     data: Any
@@ -49,10 +57,32 @@ class RoundContext:
     key: jax.Array
     model: Any = None
     unroll: int = 1
+    run_key: Any = None
+    population: Any = None
+    global_model: Any = None
+    ids: Any = None
 
     @property
     def num_clients(self) -> int:
         return self.data.num_clients
+
+    @property
+    def client_ids(self):
+        """The client ids of this context's clients (``[C]``, numpy)."""
+        return np.arange(self.num_clients) if self.ids is None else self.ids
+
+    @property
+    def server_model(self):
+        """The model of the global parameters (``global_model``, else ``model``)."""
+        return self.global_model or self.model
+
+    def for_group(self, g: int) -> "RoundContext":
+        """The context of client group ``g`` of the population: its slice of the data, its model and client ids."""
+        group = self.population.groups[g]
+        lo, hi = self.population.bounds(g)
+        data = jax.tree.map(lambda a: a[lo:hi], self.data)
+        return dataclasses.replace(self, data=data, model=group.model or self.model, population=None,
+                                   global_model=self.server_model, ids=np.arange(lo, hi))
 
     def map_clients(self, fn, shared, per_client):
         """``fn(shared, per_client[i])`` for every client i, stacked (see :mod:`fljax.engine.executors`)."""
@@ -64,11 +94,12 @@ class RoundContext:
         :func:`fljax.engine.groups.map_groups`)."""
         return map_groups(self.executor, fn, shared, groups, per_client, per_group, concat=concat, serial=serial)
 
-    def run_clients(self, update: Callable, down, states, train, keys, test=None):
+    def run_clients(self, update: Callable, down, states, train, keys, test=None, clock_keys=None):
         """``update(ClientInput)`` for every client whose stacked ``states``, ``train`` split, ``keys`` (and
-        ``test`` split) are given, all receiving ``down``; the results stacked along the client axis."""
-        return self.map_clients(ClientCall(update, self.model, self.unroll), (down, self.round),
-                                (states, train, keys, test))
+        ``test`` split, round-independent ``clock_keys``) are given, all receiving ``down``; the results stacked
+        along the client axis."""
+        call = ClientCall(update, self.model, self.unroll, self.global_model)
+        return self.map_clients(call, (down, self.round), (states, train, keys, test, clock_keys))
 
     def stream(self, tag: int):
         return jax.random.fold_in(self.key, tag)
@@ -76,6 +107,14 @@ class RoundContext:
     def client_keys(self, ids, tag: int = TRAIN):
         """One key per client id: ``fold_in(fold_in(round_key, tag), id)``."""
         base = self.stream(tag)
+        return jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.asarray(ids))
+
+    def clock_keys(self, ids):
+        """One round-independent key per client id: ``fold_in(fold_in(run_key, CLOCK), id)`` (None without a run
+        key)."""
+        if self.run_key is None:
+            return None
+        base = jax.random.fold_in(self.run_key, CLOCK)
         return jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.asarray(ids))
 
     def sample_cohort(self, size: int | None):

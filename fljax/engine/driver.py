@@ -22,6 +22,7 @@ from fljax.engine import blas, compile_cache, compile_clock
 from fljax.engine.context import RoundContext
 from fljax.engine.executors import Executor, choose_executor, make_executor
 from fljax.engine.loop import NonFiniteError, NonFiniteGuard, RunLog, drive
+from fljax.engine.population import Population
 from fljax.engine.protocol import FederatedAlgorithm
 from fljax.engine.state import State
 from fljax.models.model import Model, auto_model, make_model
@@ -76,48 +77,80 @@ class Simulation:
     vectorised and the native one under the loop executor (measured: ``benchmarks/throughput.py``). ``unroll``: the
     ``lax.scan`` unroll factor of the local steps ('auto': see :meth:`_auto_unroll`).
 
+    ``groups``: a heterogeneous population (:class:`~fljax.engine.population.Population` or a list of
+    :class:`~fljax.engine.population.ClientGroup` whose sizes add up to the data's clients): each group runs its own
+    model (None: ``model``) and hyperparameter overrides, ``model`` is then the global model's, and the per-client
+    state is a tuple of one pytree per group. None: one homogeneous population.
+
     Every compiled call runs through :func:`fljax.engine.blas.call` (one BLAS thread when the user allowed more).
     """
 
     def __init__(self, algorithm: FederatedAlgorithm, data, model: Model | None = None, *,
                  executor: str | Executor = "auto", chunk_size: int | None = None, seed: int = 0,
-                 conv_impl: str = "auto", unroll: int | str = "auto"):
+                 conv_impl: str = "auto", unroll: int | str = "auto", groups=None):
         compile_cache.enable()
         algorithm.validate(data.num_clients)
         if model is None and isinstance(data, FederatedData):
             model = default_model(data)
+        population = None if groups is None else Population.of(groups)
+        if population is not None:
+            self._check_population(algorithm, population, data, model)
         self.algorithm = algorithm
         self.data = data
         self.seed = int(seed)
+        models = [m for m in [model] + ([] if population is None else [g.model for g in population.groups])
+                  if m is not None]
         if isinstance(executor, Executor):
             self.executor = executor
         elif executor == "auto":
-            self.executor = self._auto_executor(model, algorithm, chunk_size)
+            self.executor = self._auto_executor(models, algorithm, chunk_size)
         else:
             self.executor = make_executor(executor, chunk_size=chunk_size)
         impl = conv_impl if conv_impl != "auto" else ("patches" if self.executor.vectorised else "native")
         self.model = None if model is None else model.with_conv(impl)
-        self.unroll = self._auto_unroll(self.model, algorithm) if unroll == "auto" else int(unroll)
+        self.population = None if population is None else Population(tuple(
+            dataclasses.replace(g, model=g.model.with_conv(impl) if g.model is not None else None)
+            for g in population.groups))
+        self.unroll = self._auto_unroll(models, algorithm) if unroll == "auto" else int(unroll)
         self.compile_seconds = 0.0
         self._compiled: dict = {}
 
+    @staticmethod
+    def _check_population(algorithm, population: Population, data: FederatedData, model: Model) -> None:
+        name = getattr(algorithm, "name", type(algorithm).__name__)
+        if not getattr(algorithm, "supports_groups", False) or model is None:
+            raise ValueError(f"algorithm {name!r} does not run client groups.")
+        shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+        for group in population.groups:
+            if group.model is not None and not getattr(algorithm, "mixed_architectures", False) and \
+                    jax.eval_shape(group.model.init, jax.random.PRNGKey(0)) != shapes:
+                raise ValueError(f"algorithm {name!r} trains the global model ({model.name}) on every client; client "
+                                 f"group {group.name!r} runs another architecture ({group.model.name}).")
+        if population.num_clients != data.num_clients:
+            raise ValueError(f"the client groups hold {population.num_clients} clients, the data "
+                             f"{data.num_clients}.")
+        for group in population.groups:
+            algorithm.for_group(group).validate(data.num_clients)
+
     # ---------------------------------------------------------------------------------------------- sizing
-    def _auto_executor(self, model: Model | None, algorithm: FederatedAlgorithm, chunk_size: int | None) -> Executor:
-        """Resolve 'auto' from the workload (see :func:`fljax.engine.executors.choose_executor`)."""
+    def _auto_executor(self, models: list[Model], algorithm: FederatedAlgorithm,
+                       chunk_size: int | None) -> Executor:
+        """Resolve 'auto' from the workload (see :func:`fljax.engine.executors.choose_executor`; the largest of the
+        models sizes a chunk, and any convolutional one counts)."""
         cohort = algorithm.participants(self.data.num_clients)
-        params = 0 if model is None else model.num_params()
+        params = max((m.num_params() for m in models), default=0)
         # parameters, gradients, optimizer state, updates; local data
         per_client_bytes = 16 * params + _client_data_bytes(self.data)
         return choose_executor(backend=jax.default_backend(), device_count=jax.device_count(),
-                               has_conv=model is not None and model.has_conv, cohort=cohort,
+                               has_conv=any(m.has_conv for m in models), cohort=cohort,
                                per_client_bytes=per_client_bytes, chunk_size=chunk_size)
 
-    def _auto_unroll(self, model: Model | None, algorithm: FederatedAlgorithm) -> int:
+    def _auto_unroll(self, models: list[Model], algorithm: FederatedAlgorithm) -> int:
         """Unroll the local-step scan fully for convolutional models on CPU, where XLA:CPU runs convolutions
         inside a while loop several times slower than unrolled (engine.md, measured in benchmarks; at most 64
         steps, to bound compile time); else 1."""
         plan = algorithm.plan()
-        if model is not None and model.has_conv and jax.default_backend() == "cpu" and plan is not None:
+        if any(m.has_conv for m in models) and jax.default_backend() == "cpu" and plan is not None:
             return max(1, min(64, plan.num_steps(self.data.train.n_max)))  # cap: compile time
         return 1
 
@@ -133,9 +166,10 @@ class Simulation:
         steps = algo.steps_per_round(n_max)
         return cohort * steps, cohort * steps * plan.width(n_max)
 
-    def context(self, data, round_, key) -> RoundContext:
-        """The round context the algorithm sees (the model and unroll factor bound here)."""
-        return RoundContext(self.executor, data, round_, key, self.model, self.unroll)
+    def context(self, data, round_, key, run_key=None) -> RoundContext:
+        """The round context the algorithm sees (the model, unroll factor and population bound here)."""
+        return RoundContext(self.executor, data, round_, key, self.model, self.unroll, run_key=run_key,
+                            population=self.population)
 
     def algorithm_at(self, hp: dict | None):
         """The algorithm with the hyperparameters in ``hp`` replaced: inside a compiled program their values are
@@ -158,13 +192,13 @@ class Simulation:
         return jax.eval_shape(self._init, jax.random.PRNGKey(self.seed))
 
     def _init(self, key, hp: dict | None = None, data=None) -> State:
-        ctx = self.context(self.data if data is None else data, jnp.int32(0), jax.random.fold_in(key, 0))
-        server, clients = self.algorithm_at(hp).init(ctx)
+        ctx = self.context(self.data if data is None else data, jnp.int32(0), jax.random.fold_in(key, 0), key)
+        server, clients = self.algorithm_at(hp).init_population(ctx)
         return State(server=server, clients=clients, round=jnp.int32(0), key=key)
 
     # ---------------------------------------------------------------------------------------------- rounds
     def _round(self, state: State, data: FederatedData, hp: dict | None = None):
-        ctx = self.context(data, state.round, _round_key(state.key, state.round))
+        ctx = self.context(data, state.round, _round_key(state.key, state.round), state.key)
         server, clients, metrics = self.algorithm_at(hp).round(ctx, state.server, state.clients)
         metrics = dict(metrics)
         losses = {k: v for k, v in metrics.items() if "loss" in k}
@@ -176,7 +210,7 @@ class Simulation:
         return jax.lax.scan(lambda s, _: self._round(s, data, hp), state, None, length=n)
 
     def _evaluate(self, state: State, data: FederatedData, hp: dict | None = None):
-        ctx = self.context(data, state.round, _round_key(state.key, state.round))
+        ctx = self.context(data, state.round, _round_key(state.key, state.round), state.key)
         return self.algorithm_at(hp).evaluate(ctx, state.server, state.clients)
 
     def _compiled_fn(self, name: str, fn: Callable, args, static: tuple = ()):

@@ -133,16 +133,18 @@ class Lanes:
 
     def run(self, rounds: int, eval_every: int, states=None, logs: list[RunLog] | None = None, *,
             checkpoint_every: int = 0, callback=None, on_checkpoint=None, on_stop=None,
-            guards: tuple = (NonFiniteGuard(),), progress: bool = True) -> tuple[list[RunResult], dict]:
+            guards: tuple = (NonFiniteGuard(),), progress: bool = True, should_stop=None
+            ) -> tuple[list[RunResult], dict]:
         """Like :meth:`Simulation.run` for every lane; ``callback(lane, record, state)``, ``on_checkpoint(lane, state,
-        log)`` and ``on_stop(lane, message)`` receive the lane index. A lane a guard stops is frozen out of the
-        records while the others go on. Resuming: pass the stacked states and the lanes' logs from checkpoints taken
-        at the same round. Returns the lanes' results and {lane: message} of the stopped lanes."""
+        log)`` and ``on_stop(lane, message)`` receive the lane index; ``should_stop``: see :func:`drive`. A lane a
+        guard stops is frozen out of the records while the others go on. Resuming: pass the stacked states and the
+        lanes' logs from checkpoints taken at the same round. Returns the lanes' results and {lane: message} of the
+        stopped lanes."""
         states = states if states is not None else self.init()
         logs = logs if logs is not None else [RunLog() for _ in self.seeds]
         states, per_client, stopped = drive(self, states, logs, rounds, eval_every, checkpoint_every, lanes=True,
                                             callback=callback, on_checkpoint=on_checkpoint, on_stop=on_stop,
-                                            guards=guards, progress=progress)
+                                            guards=guards, progress=progress, should_stop=should_stop)
         per_client = jax.device_get(per_client)
         return [RunResult(jax.tree.map(lambda x: x[i], states), log.history,
                           {k: v[i] for k, v in per_client.items()}, self.compile_seconds, log.run_seconds)

@@ -129,7 +129,7 @@ class DivergenceGuard:
 
 def drive(sim, state, logs: list[RunLog], rounds: int, eval_every: int, checkpoint_every: int, *, lanes: bool,
           callback: Callable | None = None, on_checkpoint: Callable | None = None, on_stop: Callable | None = None,
-          guards: tuple = (NonFiniteGuard(),), progress: bool = True):
+          guards: tuple = (NonFiniteGuard(),), progress: bool = True, should_stop: Callable[[], bool] | None = None):
     """Run ``sim`` (a :class:`~fljax.engine.Simulation` or :class:`~fljax.engine.Lanes`; ``lanes=True``: every leaf
     of ``state`` and of the metrics has a leading lane axis, and ``logs`` holds one :class:`RunLog` per lane) until
     ``rounds``.
@@ -138,8 +138,10 @@ def drive(sim, state, logs: list[RunLog], rounds: int, eval_every: int, checkpoi
     :func:`block_schedule`: evaluate when due; ask every guard about every live lane — the
     first message stops that lane (``on_stop(lane, message)``; nothing of the bad block is recorded); append the
     live lanes' records, call ``callback(lane, record, lane_state)`` and, when due, ``on_checkpoint(lane,
-    lane_state, log)``. Stops early when every lane has stopped. Returns (state, the last per-client accuracies,
-    {lane: message} of the stopped lanes).
+    lane_state, log)``. Stops early when every lane has stopped, and when ``should_stop()`` is true after a block
+    (a stop was requested: every live lane is then checkpointed there, a block end of the same schedule, so a
+    resumed run repeats the uninterrupted one). Returns (state, the last per-client accuracies, {lane: message} of
+    the stopped lanes).
     """
     pick = (lambda tree_, i: jax.tree.map(lambda x: x[i], tree_)) if lanes else (lambda tree_, i: tree_)
     start = int(np.ravel(jax.device_get(state.round))[0])
@@ -205,6 +207,11 @@ def drive(sim, state, logs: list[RunLog], rounds: int, eval_every: int, checkpoi
                 if do_checkpoint and on_checkpoint is not None:
                     on_checkpoint(i, pick(state, i), logs[i])
             if not live:
+                break
+            if should_stop is not None and should_stop():
+                if not do_checkpoint and on_checkpoint is not None:
+                    for i in live:
+                        on_checkpoint(i, pick(state, i), logs[i])
                 break
     finally:
         if bar is not None:

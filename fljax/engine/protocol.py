@@ -32,7 +32,11 @@ class ClientInput:
     * ``key`` — its key this round, ``fold_in(fold_in(round key, tag), client id)``;
     * ``round`` — the round index (traced);
     * ``down`` — what the server sent it this round (None when there is no server);
-    * ``model`` — the model it runs (static); ``unroll`` — the unroll factor of its local-step loops (static).
+    * ``clock_key`` — its round-independent key ``fold_in(fold_in(run key, CLOCK), client id)`` (schedules that span
+      rounds: the epoch clock's batches);
+    * ``model`` — the model it runs (static; its group's in a heterogeneous population); ``global_model`` — the model
+      of the server's global parameters (static; ``model`` unless a population's group runs another architecture);
+      ``unroll`` — the unroll factor of its local-step loops (static).
     """
 
     state: Any
@@ -41,19 +45,24 @@ class ClientInput:
     round: jax.Array
     down: Any = None
     test: Any = None
+    clock_key: Any = None
     model: Any = flax.struct.field(pytree_node=False, default=None)
     unroll: int = flax.struct.field(pytree_node=False, default=1)
+    global_model: Any = flax.struct.field(pytree_node=False, default=None)
 
 
 @flax.struct.dataclass
 class ClientResult:
     """What one client's update returns: its new persistent ``state``, the ``upload`` it communicates (to the server
-    or to its neighbours), its aggregation ``weight`` and scalar ``metrics``."""
+    or to its neighbours), its aggregation ``weight`` and scalar ``metrics``. Stacked over clients by the engine,
+    ``valid`` marks the entries of clients that were sampled (None: all were; see :mod:`fljax.engine.cohort`, whose
+    invalid entries carry a zero weight and a zero upload)."""
 
     state: Any
     upload: Any
     weight: jax.Array
     metrics: dict
+    valid: Any = None
 
 
 @runtime_checkable
@@ -63,7 +72,8 @@ class FederatedAlgorithm(Protocol):
 
     * ``validate(num_clients)`` refuses impossible hyperparameters (one line, before anything runs);
     * ``init(ctx) -> (server, clients)``: the initial server pytree (or None) and the per-client pytree (leading
-      axis ``num_clients``);
+      axis ``num_clients``); ``init_population(ctx)``: the same over ``ctx.population``'s client groups (a tuple of
+      per-group client pytrees; ``init(ctx)`` when there is no population);
     * ``round(ctx, server, clients) -> (server, clients, metrics)``: one round, traced inside ``jit`` (eagerly under
       the loop executor); ``metrics`` is a dict of scalars with ``train_loss``, ``bytes_up``, ``bytes_down``;
     * ``evaluate(ctx, server, clients) -> (summary, per_client)``: scalar summaries and per-client arrays;
@@ -75,6 +85,8 @@ class FederatedAlgorithm(Protocol):
     def validate(self, num_clients: int) -> None: ...
 
     def init(self, ctx: "RoundContext") -> tuple[Any, Any]: ...
+
+    def init_population(self, ctx: "RoundContext") -> tuple[Any, Any]: ...
 
     def round(self, ctx: "RoundContext", server: Any, clients: Any) -> tuple[Any, Any, dict]: ...
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 
 import flax
@@ -10,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fljax import tree
 from fljax.errors import OptionError
 from fljax.models import zoo
 from fljax.options import check_value, suggest
@@ -77,11 +79,44 @@ class Model:
         shapes = jax.eval_shape(self.init, jax.random.PRNGKey(0))
         return int(sum(x.size for x in jax.tree.leaves(shapes)))
 
+    def kernel_paths(self) -> list[str]:
+        """The paths (``tree.path_str`` of the parameter tree, e.g. ``Conv_1/kernel``) of every layer's ``kernel``
+        in the order the layers are called on an input (computed once per model)."""
+        return list(_kernel_paths(self))
+
+    def quant_mask(self):
+        """QuPeD §7: a bool per parameter leaf, True for the kernels of every layer but the first and the last
+        ("we let the first and last layers of networks to be in full precision"); biases and normalisation stay
+        FP. CNN1: conv2, fc1, fc2; CNN2 adds conv3; ResNet: every conv kernel but the stem."""
+        quantized = set(self.kernel_paths()[1:-1])
+        shapes = jax.eval_shape(self.init, jax.random.PRNGKey(0))
+        return jax.tree_util.tree_map_with_path(lambda p, _: tree.path_str(p) in quantized, shapes)
+
+
+@functools.lru_cache(maxsize=256)
+def _kernel_paths(model: Model) -> tuple[str, ...]:
+    calls: list[tuple] = []
+
+    def record(next_fun, args, kwargs, context):
+        if context.method_name == "__call__" and context.module.path not in calls:
+            calls.append(context.module.path)
+        return next_fun(*args, **kwargs)
+
+    with nn.intercept_methods(record):
+        shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+    paths = [tree.path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(shapes)[0]]
+    order = {"/".join(c): i for i, c in enumerate(calls)}
+    kernels = [p for p in paths if p.endswith("/kernel") and p.rsplit("/", 1)[0] in order]
+    return tuple(sorted(kernels, key=lambda p: order[p.rsplit("/", 1)[0]]))
+
 
 MODELS = {
     "logreg": "multinomial logistic regression",
     "mlp": "fully connected ReLU network (hidden widths: hidden=[200, 200])",
     "cnn1": "QuPeD's CNN1: 2 conv (5x5, 6 and 16 channels) + 3 dense (120, 84, C)",
+    "cnn2": "QuPeD's CNN2: CNN1 plus a 5x5 conv (32 channels, SAME) after the second pool",
+    "cnn1_s": "QuPeD's reduced CNN1-S: 2 conv (3x3, 16 and 32 channels, SAME) + 3 dense (256, 128, C)",
+    "cnn2_s": "QuPeD's reduced CNN2-S: CNN1-S plus a 3x3 conv (64 channels, SAME) after the second pool",
     "fedslr_cnn": "FedSLR's reduced CNN: conv3x3(32) - GN - conv3x3(64, s2) - GN - GAP - Dense(64) - Dense(C), "
                   "no biases, GroupNorm(2), PyTorch init (weight_init='pytorch'|'flax')",
     "resnet18_gn": "CIFAR ResNet-18 with GroupNorm (groups=2, head_bias=False by default; "
@@ -89,9 +124,10 @@ MODELS = {
 }
 
 
-_MODULES = {"logreg": zoo.LogisticRegression, "mlp": zoo.MLP, "cnn1": zoo.CNN1, "fedslr_cnn": zoo.FedSLRCNN,
-            "resnet18_gn": zoo.ResNet18GN}
-_IMAGE_MODELS = ("cnn1", "fedslr_cnn", "resnet18_gn")  # convolutional: take conv_impl, need (H, W, C) inputs
+_MODULES = {"logreg": zoo.LogisticRegression, "mlp": zoo.MLP, "cnn1": zoo.CNN1, "cnn2": zoo.CNN2, "cnn1_s": zoo.CNN1S,
+            "cnn2_s": zoo.CNN2S, "fedslr_cnn": zoo.FedSLRCNN, "resnet18_gn": zoo.ResNet18GN}
+# convolutional: take conv_impl, need (H, W, C) inputs
+_IMAGE_MODELS = ("cnn1", "cnn2", "cnn1_s", "cnn2_s", "fedslr_cnn", "resnet18_gn")
 
 
 def auto_model(input_shape) -> str:

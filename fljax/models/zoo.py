@@ -1,4 +1,5 @@
-"""Flax modules: multinomial logistic regression, MLP, QuPeD's CNN1, FedSLR's reduced CNN, ResNet-18 with GroupNorm.
+"""Flax modules: multinomial logistic regression, MLP, QuPeD's CNN family (CNN1, CNN2 and the reduced CNN1-S, CNN2-S),
+FedSLR's reduced CNN, ResNet-18 with GroupNorm.
 
 Every convolution is :class:`fljax.models.layers.Conv`, whose ``impl`` ("native" or "patches") is a field of the
 module, so the same parameters run with either implementation. A module's options (the fields a config's
@@ -6,16 +7,19 @@ module, so the same parameters run with either implementation. A module's option
 """
 from __future__ import annotations
 
+import dataclasses
 import typing
 from typing import Literal, Sequence
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from fljax.models.layers import Conv, max_pool_2x2
 from fljax.options import at_least, each, option
 
-__all__ = ["LogisticRegression", "MLP", "CNN1", "FedSLRCNN", "ResNet18GN", "INITS", "kernel_init"]
+__all__ = ["LogisticRegression", "MLP", "CNN1", "CNN2", "CNN1S", "CNN2S", "FedSLRCNN", "ResNet18GN", "INITS",
+           "kernel_init", "qcnn"]
 
 Init = Literal["flax", "pytorch"]
 INITS = typing.get_args(Init)
@@ -61,29 +65,104 @@ class MLP(nn.Module):
         return nn.Dense(self.num_classes, name="head")(x)
 
 
+Widths = Literal["lenet", "tf_tutorial"]
+WIDTHS = {"lenet": ((6, 16), (120, 84), 32), "tf_tutorial": ((64, 64), (384, 192), 64)}  # convs, dense, extra conv
+
+
+def _uniform_fan_in(fan_in: int) -> nn.initializers.Initializer:
+    """PyTorch's default bias init U(±1/√fan_in)."""
+    bound = 1.0 / max(fan_in, 1) ** 0.5
+    return lambda key, shape, dtype=jnp.float32: jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+def _bias_init(init: str, fan_in: int) -> nn.initializers.Initializer:
+    """Biases: zero ('flax'), or U(±1/√fan_in) ('pytorch', PyTorch's default for Conv and Linear; QuPeD D9)."""
+    return _uniform_fan_in(fan_in) if init == "pytorch" else nn.initializers.zeros_init()
+
+
+def qcnn(x, num_classes: int, convs: Sequence[int], extra: int, dense: Sequence[int], kernel: int, paddings,
+         init: str, conv_impl: str):
+    """The QuPeD CNN family (spec §9, §12; D21) inside a compact ``__call__``: [conv k×k – ReLU – maxpool2] for each
+    width of ``convs`` (paddings ``paddings``), then, if ``extra`` > 0, conv k×k(→extra, SAME) – ReLU (CNN2's third
+    convolution, after the second pool), flatten, [Dense – ReLU] for each of ``dense``, Dense(C) named ``head``.
+    ``init``: 'flax' (LeCun-normal kernels, zero biases) or 'pytorch' (U(±1/√fan_in) kernels and biases)."""
+    k = kernel_init(init)
+    for width, pad in zip(convs, paddings):
+        fan = kernel * kernel * x.shape[-1]
+        x = nn.relu(Conv(width, (kernel, kernel), padding=pad, impl=conv_impl, kernel_init=k,
+                         bias_init=_bias_init(init, fan))(x))
+        x = max_pool_2x2(x)
+    if extra:
+        fan = kernel * kernel * x.shape[-1]
+        x = nn.relu(Conv(extra, (kernel, kernel), padding="SAME", impl=conv_impl, kernel_init=k,
+                         bias_init=_bias_init(init, fan))(x))
+    x = x.reshape(x.shape[0], -1)
+    for width in dense:
+        x = nn.relu(nn.Dense(width, kernel_init=k, bias_init=_bias_init(init, x.shape[-1]))(x))
+    return nn.Dense(num_classes, kernel_init=k, bias_init=_bias_init(init, x.shape[-1]), name="head")(x)
+
+
+def _cnn1_paddings(h: int):
+    """CNN1's paddings: 32×32 inputs VALID/VALID (flatten 400); 28×28 SAME/VALID (flatten 400, as the paper does for
+    MNIST-like data); smaller inputs SAME/SAME."""
+    return ("VALID", "VALID") if h >= 32 else ("SAME", "VALID") if h >= 20 else ("SAME", "SAME")
+
+
 class CNN1(nn.Module):
-    """QuPeD's CNN1 (the pFedMe authors' CifarNet; QuPeD spec D21): 2 conv + 3 FC layers.
+    """QuPeD's CNN1 (the pFedMe authors' CifarNet; QuPeD spec §9, D21): 2 conv + 3 FC layers.
 
     conv5×5(→6) – ReLU – maxpool2 – conv5×5(6→16) – ReLU – maxpool2 – flatten – Dense120 – ReLU – Dense84 – ReLU –
-    Dense(C). Paddings: 32×32 inputs VALID/VALID (flatten 400); 28×28 inputs SAME/VALID (flatten 400, as the paper
-    does for MNIST-like data); smaller inputs SAME/SAME. The last layer is named ``head``.
+    Dense(C) (``head``); paddings by input size (:func:`_cnn1_paddings`). ``widths='tf_tutorial'``: D21's option,
+    the TF-tutorial CNN of McMahan et al. (conv 64-64, dense 384-192). ``weight_init``: 'flax' (LeCun normal, zero
+    biases) or 'pytorch' (the paper scale, D9).
     """
 
     num_classes: int
+    weight_init: Init = option("flax", "initialiser: flax (LeCun normal, zero biases) or pytorch (U(+-1/sqrt(fan_in)) "
+                                       "kernels and biases, QuPeD D9 paper scale)")
+    widths: Widths = option("lenet", "layer widths: lenet (6-16, 120-84; QuPeD D21) or tf_tutorial (64-64, 384-192)")
     conv_impl: str = "native"
 
     @nn.compact
     def __call__(self, x):
-        h = x.shape[1]
-        pad1, pad2 = ("VALID", "VALID") if h >= 32 else ("SAME", "VALID") if h >= 20 else ("SAME", "SAME")
-        x = nn.relu(Conv(6, (5, 5), padding=pad1, impl=self.conv_impl)(x))
-        x = max_pool_2x2(x)
-        x = nn.relu(Conv(16, (5, 5), padding=pad2, impl=self.conv_impl)(x))
-        x = max_pool_2x2(x)
-        x = x.reshape(x.shape[0], -1)
-        x = nn.relu(nn.Dense(120)(x))
-        x = nn.relu(nn.Dense(84)(x))
-        return nn.Dense(self.num_classes, name="head")(x)
+        convs, dense, _ = WIDTHS[self.widths]
+        return qcnn(x, self.num_classes, convs, 0, dense, 5, _cnn1_paddings(x.shape[1]), self.weight_init,
+                    self.conv_impl)
+
+
+class CNN2(CNN1):
+    """QuPeD's CNN2 (spec §9): CNN1 plus conv5×5(16→32, SAME) – ReLU after the second pool (flatten 800 for 32×32
+    inputs; 122,838 parameters for CIFAR-10). ``widths='tf_tutorial'`` adds a 64-filter convolution."""
+
+    @nn.compact
+    def __call__(self, x):
+        convs, dense, extra = WIDTHS[self.widths]
+        return qcnn(x, self.num_classes, convs, extra, dense, 5, _cnn1_paddings(x.shape[1]), self.weight_init,
+                    self.conv_impl)
+
+
+class CNN1S(nn.Module):
+    """QuPeD reduced CPU model CNN1-S (spec §12): conv3×3(→16, SAME) – ReLU – maxpool2 – conv3×3(16→32, SAME) – ReLU –
+    maxpool2 – flatten – Dense256 – ReLU – Dense128 – ReLU – Dense(C) (``head``); 72,010 parameters on 8×8×1 inputs,
+    70,144 of them in the quantized conv2, fc1 and fc2 kernels. LeCun-normal kernels, zero biases (D9)."""
+
+    num_classes: int
+    weight_init: Init = option("flax", "initialiser: flax (LeCun normal, zero biases; QuPeD D9 reduced scale) or "
+                                       "pytorch")
+    conv_impl: str = "native"
+    extra: int = dataclasses.field(default=0, init=False)
+
+    @nn.compact
+    def __call__(self, x):
+        return qcnn(x, self.num_classes, (16, 32), self.extra, (256, 128), 3, ("SAME", "SAME"), self.weight_init,
+                    self.conv_impl)
+
+
+class CNN2S(CNN1S):
+    """CNN2-S (spec §12): CNN1-S plus conv3×3(32→64, SAME) – ReLU after the second pool (flatten 256; 123,274
+    parameters on 8×8×1 inputs)."""
+
+    extra: int = dataclasses.field(default=64, init=False)
 
 
 class FedSLRCNN(nn.Module):

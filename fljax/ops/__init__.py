@@ -1,12 +1,12 @@
 """fljax.ops: composable pytree transformations (prox, gossip, ADMM, SAM, partitions, sparse masks, quantizers,
-distillation, meta-gradients). Each operator is a small pure function on pytrees, safe under ``jit`` and ``vmap``
+schedules, distillation, meta-gradients). Each operator is a small pure function on pytrees, safe under ``jit`` and ``vmap``
 over a leading client axis; see ``docs/ops.md`` for the API reference with formulas and paper equations.
 
 The submodules are the primary namespaces (``ops.prox.L1``, ``ops.gossip.Ring``); the most used names are
 re-exported here. ``ops.gossip`` is the submodule, so the operator of the same name is called
 ``ops.gossip.gossip(W, tree)``; ``Identity`` exists in both ``prox`` and ``gossip`` and is not re-exported.
 """
-from fljax.ops import admm, distill, gossip, meta, partition, prox, quant, sam, sparsity
+from fljax.ops import admm, distill, gossip, meta, partition, prox, quant, sam, schedule, sparsity
 from fljax.ops.admm import (admm_consensus, augmented_lagrangian, augmented_lagrangian_grad, cg_solver,
                             cholesky_solver, consensus_from_z, dual_ascent, gd_branch, inverse_solver, linearised_prox,
                             linearized_primal, woodbury_inverse_solver, woodbury_solver, z_form)
@@ -21,5 +21,6 @@ from fljax.ops.prox import (L1, Box, ElasticNet, GroupLasso, HardThreshold, L2No
                             soft_threshold, svt, transmission_bytes, unmatricize)
 from fljax.ops.quant import (R, assign, bits_accounting, center_update, hard_quantize, init_centers, prox_x,
                              soft_quantize)
+from fljax.ops.schedule import epoch_of, exp_decay, penalty_kappa, penalty_lambda
 from fljax.ops.sam import sam_perturbation, sam_value_and_grad
 

@@ -18,13 +18,17 @@ def _masked_mean(v, mask):
     return jnp.sum(mask * v) / jnp.maximum(jnp.sum(mask), 1)
 
 
-def kl_divergence(teacher_logits, student_logits, temperature=1.0, mask=None, scale_t2: bool = False):
-    """KL(p_t ‖ p_s) = mean over (masked) samples of Σ_y p_t(y)(log p_t(y) − log p_s(y)), with p = softmax(z/T).
+def kl_divergence(teacher_logits, student_logits, temperature=1.0, mask=None, scale_t2: bool = False,
+                  student_temperature=None):
+    """KL(p_t ‖ p_s) = mean over (masked) samples of Σ_y p_t(y)(log p_t(y) − log p_s(y)), with p_t = softmax(z_t/T)
+    and p_s = softmax(z_s/T_s), T_s = ``student_temperature`` (default T).
 
-    QuPeD §2: f_KD(x, w) = D_KL(s(w) ‖ s(x)), teacher first, T = 1 (D4). ``scale_t2`` multiplies by T² (Hinton's
-    scaling; AugFL's ``kd`` option with T = 4) so gradient magnitudes do not shrink with T."""
+    QuPeD §2: f_KD(x, w) = D_KL(s(w) ‖ s(x)), teacher first, T = 1 (D4); D4's options: T > 1 on both logits with
+    ``scale_t2``, or teacher-only softening (``student_temperature=1``, the authors' hook). ``scale_t2`` multiplies by
+    T² (Hinton's scaling; AugFL's ``kd`` option with T = 4) so gradient magnitudes do not shrink with T."""
+    ts = temperature if student_temperature is None else student_temperature
     log_pt = jax.nn.log_softmax(teacher_logits / temperature, axis=-1)
-    log_ps = jax.nn.log_softmax(student_logits / temperature, axis=-1)
+    log_ps = jax.nn.log_softmax(student_logits / ts, axis=-1)
     p_t = jnp.exp(log_pt)
     kl = jnp.sum(jnp.where(p_t > 0, p_t * (log_pt - log_ps), 0), axis=-1)  # 0·log 0 = 0 for −inf teacher logits
     out = _masked_mean(kl, mask)

@@ -14,20 +14,39 @@ import numpy as np
 PyTree = Any
 
 __all__ = [
-    "assign", "hard_quantize", "soft_quantize", "R", "prox_x", "center_update", "init_centers", "bits_accounting",
+    "ASSIGN_RULES", "assign", "hard_quantize", "soft_quantize", "R", "prox_x", "center_update", "init_centers",
+    "bits_accounting",
 ]
 
-
-def assign(x, centers):
-    """a_k = argmin_j |x_k − c_j| (ties to the lowest index), int32, no gradient. QuPeD §2 (D7)."""
-    d = jnp.abs(x[..., None] - centers)
-    return jax.lax.stop_gradient(jnp.argmin(d, axis=-1).astype(jnp.int32))
+ASSIGN_RULES = ("nearest", "sign")
+SEARCHSORTED_ABOVE = 4  # m > 4 centers: assign by searchsorted on the midpoints (O(log m) memory per entry)
 
 
-def hard_quantize(x, centers):
+def assign(x, centers, rule: str = "nearest"):
+    """a_k = argmin_j |x_k − c_j| for sorted centers, int32, no gradient (QuPeD §2, D7).
+
+    ``"nearest"`` (default): ties go to the lowest index; for m ≤ 4 an argmin over |x − c|, for m > 4
+    ``searchsorted`` on the midpoints (c_j + c_{j+1})/2 (a point exactly on a midpoint goes to the lower center; with
+    two *equal* centers the higher of them may be chosen, which leaves Q_c(x) unchanged). ``"sign"`` (m = 2 only,
+    the authors' code): a_k = 1 if x_k ≥ 0 else 0."""
+    if rule == "sign":
+        if centers.shape[-1] != 2:
+            raise ValueError(f"assign rule 'sign' needs m = 2 centers, got {centers.shape[-1]}.")
+        a = (x >= 0).astype(jnp.int32)
+    elif rule == "nearest":
+        if centers.shape[-1] > SEARCHSORTED_ABOVE:
+            a = jnp.searchsorted((centers[1:] + centers[:-1]) / 2, x, side="left").astype(jnp.int32)
+        else:
+            a = jnp.argmin(jnp.abs(x[..., None] - centers), axis=-1).astype(jnp.int32)
+    else:
+        raise ValueError(f"unknown assign rule {rule!r}; valid: {ASSIGN_RULES}")
+    return jax.lax.stop_gradient(a)
+
+
+def hard_quantize(x, centers, rule: str = "nearest"):
     """Q_c(x)_k = c_{a_k} = centers[sg(a)]. Its x-gradient is exactly 0 and its center gradient is the segment-sum
     ∂f/∂c_j = Σ_{k: a_k = j} ∂f/∂q_k (QuPeD App. D.1, P → ∞): reverse-mode of a gather, no custom VJP needed."""
-    return centers[assign(x, centers)]
+    return centers[assign(x, centers, rule)]
 
 
 def soft_quantize(x, centers, P):
@@ -43,28 +62,34 @@ def R(x, centers):
     return 0.5 * jnp.sum(jnp.min(jnp.abs(x[..., None] - centers), axis=-1))
 
 
-def prox_x(y, centers, th):
+def prox_x(y, centers, th, rule: str = "nearest"):
     """prox_{η₁λR(·,c)}(y) with th = λη₁/2 (QuPeD App. D.1 eqs. (8)–(11)): with q = Q_c(y) the nearest center to y,
     y − th if y ≥ q + th, y + th if y ≤ q − th, q otherwise; i.e. q + sign(y − q)·max(|y − q| − th, 0), a soft
-    threshold toward the nearest center (the piecewise form is exact at th = 0 and for large th)."""
-    q = hard_quantize(y, centers)
+    threshold toward the nearest center (the piecewise form is exact at th = 0 and for large th). ``rule``: the
+    assignment of :func:`assign` (D7)."""
+    q = hard_quantize(y, centers, rule)
     d = y - q
     return jnp.where(jnp.abs(d) > th, y - th * jnp.sign(d), q).astype(y.dtype)
 
 
-def center_update(centers, grad, x, eta2, lam, sign: str = "median", prox: bool = True):
+def center_update(centers, grad, x, eta2, lam, sign: str = "median", prox: bool = True, rule: str = "nearest",
+                  grad_clip: float | None = None):
     """QuPeD Alg. 1 line 5 / Alg. 2 line 13: μ = c − η₂h, then the linearised c-prox with assignments of the new x
     under the old c, then sort (D18).
 
     With n_j^> = #{k: a_k = j, x_k > c_j}, n_j^< = #{k: a_k = j, x_k < c_j}:
     ``sign="median"`` (derivation, default D1) c_j = μ_j + (λη₂/2)(n_j^> − n_j^<), pulling c_j toward its members'
     median; ``sign="printed"`` (paper's formula, authors' code) uses the opposite sign; ``prox=False`` keeps only
-    the gradient step μ."""
+    the gradient step μ. ``x`` may hold the members of several leaves (one center vector per client, D6: pass them
+    concatenated). ``rule``: the assignment (D7). ``grad_clip``: clip h to [−clip, clip] first (D17 option, the
+    authors' code uses 10; None: no clipping)."""
+    if grad_clip is not None:
+        grad = jnp.clip(grad, -grad_clip, grad_clip)
     mu = centers - eta2 * grad
     if prox:
         if sign not in ("median", "printed"):
             raise ValueError(f"unknown sign {sign!r}; valid: 'median', 'printed'")
-        a = assign(x, centers).ravel()
+        a = assign(x, centers, rule).ravel()
         xf = x.ravel()
         m = centers.shape[0]
         above = jax.ops.segment_sum((xf > centers[a]).astype(centers.dtype), a, num_segments=m)

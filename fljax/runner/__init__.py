@@ -3,6 +3,10 @@
 * :mod:`~fljax.runner.files` — atomic writes (a crash never leaves a truncated file);
 * :mod:`~fljax.runner.results` — the run directory: resolved config, ``metrics.jsonl``, ``summary.json``;
 * :mod:`~fljax.runner.checkpoint` — orbax checkpoints of the whole state and the metrics so far;
+* :mod:`~fljax.runner.lock` — one owner per run directory (an OS lock);
+* :mod:`~fljax.runner.memory` — a simulation that cannot fit in memory is refused before it starts;
+* :mod:`~fljax.runner.resume` — what ``--resume`` may change in a run's config;
+* :mod:`~fljax.runner.interrupt` — Ctrl-C and SIGTERM: checkpoint, status, exit;
 * :mod:`~fljax.runner.plots` — PNG plots of one run and of a comparison;
 * :mod:`~fljax.runner.report` — progress output modes, JSON log lines, Markdown tables with mean ± std;
 * :mod:`~fljax.runner.sweep` — seeds: which run vectorised, which one after another;

@@ -3,7 +3,10 @@ PRNG key) and the :class:`~fljax.engine.RunLog` (the evaluation records so far, 
 
 One checkpoint per saved round under ``<run dir>/checkpoints/<round>/``; orbax writes each into a temporary
 directory and renames it when complete, so a crash never leaves a half-written checkpoint that a resume would
-read. Saves are asynchronous (the next rounds run while the files are written). The last ``max_to_keep`` are kept.
+read (the temporary directories of a crashed save are removed when the run directory is next opened). Saves are
+asynchronous (the next rounds run while the files are written). The last ``max_to_keep`` are kept. A checkpoint
+damaged afterwards (a disk error, a file changed by hand) is not trusted: :meth:`Checkpointer.restore_newest` falls
+back to the newest one that reads, moving the damaged ones aside.
 
 When: ``checkpoint_every: K`` saves every K rounds (the blocks of rounds end there too); the default (``null``)
 saves at an evaluation when :data:`CHECKPOINT_SECONDS` have passed since the last save, and after the last round,
@@ -35,13 +38,19 @@ class Checkpointer:
         self._ocp = ocp
         self.directory = os.path.abspath(directory)
         options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=True,
-                                               create=True)
+                                               create=True, cleanup_tmp_directories=True)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._saved: int | None = None
 
     def save(self, state: State, log: RunLog) -> None:
-        """Checkpoint after round ``state.round`` (asynchronous; a pending save finishes first)."""
+        """Checkpoint after round ``state.round`` (asynchronous; a pending save finishes first). Saving the round
+        this checkpointer saved last again does nothing."""
+        round_ = int(state.round)
+        if round_ == self._saved:
+            return
+        self._saved = round_
         args = self._ocp.args
-        self._manager.save(int(state.round), args=args.Composite(state=args.StandardSave(state),
+        self._manager.save(round_, args=args.Composite(state=args.StandardSave(state),
                                                                  log=args.JsonSave(log.to_json())), force=True)
 
     def rounds(self) -> list[int]:
@@ -62,6 +71,32 @@ class Checkpointer:
         out = self._manager.restore(round_, args=args.Composite(state=args.StandardRestore(abstract),
                                                                 log=args.JsonRestore()))
         return out.state, RunLog.from_json(out.log)
+
+    def restore_newest(self, template: State | None = None, warn: Callable[[str], None] = print,
+                       at_most: int | None = None) -> tuple[State, RunLog] | None:
+        """The newest checkpoint that can be read (of a round <= ``at_most``, when given), or None when none can
+        (then nothing is moved). Each newer one that cannot be read is renamed ``<round>.unreadable`` (kept for
+        inspection, no longer a checkpoint) and reported by ``warn`` in one line."""
+        rounds = sorted((r for r in self.rounds() if at_most is None or r <= at_most), reverse=True)
+        failures = []
+        for round_ in rounds:
+            try:
+                restored = self.restore(template, round_)
+            except Exception as e:  # noqa: BLE001 - whatever fails while reading, the checkpoint is unusable
+                failures.append((round_, (str(e).strip().splitlines() or [type(e).__name__])[0][:160]))
+                continue
+            for bad, why in failures:
+                os.rename(os.path.join(self.directory, str(bad)), os.path.join(self.directory, f"{bad}.unreadable"))
+                warn(f"the checkpoint of round {bad} in {self.directory} cannot be read ({why}); moved it to "
+                     f"{bad}.unreadable and resumed from round {round_}")
+            return restored
+        return None
+
+    def delete_after(self, round_: int) -> None:
+        """Delete the checkpoints of rounds after ``round_`` (a run continued from ``round_`` saves them again)."""
+        for later in self.rounds():
+            if later > round_:
+                self._manager.delete(later)
 
     def wait(self) -> None:
         self._manager.wait_until_finished()

@@ -7,13 +7,18 @@ program do (:mod:`fljax.runner.plan`: seeds, trials and grid points as lanes of 
 its own directory (:mod:`fljax.runner.results`), checkpoints itself (:mod:`fljax.runner.checkpoint`) and stops alone
 when a guard fires (NaN/Inf, divergence), while its lanes' neighbours go on.
 
-Resuming (``resume=True``): every run restores its latest checkpoint and its metrics file is cut back to the
-checkpoint's records; blocks of rounds end where the uninterrupted run's end, so the continued run gives the same
-metrics and parameters bit for bit. A run whose ``summary.json`` says it completed is reused as it is.
+Safety (:func:`run_points` lists the guarantees): every directory is locked while a run owns it
+(:mod:`fljax.runner.lock`); everything is checked before anything is written; resuming (``resume=True``) refuses a
+config that changes the simulation (:mod:`fljax.runner.resume`), restores every run's newest readable checkpoint and
+cuts its metrics file back to the checkpoint's records; blocks of rounds end where the uninterrupted run's end, so
+the continued run gives the same metrics and parameters bit for bit. A run whose ``summary.json`` says it completed
+is reused as it is. Ctrl-C and SIGTERM checkpoint the runs and mark them 'interrupted'
+(:mod:`fljax.runner.interrupt`).
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import time
@@ -22,16 +27,19 @@ from typing import Any
 import jax
 
 from fljax import tree
-from fljax.config import ConfigError, ExperimentConfig, algorithm_config, check_compare_algo, resolved, to_dict
+from fljax.config import RUNS_MAX, ConfigError, ExperimentConfig, algorithm_config, check_compare_algo, resolved, to_dict
+from fljax.errors import OptionError
 from fljax.engine import DivergenceGuard, Lanes, NonFiniteError, NonFiniteGuard, RunLog, RunResult, Simulation
 from fljax.engine.lanes import can_batch
 from fljax.engine.loop import drive
-from fljax.runner import files
+from fljax.runner import files, interrupt, lock
 from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
+from fljax.runner.memory import check_fits
 from fljax.runner.plan import Program, group_runs, traceable
 from fljax.runner.plots import plot_compare, plot_run, setting
 from fljax.runner.report import Output, markdown_table, summary_row
 from fljax.runner.results import RunDir, aggregate_summaries, environment, make_summary
+from fljax.runner.resume import check_resume
 from fljax.runner.sweep import DataCache, grid_points, point_config, point_label, seed_list
 
 __all__ = ["ExperimentResult", "Run", "run_points", "run_experiment", "compare_experiments", "sweep_experiments",
@@ -53,7 +61,7 @@ class Run:
     log: RunLog = dataclasses.field(default_factory=RunLog)
     start: int = 0
     checkpointer: Checkpointer | None = None
-    status: str = "pending"  # running | completed | stopped | reused
+    status: str = "pending"  # running | completed | stopped (a guard) | interrupted (a signal) | reused
     message: str | None = None
     result: RunResult | None = None
     summary: dict | None = None
@@ -199,14 +207,33 @@ def _guards(cfg: ExperimentConfig) -> tuple:
 def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | None, *, resume: bool = False,
                output: Output | None = None, data_cache: DataCache | None = None, plots: bool = True,
                missing_ok: bool = False, lanes: str = "vmap", subdirs: bool | None = None,
-               trace: tuple[str, ...] = (), model=None) -> list[ExperimentResult]:
+               trace: tuple[str, ...] = (), root_config: ExperimentConfig | None = None,
+               root_summary: dict | None = None, model=None) -> list[ExperimentResult]:
     """Run every point for its seeds into ``out`` (one point: ``out`` is its directory; several, or ``subdirs``:
-    ``out/<label>/``; ``out=None``: nothing is written). ``resume``: continue from the runs' checkpoints (refused when there is none,
-    unless ``missing_ok``); without it a directory that already holds a run is refused. ``lanes``: how runs that can
-    share a program run — 'vmap' (vectorised lanes), 'map' (one after another inside the program: bit-identical to
-    separate runs of the traced program) or 'off' (separate programs); ``trace``: algorithm keys passed as traced
-    values even when all runs agree on them (a sweep's grid keys). Runs a guard stops are reported in their
-    summaries (status 'stopped' and the message); the caller decides what that means."""
+    ``out/<label>/``; ``out=None``: nothing is written). ``root_config`` and ``root_summary``: what a collection (a
+    sweep, a comparison) keeps at ``out`` itself, checked and written with the runs' files. ``lanes``: how runs that
+    can share a program run — 'vmap' (vectorised lanes), 'map' (one after another inside the program: bit-identical
+    to separate runs of the traced program) or 'off' (separate programs); ``trace``: algorithm keys passed as
+    traced values even when all runs agree on them (a sweep's grid keys). Runs a guard stops are reported in their
+    summaries (status 'stopped' and the message); the caller decides what that means.
+
+    What is guaranteed:
+
+    * everything is checked before anything is written: the configs, the data, and the directories' state (a
+      refusal is a :class:`~fljax.config.ConfigError` and leaves the directories as they were);
+    * every directory a ``config.yaml`` is written into is locked for the whole call (:mod:`fljax.runner.lock`):
+      one owner at a time (a root that only holds the run directories, as a study's, is not: its workers share it);
+    * without ``resume``, a directory holding results (a checkpoint, a completed or stopped run) is refused; one
+      without (a run that died before its first checkpoint) is started afresh;
+    * with ``resume``, a config that changes the simulation is refused (:mod:`fljax.runner.resume`); a completed
+      run is reused as it is; the other runs continue from the newest round they all have a readable checkpoint of
+      (a damaged newer one is moved aside with a warning; later ones are deleted), their metrics cut back to the
+      checkpoint's, or from round 0 when there is none (:func:`_restore_all`); a directory holding no run at all
+      is refused unless ``missing_ok``;
+    * a run's summary says 'completed' only once the final checkpoints of all the lanes it ran with are on disk;
+    * SIGINT/SIGTERM (:mod:`fljax.runner.interrupt`): the runs finish their block of rounds, are checkpointed
+      there, their summaries say 'interrupted', and :class:`~fljax.runner.interrupt.Interrupted` is raised.
+    """
     if lanes not in LANE_MODES:
         raise ConfigError(f"lanes must be one of {list(LANE_MODES)}, got {lanes!r}.")
     output = output or Output()
@@ -216,63 +243,53 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
     dirs = _point_dirs(points, root, len(points) > 1 if subdirs is None else subdirs)
     runs_by_point = [_runs_of(label, cfg, d) for (label, cfg), d in zip(points, dirs)]
     all_runs = [run for runs in runs_by_point for run in runs]
-    if resume and not missing_ok and not any(run.directory.has_checkpoint() for run in all_runs):
-        raise ConfigError(f"--resume: no checkpoint in {all_runs[0].directory.checkpoints!r}; start the run without "
-                          f"--resume (or point --out at the run directory to continue).")
-    if not resume and any(d.holds_run() for d in [*dirs, *(r.directory for r in all_runs)]):
-        raise ConfigError(f"run directory {root.path!r} already holds a run; continue it with --resume or choose "
-                          f"another --out.")
+    configs = _configs(root, root_config, points, dirs, runs_by_point)
+    if resume and out is not None:
+        for d, cfg in reversed(configs):  # the root first
+            check_resume(d.path, cfg)
     cache = data_cache or DataCache()
     sims = _Sims(model)
-    for run in all_runs:  # refuse a bad split or a model that does not fit the data before writing anything
+    for run in all_runs:  # refuse a bad split, a model that does not fit the data or the memory before writing
         t0 = time.perf_counter()
         run.data = cache(run.cfg, run.seed)
         sim = sims(run)
+        check_fits(sim)
         run.steps_per_round = sim.work_per_round()[0]
         run.facts = {"model": getattr(sim.model, "name", None), "num_params": sim.model.num_params() if sim.model
                      else None, "executor": sim.executor.describe()}
         run.environment = environment(sim)
         run.setup_seconds = time.perf_counter() - t0
-    try:
-        for (label, cfg), d, runs in zip(points, dirs, runs_by_point):
+    with lock.hold([d.path for d, _ in configs]):
+        _check_directories(root, [d for d, _ in configs], resume, missing_ok)
+        if resume:
+            _restore_all(all_runs, sims, output)
+        if root_summary is not None:
+            root.write_summary(root_summary)
+        for d, cfg in configs:  # the root's config.yaml last: once it exists, the directory can be resumed
+            if cfg is not root_config:
+                d.write_resolved(_resolved(cfg, model))
             d.write_config(cfg)
-            d.write_resolved(_resolved(cfg, model))
-            if len(runs) > 1:
-                for run in runs:
-                    run.directory.write_config(run.cfg)
-                    run.directory.write_resolved(_resolved(run.cfg, model))
         for run in all_runs:
-            if resume:
-                _restore(run, sims(run))
-            if run.status != "reused" and run.cfg.checkpoint_every != 0 and out is not None:
-                run.checkpointer = Checkpointer(run.directory.checkpoints)
-        todo = [r for r in all_runs if r.status != "reused"]
+            if run.status != "reused":
+                run.directory.write_metrics(run.log.history)  # resumed: cut back to the checkpoint's records
         if points:
             label, cfg = points[0]
             output.note(f"{label or cfg.run_name}: {sims(all_runs[0]).algorithm.summary or cfg.algorithm}"
                         + (f" (+{len(points) - 1} more points)" if len(points) > 1 else ""))
             output.note(f"  data: {all_runs[0].data.summary()}; results in {root.path or '(not written)'}")
-        split: set[str] = set()
-        while todo:
-            programs = group_runs(todo, batchable=_batchable(sims), lanes=lanes, split=split, trace=set(trace))
-            program = programs[0]
-            if program.traced:
-                sim, hp = sims(program.runs[0], program.traced), program.hps()[0]
-                if traceable(sim, hp):  # a key reached Python control flow: its values become separate programs
-                    bad = [k for k in program.traced if traceable(sim, {k: hp[k]})] or list(program.traced)
-                    split |= set(bad)
-                    output.note(f"  {', '.join(bad)}: not a traceable value (Python branches on it or it sets a "
-                                f"shape); one program per value")
-                    continue
-            _execute(program, sims, output, lanes)
-            todo = [r for r in todo if all(r is not done for done in program.runs)]
-    finally:
-        for run in all_runs:
-            if run.checkpointer is not None:
-                run.checkpointer.close()
-                run.checkpointer = None
-    return [_finish(label, cfg, d, runs, output, plots) for (label, cfg), d, runs in
-            zip(points, dirs, runs_by_point)]
+        with interrupt.graceful(output.warn) as stop:
+            try:
+                for run in all_runs:
+                    if run.status != "reused" and run.cfg.checkpoint_every != 0 and out is not None:
+                        run.checkpointer = Checkpointer(run.directory.checkpoints)
+                _run_all(all_runs, sims, output, lanes, trace, stop)
+            finally:
+                for run in all_runs:
+                    if run.checkpointer is not None:
+                        run.checkpointer.close()
+                        run.checkpointer = None
+        return [_finish(label, cfg, d, runs, output, plots) for (label, cfg), d, runs in
+                zip(points, dirs, runs_by_point)]
 
 
 def _resolved(cfg: ExperimentConfig, module) -> dict:
@@ -284,23 +301,102 @@ def _resolved(cfg: ExperimentConfig, module) -> dict:
     return values
 
 
-def _restore(run: Run, sim: Simulation) -> None:
-    """Reuse a completed run, or load its latest checkpoint (none: it starts afresh) and cut its metrics back."""
-    if run.directory.holds_summary():
-        summary = run.directory.read_summary()
+def _configs(root: RunDir, root_config, points, dirs, runs_by_point) -> list[tuple[RunDir, ExperimentConfig]]:
+    """Every (directory, config) this call writes a ``config.yaml`` for, inner directories first: each seed of a
+    point with several, each point, the collection's root."""
+    configs = []
+    for (_, cfg), d, runs in zip(points, dirs, runs_by_point):
+        configs += [(run.directory, run.cfg) for run in runs] if len(runs) > 1 else []
+        configs.append((d, cfg))
+    return configs + ([(root, root_config)] if root_config is not None else [])
+
+
+def _check_directories(root: RunDir, dirs: list[RunDir], resume: bool, missing_ok: bool) -> None:
+    if root.path is None:
+        return
+    if resume and not missing_ok and not root.holds_config():
+        raise ConfigError(f"--resume: {root.path!r} holds no run to continue (no config.yaml); start it without "
+                          f"--resume.")
+    held = next((d for d in dirs if d.holds_results()), None) if not resume else None
+    if held is not None:
+        raise ConfigError(f"run directory {held.path!r} already holds results (a checkpoint or a finished run); "
+                          f"continue it with --resume or choose another --out.")
+
+
+def _run_all(all_runs: list[Run], sims: _Sims, output: Output, lanes: str, trace: tuple, stop) -> None:
+    """Run every run that is not reused, program by program (:func:`~fljax.runner.plan.group_runs`)."""
+    todo = [r for r in all_runs if r.status != "reused"]
+    split: set[str] = set()
+    while todo:
+        stop.check()
+        programs = group_runs(todo, batchable=_batchable(sims), lanes=lanes, split=split, trace=set(trace))
+        program = programs[0]
+        if program.traced:
+            sim, hp = sims(program.runs[0], program.traced), program.hps()[0]
+            if traceable(sim, hp):  # a key reached Python control flow: its values become separate programs
+                bad = [k for k in program.traced if traceable(sim, {k: hp[k]})] or list(program.traced)
+                split |= set(bad)
+                output.note(f"  {', '.join(bad)}: not a traceable value (Python branches on it or it sets a "
+                            f"shape); one program per value")
+                continue
+        _execute(program, sims, output, lanes, stop)
+        if any(r.status == "interrupted" for r in program.runs):
+            stop.check()
+        todo = [r for r in todo if all(r is not done for done in program.runs)]
+
+
+def _restore_all(runs: list[Run], sims: _Sims, output: Output) -> None:
+    """Reuse the completed runs; every other run continues from the newest round that all of them have a
+    readable checkpoint of (none: round 0), so that they form the programs (lanes) of the uninterrupted call: a
+    kill during a checkpoint write leaves some lanes one checkpoint behind the others, and lanes batched otherwise
+    may differ in the last bits. Checkpoints after that round are deleted (the run writes them again)."""
+    todo = [run for run in runs if not _reuse(run)]
+    bound = None
+    while len({_restore(run, sims(run), output, bound) for run in todo}) > 1:
+        bound = min(run.start for run in todo)
+    for run in todo:
+        if run.directory.has_checkpoint():
+            with Checkpointer(run.directory.checkpoints) as ck:
+                ck.delete_after(run.start)
+
+
+def _reuse(run: Run) -> bool:
+    """A run whose summary says it completed its rounds is kept as it is."""
+    d = run.directory
+    if d.holds_summary():
+        summary = d.read_summary()
         if summary.get("status") == "completed" and summary.get("rounds") == run.cfg.rounds:
             run.status, run.summary = "reused", summary
-            run.log = RunLog(history=run.directory.read_metrics())
-            return
-    if run.directory.has_checkpoint():
-        with Checkpointer(run.directory.checkpoints) as ck:
-            run.state, run.log = ck.restore(sim.state_shapes())
-        run.start = int(run.state.round)
-    run.directory.write_metrics(run.log.history)
+            run.log = RunLog(history=d.read_metrics())
+            return True
+    return False
 
 
-def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str) -> None:
-    """Run the program's lanes to their config's ``rounds`` (one run: a plain run; several: :class:`Lanes`)."""
+def _restore(run: Run, sim: Simulation, output: Output, at_most: int | None = None) -> int:
+    """Load the run's newest readable checkpoint of a round <= ``at_most`` (None: any round); without one it
+    starts at round 0. Returns the start round. Reads only, except that a damaged checkpoint is moved aside."""
+    d = run.directory
+    run.state, run.log, run.start = None, RunLog(), 0
+    if not d.has_checkpoint():
+        return 0
+    with Checkpointer(d.checkpoints) as ck:
+        restored = ck.restore_newest(sim.state_shapes(), output.warn, at_most)
+    if restored is None and at_most is None:
+        raise ConfigError(f"--resume: no checkpoint in {d.checkpoints!r} can be read; move that directory away to "
+                          f"start the run afresh.")
+    if restored is None:
+        return 0
+    run.state, run.log = restored
+    run.start = int(run.state.round)
+    if run.start > run.cfg.rounds:
+        raise OptionError("rounds", f"must be at least {run.start} to resume {d.path!r} (its checkpoint is of round "
+                                    f"{run.start}), got {run.cfg.rounds}.")
+    return run.start
+
+
+def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str, stop) -> None:
+    """Run the program's lanes to their config's ``rounds`` (one run: a plain run; several: :class:`Lanes`), or
+    until ``stop`` is set (the runs are then 'interrupted')."""
     runs = program.runs
     cfg = runs[0].cfg
     sim = sims(runs[0], program.traced)
@@ -324,7 +420,7 @@ def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str) -> 
         run.directory.write_summary(run.summary)
 
     common = dict(checkpoint_every=cfg.checkpoint_every or 0, callback=on_eval, on_checkpoint=on_checkpoint,
-                  on_stop=on_stop, guards=_guards(cfg), progress=output.progress)
+                  on_stop=on_stop, guards=_guards(cfg), progress=output.progress, should_stop=lambda: bool(stop))
     for run in runs:
         run.status = "running"
     if len(runs) == 1 and not program.traced:
@@ -340,12 +436,20 @@ def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str) -> 
         restored = [r.state for r in runs]
         states = _initial(runs, sim, lambda: batch.init() if restored[0] is None else tree.stack(restored))
         results, _ = batch.run(cfg.rounds, cfg.eval_every, states, [r.log for r in runs], **common)
+    for run in runs:  # every lane's last checkpoint on disk before any of them says 'completed' (_restore_all)
+        if run.checkpointer is not None:
+            run.checkpointer.wait()
     for run, res in zip(runs, results):
         run.result, run.vectorised = res, len(runs) > 1
-        if run.status != "stopped":
-            run.status = "completed"
-            run.summary = run.make_summary()
-            run.directory.write_summary(run.summary)
+        if run.status == "stopped":
+            continue
+        reached = int(res.state.round)
+        if reached == run.cfg.rounds:
+            run.status, run.message = "completed", None
+        else:
+            run.status, run.message = "interrupted", f"stopped by {stop.name} after round {reached}"
+        run.summary = run.make_summary(run.status, run.message)
+        run.directory.write_summary(run.summary)
 
 
 def _initial(runs: list[Run], sim: Simulation, make):
@@ -385,12 +489,19 @@ def run_experiment(cfg: ExperimentConfig, out: str | None, *, resume: bool = Fal
     stopped = result.stopped
     if stopped:
         run = stopped[0]
-        kept = _last_checkpoint(run)
-        where = "no checkpoint yet" if kept is None else f"the last good checkpoint (round {kept})"
         who = f"seed {run.seed}: " if len(result.runs) > 1 else ""
-        kept_in = f" Kept in {result.directory.path}: metrics.jsonl so far and {where}." if out else ""
-        raise NonFiniteError(f"{who}{run.message}; lower the learning rate (algo.lr) or check the data.{kept_in}")
+        raise NonFiniteError(f"{who}{run.message}; lower the learning rate (algo.lr) or check the other "
+                             f"hyperparameters and the data.{_kept(run) if out else ''}")
     return result
+
+
+def _kept(run: Run) -> str:
+    """What a stopped run left on disk, e.g. ' Kept in runs/a: metrics.jsonl up to round 6 and the last good
+    checkpoint (round 6).'"""
+    history, kept = run.log.history, _last_checkpoint(run)
+    metrics = f"metrics.jsonl up to round {history[-1]['round']}" if history else "no metrics"
+    checkpoint = "no checkpoint" if kept is None else f"the last good checkpoint (round {kept})"
+    return f" Kept in {run.directory.path}: {metrics} and {checkpoint}."
 
 
 def _last_checkpoint(run: Run) -> int | None:
@@ -417,16 +528,15 @@ def compare_experiments(cfg: ExperimentConfig, algorithms: list[str | tuple[str,
     for name, hyper in entries:
         lbl = make_label(name, hyper)
         points.append((lbl, dataclasses.replace(algorithm_config(cfg, name, hyper), name=lbl)))
-    if resume and not root.holds_run():
-        raise ConfigError(f"--resume: {root.path!r} holds no comparison to continue; start it without --resume.")
-    if not resume and root.holds_run():
-        raise ConfigError(f"directory {root.path!r} already holds a comparison; continue it with --resume or choose "
-                          f"another --out.")
     listing = [{"label": make_label(n, h), "algorithm": n, "hyperparameters": h} for n, h in entries]
-    root.write_config(cfg)
-    root.write_summary({"status": "running", "algorithms": listing})
-    results = run_points(points, out, resume=resume, missing_ok=True, output=output, plots=plots, subdirs=True,
-                         data_cache=data_cache, model=model)
+    with lock.hold([out]):
+        results = _run_collection(points, cfg, {"algorithms": listing}, out, resume=resume, output=output,
+                                  plots=plots, data_cache=data_cache, model=model)
+        return _compare_table(cfg, points, results, listing, root, plots)
+
+
+def _compare_table(cfg, points, results, listing, root: RunDir, plots: bool):
+    """The comparison's table, plot and summary."""
     by_label = {lbl: r for (lbl, _), r in zip(points, results)}
     rows = [r.row(lbl) for lbl, r in by_label.items()]
     title = (f"{setting(cfg, results[0].runs[0].data)}, {cfg.rounds} rounds, "
@@ -451,19 +561,24 @@ def sweep_experiments(cfg: ExperimentConfig, grid: dict[str, list], out: str | N
     root = RunDir(out)
     if not grid:
         raise ConfigError("a sweep needs a grid, e.g. --grid algo.lr=0.01,0.1.")
+    count = math.prod(len(values) for values in grid.values())
+    if count * cfg.seeds > RUNS_MAX:
+        raise ConfigError(f"--grid gives {count:,} points × {cfg.seeds} seed(s) = {count * cfg.seeds:,} runs, more "
+                          f"than the {RUNS_MAX:,} one command may start; sweep fewer values or seeds at a time.")
     base = to_dict(cfg)
     points = []
     for values in grid_points(grid):
         label = point_label(values)
         points.append((label, dataclasses.replace(point_config(base, values), name=label)))
-    if not resume and root.holds_run():
-        raise ConfigError(f"directory {root.path!r} already holds a sweep; continue it with --resume or choose "
-                          f"another --out.")
-    root.write_config(cfg)
-    root.write_summary({"status": "running", "grid": grid})
     trace = tuple(k.split(".", 1)[1] for k in grid if k.startswith("algo."))
-    results = run_points(points, out, resume=resume, missing_ok=True, output=output, plots=plots, subdirs=True,
-                         lanes=lanes, trace=trace, data_cache=data_cache, model=model)
+    with lock.hold([out]):
+        results = _run_collection(points, cfg, {"grid": grid}, out, resume=resume, output=output, plots=plots,
+                                  lanes=lanes, trace=trace, data_cache=data_cache, model=model)
+        return _sweep_table(cfg, grid, points, results, root, plots)
+
+
+def _sweep_table(cfg, grid, points, results, root: RunDir, plots: bool):
+    """The sweep's table, plot and summary."""
     by_label = {lbl: r for (lbl, _), r in zip(points, results)}
     rows = []
     for lbl, r in by_label.items():
@@ -478,6 +593,17 @@ def sweep_experiments(cfg: ExperimentConfig, grid: dict[str, list], out: str | N
     root.write_summary({"status": "completed", "grid": grid, "programs": _program_count(results),
                         "results": {lbl: r.summary for lbl, r in by_label.items()}})
     return rows, by_label
+
+
+def _run_collection(points, cfg: ExperimentConfig, header: dict, out: str | None, **kwargs) -> list[ExperimentResult]:
+    """Run a collection's points (a comparison, a sweep) under ``out/``: its root keeps ``cfg`` and a summary of
+    ``header`` with the status ('running', 'interrupted' when a signal stopped it; the caller writes 'completed')."""
+    try:
+        return run_points(points, out, subdirs=True, root_config=cfg, root_summary={"status": "running", **header},
+                          **kwargs)
+    except interrupt.Interrupted:
+        RunDir(out).write_summary({"status": "interrupted", **header})
+        raise
 
 
 def _program_count(results: list[ExperimentResult]) -> dict:

@@ -39,6 +39,10 @@ class Output:
         if self.mode == "bar":
             print(text, file=self.stderr or sys.stderr, flush=True)
 
+    def warn(self, text: str) -> None:
+        """A line the person must see whatever the mode: ``fljax: warning: ...`` on stderr."""
+        print(f"fljax: warning: {text}", file=self.stderr or sys.stderr, flush=True)
+
     def event(self, kind: str, **fields) -> None:
         """One JSON object on stdout (JSON mode only)."""
         if self.mode == "json":

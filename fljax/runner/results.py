@@ -49,9 +49,15 @@ class RunDir:
     def _exists(self, name: str) -> bool:
         return self.path is not None and os.path.exists(self.file(name))
 
-    def holds_run(self) -> bool:
-        """True when an earlier run wrote results here."""
-        return any(self._exists(n) for n in ("metrics.jsonl", "summary.json", "checkpoints"))
+    def holds_results(self) -> bool:
+        """True when an earlier run left something here that a fresh start would destroy: a checkpoint, or a
+        summary of a run that completed or was stopped by a guard. (A run that died or was interrupted before its
+        first checkpoint has nothing to lose: its directory can be started afresh.)"""
+        return self.has_checkpoint() or (self.holds_summary() and
+                                         self.read_summary().get("status") in ("completed", "stopped"))
+
+    def holds_config(self) -> bool:
+        return self._exists("config.yaml")
 
     def holds_summary(self) -> bool:
         return self._exists("summary.json")
@@ -135,8 +141,9 @@ def environment(sim) -> dict:
 def make_summary(cfg: ExperimentConfig, seed: int, log: RunLog, steps_per_round: int, status: str = "completed",
                  message: str | None = None, facts: dict | None = None, *, setup_seconds: float = 0.0,
                  env: dict | None = None) -> dict:
-    """``summary.json`` of one run. ``status``: 'completed' or 'stopped' (``message`` says why); ``facts``: what the
-    run was made of (model, its parameter count, executor); times: :func:`seconds`; ``env``: :func:`environment`."""
+    """``summary.json`` of one run. ``status``: 'completed', 'stopped' (a guard stopped it) or 'interrupted'
+    (a signal did); ``message`` says why; ``facts``: what the run was made of (model, its parameter count,
+    executor); times: :func:`seconds`; ``env``: :func:`environment`."""
     rounds = log.history[-1]["round"] if log.history else 0
     summary = {"name": cfg.run_name, "algorithm": cfg.algorithm, "dataset": cfg.data.dataset, "seed": seed,
                "status": status, "rounds": rounds, "evaluations": len(log.history),

@@ -13,7 +13,9 @@ A study file (``fljax/reproduce/<name>.yaml``) holds
   overrides (``set``), a ``grid`` of dotted keys (an axis each) and its own ``seeds``; a value ``$rounds`` anywhere
   in a cell's config is replaced by the cell's number of rounds;
 * ``tables`` and ``plots``: rendered by :mod:`fljax.runner.tables`, with the paper's numbers beside ours;
-* ``claims``: ``module:function`` computing the paper's claims (verdicts) from the results.
+* ``claims``: ``module:function`` computing the paper's claims (verdicts) from the results;
+* ``lanes``: how runs sharing a program run by default (``vmap``, or ``map`` to keep every run bit-identical to a
+  run of its own, as the published tables of a file that sets it were made).
 
 :func:`run_study` turns the chosen studies into runs — one per distinct (config, seed), shared by every cell that
 needs it — and runs them through :func:`fljax.runner.run_points`, the path of ``fljax run``: run directories under
@@ -336,11 +338,14 @@ def _run_some(root: str, items: list[tuple[str, str, dict]], lanes: str, progres
 
 
 def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: int | None = None,
-              rounds: int | None = None, jobs: int = 1, lanes: str = "vmap", fresh: bool = False,
+              rounds: int | None = None, jobs: int = 1, lanes: str | None = None, fresh: bool = False,
               output: Output | None = None) -> StudyResults:
     """Run the chosen studies' cells into ``out`` (finished runs reused, interrupted ones resumed) and write the
-    report. ``seeds``/``rounds`` override the file's (a quick look); ``fresh``: ignore earlier runs in ``out``."""
+    report. ``seeds``/``rounds`` override the file's (a quick look); ``fresh``: ignore earlier runs in ``out``;
+    ``lanes`` (None: the file's ``lanes``, default 'vmap') how runs that share a program run (see ``fljax sweep``:
+    'map' keeps each run bit-identical to a run of its own)."""
     output = output or Output()
+    lanes = lanes or study.spec.get("lanes", "vmap")
     cells = study.cells(only, seeds, rounds)
     configs = _configs(cells)
     names = _run_dir_names(cells)
@@ -374,7 +379,7 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
             runs[key] = {"history": d.read_metrics(), "summary": d.read_summary()}
     previous = _read_meta(out)
     meta = {"study": study.name, "title": study.title, "only": only or study.studies, "seeds": seeds,
-            "rounds": rounds, "runs": len(names), "computed": len(todo), "jobs": jobs,
+            "rounds": rounds, "runs": len(names), "computed": len(todo), "jobs": jobs, "lanes": lanes,
             "wall_seconds": time.perf_counter() - t0 + (previous.get("wall_seconds", 0.0) if todo != list(names)
                                                        else 0.0)}
     results = StudyResults(study, cells, runs, meta)

@@ -176,6 +176,8 @@ def _command(results) -> str:
             argv.append(f"--{key} {meta[key]}")
     if meta.get("jobs", 1) > 1:
         argv.append(f"--jobs {meta['jobs']}")
+    if meta.get("lanes") and meta["lanes"] != results.study.spec.get("lanes", "vmap"):
+        argv.append(f"--lanes {meta['lanes']}")
     return " ".join(argv)
 
 

@@ -1,0 +1,434 @@
+"""QuPeD (Ozkara, Singh, Data, Diggavi, NeurIPS 2021): quantized personalization via distillation, and Algorithm 1 as
+quantized Local Training. Spec: ``shared/spec/quped.md``; equation numbers are the paper's, ``D#`` the spec's
+decisions (each alternative is a hyperparameter).
+
+Client i holds a personal model x_i of its own architecture (its client group's model, :mod:`fljax.engine.population`),
+one sorted center vector c per quantized leaf (m = 2^b centers; FP clients have none) and, during a round, a copy w_i
+of the global model w (the simulation's model, FP). Personalized objective (eqs. 2-3, P → ∞, D2)::
+
+    F_i = (1 − λ_p)[f_i(x) + f_i(Q_c(x))] + λ R(x, c) + λ_p [f_KD(x, w) + f_KD(Q_c(x), w)],
+    R(x, c) = ½ Σ_k min_j |x_k − c_j|,   f_KD(x, w) = KL(s(w) ‖ s(x)).
+
+Algorithm 2, one iteration t of client i ∈ K_t on one minibatch ξ (epoch e = 1 + ⌊t/I⌋, D10)::
+
+    z_w, vjp_w = vjp(logits(·; ξ), w_i)                                  one teacher pass, reused by lines 10-14
+    10  g = (1 − λ_p) ∇CE(x_i) + λ_p ∇KL(sg z_w ‖ x_i) + wd·x_i            Q-terms vanish on quantized leaves (D3)
+    11  x_i ← prox_x(x_i − η₁g; c_i, th = λ(e)η₁/2)  on quantized leaves (eqs. 8-11); x_i − η₁g elsewhere
+    12  h = ∇_c[(1 − λ_p) CE(Q_c(x_i)) + λ_p KL(sg z_w ‖ Q_c(x_i))] at c = c_i     (segment-sum through c[sg idx])
+    13  c_i ← sort(prox_c(c_i − η₂h; assignments of the new x_i under the old c_i))   (linearised c-prox, D1)
+    14  g_z = ∇_z[KL(z ‖ sg logits(x_i)) + KL(z ‖ sg logits(Q_{c_i}(x_i)))] at z = z_w;
+        w_i ← w_i − η₃(λ_p vjp_w(g_z) + wd·w_i)                           reverse-KL steps, η₃ = η₁(e) (D15)
+    16-17 (every τ iterations) w ← (1/K) Σ_{i∈K_t} w_i                      post-update copies, unweighted (D12)
+
+QuPeD (FP) drops c, R and the prox: line 11 is x_i − η₁g and line 14 keeps the single term KL(z ‖ sg logits(x_i))
+(D20). Fine-tuning phase (§5.1, last ``finetune_epochs`` epochs, quantized clients): at the switch idx ← assign(x, c)
+is frozen and x ← c[idx] on quantized leaves; afterwards the personal model is x̂ = (u, c[idx]) and one step is
+(g_u, h) = ∇_{(u,c)}[(1 − λ_p)CE(x̂) + λ_p KL(sg z_w ‖ x̂)], u ← u − η₁(g_u + wd·u), c ← c − η₂h (no prox, no sort,
+D18), line 14 with both students x̂ (D19). Unsampled clients change nothing (D13); the switch is applied when a
+client next computes, which equals switching every client at the first iteration of the phase (its x, c have not
+moved since). The deployed model is x̂_i = Q_{c_i}(x_i).
+
+Schedules (§6, :mod:`fljax.ops.schedule`): η₁(e) = η₁,₀γ^(e−1), λ(e) = κe (1-bit: κe/γ^e), κ from the r-rule
+S = Σ_{t<T_ft} λη₁/2 = r·σ₀ unless given, η₂ = 1e-4·20,160/l̄ unless given. Algorithm 1 per client
+(:class:`QuantizedLocal`, "Local Training (b bits)") is the same client loop with λ_p = 0 and no server.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fljax import tree
+from fljax.algorithms.base import Centralized, ClientInput, ClientResult, check_choice
+from fljax.algorithms.local_training import LocalSGD, run_steps
+from fljax.data.batching import ClockPlan
+from fljax.errors import OptionError
+from fljax.models.model import masked_cross_entropy
+from fljax.ops import quant, schedule
+from fljax.ops.distill import kl_divergence
+
+__all__ = ["QuPeD", "QuantizedLocal"]
+
+PENALTY_R = {1: 0.5, 2: 0.3}  # spec §6 r-rule: the cumulative pull before fine-tuning, in units of σ₀
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantSpec:
+    """The static quantization layout of one personal model: the quantized leaf paths (first and last layer FP, §7)
+    and the key of each leaf's center vector (its own path, or one shared key per client: D6)."""
+
+    paths: tuple
+    shared: bool
+
+    def key(self, path: str) -> str:
+        return "client" if self.shared else path
+
+    def keys(self) -> tuple:
+        return ("client",) if self.shared and self.paths else self.paths
+
+    def quantize(self, x, centers, rule: str, idx=None):
+        """Q_c(x) on the quantized leaves (with frozen indices ``idx`` when given), x elsewhere."""
+        def q(path, leaf):
+            if path not in self.paths:
+                return leaf
+            c = centers[self.key(path)]
+            return quant.hard_quantize(leaf, c, rule) if idx is None else c[idx[path]]
+        return tree.map_with_path(q, x)
+
+    def members(self, x, key: str):
+        """The entries a center vector serves: its leaf, or every quantized leaf concatenated (D6)."""
+        return jnp.concatenate([tree_leaf(x, p).ravel() for p in self.paths if self.key(p) == key])
+
+
+def tree_leaf(params, path: str):
+    for part in path.split("/"):
+        params = params[part]
+    return params
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QuPeD(Centralized, LocalSGD):
+    """Algorithm 2. ``lr`` η₁,₀, ``lr_gamma`` γ (per epoch), ``batch_size`` B (I = ⌈N_max/B⌉ iterations per epoch),
+    ``local_steps`` τ, ``weight_decay`` wd (on x and w, never c), ``epochs`` E and ``finetune_epochs`` E_ft (the
+    run's length: rounds = E·I/τ), ``lam_p`` λ_p, ``bits`` b (null: FP), ``kappa`` (null: the r-rule with
+    ``penalty_r``, null: 0.3 at 2 bits, 0.5 at 1 bit), ``lam_compensated`` (null: at 1 bit), ``lr_center`` η₂
+    (null: 1e-4·20,160/l̄), ``center_updates`` (False: Table 7's ablation, lines 12-13 and the fine-tuning center
+    step skipped). Decision options: ``center_prox``/``center_prox_sign`` (D1), ``fp_quant_grad`` (D3),
+    ``kd_temperature``/``kd_softening`` (D4), ``global_ce_weight`` (D5), ``center_granularity`` (D6),
+    ``assign_rule`` (D7), ``center_init`` (D8), ``personal_init`` (D9), ``lam_clock`` (D10), ``penalty_half``
+    (D11), ``weighting`` (D12), ``center_grad_clip``/``clamp_x`` (D17), ``fp_doubled`` (D20),
+    ``cohort_mode`` (D32). Per-group values (a bit width, λ_p by architecture, D26) are client-group overrides."""
+
+    name = "quped"
+    summary = "QuPeD: quantized personal models of any architecture distilled with a global model (Ozkara et al. 2021)"
+    mixed_architectures = True
+    uses_server = True
+
+    cohort_size: int | None = None
+    weighting: str = "uniform"
+    cohort_mode: str = "mask"
+    lr: float = 0.1
+    weight_decay: float = 1e-4
+    batch_size: int | None = 25
+    local_steps: int | None = 10
+    lr_gamma: float = 0.99
+    epochs: int = 250
+    finetune_epochs: int = 50
+    lam_p: float = 0.25
+    bits: int | None = 2
+    kappa: float | None = None
+    penalty_r: float | None = None
+    lam_compensated: bool | None = None
+    lr_center: float | None = None
+    center_updates: bool = True
+    center_prox: bool = True
+    center_prox_sign: str = "median"
+    fp_quant_grad: bool = False
+    kd_temperature: float = 1.0
+    kd_softening: str = "both"
+    global_ce_weight: float = 0.0
+    center_granularity: str = "leaf"
+    assign_rule: str = "nearest"
+    center_init: str = "quantile"
+    personal_init: str = "global"
+    lam_clock: str = "epoch"
+    penalty_half: bool = True
+    center_grad_clip: float | None = None
+    clamp_x: float | None = None
+    fp_doubled: bool = False
+
+    # ------------------------------------------------------------------------------------------ validation
+    def validate(self, num_clients: int) -> None:
+        super().validate(num_clients)
+        self.validate_local()
+        if self.optimizer != "sgd" or self.momentum or self.clip_norm is not None or self.lr_decay != 1.0:
+            raise OptionError("optimizer", "must be plain 'sgd' (momentum 0, no clip_norm, lr_decay 1): QuPeD's "
+                                           "steps are proximal SGD on the epoch clock (lr_gamma decays the rate).")
+        if self.local_epochs is not None or self.batch_size is None or self.sampling != "shuffle":
+            raise OptionError("local_steps", "must count the iterations per round (tau) with a batch_size, "
+                                             "local_epochs null and sampling 'shuffle'.")
+        if not 0 < self.lr_gamma <= 1:
+            raise OptionError("lr_gamma", f"must be in (0, 1], got {self.lr_gamma}.")
+        if self.epochs < 1 or not 0 <= self.finetune_epochs < self.epochs:
+            raise OptionError("finetune_epochs", f"must be in [0, epochs={self.epochs}), got {self.finetune_epochs}.")
+        if not 0 <= self.lam_p <= 1:
+            raise OptionError("lam_p", f"must be in [0, 1], got {self.lam_p}.")
+        if self.bits is not None and not 1 <= self.bits <= 8:
+            raise OptionError("bits", f"must be in 1..8 or null (full precision), got {self.bits}.")
+        for key in ("kappa", "penalty_r", "lr_center", "center_grad_clip", "clamp_x"):
+            v = getattr(self, key)
+            if v is not None and not v > 0:
+                raise OptionError(key, f"must be > 0 or null, got {v}.")
+        if self.kd_temperature <= 0:
+            raise OptionError("kd_temperature", f"must be > 0, got {self.kd_temperature}.")
+        if self.global_ce_weight < 0:
+            raise OptionError("global_ce_weight", f"must be >= 0, got {self.global_ce_weight}.")
+        for key, choices in (("center_prox_sign", ("median", "printed")), ("kd_softening", ("both", "teacher")),
+                             ("center_granularity", ("leaf", "client")), ("assign_rule", quant.ASSIGN_RULES),
+                             ("center_init", ("quantile", "linspace")), ("personal_init", ("global", "independent")),
+                             ("lam_clock", ("epoch", "iteration"))):
+            check_choice(key, getattr(self, key), choices)
+        if self.assign_rule == "sign" and self.bits != 1:
+            raise OptionError("assign_rule", f"'sign' needs bits=1 (two centers), got bits={self.bits}.")
+
+    # ------------------------------------------------------------------------------------------ layout
+    @property
+    def quantized(self) -> bool:
+        return self.bits is not None
+
+    def spec(self, model) -> QuantSpec:
+        return QuantSpec(tuple(model.kernel_paths()[1:-1]), self.center_granularity == "client")
+
+    def iters_per_epoch(self, n_max: int) -> int:
+        return ClockPlan(self.batch_size, self.local_steps).iters_per_epoch(n_max)
+
+    def plan(self):
+        return ClockPlan(self.batch_size, self.local_steps)
+
+    def rates(self, t, n_max: int, kappa):
+        """(η₁(e), λ(e)) at global iteration t: e = 1 + ⌊t/I⌋; λ on the epoch or the iteration clock (D10), doubled
+        when the ½ of R is dropped (D11)."""
+        per_epoch = self.iters_per_epoch(n_max)
+        e = schedule.epoch_of(t, per_epoch)
+        e_lam = e if self.lam_clock == "epoch" else schedule.epoch_continuous(t, per_epoch)
+        lam = schedule.penalty_lambda(kappa, e_lam, self.lr_gamma, self.compensated)
+        return schedule.exp_decay(self.lr, self.lr_gamma, e), lam if self.penalty_half else 2 * lam
+
+    @property
+    def compensated(self) -> bool:
+        return self.bits == 1 if self.lam_compensated is None else self.lam_compensated
+
+    def finetune_start(self, n_max: int) -> int:
+        """T_ft = (E − E_ft)·I: the first iteration of the fine-tuning phase."""
+        return (self.epochs - self.finetune_epochs) * self.iters_per_epoch(n_max)
+
+    # ------------------------------------------------------------------------------------------ init
+    def init(self, ctx):
+        """w⁰ = init(global model); personal models start as copies of w⁰ when they share its architecture, else
+        one init per architecture from its own key (D9; ``personal_init='independent'``: one per client)."""
+        key = self.init_key(ctx)
+        w0 = ctx.server_model.init(key)
+        n = ctx.num_clients
+        model = ctx.model
+        if self.personal_init == "independent":
+            ids = jnp.asarray(ctx.client_ids)
+            x0 = jax.vmap(lambda i: model.init(jax.random.fold_in(jax.random.fold_in(key, 1), i)))(ids)
+        else:
+            same = jax.eval_shape(model.init, key) == jax.eval_shape(ctx.server_model.init, key)
+            x0 = tree.broadcast_clients(w0 if same else model.init(jax.random.fold_in(key, 1)), n)
+        clients = jax.vmap(functools.partial(self.client_init, model, ctx.data.train.n_max))(x0)
+        return ({"params": w0} if self.uses_server else None), clients
+
+    def client_init(self, model, n_max: int, x0):
+        """One client's state: x, and for quantized clients the centers (D8), the frozen indices of the fine-tuning
+        phase and whether it switched, and κ (given, or the r-rule on σ₀ = the mean per-leaf std of x⁰'s quantized
+        leaves)."""
+        state = {"x": x0}
+        if not self.quantized:
+            return state
+        spec = self.spec(model)
+        state["c"] = {k: quant.init_centers(spec.members(x0, k), self.bits, self.center_init) for k in spec.keys()}
+        state["idx"] = {p: jnp.zeros(tree_leaf(x0, p).shape, jnp.int32) for p in spec.paths}
+        state["switched"] = jnp.bool_(False)
+        if self.kappa is not None or not spec.paths:  # a model without hidden layers has nothing to quantize
+            state["kappa"] = jnp.float32(self.kappa or 0.0)
+        else:
+            sigma0 = jnp.mean(jnp.stack([jnp.std(tree_leaf(x0, p)) for p in spec.paths]))
+            r = self.penalty_r or PENALTY_R.get(self.bits, 0.3)
+            state["kappa"] = schedule.penalty_kappa(r, sigma0, self.epochs - self.finetune_epochs,
+                                                    self.iters_per_epoch(n_max), self.lr, self.lr_gamma,
+                                                    self.compensated)
+        return state
+
+    def center_lr(self, model) -> float:
+        if self.lr_center is not None:
+            return self.lr_center
+        spec = self.spec(model)
+        sizes = [int(np.prod(tree_leaf(jax.eval_shape(model.init, jax.random.PRNGKey(0)), p).shape))
+                 for p in spec.paths]
+        return schedule.center_lr(float(np.mean(sizes)))
+
+    # ------------------------------------------------------------------------------------------ losses
+    def kd(self, teacher_logits, student_logits, mask):
+        """f_KD = KL(s(z_w) ‖ s(z_x)), T = 1 (D4; 'both': T on both logits with T² scaling, 'teacher': teacher
+        only)."""
+        t = self.kd_temperature
+        if self.kd_softening == "teacher":
+            return kl_divergence(teacher_logits, student_logits, t, mask, student_temperature=1.0)
+        return kl_divergence(teacher_logits, student_logits, t, mask, scale_t2=t != 1.0)
+
+    def personal_loss(self, model, params, zw, batch, lam_p):
+        """(1 − λ_p) CE(params; ξ) + λ_p KL(sg z_w ‖ params; ξ) (CE alone without a global model)."""
+        logits = model.apply(params, batch.x)
+        if zw is None:
+            return masked_cross_entropy(logits, batch.y, batch.mask)
+        return ((1 - lam_p) * masked_cross_entropy(logits, batch.y, batch.mask)
+                + lam_p * self.kd(jax.lax.stop_gradient(zw), logits, batch.mask))
+
+    # ------------------------------------------------------------------------------------------ one iteration
+    def iteration(self, inp: ClientInput, carry, batch, t):
+        """Lines 9-14 (or the fine-tuning step) of one client at global iteration t; carry = (state, w_i)."""
+        state, w = carry
+        model, gmodel = inp.model, inp.global_model
+        lam_p = self.lam_p if self.uses_server else 0.0
+        eta1, lam = self.rates(t, inp.train.n_max, state.get("kappa", 0.0))
+        zw, vjp_w = jax.vjp(lambda v: gmodel.apply(v, batch.x), w) if self.uses_server else (None, None)
+        if not self.quantized:
+            state, students, loss = self.fp_step(model, state, zw, batch, eta1, lam_p)
+        elif self.finetune_epochs:
+            in_ft = t >= self.finetune_start(inp.train.n_max)
+            state, students, loss = jax.lax.cond(in_ft, functools.partial(self.finetune_step, model),
+                                                 functools.partial(self.prox_step, model), state, zw, batch, eta1,
+                                                 lam, lam_p)
+        else:
+            state, students, loss = self.prox_step(model, state, zw, batch, eta1, lam, lam_p)
+        if self.uses_server:
+            w = self.global_step(gmodel, w, zw, vjp_w, students, batch, eta1, lam_p)
+        return (state, w), loss
+
+    def fp_step(self, model, state, zw, batch, eta1, lam_p):
+        """QuPeD (FP): x ← x − η₁(∇[(1 − λ_p)CE + λ_p KL] + wd·x); D20's literal form doubles both terms."""
+        x = state["x"]
+        loss, g = jax.value_and_grad(self.personal_loss, argnums=1)(model, x, zw, batch, lam_p)
+        factor = 2.0 if self.fp_doubled else 1.0
+        x = tree.axpy(-eta1, tree.axpy(self.weight_decay, x, tree.scale(factor, g)), x)
+        students = [model.apply(x, batch.x)] * (2 if self.fp_doubled else 1)
+        return {**state, "x": x}, students, loss
+
+    def prox_step(self, model, state, zw, batch, eta1, lam, lam_p):
+        """Lines 10-13: proximal x step with the old centers, then the center step at the new x."""
+        spec, rule = self.spec(model), self.assign_rule
+        x, c = state["x"], state["c"]
+        loss, g = jax.value_and_grad(self.personal_loss, argnums=1)(model, x, zw, batch, lam_p)
+        if self.fp_quant_grad:  # D3 option: the FP-leaf gradients of f(Q_c(x)) and f_KD(Q_c(x), w)
+            gq = jax.grad(lambda v: self.personal_loss(model, spec.quantize(v, c, rule), zw, batch, lam_p))(x)
+            g = tree.add(g, gq)  # exactly zero on quantized leaves (gather of sg indices)
+        y = tree.axpy(-eta1, tree.axpy(self.weight_decay, x, g), x)
+        th = lam * eta1 / 2
+        x = tree.map_with_path(lambda p, v: quant.prox_x(v, c[spec.key(p)], th, rule) if p in spec.paths else v, y)
+        if self.clamp_x is not None:  # D17 option (authors' code)
+            x = tree.map_with_path(lambda p, v: jnp.clip(v, -self.clamp_x, self.clamp_x) if p in spec.paths else v,
+                                   x)
+        if self.center_updates and c:
+            h = jax.grad(lambda cc: self.personal_loss(model, spec.quantize(x, cc, rule), zw, batch, lam_p))(c)
+            eta2 = self.center_lr(model)
+            c = {k: quant.center_update(c[k], h[k], spec.members(x, k), eta2, lam, self.center_prox_sign,
+                                        self.center_prox, rule, self.center_grad_clip) for k in c}
+        students = [model.apply(x, batch.x), model.apply(spec.quantize(x, c, rule), batch.x)]
+        return {**state, "x": x, "c": c}, students, loss
+
+    def switch(self, model, state):
+        """The fine-tuning switch (§5.1): idx ← assign(x, c), frozen; x ← c[idx] on quantized leaves."""
+        spec = self.spec(model)
+        x, c = state["x"], state["c"]
+        idx = {p: quant.assign(tree_leaf(x, p), c[spec.key(p)], self.assign_rule) for p in spec.paths}
+        return {**state, "x": spec.quantize(x, c, self.assign_rule, idx), "idx": idx, "switched": jnp.bool_(True)}
+
+    def finetune_step(self, model, state, zw, batch, eta1, lam, lam_p):
+        """x̂ = (u, c[idx]): u ← u − η₁(g_u + wd·u), c ← c − η₂h (no prox, no sort; frozen idx)."""
+        spec = self.spec(model)
+        state = jax.lax.cond(state["switched"], lambda s: s, functools.partial(self.switch, model), state)
+        x, c, idx = state["x"], state["c"], state["idx"]
+
+        def loss_fn(u, cc):
+            return self.personal_loss(model, spec.quantize(u, cc, self.assign_rule, idx), zw, batch, lam_p)
+
+        loss, (gu, h) = jax.value_and_grad(loss_fn, argnums=(0, 1))(x, c)
+        u = tree.axpy(-eta1, tree.axpy(self.weight_decay, x, gu), x)  # quantized leaves are replaced below
+        if self.center_updates and c:
+            eta2 = self.center_lr(model)
+            c = {k: c[k] - eta2 * (h[k] if self.center_grad_clip is None
+                                   else jnp.clip(h[k], -self.center_grad_clip, self.center_grad_clip)) for k in c}
+        x = spec.quantize(u, c, self.assign_rule, idx)
+        student = model.apply(x, batch.x)
+        return {**state, "x": x, "c": c}, [student, student], loss
+
+    def global_step(self, gmodel, w, zw, vjp_w, students, batch, eta1, lam_p):
+        """Line 14: one VJP of the summed reverse-KL cotangent Σ_s ∇_z KL(z ‖ sg z_s) at z_w; w_i ← w_i −
+        η₃(λ_p vjp + wd·w_i), η₃ = η₁(e) (D15); D5's option adds ``global_ce_weight``·∇CE(w_i)."""
+        def reverse_kl(z):
+            return sum(self.kd(z, jax.lax.stop_gradient(s), batch.mask) for s in students)
+
+        (gw,) = vjp_w(jax.grad(reverse_kl)(zw))
+        g = tree.scale(lam_p, gw)
+        if self.global_ce_weight:
+            g = tree.axpy(self.global_ce_weight, jax.grad(lambda v: gmodel.loss(v, batch))(w), g)
+        return tree.axpy(-eta1, tree.axpy(self.weight_decay, w, g), w)
+
+    # ------------------------------------------------------------------------------------------ protocol
+    def broadcast(self, server):
+        return server["params"] if self.uses_server else None
+
+    def client_update(self, inp: ClientInput) -> ClientResult:
+        """τ iterations t = round·τ … round·τ + τ − 1 on the epoch clock's minibatches; upload w_i."""
+        start = inp.round * self.local_steps
+        plan = ClockPlan(self.batch_size, self.local_steps, start)
+
+        def step(carry, batch, _key):  # an all-masked batch (past a small client's data) changes nothing
+            inner, t = carry
+            new, loss = self.iteration(inp, inner, batch, t)
+            return (tree.where(jnp.any(batch.mask), new, inner), t + 1), loss
+
+        ((state, w), _), loss = run_steps(step, ((inp.state, inp.down), start), inp.train, plan,
+                                          inp.clock_key, inp.unroll)
+        return ClientResult(state=state, upload=w, weight=inp.train.count, metrics={"train_loss": loss})
+
+    def server_update(self, ctx, server, clients, cohort, result):
+        if not self.uses_server:
+            return server
+        return {"params": tree.weighted_mean_clients(result.upload, self.aggregation_weights(result))}
+
+    def eval_shared(self, server):
+        return self.broadcast(server)
+
+    def global_params(self, shared):
+        return shared
+
+    def personal_params(self, inp: ClientInput):
+        """The deployed model x̂_i = Q_{c_i}(x_i) (x_i for FP clients)."""
+        state = inp.state
+        if not self.quantized:
+            return state["x"]
+        return self.spec(inp.model).quantize(state["x"], state["c"], self.assign_rule)
+
+    def evaluate_client(self, inp: ClientInput) -> dict:
+        """Accuracies, plus teacher health (§12: the global model's mean max-probability on the client's test split)
+        and the personal model's size (§7: bits per parameter, megabytes)."""
+        out = super().evaluate_client(inp)
+        bits, per_param, _ = self.size(inp.model)
+        scalars = {"bits_per_param": jnp.float32(per_param), "model_mb": jnp.float32(bits / 8e6)}
+        if self.uses_server:
+            p = jax.nn.softmax(inp.global_model.apply(inp.down, inp.test.x), axis=-1)
+            m = inp.test.mask.astype(jnp.float32)
+            scalars["teacher_max_prob"] = jnp.sum(jnp.max(p, axis=-1) * m) / jnp.maximum(jnp.sum(m), 1.0)
+        out["scalars"] = scalars
+        return out
+
+    def size(self, model) -> tuple[int, float, float]:
+        """(total bits, bits/parameter, compression ratio) of the deployed personal model (§7)."""
+        shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+        if not self.quantized:
+            d = tree.size(shapes)
+            return 32 * d, 32.0, 1.0
+        paths = set(self.spec(model).paths)
+        return quant.bits_accounting(shapes, tree.map_with_path(lambda p, _: p in paths, shapes), self.bits)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QuantizedLocal(QuPeD):
+    """Algorithm 1 run by every client alone ("Local Training (b bits)", §4, §10): the QuPeD client loop with
+    λ_p = 0, no global model and no communication; ``bits=null`` is Local Training (FP) on the same clock. With one
+    client holding all data it is centralized Algorithm 1."""
+
+    name = "quped_local"
+    summary = "Local Training with Algorithm 1 (quantized) or SGD (FP) on QuPeD's epoch clock, no communication"
+    uses_server = False
+    lam_p: float = 0.0
+
+    def validate(self, num_clients: int) -> None:
+        super().validate(num_clients)
+        if self.lam_p != 0.0:
+            raise OptionError("lam_p", f"must be 0 for local training (no global model), got {self.lam_p}.")

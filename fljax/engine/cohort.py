@@ -1,0 +1,126 @@
+"""Running a sampled cohort, and every client, over a population of client groups.
+
+``run_cohort`` runs the clients of a cohort (sorted ids over the whole population) and commits their new state; the
+rest keep theirs bit for bit. Two ways (QuPeD spec §8, D32), which agree up to floating-point reassociation:
+
+* ``"gather"``: the cohort's states and data are gathered into a buffer, run, and scattered back. Without groups the
+  buffer is the cohort itself (exactly the clients sampled). With groups each group has a fixed buffer of
+  ``min(K, n_g)`` slots filled with its sampled members (ascending ids) and a validity mask; empty slots compute on
+  a copy of the group's last client and are dropped.
+* ``"mask"``: every client computes and the result is committed with ``where(sampled_i, new, old)`` (exact; costs
+  n/K times the work of the cohort).
+
+The stacked :class:`~fljax.engine.protocol.ClientResult` (whose ``state`` is None with groups: the new states are
+returned per group) holds the entries of every computed client in id order
+(groups in order); ``valid`` marks the sampled ones (None when every entry is), and invalid entries have weight and
+upload zero, so weighted means and sums over the client axis see the cohort only. With groups, the per-group results
+are concatenated along the client axis: every group must upload pytrees of the same shapes (a global model of one
+architecture), or the algorithm cannot aggregate them and the round refuses to trace.
+
+``run_all`` maps a function over every client of every group (evaluation); outputs are concatenated in id order.
+Every group runs through ``ctx.run_clients``, hence the executor: one vectorised (or chunked, sharded, looped) call
+per group, all inside the round's one compiled program.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from fljax import tree
+from fljax.engine.context import TRAIN, RoundContext
+
+__all__ = ["COHORT_MODES", "run_cohort", "run_all", "concat_results", "GroupShapeError"]
+
+COHORT_MODES = ("gather", "mask")
+
+
+class GroupShapeError(ValueError):
+    """Client groups returned pytrees of different structures or shapes where they must be stacked."""
+
+
+def concat_results(outs: list, what: str):
+    """Concatenate per-group outputs along the client axis (their structures and trailing shapes must agree)."""
+    if len(outs) == 1:
+        return outs[0]
+    structs = {jax.tree.structure(o) for o in outs}
+    shapes = {tuple(jnp.shape(x)[1:] for x in jax.tree.leaves(o)) for o in outs}
+    if len(structs) > 1 or len(shapes) > 1:
+        raise GroupShapeError(f"the client groups' {what} differ in structure or shape (e.g. models of different "
+                              f"architectures); this algorithm cannot combine them across groups.")
+    return jax.tree.map(lambda *xs: jnp.concatenate(xs), *outs)
+
+
+def _masked(result, valid):
+    """``result`` with ``valid`` set and the invalid entries' weight and upload zeroed."""
+    upload = tree.where(valid, result.upload, tree.zeros_like(result.upload))
+    weight = jnp.where(valid, result.weight, jnp.zeros_like(result.weight))
+    return result.replace(upload=upload, weight=weight, valid=valid)
+
+
+def run_cohort(ctx: RoundContext, update_for: Callable, down, clients, cohort, mode: str = "gather"):
+    """Run the cohort's clients (``update_for(g)`` is group g's client update; g = None without groups); returns the
+    new per-client state (a pytree, or a tuple per group) and the stacked :class:`ClientResult`."""
+    if mode not in COHORT_MODES:
+        raise ValueError(f"cohort mode must be one of {COHORT_MODES}, got {mode!r}.")
+    if ctx.population is None:
+        return _run_homogeneous(ctx, update_for(None), down, clients, cohort, mode)
+    sampled = jnp.zeros(ctx.num_clients, bool).at[cohort].set(True)
+    states, results = [], []
+    for g in range(len(ctx.population.groups)):
+        gctx = ctx.for_group(g)
+        lo, hi = ctx.population.bounds(g)
+        state, result = _run_group(gctx, update_for(g), down, clients[g], sampled[lo:hi], lo, cohort.shape[0], mode)
+        states.append(state)
+        results.append(result.replace(state=None))  # each group keeps its own state; the rest is stacked
+    return tuple(states), concat_results(results, "client results (uploads, metrics)")
+
+
+def _run_homogeneous(ctx, update, down, clients, cohort, mode):
+    n, k = ctx.num_clients, cohort.shape[0]
+    if mode == "mask" and k < n:
+        ids = jnp.arange(n)
+        result = ctx.run_clients(update, down, clients, ctx.data.train, ctx.client_keys(ids, TRAIN),
+                                 clock_keys=ctx.clock_keys(ids))
+        sampled = jnp.zeros(n, bool).at[cohort].set(True)
+        return tree.where(sampled, result.state, clients), _masked(result, sampled)
+    full = k == n
+    result = ctx.run_clients(update, down, clients if full else tree.take_clients(clients, cohort),
+                             ctx.data.train if full else ctx.data.train.take(cohort), ctx.client_keys(cohort, TRAIN),
+                             clock_keys=ctx.clock_keys(cohort))
+    return (result.state if full else tree.put_clients(clients, cohort, result.state)), result
+
+
+def _run_group(gctx, update, down, states, sampled, lo: int, k: int, mode: str):
+    """One group's share of the cohort (``sampled``: its members' mask; ``lo``: its first client id)."""
+    n = gctx.num_clients
+    if mode == "mask":
+        ids = jnp.arange(lo, lo + n)
+        result = gctx.run_clients(update, down, states, gctx.data.train, gctx.client_keys(ids, TRAIN),
+                                  clock_keys=gctx.clock_keys(ids))
+        return tree.where(sampled, result.state, states), _masked(result, sampled)
+    cap = min(k, n)
+    pos = jnp.nonzero(sampled, size=cap, fill_value=n)[0]  # sampled members, ascending; n marks an empty slot
+    valid = pos < n
+    safe = jnp.minimum(pos, n - 1)
+    result = gctx.run_clients(update, down, tree.take_clients(states, safe), gctx.data.train.take(safe),
+                              gctx.client_keys(lo + safe, TRAIN), clock_keys=gctx.clock_keys(lo + safe))
+    new = jax.tree.map(lambda x, v: x.at[pos].set(v.astype(x.dtype), mode="drop"), states, result.state)
+    return new, _masked(result, valid)
+
+
+def run_all(ctx: RoundContext, fn_for: Callable, down, clients, keys_tag: int, test: bool = True):
+    """``fn_for(g)(ClientInput)`` for every client of every group (g = None without groups), with the round keys of
+    stream ``keys_tag`` and each client's test split (``test``); the outputs concatenated in id order."""
+    if ctx.population is None:
+        ids = jnp.arange(ctx.num_clients)
+        return ctx.run_clients(fn_for(None), down, clients, ctx.data.train, ctx.client_keys(ids, keys_tag),
+                               ctx.data.test if test else None)
+    outs = []
+    for g in range(len(ctx.population.groups)):
+        gctx = ctx.for_group(g)
+        ids = jnp.asarray(gctx.client_ids)
+        outs.append(gctx.run_clients(fn_for(g), down, clients[g], gctx.data.train, gctx.client_keys(ids, keys_tag),
+                                     gctx.data.test if test else None))
+    return concat_results(outs, "outputs")

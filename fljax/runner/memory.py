@@ -1,0 +1,60 @@
+"""Refusing a simulation that cannot fit in memory, before anything is written.
+
+An absurd model (``model.options.hidden=[1000000000]``) or minibatch (``algo.batch_size=1000000000``) passes
+every range check, then fails minutes later with an allocator error, after the run directory was started.
+:func:`check_fits` compares a lower bound of what one run holds with the memory of the device it runs on:
+
+    need = bytes(state) + 4 · K · B
+
+where the state is the server's and every client's pytree (:meth:`~fljax.engine.Simulation.state_shapes`, from
+shapes only: nothing is allocated) and K · B the local steps times the minibatch width of one client in a round,
+whose int32 minibatch indices are materialised at once (:class:`~fljax.data.batching.BatchPlan`). Both terms are
+held whatever the executor, so a run refused here could never have run; a run accepted may still be too large
+(activations, optimizer states, lanes), which the allocator then reports.
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+
+from fljax import tree
+from fljax.errors import ConfigError
+
+__all__ = ["check_fits", "device_memory"]
+
+INDEX_BYTES = 4  # one int32 minibatch index per sample drawn
+
+
+def device_memory() -> tuple[str, int]:
+    """(name, bytes) of the memory a run can use: the accelerators' memory, or the machine's for the CPU."""
+    devices = jax.local_devices()
+    if devices[0].platform != "cpu":
+        stats = [d.memory_stats() or {} for d in devices]
+        if all("bytes_limit" in s for s in stats):
+            return f"{len(devices)} × {devices[0].device_kind}", sum(s["bytes_limit"] for s in stats)
+    return "this machine", os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_fits(sim) -> None:
+    """Raise :class:`~fljax.errors.ConfigError` naming the keys to change when one run of ``sim`` (a
+    :class:`~fljax.engine.Simulation`) needs more memory than :func:`device_memory`."""
+    state = tree.nbytes(sim.state_shapes())
+    _, samples = sim.work_per_round()
+    cohort = max(1, sim.algorithm.participants(sim.data.num_clients))
+    indices = INDEX_BYTES * (samples // cohort)
+    where, have = device_memory()
+    if state + indices <= have:
+        return
+    if indices > state:
+        what = (f"one client's round draws {samples // cohort:,} samples ({_gib(indices)} of minibatch indices); "
+                f"lower algo.batch_size or the local steps (algo.local_steps, algo.local_epochs)")
+    else:
+        what = (f"the server's and clients' states take {_gib(state)}; choose a smaller model (model.name, "
+                f"model.options) or fewer clients (data.num_clients)")
+    raise ConfigError(f"the simulation needs at least {_gib(state + indices)} of memory, more than the {_gib(have)} "
+                      f"of {where}: {what}.")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2 ** 30:,.1f} GiB"

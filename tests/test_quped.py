@@ -1,0 +1,185 @@
+"""QuPeD (Algorithm 2) and quantized Local Training (Algorithm 1): the spec's tests T4-T7 against their definitions
+(T1-T3 and T8 test the operators: test_ops_quant.py, test_ops_schedule.py)."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fljax.data as D
+from fljax import tree
+from fljax.algorithms import make_algorithm
+from fljax.algorithms.quped import tree_leaf
+from fljax.data.batching import Batch
+from fljax.engine import Simulation
+from fljax.engine.population import ClientGroup
+from fljax.errors import OptionError
+from fljax.models import make_model
+from fljax.ops import quant
+from fljax.ops.distill import kl_divergence
+
+from conftest import assert_trees_close
+
+# 5 clients x 2 classes, 12 train / 4 test per (client, class): I = 3 iterations of B = 8 per epoch
+KW = dict(batch_size=8, local_steps=2, epochs=4, finetune_epochs=1, lr=0.1, lr_gamma=0.9)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return D.make_federated("digits", 5, "class_slots", seed=0, classes_per_client=2, train_per_slot=12,
+                            test_per_slot=4, noise=0.5, test_per_class=40)
+
+
+@pytest.fixture(scope="module")
+def mlp(data):
+    return make_model("mlp", data.input_shape, data.num_classes, hidden=[16, 12])  # the middle kernel is quantized
+
+
+def _run(algo, data, model, rounds, groups=None, executor="vmap"):
+    sim = Simulation(algo, data, model, executor=executor, seed=3, groups=groups)
+    state, metrics = sim.run_rounds(sim.init(), rounds)
+    return sim, state, metrics
+
+
+def test_T4_no_distillation_is_local_training_and_w_only_decays(data, mlp):
+    """λ_p = 0: every client's (x, c) trajectory is Algorithm 1's (quantized Local Training), and the global model
+    moves only through weight decay: w_T = Π_t (1 − η₁(t)·wd) · w_0."""
+    rounds = 3
+    _, qs, _ = _run(make_algorithm("quped", **KW, lam_p=0.0), data, mlp, rounds)
+    sim, ls, _ = _run(make_algorithm("quped_local", **KW), data, mlp, rounds)
+    assert_trees_close(qs.clients, ls.clients, rtol=1e-6, atol=1e-7)
+    algo = sim.algorithm
+    iters = np.arange(rounds * KW["local_steps"])
+    eta = KW["lr"] * KW["lr_gamma"] ** (iters // algo.iters_per_epoch(data.train.n_max))
+    w0 = Simulation(make_algorithm("quped", **KW), data, mlp, seed=3).init().server["params"]
+    expect = tree.scale(float(np.prod(1 - eta * algo.weight_decay)), w0)
+    assert_trees_close(qs.server["params"], expect, rtol=1e-5, atol=1e-7)
+
+
+def test_T4_fedavg_one_step_equal_clients_is_sgd_on_the_union(mlp):
+    """FedAvg with τ = 1 (one full-batch step) on equal-size clients is one gradient step on the pooled data."""
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(6, 8, 8, 1)).astype(np.float32) for _ in range(4)]
+    ys = [rng.integers(0, 10, 6).astype(np.int32) for _ in range(4)]
+    arr = D.pad_clients(xs, ys)
+    fed = D.FederatedData(train=arr, test=arr, num_classes=10, input_shape=(8, 8, 1), name="eq")
+    algo = make_algorithm("fedavg", lr=0.3, cohort_size=None, local_steps=1, batch_size=None)
+    sim = Simulation(algo, fed, mlp, executor="vmap", seed=0)
+    s0 = sim.init()
+    s1, _ = sim.run_rounds(s0, 1)
+    w = s0.server["params"]
+    pooled = Batch(x=jnp.asarray(np.concatenate(xs)), y=jnp.asarray(np.concatenate(ys)), mask=jnp.ones(24, bool))
+    expect = tree.axpy(-0.3, jax.grad(mlp.loss)(w, pooled), w)
+    assert_trees_close(s1.server["params"], expect, rtol=1e-5, atol=1e-6)
+
+
+def test_T5_mixed_population_matches_loop_and_sampling_modes_agree(data, mlp):
+    """A 2-bit group and an FP group with its own λ_p: the vectorised program equals the per-client loop, and the
+    masked and gathered cohorts (D32) agree, unsampled clients untouched."""
+    groups = [ClientGroup("q2", 2, mlp), ClientGroup("fp", 3, mlp, hp={"bits": None, "lam_p": 0.15})]
+    ref = _run(make_algorithm("quped", **KW, cohort_size=3), data, mlp, 2, groups, "loop")[1]
+    for mode in ("gather", "mask"):
+        out = _run(make_algorithm("quped", **KW, cohort_size=3, cohort_mode=mode), data, mlp, 2, groups)[1]
+        assert_trees_close(out.clients, ref.clients, rtol=1e-5, atol=1e-6)
+        assert_trees_close(out.server, ref.server, rtol=1e-5, atol=1e-6)
+
+
+def test_T6_one_teacher_vjp_equals_the_two_gradients(data, mlp):
+    """Line 14: one VJP of the summed cotangent = ∇_w KL(z_w ‖ sg z_x) + ∇_w KL(z_w ‖ sg z_q)."""
+    algo = make_algorithm("quped", **KW)
+    k = jax.random.split(jax.random.PRNGKey(0), 3)
+    w, xa, xb = (mlp.init(kk) for kk in k)
+    batch = Batch(x=data.train.x[0, :8], y=data.train.y[0, :8], mask=jnp.ones(8, bool))
+    zw, vjp_w = jax.vjp(lambda v: mlp.apply(v, batch.x), w)
+    students = [mlp.apply(xa, batch.x), mlp.apply(xb, batch.x)]
+    got = algo.global_step(mlp, w, zw, vjp_w, students, batch, 0.1, 0.25)
+    grads = [jax.grad(lambda v, s=s: kl_divergence(mlp.apply(v, batch.x), s, mask=batch.mask))(w) for s in students]
+    g = tree.add(tree.scale(0.25, tree.add(*grads)), tree.scale(algo.weight_decay, w))
+    assert_trees_close(got, tree.axpy(-0.1, g, w), rtol=1e-5, atol=1e-7)
+
+
+def test_T7_finetuning_switch_freezes_indices_on_the_centers(data, mlp):
+    """After the switch every quantized leaf takes values in its centers through frozen indices, R = 0 and the
+    c-prox is a no-op; FP leaves keep training."""
+    algo = make_algorithm("quped", **KW)
+    sim = Simulation(algo, data, mlp, executor="vmap", seed=3)
+    per_round = KW["local_steps"]
+    t_ft = algo.finetune_start(data.train.n_max)
+    state = sim.init()
+    state, _ = sim.run_rounds(state, t_ft // per_round + 1)  # the switch lies inside this round
+    first = state.clients
+    state, _ = sim.run_rounds(state, 1)
+    later = state.clients
+    path = algo.spec(mlp).paths[0]
+    for cl in (first, later):
+        assert bool(jnp.all(cl["switched"]))
+        x, c, idx = tree_leaf(cl["x"], path), cl["c"][path], cl["idx"][path]
+        np.testing.assert_array_equal(x, jax.vmap(lambda cc, i: cc[i])(c, idx))
+        np.testing.assert_allclose(jax.vmap(quant.R)(x, c), 0.0, atol=1e-6)
+    np.testing.assert_array_equal(first["idx"][path], later["idx"][path])  # frozen
+    assert not np.allclose(first["c"][path], later["c"][path])  # centers keep training
+    assert not np.allclose(first["x"]["Dense_0"]["kernel"], later["x"]["Dense_0"]["kernel"])  # FP leaves too
+    c0, x0 = later["c"][path][0], tree_leaf(later["x"], path)[0]
+    prox = functools.partial(quant.center_update, c0, jnp.zeros_like(c0), x0, 1e-3, 10.0)
+    np.testing.assert_array_equal(prox(prox=True), prox(prox=False))
+
+
+def test_quantized_model_is_deployed_and_sized(data, mlp):
+    """Size accounting (§7) of the deployed 1-bit model, the teacher-health metric, and a positive r-rule κ."""
+    algo = make_algorithm("quped", **KW, bits=1)
+    sim, state, _ = _run(algo, data, mlp, 1)
+    summary, _ = sim.evaluate(state)
+    shapes = jax.eval_shape(mlp.init, jax.random.PRNGKey(0))
+    mask = tree.map_with_path(lambda p, _: p in algo.spec(mlp).paths, shapes)
+    bits, per_param, _ = quant.bits_accounting(shapes, mask, 1)
+    np.testing.assert_allclose(summary["bits_per_param"], per_param, rtol=1e-6)
+    np.testing.assert_allclose(summary["model_mb"], bits / 8e6, rtol=1e-6)
+    assert 0 < float(summary["teacher_max_prob"]) <= 1
+    assert bool(jnp.all(state.clients["kappa"] > 0))
+
+
+@pytest.mark.parametrize("kw,key", [(dict(bits=0), "bits"), (dict(lam_p=1.5), "lam_p"),
+                                    (dict(finetune_epochs=4), "finetune_epochs"), (dict(momentum=0.9), "optimizer"),
+                                    (dict(center_prox_sign="up"), "center_prox_sign"),
+                                    (dict(assign_rule="sign", bits=2), "assign_rule"), (dict(kappa=-1.0), "kappa"),
+                                    (dict(local_epochs=1), "local_steps")])
+def test_bad_hyperparameters_are_one_line_errors(kw, key):
+    with pytest.raises(OptionError, match=f"^{key} "):
+        make_algorithm("quped", **{**KW, **kw}).validate(5)
+    with pytest.raises(OptionError, match="^lam_p "):
+        make_algorithm("quped_local", **KW, lam_p=0.2).validate(5)
+
+
+def test_config_groups_build_a_mixed_population():
+    """configs/quped.yaml with Table 4 (ii)'s groups: a 2-bit CNN1-S half and an FP CNN2-S half (λ_p 0.15, D26)."""
+    import os
+
+    from fljax.api import build
+    from fljax.config import load_config
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cfg = load_config(os.path.join(root, "configs", "quped.yaml"),
+                      ['groups=[{"name":"cnn1_2bit","size":5},{"name":"cnn2_fp","size":5,"model":{"name":"cnn2_s"},'
+                       '"algo":{"bits":null,"lam_p":0.15}}]'])
+    sim = build(cfg)
+    a, b = sim.population.groups
+    assert (a.model, a.size, b.size, b.model.name, b.overrides) == (None, 5, 5, "cnn2_s", {"bits": None, "lam_p": 0.15})
+    assert sim.model.name == "cnn1_s"
+
+
+def test_fml_joint_step_is_each_models_own_gradient(data, mlp):
+    """FML (spec §10): the joint loss's gradient is, for x, ∇[(1 − a)CE(x) + a KL(sg p_w ‖ p_x)] and, for w,
+    ∇[(1 − b)CE(w) + b KL(sg p_x ‖ p_w)], both from the pre-update logits; a mixed-width population runs."""
+    algo = make_algorithm("fml", a=0.3, b=0.2, lr=0.1, batch_size=8, local_steps=2)
+    x, w = (mlp.init(k) for k in jax.random.split(jax.random.PRNGKey(1)))
+    batch = Batch(x=data.train.x[0, :8], y=data.train.y[0, :8], mask=jnp.ones(8, bool))
+    gx, gw = jax.grad(lambda p: algo.joint_loss(mlp, mlp, p, batch))((x, w))
+    zx, zw = mlp.apply(x, batch.x), mlp.apply(w, batch.x)
+    ce = lambda v: mlp.loss(v, batch)  # noqa: E731
+    ex = jax.grad(lambda v: 0.7 * ce(v) + 0.3 * kl_divergence(zw, mlp.apply(v, batch.x), mask=batch.mask))(x)
+    ew = jax.grad(lambda v: 0.8 * ce(v) + 0.2 * kl_divergence(zx, mlp.apply(v, batch.x), mask=batch.mask))(w)
+    assert_trees_close((gx, gw), (ex, ew), rtol=1e-5, atol=1e-7)
+    wide = make_model("mlp", data.input_shape, data.num_classes, hidden=[24, 12])
+    _, state, metrics = _run(algo, data, mlp, 1, [ClientGroup("a", 2, mlp), ClientGroup("b", 3, wide, hp={"a": 0.15})])
+    assert np.isfinite(metrics["train_loss"]).all() and state.clients[1]["x"]["Dense_0"]["kernel"].shape[-1] == 24
