@@ -174,8 +174,8 @@ CASES = [
           "data.test_per_client is too small: 1 with test_rounding='floor' leaves"),
     _case(_MEMORY, _MLP + "--set model.options.hidden=[100000000000]",
           "the simulation needs at least 27,939.7 GiB of memory, more than the"),
-    _case(_MEMORY, "run --set algo.batch_size=1000000000000", "one client's round draws 10,000,000,000,000 "
-                                                              "samples (37,252.9 GiB of minibatch indices); lower "
+    _case(_MEMORY, "run --set algo.batch_size=1000000000000", "one client's round draws 2,000,000,000,000 "
+                                                              "samples (7,450.6 GiB of minibatch indices); lower "
                                                               "algo.batch_size"),
     _case(_COMMANDS, "sweep --seeds 2 --grid algo.lr=" + ",".join(map(str, range(1, 101))) + " --grid "
           "algo.local_steps=" + ",".join(map(str, range(1, 101))),
