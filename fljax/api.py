@@ -17,11 +17,14 @@ from fljax.engine import Simulation, default_model
 from fljax.engine.population import ClientGroup
 from fljax.errors import OptionError
 from fljax.models import make_model
+from fljax.models.model import own_model
 from fljax.options import parse
 
-__all__ = ["make_config", "load_data", "build", "run", "compare", "sweep"]
+__all__ = ["make_config", "load_data", "build", "run", "compare", "sweep", "load_run", "load_compare"]
 
 if TYPE_CHECKING:
+    import pandas
+
     from fljax.runner import ExperimentResult
 
 
@@ -61,10 +64,11 @@ def load_data(cfg: ExperimentConfig) -> FederatedData:
                              seed=server.seed, cache_dir=server.cache_dir)
 
 
-def build(cfg: ExperimentConfig, data: FederatedData | None = None) -> Simulation:
-    """The :class:`Simulation` a config describes (``data`` may be passed to share it between runs)."""
+def build(cfg: ExperimentConfig, data: FederatedData | None = None, module=None) -> Simulation:
+    """The :class:`Simulation` a config describes (``data`` may be passed to share it between runs; ``module``: a
+    Flax module of your own, used instead of the config's model)."""
     data = data if data is not None else load_data(cfg)
-    model = _model(cfg.model, data)
+    model = own_model(module, data.input_shape, data.num_classes) if module is not None else _model(cfg.model, data)
     algo = make_algorithm(cfg.algorithm, **cfg.algo)
     groups = [ClientGroup(g.name, g.size, _model(parse(ModelConfig, g.model), data) if g.model else None,
                           hyperparameters(cfg.algorithm, g.algo)) for g in group_configs(cfg)] or None
@@ -81,45 +85,71 @@ def _model(mc, data: FederatedData):
 
 
 def run(config: ExperimentConfig | dict | None = None, *, out: str | None = None, progress: bool = True,
-        resume: bool = False, lanes: str = "vmap", **overrides) -> "ExperimentResult":
+        resume: bool = False, lanes: str = "vmap", tensorboard: str | None = None,
+        **overrides) -> "ExperimentResult":
     """Run one experiment (all its ``seeds``) through the same path as ``fljax run``; ``overrides`` are top-level
     config keys (``algorithm=``, ``algo=``, ``data=``, ``seeds=``, ``checkpoint_every=``, …). ``out``: the run
-    directory (None: nothing is written). ``data`` may also be a :class:`~fljax.data.FederatedData` of your own.
-    Raises :class:`~fljax.engine.NonFiniteError` when training produced NaN/Inf or diverged."""
+    directory (None: nothing is written); ``tensorboard``: a log directory for TensorBoard scalars. ``data`` may
+    also be a :class:`~fljax.data.FederatedData` of your own (e.g. :func:`fljax.data.from_arrays`), ``model`` a
+    Flax module of your own (:func:`fljax.models.model.own_model` says which are accepted). Raises :class:`~fljax.engine.NonFiniteError` when training produced NaN/Inf or diverged."""
     from fljax.runner import run_experiment
 
     overrides, cache = _own_data(overrides)
-    return run_experiment(make_config(config, **overrides), out, resume=resume, output=_output(progress),
-                          data_cache=cache, lanes=lanes)
+    overrides, module = _own_model(overrides)
+    cfg = make_config(config, **overrides)
+    with _output(progress, tensorboard) as output:
+        return run_experiment(cfg, out, resume=resume, output=output, data_cache=cache, lanes=lanes, model=module)
 
 
 def compare(algorithms: list[str | tuple[str, dict]], config: ExperimentConfig | dict | None = None, *,
-            out: str | None = None, progress: bool = True, **overrides) -> dict[str, "ExperimentResult"]:
+            out: str | None = None, progress: bool = True, tensorboard: str | None = None,
+            **overrides) -> dict[str, "ExperimentResult"]:
     """Run several algorithms on the same data, partition and seeds (as ``fljax compare``). Each entry is a name or
     (name, hyperparameters); the config's ``algo`` dict applies to every algorithm that accepts its keys."""
     from fljax.runner import compare_experiments
 
     overrides, cache = _own_data(overrides)
+    overrides, module = _own_model(overrides)
     cfg = _config(config, overrides, check_algo=False)
-    return compare_experiments(cfg, algorithms, out, output=_output(progress), data_cache=cache)[1]
+    with _output(progress, tensorboard) as output:
+        return compare_experiments(cfg, algorithms, out, output=output, data_cache=cache, model=module)[1]
 
 
 def sweep(grid: dict[str, list], config: ExperimentConfig | dict | None = None, *, out: str | None = None,
-          progress: bool = True, lanes: str = "vmap", **overrides) -> dict[str, "ExperimentResult"]:
+          progress: bool = True, lanes: str = "vmap", tensorboard: str | None = None,
+          **overrides) -> dict[str, "ExperimentResult"]:
     """Run every point of ``grid`` (``{"algo.lr": [0.01, 0.1], "algo.mu": [0, 0.01]}``) for the config's seeds, as
     ``fljax sweep``: points that differ only in numeric hyperparameters run with the seeds as lanes of one compiled
     program. Returns the results by point label (``"lr=0.01,mu=0"``)."""
     from fljax.runner import sweep_experiments
 
     overrides, cache = _own_data(overrides)
+    overrides, module = _own_model(overrides)
     cfg = make_config(config, **overrides)
-    return sweep_experiments(cfg, grid, out, output=_output(progress), lanes=lanes, data_cache=cache)[1]
+    with _output(progress, tensorboard) as output:
+        return sweep_experiments(cfg, grid, out, output=output, lanes=lanes, data_cache=cache, model=module)[1]
 
 
-def _output(progress: bool):
+def load_run(directory) -> "pandas.DataFrame":
+    """A run directory's history (every seed) as a pandas DataFrame: see :func:`fljax.runner.load.load_run`."""
+    from fljax.runner.load import load_run as load
+
+    return load(directory)
+
+
+def load_compare(directory) -> "pandas.DataFrame":
+    """A comparison's or sweep's histories as one pandas DataFrame with a ``run`` column: see
+    :func:`fljax.runner.load.load_compare`."""
+    from fljax.runner.load import load_compare as load
+
+    return load(directory)
+
+
+def _output(progress: bool, tensorboard: str | None = None):
     from fljax.runner import Output
+    from fljax.runner.tensorboard import TensorBoard
 
-    return Output("bar" if progress else "quiet")
+    return Output("bar" if progress else "quiet", tensorboard=TensorBoard(tensorboard) if tensorboard else None)
 
 
 def _own_data(overrides: dict):
@@ -132,6 +162,16 @@ def _own_data(overrides: dict):
         return overrides, None
     rest = {k: v for k, v in overrides.items() if k != "data"}
     return {**rest, "data": {"num_clients": data.num_clients}}, DataCache.fixed(data)
+
+
+def _own_model(overrides: dict):
+    """A Flax module passed as ``model=``: every run uses it (the config's model section stays at its default)."""
+    import flax.linen as nn
+
+    module = overrides.get("model")
+    if not isinstance(module, nn.Module):
+        return overrides, None
+    return {k: v for k, v in overrides.items() if k != "model"}, module
 
 
 def label(name: str, hyper: dict | None = None) -> str:

@@ -17,7 +17,7 @@ import sys
 import threading
 from importlib import resources
 
-from fljax.config import ConfigError, load_config
+from fljax.config import ConfigError, load_config, preset
 
 EXAMPLES_RUN = """examples:
   fljax run configs/fedavg.yaml                              # one experiment from a config file
@@ -65,6 +65,13 @@ def _overrides(args) -> list[str]:
     return overrides
 
 
+def _load(args):
+    """The config file with the command line's overrides; without a file, the quick-start preset (the one
+    ``fljax compare`` uses) with those of its ``algo`` keys that the algorithm takes."""
+    overrides = _overrides(args)
+    return load_config(args.config, overrides, base=None if args.config else preset(_quickstart_path(), overrides))
+
+
 def _resume_config(args, check_algo: bool = True):
     """On --resume the config is the run directory's own (only --set/--seeds/--checkpoint-every may change it)."""
     from fljax.runner.experiment import saved_config
@@ -88,8 +95,10 @@ def _default_out(name: str) -> str:
 
 def _output(args):
     from fljax.runner import Output
+    from fljax.runner.tensorboard import TensorBoard
 
-    return Output("json" if args.json else "quiet" if args.quiet else "bar")
+    return Output("json" if args.json else "quiet" if args.quiet else "bar",
+                  tensorboard=TensorBoard(args.tensorboard) if getattr(args, "tensorboard", None) else None)
 
 
 def _signal_of(e: KeyboardInterrupt):
@@ -115,7 +124,7 @@ def cmd_run(args) -> int:
     from fljax.runner import run_experiment
     from fljax.runner.report import markdown_table
 
-    cfg = _resume_config(args) if args.resume else load_config(args.config, _overrides(args))
+    cfg = _resume_config(args) if args.resume else _load(args)
     out = args.out or _default_out(cfg.run_name)
     output = _output(args)
     try:
@@ -137,7 +146,9 @@ def cmd_compare(args) -> int:
         cfg = _resume_config(args, check_algo=False)
         entries = saved_algorithms(args.out)
     else:
-        cfg = load_config(args.config or _quickstart_path(), _overrides(args), check_algo=False)
+        overrides = _overrides(args)
+        cfg = load_config(args.config, overrides, check_algo=False,
+                          base=None if args.config else preset(_quickstart_path(), overrides, algorithm_keys=False))
         names = [n.strip() for n in args.algorithms.split(",") if n.strip()] if args.algorithms else \
             [n for n, c in ALGORITHMS.items() if c.generic]
         entries = [(n, {}) for n in names]
@@ -164,7 +175,7 @@ def cmd_sweep(args) -> int:
         cfg = _resume_config(args)
         grid = saved_grid(args.out)
     else:
-        cfg = load_config(args.config, _overrides(args))
+        cfg = _load(args)
         grid = parse_grid(args.grid or [])
         if not grid:
             raise ConfigError("a sweep needs at least one --grid KEY=V1,V2,... (for example --grid algo.lr=0.01,0.1).")
@@ -183,6 +194,8 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_list(args) -> int:
+    if args.name:
+        return _list_algorithm(args.name)
     from fljax.algorithms import ALGORITHMS
     from fljax.data import PARTITIONERS, SOURCES, DataConfig
     from fljax.engine import EXECUTORS
@@ -207,6 +220,18 @@ def cmd_list(args) -> int:
             print(f"  {name:<14} {text}")
             for key, default, doc in options:
                 print(f"      {key} (default {_value(default)}): {doc}")
+    return 0
+
+
+def _list_algorithm(name: str) -> int:
+    """One algorithm: its summary, then every hyperparameter with its type, default and one line about it."""
+    from fljax.algorithms.registry import get_algorithm, hyperparameter_docs
+
+    cls = get_algorithm(name)
+    print(f"{name}: {cls.summary}")
+    print("hyperparameters (set them with --set algo.KEY=VALUE or a config's algo: section):")
+    for key, (kind, default, doc) in hyperparameter_docs(cls).items():
+        print(f"  {key} ({kind}, default {_value(default)}): {doc}")
     return 0
 
 
@@ -299,6 +324,9 @@ def make_parser() -> argparse.ArgumentParser:
         sp.add_argument("--checkpoint-every", type=int, metavar="K",
                         help="checkpoint every K rounds (default: at an evaluation once a minute has passed, "
                         "and at the end; 0: never)")
+        sp.add_argument("--tensorboard", metavar="DIR",
+                        help="also write every evaluation as TensorBoard scalars into DIR/<run>/seed_<s>/ "
+                        "(needs tensorboardX: pip install 'fljax[explore]')")
         mode = sp.add_mutually_exclusive_group()
         mode.add_argument("--quiet", action="store_true", help="no progress bar or notes, only the final table")
         mode.add_argument("--json", action="store_true",
@@ -333,7 +361,9 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--algorithms", help="comma-separated names (default: every general-purpose algorithm)")
     c.set_defaults(func=cmd_compare)
     ls = sub.add_parser("list", help="show algorithms, data sets, partitioners, models, executors, topologies",
-                        description="Everything fljax knows by name, one line each.")
+                        description="Everything fljax knows by name, one line each; with an algorithm's name, its "
+                        "hyperparameters with their types, defaults and one line each.")
+    ls.add_argument("name", nargs="?", help="an algorithm: list its hyperparameters")
     ls.set_defaults(func=cmd_list)
     rp = sub.add_parser("reproduce", help="run a paper reproduction (fljax/reproduce/NAME.yaml)",
                         description="Run the studies of a paper reproduction (a study file: base config, axes of "

@@ -26,7 +26,8 @@ from fljax.options import (SEED_MAX, Options, at_least, between, check_value, gr
 
 __all__ = ["ConfigError", "DataConfig", "ModelConfig", "GroupConfig", "group_configs", "ServerConfig",
            "ExperimentConfig", "from_dict", "to_dict", "load_config",
-           "check_compare_algo", "apply_overrides", "parse_override", "hyperparameters", "algorithm_config"]
+           "check_compare_algo", "apply_overrides", "parse_override", "hyperparameters", "algorithm_config",
+           "resolved", "preset"]
 
 INT32_MAX = 2 ** 31 - 1  # the engine counts rounds in int32
 RUNS_MAX = 10_000  # the most runs (seeds × points) one command starts: each has its own directory and open lock
@@ -347,6 +348,50 @@ def load_config(path: str | None = None, overrides: list[str] | None = None, bas
     return from_dict(ExperimentConfig, values).validate(check_algo)
 
 
+def preset(path: str, overrides: list[str] | None = None, algorithm_keys: bool = True) -> dict:
+    """The values of preset file ``path`` (like ``fljax compare``'s quick start) for the experiment that
+    ``overrides`` describe. A preset key yields to the user's choice of the component that owns it: another
+    ``data.dataset`` keeps only the preset's ``num_clients`` of its data section, another ``data.partition``
+    drops the preset partitioner's options, another ``model.name`` the preset's model options, an
+    ``algo.local_steps`` the preset's ``local_epochs`` (which would win over it); with
+    ``algorithm_keys`` the ``algo`` keys the chosen algorithm does not take are left out. Pass the result to
+    :func:`load_config` as ``base``."""
+    from fljax.algorithms import ALGORITHMS
+    from fljax.algorithms.registry import hyperparameter_fields
+    from fljax.data import PARTITIONERS
+
+    values = _read_yaml(path)
+    user = apply_overrides({}, overrides or [])
+    changed = lambda section, key: (isinstance(user.get(section), dict) and key in user[section]  # noqa: E731
+                                    and user[section][key] != values.get(section, {}).get(key))
+    data, model = values.get("data", {}), values.get("model", {})
+    if changed("data", "dataset"):
+        values["data"] = {k: v for k, v in data.items() if k == "num_clients"}
+    elif changed("data", "partition") and data.get("partition") in PARTITIONERS:
+        owned = {f.name for f in dataclasses.fields(PARTITIONERS[data["partition"]].options)}
+        values["data"] = {k: v for k, v in data.items() if k not in owned}
+    if changed("model", "name"):
+        values["model"] = {k: v for k, v in model.items() if k != "options"}
+    if changed("algo", "local_steps") and isinstance(values.get("algo"), dict):  # local_epochs would win over it
+        values["algo"] = {k: v for k, v in values["algo"].items() if k != "local_epochs"}
+    name = {**values, **user}.get("algorithm", ExperimentConfig.algorithm)
+    if algorithm_keys and isinstance(name, str) and name in ALGORITHMS and isinstance(values.get("algo"), dict):
+        accepted = hyperparameter_fields(ALGORITHMS[name])
+        values["algo"] = {k: v for k, v in values["algo"].items() if k in accepted}
+        while values["algo"]:  # a preset key the algorithm refuses (QuPeD counts local_steps) yields too
+            try:
+                ALGORITHMS[name](**values["algo"]).validate(values.get("data", {}).get("num_clients", 100))
+                break
+            except OptionError as e:  # the preset keys the refusal names
+                named = [k for k in values["algo"] if k == e.key or k in str(e)]
+                if not named:
+                    break
+                values["algo"] = {k: v for k, v in values["algo"].items() if k not in named}
+            except (TypeError, ValueError):
+                break
+    return values
+
+
 def check_compare_algo(cfg: ExperimentConfig, names: list[str]) -> None:
     """In a comparison ``cfg.algo`` applies to every algorithm that accepts its keys: refuse an empty list of
     algorithms, and a key that none of ``names`` accepts, suggesting the closest valid one."""
@@ -371,3 +416,22 @@ def algorithm_config(cfg: ExperimentConfig, name: str, hyper: dict | None = None
     accepted = hyperparameter_fields(get_algorithm(name))
     algo = {**{k: v for k, v in cfg.algo.items() if k in accepted}, **(hyper or {})}
     return dataclasses.replace(cfg, algorithm=name, algo=algo).validate()
+
+
+def resolved(cfg: ExperimentConfig) -> ExperimentConfig:
+    """``cfg`` with every default made explicit, as a run directory's ``config.yaml`` records it: all of the
+    algorithm's hyperparameters (its defaults filled in), ``model.name: auto`` replaced by the model it picks and
+    the model's options completed with their defaults. Loading it back runs the same experiment."""
+    from fljax.algorithms import make_algorithm
+    from fljax.models.model import auto_model, model_options
+
+    algorithm = make_algorithm(cfg.algorithm, **cfg.algo)
+    algo = {f.name: getattr(algorithm, f.name) for f in dataclasses.fields(algorithm)}
+    name = auto_model(cfg.data.source.input_shape) if cfg.model.name == "auto" else cfg.model.name
+    options = {f.name: cfg.model.options.get(f.name, _default(f)) for f in model_options(name)}
+    model = dataclasses.replace(cfg.model, name=name, options=options)
+    return dataclasses.replace(cfg, algo=algo, model=model)
+
+
+def _default(field: dataclasses.Field):
+    return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default

@@ -19,7 +19,7 @@ __all__ = [
     "ones_like", "full_like", "cast", "size", "nbytes", "count_nonzero", "random_normal_like",
     "mean_clients", "sum_clients", "weighted_mean_clients", "masked_mean_clients", "take_clients",
     "put_clients", "broadcast_clients", "num_clients", "stack", "unstack", "ravel", "all_finite",
-    "map_with_path", "path_str", "lerp",
+    "map_with_path", "path_str", "paths", "lerp",
 ]
 
 
@@ -224,6 +224,11 @@ def path_str(path) -> str:
         else:
             parts.append(str(k))
     return "/".join(parts)
+
+
+def paths(a: PyTree) -> list[str]:
+    """The '/'-joined path of every leaf (what selectors match against), in leaf order."""
+    return [path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(a)[0]]
 
 
 def map_with_path(fn: Callable[[str, Any], Any], a: PyTree, *rest: PyTree) -> PyTree:

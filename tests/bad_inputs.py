@@ -54,6 +54,7 @@ _SWEEP = [("s/config.yaml", "algorithm: fedprox\n"), ("s/summary.json", '{"grid"
 _SMALL = " --set data.num_clients=4 --set algo.cohort_size=2"
 _MLP = "run --set model.name=mlp "
 _DIGITS = "run --dataset digits "
+_SYNTHETIC = "run --dataset synthetic "  # `run` without a file starts from the digits quick-start preset
 
 CASES = [
     _case(_FILES, "run nope.yaml", "config file 'nope.yaml' does not exist."),
@@ -74,18 +75,18 @@ CASES = [
     _case(_FILES, "run big.yaml", "has 120 digits", [("big.yaml", "rounds: " + "9" * 120 + "\n")],
           "rounds: 999…9 (120 digits)"),
     _case(_KEYS, "run --set roundz=3", "roundz is not a valid key. Did you mean 'rounds'?"),
-    _case(_KEYS, "run --set data.alpah=0.1", "data.alpah is not a valid key for data set 'synthetic' with partition "
-                                             "'natural'. Did you mean 'alpha'?"),
-    _case(_KEYS, "run --set data.alpha=0.1", "data.alpha is an option of partitions 'dirichlet' and "
+    _case(_KEYS, "run --set data.alpah=0.1", "data.alpah is not a valid key for data set 'digits' with partition "
+                                             "'dirichlet'. Did you mean 'alpha'?"),
+    _case(_KEYS, _SYNTHETIC + "--set data.alpha=0.1", "data.alpha is an option of partitions 'dirichlet' and "
                                              "'client_dirichlet', not of data set 'synthetic'"),
     _case(_KEYS, "run configs/fedavg.yaml --set data.partition=iid",
           "data.alpha is an option of partitions 'dirichlet' and 'client_dirichlet', not of data set 'digits' with "
           "partition 'iid'; remove it (or set it to null)."),
-    _case(_KEYS, "run --set data.noise=0.5", "data.noise is an option of data set 'digits'"),
+    _case(_KEYS, _SYNTHETIC + "--set data.noise=0.5", "data.noise is an option of data set 'digits'"),
     _case(_KEYS, "run --set algo.lrr=0.1", "algo.lrr is not a valid key for algorithm 'fedavg'. Did you mean 'lr'?"),
     _case(_KEYS, _MLP + "--set model.options.hiden=[8]",
           "model.options.hiden is not a valid key for model 'mlp'. Did you mean 'hidden'?"),
-    _case(_KEYS, "run --set model.options.hidden=[8]",
+    _case(_KEYS, _SYNTHETIC + "--set model.name=auto --set model.options.hidden=[8]",
           "model.options.hidden is not a valid key for model 'logreg' (picked by model.name: auto"),
     _case(_KEYS, "run --set data=5", "data must be a mapping of keys to values, got 5."),
     _case(_KEYS, "run --set rounds", "override 'rounds' must look like key=value"),
@@ -95,10 +96,10 @@ CASES = [
     _case(_NAMES, "run --algorithm fedgia", "algorithm 'fedgia' solves consensus regression problems"),
     _case(_NAMES, "run --dataset digitz", "data.dataset must be one of ["),
     _case(_NAMES, "run --set data.partition=dirichlett", "data.partition must be one of ["),
-    _case(_NAMES, "run --set data.partition=iid", "data.partition must be 'natural' for synthetic"),
+    _case(_NAMES, _SYNTHETIC + "--set data.partition=iid", "data.partition must be 'natural' for synthetic"),
     _case(_NAMES, _DIGITS + "--set data.partition=natural", "data.partition cannot be 'natural' for digits"),
     _case(_NAMES, "run --set model.name=mlpp", "model.name must be one of ["),
-    _case(_NAMES, "run --set model.name=cnn1", "model.name cannot be 'cnn1' for inputs of shape (60,)"),
+    _case(_NAMES, _SYNTHETIC + "--set model.name=cnn1", "model.name cannot be 'cnn1' for inputs of shape (60,)"),
     _case(_NAMES, "run --set executor=vmapp", "executor must be one of ["),
     _case(_NAMES, "run --set model.conv_impl=fast", "model.conv_impl must be one of ['auto', 'native', 'patches']"),
     _case(_NAMES, _DIGITS + "--set data.test_rounding=round", "data.test_rounding must be one of ['largest_remainder'"),
@@ -112,7 +113,7 @@ CASES = [
     _case(_TYPES, "run --set algo.lr=.nan", "algo.lr must be a finite number, got nan."),
     _case(_TYPES, "run --set data.num_clients=1.5", "data.num_clients must be an integer, got 1.5."),
     _case(_TYPES, _DIGITS + "--set data.alpha=.nan", "data.alpha must be a finite number, got nan."),
-    _case(_TYPES, "run --set data.synthetic_beta=.inf", "data.synthetic_beta must be a finite number, got inf."),
+    _case(_TYPES, _SYNTHETIC + "--set data.synthetic_beta=.inf", "data.synthetic_beta must be a finite number, got inf."),
     _case(_TYPES, _MLP + "--set model.options.hidden=abc", "model.options.hidden must be a list, got 'abc'."),
     _case(_TYPES, _MLP + "--set model.options.hidden=[16.5]", "model.options.hidden[0] must be an integer, got 16.5."),
     _case(_TYPES, _MLP + "--set model.options.hidden=[64,x]", "model.options.hidden[1] must be an integer, got 'x'."),
@@ -134,12 +135,12 @@ CASES = [
     _case(_VALUES, "run --set name=a/b", "name must not contain '/' (it names the run directory)"),
     _case(_VALUES, "run --set name=../../x", "name must not contain '/' (it names the run directory)"),
     _case(_VALUES, "run --set data.num_clients=0", "data.num_clients must be >= 1, got 0."),
-    _case(_VALUES, "run --set data.num_clients=1000000000",
+    _case(_VALUES, _SYNTHETIC + "--set data.num_clients=1000000000",
           "data.num_clients must be at most 100000 (the most clients synthetic generates), got 1000000000."),
     _case(_VALUES, _DIGITS + "--set data.num_clients=5000",
           "data.num_clients must be at most 1297 (the training samples of digits, at least one per client)"),
-    _case(_VALUES, "run --set data.max_samples=0", "data.max_samples must be >= 11, got 0."),
-    _case(_VALUES, "run --set data.max_samples=-5", "data.max_samples must be >= 11, got -5."),
+    _case(_VALUES, _SYNTHETIC + "--set data.max_samples=0", "data.max_samples must be >= 11, got 0."),
+    _case(_VALUES, _SYNTHETIC + "--set data.max_samples=-5", "data.max_samples must be >= 11, got -5."),
     _case(_VALUES, "run --set data.test_fraction=1", "data.test_fraction must be in (0, 1), got 1.0."),
     _case(_VALUES, _DIGITS + "--set data.test_per_client=0", "data.test_per_client must be >= 1, got 0."),
     _case(_VALUES, _DIGITS + "--set data.test_per_client=-3", "data.test_per_client must be >= 1, got -3."),
@@ -172,9 +173,9 @@ CASES = [
                            "--set data.test_rounding=floor",
           "data.test_per_client is too small: 1 with test_rounding='floor' leaves"),
     _case(_MEMORY, _MLP + "--set model.options.hidden=[100000000000]",
-          "the simulation needs at least 26,449.6 GiB of memory, more than the"),
-    _case(_MEMORY, "run --set algo.batch_size=1000000000000", "one client's round draws 10,000,000,000,000 "
-                                                              "samples (37,252.9 GiB of minibatch indices); lower "
+          "the simulation needs at least 27,939.7 GiB of memory, more than the"),
+    _case(_MEMORY, "run --set algo.batch_size=1000000000000", "one client's round draws 2,000,000,000,000 "
+                                                              "samples (7,450.6 GiB of minibatch indices); lower "
                                                               "algo.batch_size"),
     _case(_COMMANDS, "sweep --seeds 2 --grid algo.lr=" + ",".join(map(str, range(1, 101))) + " --grid "
           "algo.local_steps=" + ",".join(map(str, range(1, 101))),

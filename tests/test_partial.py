@@ -76,3 +76,7 @@ def test_fedrep_executors_agree(digits10):
 def test_partial_refuses_a_split_that_shares_nothing(digits10):
     with pytest.raises(ValueError, match="selects every parameter"):
         _sim(digits10, "fedper", personal=".").init()
+    # a regex that selects nothing lists the real parameter paths
+    with pytest.raises(ValueError, match=r"personal 'classifier' selects no parameter of the model, whose "
+                                         r"parameters are Dense_0/bias, Dense_0/kernel, .*head/kernel; choose"):
+        _sim(digits10, "fedper", personal="classifier").init()

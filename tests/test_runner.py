@@ -15,7 +15,7 @@ from fljax.runner import files
 from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
 
 # A tiny experiment: 8 synthetic clients, logistic regression, 4 clients per round.
-TINY = ["--set", "data.num_clients=8", "--set", "data.max_samples=40", "--set", "algo.cohort_size=4",
+TINY = ["--dataset", "synthetic", "--set", "data.num_clients=8", "--set", "data.max_samples=40", "--set", "algo.cohort_size=4",
         "--set", "algo.local_steps=2", "--set", "algo.batch_size=10", "--set", "model.name=logreg"]
 
 
@@ -24,7 +24,7 @@ def _metrics(run_dir) -> list[dict]:
 
 
 def _without_time(records):
-    return [{k: v for k, v in r.items() if k != "wall_seconds"} for r in records]
+    return [{k: v for k, v in r.items() if k != "run_seconds"} for r in records]
 
 
 def _final_params(run_dir):
@@ -83,12 +83,14 @@ def test_run_directory_layout_and_json_log(tmp_path, capsys):
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]  # stdout: JSON only
     assert [e["event"] for e in events] == ["eval", "eval", "eval", "summary"]  # round 0: the initial model
     assert [e["round"] for e in events[:3]] == [0, 2, 4]
-    assert sorted(os.listdir(out)) == ["accuracy_vs_bytes.png", "accuracy_vs_round.png", "checkpoints",
-                                       "client_accuracy.png", "config.yaml", "metrics.jsonl", "summary.json"]
+    plots = [f"{name}.{fmt}" for name in ("accuracy_vs_bytes", "accuracy_vs_round", "client_accuracy", "metrics")
+             for fmt in ("pdf", "png")]  # metrics: the train loss
+    assert sorted(os.listdir(out)) == sorted([*plots, "checkpoints", "config.yaml", "metrics.jsonl", "resolved.yaml",
+                                              "summary.json"])
     records = _metrics(out)
     assert [r["round"] for r in records] == [0, 2, 4]
     for key in ("personal_acc", "personal_loss", "global_acc", "global_loss", "train_loss", "bytes_up",
-                "bytes_down", "wall_seconds"):
+                "bytes_down", "run_seconds"):
         assert key in records[1]
     assert "train_loss" not in records[0] and records[0]["bytes_up"] == 0  # the initial model: nothing trained yet
     assert records[2]["bytes_up"] == 2 * records[1]["bytes_up"] > 0  # cumulative
@@ -98,6 +100,8 @@ def test_run_directory_layout_and_json_log(tmp_path, capsys):
     assert summary["best"]["personal_acc"]["value"] == max(r["personal_acc"] for r in records)
     for key in ("run_seconds", "compile_seconds", "wall_seconds", "client_steps_per_second"):
         assert summary[key] > 0
+    parts = ("setup_seconds", "compile_seconds", "run_seconds", "other_seconds")
+    assert summary["wall_seconds"] == pytest.approx(sum(summary[k] for k in parts))
     assert open(out / "accuracy_vs_round.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert os.listdir(out / "checkpoints") == ["4"]  # default policy: a short run is checkpointed at its end
     before = sorted(os.listdir(out))
@@ -191,7 +195,7 @@ def test_vectorised_sweep_equals_separate_runs_and_resumes(tmp_path, monkeypatch
         assert [r["round"] for r in a] == [r["round"] for r in b] == [0, 2, 4]
         for ra, rb in zip(a, b):
             for key in ra:
-                if key != "wall_seconds":
+                if key != "run_seconds":
                     np.testing.assert_allclose(rb[key], ra[key], rtol=1e-5, atol=1e-6, err_msg=key)
     values = top["final"]["personal_acc"]["values"]
     assert top["final"]["personal_acc"]["mean"] == pytest.approx(np.mean(values))
@@ -244,7 +248,7 @@ def test_seed_batch_refuses_data_of_different_shapes():
 
 def test_compare_writes_table_plot_and_runs(tmp_path, capsys):
     out = tmp_path / "cmp"
-    digits = ["--set", "data.num_clients=8", *TINY[4:]]  # the quick-start data is digits: max_samples is synthetic's
+    digits = ["--set", "data.num_clients=8", *TINY[6:]]  # the quick-start data is digits: max_samples is synthetic's
     argv = ["compare", *digits, "--set", "model.options={}", "--set", "data.seed=0", "--set", "rounds=4", "--set", "eval_every=2",
             "--algorithms", "fedavg,local", "--seeds", "2", "--out", str(out), "--quiet"]
     assert main(argv) == 0
@@ -253,12 +257,14 @@ def test_compare_writes_table_plot_and_runs(tmp_path, capsys):
     assert header[:6] == ["algorithm", "seeds", "personal acc", "weighted", "p10 client", "global acc"]
     assert [row.split("|")[1].strip() for row in table[2:]] == ["fedavg", "local"]
     assert all(" ± " in row.split("|")[3] for row in table[2:])  # mean ± std over the 2 seeds
-    assert sorted(os.listdir(out)) == ["compare.md", "compare.png", "config.yaml", "fedavg", "local",
-                                       "summary.json"]
+    assert sorted(os.listdir(out)) == ["compare.md", "compare.pdf", "compare.png", "compare_metrics.pdf",
+                                       "compare_metrics.png", "config.yaml", "fedavg", "local", "summary.json"]
     assert "\n".join(table) in (out / "compare.md").read_text()
-    assert sorted(os.listdir(out / "fedavg")) == ["accuracy_vs_bytes.png", "accuracy_vs_round.png",
-                                                  "client_accuracy.png", "config.yaml", "seed_0", "seed_1",
-                                                  "summary.json"]
+    plots = [f"{name}.{fmt}" for name in ("accuracy_vs_bytes", "accuracy_vs_round", "client_accuracy", "metrics")
+             for fmt in ("pdf", "png")]
+    assert sorted(os.listdir(out / "fedavg")) == sorted([*plots, "config.yaml", "resolved.yaml", "seed_0", "seed_1",
+                                                          "summary.json"])
+    assert "accuracy_vs_bytes.png" not in os.listdir(out / "local")  # Local communicates nothing
     summary = files.read_json(out / "summary.json")
     assert summary["status"] == "completed" and set(summary["results"]) == {"fedavg", "local"}
     # the local baseline communicates nothing; fedavg does

@@ -19,7 +19,7 @@ COMMON = dict(algorithm="fedprox", data={"dataset": "digits", "num_clients": 8, 
 
 
 def _records(result):
-    return [[{k: v for k, v in r.items() if k != "wall_seconds"} for r in run.log.history] for run in result.runs]
+    return [[{k: v for k, v in r.items() if k != "run_seconds"} for r in run.log.history] for run in result.runs]
 
 
 def test_grid_parsing_and_points():
@@ -85,7 +85,7 @@ def test_sweep_cli_table_files_and_a_diverging_point_stops_alone(tmp_path, capsy
     table = capsys.readouterr().out
     assert "lr=0.1" in table and "stopped: round 1 diverged: train_loss=" in table
     assert sorted(os.listdir(out)) == ["config.yaml", "lr=0.1", "lr=1000000.0", "summary.json", "sweep.md",
-                                       "sweep.png"]
+                                       "sweep.pdf", "sweep.png", "sweep_metrics.pdf", "sweep_metrics.png"]
     summary = files.read_json(out / "summary.json")
     assert summary["grid"] == {"algo.lr": [0.1, 1000000.0]} and summary["programs"]["vectorised_runs"] == 4
     ok = files.read_json(out / "lr=0.1" / "seed_0" / "summary.json")

@@ -75,8 +75,7 @@ class DFedAlt(Decentralized, LocalSGD):
 
     def init_clients(self, ctx, params) -> dict:
         if not any(jax.tree.leaves(self.shared_mask(params))):
-            raise OptionError("personal", f"={self.personal!r} selects every parameter of {ctx.model.name}; nothing "
-                                          f"would be shared. Choose a regex matching part of it (e.g. 'head').")
+            raise OptionError("personal", partition.selection_problem(self.personal, params, "every"))
         return {"params": params}
 
     def steps_per_round(self, n_max: int) -> int:

@@ -56,8 +56,8 @@ class FedPer(Centralized, LocalSGD):
         params = ctx.model.init(self.init_key(ctx))
         shared = jax.tree.leaves(self.shared_mask(params))
         if all(shared) or not any(shared):
-            raise OptionError("personal", f"={self.personal!r} selects {'no' if all(shared) else 'every'} parameter "
-                                          f"of {ctx.model.name}; choose a regex matching part of it (e.g. 'head').")
+            raise OptionError("personal", partition.selection_problem(self.personal, params,
+                                                                      "no" if all(shared) else "every"))
         return {"params": params}, {"params": tree.broadcast_clients(params, ctx.num_clients)}
 
     def broadcast(self, server):

@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
+import re
+import typing
 
 from fljax.algorithms.base import Algorithm
 
-__all__ = ["ALGORITHMS", "register", "get_algorithm", "make_algorithm", "hyperparameter_fields"]
+__all__ = ["ALGORITHMS", "register", "get_algorithm", "make_algorithm", "hyperparameter_fields", "hyperparameter_docs"]
 
 ALGORITHMS: dict[str, type[Algorithm]] = {}
 
@@ -32,6 +35,28 @@ def get_algorithm(name: str) -> type[Algorithm]:
 
 def hyperparameter_fields(cls: type[Algorithm]) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def hyperparameter_docs(cls: type[Algorithm]) -> dict[str, tuple[str, object, str]]:
+    """name → (type, default, one line) of every hyperparameter. The line is the field's ``metadata['doc']``
+    when it has one, else the first sentence of the class's docstrings (its own, then its bases') that names
+    the field in double backquotes, else '(not documented)'."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for name, field in hyperparameter_fields(cls).items():
+        kind = getattr(hints.get(name), "__name__", None) or str(hints.get(name, "")).replace("typing.", "")
+        default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+        out[name] = (kind, default, field.metadata.get("doc") or _docstring_line(cls, name) or "(not documented)")
+    return out
+
+
+def _docstring_line(cls: type, name: str) -> str | None:
+    for klass in cls.__mro__:
+        text = " ".join(inspect.cleandoc(klass.__dict__.get("__doc__") or "").split())
+        for sentence in re.split(r"(?<=\.)\s+(?=[A-Z`(])", text):
+            if f"``{name}``" in sentence:
+                return sentence
+    return None
 
 
 def make_algorithm(name: str, **hyperparameters) -> Algorithm:

@@ -1,4 +1,5 @@
 """fljax.data: federated data as padded arrays, partitioners, sources and in-jit batching."""
+from fljax.data.arrays import from_arrays
 from fljax.data.batching import Batch, BatchPlan, gather_batch
 from fljax.data.build import federate, holdout_split, load_federated, make_federated, pool_test_split
 from fljax.data.config import DataConfig
@@ -9,7 +10,7 @@ from fljax.data.sources import (SOURCES, DataError, Natural, Pooled, digits, loa
                                 synthetic, tfds_source)
 
 __all__ = [
-    "Batch", "BatchPlan", "gather_batch", "federate", "holdout_split", "load_federated", "make_federated",
+    "from_arrays", "Batch", "BatchPlan", "gather_batch", "federate", "holdout_split", "load_federated", "make_federated",
     "pool_test_split", "DataConfig",
     "ClientArrays", "FederatedData", "ServerData", "label_histogram", "pad_clients", "PARTITIONERS", "PartitionError",
     "client_centric", "dirichlet", "iid", "partition", "pathological", "power_law", "SOURCES", "DataError", "Natural",

@@ -193,6 +193,10 @@ def tfds_source(name: str, data_dir: str | None = None, limit: int | None = None
     try:
         x_tr, y_tr = _read_tfds(tfds_name, "train", data_dir, limit)
         x_te, y_te = _read_tfds(tfds_name, "test", data_dir, limit)
+    except ImportError as e:  # a package tensorflow_datasets needs is missing: that is the cause, not the network
+        missing = e.name or str(e)
+        raise DataError(f"could not load {tfds_name!r}: tensorflow_datasets needs the package {missing!r}, which is "
+                        f"not installed (pip install {missing.split('.')[0].replace('_', '-')}).") from e
     except Exception as e:  # network-less machines end up here: say what to do
         raise DataError(f"could not load {tfds_name!r} through tensorflow_datasets ({type(e).__name__}: "
                         f"{str(e).splitlines()[0] if str(e) else ''}); prepare it once on a machine with network "

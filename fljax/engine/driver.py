@@ -18,7 +18,7 @@ import numpy as np
 
 from fljax import tree
 from fljax.data.federated import FederatedData
-from fljax.engine import blas, compile_cache
+from fljax.engine import blas, compile_cache, compile_clock
 from fljax.engine.context import RoundContext
 from fljax.engine.executors import Executor, choose_executor, make_executor
 from fljax.engine.loop import NonFiniteError, NonFiniteGuard, RunLog, drive
@@ -52,6 +52,18 @@ class RunResult:
     @property
     def final(self) -> dict:
         return self.history[-1] if self.history else {}
+
+    def to_frame(self):
+        """The history as a pandas DataFrame (one row per evaluation, ``round`` first)."""
+        from fljax.frames import history_frame
+
+        return history_frame(self.history)
+
+    def __repr__(self) -> str:
+        from fljax.frames import headline
+
+        return (f"RunResult({headline(self.final)}, evaluations={len(self.history)}, "
+                f"compile_seconds={self.compile_seconds:.1f}, run_seconds={self.run_seconds:.1f})")
 
 
 class Simulation:
@@ -173,7 +185,7 @@ class Simulation:
         (default: the algorithm's), compiled once per simulation (eagerly under the loop executor)."""
         key = jax.random.PRNGKey(self.seed if seed is None else seed)
         if not self.executor.jittable:
-            return blas.call(self._init, key, hp)
+            return self._eager(self._init, key, hp)
         return self._compiled_fn("init", self._init, (key, hp, self.data))(key, hp, self.data)
 
     def state_shapes(self) -> State:
@@ -216,6 +228,14 @@ class Simulation:
             self.compile_seconds += time.perf_counter() - t0
         return self._compiled[key]
 
+    def _eager(self, fn: Callable, *args):
+        """``fn(*args)`` run from Python (an executor that is not jittable), its jit compilations accounted."""
+        c0 = compile_clock.compile_seconds()
+        try:
+            return blas.call(fn, *args)
+        finally:
+            self.compile_seconds += compile_clock.compile_seconds() - c0
+
     def round(self, state: State):
         """One round: ``(new state, metrics)``."""
         return self.run_rounds(state, 1, stack=False)
@@ -225,7 +245,7 @@ class Simulation:
         if not self.executor.jittable:
             outs = []
             for _ in range(n):
-                state, m = blas.call(self._round, state, self.data)
+                state, m = self._eager(self._round, state, self.data)
                 outs.append(m)
             metrics = tree.stack(outs)
         else:
@@ -236,7 +256,7 @@ class Simulation:
     def evaluate(self, state: State) -> tuple[dict, dict]:
         """(scalar summaries, per-client accuracies) of the global and personalized models."""
         if not self.executor.jittable:
-            return blas.call(self._evaluate, state, self.data)
+            return self._eager(self._evaluate, state, self.data)
         return self._compiled_fn("evaluate", self._evaluate, (state, self.data))(state, self.data)
 
     # ---------------------------------------------------------------------------------------------- run

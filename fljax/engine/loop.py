@@ -28,8 +28,9 @@ class NonFiniteError(FloatingPointError):
 @dataclasses.dataclass
 class RunLog:
     """What a run has measured so far: one record per evaluation (the first at round 0, the initial model), the
-    cumulative communication, the seconds spent running (compilation apart) and compiling, and the initial model's
-    loss (the divergence guard's reference)."""
+    cumulative communication, the initial model's loss (the divergence guard's reference) and its seconds:
+    ``run_seconds`` running rounds and evaluations (compilation apart), ``compile_seconds`` tracing and compiling,
+    ``loop_seconds`` the whole run loop (those two, plus checkpoints, result files, host transfers, progress)."""
 
     history: list = dataclasses.field(default_factory=list)
     bytes_up: float = 0.0
@@ -37,6 +38,7 @@ class RunLog:
     run_seconds: float = 0.0
     compile_seconds: float = 0.0
     initial_loss: float | None = None
+    loop_seconds: float = 0.0
 
     def add_block(self, metrics: dict, seconds: float, compile_seconds: float):
         """Account one block of rounds (``metrics``: per-round arrays on the host)."""
@@ -45,10 +47,11 @@ class RunLog:
         self.run_seconds += seconds
         self.compile_seconds += compile_seconds
 
-    def add_initial(self, summary: dict, compile_seconds: float) -> dict:
+    def add_initial(self, summary: dict, seconds: float, compile_seconds: float) -> dict:
         """The round-0 record: the initial model's evaluation (no training, nothing communicated yet)."""
         losses = [float(summary[k]) for k in ("personal_loss", "global_loss") if k in summary]
         self.initial_loss = losses[0] if losses else None
+        self.run_seconds += seconds
         self.compile_seconds += compile_seconds
         return self.add_record(0, {}, summary)
 
@@ -58,7 +61,7 @@ class RunLog:
         record = {"round": round_, **{k: float(summary[k]) for k in order}}
         if metrics.get("train_loss") is not None:
             record["train_loss"] = float(np.mean(metrics["train_loss"]))
-        record.update(bytes_up=self.bytes_up, bytes_down=self.bytes_down, wall_seconds=self.run_seconds)
+        record.update(bytes_up=self.bytes_up, bytes_down=self.bytes_down, run_seconds=self.run_seconds)
         self.history.append(record)
         return record
 
@@ -146,12 +149,25 @@ def drive(sim, state, logs: list[RunLog], rounds: int, eval_every: int, checkpoi
     stopped: dict[int, str] = {}
     bar = _progress_bar(rounds, start, progress)
     r = start
+    mark = time.perf_counter()
+
+    def lap(lanes_: list[int]) -> None:
+        """Account the seconds since the last lap to these lanes' ``loop_seconds``."""
+        nonlocal mark
+        now = time.perf_counter()
+        for i in lanes_:
+            logs[i].loop_seconds += now - mark
+        mark = now
+
     try:
         if start == 0 and not any(log.history for log in logs):
-            c0 = sim.compile_seconds
+            t0, c0 = time.perf_counter(), sim.compile_seconds
             summary, per_client = jax.device_get(sim.evaluate(state))
+            compile_s = sim.compile_seconds - c0
+            seconds = time.perf_counter() - t0 - compile_s
+            lap(list(range(len(logs))))
             for i, log in enumerate(logs):
-                record = log.add_initial(pick(summary, i), sim.compile_seconds - c0)
+                record = log.add_initial(pick(summary, i), seconds, compile_s)
                 if callback is not None:
                     callback(i, record, pick(state, i))
         for n, do_eval, do_checkpoint in block_schedule(start, rounds, eval_every, checkpoint_every):
@@ -176,6 +192,7 @@ def drive(sim, state, logs: list[RunLog], rounds: int, eval_every: int, checkpoi
             r += n
             live = [i for i in range(len(logs)) if i not in stopped]
             records = {}
+            lap(live)  # (this block's callbacks and checkpoints go to the next lap)
             for i in live:
                 logs[i].add_block(pick(metrics, i), seconds, compile_s)
                 if do_eval:
@@ -199,6 +216,7 @@ def drive(sim, state, logs: list[RunLog], rounds: int, eval_every: int, checkpoi
     finally:
         if bar is not None:
             bar.close()
+        lap([i for i in range(len(logs)) if i not in stopped])
     return state, per_client, stopped
 
 

@@ -5,6 +5,7 @@ import dataclasses
 import functools
 import typing
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -15,7 +16,7 @@ from fljax.errors import OptionError
 from fljax.models import zoo
 from fljax.options import check_value, suggest
 
-__all__ = ["Model", "make_model", "check_model_options", "check_model_input", "auto_model", "model_options", "MODELS",
+__all__ = ["Model", "make_model", "own_model", "check_model_options", "check_model_input", "auto_model", "model_options", "MODELS",
            "masked_cross_entropy", "accuracy_stats"]
 
 
@@ -198,3 +199,31 @@ def make_model(name: str, input_shape, num_classes: int, conv_impl: str = "nativ
     if name in _IMAGE_MODELS:
         options["conv_impl"] = conv_impl
     return Model(_MODULES[name](num_classes, **options), tuple(input_shape), num_classes, name)
+
+
+def own_model(module: nn.Module, input_shape, num_classes: int) -> Model:
+    """The user's own Flax module as a :class:`Model` (its ``__call__(x)`` maps a batch ``[B, *input_shape]`` to
+    logits ``[B, num_classes]``). Refused in one line: a module whose output is not such logits, one with
+    variables besides ``params`` (BatchNorm's ``batch_stats``) and one that needs random numbers when applied
+    (Dropout): the engine keeps and averages only parameters and gives a module no rngs."""
+    if not isinstance(module, nn.Module):
+        raise OptionError("model", f"must be a flax.linen Module, got {type(module).__name__}.")
+    x = jnp.zeros((2,) + tuple(input_shape), jnp.float32)
+    what = type(module).__name__
+    try:
+        variables = jax.eval_shape(module.init, jax.random.PRNGKey(0), x)
+        extra = sorted(set(variables) - {"params"})
+        if extra:
+            raise OptionError("model", f"{what} keeps variables {extra} besides its params (BatchNorm's "
+                                       f"batch_stats): not supported; use GroupNorm or LayerNorm.")
+        out = jax.eval_shape(module.apply, {"params": variables["params"]}, x)
+    except flax.errors.InvalidRngError:
+        raise OptionError("model", f"{what} needs random numbers when applied (Dropout): not supported; set "
+                                   f"deterministic=True.") from None
+    except (TypeError, ValueError, flax.errors.FlaxError) as e:
+        raise OptionError("model", f"{what} cannot take inputs of shape {tuple(input_shape)}: "
+                                   f"{str(e).splitlines()[0]}") from None
+    if getattr(out, "shape", None) != (2, num_classes):
+        raise OptionError("model", f"{what} must return logits of shape [batch, {num_classes}], got "
+                                   f"{getattr(out, 'shape', type(out).__name__)}.")
+    return Model(module, tuple(input_shape), num_classes, what)

@@ -20,13 +20,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fljax.tree import map_with_path
+from fljax.tree import map_with_path, paths
 
 PyTree = Any
 Selector = Union[str, Callable[[str, Any], bool], bool]
 
 __all__ = [
     "matches", "mask_from_paths", "as_leaf_mask", "split", "merge", "mask_not", "count", "masked_average",
+    "selection_problem",
 ]
 
 
@@ -43,6 +44,13 @@ def matches(selector: Selector, path: str, leaf) -> bool:
     if callable(selector):
         return bool(selector(path, leaf))
     raise TypeError(f"selector must be a regex string, a predicate (path, leaf) -> bool, or a bool; got {selector!r}")
+
+
+def selection_problem(selector: Selector, tree: PyTree, selected: str) -> str:
+    """The message for a selector that selects ``selected`` ('no' or 'every') leaf of ``tree``, listing the real
+    paths to choose from."""
+    return (f"{selector!r} selects {selected} parameter of the model, whose parameters are "
+            f"{', '.join(paths(tree))}; choose a regex matching part of them (e.g. 'head').")
 
 
 def mask_from_paths(tree: PyTree, selector: Selector) -> PyTree:

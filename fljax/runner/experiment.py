@@ -21,12 +21,13 @@ import dataclasses
 import math
 import os
 import re
+import time
 from typing import Any
 
 import jax
 
 from fljax import tree
-from fljax.config import RUNS_MAX, ConfigError, ExperimentConfig, algorithm_config, check_compare_algo, to_dict
+from fljax.config import RUNS_MAX, ConfigError, ExperimentConfig, algorithm_config, check_compare_algo, resolved, to_dict
 from fljax.errors import OptionError
 from fljax.engine import DivergenceGuard, Lanes, NonFiniteError, NonFiniteGuard, RunLog, RunResult, Simulation
 from fljax.engine.lanes import can_batch
@@ -35,9 +36,9 @@ from fljax.runner import files, interrupt, lock
 from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
 from fljax.runner.memory import check_fits
 from fljax.runner.plan import Program, group_runs, traceable
-from fljax.runner.plots import plot_compare, plot_run
+from fljax.runner.plots import plot_compare, plot_run, setting
 from fljax.runner.report import Output, markdown_table, summary_row
-from fljax.runner.results import RunDir, aggregate_summaries, make_summary
+from fljax.runner.results import RunDir, aggregate_summaries, environment, make_summary
 from fljax.runner.resume import check_resume
 from fljax.runner.sweep import DataCache, grid_points, point_config, point_label, seed_list
 
@@ -67,6 +68,14 @@ class Run:
     steps_per_round: int = 0
     facts: dict = dataclasses.field(default_factory=dict)  # model, num_params, executor (for summary.json)
     vectorised: bool = False  # ran as a lane of a program with others
+    setup_seconds: float = 0.0  # building its data and simulation (in this process)
+    environment: dict = dataclasses.field(default_factory=dict)  # results.environment of its simulation
+
+    def make_summary(self, status: str = "completed", message: str | None = None) -> dict:
+        summary = make_summary(self.cfg, self.seed, self.log, self.steps_per_round, status, message, self.facts,
+                               setup_seconds=self.setup_seconds, env=self.environment)
+        summary["dataset"] = getattr(self.data, "name", None) or summary["dataset"]  # the user's own data's name
+        return summary
 
     @property
     def seed(self) -> int:
@@ -109,6 +118,21 @@ class ExperimentResult:
     def stopped(self) -> list[Run]:
         return [run for run in self.runs if run.status == "stopped"]
 
+    def to_frame(self):
+        """Every seed's history as one pandas DataFrame: columns ``seed``, ``round`` and the metrics."""
+        from fljax.frames import concat, history_frame
+
+        return concat([history_frame(run.log.history, seed=run.seed) for run in self.runs])
+
+    def __repr__(self) -> str:
+        from fljax.frames import headline
+
+        seeds = len(self.runs)
+        where = f", directory={self.directory.path!r}" if self.directory.path else ""
+        dataset = getattr(self.runs[0].data, "name", None) or self.cfg.data.dataset
+        return (f"ExperimentResult({self.cfg.run_name} on {dataset}, {seeds} seed"
+                f"{'s' if seeds > 1 else ''}: {headline(self.final)}{where})")
+
     def row(self, label: str | None = None) -> dict:
         row = summary_row(label or self.cfg.run_name, [run.summary for run in self.runs])
         row["client-steps/s"] = f"{self.summary['client_steps_per_second']:,.0f}"
@@ -141,25 +165,26 @@ def _runs_of(label, cfg: ExperimentConfig, point_dir: RunDir) -> list[Run]:
             for s in seeds]
 
 
-def _build(cfg: ExperimentConfig, data) -> Simulation:
+def _build(cfg: ExperimentConfig, data, module) -> Simulation:
     from fljax.api import build
 
-    return build(cfg, data)
+    return build(cfg, data, module)
 
 
 class _Sims:
     """Simulations by program: runs with equal configs but for the seed (and traced keys) and the same data object
-    share one, hence its compiled programs."""
+    share one, hence its compiled programs. ``module``: the user's own Flax module (None: the config's model)."""
 
-    def __init__(self):
+    def __init__(self, module=None):
         self._sims: dict = {}
+        self.module = module
 
     def __call__(self, run: Run, traced: tuple = ()) -> Simulation:
         from fljax.runner.plan import _key
 
         key = (_key(run.cfg, set(traced)), id(run.data))
         if key not in self._sims:
-            self._sims[key] = _build(dataclasses.replace(run.cfg, seed=run.seed), run.data)
+            self._sims[key] = _build(dataclasses.replace(run.cfg, seed=run.seed), run.data, self.module)
         return self._sims[key]
 
 
@@ -183,7 +208,7 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
                output: Output | None = None, data_cache: DataCache | None = None, plots: bool = True,
                missing_ok: bool = False, lanes: str = "vmap", subdirs: bool | None = None,
                trace: tuple[str, ...] = (), root_config: ExperimentConfig | None = None,
-               root_summary: dict | None = None) -> list[ExperimentResult]:
+               root_summary: dict | None = None, model=None) -> list[ExperimentResult]:
     """Run every point for its seeds into ``out`` (one point: ``out`` is its directory; several, or ``subdirs``:
     ``out/<label>/``; ``out=None``: nothing is written). ``root_config`` and ``root_summary``: what a collection (a
     sweep, a comparison) keeps at ``out`` itself, checked and written with the runs' files. ``lanes``: how runs that
@@ -223,14 +248,17 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
         for d, cfg in reversed(configs):  # the root first
             check_resume(d.path, cfg)
     cache = data_cache or DataCache()
-    sims = _Sims()
+    sims = _Sims(model)
     for run in all_runs:  # refuse a bad split, a model that does not fit the data or the memory before writing
+        t0 = time.perf_counter()
         run.data = cache(run.cfg, run.seed)
         sim = sims(run)
         check_fits(sim)
         run.steps_per_round = sim.work_per_round()[0]
         run.facts = {"model": getattr(sim.model, "name", None), "num_params": sim.model.num_params() if sim.model
                      else None, "executor": sim.executor.describe()}
+        run.environment = environment(sim)
+        run.setup_seconds = time.perf_counter() - t0
     with lock.hold([d.path for d, _ in configs]):
         _check_directories(root, [d for d, _ in configs], resume, missing_ok)
         if resume:
@@ -238,6 +266,8 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
         if root_summary is not None:
             root.write_summary(root_summary)
         for d, cfg in configs:  # the root's config.yaml last: once it exists, the directory can be resumed
+            if cfg is not root_config:
+                d.write_resolved(_resolved(cfg, model))
             d.write_config(cfg)
         for run in all_runs:
             if run.status != "reused":
@@ -260,6 +290,15 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
                         run.checkpointer = None
         return [_finish(label, cfg, d, runs, output, plots) for (label, cfg), d, runs in
                 zip(points, dirs, runs_by_point)]
+
+
+def _resolved(cfg: ExperimentConfig, module) -> dict:
+    """What resolved.yaml records: :func:`~fljax.config.resolved`; with the user's own module, its class and fields
+    instead of the model section (such a file documents the run; running it again needs the module)."""
+    values = to_dict(resolved(cfg))
+    if module is not None:
+        values["model"] = {"name": f"own: {type(module).__name__}", "module": repr(module)}
+    return values
 
 
 def _configs(root: RunDir, root_config, points, dirs, runs_by_point) -> list[tuple[RunDir, ExperimentConfig]]:
@@ -377,7 +416,7 @@ def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str, sto
     def on_stop(i, message):
         run = runs[i]
         run.status, run.message = "stopped", message
-        run.summary = make_summary(run.cfg, run.seed, run.log, run.steps_per_round, "stopped", message, run.facts)
+        run.summary = run.make_summary("stopped", message)
         run.directory.write_summary(run.summary)
 
     common = dict(checkpoint_every=cfg.checkpoint_every or 0, callback=on_eval, on_checkpoint=on_checkpoint,
@@ -386,7 +425,7 @@ def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str, sto
         run.status = "running"
     if len(runs) == 1 and not program.traced:
         run = runs[0]
-        state = run.state if run.state is not None else sim.init(run.seed)
+        state = _initial(runs, sim, lambda: run.state if run.state is not None else sim.init(run.seed))
         state, per_client, _ = drive(sim, state, [run.log], cfg.rounds, cfg.eval_every, lanes=False, **common)
         results = [RunResult(state, run.log.history, jax.device_get(per_client), sim.compile_seconds,
                              run.log.run_seconds)]
@@ -395,7 +434,7 @@ def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str, sto
         shared = all(d is datas[0] for d in datas)
         batch = Lanes(sim, [r.seed for r in runs], None if shared else datas, program.hps(), mode=lanes_mode)
         restored = [r.state for r in runs]
-        states = batch.init() if restored[0] is None else tree.stack(restored)
+        states = _initial(runs, sim, lambda: batch.init() if restored[0] is None else tree.stack(restored))
         results, _ = batch.run(cfg.rounds, cfg.eval_every, states, [r.log for r in runs], **common)
     for run in runs:  # every lane's last checkpoint on disk before any of them says 'completed' (_restore_all)
         if run.checkpointer is not None:
@@ -409,9 +448,19 @@ def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str, sto
             run.status, run.message = "completed", None
         else:
             run.status, run.message = "interrupted", f"stopped by {stop.name} after round {reached}"
-        run.summary = make_summary(run.cfg, run.seed, run.log, run.steps_per_round, run.status, run.message,
-                                   run.facts)
+        run.summary = run.make_summary(run.status, run.message)
         run.directory.write_summary(run.summary)
+
+
+def _initial(runs: list[Run], sim: Simulation, make):
+    """``make()``: the runs' initial (or restored) state, its compile and wall seconds accounted to their logs."""
+    t0, c0 = time.perf_counter(), sim.compile_seconds
+    state = jax.block_until_ready(make())
+    compile_s, wall = sim.compile_seconds - c0, time.perf_counter() - t0
+    for run in runs:
+        run.log.compile_seconds += compile_s
+        run.log.loop_seconds += wall
+    return state
 
 
 def _finish(label, cfg: ExperimentConfig, d: RunDir, runs: list[Run], output: Output, plots: bool
@@ -424,19 +473,19 @@ def _finish(label, cfg: ExperimentConfig, d: RunDir, runs: list[Run], output: Ou
     if len(runs) > 1:
         d.write_summary(top)
     if plots and d.path is not None and any(r.log.history for r in runs):
-        title = label or cfg.run_name
+        title = f"{label or cfg.run_name}: {setting(cfg, runs[0].data)}"
         plot_run(d.path, [r.log.history for r in runs], [r.result.per_client if r.result else {} for r in runs],
-                 title if len(runs) == 1 else f"{title} ({len(runs)} seeds)")
+                 title if len(runs) == 1 else f"{title}, {len(runs)} seeds")
     return ExperimentResult(cfg, d, runs, top, vectorised)
 
 
 def run_experiment(cfg: ExperimentConfig, out: str | None, *, resume: bool = False, output: Output | None = None,
                    data_cache: DataCache | None = None, plots: bool = True, missing_ok: bool = False,
-                   lanes: str = "vmap") -> ExperimentResult:
+                   lanes: str = "vmap", model=None) -> ExperimentResult:
     """Run ``cfg`` (all its seeds) into run directory ``out`` (None: write nothing). Raises
     :class:`~fljax.engine.NonFiniteError`, after writing what it has, when a seed produced NaN/Inf or diverged."""
     result = run_points([(None, cfg)], out, resume=resume, output=output, data_cache=data_cache, plots=plots,
-                        missing_ok=missing_ok, lanes=lanes)[0]
+                        missing_ok=missing_ok, lanes=lanes, model=model)[0]
     stopped = result.stopped
     if stopped:
         run = stopped[0]
@@ -464,7 +513,8 @@ def _last_checkpoint(run: Run) -> int | None:
 
 def compare_experiments(cfg: ExperimentConfig, algorithms: list[str | tuple[str, dict]], out: str | None, *,
                         resume: bool = False, output: Output | None = None, plots: bool = True,
-                        data_cache: DataCache | None = None) -> tuple[list[dict], dict[str, ExperimentResult]]:
+                        data_cache: DataCache | None = None, model=None
+                        ) -> tuple[list[dict], dict[str, ExperimentResult]]:
     """Run every algorithm on the data, partition and seeds of ``cfg`` into ``out/<label>/``; write the table
     (``compare.md``), ``compare.png`` and ``summary.json`` into ``out``. Every algorithm's config is validated
     before anything runs. Returns the table rows and the results by label."""
@@ -481,7 +531,7 @@ def compare_experiments(cfg: ExperimentConfig, algorithms: list[str | tuple[str,
     listing = [{"label": make_label(n, h), "algorithm": n, "hyperparameters": h} for n, h in entries]
     with lock.hold([out]):
         results = _run_collection(points, cfg, {"algorithms": listing}, out, resume=resume, output=output,
-                                  plots=plots, data_cache=data_cache)
+                                  plots=plots, data_cache=data_cache, model=model)
         return _compare_table(cfg, points, results, listing, root, plots)
 
 
@@ -489,7 +539,7 @@ def _compare_table(cfg, points, results, listing, root: RunDir, plots: bool):
     """The comparison's table, plot and summary."""
     by_label = {lbl: r for (lbl, _), r in zip(points, results)}
     rows = [r.row(lbl) for lbl, r in by_label.items()]
-    title = (f"{cfg.data.dataset}, {cfg.data.num_clients} clients, {cfg.rounds} rounds, "
+    title = (f"{setting(cfg, results[0].runs[0].data)}, {cfg.rounds} rounds, "
              f"{cfg.seeds} seed{'s' if cfg.seeds > 1 else ''}")
     root.write_text("compare.md", f"# {title}\n\n{markdown_table(rows)}\n")
     if plots and root.path is not None:
@@ -501,7 +551,8 @@ def _compare_table(cfg, points, results, listing, root: RunDir, plots: bool):
 
 def sweep_experiments(cfg: ExperimentConfig, grid: dict[str, list], out: str | None, *, resume: bool = False,
                       output: Output | None = None, plots: bool = True, lanes: str = "vmap",
-                      data_cache: DataCache | None = None) -> tuple[list[dict], dict[str, ExperimentResult]]:
+                      data_cache: DataCache | None = None, model=None
+                      ) -> tuple[list[dict], dict[str, ExperimentResult]]:
     """Run every point of ``grid`` (dotted keys → values, :func:`~fljax.runner.sweep.grid_points`) on ``cfg`` for its
     seeds into ``out/<point>/``; points that differ only in numeric hyperparameters are lanes of one program with
     the seeds. Writes ``sweep.md`` (the table: mean ± std over seeds), ``sweep.png`` and ``summary.json``. Returns
@@ -522,7 +573,7 @@ def sweep_experiments(cfg: ExperimentConfig, grid: dict[str, list], out: str | N
     trace = tuple(k.split(".", 1)[1] for k in grid if k.startswith("algo."))
     with lock.hold([out]):
         results = _run_collection(points, cfg, {"grid": grid}, out, resume=resume, output=output, plots=plots,
-                                  lanes=lanes, trace=trace, data_cache=data_cache)
+                                  lanes=lanes, trace=trace, data_cache=data_cache, model=model)
         return _sweep_table(cfg, grid, points, results, root, plots)
 
 
@@ -534,8 +585,8 @@ def _sweep_table(cfg, grid, points, results, root: RunDir, plots: bool):
         row = r.row(lbl)
         row["status"] = "stopped: " + r.stopped[0].message if r.stopped else "completed"
         rows.append(row)
-    title = (f"{cfg.algorithm} on {cfg.data.dataset}, {len(points)} points × {cfg.seeds} seed"
-             f"{'s' if cfg.seeds > 1 else ''}, {cfg.rounds} rounds")
+    title = (f"{cfg.algorithm} on {setting(cfg, results[0].runs[0].data)}, {len(points)} points × {cfg.seeds} "
+             f"seed{'s' if cfg.seeds > 1 else ''}, {cfg.rounds} rounds")
     root.write_text("sweep.md", f"# {title}\n\n{markdown_table(rows)}\n")
     if plots and root.path is not None:
         plot_compare(root.file("sweep.png"), {lbl: r.histories for lbl, r in by_label.items()}, title)

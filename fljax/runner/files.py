@@ -11,7 +11,7 @@ import uuid
 
 from fljax import yaml_io
 
-__all__ = ["atomic_path", "write_text", "write_json", "write_jsonl", "write_yaml", "write_png", "read_json",
+__all__ = ["atomic_path", "write_text", "write_json", "write_jsonl", "write_yaml", "write_png", "write_figure", "read_json",
            "read_jsonl"]
 
 
@@ -60,12 +60,19 @@ def write_yaml(path: str, value) -> None:
 
 def write_png(path: str, fig) -> None:
     """Save a matplotlib figure as PNG (110 dpi, tight bounding box)."""
+    write_figure(path, fig)
+
+
+def write_figure(path: str, fig) -> None:
+    """Save a matplotlib figure in the format its extension names (.png at 110 dpi, .pdf, .svg; tight bounding
+    box)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     if fig.canvas is None or not hasattr(fig.canvas, "print_png"):
         FigureCanvasAgg(fig)
+    fmt = os.path.splitext(path)[1].lstrip(".").lower()
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+        fig.savefig(tmp, format=fmt, dpi=110, bbox_inches="tight")
 
 
 def read_json(path: str):

@@ -2,14 +2,15 @@
 
 Modes: ``bar`` (a progress bar per run with the latest metrics and the ETA, notes on stderr), ``quiet`` (no bar,
 no notes: only the final table on stdout) and ``json`` (stdout carries only JSON objects, one per line: an
-``eval`` event per evaluation and a ``summary`` event per finished run; nothing else is printed there).
+``eval`` event per evaluation and a ``summary`` event per finished run; nothing else is printed there). In every
+mode the eval events can also go to TensorBoard (``tensorboard=``, :mod:`fljax.runner.tensorboard`).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -23,6 +24,7 @@ class Output:
     mode: str = "bar"
     stdout: TextIO | None = None
     stderr: TextIO | None = None
+    tensorboard: Any = None  # a fljax.runner.tensorboard.TensorBoard: every eval event also goes there
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -45,6 +47,20 @@ class Output:
         """One JSON object on stdout (JSON mode only)."""
         if self.mode == "json":
             print(json.dumps({"event": kind, **fields}), file=self.stdout or sys.stdout, flush=True)
+        if kind == "eval" and self.tensorboard is not None:
+            record = dict(fields)
+            self.tensorboard.write(record.pop("run"), record.pop("seed"), record)
+
+    def close(self) -> None:
+        """Close the TensorBoard writers, if any (also on leaving a ``with Output(...)`` block)."""
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
+    def __enter__(self) -> "Output":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def result(self, text: str) -> None:
         """The final answer (a table) on stdout, except in JSON mode."""

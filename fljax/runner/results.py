@@ -1,11 +1,15 @@
 """The run directory and what is written into it.
 
     <run dir>/
-      config.yaml           the resolved configuration (every key, defaults filled in)
+      config.yaml           the configuration as given, every key of the config layer filled in (what --resume
+                            and the study runner read back)
+      resolved.yaml         the same with every default made explicit: all of the algorithm's hyperparameters,
+                            the model 'auto' picked with its options (loading it runs the same experiment)
       metrics.jsonl         one JSON object per evaluation: round, personalized and global accuracy/loss
                             (mean over clients, sample-weighted, 10th-percentile client), train loss, cumulative
-                            bytes up/down, wall seconds (training time so far, compilation apart)
-      summary.json          status, final and best metrics, rounds, run/compile/wall seconds, client-steps/s
+                            bytes up/down, run_seconds (rounds and evaluations so far, compilation apart)
+      summary.json          status, final and best metrics, rounds, setup/compile/run/other seconds adding up to
+                            wall_seconds, client-steps/s, environment (versions, device, executor chosen)
       accuracy_vs_round.png, accuracy_vs_bytes.png, client_accuracy.png
       checkpoints/<round>/  orbax checkpoints (see fljax.runner.checkpoint)
 
@@ -22,7 +26,7 @@ from fljax.config import ExperimentConfig, to_dict
 from fljax.engine import RunLog
 from fljax.runner import files
 
-__all__ = ["RunDir", "make_summary", "aggregate_summaries"]
+__all__ = ["RunDir", "make_summary", "aggregate_summaries", "seconds", "environment"]
 
 
 class RunDir:
@@ -69,6 +73,10 @@ class RunDir:
         if self.path is not None:
             files.write_yaml(self.file("config.yaml"), to_dict(cfg))
 
+    def write_resolved(self, values: dict) -> None:
+        if self.path is not None:
+            files.write_yaml(self.file("resolved.yaml"), values)
+
     def write_metrics(self, history: list[dict]) -> None:
         if self.path is not None:
             files.write_jsonl(self.file("metrics.jsonl"), history)
@@ -101,19 +109,48 @@ def _best(history: list[dict]) -> dict:
     return best
 
 
+def seconds(setup: float, log: RunLog) -> dict:
+    """Where a run's time went, in parts that add up to ``wall_seconds``: ``setup_seconds`` (building the data
+    and the simulation), ``compile_seconds`` (tracing and compiling, under every executor), ``run_seconds``
+    (rounds and evaluations, compilation apart) and ``other_seconds`` (initialisation, checkpoints, result files,
+    host transfers, progress output). The process's start (imports, JAX's start-up) comes before and is not
+    counted."""
+    other = max(0.0, log.loop_seconds - log.compile_seconds - log.run_seconds)
+    return {"setup_seconds": setup, "compile_seconds": log.compile_seconds, "run_seconds": log.run_seconds,
+            "other_seconds": other,
+            "wall_seconds": setup + log.compile_seconds + log.run_seconds + other}
+
+
+def environment(sim) -> dict:
+    """Where and how it ran, beyond the config and the run's facts (model, size, executor): library versions,
+    the device, and what ``auto`` resolved the convolutions and the local-step unroll to."""
+    import flax
+    import jax
+    import jaxlib
+
+    import fljax
+
+    device = jax.devices()[0]
+    return {"fljax": fljax.__version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+            "flax": flax.__version__, "backend": jax.default_backend(), "device": device.device_kind,
+            "device_count": jax.device_count(),
+            "conv_impl": sim.model.module.conv_impl if sim.model is not None and sim.model.has_conv else None,
+            "unroll": sim.unroll}
+
+
 def make_summary(cfg: ExperimentConfig, seed: int, log: RunLog, steps_per_round: int, status: str = "completed",
-                 message: str | None = None, facts: dict | None = None) -> dict:
+                 message: str | None = None, facts: dict | None = None, *, setup_seconds: float = 0.0,
+                 env: dict | None = None) -> dict:
     """``summary.json`` of one run. ``status``: 'completed', 'stopped' (a guard stopped it) or 'interrupted'
     (a signal did); ``message`` says why; ``facts``: what the run was made of (model, its parameter count,
-    executor)."""
+    executor); times: :func:`seconds`; ``env``: :func:`environment`."""
     rounds = log.history[-1]["round"] if log.history else 0
     summary = {"name": cfg.run_name, "algorithm": cfg.algorithm, "dataset": cfg.data.dataset, "seed": seed,
                "status": status, "rounds": rounds, "evaluations": len(log.history),
                "final": log.history[-1] if log.history else {}, "best": _best(log.history),
-               "run_seconds": log.run_seconds, "compile_seconds": log.compile_seconds,
-               "wall_seconds": log.run_seconds + log.compile_seconds,
+               **seconds(setup_seconds, log),
                "client_steps_per_second": steps_per_round * rounds / log.run_seconds if log.run_seconds > 0 else 0.0,
-               **(facts or {})}
+               **(facts or {}), "environment": env or {}}
     if message:
         summary["message"] = message
     return summary
@@ -130,12 +167,16 @@ def aggregate_summaries(summaries: list[dict], vectorised: bool) -> dict:
         stats[k] = {"mean": float(np.mean(values)),
                     "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
                     "values": values.tolist()}
-    seconds = [s["run_seconds"] for s in summaries]
     steps = sum(s["client_steps_per_second"] * s["run_seconds"] for s in summaries)
-    total = max(seconds) if vectorised else sum(seconds)
+    # seeds run as lanes of one program share its compile, run and other seconds; their setups run one by one
+    shared = max if vectorised else sum
+    times = {"setup_seconds": float(sum(s.get("setup_seconds", 0.0) for s in summaries)),
+             **{k: float(shared(s.get(k, 0.0) for s in summaries))
+                for k in ("compile_seconds", "run_seconds", "other_seconds")}}
+    times["wall_seconds"] = sum(times.values())
     status = "completed" if all(s["status"] == "completed" for s in summaries) else "stopped"
     return {"name": summaries[0]["name"], "algorithm": summaries[0]["algorithm"],
             "dataset": summaries[0]["dataset"], "seeds": [s["seed"] for s in summaries], "vectorised": vectorised,
-            "status": status, "rounds": max(s["rounds"] for s in summaries), "final": stats,
-            "run_seconds": total, "compile_seconds": float(sum(s["compile_seconds"] for s in summaries)),
-            "client_steps_per_second": steps / total if total > 0 else 0.0}
+            "status": status, "rounds": max(s["rounds"] for s in summaries), "final": stats, **times,
+            "client_steps_per_second": steps / times["run_seconds"] if times["run_seconds"] > 0 else 0.0,
+            "environment": summaries[0].get("environment", {})}

@@ -1,0 +1,72 @@
+"""A new user's first run: the quick-start preset without a config file, the resolved config (resolved.yaml), times in
+summary.json that add up (compile time under every executor), the environment recorded."""
+import dataclasses
+
+import pytest
+import yaml
+
+import fljax
+from fljax.algorithms import ALGORITHMS, make_algorithm
+from fljax.cli import _load, make_parser
+from fljax.config import ExperimentConfig, from_dict, load_config, resolved, to_dict
+from fljax.runner import files
+
+TINY = {"data": {"dataset": "synthetic", "num_clients": 6, "max_samples": 40}, "model": {"name": "logreg"},
+        "algo": {"cohort_size": 3, "local_steps": 2, "batch_size": 10}, "rounds": 2, "eval_every": 1}
+
+
+def _cli_config(*argv):
+    return _load(make_parser().parse_args(["run", *argv]))
+
+
+def test_run_without_a_config_file_uses_the_compare_preset():
+    cfg = _cli_config("--algorithm", "fedavg", "--dataset", "digits", "--set", "rounds=5")
+    assert (cfg.model.name, cfg.model.options, cfg.data.num_clients, cfg.rounds) == ("mlp", {"hidden": [64]}, 50, 5)
+    assert cfg.algo == {"cohort_size": 10, "lr": 0.1, "batch_size": 10, "local_epochs": 2}
+    # the preset's algo keys an algorithm does not take are left out; the user's own are still checked
+    assert _cli_config("--algorithm", "dfedalt").algo == {"lr": 0.1, "batch_size": 10, "local_epochs": 2}
+    # a component the user picks takes none of the preset's options for the preset's component
+    assert _cli_config("--dataset", "synthetic").data.partition == "natural"
+    assert _cli_config("--set", "data.partition=iid").data.to_dict().get("alpha") is None
+    assert _cli_config("--set", "model.name=logreg").model.options == {}
+    assert "local_epochs" not in _cli_config("--set", "algo.local_steps=3").algo
+    with pytest.raises(fljax.ConfigError, match="algo.local_epoch .*Did you mean 'local_epochs'"):
+        _cli_config("--algorithm", "fedavg", "--set", "algo.local_epoch=1")
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in ALGORITHMS.items() if c.problem == "classification"))
+def test_resolved_config_loads_back_to_the_same_experiment(name):
+    cfg = load_config(None, [f"algorithm={name}", "data.dataset=digits"])
+    full = resolved(cfg)
+    assert set(full.algo) == {f.name for f in dataclasses.fields(ALGORITHMS[name])}
+    assert full.model.name != "auto"
+    back = from_dict(ExperimentConfig, yaml.safe_load(yaml.safe_dump(to_dict(full)))).validate()
+    assert make_algorithm(name, **back.algo) == make_algorithm(name, **cfg.algo)
+    assert back.model == full.model
+
+
+@pytest.mark.parametrize("executor", ["loop", "vmap"])
+def test_summary_times_add_up_and_count_compilation(executor, tmp_path):
+    out = tmp_path / executor
+    fljax.run(TINY, algorithm="fedavg", executor=executor, out=str(out), progress=False)
+    summary = files.read_json(out / "summary.json")
+    parts = [summary[k] for k in ("setup_seconds", "compile_seconds", "run_seconds", "other_seconds")]
+    assert min(parts) >= 0 and summary["wall_seconds"] == pytest.approx(sum(parts))
+    assert summary["compile_seconds"] > 0  # the loop executor's per-client jit compilations too
+    assert summary["executor"] == executor and summary["model"] == "logreg"
+    env = summary["environment"]
+    assert env["jax"] and env["fljax"] == fljax.__version__ and env["device"] and env["backend"]
+    full = yaml.safe_load(open(out / "resolved.yaml"))
+    assert full["algo"]["lr"] == make_algorithm("fedavg").lr  # a default, recorded
+    assert "lr" not in yaml.safe_load(open(out / "config.yaml"))["algo"]  # config.yaml: as given
+
+
+def test_list_one_algorithm_shows_its_hyperparameters(capsys):
+    from fljax.cli import main
+
+    assert main(["list", "fedprox"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("fedprox: FedProx")
+    fields = [f.name for f in dataclasses.fields(ALGORITHMS["fedprox"])]
+    assert [line.split()[0] for line in lines[2:]] == fields  # one line each, in order
+    assert "  lr (float, default 0.1): ``lr`` at round t is ``lr · lr_decay^t``." in lines
