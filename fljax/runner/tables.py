@@ -19,9 +19,10 @@ A cell is the mean ± std (ddof 0) over seeds of ``value`` (a metric name or an 
 :func:`fljax.runner.study.evaluate`; ``{tag}`` is replaced by the row's tag, e.g. ``"{reported}_acc"``) at the final
 evaluation, or at round ``at``; ``format: mean`` drops the std, ``format: g`` prints 3 significant digits.
 
-A plot (``plots:``): ``kind: curves`` (value vs round, one line per value of ``lines``, one panel per value of
-``panels``) or ``kind: final`` (the final value against the numeric axis ``x``, one line per combination of
-``lines``); ``value`` may be a list (one panel per metric); ``logy`` for a log scale.
+A plot (``plots:``, written as PNG and PDF with the colours and markers of :mod:`fljax.runner.plots`):
+``kind: curves`` (value vs round, one line per value of ``lines``, one panel per value of ``panels``) or
+``kind: final`` (the final value against the numeric axis ``x``, one line per combination of ``lines``); ``value``
+may be a list (one panel per metric); ``logy`` for a log scale.
 """
 from __future__ import annotations
 
@@ -213,16 +214,20 @@ def render_plots(results, out: str) -> list[str]:
             continue
         fig = _plot(results, spec)
         if fig is not None:
-            from fljax.runner.files import write_png
+            from fljax.runner.files import write_figure
+            from fljax.runner.plots import FORMATS
 
-            path = os.path.join(out, spec["file"])
-            write_png(path, fig)
-            written.append(path)
+            stem = os.path.splitext(os.path.join(out, spec["file"]))[0]
+            for fmt in FORMATS:  # PNG to show, PDF to print, like every other fljax plot
+                write_figure(f"{stem}.{fmt}", fig)
+                written.append(f"{stem}.{fmt}")
     return written
 
 
 def _plot(results, spec: dict):
     from matplotlib.figure import Figure
+
+    from fljax.runner.plots import style as run_style
 
     study, where = spec["study"], spec.get("where", {})
     metrics = _as_list(spec["value"])
@@ -240,16 +245,16 @@ def _plot(results, spec: dict):
         for i, combo in enumerate(combos):
             labels = {**_fixed(sub_where), **dict(zip(line_axes, combo))}
             name = " ".join(_label(results, a, v) for a, v in zip(line_axes, combo))
-            style = dict(color=f"C{i % 10}", ls=("-", "--", ":", "-.")[(i // 10) % 4])
+            style = dict(run_style(i), ms=4)  # the colours and markers of every fljax plot
             if spec.get("kind", "curves") == "curves":
                 x, mean, _ = results.curve(study, metric, **labels)
                 if x.size:
-                    ax.plot(x, spec.get("scale", 1.0) * mean, label=name, **style)
+                    ax.plot(x, spec.get("scale", 1.0) * mean, label=name, markevery=max(1, x.size // 10), **style)
             else:
                 xs = _axis_values(results, study, spec["x"], labels)
                 ys = [results.final(study, metric, **{**labels, spec["x"]: x}) for x in xs]
                 ax.errorbar(xs, [spec.get("scale", 1.0) * np.mean(y) if y.size else np.nan for y in ys],
-                            [spec.get("scale", 1.0) * np.std(y) if y.size else np.nan for y in ys], marker="o",
+                            [spec.get("scale", 1.0) * np.std(y) if y.size else np.nan for y in ys],
                             capsize=3, label=name, **style)
         if spec.get("logy"):
             ax.set_yscale("log")
