@@ -276,7 +276,7 @@ def test_sweep_interrupted_by_sigterm_resumes_to_the_uninterrupted_sweep(tmp_pat
 
 def test_comparison_interrupted_by_sigterm_continues(tmp_path, monkeypatch):
     out = tmp_path / "cmp"
-    argv = ["compare", "--set", "data.num_clients=8", *TINY[4:], "--set", "model.options={}", "--set", "rounds=2",
+    argv = ["compare", *TINY, "--set", "model.options={}", "--set", "rounds=2",
             "--set", "eval_every=1", "--algorithms", "fedavg", "--out", str(out), "--quiet"]
     _signal_at_round(monkeypatch, signal.SIGTERM, 1, "fedavg")
     assert main(argv) == 143

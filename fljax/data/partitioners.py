@@ -355,6 +355,9 @@ class ClassSlotsOptions(PartitionOptions):
 
     def check_data(self, train_size: int, num_classes: int) -> None:
         _check_classes(self.classes_per_client, num_classes)
+
+
+@dataclasses.dataclass(frozen=True)
 class MetaPairsOptions(PartitionOptions):
     """Options of ``meta_pairs``, the few-shot split with a server set and target clients (AugFL spec §4, §6;
     :mod:`fljax.data.meta`)."""
