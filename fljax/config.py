@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import re
 import typing
 from typing import Any, Literal, Mapping
 
@@ -410,12 +411,21 @@ def check_compare_algo(cfg: ExperimentConfig, names: list[str]) -> None:
 
 def algorithm_config(cfg: ExperimentConfig, name: str, hyper: dict | None = None) -> ExperimentConfig:
     """``cfg`` for algorithm ``name`` (as ``fljax compare`` runs it): the keys of ``cfg.algo`` that ``name``
-    accepts, then ``hyper``; validated."""
+    accepts, then ``hyper``; validated. A shared key the algorithm refuses in combination (QuPeD counts
+    ``local_steps`` and refuses the shared ``local_epochs``) yields to the algorithm's own default, like a key it
+    does not have; ``hyper`` (the algorithm's own settings) is never dropped."""
     from fljax.algorithms.registry import get_algorithm, hyperparameter_fields
 
     accepted = hyperparameter_fields(get_algorithm(name))
-    algo = {**{k: v for k, v in cfg.algo.items() if k in accepted}, **(hyper or {})}
-    return dataclasses.replace(cfg, algorithm=name, algo=algo).validate()
+    shared = {k: v for k, v in cfg.algo.items() if k in accepted and k not in (hyper or {})}
+    while True:
+        try:
+            return dataclasses.replace(cfg, algorithm=name, algo={**shared, **(hyper or {})}).validate()
+        except OptionError as e:
+            named = [k for k in shared if e.key in (k, f"algo.{k}") or re.search(rf"\b{k}\b", str(e))]
+            if not named:
+                raise
+            shared = {k: v for k, v in shared.items() if k not in named}
 
 
 def resolved(cfg: ExperimentConfig) -> ExperimentConfig:

@@ -104,3 +104,15 @@ def test_overrides_refuse_malformed_keys_and_values():
 def test_test_per_client_is_used_as_given():
     data = D.make_federated("digits", 10, "iid", test_per_client=3)
     assert (np.asarray(data.test.count) == 3).all()
+
+
+def test_compare_shared_keys_yield_to_an_algorithm_that_refuses_them():
+    from fljax.config import algorithm_config, load_config
+
+    cfg = load_config(None, ["data.dataset=digits", "algo.local_epochs=2", "algo.lr=0.1", "algo.batch_size=10"],
+                      check_algo=False)
+    quped = algorithm_config(cfg, "quped")          # QuPeD counts local_steps: the shared local_epochs yields
+    assert "local_epochs" not in quped.algo and quped.algo["lr"] == 0.1
+    assert algorithm_config(cfg, "fedavg").algo["local_epochs"] == 2
+    with pytest.raises(OptionError, match="local_steps"):  # an algorithm's own setting is never dropped
+        algorithm_config(cfg, "quped", {"local_epochs": 2})
