@@ -18,6 +18,7 @@ import numpy as np
 
 from fljax import tree
 from fljax.data.federated import FederatedData
+from fljax.data.ragged import RaggedArrays
 from fljax.engine import blas, compile_cache, compile_clock
 from fljax.engine.context import RoundContext
 from fljax.engine.executors import Executor, choose_executor, make_executor
@@ -97,6 +98,8 @@ class Simulation:
         population = None if groups is None else Population.of(groups)
         if population is not None:
             self._check_population(algorithm, population, data, model)
+            if isinstance(data, FederatedData) and isinstance(data.train, RaggedArrays):
+                raise ValueError("client groups need padded client arrays; build the data with storage='padded'.")
         self.algorithm = algorithm
         self.data = data
         self.seed = int(seed)
@@ -289,6 +292,5 @@ class Simulation:
 def _client_data_bytes(data) -> int:
     """Bytes of one client's local data: its train split for classification data, else an equal share of all."""
     if isinstance(data, FederatedData):
-        train = data.train
-        return (train.x.nbytes + train.y.nbytes) // max(train.x.shape[0], 1)
+        return data.train.client_nbytes()
     return tree.nbytes(data) // max(data.num_clients, 1)
