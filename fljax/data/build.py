@@ -91,18 +91,18 @@ def holdout_split(labels: list[np.ndarray], fraction: float, seed: int) -> tuple
 STORAGES = ("padded", "ragged")
 
 
-def stack_clients(x: np.ndarray, y: np.ndarray, counts, storage: str = "padded"):
-    """Client arrays of samples stored client after client: padded (:func:`~fljax.data.federated.pad_flat`) or
-    ragged (:func:`~fljax.data.ragged.ragged_clients`)."""
+def stack_clients(x: np.ndarray, y: np.ndarray, counts, storage: str = "padded", rows=None):
+    """Client arrays of samples stored client after client in ``x[rows]``/``y[rows]`` (``rows`` None: the leading
+    rows): padded (:func:`~fljax.data.federated.pad_flat`) or ragged (:func:`~fljax.data.ragged.ragged_clients`)."""
     if storage not in STORAGES:
         raise DataError(f"storage must be one of {STORAGES}, got {storage!r}.")
-    return pad_flat(x, y, counts) if storage == "padded" else ragged_clients(x, y, counts)
+    return pad_flat(x, y, counts, rows=rows) if storage == "padded" else ragged_clients(x, y, counts, rows=rows)
 
 
 def _flat(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray], storage: str):
     """Client arrays of the rows ``parts[i]`` of ``x``/``y`` for every client i."""
     idx = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    return stack_clients(x[idx], y[idx], [len(p) for p in parts], storage)
+    return stack_clients(x, y, [len(p) for p in parts], storage, rows=idx)
 
 
 def federate(source: Pooled | Natural, num_clients: int, partition: str, seed: int, *,
@@ -117,10 +117,8 @@ def federate(source: Pooled | Natural, num_clients: int, partition: str, seed: i
             raise DataError(f"{source.name} was generated for {len(source.counts)} clients, not {num_clients}.")
         test_mask = holdout_mask(source.y, source.counts, test_fraction, seed)
         owner = np.repeat(np.arange(num_clients), source.counts)
-        train = stack_clients(source.x[~test_mask], source.y[~test_mask],
-                              np.bincount(owner[~test_mask], minlength=num_clients), storage)
-        test = stack_clients(source.x[test_mask], source.y[test_mask],
-                             np.bincount(owner[test_mask], minlength=num_clients), storage)
+        train, test = (stack_clients(source.x, source.y, np.bincount(owner[m], minlength=num_clients), storage,
+                                     rows=np.flatnonzero(m)) for m in (~test_mask, test_mask))
         input_shape = source.x.shape[1:]
         desc = f"natural clients, stratified {test_fraction:.0%} per-client hold-out"
     elif partition_lib.PARTITIONERS.get(partition) is not None and partition_lib.PARTITIONERS[partition].build:

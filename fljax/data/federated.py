@@ -188,9 +188,10 @@ def label_histogram(arrays, num_classes: int) -> np.ndarray:
     return flat.reshape(arrays.num_clients, num_classes)
 
 
-def pad_flat(x: np.ndarray, y: np.ndarray, count, n_max: int | None = None, x_dtype=np.float32) -> ClientArrays:
-    """A padded :class:`ClientArrays` from samples stored client after client (client i's ``count[i]`` rows of
-    ``x``/``y`` follow client i − 1's; rows past the counts' total are ignored); rows past each count are zero."""
+def pad_flat(x: np.ndarray, y: np.ndarray, count, n_max: int | None = None, x_dtype=np.float32,
+             rows=None) -> ClientArrays:
+    """A padded :class:`ClientArrays` from samples stored client after client in ``x[rows]``/``y[rows]`` (client i's
+    ``count[i]`` rows follow client i − 1's; ``rows`` None: the leading rows); rows past each count are zero."""
     count = np.asarray(count, np.int32)
     n_max = int(max(count.max(), 1) if n_max is None else n_max)
     total = int(count.sum())
@@ -198,8 +199,9 @@ def pad_flat(x: np.ndarray, y: np.ndarray, count, n_max: int | None = None, x_dt
     rank = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
     xp = np.zeros((len(count), n_max) + np.shape(x)[1:], x_dtype)
     yp = np.zeros((len(count), n_max), np.int32)
-    xp[owner, rank] = np.asarray(x)[:total]
-    yp[owner, rank] = np.asarray(y)[:total]
+    rows = np.arange(total) if rows is None else np.asarray(rows)
+    xp[owner, rank] = np.asarray(x)[rows]
+    yp[owner, rank] = np.asarray(y)[rows]
     mask = np.arange(n_max)[None, :] < count[:, None]
     return ClientArrays(x=jnp.asarray(xp), y=jnp.asarray(yp), mask=jnp.asarray(mask), count=jnp.asarray(count),
                         n_min=int(count.min()), n_max=n_max)

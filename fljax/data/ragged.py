@@ -86,16 +86,30 @@ class RaggedArrays:
         return self.n_max * (self.x[0].nbytes + self.y[0].nbytes)
 
 
-def ragged_clients(x: np.ndarray, y: np.ndarray, count: np.ndarray, n_max: int | None = None) -> RaggedArrays:
-    """:class:`RaggedArrays` from samples stored client after client (client i's ``count[i]`` rows follow client
-    i − 1's); ``n_max`` (default: the largest count) is the per-client window."""
+def _aligned_empty(shape: tuple, dtype) -> np.ndarray:
+    """An uninitialised array on a 64-byte boundary: on CPU, ``jax.device_put`` then aliases it instead of copying
+    (a million clients' samples are gigabytes)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    buf = np.empty(nbytes + 64, np.uint8)
+    start = (-buf.ctypes.data) % 64
+    return buf[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def ragged_clients(x: np.ndarray, y: np.ndarray, count, n_max: int | None = None, rows=None) -> RaggedArrays:
+    """:class:`RaggedArrays` of samples stored client after client (client i's ``count[i]`` rows follow client
+    i − 1's) in ``x[rows]``/``y[rows]`` (``rows`` None: the leading rows); ``n_max`` (default: the largest count) is
+    the per-client window."""
     count = np.asarray(count, np.int32)
     n_max = int(max(count.max(), 1) if n_max is None else n_max)
     total = int(count.sum())
-    x = np.asarray(x)
-    tail = np.zeros((n_max,) + x.shape[1:], x.dtype)
-    return RaggedArrays(x=jnp.asarray(np.concatenate([x[:total], tail])),
-                        y=jnp.asarray(np.concatenate([np.asarray(y[:total], np.int32), np.zeros(n_max, np.int32)])),
+    rows = np.arange(total) if rows is None else np.asarray(rows)
+    flat_x = _aligned_empty((total + n_max,) + np.shape(x)[1:], np.asarray(x[:0]).dtype)
+    flat_y = _aligned_empty((total + n_max,), np.int32)
+    np.take(x, rows, axis=0, out=flat_x[:total])
+    np.take(np.asarray(y, np.int32), rows, out=flat_y[:total])
+    flat_x[total:], flat_y[total:] = 0, 0
+    return RaggedArrays(x=jax.device_put(flat_x), y=jax.device_put(flat_y),
                         offset=jnp.asarray(np.cumsum(count) - count, jnp.int32), count=jnp.asarray(count),
                         n_min=int(count.min()), n_max=n_max)
 
