@@ -98,13 +98,15 @@ def test_ragged_storage_lifts_the_synthetic_client_cap():
 def _run(data, name, executor, **kw):
     algo = make_algorithm(name, lr=0.05, local_steps=3, batch_size=8, **kw)
     sim = Simulation(algo, data, executor=executor, chunk_size=5, seed=1)
-    state, metrics = sim.run_rounds(sim.init(), 3)
+    state, metrics = sim.run_rounds(sim.init(), 2)
     return state, metrics, sim.evaluate(state)
 
 
-@pytest.mark.parametrize("executor", ["vmap", "chunked", "loop"])
-@pytest.mark.parametrize("name,kw", [("fedavg", {"cohort_size": 7}), ("fedavg", {"cohort_size": None}),
-                                     ("ditto", {"cohort_size": 7, "lam": 0.1})])
+RUNS = [("fedavg", {"cohort_size": 7}), ("fedavg", {"cohort_size": None}), ("ditto", {"cohort_size": 7, "lam": 0.1})]
+
+
+@pytest.mark.parametrize("executor,name,kw", [(ex, *run) for ex in ("vmap", "loop") for run in RUNS]
+                         + [("chunked", *RUNS[0])])
 def test_ragged_runs_equal_padded_runs_bit_for_bit(both, executor, name, kw):
     padded = _run(both["padded"], name, executor, **kw)
     ragged = _run(both["ragged"], name, executor, **kw)
@@ -125,3 +127,35 @@ def test_client_groups_refuse_ragged_storage(both):
     with pytest.raises(ValueError, match="client groups need padded client arrays"):
         Simulation(make_algorithm("fedavg", cohort_size=4), both["ragged"],
                    groups=[ClientGroup("a", 12), ClientGroup("b", 12)])
+
+
+def _scale_benchmark():
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "scale.py")
+    spec = importlib.util.spec_from_file_location("scale_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_scale_benchmark_measures_a_small_population(tmp_path):
+    scale = _scale_benchmark()
+    rows = scale.measure(300, "ragged", [30, 300], repeats=1)
+    assert [r["cohort"] for r in rows] == [30, 300] and all(r["client_steps_per_s"] > 0 for r in rows)
+    assert "evaluate_seconds" in rows[-1]
+    spec = {**scale.QUICK, "targets": ((300, 300, 300, 30),)}
+    ratios = scale.targets(rows, spec)
+    assert len(ratios) == 1 and ratios[0]["ratio"] > 0
+    meta = {"local_steps": 10, "batch_size": 20, "repeats": 1, "cpu_count": 2, "backend": "cpu", "jax": "x",
+            "command": "python benchmarks/scale.py"}
+    assert "| 300 | 30 | ragged |" in scale.markdown(meta, rows, ratios)
+    scale.plot(rows, str(tmp_path / "scale.png"))
+    assert (tmp_path / "scale.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_scale_benchmark_quick_mode(tmp_path):
+    assert _scale_benchmark().main(["--quick", "--out", str(tmp_path)]) == 0
+    assert {p.name for p in tmp_path.iterdir()} == {"scale_quick.json", "scale_quick.md", "scale_quick.png"}
