@@ -116,8 +116,25 @@ def paired(target: tuple, repeats: int) -> list[dict]:
         for run in runs:
             run[3], t = _timed_round(run[2], run[3])
             run[4].append(t)
-    return [{**_row(p, c, "ragged", sim, times, gen, data_bytes, load, repeats), "paired": list(target)}
-            for p, c, sim, _, times, gen, data_bytes in runs]
+    return [{**_row(p, c, "ragged", sim, times, gen, data_bytes, load, repeats), "paired": list(target),
+             "sample_seconds": _sampling_seconds(p, c, repeats)} for p, c, sim, _, times, gen, data_bytes in runs]
+
+
+def _sampling_seconds(population: int, cohort: int, repeats: int) -> float:
+    """Median seconds of drawing one cohort (:func:`fljax.engine.sample_cohort`, compiled): the part of a round
+    that grows with the population."""
+    import jax
+
+    from fljax.engine import sample_cohort
+
+    draw = jax.jit(lambda key: sample_cohort(key, population, None if cohort == population else cohort))
+    jax.block_until_ready(draw(jax.random.PRNGKey(0)))
+    times = []
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(draw(jax.random.PRNGKey(i + 1)))
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
 
 
 def configurations(spec: dict):
@@ -154,13 +171,14 @@ def markdown(meta: dict, rows: list[dict], ratios: list[dict]) -> str:
              f"{meta['repeats']} timed rounds. {meta['cpu_count']} cores, {meta['backend']}, jax {meta['jax']}. "
              f"Command: `{meta['command']}`.", "",
              "| population | cohort | storage | executor | client-steps/s | round s | compile s | data GB | "
-             "generate s | evaluate s | peak RSS GB | load |", "|" + "---|" * 12]
+             "generate s | evaluate s | sampling s | peak RSS GB | load |", "|" + "---|" * 13]
     for r in rows:
         ev = f"{r['evaluate_seconds']:.1f}" if "evaluate_seconds" in r else ""
+        draw = f"{r['sample_seconds']:.3f}" if "sample_seconds" in r else ""
         storage = r["storage"] + (" (paired)" if r.get("paired") else "")
         lines.append(f"| {r['population']:,} | {r['cohort']:,} | {storage} | {r['executor']} | "
                      f"{r['client_steps_per_s']:,.0f} | {r['round_seconds']:.3f} | {r['compile_seconds']:.1f} | "
-                     f"{r['data_bytes'] / 1e9:.2f} | {r['generate_seconds']:.1f} | {ev} | "
+                     f"{r['data_bytes'] / 1e9:.2f} | {r['generate_seconds']:.1f} | {ev} | {draw} | "
                      f"{r['peak_rss_bytes'] / 1e9:.2f} | {r['load_before']:.1f}–{r['load_after']:.1f} |")
     lines += ["", "Paired rows: a target's two configurations in one process, their timed rounds alternating (the same "
               "load for both); the targets' ratios come from them:", ""]

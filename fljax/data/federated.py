@@ -2,7 +2,8 @@
 
 Client i's samples occupy rows ``[0, count[i])`` of ``x[i]`` and ``y[i]``; the remaining rows up to ``N_max`` are
 zero padding with ``mask = False``. Everything that runs inside ``jit`` relies on that layout: a sample is valid iff
-its row index is below the client's count.
+its row index is below the client's count. Large populations store their samples ragged instead (one flat array and
+per-client offsets, :mod:`fljax.data.ragged`), and each running client receives this layout inside the round.
 
 Meta-learning splits (AugFL, Per-FedAvg with support/query sets) also set ``support [C]``: client i's first
 ``support[i]`` rows are its support set and the rest of its samples its query set (:meth:`ClientArrays.support_batch`,
