@@ -159,3 +159,27 @@ def test_scale_benchmark_measures_a_small_population(tmp_path):
 def test_scale_benchmark_quick_mode(tmp_path):
     assert _scale_benchmark().main(["--quick", "--out", str(tmp_path)]) == 0
     assert {p.name for p in tmp_path.iterdir()} == {"scale_quick.json", "scale_quick.md", "scale_quick.png"}
+
+
+@pytest.mark.parametrize("n,k", [(50, 7), (1000, 10), (70_000, 3)])
+def test_smallest_keys_are_the_k_smallest_by_definition(n, k):
+    from fljax.engine.sampling import smallest_keys
+
+    for seed in range(5):
+        keys = jax.random.bits(jax.random.PRNGKey(seed), (n,), jax.numpy.uint32)
+        want = np.sort(np.argsort(np.asarray(keys), kind="stable")[:k])  # ties: the lower index first
+        np.testing.assert_array_equal(smallest_keys(keys, k), want)
+    ties = jax.numpy.asarray([5, 3, 3, 3, 1, 9, 3], jax.numpy.uint32)
+    np.testing.assert_array_equal(smallest_keys(ties, 3), [1, 2, 4])
+
+
+def test_large_populations_draw_uniform_cohorts_in_linear_time():
+    from fljax.engine import sample_cohort
+    from fljax.engine.sampling import PERMUTATION_MAX_CLIENTS
+
+    n = PERMUTATION_MAX_CLIENTS + 1
+    draw = jax.jit(lambda key: sample_cohort(key, n, 2000))
+    cohorts = np.stack([np.asarray(draw(jax.random.PRNGKey(i))) for i in range(50)])
+    assert all(len(np.unique(c)) == 2000 and (np.diff(c) > 0).all() for c in cohorts)
+    hits = np.bincount(cohorts.ravel() * 10 // n, minlength=10)  # 10,000 expected per tenth of the ids
+    assert hits.min() > 9_500 and hits.max() < 10_500
