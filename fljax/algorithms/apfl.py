@@ -28,6 +28,7 @@ __all__ = ["APFL"]
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class APFL(FedAvg):
     name = "apfl"
+    trains_model_state = False  # two models per client: one set of BatchNorm statistics cannot serve both
     summary = "APFL: personal model v_i mixed with the global w as a v + (1 - a) w (Deng et al. 2020)"
     alpha: float = 0.5
     adaptive_alpha: bool = False

@@ -26,6 +26,7 @@ __all__ = ["Ditto"]
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Ditto(FedAvg):
     name = "ditto"
+    trains_model_state = False  # two models per client: one set of BatchNorm statistics cannot serve both
     summary = "Ditto: FedAvg global model + personal models regularised towards it (Li et al. 2021)"
     lam: float = 0.1
     personal_epochs: int = 1

@@ -30,6 +30,7 @@ import optax
 from fljax import tree
 from fljax.algorithms.base import Centralized, ClientInput, ClientResult, check_choice
 from fljax.algorithms.local_training import LocalSGD
+from fljax.algorithms.model_state import TrainsModelState
 from fljax.data.batching import BatchPlan
 from fljax.errors import ConfigError, OptionError
 from fljax.ops import prox
@@ -38,7 +39,7 @@ __all__ = ["FedAvg", "FedProx", "FedAvgFT", "FedLP"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FedAvg(Centralized, LocalSGD):
+class FedAvg(TrainsModelState, Centralized, LocalSGD):
     """FedAvg with an optax client optimizer (see :class:`LocalSGD`) and a server optimizer: SGD with
     ``server_lr`` and ``server_momentum`` on the pseudo-gradient Δ_t = w_t − mean_i w_i."""
 

@@ -43,6 +43,7 @@ def linear(head, h):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FedRoD(FedAvg):
     name = "fedrod"
+    trains_model_state = False  # two models per client: one set of BatchNorm statistics cannot serve both
     summary = "Fed-RoD: balanced-softmax generic head + personal head on a shared body (Chen & Chao 2022)"
     eval_body: str = "stored"
 
