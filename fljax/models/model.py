@@ -117,9 +117,10 @@ class Model:
 
         return loss_and_variables
 
-    def apply(self, params, x):
+    def apply(self, params, x, mask=None):
         """Logits of ``x``. A module with BatchNorm or Dropout runs in the current :meth:`mode`: training
-        normalises with the batch's statistics, updates the running ones (``mutable=["batch_stats"]``) and drops
+        normalises with the batch's statistics over the rows ``mask`` marks (all when None; padding rows of a
+        small client's batch never enter them), updates the running ones (``mutable=["batch_stats"]``) and drops
         units with a fresh rng; evaluation uses the running statistics and no dropout."""
         if not self.has_mode:
             return self.module.apply({"params": params}, x)
@@ -131,8 +132,9 @@ class Model:
         if not m.train:
             return self.module.apply(variables, x, train=False)
         rngs = m.rngs() if self.stochastic else None
-        logits, m.variables = self.module.apply(variables, x, train=True, rngs=rngs, mutable=list(self.collections))
-        m.variables = dict(m.variables)
+        with nn.intercept_methods(_batch_norm_over(mask)):
+            logits, updated = self.module.apply(variables, x, train=True, rngs=rngs, mutable=list(self.collections))
+        m.variables = dict(updated)
         return logits
 
     def features(self, params, x):
@@ -163,7 +165,7 @@ class Model:
 
     def loss(self, params, batch):
         """Masked mean cross-entropy of ``batch`` (a :class:`fljax.data.Batch`)."""
-        return masked_cross_entropy(self.apply(params, batch.x), batch.y, batch.mask)
+        return masked_cross_entropy(self.apply(params, batch.x, batch.mask), batch.y, batch.mask)
 
     @property
     def has_conv(self) -> bool:
@@ -191,6 +193,18 @@ class Model:
         quantized = set(self.kernel_paths()[1:-1])
         shapes = jax.eval_shape(self.init, jax.random.PRNGKey(0))
         return jax.tree_util.tree_map_with_path(lambda p, _: tree.path_str(p) in quantized, shapes)
+
+
+def _batch_norm_over(mask):
+    """A method interceptor that computes every BatchNorm's batch statistics over the rows ``mask`` [B] marks."""
+
+    def intercept(next_fun, args, kwargs, context):
+        if mask is not None and isinstance(context.module, nn.BatchNorm) and context.method_name == "__call__":
+            x = args[0]
+            kwargs = {**kwargs, "mask": jnp.broadcast_to(mask.reshape(mask.shape + (1,) * (x.ndim - 1)), x.shape)}
+        return next_fun(*args, **kwargs)
+
+    return intercept
 
 
 @functools.lru_cache(maxsize=256)
