@@ -149,6 +149,6 @@ def test_unsupported_uses_are_refused_in_one_line():
         fljax.run(algorithm="ditto", algo={"cohort_size": 2}, data=data, model=BNMLP(), rounds=1, progress=False)
     assert "\n" not in str(e.value)
     with pytest.raises(OptionError, match="batch_stats must be 'local' \\(Local communicates nothing\\)"):
-        make_algorithm("local", batch_stats="averaged").validate(3)
+        make_algorithm("local", batch_stats="averaged", cohort_size=None).validate(3)
     with pytest.raises(OptionError, match="batch_stats must be one of \\['averaged', 'local'\\], got 'shared'"):
-        make_algorithm("fedavg", batch_stats="shared").validate(3)
+        make_algorithm("fedavg", batch_stats="shared", cohort_size=None).validate(3)
