@@ -21,13 +21,14 @@ from conftest import assert_trees_close
 
 class BNMLP(nn.Module):
     dropout: float = 0.0
+    classes: int = 3
 
     @nn.compact
     def __call__(self, x, train: bool = False):
         x = x.reshape((x.shape[0], -1))
         x = nn.relu(nn.BatchNorm(use_running_average=not train, momentum=0.5)(nn.Dense(16)(x)))
         x = nn.Dropout(self.dropout, deterministic=not train)(x)
-        return nn.Dense(3, name="head")(x)
+        return nn.Dense(self.classes, name="head")(x)
 
 
 class MaskRecorder(nn.Module):
@@ -138,7 +139,7 @@ def test_evaluation_is_deterministic_and_uses_the_running_statistics():
 def test_a_batchnorm_model_learns_on_digits():
     result = fljax.run(algorithm="fedavg", algo={"cohort_size": 5, "lr": 0.05},
                        data={"dataset": "digits", "num_clients": 10, "partition": "dirichlet", "alpha": 0.5},
-                       model=BNMLP(dropout=0.1), rounds=15, eval_every=15, progress=False)
+                       model=BNMLP(dropout=0.1, classes=10), rounds=15, eval_every=15, progress=False)
     assert result.final["global_acc"] > 0.8
 
 

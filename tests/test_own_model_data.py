@@ -45,10 +45,10 @@ class _Dropout(nn.Module):
         return nn.Dense(3)(nn.Dropout(0.5, deterministic=False)(x))
 
 
-def test_own_model_accepts_a_plain_module_and_refuses_what_the_engine_cannot_carry():
+def test_own_model_accepts_a_plain_module_and_refuses_what_it_cannot_run():
     model = own_model(nn.Dense(3), (4,), 3)
     assert model.name == "Dense" and model.num_params() == 15
-    with pytest.raises(OptionError, match="_Dropout needs random numbers when applied"):
+    with pytest.raises(OptionError, match="_Dropout has Dropout: its __call__ must take train: bool"):
         own_model(_Dropout(), (4,), 3)
     with pytest.raises(OptionError, match="must return logits of shape \\[batch, 3\\], got \\(2, 5\\)"):
         own_model(nn.Dense(5), (4,), 3)
