@@ -52,12 +52,12 @@ def run_steps(step: Callable, carry, train, plan: BatchPlan, key, unroll: int = 
 class LocalSGD(Algorithm):
     """Client optimizer settings.
 
-    ``lr`` at round t is ``lr · lr_decay^t``. ``optimizer``: 'sgd' (with ``momentum``, PyTorch semantics) or 'adam'.
-    ``weight_decay`` is coupled (added to the gradient). ``clip_norm``: clip the gradient to this global L2 norm
-    before weight decay and the optimizer (None = no clipping; the DFedAlt spec's D17 uses 10). Local work per
-    round: ``local_epochs`` passes over the client's data if set, else ``local_steps`` minibatches, of
-    ``batch_size`` samples (None = full batch). ``sampling``: 'shuffle' (epochs) or 'replacement'. The optimizer
-    state is fresh every round.
+    The client learning rate at round t is ``lr`` · ``lr_decay``^t. ``optimizer``: 'sgd' (with ``momentum``,
+    PyTorch semantics) or 'adam'. ``weight_decay`` is coupled (added to the gradient). ``clip_norm``: clip the
+    gradient to this global L2 norm before weight decay and the optimizer (None = no clipping; the DFedAlt spec's
+    D17 uses 10). Local work per round: ``local_epochs`` passes over the client's data if set, else
+    ``local_steps`` minibatches, of ``batch_size`` samples (None = full batch). ``sampling``: 'shuffle' (epochs) or
+    'replacement'. The optimizer state is fresh every round.
     """
 
     lr: float = 0.1
