@@ -153,3 +153,14 @@ def test_unsupported_uses_are_refused_in_one_line():
         make_algorithm("local", batch_stats="averaged", cohort_size=None).validate(3)
     with pytest.raises(OptionError, match="batch_stats must be one of \\['averaged', 'local'\\], got 'shared'"):
         make_algorithm("fedavg", batch_stats="shared", cohort_size=None).validate(3)
+
+
+def test_a_run_resumed_from_its_checkpoint_equals_the_straight_run(tmp_path):
+    data, _ = _data()
+    run = dict(algo={"cohort_size": 2, "batch_stats": "local"}, data=data, model=BNMLP(dropout=0.3), eval_every=2,
+               progress=False)
+    fljax.run(rounds=2, checkpoint_every=2, out=str(tmp_path), **run)
+    resumed = fljax.run(rounds=4, checkpoint_every=2, out=str(tmp_path), resume=True, **run)
+    straight = fljax.run(rounds=4, **run)
+    assert resumed.final["global_acc"] == straight.final["global_acc"]
+    assert resumed.final["train_loss"] == straight.final["train_loss"]

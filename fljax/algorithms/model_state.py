@@ -48,7 +48,8 @@ class WithStats:
 class TrainsModelState:
     """Base of the algorithms whose clients train a model with BatchNorm or Dropout (every local step through
     :func:`fljax.algorithms.local_training.train_steps`). ``batch_stats``: 'averaged' (the server averages the
-    clients' BatchNorm statistics with the parameters' weights) or 'local' (each client keeps its own, FedBN)."""
+    clients' BatchNorm statistics with the parameters' weights) or 'local' (each client keeps its own, FedBN), for a
+    module with BatchNorm."""
 
     trains_model_state: ClassVar[bool] = True
     batch_stats: str = "averaged"
