@@ -18,8 +18,8 @@ from fljax.errors import OptionError
 from fljax.models import zoo
 from fljax.options import check_value, suggest
 
-__all__ = ["Model", "ModelMode", "current_mode", "make_model", "own_model", "check_model_options", "check_model_input", "auto_model", "model_options", "MODELS",
-           "masked_cross_entropy", "accuracy_stats"]
+__all__ = ["Model", "ModelMode", "current_mode", "make_model", "own_model", "check_model_options", "check_model_input",
+           "auto_model", "model_options", "MODELS", "masked_cross_entropy", "accuracy_stats"]
 
 
 def masked_cross_entropy(logits, labels, mask):
