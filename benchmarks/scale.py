@@ -12,7 +12,8 @@ client-steps/s of the same cohort from 10,000; 100,000 clients all participating
 participating.
 
     python benchmarks/scale.py                 # -> benchmarks/results/scale.{json,md,png}
-    python benchmarks/scale.py --quick         # a seconds-long smoke run (-> scale_quick.*)
+    python benchmarks/scale.py --quick         # a two-minute smoke run (-> scale_quick.*)
+    python benchmarks/scale.py --pair 1000000 10000 10000 10000 --repeats 15   # one target's pair, more rounds
 """
 from __future__ import annotations
 
@@ -221,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="populations of 200 and 2,000, 2 repeats (smoke test)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--one", nargs=3, metavar=("POPULATION", "STORAGE", "COHORTS"), help=argparse.SUPPRESS)
-    ap.add_argument("--pair", nargs=4, type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--pair", nargs=4, type=int, metavar=("POPULATION", "COHORT", "BASE_POPULATION", "BASE_COHORT"),
+                    help="only one target's two configurations, rounds alternating in one process (prints JSON)")
     args = ap.parse_args(argv)
     if args.one:
         pop, storage, cohorts = int(args.one[0]), args.one[1], [int(c) for c in args.one[2].split(",")]
