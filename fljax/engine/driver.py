@@ -18,7 +18,7 @@ import numpy as np
 
 from fljax import tree
 from fljax.data.federated import FederatedData
-from fljax.engine import blas, compile_cache, compile_clock
+from fljax.engine import blas, compile_cache, compile_clock, processes
 from fljax.engine.context import RoundContext
 from fljax.engine.executors import Executor, choose_executor, make_executor
 from fljax.engine.loop import NonFiniteError, NonFiniteGuard, RunLog, drive
@@ -218,12 +218,13 @@ class Simulation:
     def _compiled_fn(self, name: str, fn: Callable, args, static: tuple = ()):
         """AOT-compile ``fn`` once per (name, static, structure and shapes of ``args``) and account the compile
         time. ``static`` must hold every Python value ``fn`` depends on beyond ``args`` (``fn`` itself is not part
-        of the key). The program is returned wrapped in :func:`fljax.engine.blas.call`."""
+        of the key). The program is returned wrapped in :func:`fljax.engine.blas.call`. On several processes its
+        inputs and outputs are replicated on every device (:func:`fljax.engine.processes.program_shardings`)."""
         leaves, treedef = jax.tree.flatten(args)
         key = (name, static, treedef, tuple((np.shape(x), str(getattr(x, 'dtype', type(x)))) for x in leaves))
         if key not in self._compiled:
             t0 = time.perf_counter()
-            compiled = jax.jit(fn).lower(*args).compile()
+            compiled = jax.jit(fn, **processes.program_shardings()).lower(*args).compile()
             self._compiled[key] = lambda *a: blas.call(compiled, *a)
             self.compile_seconds += time.perf_counter() - t0
         return self._compiled[key]
