@@ -34,6 +34,20 @@ def default_model(data: FederatedData) -> Model:
     return make_model(auto_model(data.input_shape), data.input_shape, data.num_classes)
 
 
+# Programs that run once (initialisation) or only between blocks of rounds (evaluation) are compiled for compile
+# speed on CPU, at XLA's backend optimisation level 0. Measured on the quick-start FedAvg (MLP 64, 50 clients; 2 cores
+# under load ~13): init 1.2 s instead of 3.9 s to compile, evaluation 1.0 s instead of 1.9 s to compile and 1.0 ms
+# instead of 0.5 ms to run. The blocks of rounds keep the full optimisation (level 0 ran them 3x slower).
+QUICK_COMPILE = ("init", "evaluate", "lanes_init", "lanes_evaluate")
+
+
+def _compiler_options(name: str) -> dict | None:
+    """XLA options of the program called ``name`` (see QUICK_COMPILE)."""
+    if name in QUICK_COMPILE and jax.default_backend() == "cpu":
+        return {"xla_backend_optimization_level": 0}
+    return None
+
+
 def _round_key(base, round_):
     return jax.random.fold_in(jax.random.fold_in(base, 1), round_)
 
@@ -224,7 +238,7 @@ class Simulation:
         key = (name, static, treedef, tuple((np.shape(x), str(getattr(x, 'dtype', type(x)))) for x in leaves))
         if key not in self._compiled:
             t0 = time.perf_counter()
-            compiled = jax.jit(fn, **processes.program_shardings()).lower(*args).compile()
+            compiled = jax.jit(fn, **processes.program_shardings()).lower(*args).compile(_compiler_options(name))
             self._compiled[key] = lambda *a: blas.call(compiled, *a)
             self.compile_seconds += time.perf_counter() - t0
         return self._compiled[key]
