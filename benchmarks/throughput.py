@@ -118,11 +118,11 @@ def measure(workload: str, executor: str, conv: str, unroll: str, repeats: int, 
     compiled = sim._compiled.get(("block", rounds))
     mem = compiled.memory_analysis() if compiled is not None else None
     xla_bytes = (mem.temp_size_in_bytes + mem.argument_size_in_bytes + mem.output_size_in_bytes) if mem else None
-    flops = step_flops(sim.algorithm.model, data)
+    flops = step_flops(sim.model, data)
     return {
         "workload": workload, "executor": executor, "resolved": sim.executor.describe(),
-        "conv": sim.algorithm.model.module.conv_impl if sim.algorithm.model.has_conv else "-",
-        "unroll": sim.algorithm.unroll, "clients": spec["clients"], "round_seconds": per_round,
+        "conv": sim.model.module.conv_impl if sim.model.has_conv else "-",
+        "unroll": sim.unroll, "clients": spec["clients"], "round_seconds": per_round,
         "client_steps_per_s": client_steps / per_round, "samples_per_s": client_steps * BATCH / per_round,
         "flops_per_s": flops * client_steps / per_round,
         "compile_seconds": sim.compile_seconds if not loop else first - per_round,
