@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         write_json(name + ".json", {"meta": meta, "throughput": rows, "emnist": emnist})
         write_text(name + ".md", markdown(meta, rows, emnist))
 
-    configs = [c for c in CONFIGS if not (dry and c[0].startswith("resnet"))]  # a CPU compiles ResNet for minutes
+    configs = [c for c in CONFIGS if not (dry and c[0].startswith("resnet"))]  # its compile would dominate a dry run
     rows = throughput.measure_all(configs, meta["repeats"], dry, peak, clients=2 if dry else None)
     save()
     emnist = emnist_end_to_end({**EMNIST, **(DRY if dry else {})})
