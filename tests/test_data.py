@@ -271,3 +271,12 @@ def test_class_slots_table_for_many_clients_and_errors():
         class_slots(labels, 7, 4)
     with pytest.raises(PartitionError, match="lower train_per_slot"):
         class_slots(labels, 50, 4, per_slot=26)
+
+
+def test_digits_are_scikit_learns_load_digits():
+    from sklearn.datasets import load_digits
+
+    from fljax.data.sources import _digits_table
+
+    ref, table = load_digits(), _digits_table()
+    assert np.array_equal(table[:, :64], ref.data) and np.array_equal(table[:, 64], ref.target)

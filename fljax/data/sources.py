@@ -128,17 +128,30 @@ def digits(seed: int = 0, test_per_class: int = DIGITS_TEST_PER_CLASS, noise: fl
     ``test_per_class`` images of every class are held out as the test pool. ``noise`` > 0 adds fixed
     N(0, noise²) pixel noise drawn once from the seed (used by papers to make the task harder).
     """
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = (d.images / 16.0).astype(np.float32)[..., None]
-    y = d.target.astype(np.int32)
+    table = _digits_table()
+    x = (table[:, :64].reshape(-1, 8, 8) / 16.0).astype(np.float32)[..., None]
+    y = table[:, 64].astype(np.int32)
     rng = np.random.default_rng(seed)
     if noise > 0:
         x = x + rng.normal(0, noise, x.shape).astype(np.float32)
     test = np.concatenate([rng.permutation(np.flatnonzero(y == c))[:test_per_class] for c in range(10)])
     train = np.setdiff1d(np.arange(len(y)), test)
     return Pooled(x[train], y[train], x[test], y[test], 10, "digits")
+
+
+def _digits_table() -> np.ndarray:
+    """scikit-learn's ``datasets/data/digits.csv.gz`` (64 pixel values in 0..16, then the label, per row) read
+    directly: importing scikit-learn for ``load_digits`` took 5 s of a run's start on a busy 2-core machine."""
+    import gzip
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("sklearn")  # locates the package without importing it
+    path = os.path.join(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz") if spec else ""
+    if not os.path.exists(path):
+        raise DataError("digits needs scikit-learn, which ships the images: pip install scikit-learn.")
+    with gzip.open(path, "rt") as f:
+        return np.loadtxt(f, delimiter=",")
 
 
 MNIST5K_SIZE = 5000
