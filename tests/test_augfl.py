@@ -315,6 +315,66 @@ def test_only_kt_moves_theta_by_the_kt_gradient(meta10_pm):
     assert float(metrics["bytes_up"][0]) == 0
 
 
+# ------------------------------------------------------------------------------------------ spec §12 alternatives
+def test_partial_participation_keeps_the_stale_terms_in_eq13(meta10_same):
+    # D10: the server keeps s_i = y_i + ρ_iθ_i per training client (ρ_iθ^0 before its first report), refreshes the
+    # cohort's and sums them all: θ^{t+1} = [Σ_{i∈𝓘} s_i − λG_t]/Σ_{i∈𝓘} ρ_i, G_t = 2(θ^t − θ_p) (param_l2)
+    k = meta10_same.num_train_clients
+    rho = np.linspace(0.5, 2.0, k)
+    lam = 2.0
+    sim = _sim(meta10_same, cohort_size=3, rho_per_client=tuple(float(r) for r in rho), lam=lam, kt="param_l2")
+    state = sim.init()
+    leaves = lambda t: [np.asarray(a, np.float64) for a in jax.tree.leaves(t)]  # noqa: E731
+    pm = leaves(meta10_same.server.pm_params)
+    terms = [np.einsum("i,...->i...", rho, t) for t in leaves(state.server["params"])]
+    for _ in range(3):
+        new, _ = sim.run_rounds(state, 1)
+        ran = np.flatnonzero(np.asarray(new.clients["k"][:k]) > np.asarray(state.clients["k"][:k]))
+        assert len(ran) == 3
+        theta = leaves(state.server["params"])
+        for s_, t, y_new, y_old in zip(terms, theta, leaves(new.clients["y"]), leaves(state.clients["y"])):
+            # Eq. 12: θ_i = θ^t + (y_i^new − y_i^old)/ρ_i, hence s_i = 2y_i^new − y_i^old + ρ_iθ^t
+            s_[ran] = 2 * y_new[ran] - y_old[ran] + np.einsum("i,...->i...", rho[ran], t)
+        expect = [(s_.sum(0) - lam * 2 * (t - p)) / rho.sum() for s_, t, p in zip(terms, theta, pm)]
+        for got, want in zip(leaves(new.server["params"]), expect):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        for got, want in zip(leaves(new.server["terms"]), terms):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        state = new
+    assert "terms" not in _sim(meta10_same, lam=0.0).init().server  # full participation keeps no table
+
+
+@pytest.mark.parametrize("kt", ["kd", "crd_inbatch"])
+def test_full_batch_kt_gradient_is_one_gradient_over_the_server_set(meta10_pm, kt):
+    # D12: kt_batch_size=None → G_t = ∇_θ[γ·CE + β·R](θ^t; all of 𝒟_s) at the heads as they are; then the heads take
+    # their one SGD step of the round (momentum buffer fresh: ψ ← ψ − lr·(∇_ψ + wd·ψ))
+    server = meta10_pm.server
+    algo, model, theta, state = _kt_setup(meta10_pm, kt)
+    algo = dataclasses.replace(algo, kt_batch_size=None, kt_ce_weight=0.5)
+    g, new, _ = augfl_kt.kt_grad(algo, model, theta, state, server, jax.random.PRNGKey(3), meta10_pm.num_classes)
+    heads = state.get("heads", {})
+
+    def loss(t, h):
+        feat, logits = model.features_and_logits(t, server.x)
+        ce = -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), server.y[:, None], axis=1))
+        if kt == "kd":
+            temp = algo.kd_temperature
+            p_t = jax.nn.softmax(server.pm_logits / temp)
+            reg = temp ** 2 * jnp.mean(jnp.sum(p_t * (jnp.log(p_t) - jax.nn.log_softmax(logits / temp)), axis=1))
+        else:  # InfoNCE over the whole set: −log softmax_k(⟨v_s(x_j), v_t(x_k)⟩/τ)[j]
+            head = distill.ProjectionHead(out=algo.kt_dim)
+            v_s = head.apply({"params": h["s"]}, feat)
+            v_t = head.apply({"params": h["t"]}, server.pm_features)
+            reg = -jnp.mean(jnp.diag(jax.nn.log_softmax(v_s @ v_t.T / algo.kt_tau, axis=1)))
+        return 0.5 * ce + algo.kt_weight * reg
+
+    g_theta, g_heads = jax.grad(loss, argnums=(0, 1))(theta, heads)
+    assert_trees_close(g, g_theta, rtol=1e-4, atol=1e-6)
+    if heads:
+        step = jax.tree.map(lambda h, gh: h - algo.kt_head_lr * (gh + algo.kt_head_wd * h), heads, g_heads)
+        assert_trees_close(new["heads"], step, rtol=1e-4, atol=1e-7)
+
+
 # ------------------------------------------------------------------------------------------ the pretrained model
 def test_pretrained_model_is_built_once_and_reused(meta10, tmp_path):
     cfg = fljax.make_config(algorithm="augfl", data={"dataset": "digits", "num_clients": 10, **META},
@@ -383,10 +443,10 @@ def test_augfl_with_kt_needs_a_pretrained_model(meta10):
 
 @pytest.mark.parametrize("kw,key", [
     (dict(alpha=0.0), "alpha"), (dict(rho=-1.0), "rho"), (dict(lam=-1.0), "lam"), (dict(hvp_mode="hf"), "hvp_mode"),
-    (dict(kt="crd2"), "kt"), (dict(delta_schedule="x"), "delta_schedule"), (dict(cohort_size=4), "cohort_size"),
+    (dict(kt="crd2"), "kt"), (dict(delta_schedule="x"), "delta_schedule"), (dict(cohort_size=0), "cohort_size"),
     (dict(rho_per_client=(1.0, 2.0)), "rho_per_client"), (dict(rho=1.0, rho_per_client=(1.0,) * 8), "rho_per_client"),
     (dict(kt_momentum=1.0), "kt_momentum"),
-    (dict(kt_negatives=0), "kt_negatives"), (dict(adapt_steps=-1), "adapt_steps"),
+    (dict(kt_negatives=0), "kt_negatives"), (dict(adapt_steps=-1), "adapt_steps"), (dict(kt_batch_size=0), "kt_batch_size"),
     (dict(upload="both"), "upload")])
 def test_bad_hyperparameters_are_one_line_option_errors(kw, key):
     with pytest.raises(OptionError) as e:

@@ -24,8 +24,16 @@ all that Eq. 13 uses (half the upload, the same θ^{t+1}; spec D11).
 
 ``only_kt=True`` is the "Only KT" arm: no clients, θ^{t+1} = θ^t − α G_t from the same θ^0.
 
+Partial participation (``cohort_size`` = K < |𝓘|; spec D10, an extension, not in the paper): a uniform cohort S_t of
+K training clients runs the client step (k_i, hence δ, counts a client's own updates), and the server keeps, for
+every training client, the last term it received, s_i = y_i + ρ_i θ_i (stale for i ∉ S_t; s_i = ρ_i θ^0 before a
+client's first round, i.e. θ_i^{−1} = θ^0, y_i^{−1} = 0), so that Eq. 13 still sums over all of 𝓘:
+
+    s_i ← y_i^{t+1} + ρ_i θ_i^{t+1} for i ∈ S_t;    θ^{t+1} = [Σ_{i∈𝓘} s_i − λ G_t] / Σ_{i∈𝓘} ρ_i.
+
 Defaults follow spec §5/§12: α = 0.03, ρ = 0.7·max(1, 40/|𝓘|) (``rho``), λ = 5, fd HVP with the δ schedule of
-the code, w_i = D_i/Σ D_j over training clients (``weighting='uniform'``: 1/|𝓘|), full participation.
+the code, w_i = D_i/Σ D_j over training clients (``weighting='uniform'``: 1/|𝓘|), full participation
+(``cohort_size=None``).
 """
 from __future__ import annotations
 
@@ -67,7 +75,7 @@ class AugFL(Centralized):
     kt: str = "crd"
     kt_ce_weight: float = 1.0
     kt_weight: float = 0.8
-    kt_batch_size: int = 128
+    kt_batch_size: int | None = 128
     kt_dim: int = 128
     kt_tau: float = 0.07
     kt_negatives: int | None = None
@@ -78,9 +86,6 @@ class AugFL(Centralized):
     kd_temperature: float = 4.0
 
     def validate(self, num_clients: int) -> None:
-        if self.cohort_size is not None:
-            raise OptionError("cohort_size", f"must be null: AugFL runs with full participation (spec D10), got "
-                                             f"{self.cohort_size}.")
         super().validate(num_clients)
         for key in ("alpha", "kt_tau", "kt_head_lr", "kd_temperature"):
             if not getattr(self, key) > 0:
@@ -104,9 +109,10 @@ class AugFL(Centralized):
         check_choice("upload", self.upload, UPLOADS)
         if self.adapt_steps < 0:
             raise OptionError("adapt_steps", f"must be >= 0, got {self.adapt_steps}.")
-        for key in ("kt_batch_size", "kt_dim"):
-            if getattr(self, key) < 1:
-                raise OptionError(key, f"must be >= 1, got {getattr(self, key)}.")
+        if self.kt_batch_size is not None and self.kt_batch_size < 1:
+            raise OptionError("kt_batch_size", f"must be >= 1 or null (one full batch), got {self.kt_batch_size}.")
+        if self.kt_dim < 1:
+            raise OptionError("kt_dim", f"must be >= 1, got {self.kt_dim}.")
         if self.kt_negatives is not None and self.kt_negatives < 1:
             raise OptionError("kt_negatives", f"must be >= 1 or null (min(16384, D_s/2)), got {self.kt_negatives}.")
         if not 0 <= self.kt_momentum < 1 or not 0 <= self.kt_head_momentum < 1:
@@ -114,6 +120,10 @@ class AugFL(Centralized):
                               "must be in [0, 1).")
 
     # ------------------------------------------------------------------------------------------ pieces
+    def partial(self, num_train: int) -> bool:
+        """Whether the server keeps stale terms s_i = y_i + ρ_i θ_i (a cohort smaller than the training clients)."""
+        return self.cohort_size is not None and self.cohort_size < num_train
+
     def uses_kt(self) -> bool:
         """False when λ is a Python 0 (G_t is then never computed); a traced λ (a grid) always computes it."""
         return self.only_kt or not (isinstance(self.lam, (int, float)) and self.lam == 0)
@@ -160,7 +170,11 @@ class AugFL(Centralized):
         n, k = ctx.num_clients, ctx.num_train_clients
         clients = {"y": tree.broadcast_clients(tree.zeros_like(params), n), "k": jnp.zeros((n,), jnp.int32),
                    "w": self.client_weights(ctx.data.train.count, k), "rho": self.penalties(k, n)}
-        return {"params": params, "kt": kt}, clients
+        server = {"params": params, "kt": kt}
+        if self.partial(k):  # s_i = ρ_i θ^0 until client i first reports (θ_i^{−1} = θ^0, y_i^{−1} = 0)
+            start = tree.broadcast_clients(params, k)
+            server["terms"] = admm.consensus_terms(start, tree.zeros_like(start), clients["rho"][:k])
+        return server, clients
 
     def client_update(self, inp: ClientInput) -> ClientResult:
         st, theta = inp.state, inp.down
@@ -185,11 +199,17 @@ class AugFL(Centralized):
         g, kt = None, server["kt"]
         if self.uses_kt():
             g, kt, _ = self.knowledge_transfer(ctx, server)
-        up = result.upload
+        up = result.upload if result.valid is None else tree.take_clients(result.upload, cohort)
+        rho = clients["rho"][cohort]
         if self.upload == "fused":  # Σ_i (y_i + ρ_i θ_i) arrives summed per client: θ_i = 0, y_i = the fused vector
             up = {"theta": tree.zeros_like(up["fused"]), "y": up["fused"]}
-        theta = admm.admm_consensus(up["theta"], up["y"], clients["rho"][cohort], g, self.lam)
-        return {"params": theta, "kt": kt}
+        if "terms" not in server:
+            return {"params": admm.admm_consensus(up["theta"], up["y"], rho, g, self.lam), "kt": kt}
+        fresh = admm.consensus_terms(up["theta"], up["y"], rho)
+        terms = tree.put_clients(server["terms"], cohort, fresh)  # the others' stale s_i stay in the sum
+        k = ctx.num_train_clients
+        theta = admm.admm_consensus(tree.zeros_like(terms), terms, clients["rho"][:k], g, self.lam)
+        return {"params": theta, "kt": kt, "terms": terms}
 
     def round(self, ctx, server, clients):
         if not self.only_kt:
@@ -199,7 +219,7 @@ class AugFL(Centralized):
         g, kt, metrics = self.knowledge_transfer(ctx, server)
         theta = tree.axpy(-self.alpha, g, server["params"])
         metrics = {"train_loss": metrics["kt_loss"], "bytes_up": jnp.float32(0), "bytes_down": jnp.float32(0)}
-        return {"params": theta, "kt": kt}, clients, metrics
+        return {**server, "params": theta, "kt": kt}, clients, metrics
 
     # ------------------------------------------------------------------------------------------ evaluation
     def eval_shared(self, server):

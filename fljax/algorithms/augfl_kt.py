@@ -13,6 +13,8 @@ and v_t = f^c(c_j) (c_j the PM's penultimate feature, computed once)
 Z_s, Z_t are fixed at the first batch ever to D_s·mean(raw scores). The θ-gradients of L_KT at fixed θ^t are
 averaged over the batches (G_t); between batches ψ takes an SGD step (lr 0.002, momentum 0.9, weight decay 5e-4,
 optimiser state fresh every round) and the banks move: B[j] ← normalise(m·B[j] + (1 − m)·v(x_j)).
+``kt_batch_size=None`` (spec D12's alternative) makes the whole of 𝒟_s one batch: G_t = ∇_θ L_KT(θ^t; 𝒟_s) is one
+full-batch gradient at the heads (and banks) as they are, which then take their one step of the round.
 
 Alternatives (all keep the γ_CE·CE term except ``param_l2``): ``crd_inbatch`` (in-batch InfoNCE between v_s and
 v_t, no banks), ``kd`` (β·T²·KL(softmax(z_p/T) ‖ softmax(z_θ/T)), T = ``kd_temperature``), ``feat_l2``
@@ -123,7 +125,7 @@ def kt_grad(algo, model, theta, state: dict, server, key, num_classes: int):
         diff = tree.sub(theta, jax.lax.stop_gradient(server.pm_params))
         return tree.scale(2.0, diff), state, {"kt_loss": tree.sq_norm(diff)}
     d = server.size
-    b = min(algo.kt_batch_size, d)
+    b = d if algo.kt_batch_size is None else min(algo.kt_batch_size, d)
     nb = d // b
     k_perm, k_neg = jax.random.split(key)
     batches = jax.random.permutation(k_perm, d)[: nb * b].reshape(nb, b)

@@ -361,7 +361,9 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
             if old != to_dict(configs[key]):
                 raise ConfigError(f"{os.path.dirname(saved)} was run with other settings than the study now asks "
                                   f"for; rerun with --fresh (or another --out).")
-    todo = [key for key in names if not _completed(os.path.join(root, names[key]), configs[key])]
+    recorded = {} if fresh else _recorded_runs(out, configs)
+    todo = [key for key in names
+            if key not in recorded and not _completed(os.path.join(root, names[key]), configs[key])]
     output.note(f"{study.title}: {len(cells)} cells, {len(names)} runs ({len(names) - len(todo)} already done), "
                 f"{jobs} job(s); results in {out}")
     t0 = time.perf_counter()
@@ -377,6 +379,8 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
         d = RunDir(os.path.join(root, name))
         if d.holds_summary():
             runs[key] = {"history": d.read_metrics(), "summary": d.read_summary()}
+        elif key in recorded:
+            runs[key] = recorded[key]
     previous = _read_meta(out)
     meta = {"study": study.name, "title": study.title, "only": only or study.studies, "seeds": seeds,
             "rounds": rounds, "runs": len(names), "computed": len(todo), "jobs": jobs, "lanes": lanes,
@@ -389,11 +393,22 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
 
 def _completed(path: str, cfg: ExperimentConfig) -> bool:
     d = RunDir(path)
-    if not d.holds_summary():
-        return False
-    summary = d.read_summary()
+    return d.holds_summary() and _finished(d.read_summary(), cfg)
+
+
+def _finished(summary: dict, cfg: ExperimentConfig) -> bool:
     return summary.get("status") in ("completed", "stopped") and (summary.get("status") == "stopped" or
                                                                   summary.get("rounds") == cfg.rounds)
+
+
+def _recorded_runs(out: str, configs: dict[str, ExperimentConfig]) -> dict[str, dict]:
+    """The finished runs that ``out/results.json.gz`` records (history and summary) for these run keys: a committed
+    report keeps its runs when its run directories (not committed) are gone, so adding cells reruns nothing."""
+    path = os.path.join(out, "results.json.gz")
+    if not os.path.exists(path):
+        return {}
+    saved = files.read_json(path).get("runs", {})
+    return {key: run for key, run in saved.items() if key in configs and _finished(run["summary"], configs[key])}
 
 
 def _run_parallel(root: str, work: list, jobs: int, lanes: str) -> None:
