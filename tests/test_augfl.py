@@ -375,6 +375,44 @@ def test_full_batch_kt_gradient_is_one_gradient_over_the_server_set(meta10_pm, k
         assert_trees_close(new["heads"], step, rtol=1e-4, atol=1e-7)
 
 
+def test_crop_flip_is_the_padded_window_mirrored():
+    # D18: out_b[h, w] = pad(x_b)[dy_b + h, dx_b + w'], w' = W − 1 − w where flip_b
+    from fljax.data.augment import crop_flip, random_crop_flip
+
+    x = jnp.arange(3 * 4 * 5 * 2, dtype=jnp.float32).reshape(3, 4, 5, 2) + 1
+    dy, dx, flip = jnp.array([0, 4, 2]), jnp.array([2, 1, 4]), jnp.array([False, True, True])
+    out = np.asarray(crop_flip(x, dy, dx, flip, 2))
+    for b in range(3):
+        padded = np.pad(np.asarray(x[b]), ((2, 2), (2, 2), (0, 0)))
+        window = padded[int(dy[b]): int(dy[b]) + 4, int(dx[b]): int(dx[b]) + 5]
+        np.testing.assert_array_equal(out[b], window[:, ::-1] if flip[b] else window)
+    same = np.asarray(random_crop_flip(jax.random.PRNGKey(0), x, 0))  # no padding: only the mirror is drawn
+    assert all(np.array_equal(same[b], x[b]) or np.array_equal(same[b], x[b, :, ::-1]) for b in range(3))
+    moved = np.asarray(random_crop_flip(jax.random.PRNGKey(1), jnp.ones((64, 4, 5, 1)), 1))
+    assert 0 < np.sum(moved == 0) and set(np.unique(moved)) == {0.0, 1.0}  # zero padding shows at the borders
+
+
+def test_augmented_kt_batch_recomputes_the_teacher_on_the_augmented_images(meta10_pm):
+    # D18: with kt_augment='crop_flip' both models see the same augmented batch (the PM's logits are not the cached
+    # ones); kd: L = γ·CE(z_θ(x̃), y) + β·T²·KL(softmax(z_p(x̃)/T) ‖ softmax(z_θ(x̃)/T))
+    from fljax.data.augment import random_crop_flip
+
+    server = meta10_pm.server
+    algo, model, theta, state = _kt_setup(meta10_pm, "kd")
+    algo = dataclasses.replace(algo, kt_augment="crop_flip", kt_crop_pad=2, kt_ce_weight=0.5)
+    idx, key = jnp.arange(16) * 2, jax.random.PRNGKey(5)
+    loss, _ = augfl_kt._batch_loss(algo, model, theta, {}, state, server, idx, None, key)
+    x = random_crop_flip(key, server.x[idx], 2)
+    z, z_p, temp = model.apply(theta, x), server.pm_model.apply(server.pm_params, x), algo.kd_temperature
+    ce = -np.mean(np.take_along_axis(np.asarray(jax.nn.log_softmax(z)), np.asarray(server.y[idx])[:, None], 1))
+    p_t = jax.nn.softmax(z_p / temp)
+    kl = temp ** 2 * np.mean(np.sum(p_t * (jnp.log(p_t) - jax.nn.log_softmax(z / temp)), axis=1))
+    np.testing.assert_allclose(float(loss), 0.5 * ce + algo.kt_weight * kl, rtol=1e-5)
+    plain, _ = augfl_kt._batch_loss(dataclasses.replace(algo, kt_augment="none"), model, theta, {}, state, server,
+                                    idx, None, key)
+    assert float(plain) != float(loss)
+
+
 # ------------------------------------------------------------------------------------------ the pretrained model
 def test_pretrained_model_is_built_once_and_reused(meta10, tmp_path):
     cfg = fljax.make_config(algorithm="augfl", data={"dataset": "digits", "num_clients": 10, **META},
@@ -447,7 +485,7 @@ def test_augfl_with_kt_needs_a_pretrained_model(meta10):
     (dict(rho_per_client=(1.0, 2.0)), "rho_per_client"), (dict(rho=1.0, rho_per_client=(1.0,) * 8), "rho_per_client"),
     (dict(kt_momentum=1.0), "kt_momentum"),
     (dict(kt_negatives=0), "kt_negatives"), (dict(adapt_steps=-1), "adapt_steps"), (dict(kt_batch_size=0), "kt_batch_size"),
-    (dict(upload="both"), "upload")])
+    (dict(upload="both"), "upload"), (dict(kt_augment="flip"), "kt_augment"), (dict(kt_crop_pad=-1), "kt_crop_pad")])
 def test_bad_hyperparameters_are_one_line_option_errors(kw, key):
     with pytest.raises(OptionError) as e:
         AugFL(**kw).validate(8)

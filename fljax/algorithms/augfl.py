@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from fljax import tree
-from fljax.algorithms.augfl_kt import KT_KINDS, kt_grad, kt_init
+from fljax.algorithms.augfl_kt import KT_AUGMENTS, KT_KINDS, kt_grad, kt_init
 from fljax.algorithms.base import Centralized, ClientInput, ClientResult, check_choice
 from fljax.engine.context import SERVER
 from fljax.errors import ConfigError, OptionError
@@ -84,6 +84,8 @@ class AugFL(Centralized):
     kt_head_momentum: float = 0.9
     kt_head_wd: float = 5e-4
     kd_temperature: float = 4.0
+    kt_augment: str = "none"
+    kt_crop_pad: int = 4
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
@@ -106,6 +108,9 @@ class AugFL(Centralized):
         check_choice("hvp_mode", self.hvp_mode, meta.HVP_MODES)
         check_choice("delta_schedule", self.delta_schedule, DELTA_SCHEDULES)
         check_choice("kt", self.kt, KT_KINDS)
+        check_choice("kt_augment", self.kt_augment, KT_AUGMENTS)
+        if self.kt_crop_pad < 0:
+            raise OptionError("kt_crop_pad", f"must be >= 0, got {self.kt_crop_pad}.")
         check_choice("upload", self.upload, UPLOADS)
         if self.adapt_steps < 0:
             raise OptionError("adapt_steps", f"must be >= 0, got {self.adapt_steps}.")

@@ -35,8 +35,8 @@ HIGHEST = jax.lax.Precision.HIGHEST
 
 __all__ = [
     "dual_ascent", "augmented_lagrangian_grad", "linearized_primal", "z_form", "gd_branch", "consensus_from_z",
-    "augmented_lagrangian", "linearised_prox", "consensus_terms", "admm_consensus", "CholeskySolver", "WoodburySolver", "InverseSolver",
-    "WoodburyInverseSolver", "CGSolver", "cholesky_solver", "woodbury_solver", "inverse_solver",
+    "augmented_lagrangian", "linearised_prox", "consensus_terms", "admm_consensus", "CholeskySolver", "WoodburySolver",
+    "InverseSolver", "WoodburyInverseSolver", "CGSolver", "cholesky_solver", "woodbury_solver", "inverse_solver",
     "woodbury_inverse_solver", "cg_solver",
 ]
 
