@@ -413,6 +413,28 @@ def test_augmented_kt_batch_recomputes_the_teacher_on_the_augmented_images(meta1
     assert float(plain) != float(loss)
 
 
+def test_pair_labels_relabel_every_client_two_way_and_keep_the_server_global(meta10, meta10_pm, cache):
+    # D16: the same split with y ↦ 0 for the first class of a client's pair (its first row, in train and test) and
+    # 1 for the second; the server keeps its global labels, hence the same pretrained model
+    pair = D.make_federated("digits", 10, seed=0, labels="pair", **META)
+    assert (pair.num_classes, pair.server_classes, meta10.server_classes) == (2, 10, 10)
+    np.testing.assert_array_equal(np.asarray(pair.server.y), np.asarray(meta10.server.y))
+    for split in ("train", "test"):
+        a, b = getattr(meta10, split), getattr(pair, split)
+        np.testing.assert_array_equal(np.asarray(a.x), np.asarray(b.x))
+        for i in range(meta10.num_clients):
+            g, n = np.asarray(a.y[i]), int(a.count[i])
+            np.testing.assert_array_equal(np.asarray(b.y[i, :n]), (g[:n] != g[0]).astype(int))
+    pm = pretrained.attach_pretrained(pair, make_model("mlp", pair.input_shape, pair.server_classes, hidden=[32]),
+                                      epochs=5, lr=1e-2, batch_size=64, seed=0, cache_dir=cache)
+    assert _equal(pm.server.pm_params, meta10_pm.server.pm_params)
+    state, _ = _run(pm, rounds=1, lam=5.0, kt="crd", kt_ce_weight=0.0, kt_batch_size=64)
+    assert (16, 2) in [a.shape for a in jax.tree.leaves(state.server["params"])]  # a 2-way head
+    assert bool(tree.all_finite(state.server))
+    with pytest.raises(ConfigError, match="kt_ce_weight: 0"):
+        _sim(pm, lam=5.0, kt="crd").init()
+
+
 # ------------------------------------------------------------------------------------------ the pretrained model
 def test_pretrained_model_is_built_once_and_reused(meta10, tmp_path):
     cfg = fljax.make_config(algorithm="augfl", data={"dataset": "digits", "num_clients": 10, **META},

@@ -160,6 +160,11 @@ class AugFL(Centralized):
             raise ConfigError(f"augfl with lam={self.lam}{' and only_kt' if self.only_kt else ''} needs a server "
                               f"set and a pretrained model: data.partition: meta_pairs and server.pretrained "
                               f"(e.g. cnn_l), or algo.lam: 0.")
+        relabelled = ctx.data.server_classes != ctx.data.num_classes
+        if relabelled and self.uses_kt() and (self.kt == "kd" or self.kt_ce_weight > 0):
+            raise ConfigError(f"augfl kt={self.kt} with kt_ce_weight={self.kt_ce_weight} compares the meta-model's "
+                              f"{ctx.data.num_classes}-way head with the server's {ctx.data.server_classes} classes; "
+                              f"with relabelled clients use kt_ce_weight: 0 and kt crd, crd_inbatch or feat_l2.")
         if self.kt == "param_l2" and self.uses_kt():
             pm_shapes = jax.tree.map(jnp.shape, server.pm_params)
             if pm_shapes != jax.tree.map(jnp.shape, ctx.model.init(jax.random.PRNGKey(0))):
@@ -197,7 +202,7 @@ class AugFL(Centralized):
     def knowledge_transfer(self, ctx, server):
         """(G_t, new KT state, metrics) at θ^t on the server's set (ctx.server)."""
         g, kt, metrics = kt_grad(self, ctx.model, server["params"], server["kt"], ctx.server,
-                                 ctx.stream(SERVER), ctx.data.num_classes)
+                                 ctx.stream(SERVER), ctx.data.server_classes)
         return g, kt, metrics
 
     def server_update(self, ctx, server, clients, cohort, result):

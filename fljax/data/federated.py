@@ -103,7 +103,8 @@ class ServerData:
     logits ``pm_logits [D_s, C]`` on ``x``, computed once. ``pm_model`` (static) is the PM's
     :class:`~fljax.models.Model`; ``pm_info`` (static) records how it was made and its accuracy on the server set,
     ``pm_scores`` its accuracy on the clients' test splits (``client_test_acc``; ``target_acc``: the target
-    clients' query sets), for information only."""
+    clients' query sets), for information only. ``num_classes`` (static): the classes of ``y`` when the clients
+    use another label space (None: the data set's; see :attr:`FederatedData.server_classes`)."""
 
     x: jax.Array
     y: jax.Array
@@ -113,6 +114,7 @@ class ServerData:
     pm_scores: Any = None
     pm_model: Any = flax.struct.field(pytree_node=False, default=None)
     pm_info: tuple = flax.struct.field(pytree_node=False, default=())
+    num_classes: int | None = flax.struct.field(pytree_node=False, default=None)
 
     @property
     def size(self) -> int:
@@ -150,6 +152,14 @@ class FederatedData:
     @property
     def num_clients(self) -> int:
         return self.train.num_clients
+
+    @property
+    def server_classes(self) -> int:
+        """The classes of the server's labels (its pretrained model's head): the clients' unless the split relabels
+        the clients (e.g. ``meta_pairs`` with ``labels: pair``)."""
+        if self.server is not None and self.server.num_classes is not None:
+            return self.server.num_classes
+        return self.num_classes
 
     @property
     def num_train_clients(self) -> int:

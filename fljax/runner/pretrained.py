@@ -92,9 +92,11 @@ def attach_pretrained(data: FederatedData, model, *, epochs: int, lr: float, bat
                                              cache_dir=cache_dir)
     test = data.test
     k = data.num_train_clients
-    scores = {"client_test_acc": central.accuracy(model, params, test.x, test.y, test.mask)}
-    if data.num_target:
-        scores["target_acc"] = central.accuracy(model, params, test.x[k:], test.y[k:], test.mask[k:])
+    scores = {}
+    if data.server_classes == data.num_classes:  # the clients share the PM's label space
+        scores["client_test_acc"] = central.accuracy(model, params, test.x, test.y, test.mask)
+        if data.num_target:
+            scores["target_acc"] = central.accuracy(model, params, test.x[k:], test.y[k:], test.mask[k:])
     server = server.replace(pm_params=params, pm_features=central.features(model, params, server.x),
                             pm_logits=central.logits(model, params, server.x), pm_model=model,
                             pm_scores={n: jnp.float32(v) for n, v in scores.items()},
