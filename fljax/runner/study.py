@@ -357,8 +357,8 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
     for key, name in names.items():  # a run directory made with other settings would be resumed wrongly
         saved = RunDir(os.path.join(root, name)).file("config.yaml")
         if os.path.exists(saved):
-            old = yaml_io.load(open(saved, "rb"))
-            if old != to_dict(configs[key]):
+            old = yaml_io.load(open(saved, "rb"))  # read through today's config (options added since take defaults)
+            if to_dict(from_dict(ExperimentConfig, old)) != to_dict(configs[key]):
                 raise ConfigError(f"{os.path.dirname(saved)} was run with other settings than the study now asks "
                                   f"for; rerun with --fresh (or another --out).")
     recorded = {} if fresh else _recorded_runs(out, configs)
