@@ -10,7 +10,8 @@ A study file (``fljax/reproduce/<name>.yaml``) holds
 * ``rules``: overrides applied to the cells whose axis values match ``when`` (e.g. DFedAlt's head epochs on the
   pathological splits);
 * ``studies``: each a product of axis values (``cells: {split: all, method: [FedAvg, DFedAlt]}``), optional extra
-  overrides (``set``), a ``grid`` of dotted keys (an axis each) and its own ``seeds``; a value ``$rounds`` anywhere
+  overrides (``set``), a ``grid`` of dotted keys (an axis each) and its own ``seeds`` (a count, or a list such as a
+  tuning seed ``[99]`` that ``--seeds`` leaves alone); a value ``$rounds`` anywhere
   in a cell's config is replaced by the cell's number of rounds;
 * ``tables`` and ``plots``: rendered by :mod:`fljax.runner.tables`, with the paper's numbers beside ours;
 * ``claims``: ``module:function`` computing the paper's claims (verdicts) from the results;
@@ -107,8 +108,15 @@ class Study:
         grid = spec.get("grid") or {}
         names += list(grid)
         choices += [list(v) for v in grid.values()]
-        n_seeds = seeds or spec.get("seeds") or self.spec.get("seeds", 1)
-        n_seeds = max(n_seeds, spec.get("min_seeds", 0))
+        fixed = spec.get("seeds")
+        if isinstance(fixed, list):  # the study's own seeds (e.g. a tuning seed), whatever --seeds says
+            if not fixed or not all(isinstance(v, int) and v >= 0 for v in fixed):
+                raise ConfigError(f"study {self.name}/{study}: seeds must be a count or a list of seeds >= 0, "
+                                  f"got {fixed}.")
+            seed_list = list(fixed)
+        else:
+            n_seeds = max(seeds or fixed or self.spec.get("seeds", 1), spec.get("min_seeds", 0))
+            seed_list = list(range(n_seeds))
         cells = []
         for values in itertools.product(*choices):
             labels = dict(zip(names, values))
@@ -129,7 +137,7 @@ class Study:
             elif "rounds_factor" in spec:
                 config["rounds"] = config.get("rounds", 100) * spec["rounds_factor"]
             config = _substitute(config, {"$rounds": config.get("rounds", 100)})
-            cells.append(Cell(study, labels, config, list(range(n_seeds)), tags))
+            cells.append(Cell(study, labels, config, seed_list, tags))
         return cells
 
 
