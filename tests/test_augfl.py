@@ -342,6 +342,10 @@ def test_partial_participation_keeps_the_stale_terms_in_eq13(meta10_same):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
         state = new
     assert "terms" not in _sim(meta10_same, lam=0.0).init().server  # full participation keeps no table
+    masked = _sim(meta10_same, cohort_size=3, cohort_mode="mask", rho_per_client=tuple(float(r) for r in rho),
+                  lam=lam, kt="param_l2")
+    again, _ = masked.run_rounds(masked.init(), 3)  # every client computes, the cohort's results are committed
+    assert_trees_close(again.server, state.server, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("kt", ["kd", "crd_inbatch"])
