@@ -35,6 +35,14 @@ def _verdict(ok: bool, *values) -> str:
     return "holds" if ok else "fails"
 
 
+def _stops(results, study: str, **labels) -> str:
+    """' (stopped: …)' naming the rounds at which runs of this cell were stopped (NaN/Inf or divergence); their
+    value is the last evaluation before the stop."""
+    rounds = [str(r["summary"].get("rounds")) for r in results.seeds(study, **labels)
+              if r["summary"].get("status") == "stopped"]
+    return f" (NaN: stopped; value of the last evaluation, round {', '.join(rounds)})" if rounds else ""
+
+
 def _rising(values: list[float]) -> bool:
     return all(b >= a for a, b in zip(values, values[1:]))
 
@@ -74,7 +82,8 @@ def claims(results) -> list[tuple[str, str, str]]:
         accs = [_mean(_acc(results, "E7", method="AugFL", **{"algo.lam": lam})) for lam in lams]
         best = int(np.nanargmax(accs)) if not np.isnan(accs).all() else 0
         out.append((f"3. inverted U in λ: the best λ is interior and λ = {lams[-1]:g} falls below it",
-                    ", ".join(f"λ={lam:g}: {a:.2f}" for lam, a in zip(lams, accs)),
+                    ", ".join(f"λ={lam:g}: {a:.2f}{_stops(results, 'E7', method='AugFL', **{'algo.lam': lam})}"
+                              for lam, a in zip(lams, accs)),
                     _verdict(0 < best < len(lams) - 1 and accs[-1] < accs[best], *accs)))
     if results.cell("E2") is not None:
         accs = [_mean(_acc(results, "E2", method="AugFL", **{"data.samples_min": m})) for m in ms]
