@@ -63,7 +63,8 @@ class AugFL(Centralized):
     summary = ("AugFL: federated meta-learning by linearised ADMM; the server transfers knowledge from its own "
                "pretrained model (Yue et al.)")
     generic = False  # needs a split with support/query sets (data.partition: meta_pairs)
-    cohort_size: int | None = None
+    cohort_size: int | None = option(None, "training clients per round (null: all, the paper); K smaller: the others' "
+                                           "last y_i + ρ_i θ_i stay in Eq. 13 (spec D10)")
     alpha: float = option(0.03,
                           "α of the one support step φ = θ − α∇L_i(θ, 𝒟_i^s) (and of the evaluation's adaptation)")
     rho: float | None = option(None, "ADMM penalty ρ_i for every client (null: 0.7·max(1, 40/clients))")
