@@ -597,7 +597,7 @@ def test_reproduction_study_cells_are_valid_configs():
 
     study = load_study("augfl")
     cells = study.cells()
-    assert {c.study for c in cells} == {"E1", "E2", "E5", "E6", "E7", "T_FedAvg", "T_PerFedAvg", "T_AugFL"}
+    assert {c.study for c in cells} == {"E1", "E1T", "E2", "E5", "E6", "E7", "T_FedAvg", "T_PerFedAvg", "T_AugFL"}
     assert {s for c in cells if c.study.startswith("T_") for s in c.seeds} == {99}  # the tuning seed
     for c in cells:
         fljax.make_config({**c.config, "seed": 0})
