@@ -57,12 +57,18 @@ def load_data(cfg: ExperimentConfig) -> FederatedData:
         return data
     from fljax.runner.pretrained import attach_pretrained
 
-    if server.pretrained == "same":
-        pm = _model(cfg.model, data)
+    if server.pretrained == "same":  # the run's architecture, with a head for the server's labels
+        pm = _model(cfg.model, data.replace(num_classes=data.server_classes))
     else:
-        pm = make_model(server.pretrained, data.input_shape, data.num_classes, **server.pretrained_options)
+        pm = make_model(server.pretrained, data.input_shape, data.server_classes, **server.pretrained_options)
+    related = None
+    if server.pretrain_data is not None:
+        from fljax.runner.pretrained import related_set
+
+        related = related_set(server.pretrain_data, data.input_shape, data.server_classes, server.seed,
+                              **server.pretrain_data_options)
     return attach_pretrained(data, pm, epochs=server.epochs, lr=server.lr, batch_size=server.batch_size,
-                             seed=server.seed, cache_dir=server.cache_dir)
+                             seed=server.seed, cache_dir=server.cache_dir, pretrain_data=related)
 
 
 def build(cfg: ExperimentConfig, data: FederatedData | None = None, module=None) -> Simulation:

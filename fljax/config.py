@@ -84,6 +84,10 @@ class ServerConfig(Options):
     seed: int = option(0, "pretraining seed (initialisation and shuffling)", seed_check)
     cache_dir: str | None = option(None, "where pretrained models are kept (null: $FLJAX_CACHE, else "
                                          "~/.cache/fljax)")
+    pretrain_data: str | None = option(None, "pretrain on this pooled image data set instead of the server's set "
+                                             "(its classes must be the server's; resized to the clients' input "
+                                             "shape), e.g. mnist5k for digits clients; null: the server's set")
+    pretrain_data_options: dict = dataclasses.field(default_factory=dict)
 
 
 def _run_name(name: str) -> str | None:
@@ -209,9 +213,17 @@ def _check_server(server: ServerConfig, input_shape: tuple) -> None:
     from fljax.models.model import MODELS, check_model_input, check_model_options
 
     if server.pretrained is None:
-        if server.pretrained_options:
-            raise OptionError("server.pretrained_options", "needs server.pretrained (a model name or 'same').")
+        for key in ("pretrained_options", "pretrain_data"):
+            if getattr(server, key):
+                raise OptionError(f"server.{key}", "needs server.pretrained (a model name or 'same').")
         return
+    if server.pretrain_data_options and server.pretrain_data is None:
+        raise OptionError("server.pretrain_data_options", "needs server.pretrain_data (a data set name).")
+    if server.pretrain_data is not None:
+        from fljax.data.sources import SOURCES
+
+        _choice("server.pretrain_data", server.pretrain_data, [n for n, s in SOURCES.items()
+                                                               if not s.natural and len(s.input_shape) == 3])
     if server.pretrained == "same":
         if server.pretrained_options:
             raise OptionError("server.pretrained_options", "must be empty with pretrained: same (the run's model "

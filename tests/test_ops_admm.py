@@ -162,6 +162,17 @@ def test_admm_consensus_eq13():
         close(A.admm_consensus(ti, yi, 0.7), A.admm_consensus(ti, yi, jnp.full((n,), 0.7)))   # scalar ρ
 
 
+def test_consensus_terms_sum_to_eq13():
+    with jax.enable_x64(True):
+        n = 3
+        ti, yi = tree(24, (n,)), tree(25, (n,))
+        rho = jnp.array([0.4, 1.5, 2.5])
+        terms = A.consensus_terms(ti, yi, rho)
+        close(terms, jax.tree.map(lambda t, y: y + rho.reshape((n,) + (1,) * (t.ndim - 1)) * t, ti, yi))  # s_i
+        zero = jax.tree.map(jnp.zeros_like, ti)
+        close(A.admm_consensus(zero, terms, rho), A.admm_consensus(ti, yi, rho))  # Eq. 13 = Σ_i s_i / Σ_i ρ_i
+
+
 # ------------------------------------------------------------------- augmented-Lagrangian gradient, dual ascent
 
 

@@ -84,6 +84,11 @@ def test_cells_follow_axes_presets_rules_and_grids(tiny):
     keys = {c.key(s) for c in cells for s in c.seeds}
     assert len(keys) == 2 * (len(cells) - 2) and len(_configs(cells)) == len(keys)
     assert tiny.cells(seeds=1)[0].seeds == [0]
+    tiny.spec["studies"]["lr"]["seeds"] = [99]  # a study's own seeds (a tuning seed) stay whatever --seeds says
+    assert {tuple(c.seeds) for c in tiny.cells(["lr"], seeds=1)} == {(99,)}
+    tiny.spec["studies"]["lr"]["seeds"] = [-1]
+    with pytest.raises(ConfigError, match="list of seeds"):
+        tiny.cells(["lr"])
     with pytest.raises(ConfigError, match="no study 'nope'"):
         tiny.cells(["nope"])
 
@@ -100,10 +105,15 @@ def test_run_report_reuse_and_render(tiny, tmp_path, monkeypatch):
     # every run directory is a `fljax run` directory
     run = os.path.join(out, "runs", sorted(os.listdir(os.path.join(out, "runs")))[0])
     assert {"config.yaml", "metrics.jsonl", "summary.json"} <= set(os.listdir(run))
-    # a second invocation reuses every finished run; a lost run is computed again
+    # a second invocation reuses every finished run; a lost run directory is taken from the record in
+    # results.json.gz (a committed report keeps its runs), and computed again when that is gone too
     import shutil
 
     shutil.rmtree(run)
+    again = run_study(tiny, out)
+    assert again.meta["computed"] == 0
+    np.testing.assert_array_equal(again.final("main", "personal_acc", method="FedAvg", split="iid"), acc)
+    os.remove(os.path.join(out, "results.json.gz"))
     again = run_study(tiny, out)
     assert again.meta["computed"] == 1
     np.testing.assert_array_equal(again.final("main", "personal_acc", method="FedAvg", split="iid"), acc)

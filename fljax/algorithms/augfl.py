@@ -24,8 +24,16 @@ all that Eq. 13 uses (half the upload, the same θ^{t+1}; spec D11).
 
 ``only_kt=True`` is the "Only KT" arm: no clients, θ^{t+1} = θ^t − α G_t from the same θ^0.
 
+Partial participation (``cohort_size`` = K < |𝓘|; spec D10, an extension, not in the paper): a uniform cohort S_t of
+K training clients runs the client step (k_i, hence δ, counts a client's own updates), and the server keeps, for
+every training client, the last term it received, s_i = y_i + ρ_i θ_i (stale for i ∉ S_t; s_i = ρ_i θ^0 before a
+client's first round, i.e. θ_i^{−1} = θ^0, y_i^{−1} = 0), so that Eq. 13 still sums over all of 𝓘:
+
+    s_i ← y_i^{t+1} + ρ_i θ_i^{t+1} for i ∈ S_t;    θ^{t+1} = [Σ_{i∈𝓘} s_i − λ G_t] / Σ_{i∈𝓘} ρ_i.
+
 Defaults follow spec §5/§12: α = 0.03, ρ = 0.7·max(1, 40/|𝓘|) (``rho``), λ = 5, fd HVP with the δ schedule of
-the code, w_i = D_i/Σ D_j over training clients (``weighting='uniform'``: 1/|𝓘|), full participation.
+the code, w_i = D_i/Σ D_j over training clients (``weighting='uniform'``: 1/|𝓘|), full participation
+(``cohort_size=None``).
 """
 from __future__ import annotations
 
@@ -36,7 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from fljax import tree
-from fljax.algorithms.augfl_kt import KT_KINDS, kt_grad, kt_init
+from fljax.algorithms.augfl_kt import KT_AUGMENTS, KT_KINDS, kt_grad, kt_init
 from fljax.algorithms.base import Centralized, ClientInput, ClientResult, check_choice
 from fljax.engine.context import SERVER
 from fljax.errors import ConfigError, OptionError
@@ -55,7 +63,8 @@ class AugFL(Centralized):
     summary = ("AugFL: federated meta-learning by linearised ADMM; the server transfers knowledge from its own "
                "pretrained model (Yue et al.)")
     generic = False  # needs a split with support/query sets (data.partition: meta_pairs)
-    cohort_size: int | None = None
+    cohort_size: int | None = option(None, "training clients per round (null: all, the paper); K smaller: the others' "
+                                           "last y_i + ρ_i θ_i stay in Eq. 13 (spec D10)")
     alpha: float = option(0.03,
                           "α of the one support step φ = θ − α∇L_i(θ, 𝒟_i^s) (and of the evaluation's adaptation)")
     rho: float | None = option(None, "ADMM penalty ρ_i for every client (null: 0.7·max(1, 40/clients))")
@@ -71,7 +80,8 @@ class AugFL(Centralized):
     kt: str = option("crd", "knowledge-transfer regulariser: 'crd', 'crd_inbatch', 'kd', 'feat_l2' or 'param_l2'")
     kt_ce_weight: float = option(1.0, "γ_CE: weight of the cross-entropy term of L_KT on the server's set")
     kt_weight: float = option(0.8, "β: weight of the transfer term of L_KT")
-    kt_batch_size: int = option(128, "server minibatch size B of the knowledge-transfer gradient")
+    kt_batch_size: int | None = option(128, "server minibatch size B of the knowledge-transfer gradient (null: one "
+                                            "full batch of the server's set)")
     kt_dim: int = option(128, "embedding size d_e of the CRD projection heads")
     kt_tau: float = option(0.07, "CRD temperature τ")
     kt_negatives: int | None = option(None, "CRD negatives N per sample (null: min(16384, D_s/2))")
@@ -80,11 +90,11 @@ class AugFL(Centralized):
     kt_head_momentum: float = option(0.9, "momentum of the projection heads' SGD")
     kt_head_wd: float = option(5e-4, "weight decay of the projection heads' SGD")
     kd_temperature: float = option(4.0, "temperature T of kt='kd'")
+    kt_augment: str = option("none", "server-side augmentation of the knowledge-transfer batches: 'none' or "
+                                     "'crop_flip' (random crop and mirror; the PM recomputed on them)")
+    kt_crop_pad: int = option(4, "zero padding of kt_augment='crop_flip' before the random crop")
 
     def validate(self, num_clients: int) -> None:
-        if self.cohort_size is not None:
-            raise OptionError("cohort_size", f"must be null: AugFL runs with full participation (spec D10), got "
-                                             f"{self.cohort_size}.")
         super().validate(num_clients)
         for key in ("alpha", "kt_tau", "kt_head_lr", "kd_temperature"):
             if not getattr(self, key) > 0:
@@ -105,12 +115,16 @@ class AugFL(Centralized):
         check_choice("hvp_mode", self.hvp_mode, meta.HVP_MODES)
         check_choice("delta_schedule", self.delta_schedule, DELTA_SCHEDULES)
         check_choice("kt", self.kt, KT_KINDS)
+        check_choice("kt_augment", self.kt_augment, KT_AUGMENTS)
+        if self.kt_crop_pad < 0:
+            raise OptionError("kt_crop_pad", f"must be >= 0, got {self.kt_crop_pad}.")
         check_choice("upload", self.upload, UPLOADS)
         if self.adapt_steps < 0:
             raise OptionError("adapt_steps", f"must be >= 0, got {self.adapt_steps}.")
-        for key in ("kt_batch_size", "kt_dim"):
-            if getattr(self, key) < 1:
-                raise OptionError(key, f"must be >= 1, got {getattr(self, key)}.")
+        if self.kt_batch_size is not None and self.kt_batch_size < 1:
+            raise OptionError("kt_batch_size", f"must be >= 1 or null (one full batch), got {self.kt_batch_size}.")
+        if self.kt_dim < 1:
+            raise OptionError("kt_dim", f"must be >= 1, got {self.kt_dim}.")
         if self.kt_negatives is not None and self.kt_negatives < 1:
             raise OptionError("kt_negatives", f"must be >= 1 or null (min(16384, D_s/2)), got {self.kt_negatives}.")
         if not 0 <= self.kt_momentum < 1 or not 0 <= self.kt_head_momentum < 1:
@@ -118,6 +132,10 @@ class AugFL(Centralized):
                               "must be in [0, 1).")
 
     # ------------------------------------------------------------------------------------------ pieces
+    def partial(self, num_train: int) -> bool:
+        """Whether the server keeps stale terms s_i = y_i + ρ_i θ_i (a cohort smaller than the training clients)."""
+        return self.cohort_size is not None and self.cohort_size < num_train
+
     def uses_kt(self) -> bool:
         """False when λ is a Python 0 (G_t is then never computed); a traced λ (a grid) always computes it."""
         return self.only_kt or not (isinstance(self.lam, (int, float)) and self.lam == 0)
@@ -149,6 +167,11 @@ class AugFL(Centralized):
             raise ConfigError(f"augfl with lam={self.lam}{' and only_kt' if self.only_kt else ''} needs a server "
                               f"set and a pretrained model: data.partition: meta_pairs and server.pretrained "
                               f"(e.g. cnn_l), or algo.lam: 0.")
+        relabelled = ctx.data.server_classes != ctx.data.num_classes
+        if relabelled and self.uses_kt() and (self.kt == "kd" or self.kt_ce_weight > 0):
+            raise ConfigError(f"augfl kt={self.kt} with kt_ce_weight={self.kt_ce_weight} compares the meta-model's "
+                              f"{ctx.data.num_classes}-way head with the server's {ctx.data.server_classes} classes; "
+                              f"with relabelled clients use kt_ce_weight: 0 and kt crd, crd_inbatch or feat_l2.")
         if self.kt == "param_l2" and self.uses_kt():
             pm_shapes = jax.tree.map(jnp.shape, server.pm_params)
             if pm_shapes != jax.tree.map(jnp.shape, ctx.model.init(jax.random.PRNGKey(0))):
@@ -164,7 +187,11 @@ class AugFL(Centralized):
         n, k = ctx.num_clients, ctx.num_train_clients
         clients = {"y": tree.broadcast_clients(tree.zeros_like(params), n), "k": jnp.zeros((n,), jnp.int32),
                    "w": self.client_weights(ctx.data.train.count, k), "rho": self.penalties(k, n)}
-        return {"params": params, "kt": kt}, clients
+        server = {"params": params, "kt": kt}
+        if self.partial(k):  # s_i = ρ_i θ^0 until client i first reports (θ_i^{−1} = θ^0, y_i^{−1} = 0)
+            start = tree.broadcast_clients(params, k)
+            server["terms"] = admm.consensus_terms(start, tree.zeros_like(start), clients["rho"][:k])
+        return server, clients
 
     def client_update(self, inp: ClientInput) -> ClientResult:
         st, theta = inp.state, inp.down
@@ -182,18 +209,24 @@ class AugFL(Centralized):
     def knowledge_transfer(self, ctx, server):
         """(G_t, new KT state, metrics) at θ^t on the server's set (ctx.server)."""
         g, kt, metrics = kt_grad(self, ctx.model, server["params"], server["kt"], ctx.server,
-                                 ctx.stream(SERVER), ctx.data.num_classes)
+                                 ctx.stream(SERVER), ctx.data.server_classes)
         return g, kt, metrics
 
     def server_update(self, ctx, server, clients, cohort, result):
         g, kt = None, server["kt"]
         if self.uses_kt():
             g, kt, _ = self.knowledge_transfer(ctx, server)
-        up = result.upload
+        up = result.upload if result.valid is None else tree.take_clients(result.upload, cohort)
+        rho = clients["rho"][cohort]
         if self.upload == "fused":  # Σ_i (y_i + ρ_i θ_i) arrives summed per client: θ_i = 0, y_i = the fused vector
             up = {"theta": tree.zeros_like(up["fused"]), "y": up["fused"]}
-        theta = admm.admm_consensus(up["theta"], up["y"], clients["rho"][cohort], g, self.lam)
-        return {"params": theta, "kt": kt}
+        if "terms" not in server:
+            return {"params": admm.admm_consensus(up["theta"], up["y"], rho, g, self.lam), "kt": kt}
+        fresh = admm.consensus_terms(up["theta"], up["y"], rho)
+        terms = tree.put_clients(server["terms"], cohort, fresh)  # the others' stale s_i stay in the sum
+        k = ctx.num_train_clients
+        theta = admm.admm_consensus(tree.zeros_like(terms), terms, clients["rho"][:k], g, self.lam)
+        return {"params": theta, "kt": kt, "terms": terms}
 
     def round(self, ctx, server, clients):
         if not self.only_kt:
@@ -203,7 +236,7 @@ class AugFL(Centralized):
         g, kt, metrics = self.knowledge_transfer(ctx, server)
         theta = tree.axpy(-self.alpha, g, server["params"])
         metrics = {"train_loss": metrics["kt_loss"], "bytes_up": jnp.float32(0), "bytes_down": jnp.float32(0)}
-        return {"params": theta, "kt": kt}, clients, metrics
+        return {**server, "params": theta, "kt": kt}, clients, metrics
 
     # ------------------------------------------------------------------------------------------ evaluation
     def eval_shared(self, server):

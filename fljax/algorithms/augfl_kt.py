@@ -13,6 +13,11 @@ and v_t = f^c(c_j) (c_j the PM's penultimate feature, computed once)
 Z_s, Z_t are fixed at the first batch ever to D_s·mean(raw scores). The θ-gradients of L_KT at fixed θ^t are
 averaged over the batches (G_t); between batches ψ takes an SGD step (lr 0.002, momentum 0.9, weight decay 5e-4,
 optimiser state fresh every round) and the banks move: B[j] ← normalise(m·B[j] + (1 − m)·v(x_j)).
+``kt_augment='crop_flip'`` (spec D18's alternative, the authors' code): every batch of server images is randomly
+cropped (zero padding ``kt_crop_pad``) and mirrored (:mod:`fljax.data.augment`) before both models see it, so the
+PM's features and logits are computed on the augmented batch instead of once.
+``kt_batch_size=None`` (spec D12's alternative) makes the whole of 𝒟_s one batch: G_t = ∇_θ L_KT(θ^t; 𝒟_s) is one
+full-batch gradient at the heads (and banks) as they are, which then take their one step of the round.
 
 Alternatives (all keep the γ_CE·CE term except ``param_l2``): ``crd_inbatch`` (in-batch InfoNCE between v_s and
 v_t, no banks), ``kd`` (β·T²·KL(softmax(z_p/T) ‖ softmax(z_θ/T)), T = ``kd_temperature``), ``feat_l2``
@@ -27,12 +32,14 @@ import jax.numpy as jnp
 import optax
 
 from fljax import tree
+from fljax.data.augment import random_crop_flip
 from fljax.models.model import masked_cross_entropy
 from fljax.ops import distill
 
-__all__ = ["KT_KINDS", "kt_init", "kt_grad", "negatives_table"]
+__all__ = ["KT_KINDS", "KT_AUGMENTS", "kt_init", "kt_grad", "negatives_table"]
 
 KT_KINDS = ("crd", "crd_inbatch", "kd", "feat_l2", "param_l2")
+KT_AUGMENTS = ("none", "crop_flip")
 _HEADS = {"crd": True, "crd_inbatch": True, "feat_l2": True, "kd": False, "param_l2": False}
 
 
@@ -85,18 +92,27 @@ def num_negatives(algo, server_size: int) -> int:
     return algo.kt_negatives if algo.kt_negatives is not None else min(16384, server_size // 2)
 
 
-def _batch_loss(algo, model, theta, heads, state, server, idx, negs):
-    """L_KT of one batch of server indices ``idx`` [B] (``negs`` [B, N] for crd); returns (loss, (aux, new Z,
-    v_s, v_t))."""
+def _teacher(algo, server, idx, x):
+    """The PM's (features, logits) on the batch: precomputed, or recomputed on the augmented images."""
+    if algo.kt_augment == "none":
+        return server.pm_features[idx], server.pm_logits[idx]
+    return jax.lax.stop_gradient(server.pm_model.features_and_logits(server.pm_params, x))
+
+
+def _batch_loss(algo, model, theta, heads, state, server, idx, negs, aug_key=None):
+    """L_KT of one batch of server indices ``idx`` [B] (``negs`` [B, N] for crd; ``aug_key`` draws the crops and
+    flips of ``kt_augment``); returns (loss, (aux, new Z, v_s, v_t))."""
     x, y = server.x[idx], server.y[idx]
+    if algo.kt_augment == "crop_flip":
+        x = random_crop_flip(aug_key, x, algo.kt_crop_pad)
     feat, logits = model.features_and_logits(theta, x)
+    feat_t, logits_t = _teacher(algo, server, idx, x)
     ce = masked_cross_entropy(logits, y, jnp.ones(y.shape, bool))
     d = server.size
     z = state.get("z")
     if algo.kt == "kd":
-        kt = distill.kl_divergence(server.pm_logits[idx], logits, algo.kd_temperature, scale_t2=True)
+        kt = distill.kl_divergence(logits_t, logits, algo.kd_temperature, scale_t2=True)
         return algo.kt_ce_weight * ce + algo.kt_weight * kt, (ce, kt, z, None, None)
-    feat_t = server.pm_features[idx]
     if algo.kt == "feat_l2":
         mapped = nn.Dense(feat_t.shape[-1]).apply({"params": heads["a"]}, feat)
         kt = distill.feature_l2(mapped, feat_t, normalize=True)
@@ -123,7 +139,7 @@ def kt_grad(algo, model, theta, state: dict, server, key, num_classes: int):
         diff = tree.sub(theta, jax.lax.stop_gradient(server.pm_params))
         return tree.scale(2.0, diff), state, {"kt_loss": tree.sq_norm(diff)}
     d = server.size
-    b = min(algo.kt_batch_size, d)
+    b = d if algo.kt_batch_size is None else min(algo.kt_batch_size, d)
     nb = d // b
     k_perm, k_neg = jax.random.split(key)
     batches = jax.random.permutation(k_perm, d)[: nb * b].reshape(nb, b)
@@ -131,8 +147,8 @@ def kt_grad(algo, model, theta, state: dict, server, key, num_classes: int):
     table, n_other = negatives_table(server.y, num_classes)
     opt = _head_optimizer(algo)
     heads = state.get("heads", {})
-    grad_fn = jax.grad(lambda t, h, st, idx, negs: _batch_loss(algo, model, t, h, st, server, idx, negs),
-                       argnums=(0, 1), has_aux=True)
+    grad_fn = jax.grad(lambda t, h, st, idx, negs, k_aug: _batch_loss(algo, model, t, h, st, server, idx, negs,
+                                                                       k_aug), argnums=(0, 1), has_aux=True)
 
     def body(carry, inputs):
         heads, opt_state, st, g_acc = carry
@@ -142,7 +158,7 @@ def kt_grad(algo, model, theta, state: dict, server, key, num_classes: int):
             cls = server.y[idx]
             u = jax.random.uniform(k, (b, n_neg))
             negs = table[cls[:, None], jnp.floor(u * n_other[cls][:, None]).astype(jnp.int32)]
-        (g_theta, g_heads), (ce, kt, z, v_s, v_t) = grad_fn(theta, heads, st, idx, negs)
+        (g_theta, g_heads), (ce, kt, z, v_s, v_t) = grad_fn(theta, heads, st, idx, negs, jax.random.fold_in(k, 1))
         if algo.kt == "crd":
             m = algo.kt_momentum
             move = lambda bank, v: bank.at[idx].set(_normalize(m * bank[idx] + (1 - m) * v))  # noqa: E731

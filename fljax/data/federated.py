@@ -113,7 +113,8 @@ class ServerData:
     logits ``pm_logits [D_s, C]`` on ``x``, computed once. ``pm_model`` (static) is the PM's
     :class:`~fljax.models.Model`; ``pm_info`` (static) records how it was made and its accuracy on the server set,
     ``pm_scores`` its accuracy on the clients' test splits (``client_test_acc``; ``target_acc``: the target
-    clients' query sets), for information only."""
+    clients' query sets), for information only. ``num_classes`` (static): the classes of ``y`` when the clients
+    use another label space (None: the data set's; see :attr:`FederatedData.server_classes`)."""
 
     x: jax.Array
     y: jax.Array
@@ -123,6 +124,7 @@ class ServerData:
     pm_scores: Any = None
     pm_model: Any = flax.struct.field(pytree_node=False, default=None)
     pm_info: tuple = flax.struct.field(pytree_node=False, default=())
+    num_classes: int | None = flax.struct.field(pytree_node=False, default=None)
 
     @property
     def size(self) -> int:
@@ -135,7 +137,8 @@ class ServerData:
     def describe_pm(self) -> str:
         info = dict(self.pm_info)
         scores = {k: float(np.mean(np.asarray(v))) for k, v in (self.pm_scores or {}).items()}
-        parts = [f"server-set accuracy {info.get('server_acc', float('nan')):.4f}"]
+        where = f"{info['data']} (pretraining set)" if "data" in info else "server-set"
+        parts = [f"{where} accuracy {info.get('server_acc', float('nan')):.4f}"]
         parts += [f"{k.replace('_', ' ')} {v:.4f}" for k, v in scores.items()]
         return f" Pretrained {info.get('model', '?')} ({info.get('epochs')} epochs): {', '.join(parts)}."
 
@@ -160,6 +163,14 @@ class FederatedData:
     @property
     def num_clients(self) -> int:
         return self.train.num_clients
+
+    @property
+    def server_classes(self) -> int:
+        """The classes of the server's labels (its pretrained model's head): the clients' unless the split relabels
+        the clients (e.g. ``meta_pairs`` with ``labels: pair``)."""
+        if self.server is not None and self.server.num_classes is not None:
+            return self.server.num_classes
+        return self.num_classes
 
     @property
     def num_train_clients(self) -> int:

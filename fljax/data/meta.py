@@ -18,7 +18,9 @@ source's own seeded train/test shuffle changes nothing):
 6. **Preprocessing**: identical for clients and server, no augmentation; ``standardize`` subtracts the scalar mean
    of 𝒟_s and divides by its scalar standard deviation.
 
-Labels stay global (C-way), as in the authors' code.
+Labels stay global (C-way), as in the authors' code. ``labels='pair'`` (spec D16's alternative) relabels every
+client 2-way, y ↦ 0 for the first class of its pair and 1 for the second (so the meta-model gets a 2-way head,
+``num_classes`` = 2); the server's set keeps its global labels (``ServerData.num_classes`` = C).
 """
 from __future__ import annotations
 
@@ -117,7 +119,8 @@ def meta_pairs(source: Pooled, num_clients: int, seed: int, options: MetaPairsOp
         sup, qry = np.concatenate(sup), np.concatenate(qry)
         supports.append(len(sup))
         rows = np.concatenate([sup, qry])
-        train_x.append(x[rows]), train_y.append(y[rows]), query_x.append(x[qry]), query_y.append(y[qry])
+        relabel = (lambda r: (y[r] == pairs[i][1]).astype(np.int32)) if o.labels == "pair" else (lambda r: y[r])
+        train_x.append(x[rows]), train_y.append(relabel(rows)), query_x.append(x[qry]), query_y.append(relabel(qry))
     order = rng.permutation(num_clients)  # shuffle the ids; the last n_target are target clients
     if o.standardize:
         mean, std = float(x[server_idx].mean()), float(x[server_idx].std())
@@ -130,8 +133,10 @@ def meta_pairs(source: Pooled, num_clients: int, seed: int, options: MetaPairsOp
     train = train.replace(support=jnp.asarray(supports), support_max=int(supports.max()),
                           query_max=int(queries.max()))
     test = pad_clients([scale(query_x[i]) for i in order], [query_y[i] for i in order])
-    server = ServerData(x=jnp.asarray(scale(x[server_idx])), y=jnp.asarray(y[server_idx]))
+    server = ServerData(x=jnp.asarray(scale(x[server_idx])), y=jnp.asarray(y[server_idx]), num_classes=c_num)
     desc = (f"meta_pairs: two classes per client ({o.pairs} pairs), D_i from M={o.samples_min}, support/query "
-            f"{o.support_fraction:g}/{1 - o.support_fraction:g} per class")
-    return FederatedData(train=train, test=test, num_classes=c_num, input_shape=tuple(x.shape[1:]),
+            f"{o.support_fraction:g}/{1 - o.support_fraction:g} per class"
+            + (", labels 2-way per client" if o.labels == "pair" else ""))
+    return FederatedData(train=train, test=test, num_classes=2 if o.labels == "pair" else c_num,
+                         input_shape=tuple(x.shape[1:]),
                          name=source.name, description=desc, server=server, num_target=n_target)

@@ -363,6 +363,9 @@ class MetaPairsOptions(PartitionOptions):
     support_fraction: float = option(0.5, "share of each class of a client in its support set (floor)",
                                      between(0, 1, open_=True))
     standardize: bool = option(True, "standardise every image with the scalar mean and std of the server set")
+    labels: Literal["global", "pair"] = option("global", "client labels: the global C-way classes (the authors' "
+                                                         "code), or per client 2-way (its pair's first class 0, "
+                                                         "the second 1; the server keeps global labels)")
 
 
 def _meta_pairs(source, num_clients: int, seed: int, options):

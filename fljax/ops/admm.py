@@ -35,8 +35,8 @@ HIGHEST = jax.lax.Precision.HIGHEST
 
 __all__ = [
     "dual_ascent", "augmented_lagrangian_grad", "linearized_primal", "z_form", "gd_branch", "consensus_from_z",
-    "augmented_lagrangian", "linearised_prox", "admm_consensus", "CholeskySolver", "WoodburySolver", "InverseSolver",
-    "WoodburyInverseSolver", "CGSolver", "cholesky_solver", "woodbury_solver", "inverse_solver",
+    "augmented_lagrangian", "linearised_prox", "consensus_terms", "admm_consensus", "CholeskySolver", "WoodburySolver",
+    "InverseSolver", "WoodburyInverseSolver", "CGSolver", "cholesky_solver", "woodbury_solver", "inverse_solver",
     "woodbury_inverse_solver", "cg_solver",
 ]
 
@@ -159,16 +159,19 @@ def linearised_prox(theta: PyTree, y: PyTree, g: PyTree, w, rho) -> PyTree:
     return jax.tree.map(lambda t, a, b: (t - (a + w * b) / rho).astype(t.dtype), theta, y, g)
 
 
+def consensus_terms(theta_i: PyTree, y_i: PyTree, rho_i) -> PyTree:
+    """s_i = y_i + ρ_i θ_i per client (leading axis): client i's term of the sum in AugFL Eq. (13)."""
+    n = jax.tree.leaves(theta_i)[0].shape[0]
+    rho = jnp.broadcast_to(jnp.asarray(rho_i), (n,))
+    return jax.tree.map(lambda t, y: y + _bcast(rho, t) * t, theta_i, y_i)
+
+
 def admm_consensus(theta_i: PyTree, y_i: PyTree, rho_i, extra_grad: PyTree | None = None, lam=0.0) -> PyTree:
     """θ⁺ = [Σ_i (y_i + ρ_i θ_i) − λ·G] / Σ_i ρ_i over the leading client axis (AugFL Eq. (13)); ``rho_i`` is a
     scalar or [C]; ``extra_grad`` G ≈ ∇R_h(θ) (no client axis), omitted when λ = 0."""
     n = jax.tree.leaves(theta_i)[0].shape[0]
     rho = jnp.broadcast_to(jnp.asarray(rho_i), (n,))
-
-    def server(t, y):
-        return jnp.sum(y + _bcast(rho, t) * t, axis=0)
-
-    num = jax.tree.map(server, theta_i, y_i)
+    num = jax.tree.map(lambda s: jnp.sum(s, axis=0), consensus_terms(theta_i, y_i, rho))
     if extra_grad is not None:
         num = jax.tree.map(lambda a, gg: a - lam * gg, num, extra_grad)
     return jax.tree.map(lambda a, t: (a / jnp.sum(rho)).astype(t.dtype), num, theta_i)

@@ -10,7 +10,8 @@ A study file (``fljax/reproduce/<name>.yaml``) holds
 * ``rules``: overrides applied to the cells whose axis values match ``when`` (e.g. DFedAlt's head epochs on the
   pathological splits);
 * ``studies``: each a product of axis values (``cells: {split: all, method: [FedAvg, DFedAlt]}``), optional extra
-  overrides (``set``), a ``grid`` of dotted keys (an axis each) and its own ``seeds``; a value ``$rounds`` anywhere
+  overrides (``set``), a ``grid`` of dotted keys (an axis each) and its own ``seeds`` (a count, or a list such as a
+  tuning seed ``[99]`` that ``--seeds`` leaves alone); a value ``$rounds`` anywhere
   in a cell's config is replaced by the cell's number of rounds;
 * ``tables`` and ``plots``: rendered by :mod:`fljax.runner.tables`, with the paper's numbers beside ours;
 * ``claims``: ``module:function`` computing the paper's claims (verdicts) from the results;
@@ -107,8 +108,15 @@ class Study:
         grid = spec.get("grid") or {}
         names += list(grid)
         choices += [list(v) for v in grid.values()]
-        n_seeds = seeds or spec.get("seeds") or self.spec.get("seeds", 1)
-        n_seeds = max(n_seeds, spec.get("min_seeds", 0))
+        fixed = spec.get("seeds")
+        if isinstance(fixed, list):  # the study's own seeds (e.g. a tuning seed), whatever --seeds says
+            if not fixed or not all(isinstance(v, int) and v >= 0 for v in fixed):
+                raise ConfigError(f"study {self.name}/{study}: seeds must be a count or a list of seeds >= 0, "
+                                  f"got {fixed}.")
+            seed_list = list(fixed)
+        else:
+            n_seeds = max(seeds or fixed or self.spec.get("seeds", 1), spec.get("min_seeds", 0))
+            seed_list = list(range(n_seeds))
         cells = []
         for values in itertools.product(*choices):
             labels = dict(zip(names, values))
@@ -129,7 +137,7 @@ class Study:
             elif "rounds_factor" in spec:
                 config["rounds"] = config.get("rounds", 100) * spec["rounds_factor"]
             config = _substitute(config, {"$rounds": config.get("rounds", 100)})
-            cells.append(Cell(study, labels, config, list(range(n_seeds)), tags))
+            cells.append(Cell(study, labels, config, seed_list, tags))
         return cells
 
 
@@ -357,11 +365,13 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
     for key, name in names.items():  # a run directory made with other settings would be resumed wrongly
         saved = RunDir(os.path.join(root, name)).file("config.yaml")
         if os.path.exists(saved):
-            old = yaml_io.load(open(saved, "rb"))
-            if old != to_dict(configs[key]):
+            old = yaml_io.load(open(saved, "rb"))  # read through today's config (options added since take defaults)
+            if to_dict(from_dict(ExperimentConfig, old)) != to_dict(configs[key]):
                 raise ConfigError(f"{os.path.dirname(saved)} was run with other settings than the study now asks "
                                   f"for; rerun with --fresh (or another --out).")
-    todo = [key for key in names if not _completed(os.path.join(root, names[key]), configs[key])]
+    recorded = {} if fresh else _recorded_runs(out, configs)
+    todo = [key for key in names
+            if key not in recorded and not _completed(os.path.join(root, names[key]), configs[key])]
     output.note(f"{study.title}: {len(cells)} cells, {len(names)} runs ({len(names) - len(todo)} already done), "
                 f"{jobs} job(s); results in {out}")
     t0 = time.perf_counter()
@@ -377,6 +387,8 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
         d = RunDir(os.path.join(root, name))
         if d.holds_summary():
             runs[key] = {"history": d.read_metrics(), "summary": d.read_summary()}
+        elif key in recorded:
+            runs[key] = recorded[key]
     previous = _read_meta(out)
     meta = {"study": study.name, "title": study.title, "only": only or study.studies, "seeds": seeds,
             "rounds": rounds, "runs": len(names), "computed": len(todo), "jobs": jobs, "lanes": lanes,
@@ -389,11 +401,22 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
 
 def _completed(path: str, cfg: ExperimentConfig) -> bool:
     d = RunDir(path)
-    if not d.holds_summary():
-        return False
-    summary = d.read_summary()
+    return d.holds_summary() and _finished(d.read_summary(), cfg)
+
+
+def _finished(summary: dict, cfg: ExperimentConfig) -> bool:
     return summary.get("status") in ("completed", "stopped") and (summary.get("status") == "stopped" or
                                                                   summary.get("rounds") == cfg.rounds)
+
+
+def _recorded_runs(out: str, configs: dict[str, ExperimentConfig]) -> dict[str, dict]:
+    """The finished runs that ``out/results.json.gz`` records (history and summary) for these run keys: a committed
+    report keeps its runs when its run directories (not committed) are gone, so adding cells reruns nothing."""
+    path = os.path.join(out, "results.json.gz")
+    if not os.path.exists(path):
+        return {}
+    saved = files.read_json(path).get("runs", {})
+    return {key: run for key, run in saved.items() if key in configs and _finished(run["summary"], configs[key])}
 
 
 def _run_parallel(root: str, work: list, jobs: int, lanes: str) -> None:
