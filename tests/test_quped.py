@@ -92,8 +92,8 @@ def test_T6_one_teacher_vjp_equals_the_two_gradients(data, mlp):
     w, xa, xb = (mlp.init(kk) for kk in k)
     batch = Batch(x=data.train.x[0, :8], y=data.train.y[0, :8], mask=jnp.ones(8, bool))
     zw, vjp_w = jax.vjp(lambda v: mlp.apply(v, batch.x), w)
+    got, _ = algo.global_step(mlp, mlp, w, None, (zw, vjp_w), [xa, xb], batch, 0.1, 0.25)
     students = [mlp.apply(xa, batch.x), mlp.apply(xb, batch.x)]
-    got = algo.global_step(mlp, w, zw, vjp_w, students, batch, 0.1, 0.25)
     grads = [jax.grad(lambda v, s=s: kl_divergence(mlp.apply(v, batch.x), s, mask=batch.mask))(w) for s in students]
     g = tree.add(tree.scale(0.25, tree.add(*grads)), tree.scale(algo.weight_decay, w))
     assert_trees_close(got, tree.axpy(-0.1, g, w), rtol=1e-5, atol=1e-7)
@@ -140,7 +140,7 @@ def test_quantized_model_is_deployed_and_sized(data, mlp):
 
 
 @pytest.mark.parametrize("kw,key", [(dict(bits=0), "bits"), (dict(lam_p=1.5), "lam_p"),
-                                    (dict(finetune_epochs=4), "finetune_epochs"), (dict(momentum=0.9), "optimizer"),
+                                    (dict(finetune_epochs=4), "finetune_epochs"), (dict(clip_norm=1.0), "optimizer"),
                                     (dict(center_prox_sign="up"), "center_prox_sign"),
                                     (dict(assign_rule="sign", bits=2), "assign_rule"), (dict(kappa=-1.0), "kappa"),
                                     (dict(local_epochs=1), "local_steps")])
