@@ -183,3 +183,84 @@ def test_fml_joint_step_is_each_models_own_gradient(data, mlp):
     wide = make_model("mlp", data.input_shape, data.num_classes, hidden=[24, 12])
     _, state, metrics = _run(algo, data, mlp, 1, [ClientGroup("a", 2, mlp), ClientGroup("b", 3, wide, hp={"a": 0.15})])
     assert np.isfinite(metrics["train_loss"]).all() and state.clients[1]["x"]["Dense_0"]["kernel"].shape[-1] == 24
+
+
+def _one_client(algo, data, mlp):
+    kx, kw = jax.random.split(jax.random.PRNGKey(4))
+    state = algo.client_init(mlp, data.train.n_max, mlp.init(kx))
+    batch = Batch(x=data.train.x[0, :8], y=data.train.y[0, :8], mask=jnp.ones(8, bool))
+    return state, mlp.apply(mlp.init(kw), batch.x), batch
+
+
+@pytest.mark.parametrize("sharpness", [4.0, 1e6])
+def test_D2_finite_sharpness_trains_through_the_soft_quantizer(data, mlp, sharpness):
+    """D2's option: lines 10-13 with Qs_c in the Q-terms, i.e. g = ∇f(x) + ∇_x f(Qs_c(x)) on quantized leaves and
+    h = ∇_c f(Qs_c(x_new)); a very sharp P gives the P → ∞ step (hard quantizer, zero x-gradient)."""
+    algo = make_algorithm("quped", **KW, soft_sharpness=sharpness)
+    state, zw, batch = _one_client(algo, data, mlp)
+    eta1, lam, lp = 0.1, 3.0, 0.25
+    new, _, _ = algo.prox_step(mlp, state, ((zw, batch), (zw, batch)), eta1, lam, lp)
+    spec, x, c = algo.spec(mlp), state["x"], state["c"]
+    soft = lambda v, cc: tree.map_with_path(  # noqa: E731
+        lambda p, a: quant.soft_quantize(a, cc[p], sharpness) if p in spec.paths else a, v)
+    loss = lambda v: algo.personal_loss(mlp, v, zw, batch, lp)  # noqa: E731
+    gq = jax.grad(lambda v: loss(soft(v, c)))(x)
+    g = tree.map_with_path(lambda p, a, b: a + b if p in spec.paths else a, jax.grad(loss)(x), gq)
+    y = tree.axpy(-eta1, tree.axpy(algo.weight_decay, x, g), x)
+    x1 = tree.map_with_path(lambda p, v: quant.prox_x(v, c[p], lam * eta1 / 2) if p in spec.paths else v, y)
+    assert_trees_close(new["x"], x1, rtol=1e-5, atol=1e-7)
+    h = jax.grad(lambda cc: loss(soft(x1, cc)))(c)
+    for p in spec.paths:
+        expect = quant.center_update(c[p], h[p], tree_leaf(x1, p).ravel(), algo.center_lr(mlp), lam)
+        np.testing.assert_allclose(new["c"][p], expect, rtol=1e-5, atol=1e-7)
+    hard, _, _ = make_algorithm("quped", **KW).prox_step(mlp, state, ((zw, batch), (zw, batch)), eta1, lam, lp)
+    assert np.allclose(tree_leaf(new["x"], spec.paths[0]), tree_leaf(hard["x"], spec.paths[0]),
+                       atol=1e-7) == (sharpness > 1e3)
+
+
+def test_D14_fresh_minibatches_are_drawn_per_sub_step():
+    """'shared' hands line 10's clock batch to lines 12 and 14; 'fresh' draws two new batches of distinct valid
+    rows of the client (masked past a small client's count), new at every iteration."""
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(n, 3)).astype(np.float32) for n in (9, 5)]
+    arr = D.pad_clients(xs, [np.arange(n, dtype=np.int32) for n in (9, 5)])
+    small = jax.tree.map(lambda a: a[1], arr)
+    clock = Batch(x=small.x[:4], y=small.y[:4], mask=jnp.ones(4, bool))
+    shared = make_algorithm("quped", **{**KW, "batch_size": 7}).sub_batches(small, clock, jax.random.PRNGKey(0), 3)
+    assert all(b is clock for b in shared)
+    fresh = make_algorithm("quped", **{**KW, "batch_size": 7}, minibatches="fresh")
+    b10, b12, b14 = fresh.sub_batches(small, clock, jax.random.PRNGKey(0), 3)
+    assert b10 is clock
+    for b in (b12, b14):
+        np.testing.assert_array_equal(b.mask, np.arange(7) < 5)
+        assert sorted(np.asarray(b.y)[:5].tolist()) == list(range(5))  # every valid row once, in a random order
+    orders = [np.asarray(fresh.sub_batches(small, clock, jax.random.PRNGKey(0), t)[1].y[:5]) for t in range(4)]
+    assert len({tuple(o) for o in orders}) > 1
+
+
+def test_D16_momentum_is_heavy_ball_sgd_with_coupled_weight_decay():
+    """v₁ = g₁ + wd·p₀, p₁ = p₀ − ηv₁; v₂ = μv₁ + g₂ + wd·p₁, p₂ = p₁ − ηv₂ (PyTorch SGD); μ = 0 is plain SGD."""
+    algo = make_algorithm("quped", **KW, momentum=0.9, weight_decay=0.01)
+    p0, g1, g2 = jnp.array([1.0, -2.0]), jnp.array([0.5, 0.1]), jnp.array([-0.3, 0.2])
+    p1, v1 = algo.sgd(p0, g1, jnp.zeros(2), 0.1)
+    p2, v2 = algo.sgd(p1, g2, v1, 0.1)
+    e1 = g1 + 0.01 * p0
+    e2 = 0.9 * e1 + g2 + 0.01 * (p0 - 0.1 * e1)
+    np.testing.assert_allclose(p2, p0 - 0.1 * e1 - 0.1 * e2, rtol=1e-6)
+    np.testing.assert_allclose(v2, e2, rtol=1e-6)
+    plain = make_algorithm("quped", **KW, weight_decay=0.01)
+    p, buf = plain.sgd(p0, g1, None, 0.1)
+    np.testing.assert_allclose(p, p0 - 0.1 * e1, rtol=1e-6)
+    assert buf is None
+
+
+@pytest.mark.slow
+def test_D14_D16_options_run(data, mlp):
+    """One round with fresh minibatches and one with momentum: finite, different from the default, and momentum's
+    buffer lives in the client state."""
+    base = _run(make_algorithm("quped", **KW), data, mlp, 1)[1]
+    for kw in (dict(minibatches="fresh"), dict(momentum=0.9)):
+        _, state, metrics = _run(make_algorithm("quped", **KW, **kw), data, mlp, 1)
+        assert np.isfinite(metrics["train_loss"]).all()
+        assert float(tree.sq_norm(tree.sub(state.clients["x"], base.clients["x"]))) > 0
+        assert ("mom" in state.clients) == ("momentum" in kw)
