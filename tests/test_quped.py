@@ -1,6 +1,8 @@
 """QuPeD (Algorithm 2) and quantized Local Training (Algorithm 1): the spec's tests T4-T7 against their definitions
 (T1-T3 and T8 test the operators: test_ops_quant.py, test_ops_schedule.py)."""
 import functools
+import itertools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -264,3 +266,59 @@ def test_D14_D16_options_run(data, mlp):
         assert np.isfinite(metrics["train_loss"]).all()
         assert float(tree.sq_norm(tree.sub(state.clients["x"], base.clients["x"]))) > 0
         assert ("mom" in state.clients) == ("momentum" in kw)
+
+
+def _leaf_files(root, writers: int, per_writer: int = 12):
+    """A LEAF-format FEMNIST directory: two JSON files, writer k's labels cycling over 0..(letters included)."""
+    import json
+
+    rng = np.random.default_rng(0)
+    users = [f"f{k:04d}" for k in range(writers)]
+    for part, chunk in enumerate((users[: writers // 2], users[writers // 2:])):
+        blob = {"users": chunk, "num_samples": [per_writer] * len(chunk),
+                "user_data": {u: {"x": rng.uniform(size=(per_writer, 784)).round(3).tolist(),
+                                  "y": [(k + j) % 14 for j in range(per_writer)]}
+                              for k, u in enumerate(chunk)}}
+        with open(os.path.join(root, f"all_data_{part}.json"), "w") as f:
+            json.dump(blob, f)
+
+
+def test_femnist_clients_are_groups_of_writers(tmp_path):
+    """femnist (D23): digit samples only, 3 whole writers per client, seed-shuffled, every writer used once;
+    femnist62 keeps the letters; one-line errors without files or with too few writers."""
+    from fljax.data.leaf import femnist
+    from fljax.data.sources import DataError
+
+    _leaf_files(str(tmp_path), 12)
+    nat = femnist(str(tmp_path), 4, seed=1)
+    assert len(nat.xs) == 4 and nat.num_classes == 10
+    assert all(x.shape[1:] == (28, 28, 1) and len(x) == len(y) for x, y in zip(nat.xs, nat.ys))
+    assert max(int(y.max()) for y in nat.ys) <= 9
+    digits_per_writer = [sum((k + j) % 14 < 10 for j in range(12)) for k in range(6)] * 2  # k restarts per file
+    assert sum(len(y) for y in nat.ys) == sum(digits_per_writer)  # every writer once
+    assert all(len(y) in {sum(c) for c in itertools.combinations(digits_per_writer, 3)} for y in nat.ys)
+    all62 = femnist(str(tmp_path), 4, seed=1, num_classes=62)
+    assert sum(len(y) for y in all62.ys) == 144 and max(int(y.max()) for y in all62.ys) == 13
+    with pytest.raises(DataError, match="need 15 writers"):
+        femnist(str(tmp_path), 5, seed=1)
+    with pytest.raises(DataError, match="set data.data_dir"):
+        femnist(None, 4, seed=1)
+    fed = D.make_federated("femnist", 4, "natural", seed=1, data_dir=str(tmp_path), test_fraction=0.1)
+    assert fed.num_classes == 10 and fed.input_shape == (28, 28, 1)
+
+
+def test_full_scale_femnist_config_validates_without_running():
+    """configs/quped_femnist.yaml (Table 2's FEMNIST setting) parses and validates; its CNN1 on 28x28x1 inputs has
+    the §7 size (61,706 parameters; 2-bit 2.602 bits/param)."""
+    from fljax.config import load_config
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cfg = load_config(os.path.join(root, "configs", "quped_femnist.yaml"))
+    assert (cfg.algorithm, cfg.data.dataset, cfg.data.num_clients, cfg.data.partition) == ("quped", "femnist", 66,
+                                                                                            "natural")
+    algo = make_algorithm(cfg.algorithm, **cfg.algo)
+    algo.validate(cfg.data.num_clients)
+    assert (algo.epochs, algo.finetune_epochs, algo.kappa, algo.lr_center) == (30, 5, 5e-6, 1e-4)
+    model = make_model(cfg.model.name, (28, 28, 1), 10, **cfg.model.options)
+    assert tree.size(jax.eval_shape(model.init, jax.random.PRNGKey(0))) == 61_706
+    np.testing.assert_allclose(algo.size(model)[1], 2.602, atol=5e-4)
