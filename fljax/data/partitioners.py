@@ -227,15 +227,16 @@ def class_slots(labels: np.ndarray, num_clients: int, classes_per_client: int, s
 
 
 def _cut_slots(labels: np.ndarray, table: np.ndarray, per_slot: int | None, rng: np.random.Generator,
-               key: str) -> list[np.ndarray]:
-    """Client i gets one slice of ``per_slot`` shuffled samples of each class in row i of ``table``."""
+               key: str, pool: str = "samples") -> list[np.ndarray]:
+    """Client i gets one slice of ``per_slot`` shuffled samples of each class in row i of ``table`` (entries < 0
+    are padding); each class's shuffled pool is cut into one slice per holder (None: an equal share)."""
     parts: list[list[np.ndarray]] = [[] for _ in range(table.shape[0])]
-    for k in np.unique(table):
+    for k in np.unique(table[table >= 0]):
         holders = np.flatnonzero((table == k).any(axis=1))
         idx = rng.permutation(np.flatnonzero(labels == k))
         size = len(idx) // len(holders) if per_slot is None else per_slot
         if size < 1 or size * len(holders) > len(idx):
-            raise PartitionError(f"class_slots: class {k} has {len(idx)} samples for {len(holders)} slots of "
+            raise PartitionError(f"class_slots: class {k} has {len(idx)} {pool} for {len(holders)} slots of "
                                  f"{size}; lower {key} or num_clients.")
         for slot, i in enumerate(holders):
             parts[i].append(idx[slot * size:(slot + 1) * size])
@@ -244,26 +245,14 @@ def _cut_slots(labels: np.ndarray, table: np.ndarray, per_slot: int | None, rng:
 
 def class_slots_test(train_labels: list[np.ndarray], test_labels: np.ndarray, seed: int,
                      per_slot: int | None = None) -> list[np.ndarray]:
-    """The test slices of :func:`class_slots`: client i's classes are those of its train split; each class's
-    shuffled test pool is cut into one slice of ``per_slot`` (None: an equal share) per holder."""
-    classes = sorted({int(k) for y in train_labels for k in np.unique(y)})
+    """The test slices of :func:`class_slots`: client i's classes are those of its train split."""
     c = max(len(np.unique(y)) for y in train_labels)
     table = np.full((len(train_labels), c), -1)
     for i, y in enumerate(train_labels):
         held = np.unique(y)
         table[i, :len(held)] = held
-    rng = np.random.default_rng(seed + 7919)
-    parts: list[list[np.ndarray]] = [[] for _ in train_labels]
-    for k in classes:
-        holders = np.flatnonzero((table == k).any(axis=1))
-        idx = rng.permutation(np.flatnonzero(test_labels == k))
-        size = len(idx) // len(holders) if per_slot is None else per_slot
-        if size < 1 or size * len(holders) > len(idx):
-            raise PartitionError(f"class_slots: class {k} has {len(idx)} test samples for {len(holders)} slots of "
-                                 f"{size}; lower test_per_slot or num_clients.")
-        for slot, i in enumerate(holders):
-            parts[i].append(idx[slot * size:(slot + 1) * size])
-    return [np.sort(np.concatenate(p)) for p in parts]
+    return _cut_slots(test_labels, table, per_slot, np.random.default_rng(seed + 7919), "test_per_slot",
+                      "test samples")
 
 
 def _alpha():
