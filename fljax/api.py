@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fljax.algorithms import make_algorithm
+from fljax.algorithms.registry import check_model_support
 from fljax.config import ExperimentConfig, ModelConfig, from_dict, group_configs, hyperparameters, to_dict
 from fljax.data import FederatedData, load_federated
 from fljax.engine import Simulation, default_model
@@ -72,6 +73,7 @@ def build(cfg: ExperimentConfig, data: FederatedData | None = None, module=None)
     algo = make_algorithm(cfg.algorithm, **cfg.algo)
     groups = [ClientGroup(g.name, g.size, _model(parse(ModelConfig, g.model), data) if g.model else None,
                           hyperparameters(cfg.algorithm, g.algo)) for g in group_configs(cfg)] or None
+    check_model_support(cfg.algorithm, model, groups=groups is not None)
     return Simulation(algo, data, model, executor=cfg.executor, chunk_size=cfg.chunk_size, seed=cfg.seed,
                       conv_impl=cfg.model.conv_impl, groups=groups)
 

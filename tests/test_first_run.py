@@ -69,4 +69,14 @@ def test_list_one_algorithm_shows_its_hyperparameters(capsys):
     assert lines[0].startswith("fedprox: FedProx")
     fields = [f.name for f in dataclasses.fields(ALGORITHMS["fedprox"])]
     assert [line.split()[0] for line in lines[2:]] == fields  # one line each, in order
-    assert "  lr (float, default 0.1): ``lr`` at round t is ``lr · lr_decay^t``." in lines
+    assert "  lr (float, default 0.1): The client learning rate at round t is ``lr`` · ``lr_decay``^t." in lines
+    assert "  mu (float, default 0.01): μ of the proximal term (μ/2)‖w − w_t‖² in every local objective (0: FedAvg)" \
+        in lines
+
+
+def test_every_hyperparameter_of_every_algorithm_has_a_one_line_doc():
+    from fljax.algorithms.registry import hyperparameter_docs
+
+    missing = [f"{name}.{key}" for name, cls in sorted(ALGORITHMS.items())
+               for key, (_, _, doc) in hyperparameter_docs(cls).items() if doc == "(not documented)" or "\n" in doc]
+    assert not missing, "give these fields a doc: option(default, 'one line') or a ``name`` sentence in the docstring"

@@ -45,11 +45,29 @@ class _Dropout(nn.Module):
         return nn.Dense(3)(nn.Dropout(0.5, deterministic=False)(x))
 
 
-def test_own_model_accepts_a_plain_module_and_refuses_what_the_engine_cannot_carry():
+class _FixedBatchNorm(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(3)(nn.BatchNorm(use_running_average=False)(x))
+
+
+class _Counter(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        self.variable("counts", "n", lambda: 0)
+        return nn.Dense(3)(x)
+
+
+def test_own_model_accepts_a_plain_module_and_refuses_what_it_cannot_run():
     model = own_model(nn.Dense(3), (4,), 3)
     assert model.name == "Dense" and model.num_params() == 15
-    with pytest.raises(OptionError, match="_Dropout needs random numbers when applied"):
+    with pytest.raises(OptionError, match="_Dropout has Dropout: its __call__ must take train: bool"):
         own_model(_Dropout(), (4,), 3)
+    with pytest.raises(OptionError, match="_FixedBatchNorm has BatchNorm: its __call__ must take train: bool"):
+        own_model(_FixedBatchNorm(), (4,), 3)
+    with pytest.raises(OptionError, match="_Counter keeps variables \\['counts'\\] besides its params: only "
+                                          "BatchNorm's 'batch_stats' is supported"):
+        own_model(_Counter(), (4,), 3)
     with pytest.raises(OptionError, match="must return logits of shape \\[batch, 3\\], got \\(2, 5\\)"):
         own_model(nn.Dense(5), (4,), 3)
     with pytest.raises(OptionError, match="must be a flax.linen Module, got str"):

@@ -21,6 +21,7 @@ from fljax.algorithms.base import ClientInput, ClientResult
 from fljax.algorithms.fedavg import FedAvg
 from fljax.algorithms.local_training import run_steps
 from fljax.errors import OptionError
+from fljax.options import option
 
 __all__ = ["APFL"]
 
@@ -28,10 +29,13 @@ __all__ = ["APFL"]
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class APFL(FedAvg):
     name = "apfl"
+    trains_model_state = False  # two models per client: one set of BatchNorm statistics cannot serve both
     summary = "APFL: personal model v_i mixed with the global w as a v + (1 - a) w (Deng et al. 2020)"
-    alpha: float = 0.5
-    adaptive_alpha: bool = False
-    alpha_lr: float = 0.1
+    alpha: float = option(0.5, "initial mixing weight α_i of the personal model v_i in α v_i + (1 − α) w (0.5, D21)")
+    adaptive_alpha: bool = option(False,
+                                  "learn α_i by gradient steps on the mixture (APFL's adaptive option) instead of "
+                                  "keeping it fixed")
+    alpha_lr: float = option(0.1, "step size η_α of the adaptive α_i update (with adaptive_alpha)")
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)

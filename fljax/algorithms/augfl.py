@@ -41,6 +41,7 @@ from fljax.algorithms.base import Centralized, ClientInput, ClientResult, check_
 from fljax.engine.context import SERVER
 from fljax.errors import ConfigError, OptionError
 from fljax.ops import admm, meta
+from fljax.options import option
 
 __all__ = ["AugFL", "DELTA_SCHEDULES"]
 
@@ -55,27 +56,30 @@ class AugFL(Centralized):
                "pretrained model (Yue et al.)")
     generic = False  # needs a split with support/query sets (data.partition: meta_pairs)
     cohort_size: int | None = None
-    alpha: float = 0.03
-    rho: float | None = None
-    rho_per_client: tuple[float, ...] | None = None
-    lam: float = 5.0
-    hvp_mode: str = "fd"
-    delta_schedule: str = "paper"
-    adapt_steps: int = 1
-    upload: str = "pair"
-    only_kt: bool = False
-    kt: str = "crd"
-    kt_ce_weight: float = 1.0
-    kt_weight: float = 0.8
-    kt_batch_size: int = 128
-    kt_dim: int = 128
-    kt_tau: float = 0.07
-    kt_negatives: int | None = None
-    kt_momentum: float = 0.5
-    kt_head_lr: float = 0.002
-    kt_head_momentum: float = 0.9
-    kt_head_wd: float = 5e-4
-    kd_temperature: float = 4.0
+    alpha: float = option(0.03,
+                          "α of the one support step φ = θ − α∇L_i(θ, 𝒟_i^s) (and of the evaluation's adaptation)")
+    rho: float | None = option(None, "ADMM penalty ρ_i for every client (null: 0.7·max(1, 40/clients))")
+    rho_per_client: tuple[float, ...] | None = option(None, "one ADMM penalty per training client (instead of rho)")
+    lam: float = option(5.0, "λ: weight of the knowledge-transfer regulariser R_h in the server step (Eq. 13)")
+    hvp_mode: str = option("fd",
+                           "Hessian-vector product of ĝ = r − α∇²L·r: 'fd' (finite difference), 'exact' or 'none'")
+    delta_schedule: str = option("paper",
+                                 "finite-difference width δ: 'paper' (1/(10k + 100)) or 'summable' (100/(10k + 100)²)")
+    adapt_steps: int = option(1, "full-batch gradient steps of size α on the support set before a client is scored")
+    upload: str = option("pair", "'pair' sends (θ_i, y_i), 'fused' the one vector y_i + ρ_i θ_i (half the upload)")
+    only_kt: bool = option(False, "the 'Only KT' arm: no clients, θ ← θ − α G_t")
+    kt: str = option("crd", "knowledge-transfer regulariser: 'crd', 'crd_inbatch', 'kd', 'feat_l2' or 'param_l2'")
+    kt_ce_weight: float = option(1.0, "γ_CE: weight of the cross-entropy term of L_KT on the server's set")
+    kt_weight: float = option(0.8, "β: weight of the transfer term of L_KT")
+    kt_batch_size: int = option(128, "server minibatch size B of the knowledge-transfer gradient")
+    kt_dim: int = option(128, "embedding size d_e of the CRD projection heads")
+    kt_tau: float = option(0.07, "CRD temperature τ")
+    kt_negatives: int | None = option(None, "CRD negatives N per sample (null: min(16384, D_s/2))")
+    kt_momentum: float = option(0.5, "momentum m of the CRD memory banks")
+    kt_head_lr: float = option(0.002, "learning rate of the projection heads' SGD")
+    kt_head_momentum: float = option(0.9, "momentum of the projection heads' SGD")
+    kt_head_wd: float = option(5e-4, "weight decay of the projection heads' SGD")
+    kd_temperature: float = option(4.0, "temperature T of kt='kd'")
 
     def validate(self, num_clients: int) -> None:
         if self.cohort_size is not None:

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from fljax import tree
+from fljax.algorithms import model_state
 from fljax.engine.cohort import COHORT_MODES, run_all, run_cohort
 from fljax.engine.context import EVAL, INIT, RoundContext
 from fljax.engine.evaluation import summarize
@@ -51,6 +52,8 @@ class Algorithm:
     supports_groups: ClassVar[bool] = True  # runs a population of client groups (fljax.engine.population)
     # groups may run architectures other than the global model's (False: every client trains the global model)
     mixed_architectures: ClassVar[bool] = False
+    # its clients may train a model with BatchNorm or Dropout (fljax.algorithms.model_state.TrainsModelState)
+    trains_model_state: ClassVar[bool] = False
 
     def validate(self, num_clients: int) -> None:
         """Refuse impossible hyperparameters with a one-line :class:`~fljax.errors.OptionError` naming the field
@@ -146,8 +149,11 @@ class Algorithm:
         clients (``data.num_target``) the ``global_*`` and ``personal_*`` summaries cover the training clients and
         ``target_global_*``, ``target_personal_*`` the target clients (their personalized model is the one
         :meth:`personal_params` adapts from the server's)."""
-        stats = run_all(ctx, lambda g: self.group_algorithm(ctx, g).evaluate_client, self.eval_shared(server),
-                        clients, EVAL)
+        def evaluate_client(g):
+            return model_state.client_fn(ctx.model, self.group_algorithm(ctx, g).evaluate_client, train=False)
+
+        shared = model_state.attach(server, self.eval_shared(model_state.unwrap(server)))
+        stats = run_all(ctx, evaluate_client, shared, clients, EVAL)
         summary, per_client = {}, {}
         scalars = stats.pop("scalars", {})
         k = ctx.num_train_clients
@@ -161,7 +167,7 @@ class Algorithm:
         valid = jnp.asarray(next(iter(stats.values())).count > 0, jnp.float32) if stats else None
         for name, v in scalars.items():
             summary[name] = jnp.sum(v * valid) / jnp.maximum(jnp.sum(valid), 1.0)
-        extra = self.eval_metrics(server, clients)
+        extra = self.eval_metrics(model_state.unwrap(server), model_state.unwrap(clients))
         clash = sorted(set(extra) & set(summary))
         if clash:
             raise ValueError(f"{type(self).__name__}.eval_metrics returns {clash}, which clash with the accuracy "
@@ -235,10 +241,15 @@ class Centralized(Algorithm):
 
     def round(self, ctx: RoundContext, server, clients):
         cohort = ctx.sample_cohort(self.cohort_size)
-        down = self.broadcast(server)
-        clients, result = run_cohort(ctx, lambda g: self.group_algorithm(ctx, g).client_update, down, clients,
-                                     cohort, self.cohort_mode)
-        server = self.server_update(ctx, server, clients, cohort, result)
+        down = model_state.attach(server, self.broadcast(model_state.unwrap(server)))
+
+        def update(g):
+            return model_state.client_fn(ctx.model, self.group_algorithm(ctx, g).client_update, train=True)
+
+        clients, result = run_cohort(ctx, update, down, clients, cohort, self.cohort_mode)
+        own = self.server_update(ctx, model_state.unwrap(server), model_state.unwrap(clients), cohort,
+                                 result.replace(upload=model_state.unwrap(result.upload)))
+        server = model_state.aggregate(server, own, result, self.aggregation_weights(result))
         up, dn = self.comm_bytes(down, result, cohort.shape[0])
         if result.valid is None:
             metrics = {k: jnp.mean(v) for k, v in result.metrics.items()}

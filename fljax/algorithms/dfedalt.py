@@ -31,6 +31,7 @@ from fljax.algorithms.local_training import LocalSGD
 from fljax.data.batching import BatchPlan
 from fljax.errors import OptionError
 from fljax.ops import partition
+from fljax.options import option
 
 __all__ = ["DFedAlt", "DFedSalt", "SAM_PLACEMENTS"]
 
@@ -51,11 +52,11 @@ class DFedAlt(Decentralized, LocalSGD):
     clip_norm: float | None = 10.0
     batch_size: int | None = 128
     local_epochs: int | None = 5
-    personal: str = "head"
-    personal_epochs: int = 1
-    personal_lr: float = 0.001
-    sam_on: str = "none"
-    rho: float = 0.7
+    personal: str = option("head", "path regex of the personal part v_i (default 'head', the last Dense layer)")
+    personal_epochs: int = option(1, "K_v: epochs of the personal phase per round")
+    personal_lr: float = option(0.001, "η_v: learning rate of the personal phase")
+    sam_on: str = option("none", "where SAM applies: 'none' (DFedAlt), 'u' (shared body, DFedSalt), 'v' or 'uv'")
+    rho: float = option(0.7, "SAM radius ρ of the perturbation e = ρ·g/‖g‖")
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
@@ -107,4 +108,4 @@ class DFedSalt(DFedAlt):
 
     name = "dfedsalt"
     summary = "DFedSalt: DFedAlt with sharpness-aware (SAM) updates of the shared body (Shi et al. 2023)"
-    sam_on: str = "u"
+    sam_on: str = option("u", "where SAM applies: 'none' (DFedAlt), 'u' (shared body, DFedSalt), 'v' or 'uv'")

@@ -30,6 +30,7 @@ from fljax.data.batching import Batch
 from fljax.engine.context import INIT
 from fljax.errors import OptionError
 from fljax.ops import partition, sparsity
+from fljax.options import option
 
 __all__ = ["DisPFL"]
 
@@ -44,11 +45,13 @@ class DisPFL(DFedAvgM):
 
     name = "dispfl"
     summary = "DisPFL: per-client sparse masks, prune/regrow, mask-aware neighbour averaging (Dai et al. 2022)"
-    density: float = 0.5
-    layer_density: str = "erk"
-    anneal_factor: float = 0.5
-    anneal_rounds: int = 500
-    regrow: str = "random"
+    density: float = option(0.5,
+                            "overall fraction of kernel entries each client's sparse mask keeps (ERK or uniform per "
+                            "layer)")
+    layer_density: str = option("erk", "per-layer densities: 'erk' (Erdős–Rényi-kernel) or 'uniform'")
+    anneal_factor: float = option(0.5, "fraction a_0 of active entries pruned and regrown at round 0 (cosine-annealed)")
+    anneal_rounds: int = option(500, "rounds over which the prune/regrow fraction anneals to 0")
+    regrow: str = option("random", "'random' regrowth or 'gradient' (largest |∇F_i| on the client's train split)")
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)

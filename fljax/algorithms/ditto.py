@@ -19,6 +19,7 @@ from fljax.algorithms.fedavg import FedAvg
 from fljax.data.batching import BatchPlan
 from fljax.errors import OptionError
 from fljax.ops import admm
+from fljax.options import option
 
 __all__ = ["Ditto"]
 
@@ -26,10 +27,13 @@ __all__ = ["Ditto"]
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Ditto(FedAvg):
     name = "ditto"
+    trains_model_state = False  # two models per client: one set of BatchNorm statistics cannot serve both
     summary = "Ditto: FedAvg global model + personal models regularised towards it (Li et al. 2021)"
-    lam: float = 0.1
-    personal_epochs: int = 1
-    prox_mode: str = "gradient"
+    lam: float = option(0.1, "λ of the pull (λ/2)‖v − w_t‖² of the personal model towards the global one")
+    personal_epochs: int = option(1, "epochs of SGD on the personal model v_i per round")
+    prox_mode: str = option("gradient",
+                            "'gradient' (λ(v − w_t) in every gradient, Algorithm 1) or 'decoupled' (SGD step, then "
+                            "the pull)")
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)

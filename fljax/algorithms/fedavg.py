@@ -30,15 +30,17 @@ import optax
 from fljax import tree
 from fljax.algorithms.base import Centralized, ClientInput, ClientResult, check_choice
 from fljax.algorithms.local_training import LocalSGD
+from fljax.algorithms.model_state import TrainsModelState
 from fljax.data.batching import BatchPlan
 from fljax.errors import ConfigError, OptionError
 from fljax.ops import prox
+from fljax.options import option
 
 __all__ = ["FedAvg", "FedProx", "FedAvgFT", "FedLP"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FedAvg(Centralized, LocalSGD):
+class FedAvg(TrainsModelState, Centralized, LocalSGD):
     """FedAvg with an optax client optimizer (see :class:`LocalSGD`) and a server optimizer: SGD with
     ``server_lr`` and ``server_momentum`` on the pseudo-gradient Δ_t = w_t − mean_i w_i."""
 
@@ -46,8 +48,10 @@ class FedAvg(Centralized, LocalSGD):
     summary = "FedAvg: local SGD, weighted model averaging, server learning rate (McMahan et al. 2017)"
     server_lr: float = 1.0
     server_momentum: float = 0.0
-    eval_model: str = "global"
-    local_data: str = "all"
+    eval_model: str = option("global",
+                             "'global' scores every client with the global model, 'stored' with its own model after "
+                             "its latest training")
+    local_data: str = option("all", "'all' trains on the client's whole train split, 'support' on its support set only")
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
@@ -98,7 +102,7 @@ class FedProx(FedAvg):
 
     name = "fedprox"
     summary = "FedProx: FedAvg with a proximal term (mu/2)||w - w_t||^2 in every local objective (Li et al. 2020)"
-    mu: float = 0.01
+    mu: float = option(0.01, "μ of the proximal term (μ/2)‖w − w_t‖² in every local objective (0: FedAvg)")
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
@@ -117,7 +121,9 @@ class FedAvgFT(FedAvg):
     name = "fedavg_ft"
     summary = "FedAvg-FT: FedAvg, then k local fine-tuning steps before personalized evaluation"
     finetune_steps: int = 5
-    finetune_lr: float | None = None
+    finetune_lr: float | None = option(None,
+                                       "learning rate of the evaluation's fine-tuning steps (null: the round-0 client "
+                                       "lr)")
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)

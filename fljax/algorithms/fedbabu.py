@@ -18,6 +18,7 @@ from fljax.algorithms.partial import FedPer
 from fljax.data.batching import BatchPlan
 from fljax.errors import OptionError
 from fljax.ops import partition
+from fljax.options import option
 
 __all__ = ["FedBABU"]
 
@@ -29,8 +30,10 @@ class FedBABU(FedPer):
 
     name = "fedbabu"
     summary = "FedBABU: body trained under a fixed random head, fine-tuned per client at evaluation (Oh et al. 2022)"
-    finetune_epochs: int = 5
-    finetune: str = "all"
+    finetune_epochs: int = option(5,
+                                  "epochs of fine-tuning of the received model on the client's train split before "
+                                  "evaluation")
+    finetune: str = option("all", "what evaluation fine-tunes: 'all' the model or only the 'head'")
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)

@@ -17,6 +17,7 @@ from fljax.algorithms.base import Centralized, ClientInput, ClientResult
 from fljax.algorithms.local_training import LocalSGD
 from fljax.errors import OptionError
 from fljax.ops import admm
+from fljax.options import option
 
 __all__ = ["FedDyn"]
 
@@ -25,7 +26,9 @@ __all__ = ["FedDyn"]
 class FedDyn(Centralized, LocalSGD):
     name = "feddyn"
     summary = "FedDyn: dynamic linear + quadratic regulariser per client, server state h (Acar et al. 2021)"
-    alpha: float = 0.1
+    alpha: float = option(0.1,
+                          "α of the dynamic regulariser −⟨g_i, θ⟩ + (α/2)‖θ − θ^{t−1}‖² and of the server's h/α "
+                          "correction")
     weighting: str = "uniform"
 
     def validate(self, num_clients: int) -> None:

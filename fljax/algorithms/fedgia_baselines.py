@@ -40,6 +40,7 @@ from fljax.engine.context import SAMPLE
 from fljax.errors import OptionError
 from fljax.ops import admm
 from fljax.problems.regression import LeastSquares
+from fljax.options import option
 
 __all__ = ["FedAvgGD", "FedProxGD", "FedPD", "FedPDClients", "BASELINES", "step_size"]
 
@@ -56,9 +57,9 @@ class _Baseline(ConsensusRegression):
 
     a: float | None = None
     iters: int = 5
-    local_scale: str = "1"
-    agg: str = "mean"
-    lr_index: str = "global"
+    local_scale: str = option("1", "local objective: '1' (f_i) or '1/m' (f_i/m)")
+    agg: str = option("mean", "aggregation: 'mean' (unweighted) or 'data_weighted'")
+    lr_index: str = option("global", "k of γ_k: 'global' step counter, 'inner' (restart every local step) or 'round'")
 
     paper_a_v1: ClassVar[float] = 0.01
 

@@ -26,6 +26,7 @@ from fljax.algorithms.fedavg import FedAvg
 from fljax.algorithms.local_training import run_steps
 from fljax.errors import OptionError
 from fljax.models.model import masked_cross_entropy
+from fljax.options import option
 
 __all__ = ["FedRoD"]
 
@@ -43,8 +44,11 @@ def linear(head, h):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FedRoD(FedAvg):
     name = "fedrod"
+    trains_model_state = False  # two models per client: one set of BatchNorm statistics cannot serve both
     summary = "Fed-RoD: balanced-softmax generic head + personal head on a shared body (Chen & Chao 2022)"
-    eval_body: str = "stored"
+    eval_body: str = option("stored",
+                            "'stored' (the client's body and generic head after its latest training) or 'server' (the "
+                            "server's)")
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)

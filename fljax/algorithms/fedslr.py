@@ -51,6 +51,7 @@ from fljax.algorithms.local_training import LocalSGD, run_steps
 from fljax.data.batching import BatchPlan
 from fljax.errors import OptionError
 from fljax.ops import admm, prox
+from fljax.options import option
 
 __all__ = ["FedSLR", "Downlink", "prox_with_stats"]
 
@@ -94,16 +95,24 @@ class FedSLR(Centralized, LocalSGD):
     eta_g: float = 10.0
     personal_epochs: int = 1
     personal_weight_decay: float = 1e-3
-    solver: str = "fedslr"
-    memory_efficient: bool = False
-    global_prox: str = "nuclear"
-    personal_prox: str = "l1"
-    p_init: str = "zeros"
-    conv_reshape: str = "fedslr"
-    downlink: str = "factored"
-    gpgd_threshold: str = "eta_g"
-    lpgd_factor_uplink: bool = False
-    nuclear_exclude: str | None = None
+    solver: str = option("fedslr",
+                         "'fedslr' (Algorithm 2), 'lpgd' (prox at every local step) or 'gpgd' (FedAvg clients, server "
+                         "prox)")
+    memory_efficient: bool = option(False, "Algorithm 3: the server keeps only the mean dual γ̄ (the same iterates)")
+    global_prox: str = option("nuclear",
+                              "prox of the global model's regulariser (default 'nuclear': low rank; any of "
+                              "fljax.ops.prox.PROXES)")
+    personal_prox: str = option("l1", "prox of the personal component's regulariser (default 'l1': sparse)")
+    p_init: str = option("zeros", "initial p_i: 'zeros' or 'copy_w0' (w_0 in every matrix leaf, as the authors' code)")
+    conv_reshape: str = option("fedslr",
+                               "how conv kernels become matrices for the nuclear prox: 'fedslr' ((O·kh)×(I·kw)) or "
+                               "'flat'")
+    downlink: str = option("factored", "broadcast w_t as low-rank 'factored' matrices where smaller, or 'dense'")
+    gpgd_threshold: str = option("eta_g",
+                                 "gpgd's SVT threshold: λ·η_g ('eta_g') or the paper-literal λ·η_l(t) ('eta_l')")
+    lpgd_factor_uplink: bool = option(False,
+                                      "count lpgd's upload as low-rank factors (its local prox makes it low-rank)")
+    nuclear_exclude: str | None = option(None, "path regex of matrix leaves left out of the nuclear prox (null: none)")
     weighting: str = "uniform"
     lr_decay: float = 0.998
     weight_decay: float = 1e-3

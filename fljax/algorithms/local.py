@@ -1,7 +1,8 @@
 """Local: every client trains its own model on its own data; nothing is communicated.
 
 Each round the sampled clients (all clients when ``cohort_size`` is None) run local SGD from their own parameters.
-Evaluation uses each client's own model; there is no global model.
+Evaluation uses each client's own model; there is no global model. A model's BatchNorm statistics stay with
+their client (``batch_stats: local``, the only choice).
 """
 from __future__ import annotations
 
@@ -10,19 +11,24 @@ import dataclasses
 from fljax import tree
 from fljax.algorithms.base import Centralized, ClientInput, ClientResult
 from fljax.algorithms.local_training import LocalSGD
+from fljax.algorithms.model_state import TrainsModelState
+from fljax.errors import OptionError
 
 __all__ = ["Local"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Local(Centralized, LocalSGD):
+class Local(TrainsModelState, Centralized, LocalSGD):
     name = "local"
     summary = "Local: each client trains alone on its own data, no communication"
     mixed_architectures = True
+    batch_stats: str = "local"
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
         self.validate_local()
+        if self.batch_stats != "local":
+            raise OptionError("batch_stats", f"must be 'local' (Local communicates nothing), got {self.batch_stats!r}.")
 
     def init(self, ctx):
         params = ctx.model.init(self.init_key(ctx))  # one shared initialisation, as the papers' code does

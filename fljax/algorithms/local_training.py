@@ -19,6 +19,7 @@ from fljax import tree
 from fljax.algorithms.base import Algorithm
 from fljax.data.batching import BatchPlan, gather_batch
 from fljax.errors import OptionError
+from fljax.models.model import current_mode
 from fljax.ops.sam import sam_value_and_grad
 
 __all__ = ["run_steps", "train_steps", "sgd_step", "LocalSGD", "OPTIMIZERS"]
@@ -51,12 +52,12 @@ def run_steps(step: Callable, carry, train, plan: BatchPlan, key, unroll: int = 
 class LocalSGD(Algorithm):
     """Client optimizer settings.
 
-    ``lr`` at round t is ``lr · lr_decay^t``. ``optimizer``: 'sgd' (with ``momentum``, PyTorch semantics) or 'adam'.
-    ``weight_decay`` is coupled (added to the gradient). ``clip_norm``: clip the gradient to this global L2 norm
-    before weight decay and the optimizer (None = no clipping; the DFedAlt spec's D17 uses 10). Local work per
-    round: ``local_epochs`` passes over the client's data if set, else ``local_steps`` minibatches, of
-    ``batch_size`` samples (None = full batch). ``sampling``: 'shuffle' (epochs) or 'replacement'. The optimizer
-    state is fresh every round.
+    The client learning rate at round t is ``lr`` · ``lr_decay``^t. ``optimizer``: 'sgd' (with ``momentum``,
+    PyTorch semantics) or 'adam'. ``weight_decay`` is coupled (added to the gradient). ``clip_norm``: clip the
+    gradient to this global L2 norm before weight decay and the optimizer (None = no clipping; the DFedAlt spec's
+    D17 uses 10). Local work per round: ``local_epochs`` passes over the client's data if set, else
+    ``local_steps`` minibatches, of ``batch_size`` samples (None = full batch). ``sampling``: 'shuffle' (epochs) or
+    'replacement'. The optimizer state is fresh every round.
     """
 
     lr: float = 0.1
@@ -146,22 +147,31 @@ class LocalSGD(Algorithm):
 
 
 def sgd_step(loss_fn: Callable, opt: optax.GradientTransformation, extra_grad: Callable | None = None,
-             sam_rho: float = 0.0, post: Callable | None = None):
+             sam_rho: float = 0.0, post: Callable | None = None, model=None):
     """A step function for :func:`run_steps` on carry ``(params, opt_state)``: ``g = ∇loss_fn(params, batch)``
     (+ ``extra_grad(params)``), the optax update, then ``post(params)`` if given (a proximal step). ``sam_rho`` > 0
     takes the gradient at the SAM point params + ρ·g/‖g‖ on the same batch
     (:func:`fljax.ops.sam.sam_value_and_grad`; the logged loss is the unperturbed one, and weight decay applies at
-    the unperturbed params); 0 is the plain gradient."""
-    value_and_grad = sam_value_and_grad(jax.value_and_grad(loss_fn), sam_rho)
+    the unperturbed params); 0 is the plain gradient. ``model`` with BatchNorm or Dropout
+    (:attr:`fljax.models.Model.has_mode`): the carry is ``(params, opt_state, variables)`` and ``loss_fn`` runs in
+    the model's training mode with the carried variables and the step's key; the variables after the
+    (unperturbed) forward pass are carried on, never differentiated nor seen by ``extra_grad`` or ``post``."""
+    stateful = model is not None and model.has_mode
+    value_and_grad = sam_value_and_grad(
+        jax.value_and_grad(model.training(loss_fn) if stateful else loss_fn, has_aux=stateful), sam_rho)
 
     def step(carry, batch, key):
-        params, opt_state = carry
-        loss, g = value_and_grad(params, batch)
+        params, opt_state, *variables = carry
+        if stateful:
+            (loss, new_variables), g = value_and_grad(params, batch, variables[0], key)
+            variables = [new_variables]
+        else:
+            loss, g = value_and_grad(params, batch)
         if extra_grad is not None:
             g = tree.add(g, extra_grad(params))
         updates, opt_state = opt.update(g, opt_state, params)
         params = optax.apply_updates(params, updates)
-        return (params if post is None else post(params), opt_state), loss
+        return (params if post is None else post(params), opt_state, *variables), loss
 
     return step
 
@@ -169,8 +179,15 @@ def sgd_step(loss_fn: Callable, opt: optax.GradientTransformation, extra_grad: C
 def train_steps(loss_fn: Callable, params, inp, plan: BatchPlan, opt: optax.GradientTransformation, *, key=None,
                 extra_grad: Callable | None = None, post: Callable | None = None, sam_rho: float = 0.0):
     """The one local-training loop: :func:`sgd_step` scanned over ``plan``'s batches of client ``inp``'s train split
-    (key ``key``, default ``inp.key``); returns (params, mean loss over active steps). The optimizer state is fresh."""
-    step = sgd_step(loss_fn, opt, extra_grad, sam_rho, post)
-    (params, _), loss = run_steps(step, (params, opt.init(params)), inp.train, plan,
-                                  inp.key if key is None else key, inp.unroll)
+    (key ``key``, default ``inp.key``); returns (params, mean loss over active steps). The optimizer state is fresh.
+    A model with BatchNorm or Dropout trains from the variables of the :meth:`~fljax.models.Model.mode` it runs in
+    (the client's ``batch_stats``) with a dropout key per step (split from ``key``), and leaves the trained
+    variables in that mode."""
+    mode = current_mode() if inp.model is not None and inp.model.has_mode else None
+    step = sgd_step(loss_fn, opt, extra_grad, sam_rho, post, None if mode is None else inp.model)
+    carry = (params, opt.init(params)) + (() if mode is None else (mode.variables,))
+    (params, _, *variables), loss = run_steps(step, carry, inp.train, plan, inp.key if key is None else key,
+                                              inp.unroll)
+    if mode is not None:
+        mode.variables = variables[0]
     return params, loss

@@ -26,6 +26,7 @@ from fljax.algorithms.local_training import LocalSGD
 from fljax.data.batching import BatchPlan
 from fljax.errors import OptionError
 from fljax.ops import partition
+from fljax.options import option
 
 __all__ = ["FedPer", "FedRep", "LGFedAvg"]
 
@@ -36,8 +37,12 @@ NOT_HEAD = "^(?!.*head)"  # every leaf whose path does not contain 'head'
 class FedPer(Centralized, LocalSGD):
     name = "fedper"
     summary = "FedPer: shared body averaged by the server, personal head kept by each client (Arivazhagan et al. 2019)"
-    personal: str = "head"
-    eval_body: str = "stored"
+    personal: str = option("head",
+                           "path regex of the parameters that stay with the client (default: the last Dense layer "
+                           "'head')")
+    eval_body: str = option("stored",
+                            "'stored' (the client's model after its latest training) or 'server' (the server's shared "
+                            "part with its own personal part)")
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
@@ -127,4 +132,4 @@ class LGFedAvg(FedPer):
 
     name = "lg_fedavg"
     summary = "LG-FedAvg: personal body, shared head averaged by the server (Liang et al. 2020)"
-    personal: str = NOT_HEAD
+    personal: str = option(NOT_HEAD, "path regex of the parameters that stay with the client (default: all but 'head')")

@@ -31,6 +31,7 @@ from fljax.algorithms.local_training import run_steps
 from fljax.data.batching import Batch, BatchPlan, gather_batch
 from fljax.errors import OptionError
 from fljax.ops import meta
+from fljax.options import option
 
 __all__ = ["PerFedAvg"]
 
@@ -39,15 +40,21 @@ __all__ = ["PerFedAvg"]
 class PerFedAvg(Centralized):
     name = "perfedavg"
     summary = "Per-FedAvg: FedAvg on the one-step MAML objective, FO or Hessian-free (Fallah et al. 2020)"
-    alpha: float = 0.01
-    beta: float = 0.001
-    hvp_mode: str = "none"
-    fd_delta: float = 1e-3
-    lr_decay: float = 1.0
-    weight_decay: float = 0.0
-    batch_size: int = 20
-    local_epochs: int = 2
-    batches: str = "minibatch"
+    alpha: float = option(0.01,
+                          "inner (adaptation) step size α of w̃ = w − α∇f_i(w; D), also the evaluation's one "
+                          "fine-tuning step")
+    beta: float = option(0.001, "outer step size β of the meta-update w ← w − β∇f_i(w̃; D′)")
+    hvp_mode: str = option("none",
+                           "'none' (first-order), 'exact' (forward-over-reverse HVP) or 'fd' (central difference) for "
+                           "the Hessian term")
+    fd_delta: float = option(1e-3, "finite-difference width δ of hvp_mode='fd'")
+    lr_decay: float = option(1.0, "α and β at round t are multiplied by lr_decay^t (1: constant)")
+    weight_decay: float = option(0.0, "coupled L2 weight decay wd: f_i includes wd/2‖w‖²")
+    batch_size: int = option(20, "rows per batch B; one step draws 2B (FO) or 3B (HF) rows split into D, D′ (, D″)")
+    local_epochs: int = option(2, "passes over the client's data per round (E·⌈n_i/(2B)⌉ steps)")
+    batches: str = option("minibatch",
+                          "'minibatch' (disjoint batches of the epoch's shuffle) or 'support_query' (D, D′ = support, "
+                          "query sets)")
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)

@@ -22,6 +22,7 @@ from fljax.algorithms.base import Centralized, ClientInput, ClientResult, check_
 from fljax.algorithms.local_training import LocalSGD, run_steps
 from fljax.errors import OptionError
 from fljax.ops import admm
+from fljax.options import option
 
 __all__ = ["PFedMe"]
 
@@ -30,11 +31,13 @@ __all__ = ["PFedMe"]
 class PFedMe(Centralized, LocalSGD):
     name = "pfedme"
     summary = "pFedMe: personalized models via Moreau envelopes, K inner prox steps per batch (Dinh et al. 2020)"
-    lam: float = 15.0
-    personal_lr: float = 0.1
-    inner_steps: int = 5
-    beta: float = 1.0
-    eval_mode: str = "stored"
+    lam: float = option(15.0, "λ of the Moreau envelope (λ/2)‖θ − w‖² pulling the personal θ_i towards the local w_i")
+    personal_lr: float = option(0.1, "step size η_p of the K inner steps on the personal θ")
+    inner_steps: int = option(5, "K: inner steps approximating θ̃_i(w_i) per minibatch")
+    beta: float = option(1.0, "server mixing β: w_{t+1} = (1 − β) w_t + β·mean w_i (1: plain mean)")
+    eval_mode: str = option("stored",
+                            "'stored' (θ_i of the last participation) or 'refresh' (θ of one local round from w_T at "
+                            "evaluation)")
     lr: float = 0.005
     local_steps: int | None = 20
 

@@ -9,7 +9,8 @@ import typing
 
 from fljax.algorithms.base import Algorithm
 
-__all__ = ["ALGORITHMS", "register", "get_algorithm", "make_algorithm", "hyperparameter_fields", "hyperparameter_docs"]
+__all__ = ["ALGORITHMS", "register", "get_algorithm", "make_algorithm", "hyperparameter_fields", "hyperparameter_docs",
+           "check_model_support"]
 
 ALGORITHMS: dict[str, type[Algorithm]] = {}
 
@@ -57,6 +58,20 @@ def _docstring_line(cls: type, name: str) -> str | None:
             if f"``{name}``" in sentence:
                 return sentence
     return None
+
+
+def check_model_support(name: str, model, groups: bool = False) -> None:
+    """Refuse in one line a model with BatchNorm or Dropout for algorithm ``name`` unless its clients train it
+    (:class:`~fljax.algorithms.model_state.TrainsModelState`, listed in the message), and with client ``groups``."""
+    if model is None or not model.has_mode:
+        return
+    what = "BatchNorm" if model.collections else "Dropout"
+    if not get_algorithm(name).trains_model_state:
+        able = sorted(n for n, c in ALGORITHMS.items() if c.trains_model_state)
+        raise ValueError(f"model {model.name} has {what}, which only these algorithms train: {', '.join(able)}; "
+                         f"got {name!r}.")
+    if groups:
+        raise ValueError(f"model {model.name} has {what}: client groups (population) are not supported with it.")
 
 
 def make_algorithm(name: str, **hyperparameters) -> Algorithm:

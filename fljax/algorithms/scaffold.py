@@ -15,16 +15,18 @@ import dataclasses
 from fljax import tree
 from fljax.algorithms.base import Centralized, ClientInput, ClientResult
 from fljax.algorithms.local_training import LocalSGD
+from fljax.algorithms.model_state import TrainsModelState
 from fljax.errors import OptionError
+from fljax.options import option
 
 __all__ = ["Scaffold"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Scaffold(Centralized, LocalSGD):
+class Scaffold(TrainsModelState, Centralized, LocalSGD):
     name = "scaffold"
     summary = "SCAFFOLD: control variates correct client drift, Option II (Karimireddy et al. 2020)"
-    server_lr: float = 1.0
+    server_lr: float = option(1.0, "global step size η_g: x ← x + η_g·mean(y_i − x)")
     weighting: str = "uniform"
 
     def validate(self, num_clients: int) -> None:

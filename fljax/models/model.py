@@ -1,8 +1,10 @@
 """A model = a Flax module + its input shape + a masked classification loss, as a hashable static object."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import inspect
 import typing
 
 import flax
@@ -16,8 +18,8 @@ from fljax.errors import OptionError
 from fljax.models import zoo
 from fljax.options import check_value, suggest
 
-__all__ = ["Model", "make_model", "own_model", "check_model_options", "check_model_input", "auto_model", "model_options", "MODELS",
-           "masked_cross_entropy", "accuracy_stats"]
+__all__ = ["Model", "ModelMode", "current_mode", "make_model", "own_model", "check_model_options", "check_model_input",
+           "auto_model", "model_options", "MODELS", "masked_cross_entropy", "accuracy_stats"]
 
 
 def masked_cross_entropy(logits, labels, mask):
@@ -35,20 +37,105 @@ def accuracy_stats(logits, labels, mask):
     return jnp.sum(correct), jnp.sum(mask)
 
 
+class ModelMode:
+    """How a model with BatchNorm or Dropout runs in the current trace: ``train`` (batch statistics, fresh
+    dropout masks) or evaluation (running statistics, no dropout), the non-parameter ``variables`` it reads (and,
+    training, writes: ``{"batch_stats": ...}``, ``{}`` without BatchNorm) and the dropout ``key`` (training only).
+    Entered with :meth:`Model.mode`; local training (:func:`fljax.algorithms.local_training.train_steps`) carries
+    the variables of the mode it runs in through its steps and leaves the trained ones in it."""
+
+    def __init__(self, variables, train: bool, key=None):
+        self.variables, self.train, self.key, self.calls = variables, train, key, 0
+
+    def rngs(self):
+        """The dropout rng of the next application: ``fold_in(key, n)`` for the n-th one under this mode."""
+        self.calls += 1
+        return {"dropout": jax.random.fold_in(self.key, self.calls - 1)}
+
+
+_MODES: list[ModelMode] = []
+
+
+def current_mode() -> ModelMode | None:
+    """The innermost :meth:`Model.mode` being traced, or None."""
+    return _MODES[-1] if _MODES else None
+
+
 @dataclasses.dataclass(frozen=True)
 class Model:
-    """Static description of a classifier. ``params`` are the module's ``'params'`` collection."""
+    """Static description of a classifier. ``params`` are the module's ``'params'`` collection.
+
+    ``collections``: the module's other variable collections (``("batch_stats",)`` for BatchNorm, else empty);
+    ``stochastic``: it draws dropout masks when training. Such a module is called as ``__call__(x, train)`` and
+    runs only inside a :meth:`mode`: the parameters stay what is differentiated, averaged and personalized, and
+    the ``batch_stats`` travel beside them (:mod:`fljax.algorithms.model_state`)."""
 
     module: nn.Module
     input_shape: tuple
     num_classes: int
     name: str
+    collections: tuple = ()
+    stochastic: bool = False
+
+    @property
+    def has_mode(self) -> bool:
+        """True for a module with BatchNorm or Dropout (it runs differently in training and evaluation)."""
+        return bool(self.collections) or self.stochastic
+
+    def _init(self, key):
+        x = jnp.zeros((1,) + tuple(self.input_shape), jnp.float32)
+        return self.module.init(key, x, train=False) if self.has_mode else self.module.init(key, x)
 
     def init(self, key):
-        return self.module.init(key, jnp.zeros((1,) + tuple(self.input_shape), jnp.float32))["params"]
+        return self._init(key)["params"]
 
-    def apply(self, params, x):
-        return self.module.apply({"params": params}, x)
+    def init_variables(self, key) -> dict:
+        """The non-parameter variables at initialisation (``{"batch_stats": ...}``; ``{}`` for other models)."""
+        variables = self._init(key)
+        return {c: variables[c] for c in self.collections}
+
+    @contextlib.contextmanager
+    def mode(self, variables: dict, train: bool, key=None):
+        """Run this model's applications inside the block in training (``train``, dropout from ``key``) or
+        evaluation mode with the non-parameter ``variables``; yields the :class:`ModelMode`, whose ``variables``
+        hold the updated running statistics after training applications."""
+        _MODES.append(ModelMode(variables, train, key))
+        try:
+            yield _MODES[-1]
+        finally:
+            _MODES.pop()
+
+    def training(self, loss_fn):
+        """``loss_fn(params, batch)`` as ``(params, batch, variables, key) -> (loss, variables)``: evaluated in
+        training mode with the non-parameter ``variables`` and dropout ``key``, returning the updated variables
+        (the aux output of ``jax.value_and_grad(..., has_aux=True)``: they are never differentiated)."""
+
+        def loss_and_variables(params, batch, variables, key):
+            with self.mode(variables, train=True, key=key) as m:
+                loss = loss_fn(params, batch)
+            return loss, m.variables
+
+        return loss_and_variables
+
+    def apply(self, params, x, mask=None):
+        """Logits of ``x``. A module with BatchNorm or Dropout runs in the current :meth:`mode`: training
+        normalises with the batch's statistics over the rows ``mask`` marks (all when None; padding rows of a
+        small client's batch never enter them), updates the running ones (``mutable=["batch_stats"]``) and drops
+        units with a fresh rng; evaluation uses the running statistics and no dropout."""
+        if not self.has_mode:
+            return self.module.apply({"params": params}, x)
+        if not _MODES:
+            raise ValueError(f"model {self.name} has BatchNorm or Dropout and runs only inside Model.mode(...) "
+                             f"(the training and evaluation of algorithms that support it).")
+        m = _MODES[-1]
+        variables = {"params": params, **m.variables}
+        if not m.train:
+            return self.module.apply(variables, x, train=False)
+        rngs = m.rngs() if self.stochastic else None
+        with nn.intercept_methods(_batch_norm_over(mask)):
+            logits, updated = self.module.apply(variables, x, train=True, rngs=rngs, mutable=list(self.collections))
+        m.variables = dict(updated)
+        return logits
 
     def features(self, params, x):
         """The representation h(x) that enters the last layer ``head`` (its input), computed by intercepting the
@@ -78,7 +165,7 @@ class Model:
 
     def loss(self, params, batch):
         """Masked mean cross-entropy of ``batch`` (a :class:`fljax.data.Batch`)."""
-        return masked_cross_entropy(self.apply(params, batch.x), batch.y, batch.mask)
+        return masked_cross_entropy(self.apply(params, batch.x, batch.mask), batch.y, batch.mask)
 
     @property
     def has_conv(self) -> bool:
@@ -106,6 +193,18 @@ class Model:
         quantized = set(self.kernel_paths()[1:-1])
         shapes = jax.eval_shape(self.init, jax.random.PRNGKey(0))
         return jax.tree_util.tree_map_with_path(lambda p, _: tree.path_str(p) in quantized, shapes)
+
+
+def _batch_norm_over(mask):
+    """A method interceptor that computes every BatchNorm's batch statistics over the rows ``mask`` [B] marks."""
+
+    def intercept(next_fun, args, kwargs, context):
+        if mask is not None and isinstance(context.module, nn.BatchNorm) and context.method_name == "__call__":
+            x = args[0]
+            kwargs = {**kwargs, "mask": jnp.broadcast_to(mask.reshape(mask.shape + (1,) * (x.ndim - 1)), x.shape)}
+        return next_fun(*args, **kwargs)
+
+    return intercept
 
 
 @functools.lru_cache(maxsize=256)
@@ -203,27 +302,40 @@ def make_model(name: str, input_shape, num_classes: int, conv_impl: str = "nativ
 
 def own_model(module: nn.Module, input_shape, num_classes: int) -> Model:
     """The user's own Flax module as a :class:`Model` (its ``__call__(x)`` maps a batch ``[B, *input_shape]`` to
-    logits ``[B, num_classes]``). Refused in one line: a module whose output is not such logits, one with
-    variables besides ``params`` (BatchNorm's ``batch_stats``) and one that needs random numbers when applied
-    (Dropout): the engine keeps and averages only parameters and gives a module no rngs."""
+    logits ``[B, num_classes]``). A module with BatchNorm (``batch_stats``) or Dropout is called as
+    ``__call__(x, train)``: ``train=True`` while a client trains, ``train=False`` at evaluation (BatchNorm's
+    ``use_running_average=not train``, Dropout's ``deterministic=not train``). Refused in one line: a module whose
+    output is not such logits, one with variables other than ``params`` and ``batch_stats``, and one with BatchNorm
+    or Dropout whose ``__call__`` takes no ``train``."""
     if not isinstance(module, nn.Module):
         raise OptionError("model", f"must be a flax.linen Module, got {type(module).__name__}.")
     x = jnp.zeros((2,) + tuple(input_shape), jnp.float32)
     what = type(module).__name__
+    takes_train = "train" in inspect.signature(module.__call__).parameters
+    call = functools.partial(module.apply, train=True) if takes_train else module.apply
     try:
-        variables = jax.eval_shape(module.init, jax.random.PRNGKey(0), x)
-        extra = sorted(set(variables) - {"params"})
-        if extra:
-            raise OptionError("model", f"{what} keeps variables {extra} besides its params (BatchNorm's "
-                                       f"batch_stats): not supported; use GroupNorm or LayerNorm.")
-        out = jax.eval_shape(module.apply, {"params": variables["params"]}, x)
-    except flax.errors.InvalidRngError:
-        raise OptionError("model", f"{what} needs random numbers when applied (Dropout): not supported; set "
-                                   f"deterministic=True.") from None
+        variables = jax.eval_shape(functools.partial(module.init, train=False) if takes_train else module.init,
+                                   jax.random.PRNGKey(0), x)
+        collections = tuple(sorted(set(variables) - {"params"}))
+        if set(collections) - {"batch_stats"}:
+            raise OptionError("model", f"{what} keeps variables {list(collections)} besides its params: only "
+                                       f"BatchNorm's 'batch_stats' is supported.")
+        stochastic = False
+        try:
+            out = jax.eval_shape(lambda v: call(v, x, mutable=list(collections))[0], dict(variables))
+        except flax.errors.InvalidRngError:
+            stochastic = True
+            out = jax.eval_shape(lambda v: call(v, x, rngs={"dropout": jax.random.PRNGKey(0)},
+                                                mutable=list(collections))[0], dict(variables))
+    except OptionError:
+        raise
     except (TypeError, ValueError, flax.errors.FlaxError) as e:
         raise OptionError("model", f"{what} cannot take inputs of shape {tuple(input_shape)}: "
                                    f"{str(e).splitlines()[0]}") from None
+    if (collections or stochastic) and not takes_train:
+        raise OptionError("model", f"{what} has {'BatchNorm' if collections else 'Dropout'}: its __call__ must take "
+                                   f"train: bool (True while training, False at evaluation).")
     if getattr(out, "shape", None) != (2, num_classes):
         raise OptionError("model", f"{what} must return logits of shape [batch, {num_classes}], got "
                                    f"{getattr(out, 'shape', type(out).__name__)}.")
-    return Model(module, tuple(input_shape), num_classes, what)
+    return Model(module, tuple(input_shape), num_classes, what, collections, stochastic)

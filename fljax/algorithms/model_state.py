@@ -1,0 +1,121 @@
+"""BatchNorm statistics and Dropout in federated training: where a model's non-parameter variables live.
+
+A module with BatchNorm keeps running statistics s (Flax's ``batch_stats``: per-channel mean and variance) beside
+its parameters w; one with Dropout draws masks while training. Only w is differentiated, averaged, personalized
+and passed through proximal operators, quantizers or thresholds; s travels beside it:
+
+* a client trains in the model's training mode (:meth:`fljax.models.Model.mode`): every local step normalises
+  with its batch's statistics and moves s toward them (``mutable=["batch_stats"]``,
+  s ← m·s + (1 − m)·batch statistics), carried through the steps; Dropout masks come from the step's key, split
+  from the client's TRAIN key ``fold_in(fold_in(round key, TRAIN), client id)``: no two clients or steps share one;
+* evaluation runs in evaluation mode: running statistics s, no dropout (deterministic).
+
+Where s lives is the ``batch_stats`` hyperparameter:
+
+* ``averaged``: the server holds one s_t, broadcast with w_t; client i trains from s_t and uploads its s_i; the
+  server sets s_{t+1} = Σ_{i∈S_t} p_i s_i with the parameters' aggregation weights p_i (what averaging a whole
+  PyTorch ``state_dict`` does). Every evaluation uses s_t.
+* ``local``: client i keeps its own s_i (FedBN, Li et al. ICLR 2021): it trains from and stores back s_i; nothing
+  is communicated, and every evaluation on client i (global and personalized models) uses s_i.
+
+In the pytrees the algorithm's own state is wrapped as :class:`WithStats` (``averaged``: the server and what it
+broadcasts, and the uploads; ``local``: the per-client state); a Dropout-only model wraps nothing.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, ClassVar
+
+import flax.struct
+
+from fljax import tree
+from fljax.errors import OptionError
+
+__all__ = ["WithStats", "TrainsModelState", "BATCH_STATS", "unwrap", "init", "attach", "client_fn", "aggregate"]
+
+BATCH_STATS = ("averaged", "local")
+
+
+@flax.struct.dataclass
+class WithStats:
+    """An algorithm's own pytree ``state`` with the model's ``batch_stats`` beside it."""
+
+    state: Any
+    batch_stats: Any
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainsModelState:
+    """Base of the algorithms whose clients train a model with BatchNorm or Dropout (every local step through
+    :func:`fljax.algorithms.local_training.train_steps`). ``batch_stats``: 'averaged' (the server averages the
+    clients' BatchNorm statistics with the parameters' weights) or 'local' (each client keeps its own, FedBN), for a
+    module with BatchNorm."""
+
+    trains_model_state: ClassVar[bool] = True
+    batch_stats: str = "averaged"
+
+    def init_population(self, ctx):
+        server, clients = super().init_population(ctx)
+        if ctx.model is None or not ctx.model.has_mode:
+            return server, clients
+        return init(ctx.model, self.batch_stats, self.init_key(ctx), server, clients, ctx.num_clients)
+
+    def validate(self, num_clients: int) -> None:
+        super().validate(num_clients)
+        if self.batch_stats not in BATCH_STATS:
+            raise OptionError("batch_stats", f"must be one of {list(BATCH_STATS)}, got {self.batch_stats!r}.")
+
+
+def unwrap(x):
+    """The algorithm's own pytree of ``x`` (``x`` itself unless it is :class:`WithStats`)."""
+    return x.state if isinstance(x, WithStats) else x
+
+
+def init(model, policy: str, key, server, clients, num_clients: int):
+    """(server, clients) with the model's initial ``batch_stats`` placed by ``policy``: the server's (averaged) or
+    one copy per client (local); unchanged for a model without them."""
+    variables = model.init_variables(key)
+    if not variables:
+        return server, clients
+    if policy == "local":
+        return server, WithStats(clients, tree.broadcast_clients(variables, num_clients))
+    return WithStats(server, variables), clients
+
+
+def attach(server, down):
+    """What the server sends: ``down`` with the server's statistics beside it (averaged), else ``down``."""
+    return WithStats(down, server.batch_stats) if isinstance(server, WithStats) else down
+
+
+def client_fn(model, fn: Callable, train: bool) -> Callable:
+    """``fn(inp)`` (a client update or evaluation) run in the model's training (``train``) or evaluation mode with
+    the client's variables: from ``inp.down`` (averaged), ``inp.state`` (local) or none; ``fn`` sees its own
+    pytrees. A training update returns its trained statistics in its upload (averaged) or state (local). ``fn``
+    itself for a model without BatchNorm or Dropout."""
+    if model is None or not model.has_mode:
+        return fn
+
+    def run(inp):
+        down, state = inp.down, inp.state
+        variables = (down.batch_stats if isinstance(down, WithStats) else
+                     state.batch_stats if isinstance(state, WithStats) else {})
+        with model.mode(variables, train) as mode:
+            out = fn(inp.replace(down=unwrap(down), state=unwrap(state)))
+        if not train:
+            return out
+        if isinstance(state, WithStats):
+            return out.replace(state=WithStats(out.state, mode.variables))
+        if isinstance(down, WithStats):
+            return out.replace(upload=WithStats(out.upload, mode.variables))
+        return out
+
+    return run
+
+
+def aggregate(old, server, result, weights):
+    """The algorithm's new ``server`` with, under the averaged policy (``old`` server wrapped), the statistics
+    s = Σ_i p_i s_i of the uploads (``weights`` p_i: the parameters' aggregation weights, zero for unsampled
+    entries)."""
+    if not isinstance(old, WithStats):
+        return server
+    return WithStats(server, tree.weighted_mean_clients(result.upload.batch_stats, weights))
