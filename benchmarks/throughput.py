@@ -30,7 +30,10 @@ WORKLOADS = {
     "logreg-synthetic-10k": dict(model="logreg", data="synthetic", clients=10000),
     "mlp-28x28-64": dict(model="mlp", data="images", clients=64),
     "cnn1-28x28-64": dict(model="cnn1", data="images", clients=64),
+    # benchmarks/gpu.py's (not in this script's default table: hours on a CPU)
+    "resnet18gn-32x32-64": dict(model="resnet18_gn", data="images", clients=64, shape=(32, 32, 3)),
 }
+CPU_TABLE = ("logreg-synthetic-1k", "logreg-synthetic-10k", "mlp-28x28-64", "cnn1-28x28-64")
 EXECUTORS = ["auto", "vmap", "chunked", "sharded", "loop"]
 STEPS, BATCH = 10, 20
 
@@ -43,10 +46,12 @@ def _data(spec: dict, quick: bool):
         return D.make_federated("synthetic", spec["clients"], seed=0, max_samples=200)
     rng = np.random.default_rng(0)
     n = 200 if not quick else 40
-    xs = [rng.random((n, 28, 28, 1), np.float32) for _ in range(spec["clients"])]
+    shape = spec.get("shape", (28, 28, 1))
+    xs = [rng.random((n, *shape), np.float32) for _ in range(spec["clients"])]
     ys = [rng.integers(0, 10, n).astype(np.int32) for _ in range(spec["clients"])]
     arr = D.pad_clients(xs, ys)
-    return D.FederatedData(train=arr, test=arr, num_classes=10, input_shape=(28, 28, 1), name="random-28x28")
+    return D.FederatedData(train=arr, test=arr, num_classes=10, input_shape=shape,
+                           name="random-" + "x".join(map(str, shape)))
 
 
 def matmul_peak(n: int = 2048, repeats: int = 7) -> float:
@@ -79,15 +84,16 @@ def step_flops(model, data) -> float:
     return float(cost.get("flops", 0.0))
 
 
-def measure(workload: str, executor: str, conv: str, unroll: str, repeats: int, quick: bool) -> dict:
-    """One configuration, in this process."""
+def measure(workload: str, executor: str, conv: str, unroll: str, repeats: int, quick: bool,
+            clients: int | None = None) -> dict:
+    """One configuration, in this process (``clients``: instead of the workload's number)."""
     import jax
 
     from fljax.algorithms import make_algorithm
     from fljax.engine import Simulation
     from fljax.models import make_model
 
-    spec = WORKLOADS[workload]
+    spec = dict(WORKLOADS[workload], **({"clients": clients} if clients else {}))
     data = _data(spec, quick)
     model = make_model(spec["model"], data.input_shape, data.num_classes)
     algo = make_algorithm("fedavg", lr=0.01, cohort_size=None, local_steps=STEPS, batch_size=BATCH)
@@ -96,7 +102,7 @@ def measure(workload: str, executor: str, conv: str, unroll: str, repeats: int, 
                      conv_impl=conv, unroll=unroll if unroll == "auto" else int(unroll))
     state = sim.init()
     loop = not sim.executor.jittable
-    rounds = 1 if loop or quick or spec["model"] == "cnn1" else (2 if spec["clients"] >= 10000 else 5)
+    rounds = 1 if loop or quick or spec["model"] in ("cnn1", "resnet18_gn") else (2 if spec["clients"] >= 10000 else 5)
     t0 = time.perf_counter()
     state, _ = sim.run_rounds(state, rounds)  # warm-up (compiles)
     jax.block_until_ready(state)
@@ -112,11 +118,11 @@ def measure(workload: str, executor: str, conv: str, unroll: str, repeats: int, 
     compiled = sim._compiled.get(("block", rounds))
     mem = compiled.memory_analysis() if compiled is not None else None
     xla_bytes = (mem.temp_size_in_bytes + mem.argument_size_in_bytes + mem.output_size_in_bytes) if mem else None
-    flops = step_flops(sim.algorithm.model, data)
+    flops = step_flops(sim.model, data)
     return {
         "workload": workload, "executor": executor, "resolved": sim.executor.describe(),
-        "conv": sim.algorithm.model.module.conv_impl if sim.algorithm.model.has_conv else "-",
-        "unroll": sim.algorithm.unroll, "clients": spec["clients"], "round_seconds": per_round,
+        "conv": sim.model.module.conv_impl if sim.model.has_conv else "-",
+        "unroll": sim.unroll, "clients": spec["clients"], "round_seconds": per_round,
         "client_steps_per_s": client_steps / per_round, "samples_per_s": client_steps * BATCH / per_round,
         "flops_per_s": flops * client_steps / per_round,
         "compile_seconds": sim.compile_seconds if not loop else first - per_round,
@@ -126,7 +132,8 @@ def measure(workload: str, executor: str, conv: str, unroll: str, repeats: int, 
 
 
 def configurations(quick: bool):
-    for w, spec in WORKLOADS.items():
+    for w in CPU_TABLE:
+        spec = WORKLOADS[w]
         if quick and w != "mlp-28x28-64":
             continue
         for ex in EXECUTORS:
@@ -144,21 +151,42 @@ def main():
     ap.add_argument("--quick", action="store_true", help="one small workload, 2 repeats (smoke test)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--one", nargs=4, metavar=("WORKLOAD", "EXECUTOR", "CONV", "UNROLL"), help=argparse.SUPPRESS)
+    ap.add_argument("--clients", type=int, help=argparse.SUPPRESS)  # with --one: override the workload's
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(measure(*args.one, repeats=args.repeats, quick=args.quick)))
+        print(json.dumps(measure(*args.one, repeats=args.repeats, quick=args.quick, clients=args.clients)))
         return
     repeats = 2 if args.quick else args.repeats
-    import jax
-
     from fljax.runner.files import write_json, write_text
 
     peak = matmul_peak(512 if args.quick else 2048)
+    rows = measure_all(configurations(args.quick), repeats, args.quick, peak)
+    meta = describe(" ".join(["python benchmarks/throughput.py"] + sys.argv[1:]), peak, repeats)
+    name = "throughput_quick" if args.quick else "throughput"
+    md = markdown(meta, rows)
+    write_json(os.path.join(args.out, name + ".json"), {"meta": meta, "rows": rows})
+    write_text(os.path.join(args.out, name + ".md"), md)
+    print(md)
+
+
+def describe(command: str, peak: float, repeats: int) -> dict:
+    """The machine and settings a table was measured with."""
+    import jax
+
+    return {"command": command, "jax": jax.__version__, "backend": jax.default_backend(),
+            "devices": [str(d) for d in jax.devices()], "cpu_count": os.cpu_count(), "machine": platform.machine(),
+            "matmul_peak_flops": peak, "local_steps": STEPS, "batch_size": BATCH, "repeats": repeats,
+            "date": time.strftime("%Y-%m-%d")}
+
+
+def measure_all(configs, repeats: int, quick: bool, peak: float, clients: int | None = None) -> list[dict]:
+    """:func:`measure` each (workload, executor, conv, unroll) in its own process (``clients``: override the
+    workload's number of clients); a failed one is reported on stderr and left out. ``peak_fraction`` against
+    ``peak`` FLOP/s."""
     rows = []
-    for cfg in configurations(args.quick):
+    for cfg in configs:
         cmd = [sys.executable, os.path.abspath(__file__), "--one", *cfg, "--repeats", str(repeats)]
-        if args.quick:
-            cmd.append("--quick")
+        cmd += (["--quick"] if quick else []) + (["--clients", str(clients)] if clients else [])
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode != 0:
             print(f"FAILED {cfg}: {out.stderr.strip().splitlines()[-1] if out.stderr else ''}", file=sys.stderr)
@@ -169,16 +197,7 @@ def main():
         print(f"{row['workload']:<22} {row['executor']:<8} {row['conv']:<8} unroll {row['unroll']:<3} "
               f"{row['client_steps_per_s']:>12,.0f} client-steps/s  compile {row['compile_seconds']:.1f}s",
               file=sys.stderr)
-    meta = {"command": " ".join(["python benchmarks/throughput.py"] + sys.argv[1:]), "jax": jax.__version__,
-            "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
-            "cpu_count": os.cpu_count(), "machine": platform.machine(), "matmul_peak_flops": peak,
-            "local_steps": STEPS, "batch_size": BATCH, "repeats": repeats,
-            "date": time.strftime("%Y-%m-%d")}
-    name = "throughput_quick" if args.quick else "throughput"
-    md = markdown(meta, rows)
-    write_json(os.path.join(args.out, name + ".json"), {"meta": meta, "rows": rows})
-    write_text(os.path.join(args.out, name + ".md"), md)
-    print(md)
+    return rows
 
 
 def markdown(meta: dict, rows: list[dict]) -> str:

@@ -148,9 +148,17 @@ def load_compare(directory) -> "pandas.DataFrame":
 
 
 def _output(progress: bool, tensorboard: str | None = None):
+    """Progress and TensorBoard as asked; first joins the process group the environment names, if any
+    (:func:`fljax.engine.processes.from_environment`), and on its processes other than 0 stays silent."""
+    import io
+
+    from fljax.engine import processes
     from fljax.runner import Output
     from fljax.runner.tensorboard import TensorBoard
 
+    processes.from_environment()
+    if not processes.is_lead():
+        return Output("quiet", stdout=io.StringIO())
     return Output("bar" if progress else "quiet", tensorboard=TensorBoard(tensorboard) if tensorboard else None)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import difflib
+import io
 import os
 import signal
 import sys
@@ -97,8 +98,30 @@ def _output(args):
     from fljax.runner import Output
     from fljax.runner.tensorboard import TensorBoard
 
+    if getattr(args, "follower", False):  # a process other than 0 of a group: silent
+        return Output("quiet", stdout=io.StringIO())
     return Output("json" if args.json else "quiet" if args.quiet else "bar",
                   tensorboard=TensorBoard(args.tensorboard) if getattr(args, "tensorboard", None) else None)
+
+
+def _join(args, argv: list[str]) -> int | None:
+    """``--processes N`` and the ``FLJAX_*`` group variables (:mod:`fljax.runner.launch`): join the group the
+    environment names, or launch N processes of this command (returns their exit status), or nothing (None)."""
+    from fljax.engine import processes
+    from fljax.runner import launch
+
+    n = args.processes
+    if n is not None and n < 1:
+        raise ConfigError(f"--processes must be >= 1, got {n}.")
+    joined = processes.from_environment()
+    if joined:
+        group = int(os.environ[processes.ENV["num_processes"]])
+        if n is not None and n != group:
+            raise ConfigError(f"--processes {n} disagrees with {processes.ENV['num_processes']}={group}.")
+        n, args.follower = group, not processes.is_lead()
+    if args.resume and (n or 1) > 1:
+        raise ConfigError("--resume continues a run in one process; drop --processes.")
+    return launch.spawn(argv, n) if not joined and (n or 1) > 1 else None
 
 
 def _signal_of(e: KeyboardInterrupt):
@@ -324,6 +347,10 @@ def make_parser() -> argparse.ArgumentParser:
         sp.add_argument("--checkpoint-every", type=int, metavar="K",
                         help="checkpoint every K rounds (default: at an evaluation once a minute has passed, "
                         "and at the end; 0: never)")
+        sp.add_argument("--processes", type=int, metavar="N",
+                        help="run the simulation as N processes of this machine, clients sharded over all of them "
+                        "(jax.distributed; on several hosts set FLJAX_COORDINATOR, FLJAX_NUM_PROCESSES and "
+                        "FLJAX_PROCESS_ID instead: see the README)")
         sp.add_argument("--tensorboard", metavar="DIR",
                         help="also write every evaluation as TensorBoard scalars into DIR/<run>/seed_<s>/ "
                         "(needs tensorboardX: pip install 'fljax[explore]')")
@@ -408,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None  # SIGTERM acts as Ctrl-C
     try:
-        return args.func(args)
+        launched = _join(args, argv) if hasattr(args, "processes") else None
+        return launched if launched is not None else args.func(args)
     except KeyboardInterrupt as e:  # outside a run (a run reports how to resume it)
         e = _signal_of(e)
         print(f"fljax: interrupted by {e.name}", file=sys.stderr)

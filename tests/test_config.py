@@ -81,7 +81,7 @@ def test_the_data_layer_checks_its_own_options():
 def test_a_resolved_data_section_holds_exactly_the_chosen_components_keys():
     data = to_dict(fljax.make_config(data={"dataset": "digits", "partition": "client_pathological"}))["data"]
     common = ["dataset", "num_clients", "partition", "seed", "test_per_client", "test_fraction", "test_rounding",
-              "test_rows"]
+              "storage", "test_rows"]
     assert list(data) == [*common, "noise", "test_per_class", "classes_per_client", "samples_per_client", "on_exhausted"]
     assert to_dict(fljax.make_config())["data"]["partition"] == "natural"  # null resolved to the default
 

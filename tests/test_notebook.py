@@ -1,4 +1,5 @@
-"""CI executes every notebook in notebooks/ top to bottom (each sized to run in well under a minute). The committed
+"""CI executes every notebook in notebooks/ top to bottom (each sized to run in well under a minute; a notebook whose
+committed outputs come from a larger size reads ``FLJAX_NOTEBOOK_SIZE=small``, which this test sets). The committed
 copies carry their outputs so that they render on a code host; refresh them with
 ``jupyter execute --inplace notebooks/NAME.ipynb``."""
 import glob
@@ -11,7 +12,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")))
 # what each notebook must show: printed text, and the number of figures
 EXPECTED = {"quickstart": (["fedavg  personalized accuracy", "local   personalized accuracy"], 2),
-            "fedslr": ([], 3), "dfedalt": ([], 3), "throughput": (["float32 matmul peak here"], 1)}
+            "fedslr": ([], 3), "dfedalt": ([], 3), "throughput": (["float32 matmul peak here"], 1),
+            "fedgia": (["Example V.1: 1 instance(s)"], 2), "quped": (["mixed population:"], 4),
+            "augfl": (["server's pretrained model:"], 2)}
 
 
 def _outputs(nb):
@@ -27,7 +30,7 @@ def test_every_notebook_is_listed_and_committed_with_its_figures():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: os.path.basename(p))
-def test_notebook_executes(path, monkeypatch):
+def test_notebook_executes(path, monkeypatch, tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     # The kernel is ipykernel's 'python3' of this very interpreter: its kernelspec launches `python`, so put this
@@ -35,6 +38,8 @@ def test_notebook_executes(path, monkeypatch):
     # fljax under test.
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.setenv("FLJAX_NOTEBOOK_SIZE", "small")
+    monkeypatch.setenv("FLJAX_CACHE", str(tmp_path))  # a pretrained server model (AugFL) is cached here, not in ~
     monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's inline backend shows the figures
     nb = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=300, resources={"metadata": {"path": ROOT}})

@@ -1,4 +1,4 @@
-"""From a source to :class:`FederatedData`: partition, per-client test splits, padding.
+"""From a source to :class:`FederatedData`: partition, per-client test splits, padded or ragged client arrays.
 
 Per-client test splits follow each client's own label distribution:
 
@@ -13,11 +13,13 @@ import numpy as np
 
 from fljax.data import partitioners as partition_lib
 from fljax.data.config import DataConfig
-from fljax.data.federated import FederatedData, pad_clients
+from fljax.data.federated import FederatedData, pad_flat
+from fljax.data.ragged import ragged_clients
 from fljax.data.sources import DataError, Natural, Pooled
 from fljax.errors import OptionError
 
-__all__ = ["pool_test_split", "holdout_split", "federate", "make_federated", "load_federated"]
+__all__ = ["pool_test_split", "holdout_mask", "holdout_split", "stack_clients", "federate", "make_federated",
+           "load_federated"]
 
 
 TEST_ROUNDING = ("largest_remainder", "floor", "ceil")
@@ -54,43 +56,76 @@ def pool_test_split(train_labels: list[np.ndarray], test_labels: np.ndarray, num
     return out
 
 
-def holdout_split(labels: list[np.ndarray], fraction: float, seed: int) -> tuple[list, list]:
-    """Stratified hold-out within every client: returns (train indices, test indices) per client.
+def holdout_mask(labels: np.ndarray, counts, fraction: float, seed: int) -> np.ndarray:
+    """Stratified hold-out within every client, vectorised over all samples: ``labels [S]`` stored client after
+    client (``counts [C]``); returns the test mask ``[S]``.
 
-    Each class with at least two samples gives ``round(fraction·n_c)`` (at least one) samples to the test split;
-    the train split is never left empty.
+    Within client i, each class c with n_ic ≥ 2 samples gives ``round(fraction·n_ic)`` (at least one) samples, drawn
+    uniformly without replacement, to the test split; the train split is never left empty. (One sort of all samples
+    by (client, class, a uniform key): the first samples of every (client, class) group are its test samples.)
     """
+    labels = np.asarray(labels, np.int64)
+    counts = np.asarray(counts, np.int64)
+    owner = np.repeat(np.arange(len(counts)), counts)
     rng = np.random.default_rng(seed + 104729)
-    trains, tests = [], []
-    for y in labels:
-        test = []
-        for c in np.unique(y):
-            idx = rng.permutation(np.flatnonzero(y == c))
-            if len(idx) >= 2:
-                test.append(idx[: max(1, int(round(fraction * len(idx))))])
-        test = np.sort(np.concatenate(test)) if test else np.zeros(0, np.int64)
-        trains.append(np.setdiff1d(np.arange(len(y)), test))
-        tests.append(test)
-    return trains, tests
+    order = np.lexsort((rng.random(len(labels)), labels, owner))
+    group = owner[order] * (int(labels.max(initial=0)) + 1) + labels[order]
+    first = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+    size = np.diff(np.r_[first, len(group)])
+    rank = np.arange(len(group)) - np.repeat(first, size)
+    n = np.repeat(size, size)
+    take = np.maximum(1, np.round(fraction * n).astype(np.int64))
+    mask = np.zeros(len(labels), bool)
+    mask[order] = (n >= 2) & (rank < take)
+    return mask
+
+
+def holdout_split(labels: list[np.ndarray], fraction: float, seed: int) -> tuple[list, list]:
+    """:func:`holdout_mask` on per-client label arrays: returns (train indices, test indices) per client."""
+    counts = [len(y) for y in labels]
+    test = holdout_mask(np.concatenate(labels) if labels else np.zeros(0, np.int64), counts, fraction, seed)
+    parts = np.split(test, np.cumsum(counts)[:-1])
+    return [np.flatnonzero(~t) for t in parts], [np.flatnonzero(t) for t in parts]
+
+
+STORAGES = ("padded", "ragged")
+
+
+def stack_clients(x: np.ndarray, y: np.ndarray, counts, storage: str = "padded", rows=None):
+    """Client arrays of samples stored client after client in ``x[rows]``/``y[rows]`` (``rows`` None: the leading
+    rows): padded (:func:`~fljax.data.federated.pad_flat`) or ragged (:func:`~fljax.data.ragged.ragged_clients`)."""
+    if storage not in STORAGES:
+        raise DataError(f"storage must be one of {STORAGES}, got {storage!r}.")
+    return pad_flat(x, y, counts, rows=rows) if storage == "padded" else ragged_clients(x, y, counts, rows=rows)
+
+
+def _flat(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray], storage: str):
+    """Client arrays of the rows ``parts[i]`` of ``x``/``y`` for every client i."""
+    idx = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return stack_clients(x, y, [len(p) for p in parts], storage, rows=idx)
 
 
 def federate(source: Pooled | Natural, num_clients: int, partition: str, seed: int, *,
              test_per_client: int | None = None, test_fraction: float = 0.2,
-             test_rounding: str = "largest_remainder", **options) -> FederatedData:
-    """Partition a source into clients and build padded train/test arrays; ``options`` are the partitioner's
-    (e.g. ``alpha=0.1`` for dirichlet)."""
+             test_rounding: str = "largest_remainder", storage: str = "padded", **options) -> FederatedData:
+    """Partition a source into clients and build train/test client arrays, padded or ragged (``storage``,
+    :mod:`fljax.data.ragged`); ``options`` are the partitioner's (e.g. ``alpha=0.1`` for dirichlet)."""
     if isinstance(source, Natural):
         if partition not in ("natural",):
             raise DataError(f"{source.name} defines its own clients; use partition='natural', not {partition!r}.")
-        if len(source.xs) != num_clients:
-            raise DataError(f"{source.name} was generated for {len(source.xs)} clients, not {num_clients}.")
-        tr, te = holdout_split(source.ys, test_fraction, seed)
-        train = pad_clients([x[i] for x, i in zip(source.xs, tr)], [y[i] for y, i in zip(source.ys, tr)])
-        test = pad_clients([x[i] for x, i in zip(source.xs, te)], [y[i] for y, i in zip(source.ys, te)])
-        input_shape = source.xs[0].shape[1:]
+        if len(source.counts) != num_clients:
+            raise DataError(f"{source.name} was generated for {len(source.counts)} clients, not {num_clients}.")
+        test_mask = holdout_mask(source.y, source.counts, test_fraction, seed)
+        owner = np.repeat(np.arange(num_clients), source.counts)
+        train, test = (stack_clients(source.x, source.y, np.bincount(owner[m], minlength=num_clients), storage,
+                                     rows=np.flatnonzero(m)) for m in (~test_mask, test_mask))
+        input_shape = source.x.shape[1:]
         desc = f"natural clients, stratified {test_fraction:.0%} per-client hold-out"
     elif partition_lib.PARTITIONERS.get(partition) is not None and partition_lib.PARTITIONERS[partition].build:
         entry = partition_lib.PARTITIONERS[partition]
+        if storage != "padded":
+            raise OptionError("storage", f"must be 'padded' for partition {partition!r} (it builds its own client "
+                                         f"arrays), got {storage!r}.")
         return entry.build(source, num_clients, seed, partition_lib.parse(entry.options, options,
                                                                             f" for partition {partition!r}"))
     else:
@@ -116,8 +151,8 @@ def federate(source: Pooled | Natural, num_clients: int, partition: str, seed: i
                                                  f"leaves {len(empty)} of {num_clients} clients without test samples "
                                                  f"(first: client {empty[0]}); raise it or use test_rounding="
                                                  f"'largest_remainder'.")
-        train = pad_clients([source.x_train[p] for p in parts], [source.y_train[p] for p in parts])
-        test = pad_clients([source.x_test[t] for t in tests], [source.y_test[t] for t in tests])
+        train = _flat(source.x_train, source.y_train, parts, storage)
+        test = _flat(source.x_test, source.y_test, tests, storage)
         input_shape = source.x_train.shape[1:]
         desc = (f"partition {partition}, " + ("test slices cut by the partitioner" if entry.split_test is not None else
                                               f"per-client test sets of {per_client} following each client's labels"))
@@ -131,9 +166,11 @@ def load_federated(config: DataConfig, seed: int) -> FederatedData:
     source_options, partition_options = config.components()
     source = config.source.load(source_options, config.num_clients, seed)
     data = federate(source, config.num_clients, config.partition, seed, test_per_client=config.test_per_client,
-                    test_fraction=config.test_fraction, test_rounding=config.test_rounding,
+                    test_fraction=config.test_fraction, test_rounding=config.test_rounding, storage=config.storage,
                     **partition_options.to_dict())
     if config.test_rows is not None:
+        if config.storage != "padded":
+            raise OptionError("test_rows", "pads padded client arrays; remove it with storage: ragged.")
         if config.test_rows < data.test.n_max:
             raise OptionError("test_rows", f"must be at least the largest client's test split "
                                            f"({data.test.n_max}), got {config.test_rows}.")

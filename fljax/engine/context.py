@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fljax.data.ragged import join_rows, split_rows
 from fljax.engine.executors import Executor
 from fljax.engine.groups import map_groups
 from fljax.engine.protocol import ClientInput
@@ -26,8 +27,10 @@ SERVER = 6  # the server's own draws on its data (e.g. AugFL's knowledge-transfe
 @dataclasses.dataclass(frozen=True)
 class ClientCall:
     """``update(ClientInput(...))`` for one client, as the executor's ``fn(shared, per_client)``: ``shared`` =
-    (down, round), ``per_client`` = (state, train, key, test, clock_key). Hashable (a bound method of a frozen
-    algorithm, hashable models), so the loop executor compiles it once."""
+    (down, round, train rows, test rows), ``per_client`` = (state, train, key, test, clock_key). With ragged
+    storage the rows are the flat samples and the per-client train/test the client's (offset, count), joined into
+    its padded window here (:func:`fljax.data.ragged.join_rows`); with padded data the rows are None. Hashable (a
+    bound method of a frozen algorithm, hashable models), so the loop executor compiles it once."""
 
     update: Callable
     model: Any
@@ -35,8 +38,9 @@ class ClientCall:
     global_model: Any = None
 
     def __call__(self, shared, per_client):
-        down, round_ = shared
+        down, round_, train_rows, test_rows = shared
         state, train, key, test, clock_key = per_client
+        train, test = join_rows(train_rows, train), join_rows(test_rows, test)
         return self.update(ClientInput(state=state, train=train, key=key, round=round_, down=down, test=test,
                                        clock_key=clock_key, model=self.model, unroll=self.unroll,
                                        global_model=self.global_model or self.model))
@@ -115,7 +119,10 @@ class RoundContext:
         ``test`` split, round-independent ``clock_keys``) are given, all receiving ``down``; the results stacked
         along the client axis."""
         call = ClientCall(update, self.model, self.unroll, self.global_model)
-        return self.map_clients(call, (down, self.round), (states, train, keys, test, clock_keys))
+        train_rows, train = split_rows(train)
+        test_rows, test = split_rows(test)
+        return self.map_clients(call, (down, self.round, train_rows, test_rows),
+                                (states, train, keys, test, clock_keys))
 
     def stream(self, tag: int):
         return jax.random.fold_in(self.key, tag)

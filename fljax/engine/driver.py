@@ -18,7 +18,8 @@ import numpy as np
 
 from fljax import tree
 from fljax.data.federated import FederatedData
-from fljax.engine import blas, compile_cache, compile_clock
+from fljax.data.ragged import RaggedArrays
+from fljax.engine import blas, compile_cache, compile_clock, processes
 from fljax.engine.context import RoundContext
 from fljax.engine.executors import Executor, choose_executor, make_executor
 from fljax.engine.loop import NonFiniteError, NonFiniteGuard, RunLog, drive
@@ -32,6 +33,20 @@ __all__ = ["Simulation", "RunResult", "default_model"]
 def default_model(data: FederatedData) -> Model:
     """Logistic regression for vector data, CNN1 for images."""
     return make_model(auto_model(data.input_shape), data.input_shape, data.num_classes)
+
+
+# Programs that run once (initialisation) or only between blocks of rounds (evaluation) are compiled for compile
+# speed on CPU, at XLA's backend optimisation level 0. Measured on the quick-start FedAvg (MLP 64, 50 clients; 2 cores
+# under load ~13): init 1.2 s instead of 3.9 s to compile, evaluation 1.0 s instead of 1.9 s to compile and 1.0 ms
+# instead of 0.5 ms to run. The blocks of rounds keep the full optimisation (level 0 ran them 3x slower).
+QUICK_COMPILE = ("init", "evaluate", "lanes_init", "lanes_evaluate")
+
+
+def _compiler_options(name: str) -> dict | None:
+    """XLA options of the program called ``name`` (see QUICK_COMPILE)."""
+    if name in QUICK_COMPILE and jax.default_backend() == "cpu":
+        return {"xla_backend_optimization_level": 0}
+    return None
 
 
 def _round_key(base, round_):
@@ -97,6 +112,8 @@ class Simulation:
         population = None if groups is None else Population.of(groups)
         if population is not None:
             self._check_population(algorithm, population, data, model)
+            if isinstance(data, FederatedData) and isinstance(data.train, RaggedArrays):
+                raise ValueError("client groups need padded client arrays; build the data with storage='padded'.")
         self.algorithm = algorithm
         self.data = data
         self.seed = int(seed)
@@ -218,12 +235,13 @@ class Simulation:
     def _compiled_fn(self, name: str, fn: Callable, args, static: tuple = ()):
         """AOT-compile ``fn`` once per (name, static, structure and shapes of ``args``) and account the compile
         time. ``static`` must hold every Python value ``fn`` depends on beyond ``args`` (``fn`` itself is not part
-        of the key). The program is returned wrapped in :func:`fljax.engine.blas.call`."""
+        of the key). The program is returned wrapped in :func:`fljax.engine.blas.call`. On several processes its
+        inputs and outputs are replicated on every device (:func:`fljax.engine.processes.program_shardings`)."""
         leaves, treedef = jax.tree.flatten(args)
         key = (name, static, treedef, tuple((np.shape(x), str(getattr(x, 'dtype', type(x)))) for x in leaves))
         if key not in self._compiled:
             t0 = time.perf_counter()
-            compiled = jax.jit(fn).lower(*args).compile()
+            compiled = jax.jit(fn, **processes.program_shardings()).lower(*args).compile(_compiler_options(name))
             self._compiled[key] = lambda *a: blas.call(compiled, *a)
             self.compile_seconds += time.perf_counter() - t0
         return self._compiled[key]
@@ -289,6 +307,5 @@ class Simulation:
 def _client_data_bytes(data) -> int:
     """Bytes of one client's local data: its train split for classification data, else an equal share of all."""
     if isinstance(data, FederatedData):
-        train = data.train
-        return (train.x.nbytes + train.y.nbytes) // max(train.x.shape[0], 1)
+        return data.train.client_nbytes()
     return tree.nbytes(data) // max(data.num_clients, 1)

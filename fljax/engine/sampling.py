@@ -4,17 +4,48 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-__all__ = ["sample_cohort", "bernoulli_mask"]
+__all__ = ["sample_cohort", "smallest_keys", "bernoulli_mask", "PERMUTATION_MAX_CLIENTS"]
+
+# Up to this many clients a cohort is the head of a random permutation (jax.random.choice: two sorts of the whole
+# population's keys); beyond, a linear-time selection of the smallest keys (smallest_keys). Measured on a loaded
+# 2-core CPU (benchmarks/scale.py): 2.7 s against 0.03 s per cohort of 10,000 from 1,000,000 clients, more than the
+# round itself. The bound keeps every population padded storage allows on its earlier cohorts, seed for seed.
+PERMUTATION_MAX_CLIENTS = 100_000
+_RADIX = 1 << 16
 
 
 def sample_cohort(key, num_clients: int, size: int | None):
     """A fixed-size cohort drawn uniformly without replacement, as sorted client ids ``[size]``.
 
-    ``size`` None (or >= ``num_clients``) is full participation: ``arange(num_clients)``.
+    ``size`` None (or >= ``num_clients``) is full participation: ``arange(num_clients)``. Up to
+    :data:`PERMUTATION_MAX_CLIENTS` clients the cohort is ``jax.random.choice``'s; beyond, the ``size`` clients with
+    the smallest of ``num_clients`` independent uniform 32-bit keys (:func:`smallest_keys`), a uniform subset too.
     """
     if size is None or size >= num_clients:
         return jnp.arange(num_clients)
+    if num_clients > PERMUTATION_MAX_CLIENTS:
+        return smallest_keys(jax.random.bits(key, (num_clients,), jnp.uint32), size)
     return jnp.sort(jax.random.choice(key, num_clients, (size,), replace=False))
+
+
+def smallest_keys(keys, k: int):
+    """Sorted indices of the ``k`` smallest of the uint32 ``keys`` (ties: lower index first) in O(n): a two-pass
+    radix select (a 65,536-bin histogram of the high 16 bits finds the bin of the k-th smallest key, one of the low
+    16 bits within that bin finds the key T), then every key below T and the first ones equal to T."""
+
+    def kth_bin(digits, valid, below):
+        hist = jnp.zeros(_RADIX, jnp.int32).at[jnp.where(valid, digits, _RADIX)].add(1, mode="drop")
+        cum = below + jnp.cumsum(hist)
+        b = jnp.searchsorted(cum, k, side="left")  # the bin holding the k-th smallest key
+        return b, cum[b] - hist[b]
+
+    high, low = (keys >> 16).astype(jnp.int32), (keys & (_RADIX - 1)).astype(jnp.int32)
+    b_high, below = kth_bin(high, jnp.ones(keys.shape, bool), 0)
+    b_low, _ = kth_bin(low, high == b_high, below)
+    kth = (b_high.astype(jnp.uint32) << 16) | b_low.astype(jnp.uint32)
+    less, equal = keys < kth, keys == kth
+    chosen = less | (equal & (jnp.cumsum(equal) <= k - jnp.sum(less)))
+    return jnp.nonzero(chosen, size=k)[0]
 
 
 def bernoulli_mask(key, num_clients: int, rate: float):

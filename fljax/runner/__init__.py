@@ -7,6 +7,7 @@
 * :mod:`~fljax.runner.memory` — a simulation that cannot fit in memory is refused before it starts;
 * :mod:`~fljax.runner.resume` — what ``--resume`` may change in a run's config;
 * :mod:`~fljax.runner.interrupt` — Ctrl-C and SIGTERM: checkpoint, status, exit;
+* :mod:`~fljax.runner.launch` — ``--processes N``: one simulation as N local processes (process 0 writes);
 * :mod:`~fljax.runner.plots` — PNG plots of one run and of a comparison;
 * :mod:`~fljax.runner.report` — progress output modes, JSON log lines, Markdown tables with mean ± std;
 * :mod:`~fljax.runner.sweep` — seeds: which run vectorised, which one after another;

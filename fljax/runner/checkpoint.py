@@ -37,8 +37,13 @@ class Checkpointer:
 
         self._ocp = ocp
         self.directory = os.path.abspath(directory)
+        # only this process takes part (on several processes, process 0 alone checkpoints: fljax.engine.processes)
+        alone = ocp.options.MultiprocessingOptions(primary_host=jax.process_index(),
+                                                   active_processes={jax.process_index()})
+        os.makedirs(self.directory, exist_ok=True)  # orbax creates no folder for a subset of the processes
         options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=True,
-                                               create=True, cleanup_tmp_directories=True)
+                                               create=False, cleanup_tmp_directories=True,
+                                               multiprocessing_options=alone)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self._saved: int | None = None
 
@@ -50,7 +55,7 @@ class Checkpointer:
             return
         self._saved = round_
         args = self._ocp.args
-        self._manager.save(round_, args=args.Composite(state=args.StandardSave(state),
+        self._manager.save(round_, args=args.Composite(state=args.StandardSave(jax.device_get(state)),
                                                                  log=args.JsonSave(log.to_json())), force=True)
 
     def rounds(self) -> list[int]:

@@ -32,6 +32,7 @@ from fljax.errors import OptionError
 from fljax.engine import DivergenceGuard, Lanes, NonFiniteError, NonFiniteGuard, RunLog, RunResult, Simulation
 from fljax.engine.lanes import can_batch
 from fljax.engine.loop import drive
+from fljax.engine.processes import lead_only
 from fljax.runner import files, interrupt, lock
 from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
 from fljax.runner.memory import check_fits
@@ -483,7 +484,10 @@ def run_experiment(cfg: ExperimentConfig, out: str | None, *, resume: bool = Fal
                    data_cache: DataCache | None = None, plots: bool = True, missing_ok: bool = False,
                    lanes: str = "vmap", model=None) -> ExperimentResult:
     """Run ``cfg`` (all its seeds) into run directory ``out`` (None: write nothing). Raises
-    :class:`~fljax.engine.NonFiniteError`, after writing what it has, when a seed produced NaN/Inf or diverged."""
+    :class:`~fljax.engine.NonFiniteError`, after writing what it has, when a seed produced NaN/Inf or diverged.
+    On several processes only process 0 writes (:func:`~fljax.engine.processes.lead_only`), here and in
+    :func:`compare_experiments` and :func:`sweep_experiments`."""
+    out = lead_only(out)
     result = run_points([(None, cfg)], out, resume=resume, output=output, data_cache=data_cache, plots=plots,
                         missing_ok=missing_ok, lanes=lanes, model=model)[0]
     stopped = result.stopped
@@ -520,6 +524,7 @@ def compare_experiments(cfg: ExperimentConfig, algorithms: list[str | tuple[str,
     before anything runs. Returns the table rows and the results by label."""
     from fljax.api import label as make_label
 
+    out = lead_only(out)
     output = output or Output()
     root = RunDir(out)
     entries = [(e, {}) if isinstance(e, str) else tuple(e) for e in algorithms]
@@ -557,6 +562,7 @@ def sweep_experiments(cfg: ExperimentConfig, grid: dict[str, list], out: str | N
     seeds into ``out/<point>/``; points that differ only in numeric hyperparameters are lanes of one program with
     the seeds. Writes ``sweep.md`` (the table: mean ± std over seeds), ``sweep.png`` and ``summary.json``. Returns
     the table rows and the results by point label; a point a guard stopped is marked 'stopped' in the table."""
+    out = lead_only(out)
     output = output or Output()
     root = RunDir(out)
     if not grid:

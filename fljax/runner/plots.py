@@ -15,9 +15,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from matplotlib import colormaps
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
 from fljax.runner.files import write_figure
 
@@ -35,7 +32,17 @@ _SUMMARY_SUFFIXES = ("_acc", "_acc_p10", "_acc_weighted", "_loss", "_loss_weight
 def style(i: int) -> dict:
     """Colour and marker of the i-th run: 10 colours × 11 markers, so the first 110 runs all differ (and
     neighbours differ in both)."""
+    from matplotlib import colormaps
+
     return {"color": colormaps["tab10"](i % 10), "marker": MARKERS[i % len(MARKERS)]}
+
+
+def _figure(**options):
+    """A matplotlib figure on the Agg canvas. matplotlib is imported here, on the first plot, not with this module:
+    its second of imports then never delays the start of a run."""
+    from matplotlib.figure import Figure
+
+    return Figure(**options)
 
 
 def setting(cfg, federated=None) -> str:
@@ -139,7 +146,7 @@ def _metrics_figure(runs: dict[str, list[list[dict]]], title: str, labelled: boo
     if not panels:
         return None
     cols = min(3, len(panels))
-    fig = Figure(figsize=(4.2 * cols, 3.2 * math.ceil(len(panels) / cols)), layout="constrained")
+    fig = _figure(figsize=(4.2 * cols, 3.2 * math.ceil(len(panels) / cols)), layout="constrained")
     axes = np.atleast_1d(fig.subplots(math.ceil(len(panels) / cols), cols)).ravel()
     for ax, (panel, members) in zip(axes, panels.items()):
         for i, (label, histories) in enumerate(runs.items()):
@@ -167,7 +174,7 @@ def plot_run(directory: str, histories: list[list[dict]], per_client: list[dict]
     for name, x_bytes in (("accuracy_vs_round", False), ("accuracy_vs_bytes", True)):
         if x_bytes and not _communicates(histories):
             continue  # nothing communicated (Local): no bytes plot
-        fig = Figure(figsize=(5.5, 4))
+        fig = _figure(figsize=(5.5, 4))
         ax = fig.add_subplot()
         _accuracy(ax, runs, x_bytes, labelled=False)
         ax.set_title(title, fontsize="medium")
@@ -175,11 +182,13 @@ def plot_run(directory: str, histories: list[list[dict]], per_client: list[dict]
         paths += _save(fig, f"{directory}/{name}.png")
     accs = [np.asarray(p[k]) for p in per_client for k in ("personal_acc",) if k in p]
     if accs:
-        fig = Figure(figsize=(5.5, 4))
+        fig = _figure(figsize=(5.5, 4))
         ax = fig.add_subplot()
         ax.hist(np.concatenate(accs), bins=np.linspace(0, 1, 21), edgecolor="white")
         ax.set_xlabel("personalized test accuracy of a client")
         ax.set_ylabel("clients" + (f" (all {len(accs)} seeds)" if len(accs) > 1 else ""))
+        from matplotlib.ticker import MaxNLocator
+
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(f"{title}: clients at the last evaluation", fontsize="medium")
         paths += _save(fig, f"{directory}/client_accuracy.png")
@@ -192,7 +201,7 @@ def plot_run(directory: str, histories: list[list[dict]], per_client: list[dict]
 def plot_compare(path: str, runs: dict[str, list[list[dict]]], title: str) -> list[str]:
     """``path`` (.png, with a .pdf beside it): accuracy against rounds and against communicated MB, one colour and
     marker per run label; ``<stem>_metrics`` with the other logged quantities. Returns the paths written."""
-    fig = Figure(figsize=(12, 4.4), layout="constrained")
+    fig = _figure(figsize=(12, 4.4), layout="constrained")
     axes = fig.subplots(1, 2)
     _accuracy(axes[0], runs, False, labelled=True)
     _accuracy(axes[1], runs, True, labelled=True)
