@@ -60,6 +60,7 @@ def femnist(data_dir: str | None, num_clients: int, seed: int, writers_per_clien
                         f"{data_dir!r} holds {len(writers)}.")
     order = np.random.default_rng(seed).permutation(sorted(writers))[:need]
     groups = [order[i * writers_per_client:(i + 1) * writers_per_client] for i in range(num_clients)]
-    xs = [np.concatenate([writers[w][0] for w in g]) for g in groups]
-    ys = [np.concatenate([writers[w][1] for w in g]) for g in groups]
-    return Natural(xs, ys, num_classes, "femnist" if num_classes == 10 else "femnist62")
+    counts = np.asarray([sum(len(writers[w][1]) for w in g) for g in groups], np.int32)
+    x = np.concatenate([writers[w][0] for g in groups for w in g])
+    y = np.concatenate([writers[w][1] for g in groups for w in g])
+    return Natural(x, y, counts, num_classes, "femnist" if num_classes == 10 else "femnist62")
