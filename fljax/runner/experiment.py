@@ -37,7 +37,7 @@ from fljax.runner import files, interrupt, lock
 from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
 from fljax.runner.memory import check_fits
 from fljax.runner.plan import Program, group_runs, traceable
-from fljax.runner.plots import plot_compare, plot_run, setting
+from fljax.runner.plots import FORMATS, plot_compare, plot_run, setting
 from fljax.runner.report import Output, markdown_table, summary_row
 from fljax.runner.results import RunDir, aggregate_summaries, environment, make_summary
 from fljax.runner.resume import check_resume
@@ -209,14 +209,17 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
                output: Output | None = None, data_cache: DataCache | None = None, plots: bool = True,
                missing_ok: bool = False, lanes: str = "vmap", subdirs: bool | None = None,
                trace: tuple[str, ...] = (), root_config: ExperimentConfig | None = None,
-               root_summary: dict | None = None, model=None) -> list[ExperimentResult]:
+               root_summary: dict | None = None, model=None, plot_formats: tuple[str, ...] = FORMATS
+               ) -> list[ExperimentResult]:
     """Run every point for its seeds into ``out`` (one point: ``out`` is its directory; several, or ``subdirs``:
     ``out/<label>/``; ``out=None``: nothing is written). ``root_config`` and ``root_summary``: what a collection (a
     sweep, a comparison) keeps at ``out`` itself, checked and written with the runs' files. ``lanes``: how runs that
     can share a program run — 'vmap' (vectorised lanes), 'map' (one after another inside the program: bit-identical
     to separate runs of the traced program) or 'off' (separate programs); ``trace``: algorithm keys passed as
     traced values even when all runs agree on them (a sweep's grid keys). Runs a guard stops are reported in their
-    summaries (status 'stopped' and the message); the caller decides what that means.
+    summaries (status 'stopped' and the message); the caller decides what that means. ``plot_formats``: the files
+    each run's plots are written as (a collection writes PNG only: a PDF costs twice a PNG's time, and a
+    comparison's own figures are the ones kept as PDF).
 
     What is guaranteed:
 
@@ -289,7 +292,7 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
                     if run.checkpointer is not None:
                         run.checkpointer.close()
                         run.checkpointer = None
-        return [_finish(label, cfg, d, runs, output, plots) for (label, cfg), d, runs in
+        return [_finish(label, cfg, d, runs, output, plot_formats if plots else ()) for (label, cfg), d, runs in
                 zip(points, dirs, runs_by_point)]
 
 
@@ -464,9 +467,10 @@ def _initial(runs: list[Run], sim: Simulation, make):
     return state
 
 
-def _finish(label, cfg: ExperimentConfig, d: RunDir, runs: list[Run], output: Output, plots: bool
+def _finish(label, cfg: ExperimentConfig, d: RunDir, runs: list[Run], output: Output, plots: tuple[str, ...]
             ) -> ExperimentResult:
-    """Events, plots and the point's summary once all its runs are done."""
+    """Events, plots (in the formats ``plots`` names; none if empty) and the point's summary once all its runs are
+    done."""
     for run in runs:
         output.event("summary", run=label or cfg.run_name, **run.summary)
     vectorised = all(r.vectorised for r in runs)
@@ -476,7 +480,7 @@ def _finish(label, cfg: ExperimentConfig, d: RunDir, runs: list[Run], output: Ou
     if plots and d.path is not None and any(r.log.history for r in runs):
         title = f"{label or cfg.run_name}: {setting(cfg, runs[0].data)}"
         plot_run(d.path, [r.log.history for r in runs], [r.result.per_client if r.result else {} for r in runs],
-                 title if len(runs) == 1 else f"{title}, {len(runs)} seeds")
+                 title if len(runs) == 1 else f"{title}, {len(runs)} seeds", plots)
     return ExperimentResult(cfg, d, runs, top, vectorised)
 
 
@@ -606,7 +610,7 @@ def _run_collection(points, cfg: ExperimentConfig, header: dict, out: str | None
     ``header`` with the status ('running', 'interrupted' when a signal stopped it; the caller writes 'completed')."""
     try:
         return run_points(points, out, subdirs=True, root_config=cfg, root_summary={"status": "running", **header},
-                          **kwargs)
+                          plot_formats=("png",), **kwargs)
     except interrupt.Interrupted:
         RunDir(out).write_summary({"status": "interrupted", **header})
         raise

@@ -129,9 +129,9 @@ def _handles(axes) -> tuple[list, list[str]]:
     return list(seen.values()), list(seen)
 
 
-def _save(fig, path_png: str) -> list[str]:
+def _save(fig, path_png: str, formats: tuple[str, ...] = FORMATS) -> list[str]:
     stem = path_png[: -len(".png")] if path_png.endswith(".png") else path_png
-    paths = [f"{stem}.{fmt}" for fmt in FORMATS]
+    paths = [f"{stem}.{fmt}" for fmt in formats]
     for path in paths:
         write_figure(path, fig)
     return paths
@@ -167,8 +167,9 @@ def _metrics_figure(runs: dict[str, list[list[dict]]], title: str, labelled: boo
     return fig
 
 
-def plot_run(directory: str, histories: list[list[dict]], per_client: list[dict], title: str) -> list[str]:
-    """The plots of one run (``histories``/``per_client``: one per seed); returns the paths written."""
+def plot_run(directory: str, histories: list[list[dict]], per_client: list[dict], title: str,
+             formats: tuple[str, ...] = FORMATS) -> list[str]:
+    """The plots of one run (``histories``/``per_client``: one per seed) in ``formats``; returns the paths written."""
     paths = []
     runs = {"run": histories}
     for name, x_bytes in (("accuracy_vs_round", False), ("accuracy_vs_bytes", True)):
@@ -179,7 +180,7 @@ def plot_run(directory: str, histories: list[list[dict]], per_client: list[dict]
         _accuracy(ax, runs, x_bytes, labelled=False)
         ax.set_title(title, fontsize="medium")
         ax.legend()
-        paths += _save(fig, f"{directory}/{name}.png")
+        paths += _save(fig, f"{directory}/{name}.png", formats)
     accs = [np.asarray(p[k]) for p in per_client for k in ("personal_acc",) if k in p]
     if accs:
         fig = _figure(figsize=(5.5, 4))
@@ -191,10 +192,10 @@ def plot_run(directory: str, histories: list[list[dict]], per_client: list[dict]
 
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(f"{title}: clients at the last evaluation", fontsize="medium")
-        paths += _save(fig, f"{directory}/client_accuracy.png")
+        paths += _save(fig, f"{directory}/client_accuracy.png", formats)
     fig = _metrics_figure(runs, title, labelled=False)
     if fig is not None:
-        paths += _save(fig, f"{directory}/metrics.png")
+        paths += _save(fig, f"{directory}/metrics.png", formats)
     return paths
 
 
