@@ -97,3 +97,25 @@ def test_groups_that_cannot_be_aggregated_or_run_are_refused(synth20):
         Simulation(make_algorithm("dfedavg", k=4), synth20, groups=[ClientGroup("a", 20)])
     with pytest.raises(ValueError, match="distinct"):
         Population((ClientGroup("a", 10), ClientGroup("a", 10)))
+
+
+def test_each_group_runs_a_callable_per_group_in_client_order():
+    """The one loop over groups (cohorts, evaluation and map_groups use it): run(k, lo, hi) per group with its own
+    client range, outputs concatenated in id order, per group when asked, and a one-line refusal for outputs that
+    cannot be stacked."""
+    import jax.numpy as jnp
+
+    from fljax.engine.groups import GroupShapeError, each_group
+
+    calls = []
+
+    def run(k, lo, hi):
+        calls.append((k, lo, hi))
+        return jnp.arange(lo, hi) * (k + 1)
+
+    np.testing.assert_array_equal(each_group([2, 3], run), [0, 1, 4, 6, 8])
+    assert calls == [(0, 0, 2), (1, 2, 5)]
+    widths = each_group([2, 1], lambda k, lo, hi: jnp.zeros((hi - lo, k + 1)), concat=False)
+    assert [w.shape for w in widths] == [(2, 1), (1, 2)]
+    with pytest.raises(GroupShapeError, match="client groups' outputs differ"):
+        each_group([2, 1], lambda k, lo, hi: jnp.zeros((hi - lo, k + 1)))

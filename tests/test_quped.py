@@ -1,6 +1,8 @@
 """QuPeD (Algorithm 2) and quantized Local Training (Algorithm 1): the spec's tests T4-T7 against their definitions
 (T1-T3 and T8 test the operators: test_ops_quant.py, test_ops_schedule.py)."""
 import functools
+import itertools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -92,8 +94,8 @@ def test_T6_one_teacher_vjp_equals_the_two_gradients(data, mlp):
     w, xa, xb = (mlp.init(kk) for kk in k)
     batch = Batch(x=data.train.x[0, :8], y=data.train.y[0, :8], mask=jnp.ones(8, bool))
     zw, vjp_w = jax.vjp(lambda v: mlp.apply(v, batch.x), w)
+    got, _ = algo.global_step(mlp, mlp, w, None, (zw, vjp_w), [xa, xb], batch, 0.1, 0.25)
     students = [mlp.apply(xa, batch.x), mlp.apply(xb, batch.x)]
-    got = algo.global_step(mlp, w, zw, vjp_w, students, batch, 0.1, 0.25)
     grads = [jax.grad(lambda v, s=s: kl_divergence(mlp.apply(v, batch.x), s, mask=batch.mask))(w) for s in students]
     g = tree.add(tree.scale(0.25, tree.add(*grads)), tree.scale(algo.weight_decay, w))
     assert_trees_close(got, tree.axpy(-0.1, g, w), rtol=1e-5, atol=1e-7)
@@ -140,7 +142,7 @@ def test_quantized_model_is_deployed_and_sized(data, mlp):
 
 
 @pytest.mark.parametrize("kw,key", [(dict(bits=0), "bits"), (dict(lam_p=1.5), "lam_p"),
-                                    (dict(finetune_epochs=4), "finetune_epochs"), (dict(momentum=0.9), "optimizer"),
+                                    (dict(finetune_epochs=4), "finetune_epochs"), (dict(clip_norm=1.0), "optimizer"),
                                     (dict(center_prox_sign="up"), "center_prox_sign"),
                                     (dict(assign_rule="sign", bits=2), "assign_rule"), (dict(kappa=-1.0), "kappa"),
                                     (dict(local_epochs=1), "local_steps")])
@@ -183,3 +185,140 @@ def test_fml_joint_step_is_each_models_own_gradient(data, mlp):
     wide = make_model("mlp", data.input_shape, data.num_classes, hidden=[24, 12])
     _, state, metrics = _run(algo, data, mlp, 1, [ClientGroup("a", 2, mlp), ClientGroup("b", 3, wide, hp={"a": 0.15})])
     assert np.isfinite(metrics["train_loss"]).all() and state.clients[1]["x"]["Dense_0"]["kernel"].shape[-1] == 24
+
+
+def _one_client(algo, data, mlp):
+    kx, kw = jax.random.split(jax.random.PRNGKey(4))
+    state = algo.client_init(mlp, data.train.n_max, mlp.init(kx))
+    batch = Batch(x=data.train.x[0, :8], y=data.train.y[0, :8], mask=jnp.ones(8, bool))
+    return state, mlp.apply(mlp.init(kw), batch.x), batch
+
+
+@pytest.mark.parametrize("sharpness", [4.0, 1e6])
+def test_D2_finite_sharpness_trains_through_the_soft_quantizer(data, mlp, sharpness):
+    """D2's option: lines 10-13 with Qs_c in the Q-terms, i.e. g = ∇f(x) + ∇_x f(Qs_c(x)) on quantized leaves and
+    h = ∇_c f(Qs_c(x_new)); a very sharp P gives the P → ∞ step (hard quantizer, zero x-gradient)."""
+    algo = make_algorithm("quped", **KW, soft_sharpness=sharpness)
+    state, zw, batch = _one_client(algo, data, mlp)
+    eta1, lam, lp = 0.1, 3.0, 0.25
+    new, _, _ = algo.prox_step(mlp, state, ((zw, batch), (zw, batch)), eta1, lam, lp)
+    spec, x, c = algo.spec(mlp), state["x"], state["c"]
+    soft = lambda v, cc: tree.map_with_path(  # noqa: E731
+        lambda p, a: quant.soft_quantize(a, cc[p], sharpness) if p in spec.paths else a, v)
+    loss = lambda v: algo.personal_loss(mlp, v, zw, batch, lp)  # noqa: E731
+    gq = jax.grad(lambda v: loss(soft(v, c)))(x)
+    g = tree.map_with_path(lambda p, a, b: a + b if p in spec.paths else a, jax.grad(loss)(x), gq)
+    y = tree.axpy(-eta1, tree.axpy(algo.weight_decay, x, g), x)
+    x1 = tree.map_with_path(lambda p, v: quant.prox_x(v, c[p], lam * eta1 / 2) if p in spec.paths else v, y)
+    assert_trees_close(new["x"], x1, rtol=1e-5, atol=1e-7)
+    h = jax.grad(lambda cc: loss(soft(x1, cc)))(c)
+    for p in spec.paths:
+        expect = quant.center_update(c[p], h[p], tree_leaf(x1, p).ravel(), algo.center_lr(mlp), lam)
+        np.testing.assert_allclose(new["c"][p], expect, rtol=1e-5, atol=1e-7)
+    hard, _, _ = make_algorithm("quped", **KW).prox_step(mlp, state, ((zw, batch), (zw, batch)), eta1, lam, lp)
+    assert np.allclose(tree_leaf(new["x"], spec.paths[0]), tree_leaf(hard["x"], spec.paths[0]),
+                       atol=1e-7) == (sharpness > 1e3)
+
+
+def test_D14_fresh_minibatches_are_drawn_per_sub_step():
+    """'shared' hands line 10's clock batch to lines 12 and 14; 'fresh' draws two new batches of distinct valid
+    rows of the client (masked past a small client's count), new at every iteration."""
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(n, 3)).astype(np.float32) for n in (9, 5)]
+    arr = D.pad_clients(xs, [np.arange(n, dtype=np.int32) for n in (9, 5)])
+    small = jax.tree.map(lambda a: a[1], arr)
+    clock = Batch(x=small.x[:4], y=small.y[:4], mask=jnp.ones(4, bool))
+    shared = make_algorithm("quped", **{**KW, "batch_size": 7}).sub_batches(small, clock, jax.random.PRNGKey(0), 3)
+    assert all(b is clock for b in shared)
+    fresh = make_algorithm("quped", **{**KW, "batch_size": 7}, minibatches="fresh")
+    b10, b12, b14 = fresh.sub_batches(small, clock, jax.random.PRNGKey(0), 3)
+    assert b10 is clock
+    for b in (b12, b14):
+        np.testing.assert_array_equal(b.mask, np.arange(7) < 5)
+        assert sorted(np.asarray(b.y)[:5].tolist()) == list(range(5))  # every valid row once, in a random order
+    orders = [np.asarray(fresh.sub_batches(small, clock, jax.random.PRNGKey(0), t)[1].y[:5]) for t in range(4)]
+    assert len({tuple(o) for o in orders}) > 1
+
+
+def test_D16_momentum_is_heavy_ball_sgd_with_coupled_weight_decay():
+    """v₁ = g₁ + wd·p₀, p₁ = p₀ − ηv₁; v₂ = μv₁ + g₂ + wd·p₁, p₂ = p₁ − ηv₂ (PyTorch SGD); μ = 0 is plain SGD."""
+    algo = make_algorithm("quped", **KW, momentum=0.9, weight_decay=0.01)
+    p0, g1, g2 = jnp.array([1.0, -2.0]), jnp.array([0.5, 0.1]), jnp.array([-0.3, 0.2])
+    p1, v1 = algo.sgd(p0, g1, jnp.zeros(2), 0.1)
+    p2, v2 = algo.sgd(p1, g2, v1, 0.1)
+    e1 = g1 + 0.01 * p0
+    e2 = 0.9 * e1 + g2 + 0.01 * (p0 - 0.1 * e1)
+    np.testing.assert_allclose(p2, p0 - 0.1 * e1 - 0.1 * e2, rtol=1e-6)
+    np.testing.assert_allclose(v2, e2, rtol=1e-6)
+    plain = make_algorithm("quped", **KW, weight_decay=0.01)
+    p, buf = plain.sgd(p0, g1, None, 0.1)
+    np.testing.assert_allclose(p, p0 - 0.1 * e1, rtol=1e-6)
+    assert buf is None
+
+
+@pytest.mark.slow
+def test_D14_D16_options_run(data, mlp):
+    """One round with fresh minibatches and one with momentum: finite, different from the default, and momentum's
+    buffer lives in the client state."""
+    base = _run(make_algorithm("quped", **KW), data, mlp, 1)[1]
+    for kw in (dict(minibatches="fresh"), dict(momentum=0.9)):
+        _, state, metrics = _run(make_algorithm("quped", **KW, **kw), data, mlp, 1)
+        assert np.isfinite(metrics["train_loss"]).all()
+        assert float(tree.sq_norm(tree.sub(state.clients["x"], base.clients["x"]))) > 0
+        assert ("mom" in state.clients) == ("momentum" in kw)
+
+
+def _leaf_files(root, writers: int, per_writer: int = 12):
+    """A LEAF-format FEMNIST directory: two JSON files, writer k's labels cycling over 0..(letters included)."""
+    import json
+
+    rng = np.random.default_rng(0)
+    users = [f"f{k:04d}" for k in range(writers)]
+    for part, chunk in enumerate((users[: writers // 2], users[writers // 2:])):
+        blob = {"users": chunk, "num_samples": [per_writer] * len(chunk),
+                "user_data": {u: {"x": rng.uniform(size=(per_writer, 784)).round(3).tolist(),
+                                  "y": [(k + j) % 14 for j in range(per_writer)]}
+                              for k, u in enumerate(chunk)}}
+        with open(os.path.join(root, f"all_data_{part}.json"), "w") as f:
+            json.dump(blob, f)
+
+
+def test_femnist_clients_are_groups_of_writers(tmp_path):
+    """femnist (D23): digit samples only, 3 whole writers per client, seed-shuffled, every writer used once;
+    femnist62 keeps the letters; one-line errors without files or with too few writers."""
+    from fljax.data.leaf import femnist
+    from fljax.data.sources import DataError
+
+    _leaf_files(str(tmp_path), 12)
+    nat = femnist(str(tmp_path), 4, seed=1)
+    assert len(nat.xs) == 4 and nat.num_classes == 10
+    assert all(x.shape[1:] == (28, 28, 1) and len(x) == len(y) for x, y in zip(nat.xs, nat.ys))
+    assert max(int(y.max()) for y in nat.ys) <= 9
+    digits_per_writer = [sum((k + j) % 14 < 10 for j in range(12)) for k in range(6)] * 2  # k restarts per file
+    assert sum(len(y) for y in nat.ys) == sum(digits_per_writer)  # every writer once
+    assert all(len(y) in {sum(c) for c in itertools.combinations(digits_per_writer, 3)} for y in nat.ys)
+    all62 = femnist(str(tmp_path), 4, seed=1, num_classes=62)
+    assert sum(len(y) for y in all62.ys) == 144 and max(int(y.max()) for y in all62.ys) == 13
+    with pytest.raises(DataError, match="need 15 writers"):
+        femnist(str(tmp_path), 5, seed=1)
+    with pytest.raises(DataError, match="set data.data_dir"):
+        femnist(None, 4, seed=1)
+    fed = D.make_federated("femnist", 4, "natural", seed=1, data_dir=str(tmp_path), test_fraction=0.1)
+    assert fed.num_classes == 10 and fed.input_shape == (28, 28, 1)
+
+
+def test_full_scale_femnist_config_validates_without_running():
+    """configs/quped_femnist.yaml (Table 2's FEMNIST setting) parses and validates; its CNN1 on 28x28x1 inputs has
+    the §7 size (61,706 parameters; 2-bit 2.602 bits/param)."""
+    from fljax.config import load_config
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cfg = load_config(os.path.join(root, "configs", "quped_femnist.yaml"))
+    assert (cfg.algorithm, cfg.data.dataset, cfg.data.num_clients, cfg.data.partition) == ("quped", "femnist", 66,
+                                                                                            "natural")
+    algo = make_algorithm(cfg.algorithm, **cfg.algo)
+    algo.validate(cfg.data.num_clients)
+    assert (algo.epochs, algo.finetune_epochs, algo.kappa, algo.lr_center) == (30, 5, 5e-6, 1e-4)
+    model = make_model(cfg.model.name, (28, 28, 1), 10, **cfg.model.options)
+    assert tree.size(jax.eval_shape(model.init, jax.random.PRNGKey(0))) == 61_706
+    np.testing.assert_allclose(algo.size(model)[1], 2.602, atol=5e-4)

@@ -127,6 +127,20 @@ def test_run_report_reuse_and_render(tiny, tmp_path, monkeypatch):
         run_study(changed, out)
 
 
+def test_a_saved_config_without_a_section_added_since_is_the_same_settings():
+    """A run directory written before a config section or option existed (at its default) is reused; a changed
+    value, or a key that no longer parses, is not."""
+    from fljax.config import ExperimentConfig, from_dict, to_dict
+    from fljax.runner.study import _same_settings
+
+    cfg = from_dict(ExperimentConfig, {"algorithm": "fedavg", "rounds": 3}).validate()
+    saved = to_dict(cfg)
+    older = {k: v for k, v in saved.items() if k != "server"}
+    assert _same_settings(older, cfg) and _same_settings(saved, cfg)
+    assert not _same_settings({**older, "rounds": 4}, cfg)
+    assert not _same_settings({**older, "roundz": 3}, cfg)
+
+
 def test_metric_expressions_are_arithmetic_only():
     record = {"a": 2.0, "b": 4.0, "rank/Dense_0/kernel": 3.0}
     assert evaluate("a", record) == 2.0 and evaluate("(a + b) / 2", record) == 3.0

@@ -20,18 +20,19 @@ from fljax.algorithms.partial import FedPer, FedRep, LGFedAvg
 from fljax.algorithms.perfedavg import PerFedAvg
 from fljax.algorithms.pfedme import PFedMe
 from fljax.algorithms.quped import QuantizedLocal, QuPeD
+from fljax.algorithms.qupel import QuPeL
 from fljax.algorithms.registry import ALGORITHMS, get_algorithm, make_algorithm, register
 from fljax.algorithms.regression import ConsensusRegression
 from fljax.algorithms.scaffold import Scaffold
 
 for _cls in (FedAvg, FedProx, FedAvgFT, Local, FedPer, FedRep, LGFedAvg, Ditto, FedSLR, FedDyn, Scaffold, APFL,
              PerFedAvg, PFedMe, FedBABU, FedRoD, DFedAvg, DFedAvgM, DFedSAM, DisPFL, DFedAlt, DFedSalt, AugFL, FedLP,
-             FedGiA, FedAvgGD, FedProxGD, FedPD, QuPeD, QuantizedLocal, FML):
+             FedGiA, FedAvgGD, FedProxGD, FedPD, QuPeD, QuantizedLocal, QuPeL, FML):
     register(_cls)
 
 __all__ = ["Algorithm", "Centralized", "ClientInput", "ClientResult", "TestStats", "APFL", "AugFL", "FedLP", "Ditto",
            "FedAvg", "FedAvgFT", "FedDyn",
            "FedProx", "FedSLR", "Local", "FedPer", "FedRep", "LGFedAvg", "PerFedAvg", "PFedMe", "Scaffold",
            "FedBABU", "FedRoD", "Decentralized", "DFedAvg", "DFedAvgM", "DFedSAM", "DisPFL", "DFedAlt", "DFedSalt",
-           "ConsensusRegression", "FedGiA", "FedAvgGD", "FedProxGD", "FedPD", "QuPeD", "QuantizedLocal", "FML",
+           "ConsensusRegression", "FedGiA", "FedAvgGD", "FedProxGD", "FedPD", "QuPeD", "QuantizedLocal", "QuPeL", "FML",
            "LocalSGD", "run_steps", "ALGORITHMS", "get_algorithm", "make_algorithm", "register"]

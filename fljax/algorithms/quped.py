@@ -44,7 +44,7 @@ import numpy as np
 from fljax import tree
 from fljax.algorithms.base import Centralized, ClientInput, ClientResult, check_choice
 from fljax.algorithms.local_training import LocalSGD, run_steps
-from fljax.data.batching import ClockPlan
+from fljax.data.batching import ClockPlan, random_batch
 from fljax.errors import OptionError
 from fljax.models.model import masked_cross_entropy
 from fljax.ops import quant, schedule
@@ -100,7 +100,12 @@ class QuPeD(Centralized, LocalSGD):
     ``kd_temperature``/``kd_softening`` (D4), ``global_ce_weight`` (D5), ``center_granularity`` (D6),
     ``assign_rule`` (D7), ``center_init`` (D8), ``personal_init`` (D9), ``lam_clock`` (D10), ``penalty_half``
     (D11), ``weighting`` (D12), ``center_grad_clip``/``clamp_x`` (D17), ``fp_doubled`` (D20),
-    ``cohort_mode`` (D32). Per-group values (a bit width, λ_p by architecture, D26) are client-group overrides."""
+    ``cohort_mode`` (D32), ``soft_sharpness`` P (D2: null is P → ∞; a finite P trains through the soft quantizer
+    Qs_c, whose x-gradient no longer vanishes), ``minibatches`` (D14: 'shared', one minibatch for lines 10, 12 and
+    14; 'fresh', a new one per sub-step, drawn uniformly from the client's data, each with its own teacher pass),
+    ``momentum`` (D16: 0, plain SGD; μ > 0, heavy-ball momentum on x and w with PyTorch semantics, x's buffer kept
+    in the client state, w_i's fresh every round). Per-group values (a bit width, λ_p by architecture, D26) are
+    client-group overrides."""
 
     name = "quped"
     summary = "QuPeD: quantized personal models of any architecture distilled with a global model (Ozkara et al. 2021)"
@@ -139,14 +144,16 @@ class QuPeD(Centralized, LocalSGD):
     center_grad_clip: float | None = None
     clamp_x: float | None = None
     fp_doubled: bool = False
+    soft_sharpness: float | None = None
+    minibatches: str = "shared"
 
     # ------------------------------------------------------------------------------------------ validation
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
         self.validate_local()
-        if self.optimizer != "sgd" or self.momentum or self.clip_norm is not None or self.lr_decay != 1.0:
-            raise OptionError("optimizer", "must be plain 'sgd' (momentum 0, no clip_norm, lr_decay 1): QuPeD's "
-                                           "steps are proximal SGD on the epoch clock (lr_gamma decays the rate).")
+        if self.optimizer != "sgd" or self.clip_norm is not None or self.lr_decay != 1.0:
+            raise OptionError("optimizer", "must be 'sgd' (no clip_norm, lr_decay 1): QuPeD's steps are proximal "
+                                           "SGD on the epoch clock (lr_gamma decays the rate).")
         if self.local_epochs is not None or self.batch_size is None or self.sampling != "shuffle":
             raise OptionError("local_steps", "must count the iterations per round (tau) with a batch_size, "
                                              "local_epochs null and sampling 'shuffle'.")
@@ -158,7 +165,7 @@ class QuPeD(Centralized, LocalSGD):
             raise OptionError("lam_p", f"must be in [0, 1], got {self.lam_p}.")
         if self.bits is not None and not 1 <= self.bits <= 8:
             raise OptionError("bits", f"must be in 1..8 or null (full precision), got {self.bits}.")
-        for key in ("kappa", "penalty_r", "lr_center", "center_grad_clip", "clamp_x"):
+        for key in ("kappa", "penalty_r", "lr_center", "center_grad_clip", "clamp_x", "soft_sharpness"):
             v = getattr(self, key)
             if v is not None and not v > 0:
                 raise OptionError(key, f"must be > 0 or null, got {v}.")
@@ -169,7 +176,7 @@ class QuPeD(Centralized, LocalSGD):
         for key, choices in (("center_prox_sign", ("median", "printed")), ("kd_softening", ("both", "teacher")),
                              ("center_granularity", ("leaf", "client")), ("assign_rule", quant.ASSIGN_RULES),
                              ("center_init", ("quantile", "linspace")), ("personal_init", ("global", "independent")),
-                             ("lam_clock", ("epoch", "iteration"))):
+                             ("lam_clock", ("epoch", "iteration")), ("minibatches", ("shared", "fresh"))):
             check_choice(key, getattr(self, key), choices)
         if self.assign_rule == "sign" and self.bits != 1:
             raise OptionError("assign_rule", f"'sign' needs bits=1 (two centers), got bits={self.bits}.")
@@ -227,6 +234,8 @@ class QuPeD(Centralized, LocalSGD):
         phase and whether it switched, and κ (given, or the r-rule on σ₀ = the mean per-leaf std of x⁰'s quantized
         leaves)."""
         state = {"x": x0}
+        if self.momentum:
+            state["mom"] = tree.zeros_like(x0)
         if not self.quantized:
             return state
         spec = self.spec(model)
@@ -268,57 +277,107 @@ class QuPeD(Centralized, LocalSGD):
         return ((1 - lam_p) * masked_cross_entropy(logits, batch.y, batch.mask)
                 + lam_p * self.kd(jax.lax.stop_gradient(zw), logits, batch.mask))
 
+    def quantize(self, spec: QuantSpec, x, c):
+        """The student the Q-terms see: Q_c(x) (P → ∞), or Qs_c(x) for a finite ``soft_sharpness`` P (D2)."""
+        if self.soft_sharpness is None:
+            return spec.quantize(x, c, self.assign_rule)
+        return tree.map_with_path(
+            lambda p, v: quant.soft_quantize(v, c[spec.key(p)], self.soft_sharpness) if p in spec.paths else v, x)
+
+    def link(self, gmodel, w, batch):
+        """What ties a client to the global model on one minibatch: the teacher logits z_w and their VJP (one teacher
+        pass, reused by lines 10-14); (None, None) without a global model."""
+        if not self.uses_server:
+            return None, None
+        return jax.vjp(lambda v: gmodel.apply(v, batch.x), w)
+
+    def x_loss(self, model, spec: QuantSpec, c, zw, batch, lam_p):
+        """Line 10's objective as a function of x (its gradient is g before weight decay)."""
+        return lambda v: self.personal_loss(model, v, zw, batch, lam_p)
+
+    def center_loss(self, model, q, zw, batch, lam_p):
+        """Line 12's objective at the quantized student q = Q_c(x) (differentiated w.r.t. c through q)."""
+        return self.personal_loss(model, q, zw, batch, lam_p)
+
+    def sgd(self, params, g, buf, eta):
+        """One SGD step with coupled weight decay (D16): d = g + wd·p; with momentum μ > 0, v ← μv + d and d = v
+        (PyTorch semantics); p ← p − η d. Returns (p, v) (v = ``buf`` unchanged without momentum)."""
+        d = tree.axpy(self.weight_decay, params, g)
+        if self.momentum:
+            d = tree.axpy(self.momentum, buf, d)
+            buf = d
+        return tree.axpy(-eta, d, params), buf
+
     # ------------------------------------------------------------------------------------------ one iteration
-    def iteration(self, inp: ClientInput, carry, batch, t):
-        """Lines 9-14 (or the fine-tuning step) of one client at global iteration t; carry = (state, w_i)."""
-        state, w = carry
+    def sub_batches(self, train, batch, key, t):
+        """The minibatches of lines (10, 12, 14) at iteration t: the clock's batch three times (D14), or the clock's
+        for line 10 and two fresh draws (``minibatches='fresh'``) from ``fold_in(key, t)``."""
+        if self.minibatches == "shared":
+            return batch, batch, batch
+        k12, k14 = jax.random.split(jax.random.fold_in(key, t))
+        return batch, random_batch(k12, train, self.batch_size), random_batch(k14, train, self.batch_size)
+
+    def iteration(self, inp: ClientInput, carry, batches, t):
+        """Lines 9-14 (or the fine-tuning step) of one client at global iteration t; carry = (state, w_i, w_i's
+        momentum buffer), ``batches`` = the minibatches of lines 10, 12 and 14."""
+        state, w, wbuf = carry
         model, gmodel = inp.model, inp.global_model
         lam_p = self.lam_p if self.uses_server else 0.0
         eta1, lam = self.rates(t, inp.train.n_max, state.get("kappa", 0.0))
-        zw, vjp_w = jax.vjp(lambda v: gmodel.apply(v, batch.x), w) if self.uses_server else (None, None)
+        bx, bc, bw = batches
+        lx = self.link(gmodel, w, bx)  # one teacher pass when the three batches are one
+        subs = ((lx[0], bx), (lx[0] if bc is bx else self.link(gmodel, w, bc)[0], bc))
         if not self.quantized:
-            state, students, loss = self.fp_step(model, state, zw, batch, eta1, lam_p)
+            state, students, loss = self.fp_step(model, state, subs, eta1, lam_p)
         elif self.finetune_epochs:
             in_ft = t >= self.finetune_start(inp.train.n_max)
             state, students, loss = jax.lax.cond(in_ft, functools.partial(self.finetune_step, model),
-                                                 functools.partial(self.prox_step, model), state, zw, batch, eta1,
+                                                 functools.partial(self.prox_step, model), state, subs, eta1,
                                                  lam, lam_p)
         else:
-            state, students, loss = self.prox_step(model, state, zw, batch, eta1, lam, lam_p)
+            state, students, loss = self.prox_step(model, state, subs, eta1, lam, lam_p)
         if self.uses_server:
-            w = self.global_step(gmodel, w, zw, vjp_w, students, batch, eta1, lam_p)
-        return (state, w), loss
+            lw = lx if bw is bx else self.link(gmodel, w, bw)
+            w, wbuf = self.global_step(model, gmodel, w, wbuf, lw, students, bw, eta1, lam_p)
+        return (state, w, wbuf), loss
 
-    def fp_step(self, model, state, zw, batch, eta1, lam_p):
+    def fp_step(self, model, state, subs, eta1, lam_p):
         """QuPeD (FP): x ← x − η₁(∇[(1 − λ_p)CE + λ_p KL] + wd·x); D20's literal form doubles both terms."""
+        (zw, batch), _ = subs
         x = state["x"]
-        loss, g = jax.value_and_grad(self.personal_loss, argnums=1)(model, x, zw, batch, lam_p)
+        loss, g = jax.value_and_grad(self.x_loss(model, None, None, zw, batch, lam_p))(x)
         factor = 2.0 if self.fp_doubled else 1.0
-        x = tree.axpy(-eta1, tree.axpy(self.weight_decay, x, tree.scale(factor, g)), x)
-        students = [model.apply(x, batch.x)] * (2 if self.fp_doubled else 1)
-        return {**state, "x": x}, students, loss
+        x, mom = self.sgd(x, tree.scale(factor, g), state.get("mom"), eta1)
+        return self.with_momentum({**state, "x": x}, mom), [x] * (2 if self.fp_doubled else 1), loss
 
-    def prox_step(self, model, state, zw, batch, eta1, lam, lam_p):
+    def with_momentum(self, state, mom):
+        return {**state, "mom": mom} if self.momentum else state
+
+    def prox_step(self, model, state, subs, eta1, lam, lam_p):
         """Lines 10-13: proximal x step with the old centers, then the center step at the new x."""
+        (zx, bx), (zc, bc) = subs
         spec, rule = self.spec(model), self.assign_rule
         x, c = state["x"], state["c"]
-        loss, g = jax.value_and_grad(self.personal_loss, argnums=1)(model, x, zw, batch, lam_p)
-        if self.fp_quant_grad:  # D3 option: the FP-leaf gradients of f(Q_c(x)) and f_KD(Q_c(x), w)
-            gq = jax.grad(lambda v: self.personal_loss(model, spec.quantize(v, c, rule), zw, batch, lam_p))(x)
-            g = tree.add(g, gq)  # exactly zero on quantized leaves (gather of sg indices)
-        y = tree.axpy(-eta1, tree.axpy(self.weight_decay, x, g), x)
+        loss, g = jax.value_and_grad(self.x_loss(model, spec, c, zx, bx, lam_p))(x)
+        if self.fp_quant_grad or self.soft_sharpness is not None:
+            # the x-gradient of the Q-terms: zero on quantized leaves under P → ∞; on FP leaves only with D3's
+            # option; on quantized leaves only with a finite P (D2)
+            gq = jax.grad(lambda v: self.center_loss(model, self.quantize(spec, v, c), zx, bx, lam_p))(x)
+            if not self.fp_quant_grad:
+                gq = tree.map_with_path(lambda p, v: v if p in spec.paths else jnp.zeros_like(v), gq)
+            g = tree.add(g, gq)
+        y, mom = self.sgd(x, g, state.get("mom"), eta1)
         th = lam * eta1 / 2
         x = tree.map_with_path(lambda p, v: quant.prox_x(v, c[spec.key(p)], th, rule) if p in spec.paths else v, y)
         if self.clamp_x is not None:  # D17 option (authors' code)
             x = tree.map_with_path(lambda p, v: jnp.clip(v, -self.clamp_x, self.clamp_x) if p in spec.paths else v,
                                    x)
         if self.center_updates and c:
-            h = jax.grad(lambda cc: self.personal_loss(model, spec.quantize(x, cc, rule), zw, batch, lam_p))(c)
+            h = jax.grad(lambda cc: self.center_loss(model, self.quantize(spec, x, cc), zc, bc, lam_p))(c)
             eta2 = self.center_lr(model)
             c = {k: quant.center_update(c[k], h[k], spec.members(x, k), eta2, lam, self.center_prox_sign,
                                         self.center_prox, rule, self.center_grad_clip) for k in c}
-        students = [model.apply(x, batch.x), model.apply(spec.quantize(x, c, rule), batch.x)]
-        return {**state, "x": x, "c": c}, students, loss
+        return self.with_momentum({**state, "x": x, "c": c}, mom), [x, self.quantize(spec, x, c)], loss
 
     def switch(self, model, state):
         """The fine-tuning switch (§5.1): idx ← assign(x, c), frozen; x ← c[idx] on quantized leaves."""
@@ -327,8 +386,9 @@ class QuPeD(Centralized, LocalSGD):
         idx = {p: quant.assign(tree_leaf(x, p), c[spec.key(p)], self.assign_rule) for p in spec.paths}
         return {**state, "x": spec.quantize(x, c, self.assign_rule, idx), "idx": idx, "switched": jnp.bool_(True)}
 
-    def finetune_step(self, model, state, zw, batch, eta1, lam, lam_p):
+    def finetune_step(self, model, state, subs, eta1, lam, lam_p):
         """x̂ = (u, c[idx]): u ← u − η₁(g_u + wd·u), c ← c − η₂h (no prox, no sort; frozen idx)."""
+        (zw, batch), _ = subs
         spec = self.spec(model)
         state = jax.lax.cond(state["switched"], lambda s: s, functools.partial(self.switch, model), state)
         x, c, idx = state["x"], state["c"], state["idx"]
@@ -337,26 +397,29 @@ class QuPeD(Centralized, LocalSGD):
             return self.personal_loss(model, spec.quantize(u, cc, self.assign_rule, idx), zw, batch, lam_p)
 
         loss, (gu, h) = jax.value_and_grad(loss_fn, argnums=(0, 1))(x, c)
-        u = tree.axpy(-eta1, tree.axpy(self.weight_decay, x, gu), x)  # quantized leaves are replaced below
+        u, mom = self.sgd(x, gu, state.get("mom"), eta1)  # quantized leaves are replaced below
         if self.center_updates and c:
             eta2 = self.center_lr(model)
             c = {k: c[k] - eta2 * (h[k] if self.center_grad_clip is None
                                    else jnp.clip(h[k], -self.center_grad_clip, self.center_grad_clip)) for k in c}
         x = spec.quantize(u, c, self.assign_rule, idx)
-        student = model.apply(x, batch.x)
-        return {**state, "x": x, "c": c}, [student, student], loss
+        return self.with_momentum({**state, "x": x, "c": c}, mom), [x, x], loss
 
-    def global_step(self, gmodel, w, zw, vjp_w, students, batch, eta1, lam_p):
-        """Line 14: one VJP of the summed reverse-KL cotangent Σ_s ∇_z KL(z ‖ sg z_s) at z_w; w_i ← w_i −
-        η₃(λ_p vjp + wd·w_i), η₃ = η₁(e) (D15); D5's option adds ``global_ce_weight``·∇CE(w_i)."""
+    def global_step(self, model, gmodel, w, wbuf, link, students, batch, eta1, lam_p):
+        """Line 14: one VJP of the summed reverse-KL cotangent Σ_s ∇_z KL(z ‖ sg z_s) at z_w (z_s the logits of the
+        student parameters s); w_i ← w_i − η₃(λ_p vjp + wd·w_i), η₃ = η₁(e) (D15); D5's option adds
+        ``global_ce_weight``·∇CE(w_i). Returns (w_i, its momentum buffer)."""
+        zw, vjp_w = link
+        logits = [jax.lax.stop_gradient(model.apply(s, batch.x)) for s in students]
+
         def reverse_kl(z):
-            return sum(self.kd(z, jax.lax.stop_gradient(s), batch.mask) for s in students)
+            return sum(self.kd(z, s, batch.mask) for s in logits)
 
         (gw,) = vjp_w(jax.grad(reverse_kl)(zw))
         g = tree.scale(lam_p, gw)
         if self.global_ce_weight:
             g = tree.axpy(self.global_ce_weight, jax.grad(lambda v: gmodel.loss(v, batch))(w), g)
-        return tree.axpy(-eta1, tree.axpy(self.weight_decay, w, g), w)
+        return self.sgd(w, g, wbuf, eta1)
 
     # ------------------------------------------------------------------------------------------ protocol
     def broadcast(self, server):
@@ -367,13 +430,14 @@ class QuPeD(Centralized, LocalSGD):
         start = inp.round * self.local_steps
         plan = ClockPlan(self.batch_size, self.local_steps, start)
 
-        def step(carry, batch, _key):  # an all-masked batch (past a small client's data) changes nothing
+        def step(carry, batch, key):  # an all-masked batch (past a small client's data) changes nothing
             inner, t = carry
-            new, loss = self.iteration(inp, inner, batch, t)
+            new, loss = self.iteration(inp, inner, self.sub_batches(inp.train, batch, key, t), t)
             return (tree.where(jnp.any(batch.mask), new, inner), t + 1), loss
 
-        ((state, w), _), loss = run_steps(step, ((inp.state, inp.down), start), inp.train, plan,
-                                          inp.clock_key, inp.unroll)
+        wbuf = tree.zeros_like(inp.down) if self.momentum and self.uses_server else None
+        ((state, w, _), _), loss = run_steps(step, ((inp.state, inp.down, wbuf), start), inp.train, plan,
+                                             inp.clock_key, inp.unroll)
         return ClientResult(state=state, upload=w, weight=inp.train.count, metrics={"train_loss": loss})
 
     def server_update(self, ctx, server, clients, cohort, result):

@@ -21,7 +21,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-__all__ = ["BatchPlan", "ClockPlan", "Batch", "gather_batch"]
+__all__ = ["BatchPlan", "ClockPlan", "Batch", "gather_batch", "random_batch"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,3 +158,11 @@ class Batch:
 def gather_batch(x, y, idx, mask) -> Batch:
     """Rows ``idx`` of one client's arrays as a :class:`Batch`."""
     return Batch(x=jnp.take(x, idx, axis=0), y=jnp.take(y, idx, axis=0), mask=mask)
+
+
+def random_batch(key, train, batch_size: int) -> Batch:
+    """``batch_size`` rows drawn uniformly without replacement from one client's valid rows (``train`` a
+    :class:`fljax.data.ClientArrays` slice), masked past its count: a fresh minibatch outside the epoch clock."""
+    order = _epoch_orders(key, train.count, train.n_max, 1)[0]
+    idx = jnp.pad(order, (0, max(0, batch_size - train.n_max)))[:batch_size]
+    return gather_batch(train.x, train.y, idx, jnp.arange(batch_size) < train.count)

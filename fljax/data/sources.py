@@ -18,6 +18,7 @@ from typing import Callable
 
 import numpy as np
 
+from fljax.data.leaf import LEAF_FEMNIST_WRITERS, LeafOptions, femnist
 from fljax.options import NoOptions, Options, at_least, between, option, parse, suggest
 
 __all__ = ["Pooled", "Natural", "synthetic", "digits", "mnist5k", "qot_arrays", "qot", "tfds_source", "Source",
@@ -333,6 +334,10 @@ def _load_tfds(name: str, o: TfdsOptions, num_clients: int, seed: int) -> Pooled
     return tfds_source(name, o.data_dir, o.limit, o.standardize)
 
 
+def _load_femnist(num_classes: int, o: LeafOptions, num_clients: int, seed: int) -> Natural:
+    return femnist(o.data_dir, num_clients, seed, o.writers_per_client, num_classes)
+
+
 def _fixed(n: int) -> Callable[[Options], int]:
     return lambda o: n
 
@@ -362,6 +367,12 @@ SOURCES: dict[str, Source] = {
     "mnist": _tfds("mnist", "MNIST through TFDS (needs the data prepared or network)", 60_000, (28, 28, 1), 10),
     "fashion_mnist": _tfds("fashion_mnist", "Fashion-MNIST through TFDS", 60_000, (28, 28, 1), 10),
     "emnist": _tfds("emnist", "EMNIST balanced (47 classes) through TFDS", 112_800, (28, 28, 1), 47),
+    "femnist": Source("FEMNIST digits from LEAF's JSON files, clients of writers_per_client writers (offline, "
+                      "data_dir)", LeafOptions, functools.partial(_load_femnist, 10),
+                      lambda o: LEAF_FEMNIST_WRITERS // o.writers_per_client, (28, 28, 1), 10, natural=True),
+    "femnist62": Source("FEMNIST, all 62 classes, from LEAF's JSON files (offline, data_dir)", LeafOptions,
+                        functools.partial(_load_femnist, 62), lambda o: LEAF_FEMNIST_WRITERS // o.writers_per_client,
+                        (28, 28, 1), 62, natural=True),
     "cifar10": _tfds("cifar10", "CIFAR-10 through TFDS", 50_000, (32, 32, 3), 10),
     "cifar100": _tfds("cifar100", "CIFAR-100 through TFDS", 50_000, (32, 32, 3), 100),
 }

@@ -30,26 +30,11 @@ import jax.numpy as jnp
 
 from fljax import tree
 from fljax.engine.context import TRAIN, RoundContext
+from fljax.engine.groups import concat_results, each_group
 
-__all__ = ["COHORT_MODES", "run_cohort", "run_all", "concat_results", "GroupShapeError"]
+__all__ = ["COHORT_MODES", "run_cohort", "run_all"]
 
 COHORT_MODES = ("gather", "mask")
-
-
-class GroupShapeError(ValueError):
-    """Client groups returned pytrees of different structures or shapes where they must be stacked."""
-
-
-def concat_results(outs: list, what: str):
-    """Concatenate per-group outputs along the client axis (their structures and trailing shapes must agree)."""
-    if len(outs) == 1:
-        return outs[0]
-    structs = {jax.tree.structure(o) for o in outs}
-    shapes = {tuple(jnp.shape(x)[1:] for x in jax.tree.leaves(o)) for o in outs}
-    if len(structs) > 1 or len(shapes) > 1:
-        raise GroupShapeError(f"the client groups' {what} differ in structure or shape (e.g. models of different "
-                              f"architectures); this algorithm cannot combine them across groups.")
-    return jax.tree.map(lambda *xs: jnp.concatenate(xs), *outs)
 
 
 def _masked(result, valid):
@@ -67,14 +52,16 @@ def run_cohort(ctx: RoundContext, update_for: Callable, down, clients, cohort, m
     if ctx.population is None:
         return _run_homogeneous(ctx, update_for(None), down, clients, cohort, mode)
     sampled = jnp.zeros(ctx.num_clients, bool).at[cohort].set(True)
-    states, results = [], []
-    for g in range(len(ctx.population.groups)):
-        gctx = ctx.for_group(g)
-        lo, hi = ctx.population.bounds(g)
-        state, result = _run_group(gctx, update_for(g), down, clients[g], sampled[lo:hi], lo, cohort.shape[0], mode)
-        states.append(state)
-        results.append(result.replace(state=None))  # each group keeps its own state; the rest is stacked
-    return tuple(states), concat_results(results, "client results (uploads, metrics)")
+    runs = each_group(_sizes(ctx), lambda g, lo, hi: _run_group(ctx.for_group(g), update_for(g), down, clients[g],
+                                                                   sampled[lo:hi], lo, cohort.shape[0], mode),
+                      concat=False)
+    # each group keeps its own state; the rest is stacked
+    return (tuple(state for state, _ in runs),
+            concat_results([result.replace(state=None) for _, result in runs], "client results (uploads, metrics)"))
+
+
+def _sizes(ctx) -> list[int]:
+    return [g.size for g in ctx.population.groups]
 
 
 def _run_homogeneous(ctx, update, down, clients, cohort, mode):
@@ -117,10 +104,10 @@ def run_all(ctx: RoundContext, fn_for: Callable, down, clients, keys_tag: int, t
         ids = jnp.arange(ctx.num_clients)
         return ctx.run_clients(fn_for(None), down, clients, ctx.data.train, ctx.client_keys(ids, keys_tag),
                                ctx.data.test if test else None)
-    outs = []
-    for g in range(len(ctx.population.groups)):
+
+    def run(g, lo, hi):
         gctx = ctx.for_group(g)
-        ids = jnp.asarray(gctx.client_ids)
-        outs.append(gctx.run_clients(fn_for(g), down, clients[g], gctx.data.train, gctx.client_keys(ids, keys_tag),
-                                     gctx.data.test if test else None))
-    return concat_results(outs, "outputs")
+        return gctx.run_clients(fn_for(g), down, clients[g], gctx.data.train,
+                                gctx.client_keys(jnp.arange(lo, hi), keys_tag), gctx.data.test if test else None)
+
+    return each_group(_sizes(ctx), run)

@@ -6,6 +6,11 @@ models or other data per group) have the same structure. A grouped data set is a
 with its own leading client axis, holding consecutive clients: group 0 clients 0 … n_0 − 1, group 1 the next n_1,
 and so on.
 
+:func:`each_group` is the one loop over groups: ``run(k, lo, hi)`` for group k (clients lo … hi − 1), a per-group
+callable, since each group may run its own model or function; the outputs concatenated along the client axis in
+client order (their structures and trailing shapes must agree, else :class:`GroupShapeError`) or returned per group.
+:func:`map_groups` (grouped data) and :mod:`fljax.engine.cohort` (client groups of a population) are built on it.
+
 :func:`map_groups` computes ``fn(shared, (group_data_i, per_client_i, per_group_i))`` for every client i of every
 group. Each group goes through ``executor.map_clients`` on its own (one program per group shape, vmapped, chunked or
 looped like any other client map); the outputs are concatenated along the client axis in client order, or returned
@@ -30,7 +35,33 @@ import jax.numpy as jnp
 from fljax import tree
 from fljax.engine.executors import Executor
 
-__all__ = ["map_groups"]
+__all__ = ["each_group", "map_groups", "concat_results", "GroupShapeError"]
+
+
+class GroupShapeError(ValueError):
+    """Client groups returned pytrees of different structures or shapes where they must be stacked."""
+
+
+def each_group(sizes: Sequence[int], run: Callable, *, concat: bool = True, what: str = "outputs"):
+    """``run(k, lo, hi)`` for every group k of ``sizes`` (its clients lo … hi − 1, in id order); the outputs
+    concatenated along the client axis (``concat``; ``what`` names them in the error) or a tuple per group."""
+    outs, lo = [], 0
+    for k, n in enumerate(sizes):
+        outs.append(run(k, lo, lo + n))
+        lo += n
+    return concat_results(outs, what) if concat else tuple(outs)
+
+
+def concat_results(outs: Sequence, what: str):
+    """Concatenate per-group outputs along the client axis (their structures and trailing shapes must agree)."""
+    if len(outs) == 1:
+        return outs[0]
+    structs = {jax.tree.structure(o) for o in outs}
+    shapes = {tuple(jnp.shape(x)[1:] for x in jax.tree.leaves(o)) for o in outs}
+    if len(structs) > 1 or len(shapes) > 1:
+        raise GroupShapeError(f"the client groups' {what} differ in structure or shape (e.g. models of different "
+                              f"architectures); this algorithm cannot combine them across groups.")
+    return jax.tree.map(lambda *xs: jnp.concatenate(xs), *outs)
 
 
 def map_groups(executor: Executor, fn: Callable, shared: Any, groups: Sequence, per_client: Any = None,
@@ -49,16 +80,16 @@ def map_groups(executor: Executor, fn: Callable, shared: Any, groups: Sequence, 
     if serial and not any(_floating(leaf) for leaf in jax.tree.leaves(shared)):
         raise ValueError("map_groups(serial=True) orders the groups through a floating-point leaf of shared; "
                          "shared has none.")
-    outs, lo = [], 0
-    for k, group in enumerate(groups):
-        hi = lo + tree.num_clients(group)
-        args = (group, jax.tree.map(lambda a: a[lo:hi], per_client), None if per_group is None else per_group[k])
-        outs.append(executor.map_clients(fn, _plus(shared, _zero_after(outs[-1])) if serial and outs else shared,
-                                         args))
-        lo = hi
-    if not concat:
-        return tuple(outs)
-    return outs[0] if len(outs) == 1 else jax.tree.map(lambda *xs: jnp.concatenate(xs), *outs)
+    previous = []  # the last group's output, which the next one waits for (serial)
+
+    def run(k, lo, hi):
+        args = (groups[k], jax.tree.map(lambda a: a[lo:hi], per_client), None if per_group is None else per_group[k])
+        out = executor.map_clients(fn, _plus(shared, _zero_after(previous[-1])) if serial and previous else shared,
+                                   args)
+        previous.append(out)
+        return out
+
+    return each_group([tree.num_clients(g) for g in groups], run, concat=concat)
 
 
 def _floating(leaf) -> bool:

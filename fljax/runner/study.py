@@ -365,8 +365,7 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
     for key, name in names.items():  # a run directory made with other settings would be resumed wrongly
         saved = RunDir(os.path.join(root, name)).file("config.yaml")
         if os.path.exists(saved):
-            old = yaml_io.load(open(saved, "rb"))  # read through today's config (options added since take defaults)
-            if to_dict(from_dict(ExperimentConfig, old)) != to_dict(configs[key]):
+            if not _same_settings(yaml_io.load(open(saved, "rb")), configs[key]):
                 raise ConfigError(f"{os.path.dirname(saved)} was run with other settings than the study now asks "
                                   f"for; rerun with --fresh (or another --out).")
     recorded = {} if fresh else _recorded_runs(out, configs)
@@ -397,6 +396,15 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
     results = StudyResults(study, cells, runs, meta)
     render_study(results, out)
     return results
+
+
+def _same_settings(saved: dict, cfg: ExperimentConfig) -> bool:
+    """Whether a run directory's ``config.yaml`` asks for ``cfg``: read back through the config layer, so a section
+    or option added since (at its default) does not count as a change, and one that no longer parses does."""
+    try:
+        return to_dict(from_dict(ExperimentConfig, saved)) == to_dict(cfg)
+    except ConfigError:
+        return False
 
 
 def _completed(path: str, cfg: ExperimentConfig) -> bool:
