@@ -322,3 +322,13 @@ def test_full_scale_femnist_config_validates_without_running():
     model = make_model(cfg.model.name, (28, 28, 1), 10, **cfg.model.options)
     assert tree.size(jax.eval_shape(model.init, jax.random.PRNGKey(0))) == 61_706
     np.testing.assert_allclose(algo.size(model)[1], 2.602, atol=5e-4)
+
+
+def test_quantized_training_refuses_a_model_with_no_middle_layer():
+    """§7 keeps the first and last layers FP: a 2-layer MLP would silently train at full precision."""
+    two_layers = make_model("mlp", (64,), 10, hidden=[16])
+    three_layers = make_model("mlp", (64,), 10, hidden=[16, 12])
+    with pytest.raises(OptionError, match="bits 2 quantizes no layer of model mlp"):
+        make_algorithm("quped", bits=2).check_model(two_layers)
+    make_algorithm("quped", bits=2).check_model(three_layers)
+    make_algorithm("quped", bits=None).check_model(two_layers)  # full precision: nothing to quantize

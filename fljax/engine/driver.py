@@ -111,6 +111,8 @@ class Simulation:
         algorithm.validate(self.num_train_clients)
         if model is None and isinstance(data, FederatedData):
             model = default_model(data)
+        if model is not None:
+            algorithm.check_model(model)
         population = None if groups is None else Population.of(groups)
         if population is not None:
             self._check_population(algorithm, population, data, model)
@@ -152,6 +154,7 @@ class Simulation:
                              f"{data.num_clients}.")
         for group in population.groups:
             algorithm.for_group(group).validate(data.num_clients)
+            algorithm.for_group(group).check_model(group.model or model)
 
     # ---------------------------------------------------------------------------------------------- sizing
     def _auto_executor(self, models: list[Model], algorithm: FederatedAlgorithm,
