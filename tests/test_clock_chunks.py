@@ -100,3 +100,20 @@ def test_quped_chunks_vmap_equals_loop(ragged):
 def test_bad_chunk_options_are_one_line_errors(kw, key):
     with pytest.raises(OptionError, match=f"^{key} "):
         make_algorithm("quped", **kw).validate(5)
+
+
+def test_quped_losses_are_masked_means():
+    """CE and the KD term see only a chunk's masked-in rows: padding the batch with masked rows changes nothing."""
+    from fljax.data.batching import Batch
+
+    model = make_model("mlp", (8, 8, 1), 10, hidden=[16])
+    algo = make_algorithm("quped", batch_size=None, chunks_per_epoch=4)
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(5), 3)
+    params, teacher = model.init(k1), model.init(k2)
+    x, y = jax.random.normal(k3, (6, 8, 8, 1)), jnp.arange(6)
+    full = Batch(x=x, y=y, mask=jnp.arange(6) < 4)
+    valid = Batch(x=x[:4], y=y[:4], mask=jnp.ones(4, bool))
+    loss = [algo.personal_loss(model, params, model.apply(teacher, b.x), b, 0.25) for b in (full, valid)]
+    np.testing.assert_allclose(loss[0], loss[1], rtol=1e-6)
+    kd = [algo.kd(model.apply(teacher, b.x), model.apply(params, b.x), b.mask) for b in (full, valid)]
+    np.testing.assert_allclose(kd[0], kd[1], rtol=1e-6)
