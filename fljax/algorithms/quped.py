@@ -161,9 +161,9 @@ class QuPeD(Centralized, LocalSGD):
             raise OptionError("local_steps", "must count the iterations per round (tau), with local_epochs null and "
                                              "sampling 'shuffle'.")
         if (self.batch_size is None) == (self.chunks_per_epoch is None):
-            raise OptionError("chunks_per_epoch", "give exactly one of batch_size (fixed minibatches) and "
-                                                  f"chunks_per_epoch (K chunks per epoch), got batch_size="
-                                                  f"{self.batch_size}, chunks_per_epoch={self.chunks_per_epoch}.")
+            raise OptionError("chunks_per_epoch", "must be null with a batch_size B, or K (chunks per epoch) with "
+                                                  f"batch_size null, got batch_size={self.batch_size}, "
+                                                  f"chunks_per_epoch={self.chunks_per_epoch}.")
         if self.chunks_per_epoch is not None and self.chunks_per_epoch < 1:
             raise OptionError("chunks_per_epoch", f"must be >= 1 or null, got {self.chunks_per_epoch}.")
         if self.chunks_per_epoch is not None and self.minibatches == "fresh":
