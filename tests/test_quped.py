@@ -319,6 +319,8 @@ def test_full_scale_femnist_config_validates_without_running():
     algo = make_algorithm(cfg.algorithm, **cfg.algo)
     algo.validate(cfg.data.num_clients)
     assert (algo.epochs, algo.finetune_epochs, algo.kappa, algo.lr_center) == (30, 5, 5e-6, 1e-4)
+    assert algo.chunks_per_epoch == 60 and algo.iters_per_epoch(336) == 60 and algo.plan().width(336) == 6  # §8
+    assert cfg.rounds * algo.local_steps == algo.epochs * algo.iters_per_epoch(336)
     model = make_model(cfg.model.name, (28, 28, 1), 10, **cfg.model.options)
     assert tree.size(jax.eval_shape(model.init, jax.random.PRNGKey(0))) == 61_706
     np.testing.assert_allclose(algo.size(model)[1], 2.602, atol=5e-4)

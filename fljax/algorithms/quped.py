@@ -92,7 +92,9 @@ def tree_leaf(params, path: str):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class QuPeD(Centralized, LocalSGD):
     """Algorithm 2. ``lr`` η₁,₀, ``lr_gamma`` γ (per epoch), ``batch_size`` B (I = ⌈N_max/B⌉ iterations per epoch),
-    ``local_steps`` τ, ``weight_decay`` wd (on x and w, never c), ``epochs`` E and ``finetune_epochs`` E_ft (the
+    or ``chunks_per_epoch`` K with ``batch_size`` null (§8, ragged FEMNIST: I = K, each epoch's permutation of a
+    client's n_i rows cut into K contiguous chunks of ⌊n_i/K⌋ or ⌈n_i/K⌉, padded to ⌈N_max/K⌉ and masked; K must
+    not exceed the smallest client's n_i, so no chunk is empty), ``local_steps`` τ, ``weight_decay`` wd (on x and w, never c), ``epochs`` E and ``finetune_epochs`` E_ft (the
     run's length: rounds = E·I/τ), ``lam_p`` λ_p, ``bits`` b (null: FP), ``kappa`` (null: the r-rule with
     ``penalty_r``, null: 0.3 at 2 bits, 0.5 at 1 bit), ``lam_compensated`` (null: at 1 bit), ``lr_center`` η₂
     (null: 1e-4·20,160/l̄), ``center_updates`` (False: Table 7's ablation, lines 12-13 and the fine-tuning center
@@ -146,6 +148,7 @@ class QuPeD(Centralized, LocalSGD):
     fp_doubled: bool = False
     soft_sharpness: float | None = None
     minibatches: str = "shared"
+    chunks_per_epoch: int | None = None
 
     # ------------------------------------------------------------------------------------------ validation
     def validate(self, num_clients: int) -> None:
@@ -154,9 +157,17 @@ class QuPeD(Centralized, LocalSGD):
         if self.optimizer != "sgd" or self.clip_norm is not None or self.lr_decay != 1.0:
             raise OptionError("optimizer", "must be 'sgd' (no clip_norm, lr_decay 1): QuPeD's steps are proximal "
                                            "SGD on the epoch clock (lr_gamma decays the rate).")
-        if self.local_epochs is not None or self.batch_size is None or self.sampling != "shuffle":
-            raise OptionError("local_steps", "must count the iterations per round (tau) with a batch_size, "
-                                             "local_epochs null and sampling 'shuffle'.")
+        if self.local_epochs is not None or self.local_steps is None or self.sampling != "shuffle":
+            raise OptionError("local_steps", "must count the iterations per round (tau), with local_epochs null and "
+                                             "sampling 'shuffle'.")
+        if (self.batch_size is None) == (self.chunks_per_epoch is None):
+            raise OptionError("chunks_per_epoch", "must be null with a batch_size B, or K (chunks per epoch) with "
+                                                  f"batch_size null, got batch_size={self.batch_size}, "
+                                                  f"chunks_per_epoch={self.chunks_per_epoch}.")
+        if self.chunks_per_epoch is not None and self.chunks_per_epoch < 1:
+            raise OptionError("chunks_per_epoch", f"must be >= 1 or null, got {self.chunks_per_epoch}.")
+        if self.chunks_per_epoch is not None and self.minibatches == "fresh":
+            raise OptionError("minibatches", "'fresh' draws batches of batch_size: it needs chunks_per_epoch null.")
         if not 0 < self.lr_gamma <= 1:
             raise OptionError("lr_gamma", f"must be in (0, 1], got {self.lr_gamma}.")
         if self.epochs < 1 or not 0 <= self.finetune_epochs < self.epochs:
@@ -197,10 +208,17 @@ class QuPeD(Centralized, LocalSGD):
         return QuantSpec(tuple(model.kernel_paths()[1:-1]), self.center_granularity == "client")
 
     def iters_per_epoch(self, n_max: int) -> int:
-        return ClockPlan(self.batch_size, self.local_steps).iters_per_epoch(n_max)
+        return self.plan().iters_per_epoch(n_max)
 
-    def plan(self):
-        return ClockPlan(self.batch_size, self.local_steps)
+    def plan(self, start=0):
+        """The epoch clock's minibatches of iterations start … start + τ − 1 (fixed B or K chunks per epoch)."""
+        return ClockPlan(self.batch_size, self.local_steps, start, self.chunks_per_epoch)
+
+    def check_chunks(self, n_min: int) -> None:
+        """K chunks per epoch need K <= N_min (else a client's epoch has empty chunks)."""
+        if self.chunks_per_epoch is not None and self.chunks_per_epoch > n_min:
+            raise OptionError("chunks_per_epoch", f"must be <= the smallest client's train size {n_min} (a larger "
+                                                  f"K leaves empty chunks), got {self.chunks_per_epoch}.")
 
     def rates(self, t, n_max: int, kappa):
         """(η₁(e), λ(e)) at global iteration t: e = 1 + ⌊t/I⌋; λ on the epoch or the iteration clock (D10), doubled
@@ -435,7 +453,8 @@ class QuPeD(Centralized, LocalSGD):
     def client_update(self, inp: ClientInput) -> ClientResult:
         """τ iterations t = round·τ … round·τ + τ − 1 on the epoch clock's minibatches; upload w_i."""
         start = inp.round * self.local_steps
-        plan = ClockPlan(self.batch_size, self.local_steps, start)
+        self.check_chunks(inp.train.n_min)
+        plan = self.plan(start)
 
         def step(carry, batch, key):  # an all-masked batch (past a small client's data) changes nothing
             inner, t = carry

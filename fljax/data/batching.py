@@ -21,7 +21,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-__all__ = ["BatchPlan", "ClockPlan", "Batch", "gather_batch", "random_batch"]
+__all__ = ["BatchPlan", "ClockPlan", "Batch", "chunk_rows", "gather_batch", "random_batch"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,35 +91,59 @@ class BatchPlan:
 @dataclasses.dataclass(frozen=True)
 class ClockPlan:
     """Minibatches on a global iteration clock that spans rounds (QuPeD §1, §6): iteration t of a client lies in
-    epoch ⌊t/I⌋ at position p = t mod I, with I = ⌈N_max/B⌉ iterations per epoch; epoch e draws its permutation of
-    the client's valid rows from ``fold_in(key, e)`` (pass the client's round-independent clock key), and position
-    p takes its rows [pB, pB + B) (masked past the client's count). A round runs ``steps`` iterations from ``start``
-    (traced: t = round·τ), so epochs straddle rounds as in the paper. Every step is active, so a step function that
-    counts iterations stays on the clock; a client smaller than N_max gets all-masked batches at the end of an
-    epoch, which the step function must skip (``jnp.any(batch.mask)``)."""
+    epoch ⌊t/I⌋ at position p = t mod I; epoch e draws its permutation π_e of the client's valid rows from
+    ``fold_in(key, e)`` (pass the client's round-independent clock key). A round runs ``steps`` iterations from
+    ``start`` (traced: t = round·τ), so epochs straddle rounds as in the paper. Two ways to cut an epoch:
 
-    batch_size: int
+    * ``batch_size=B``: I = ⌈N_max/B⌉ and position p takes π_e's rows [pB, pB + B), masked past the client's count
+      n_i; a client smaller than N_max gets all-masked batches at the end of an epoch, which the step function must
+      skip (``jnp.any(batch.mask)``).
+    * ``chunks=K`` (``batch_size=None``; QuPeD §8, ragged FEMNIST): I = K for every client; position p takes the
+      contiguous chunk π_e[⌊p·n_i/K⌋, ⌊(p+1)·n_i/K⌋) (:func:`chunk_rows`: sizes ⌊n_i/K⌋ or ⌈n_i/K⌉, summing to
+      n_i), padded to B_max = ⌈N_max/K⌉ with a sample mask. Every chunk is non-empty when K <= N_min.
+
+    Every step is active, so a step function that counts iterations stays on the clock."""
+
+    batch_size: int | None
     steps: int
     start: object = 0
+    chunks: int | None = None
+
+    def __post_init__(self):
+        if (self.batch_size is None) == (self.chunks is None):
+            raise ValueError("give exactly one of batch_size and chunks.")
 
     def iters_per_epoch(self, n_max: int) -> int:
-        return math.ceil(n_max / self.batch_size)
+        return self.chunks or math.ceil(n_max / self.batch_size)
 
     def num_steps(self, n_max: int) -> int:
         return self.steps
 
     def width(self, n_max: int) -> int:
-        return self.batch_size
+        return math.ceil(n_max / self.chunks) if self.chunks else self.batch_size
 
     def schedule(self, key, count, n_min: int, n_max: int):
         """``(idx [K, B], mask [K, B], active [K])`` of iterations start … start + K − 1."""
-        per_epoch, b = self.iters_per_epoch(n_max), self.batch_size
+        per_epoch, b = self.iters_per_epoch(n_max), self.width(n_max)
         t = self.start + jnp.arange(self.steps)
         epoch, pos = t // per_epoch, t % per_epoch
         orders = jax.vmap(lambda e: _epoch_orders(jax.random.fold_in(key, e), count, n_max, 1)[0])(epoch)
+        if self.chunks:
+            idx, mask = jax.vmap(lambda o, p: chunk_rows(o, count, p, self.chunks, b))(orders, pos)
+            return idx, mask, jnp.ones((self.steps,), bool)
         rows = pos[:, None] * b + jnp.arange(b)
         idx = jnp.take_along_axis(jnp.pad(orders, ((0, 0), (0, per_epoch * b - n_max))), rows, axis=1)
         return idx, rows < count, jnp.ones((self.steps,), bool)
+
+
+def chunk_rows(order, count, pos, chunks: int, width: int):
+    """``(idx [width], mask [width])``: chunk ``pos`` of ``order``'s first ``count`` entries cut into ``chunks``
+    contiguous chunks, [⌊pos·n/K⌋, ⌊(pos+1)·n/K⌋) with n = count, K = chunks (sizes ⌊n/K⌋ or ⌈n/K⌉, summing to n);
+    positions past the chunk's size are masked (index 0). ``width`` >= ⌈n/K⌉."""
+    lo, hi = pos * count // chunks, (pos + 1) * count // chunks
+    j = jnp.arange(width)
+    mask = j < hi - lo
+    return jnp.where(mask, order[jnp.minimum(lo + j, order.shape[0] - 1)], 0), mask
 
 
 PACKED_SORT_MAX_BITS = 12  # index bits under which the fast packed sort keeps >= 20 random bits per key
