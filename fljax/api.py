@@ -80,11 +80,8 @@ def build(cfg: ExperimentConfig, data: FederatedData | None = None, module=None)
     groups = [ClientGroup(g.name, g.size, _model(parse(ModelConfig, g.model), data) if g.model else None,
                           hyperparameters(cfg.algorithm, g.algo)) for g in group_configs(cfg)] or None
     check_model_support(cfg.algorithm, model, groups=groups is not None)
-    try:
-        return Simulation(algo, data, model, executor=cfg.executor, chunk_size=cfg.chunk_size, seed=cfg.seed,
-                          conv_impl=cfg.model.conv_impl, groups=groups)
-    except OptionError as e:  # Algorithm.check_model names its hyperparameter: "bits ..." -> "algo.bits ..."
-        raise e.within("algo") from None
+    return Simulation(algo, data, model, executor=cfg.executor, chunk_size=cfg.chunk_size, seed=cfg.seed,
+                      conv_impl=cfg.model.conv_impl, groups=groups)
 
 
 def _model(mc, data: FederatedData):

@@ -167,8 +167,6 @@ CASES = [
           "groups[1].algo.lr must be > 0, got 0.0."),
     _case(_VALUES, "run --set algorithm=quped --set algo.bits=0", "algo.bits must be in 1..8 or null (full "
                                                                   "precision), got 0."),
-    _case(_VALUES, "run --set algorithm=quped --set algo.bits=2 --set model.name=mlp --set model.options.hidden=[16]",
-          "algo.bits 2 quantizes no layer of model mlp: the first and last layers stay full precision"),
     _case(_VALUES, 'run --set data.storage=ragged --set data.num_clients=4 --set algo.cohort_size=null '
                    '--set groups=[{"name":"a","size":2},{"name":"b","size":2}]',
           "client groups need padded client arrays; build the data with storage='padded'."),

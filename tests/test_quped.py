@@ -326,11 +326,17 @@ def test_full_scale_femnist_config_validates_without_running():
     np.testing.assert_allclose(algo.size(model)[1], 2.602, atol=5e-4)
 
 
-def test_quantized_training_refuses_a_model_with_no_middle_layer():
-    """§7 keeps the first and last layers FP: a 2-layer MLP would silently train at full precision."""
+def test_quantized_training_of_a_model_with_no_middle_layer_is_flagged(tmp_path, capsys):
+    """§7 keeps the first and last layers FP: a 2-layer MLP trains at full precision, and the run says so."""
+    from fljax.cli import main
+
     two_layers = make_model("mlp", (64,), 10, hidden=[16])
     three_layers = make_model("mlp", (64,), 10, hidden=[16, 12])
-    with pytest.raises(OptionError, match="bits 2 quantizes no layer of model mlp"):
-        make_algorithm("quped", bits=2).check_model(two_layers)
-    make_algorithm("quped", bits=2).check_model(three_layers)
-    make_algorithm("quped", bits=None).check_model(two_layers)  # full precision: nothing to quantize
+    assert "bits=2 quantizes no layer of model mlp" in make_algorithm("quped", bits=2).model_warning(two_layers)
+    assert make_algorithm("quped", bits=2).model_warning(three_layers) is None
+    assert make_algorithm("quped", bits=None).model_warning(two_layers) is None  # full precision: nothing to say
+    argv = ["run", "--algorithm", "quped", "--dataset", "digits", "--set", "data.num_clients=4",
+            "--set", "algo.cohort_size=null", "--set", "rounds=1", "--set", "model.options.hidden=[8]",
+            "--out", str(tmp_path / "r"), "--quiet"]
+    assert main(argv) == 0
+    assert "fljax: warning: quped: algo.bits=2 quantizes no layer of model mlp" in capsys.readouterr().err

@@ -59,9 +59,10 @@ class Algorithm:
         """Refuse impossible hyperparameters with a one-line :class:`~fljax.errors.OptionError` naming the field
         (called before anything runs)."""
 
-    def check_model(self, model) -> None:
-        """Refuse, in one line, a model these hyperparameters cannot train as asked (called once the model is
-        known, for the global model and each client group's)."""
+    def model_warning(self, model) -> str | None:
+        """A caveat about training ``model`` with these hyperparameters (None: none), shown when a run starts (asked
+        once the model is known, for the global model and each client group's)."""
+        return None
 
     def hyperparameters(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -197,12 +197,13 @@ class QuPeD(Centralized, LocalSGD):
     def quantized(self) -> bool:
         return self.bits is not None
 
-    def check_model(self, model) -> None:
-        """Refuse quantized training of a model with no layer between its first and last (kept FP, §7)."""
+    def model_warning(self, model) -> str | None:
+        """Quantized training of a model with no layer between its first and last (kept FP, §7) trains FP."""
         if self.quantized and not self.spec(model).paths:
-            raise OptionError("bits", f"{self.bits} quantizes no layer of model {model.name}: the first and last "
-                                      f"layers stay full precision (QuPeD §7); use a model with at least 3 layers "
-                                      f"or bits: null.")
+            return (f"algo.bits={self.bits} quantizes no layer of model {model.name}: its first and last layers stay "
+                    f"full precision (QuPeD §7), so it trains at full precision (bits_per_param 32); use a model "
+                    f"with at least 3 layers, e.g. --set model.options.hidden=[64,32].")
+        return None
 
     def spec(self, model) -> QuantSpec:
         return QuantSpec(tuple(model.kernel_paths()[1:-1]), self.center_granularity == "client")

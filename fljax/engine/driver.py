@@ -111,8 +111,6 @@ class Simulation:
         algorithm.validate(self.num_train_clients)
         if model is None and isinstance(data, FederatedData):
             model = default_model(data)
-        if model is not None:
-            algorithm.check_model(model)
         population = None if groups is None else Population.of(groups)
         if population is not None:
             self._check_population(algorithm, population, data, model)
@@ -135,6 +133,11 @@ class Simulation:
             dataclasses.replace(g, model=g.model.with_conv(impl) if g.model is not None else None)
             for g in population.groups))
         self.unroll = self._auto_unroll(models, algorithm) if unroll == "auto" else int(unroll)
+        # the algorithm's caveats about the models it trains (Algorithm.model_warning), for the runner to show
+        pairs = [(algorithm, model)] if population is None else [
+            (algorithm.for_group(g), g.model or model) for g in population.groups]
+        self.model_warnings = sorted({w for a, m in pairs if m is not None and hasattr(a, "model_warning")
+                                      for w in [a.model_warning(m)] if w})
         self.compile_seconds = 0.0
         self._compiled: dict = {}
 
@@ -154,7 +157,6 @@ class Simulation:
                              f"{data.num_clients}.")
         for group in population.groups:
             algorithm.for_group(group).validate(data.num_clients)
-            algorithm.for_group(group).check_model(group.model or model)
 
     # ---------------------------------------------------------------------------------------------- sizing
     def _auto_executor(self, models: list[Model], algorithm: FederatedAlgorithm,

@@ -71,7 +71,7 @@ class FederatedAlgorithm(Protocol):
     templates).
 
     * ``validate(num_clients)`` refuses impossible hyperparameters (one line, before anything runs);
-      ``check_model(model)`` refuses a model they cannot train as asked;
+      ``model_warning(model)``: a caveat about training ``model`` with them (None: none), shown when a run starts;
     * ``init(ctx) -> (server, clients)``: the initial server pytree (or None) and the per-client pytree (leading
       axis ``num_clients``); ``init_population(ctx)``: the same over ``ctx.population``'s client groups (a tuple of
       per-group client pytrees; ``init(ctx)`` when there is no population);
@@ -85,7 +85,7 @@ class FederatedAlgorithm(Protocol):
 
     def validate(self, num_clients: int) -> None: ...
 
-    def check_model(self, model: Any) -> None: ...
+    def model_warning(self, model: Any) -> str | None: ...
 
     def init(self, ctx: "RoundContext") -> tuple[Any, Any]: ...
 

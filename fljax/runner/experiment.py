@@ -281,6 +281,9 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
             output.note(f"{label or cfg.run_name}: {sims(all_runs[0]).algorithm.summary or cfg.algorithm}"
                         + (f" (+{len(points) - 1} more points)" if len(points) > 1 else ""))
             output.note(f"  data: {all_runs[0].data.summary()}; results in {root.path or '(not written)'}")
+        for label, warning in sorted({(run.label or run.cfg.run_name, w) for run in all_runs
+                                      for w in sims(run).model_warnings}):
+            output.warn(f"{label}: {warning}")
         with interrupt.graceful(output.warn) as stop:
             try:
                 for run in all_runs:
