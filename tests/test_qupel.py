@@ -4,30 +4,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import fljax.data as D
 from fljax import tree
 from fljax.algorithms import make_algorithm
 from fljax.algorithms.quped import tree_leaf
 from fljax.data.batching import Batch
 from fljax.engine import Simulation
 from fljax.errors import OptionError
-from fljax.models import make_model
 from fljax.ops import quant
 
 from conftest import assert_trees_close
 
-KW = dict(batch_size=8, local_steps=2, epochs=4, finetune_epochs=1, lr=0.1, lr_gamma=0.9)
-
-
-@pytest.fixture(scope="module")
-def data():
-    return D.make_federated("digits", 5, "class_slots", seed=0, classes_per_client=2, train_per_slot=12,
-                            test_per_slot=4, noise=0.5, test_per_class=40)
-
-
-@pytest.fixture(scope="module")
-def mlp(data):
-    return make_model("mlp", data.input_shape, data.num_classes, hidden=[16, 12])
+from test_quped import KW, data, mlp  # noqa: F401 (QuPeD's small problem and its fixtures)
 
 
 def _setup(algo, data, mlp):
