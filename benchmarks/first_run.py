@@ -5,8 +5,8 @@ process with an empty compile cache (first run), then once more with the cache i
     python benchmarks/first_run.py [--repeats 1] [--compare]
 
 Prints and writes ``benchmarks/results/first_run.json`` (``first_compare.json``): per run the process's wall
-seconds (start-up and imports included); for ``run``, summary.json's parts (setup, compile, run, other, wall) and
-the 10th-percentile client accuracy.
+seconds (start-up and imports included) and summary.json's parts (setup, compile, run, other, wall; for
+``compare``, summed over its runs); for ``run``, the 10th-percentile client accuracy.
 """
 from __future__ import annotations
 
@@ -29,8 +29,15 @@ def one(command: str, out: str, cache: str) -> dict:
     subprocess.run([sys.executable, "-m", "fljax.cli", *COMMANDS[command], "--out", out], check=True, env=env,
                    stdout=subprocess.DEVNULL)
     process = time.perf_counter() - t0
-    if command == "compare":
-        return {"process_seconds": round(process, 2)}
+    if command == "compare":  # the runs' summaries, summed: where the comparison's time went
+        summaries = []
+        for name in sorted(os.listdir(out)):
+            path = os.path.join(out, name, "summary.json")
+            if os.path.exists(path):
+                with open(path) as f:
+                    summaries.append(json.load(f))
+        return {"process_seconds": round(process, 2), "runs": len(summaries),
+                **{k: round(sum(s[k] for s in summaries), 2) for k in PARTS}}
     with open(os.path.join(out, "summary.json")) as f:
         summary = json.load(f)
     return {"process_seconds": round(process, 2), **{k: round(summary[k], 2) for k in PARTS},

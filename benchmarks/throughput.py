@@ -24,16 +24,21 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from machine import matmul_peak, memory_bandwidth  # noqa: E402  (benchmarks/machine.py)
 
 WORKLOADS = {
     "logreg-synthetic-1k": dict(model="logreg", data="synthetic", clients=1000),
     "logreg-synthetic-10k": dict(model="logreg", data="synthetic", clients=10000),
     "mlp-28x28-64": dict(model="mlp", data="images", clients=64),
+    "mlp-28x28-256": dict(model="mlp", data="images", clients=256),
+    "mlp-28x28-1024": dict(model="mlp", data="images", clients=1024),
     "cnn1-28x28-64": dict(model="cnn1", data="images", clients=64),
     # benchmarks/gpu.py's (not in this script's default table: hours on a CPU)
     "resnet18gn-32x32-64": dict(model="resnet18_gn", data="images", clients=64, shape=(32, 32, 3)),
 }
-CPU_TABLE = ("logreg-synthetic-1k", "logreg-synthetic-10k", "mlp-28x28-64", "cnn1-28x28-64")
+CPU_TABLE = ("logreg-synthetic-1k", "logreg-synthetic-10k", "mlp-28x28-64", "mlp-28x28-256", "mlp-28x28-1024",
+             "cnn1-28x28-64")
 EXECUTORS = ["auto", "vmap", "chunked", "sharded", "loop"]
 STEPS, BATCH = 10, 20
 
@@ -54,34 +59,24 @@ def _data(spec: dict, quick: bool):
                            name="random-" + "x".join(map(str, shape)))
 
 
-def matmul_peak(n: int = 2048, repeats: int = 7) -> float:
-    """Measured float32 matmul FLOP/s of this machine (median of ``repeats``)."""
-    import jax
-    import jax.numpy as jnp
-
-    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-    f = jax.jit(lambda x: x @ x)
-    f(a).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        f(a).block_until_ready()
-        times.append(time.perf_counter() - t0)
-    return 2 * n ** 3 / float(np.median(times))
-
-
-def step_flops(model, data) -> float:
-    """FLOPs of one client's SGD step (forward + backward on a batch of BATCH), from XLA's cost analysis."""
+def step_cost(model, data) -> tuple[float, float]:
+    """(FLOPs, bytes accessed) of one client's SGD step — forward and backward on a batch of BATCH and the parameter
+    update — from XLA's cost analysis of that step compiled alone. The bytes count every operation's inputs and
+    outputs, as if no intermediate stayed in cache: the traffic the step would cost without caches. (The round
+    programs' own analyses count a loop's body once, not once per iteration, so they cannot give these figures.)"""
     import jax
 
     from fljax.data import Batch
 
     params = model.init(jax.random.PRNGKey(0))
     batch = Batch(x=data.train.x[0, :BATCH], y=data.train.y[0, :BATCH], mask=data.train.mask[0, :BATCH])
-    compiled = jax.jit(jax.grad(model.loss)).lower(params, batch).compile()
-    cost = compiled.cost_analysis()
+
+    def sgd_step(p, b):
+        return jax.tree.map(lambda w, g: w - 0.01 * g, p, jax.grad(model.loss)(p, b))
+
+    cost = jax.jit(sgd_step).lower(params, batch).compile().cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
-    return float(cost.get("flops", 0.0))
+    return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
 
 
 def measure(workload: str, executor: str, conv: str, unroll: str, repeats: int, quick: bool,
@@ -115,10 +110,10 @@ def measure(workload: str, executor: str, conv: str, unroll: str, repeats: int, 
         times.append((time.perf_counter() - t0) / rounds)
     per_round = float(np.median(times))
     client_steps = spec["clients"] * STEPS
-    compiled = sim._compiled.get(("block", rounds))
+    compiled = sim.executable("block", (rounds,))
     mem = compiled.memory_analysis() if compiled is not None else None
     xla_bytes = (mem.temp_size_in_bytes + mem.argument_size_in_bytes + mem.output_size_in_bytes) if mem else None
-    flops = step_flops(sim.model, data)
+    flops, moved = step_cost(sim.model, data)
     return {
         "workload": workload, "executor": executor, "resolved": sim.executor.describe(),
         "conv": sim.model.module.conv_impl if sim.model.has_conv else "-",
@@ -126,7 +121,8 @@ def measure(workload: str, executor: str, conv: str, unroll: str, repeats: int, 
         "client_steps_per_s": client_steps / per_round, "samples_per_s": client_steps * BATCH / per_round,
         "flops_per_s": flops * client_steps / per_round,
         "compile_seconds": sim.compile_seconds if not loop else first - per_round,
-        "xla_bytes": xla_bytes, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "xla_bytes": xla_bytes, "bytes_per_client_step": moved,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "repeats": repeats,
     }
 
@@ -161,7 +157,11 @@ def main():
 
     peak = matmul_peak(512 if args.quick else 2048)
     rows = measure_all(configurations(args.quick), repeats, args.quick, peak)
-    meta = describe(" ".join(["python benchmarks/throughput.py"] + sys.argv[1:]), peak, repeats)
+    # after the children: a process's peak RSS starts from its parent's at the fork (Linux keeps it across exec)
+    bandwidth = memory_bandwidth(64 if args.quick else 512)
+    for row in rows:
+        row["bandwidth_fraction"] = row["bytes_per_client_step"] * row["client_steps_per_s"] / bandwidth
+    meta = describe(" ".join(["python benchmarks/throughput.py"] + sys.argv[1:]), peak, repeats, bandwidth)
     name = "throughput_quick" if args.quick else "throughput"
     md = markdown(meta, rows)
     write_json(os.path.join(args.out, name + ".json"), {"meta": meta, "rows": rows})
@@ -169,25 +169,27 @@ def main():
     print(md)
 
 
-def describe(command: str, peak: float, repeats: int) -> dict:
+def describe(command: str, peak: float, repeats: int, bandwidth: float | None = None) -> dict:
     """The machine and settings a table was measured with."""
     import jax
 
     return {"command": command, "jax": jax.__version__, "backend": jax.default_backend(),
             "devices": [str(d) for d in jax.devices()], "cpu_count": os.cpu_count(), "machine": platform.machine(),
-            "matmul_peak_flops": peak, "local_steps": STEPS, "batch_size": BATCH, "repeats": repeats,
+            "matmul_peak_flops": peak, "memory_bandwidth_bytes": bandwidth, "local_steps": STEPS, "batch_size": BATCH,
+            "repeats": repeats,
             "date": time.strftime("%Y-%m-%d")}
 
 
 def measure_all(configs, repeats: int, quick: bool, peak: float, clients: int | None = None) -> list[dict]:
-    """:func:`measure` each (workload, executor, conv, unroll) in its own process (``clients``: override the
+    """:func:`measure` each (workload, executor, conv, unroll) in its own process, without the persistent compile
+    cache so that compile times are the compiler's (``clients``: override the
     workload's number of clients); a failed one is reported on stderr and left out. ``peak_fraction`` against
     ``peak`` FLOP/s."""
     rows = []
     for cfg in configs:
         cmd = [sys.executable, os.path.abspath(__file__), "--one", *cfg, "--repeats", str(repeats)]
         cmd += (["--quick"] if quick else []) + (["--clients", str(clients)] if clients else [])
-        out = subprocess.run(cmd, capture_output=True, text=True)
+        out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, FLJAX_COMPILE_CACHE="0"))
         if out.returncode != 0:
             print(f"FAILED {cfg}: {out.stderr.strip().splitlines()[-1] if out.stderr else ''}", file=sys.stderr)
             continue
@@ -200,26 +202,45 @@ def measure_all(configs, repeats: int, quick: bool, peak: float, clients: int | 
     return rows
 
 
+TITLES = {"logreg-synthetic-1k": "Logistic regression 60→10, Synthetic(1,1), 1,000 clients",
+          "logreg-synthetic-10k": "Logistic regression 60→10, Synthetic(1,1), 10,000 clients",
+          "mlp-28x28-64": "MLP 784-200-200-10, 64 clients", "mlp-28x28-256": "MLP 784-200-200-10, 256 clients",
+          "mlp-28x28-1024": "MLP 784-200-200-10, 1,024 clients",
+          "cnn1-28x28-64": "CNN1 (LeNet-5), 28×28×1, 64 clients",
+          "resnet18gn-32x32-64": "ResNet-18-GN, 32×32×3, 64 clients"}
+
+
 def markdown(meta: dict, rows: list[dict]) -> str:
+    """One table per workload: its executors (and, for convolutional models, convolution and unroll choices)."""
     lines = [f"FedAvg throughput, {meta['local_steps']} local steps of batch {meta['batch_size']}, all clients "
              f"every round; median of {meta['repeats']} timed blocks. Backend {meta['backend']} "
              f"({meta['cpu_count']} cores), jax {meta['jax']}, measured matmul peak "
-             f"{meta['matmul_peak_flops'] / 1e9:.1f} GFLOP/s. Command: `{meta['command']}`.", "",
-             "| workload | executor | conv | unroll | client-steps/s | samples/s | GFLOP/s | % of peak | vs loop | "
-             "compile s | XLA MB | peak RSS MB |", "|" + "---|" * 12]
-    loop = {}
-    for r in rows:
-        if r["executor"] == "loop":
-            loop[r["workload"]] = max(loop.get(r["workload"], 0), r["client_steps_per_s"])
-    for r in rows:
-        base = loop.get(r["workload"])
-        lines.append(
-            f"| {r['workload']} | {r['executor']} ({r['resolved']}) | {r['conv']} | {r['unroll']} | "
-            f"{r['client_steps_per_s']:,.0f} | {r['samples_per_s']:,.0f} | {r['flops_per_s'] / 1e9:.2f} | "
-            f"{100 * r['peak_fraction']:.1f} | {r['client_steps_per_s'] / base if base else float('nan'):.1f}× | "
-            f"{r['compile_seconds']:.1f} | {(r['xla_bytes'] or 0) / 1e6:.0f} | {r['peak_rss_bytes'] / 1e6:.0f} |")
-    lines += ["", "Compile s: the AOT compile time of the round program; for `loop`, the first round's time minus a "
-              "steady round's (it compiles per-client programs lazily, and includes the first-call costs)."]
+             f"{meta['matmul_peak_flops'] / 1e9:.1f} GFLOP/s"
+             + (f" and memory bandwidth {meta['memory_bandwidth_bytes'] / 1e9:.1f} GB/s"
+                if meta.get("memory_bandwidth_bytes") else "")
+             + f" (measured in this run). Command: `{meta['command']}`."]
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        rs = [r for r in rows if r["workload"] == workload]
+        loop = max((r["client_steps_per_s"] for r in rs if r["executor"] == "loop"), default=None)
+        conv = any(r["conv"] != "-" for r in rs)
+        kb = rs[0]["bytes_per_client_step"] / 1e3
+        lines += ["", f"**{TITLES.get(workload, workload)}** (`{workload}`; one client-step moves {kb:,.0f} KB by "
+                      f"XLA's count)", "",
+                  "| executor | " + ("conv, unroll | " if conv else "") + "client-steps/s | samples/s | GFLOP/s | "
+                  "% of peak | % of memory bandwidth | vs loop | compile s | XLA MB | peak RSS MB |",
+                  "|" + "---|" * (11 if conv else 10)]
+        for r in rs:
+            lines.append(
+                f"| {r['executor']} ({r['resolved']}) | " + (f"{r['conv']}, {r['unroll']} | " if conv else "")
+                + f"{r['client_steps_per_s']:,.0f} | {r['samples_per_s']:,.0f} | {r['flops_per_s'] / 1e9:.2f} | "
+                f"{100 * r['peak_fraction']:.1f} | {100 * r.get('bandwidth_fraction', float('nan')):.0f} | "
+                f"{r['client_steps_per_s'] / loop if loop else float('nan'):.1f}× | "
+                f"{r['compile_seconds']:.1f} | {(r['xla_bytes'] or 0) / 1e6:.0f} | {r['peak_rss_bytes'] / 1e6:.0f} |")
+    lines += ["", "Compile s: the AOT compile time of the round program without the persistent cache; for `loop`, the "
+              "first round's time minus a steady round's (it compiles per-client programs lazily, and includes the "
+              "first-call costs). KB moved: XLA's count of the bytes one SGD step (forward, backward, update) reads "
+              "and writes, every operation's inputs and outputs as if nothing stayed in cache; % of memory "
+              "bandwidth: that traffic at the measured rate, so above 100 % the caches serve the difference."]
     return "\n".join(lines) + "\n"
 
 

@@ -190,3 +190,15 @@ def test_auto_executor_rule():
     gpu = dict(backend="gpu", device_count=1, has_conv=True)
     assert isinstance(choose_executor(**gpu, cohort=1000, per_client_bytes=1e6), VmapExecutor)
     assert choose_executor(**gpu, cohort=1000, per_client_bytes=1e7, memory_budget=4e9).chunk_size == 400
+
+
+def test_compiled_programs_are_exposed_with_xla_cost_analysis(synth20):
+    """``Simulation.executable`` gives the block program the benchmarks read FLOP and byte counts from."""
+    sim = Simulation(make_algorithm("fedavg", cohort_size=None, local_steps=2, batch_size=5), synth20,
+                     executor="vmap")
+    assert sim.executable("block", (2,)) is None  # not compiled yet
+    sim.run_rounds(sim.init(), 2)
+    cost = sim.executable("block", (2,)).cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    assert cost["flops"] > 0 and cost["bytes accessed"] > 0
+    assert sim.executable("block", (3,)) is None

@@ -12,7 +12,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")))
 # what each notebook must show: printed text, and the number of figures
 EXPECTED = {"quickstart": (["fedavg  personalized accuracy", "local   personalized accuracy"], 2),
-            "fedslr": ([], 3), "dfedalt": ([], 3), "throughput": (["float32 matmul peak here"], 1),
+            "fedslr": ([], 3), "dfedalt": ([], 3),
+            "throughput": (["float32 matmul peak here", "command: python benchmarks/throughput.py"], 2),
             "fedgia": (["Example V.1: 1 instance(s)"], 2), "quped": (["mixed population:"], 4),
             "augfl": (["server's pretrained model:"], 2)}
 

@@ -140,6 +140,7 @@ class Simulation:
                                       for w in [a.model_warning(m)] if w})
         self.compile_seconds = 0.0
         self._compiled: dict = {}
+        self._executables: dict = {}
 
     @staticmethod
     def _check_population(algorithm, population: Population, data: FederatedData, model: Model) -> None:
@@ -250,8 +251,15 @@ class Simulation:
             t0 = time.perf_counter()
             compiled = jax.jit(fn, **processes.program_shardings()).lower(*args).compile(_compiler_options(name))
             self._compiled[key] = lambda *a: blas.call(compiled, *a)
+            self._executables[name, static] = compiled
             self.compile_seconds += time.perf_counter() - t0
         return self._compiled[key]
+
+    def executable(self, name: str, static: tuple = ()):
+        """The last compiled program of ``name`` ('init', 'block' with ``static=(n,)`` for n rounds, 'evaluate'):
+        a ``jax.stages.Compiled`` whose ``cost_analysis()`` and ``memory_analysis()`` give XLA's FLOP and byte
+        counts and buffer sizes (benchmarks read them); None before it was compiled or under the loop executor."""
+        return self._executables.get((name, static))
 
     def _eager(self, fn: Callable, *args):
         """``fn(*args)`` run from Python (an executor that is not jittable), its jit compilations accounted."""

@@ -1,0 +1,40 @@
+"""This machine's limits, measured in the process that reports against them: the float32 matmul peak (FLOP/s) and
+the memory bandwidth (bytes/s). Shared by the benchmark scripts."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+def _median_seconds(fn, repeats: int) -> float:
+    import jax
+
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def matmul_peak(n: int = 2048, repeats: int = 7) -> float:
+    """Measured float32 matmul FLOP/s of this machine: an n×n by n×n product (median of ``repeats``)."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    return 2 * n ** 3 / _median_seconds(lambda: f(a), repeats)
+
+
+def memory_bandwidth(mbytes: int = 512, repeats: int = 7) -> float:
+    """Measured main-memory bandwidth in bytes/s: a jitted ``y = 2·x`` over ``mbytes`` MB of float32, far larger
+    than the caches, counted as one read and one write of the array (median of ``repeats``)."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((mbytes * 2 ** 20 // 4,), jnp.float32)
+    f = jax.jit(lambda v: 2 * v)
+    return 2 * x.nbytes / _median_seconds(lambda: f(x), repeats)
