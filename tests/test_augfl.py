@@ -597,7 +597,8 @@ def test_reproduction_study_cells_are_valid_configs():
 
     study = load_study("augfl")
     cells = study.cells()
-    assert {c.study for c in cells} == {"E1", "E1T", "E2", "E5", "E6", "E7", "T_FedAvg", "T_PerFedAvg", "T_AugFL"}
+    assert {c.study for c in cells} == {"E1", "E1T", "E2", "E2T", "E5", "E6", "E6T", "E7", "E7T", "T_FedAvg",
+                                        "T_PerFedAvg", "T_AugFL"}
     assert {s for c in cells if c.study.startswith("T_") for s in c.seeds} == {99}  # the tuning seed
     for c in cells:
         fljax.make_config({**c.config, "seed": 0})
@@ -610,3 +611,33 @@ def test_mnist5k_meta_pairs_at_the_spec_scale():
                             target_clients=10)
     assert data.input_shape == (28, 28, 1) and data.server.size == 1000 and data.num_train_clients == 40
     np.testing.assert_allclose([float(data.server.x.mean()), float(data.server.x.std())], [0, 1], atol=1e-5)
+
+
+def test_claims_are_checked_on_the_tuned_arm_too():
+    """Claims 1–3 computed from E1T/E2T/E6T/E7T cells (the seed-99 choices) with known verdicts, and nothing claimed
+    for the default arm's studies that did not run."""
+    from types import SimpleNamespace
+
+    from fljax.reproduce.augfl import claims
+
+    aug, ft = "AugFL ρ = 1.4", "FedAvg-FT η = 0.3"
+    values = {("E1T", (("method", aug),)): 0.90, ("E1T", (("method", "Per-FedAvg FO β = 0.01"),)): 0.85,
+              ("E1T", (("method", "Per-FedAvg HF"),)): 0.80, ("E1T", (("method", ft),)): 0.70,
+              ("E6T", (("method", "AugFL w/ KT ρ = 1.4"),)): 0.95, ("E6T", (("method", aug),)): 0.90,
+              ("E6T", (("method", "Only KT ρ = 1.4"),)): 0.50, ("E6T", (("method", "KT without CE ρ = 1.4"),)): 0.80}
+    for m, a, f in ((5, 0.7, 0.5), (10, 0.8, 0.7)):  # gap +20 at M = 5, +10 at M = 10: widens as M shrinks
+        values["E2T", (("data.samples_min", m), ("method", aug))] = a
+        values["E2T", (("data.samples_min", m), ("method", ft))] = f
+    for lam, a in ((0.0, 0.80), (5.0, 0.90), (20.0, 0.60)):  # inverted U
+        values["E7T", (("algo.lam", lam), ("method", aug))] = a
+    cells = [SimpleNamespace(study=s, labels=dict(k)) for s, k in values]
+
+    def final(study, metric, **labels):
+        return np.array([values[study, tuple(sorted(labels.items()))]] * 3)
+
+    results = SimpleNamespace(cells=cells, final=final, seeds=lambda study, **labels: [],
+                              cell=lambda study, **labels: next((c for c in cells if c.study == study), None))
+    verdicts = {text.split(".")[0]: verdict for text, _, verdict in claims(results)}
+    assert verdicts == {"1a": "holds", "1b": "holds", "2a": "holds", "2b": "holds", "2c": "fails", "3": "holds",
+                        "4a": "holds"}
+    assert all("seed-99 choices" in text for text, _, _ in claims(results))

@@ -187,3 +187,18 @@ def test_lanes_default_comes_from_the_study_file(tiny, tmp_path, monkeypatch):
     assert lanes_used("b") == {"map"}
     assert lanes_used("c", lanes="vmap") == {"vmap"}   # the command line wins
     assert load_study("dfedalt").spec["lanes"] == "map"  # its committed tables were made run by run
+
+
+def test_parallel_jobs_replace_their_workers_and_match_one_job(tiny, tmp_path, monkeypatch):
+    """--jobs runs the families in worker processes, a fresh pool every jobs × TASKS_PER_WORKER families (patched
+    to 1 here, so the 4 families of the 'lr' and 'rules' studies take 2 pools of 2 workers); the results are those
+    of one job. (A ProcessPoolExecutor with max_tasks_per_child hung here once a worker retired.)"""
+    import fljax.runner.study as S
+
+    monkeypatch.setattr(S, "TASKS_PER_WORKER", 1)
+    serial = run_study(tiny, str(tmp_path / "one"), only=["lr", "rules"])
+    parallel = run_study(tiny, str(tmp_path / "two"), only=["lr", "rules"], jobs=2)
+    assert parallel.meta["computed"] == serial.meta["computed"] == 8
+    for study, labels in (("lr", {"algo.lr": 0.3}), ("rules", {"split": "dir"})):
+        np.testing.assert_array_equal(parallel.final(study, "personal_acc", **labels),
+                                      serial.final(study, "personal_acc", **labels))

@@ -427,16 +427,25 @@ def _recorded_runs(out: str, configs: dict[str, ExperimentConfig]) -> dict[str, 
     return {key: run for key, run in saved.items() if key in configs and _finished(run["summary"], configs[key])}
 
 
+TASKS_PER_WORKER = 4  # families a worker process runs before it is replaced (frees its compiled programs)
+
+
 def _run_parallel(root: str, work: list, jobs: int, lanes: str) -> None:
+    """Run the families of ``work`` in ``jobs`` worker processes, the biggest first. Workers are replaced by starting
+    a fresh pool for every ``jobs`` × TASKS_PER_WORKER families, not by ``max_tasks_per_child``: on Python 3.11 a
+    ProcessPoolExecutor with that option hangs for good once a worker retires (seen here: the workers gone, the
+    pool waiting)."""
     import concurrent.futures
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
-    order = sorted(work, key=len, reverse=True)  # the biggest families first
-    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx, max_tasks_per_child=4) as pool:
-        for fut in concurrent.futures.as_completed([pool.submit(_run_some, root, items, lanes, False)
-                                                    for items in order]):
-            fut.result()
+    order = sorted(work, key=len, reverse=True)
+    per_pool = jobs * TASKS_PER_WORKER
+    for start in range(0, len(order), per_pool):
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+            for fut in concurrent.futures.as_completed([pool.submit(_run_some, root, items, lanes, False)
+                                                        for items in order[start:start + per_pool]]):
+                fut.result()
 
 
 def _read_meta(out: str) -> dict:
