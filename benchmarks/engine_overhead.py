@@ -36,7 +36,7 @@ import optax
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from machine import matmul_peak, memory_bandwidth  # noqa: E402  (benchmarks/machine.py)
+from machine import interleaved_medians, matmul_peak, memory_bandwidth  # noqa: E402  (benchmarks/machine.py)
 from throughput import step_cost  # noqa: E402
 
 import fljax.data as D  # noqa: E402
@@ -89,7 +89,9 @@ def bare_loop(ce):
     return jax.jit(jax.vmap(client))
 
 
-def measure(repeats: int) -> list[dict]:
+def measure(repeats: int) -> tuple[list[dict], float]:
+    """The rows (seconds per round of 1,000 clients, client-steps/s, FLOP/s and bytes/s) and the bytes one
+    client-step moves."""
     data = D.make_federated("synthetic", CLIENTS, seed=0, max_samples=200)
     model = make_model("logreg", data.input_shape, data.num_classes)
     rng = np.random.default_rng(0)
@@ -109,28 +111,14 @@ def measure(repeats: int) -> list[dict]:
     keys = jax.random.split(jax.random.PRNGKey(0), CLIENTS)
     calls.append(("the shuffle alone (every client's schedule)", functools.partial(schedule, keys, tr.count),
                   CLIENTS * STEPS))
-    seconds = interleaved_medians([fn for _, fn, _ in calls], repeats)
-    rows = [{"row": name, "seconds": t * CLIENTS * STEPS / steps} for (name, _, steps), t in zip(calls, seconds)]
+    seconds = interleaved_medians({name: fn for name, fn, _ in calls}, repeats)
+    rows = [{"row": name, "seconds": seconds[name] * CLIENTS * STEPS / steps} for name, _, steps in calls]
     flops, moved = step_cost(model, data)
     for r in rows:
         r["client_steps_per_s"] = CLIENTS * STEPS / r["seconds"]
         if "shuffle alone" not in r["row"]:
             r["flops_per_s"], r["bytes_per_s"] = flops * r["client_steps_per_s"], moved * r["client_steps_per_s"]
     return rows, moved
-
-
-def interleaved_medians(fns, repeats: int) -> list[float]:
-    """Median seconds of each of ``fns`` over ``repeats`` rounds that call every one in turn (after one warm-up
-    call each), so that all of them see the same changes of the machine's load."""
-    for fn in fns:
-        jax.block_until_ready(fn())
-    times = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, ts in zip(fns, times):
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn())
-            ts.append(time.perf_counter() - t0)
-    return [float(np.median(ts)) for ts in times]
 
 
 def markdown(rows: list[dict], moved: float, peak: float, bandwidth: float, command: str) -> str:

@@ -24,11 +24,13 @@ import os
 import platform
 import sys
 import tempfile
-import time
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from machine import interleaved_medians  # noqa: E402  (benchmarks/machine.py)
+
 NODES = (10, 30, 100, 300, 1000, 3000, 10000)
 QUICK_NODES = (10, 30, 100, 300)
 K, SAMPLES, FEATURES, CLASSES, STEPS, BATCH = 10, 20, 60, 10, 5, 20
@@ -42,22 +44,6 @@ def _data(m: int):
     ys = [rng.integers(0, CLASSES, SAMPLES).astype(np.int32) for _ in range(m)]
     arr = D.pad_clients(xs, ys)
     return D.FederatedData(train=arr, test=arr, num_classes=CLASSES, input_shape=(FEATURES,), name="random")
-
-
-def _median_seconds(fns: dict, repeats: int) -> dict:
-    """Median seconds of each zero-argument callable, after a warm-up call of each (compiles). The callables are
-    timed in turn within every repeat, so load changes on a shared machine hit them alike."""
-    import jax
-
-    for fn in fns.values():
-        jax.block_until_ready(fn())
-    times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn())
-            times[name].append(time.perf_counter() - t0)
-    return {name: float(np.median(t)) for name, t in times.items()}
 
 
 def round_fn(m: int, form: str):
@@ -131,7 +117,7 @@ def main(argv=None) -> int:
         (dense, rounds), (gather, _) = round_fn(m, "dense"), round_fn(m, "gather")
         fns = {"round_dense": dense, "round_gather": gather, "gossip_dense": gossip_fn(m, "dense"),
                "gossip_gather": gossip_fn(m, "gather")}
-        row = {"nodes": m, **_median_seconds(fns, args.repeats)}
+        row = {"nodes": m, **interleaved_medians(fns, args.repeats)}
         row["round_dense"] /= rounds
         row["round_gather"] /= rounds
         rows.append(row)

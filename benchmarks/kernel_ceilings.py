@@ -8,7 +8,8 @@ gradient (the input's patches contracted with the output gradient over batch and
 ``--iters`` times inside one compiled loop on cache-resident operands (its result added to an accumulator, as
 SGD adds a gradient to the weights; the input is perturbed by the loop index so that nothing is hoisted), for as
 many clients side by side as the workload's executor runs at once (``vmap``: all; ``auto``'s chunks: 3 for the MLP;
-the CNN runs one client at a time). Medians of ``--repeats``. Writes ``benchmarks/results/kernel_ceilings.{json,md}``.
+the CNN runs one client at a time). Medians of ``--repeats``. Writes
+``benchmarks/results/kernel_ceilings.{json,md}``.
 
     python benchmarks/kernel_ceilings.py
 """
@@ -25,7 +26,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from machine import matmul_peak  # noqa: E402  (benchmarks/machine.py)
+from machine import matmul_peak, median_seconds  # noqa: E402  (benchmarks/machine.py)
 
 B = 20
 # (workload, kernel, clients side by side, (m, k, n)) for products; convolutions as (input NHWC, kernel HWIO, padding)
@@ -49,23 +50,13 @@ CONVS = [
 ]
 
 
-def _median_loop_seconds(f, args, repeats: int) -> float:
-    jax.block_until_ready(f(*args))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
-
-
 def product_rate(clients: int, m: int, k: int, n: int, iters: int, repeats: int) -> float:
     """FLOP/s of ``clients`` side-by-side (m×k)·(k×n) products."""
     a = jax.random.normal(jax.random.PRNGKey(0), (clients, m, k))
     b = jax.random.normal(jax.random.PRNGKey(1), (clients, k, n))
     f = jax.jit(lambda a, b: jax.lax.fori_loop(
         0, iters, lambda i, acc: acc + jnp.matmul(a * (1 + i * 1e-9), b), jnp.zeros((clients, m, n))))
-    return 2 * clients * m * k * n * iters / _median_loop_seconds(f, (a, b), repeats)
+    return 2 * clients * m * k * n * iters / median_seconds(lambda: f(a, b), repeats)
 
 
 def conv_rate(kernel: str, x_shape, w_shape, padding: str, iters: int, repeats: int) -> float:
@@ -90,7 +81,7 @@ def conv_rate(kernel: str, x_shape, w_shape, padding: str, iters: int, repeats: 
     else:
         f = jax.jit(lambda x, w: jax.lax.fori_loop(0, iters, lambda i, acc: acc + conv(x * (1 + i * 1e-9), w),
                                                    jnp.zeros(y.shape)))
-    return flops * iters / _median_loop_seconds(f, (x, w), repeats)
+    return flops * iters / median_seconds(lambda: f(x, w), repeats)
 
 
 def main() -> None:

@@ -7,16 +7,26 @@ import time
 import numpy as np
 
 
-def _median_seconds(fn, repeats: int) -> float:
+def interleaved_medians(fns: dict, repeats: int) -> dict:
+    """Median wall seconds of each zero-argument callable (its result waited for), after one warm-up call of each
+    (compiles). The callables are timed in turn within every repeat, so load changes on a shared machine hit them
+    alike."""
     import jax
 
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+    for fn in fns.values():
         jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn())
+            times[name].append(time.perf_counter() - t0)
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def median_seconds(fn, repeats: int) -> float:
+    """Median wall seconds of ``fn()`` over ``repeats`` calls after one warm-up call."""
+    return interleaved_medians({"fn": fn}, repeats)["fn"]
 
 
 def matmul_peak(n: int = 2048, repeats: int = 7) -> float:
@@ -26,7 +36,7 @@ def matmul_peak(n: int = 2048, repeats: int = 7) -> float:
 
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
     f = jax.jit(lambda x: x @ x)
-    return 2 * n ** 3 / _median_seconds(lambda: f(a), repeats)
+    return 2 * n ** 3 / median_seconds(lambda: f(a), repeats)
 
 
 def memory_bandwidth(mbytes: int = 512, repeats: int = 7) -> float:
@@ -37,4 +47,4 @@ def memory_bandwidth(mbytes: int = 512, repeats: int = 7) -> float:
 
     x = jnp.ones((mbytes * 2 ** 20 // 4,), jnp.float32)
     f = jax.jit(lambda v: 2 * v)
-    return 2 * x.nbytes / _median_seconds(lambda: f(x), repeats)
+    return 2 * x.nbytes / median_seconds(lambda: f(x), repeats)

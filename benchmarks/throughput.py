@@ -176,15 +176,13 @@ def describe(command: str, peak: float, repeats: int, bandwidth: float | None = 
     return {"command": command, "jax": jax.__version__, "backend": jax.default_backend(),
             "devices": [str(d) for d in jax.devices()], "cpu_count": os.cpu_count(), "machine": platform.machine(),
             "matmul_peak_flops": peak, "memory_bandwidth_bytes": bandwidth, "local_steps": STEPS, "batch_size": BATCH,
-            "repeats": repeats,
-            "date": time.strftime("%Y-%m-%d")}
+            "repeats": repeats, "date": time.strftime("%Y-%m-%d")}
 
 
 def measure_all(configs, repeats: int, quick: bool, peak: float, clients: int | None = None) -> list[dict]:
     """:func:`measure` each (workload, executor, conv, unroll) in its own process, without the persistent compile
-    cache so that compile times are the compiler's (``clients``: override the
-    workload's number of clients); a failed one is reported on stderr and left out. ``peak_fraction`` against
-    ``peak`` FLOP/s."""
+    cache so that compile times are the compiler's (``clients``: override the workload's number of clients); a
+    failed one is reported on stderr and left out. ``peak_fraction`` against ``peak`` FLOP/s."""
     rows = []
     for cfg in configs:
         cmd = [sys.executable, os.path.abspath(__file__), "--one", *cfg, "--repeats", str(repeats)]
