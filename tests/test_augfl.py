@@ -597,8 +597,8 @@ def test_reproduction_study_cells_are_valid_configs():
 
     study = load_study("augfl")
     cells = study.cells()
-    assert {c.study for c in cells} == {"E1", "E1M", "E1T", "E2", "E2T", "E5", "E6", "E6T", "E7", "E7T", "T_FedAvg",
-                                        "T_PerFedAvg", "T_AugFL"}
+    assert {c.study for c in cells} == {"E1", "E1M", "E1T", "E2", "E2M", "E2T", "E5", "E6", "E6M", "E6T", "E7",
+                                        "E7M", "E7T", "T_FedAvg", "T_PerFedAvg", "T_AugFL"}
     assert {s for c in cells if c.study.startswith("T_") for s in c.seeds} == {99}  # the tuning seed
     for c in cells:
         fljax.make_config({**c.config, "seed": 0})
@@ -616,8 +616,6 @@ def test_mnist5k_meta_pairs_at_the_spec_scale():
 def test_claims_are_checked_on_the_tuned_arm_too():
     """Claims 1–3 computed from E1T/E2T/E6T/E7T cells (the seed-99 choices) with known verdicts, and nothing claimed
     for the default arm's studies that did not run."""
-    from types import SimpleNamespace
-
     from fljax.reproduce.augfl import claims
 
     aug, ft = "AugFL ρ = 1.4", "FedAvg-FT η = 0.3"
@@ -630,14 +628,35 @@ def test_claims_are_checked_on_the_tuned_arm_too():
         values["E2T", (("data.samples_min", m), ("method", ft))] = f
     for lam, a in ((0.0, 0.80), (5.0, 0.90), (20.0, 0.60)):  # inverted U
         values["E7T", (("algo.lam", lam), ("method", aug))] = a
+    results = _fake_results(values)
+    verdicts = {text.split(".")[0]: verdict for text, _, verdict in claims(results)}
+    assert verdicts == {"1a": "holds", "1b": "holds", "2a": "holds", "2b": "holds", "2c": "fails", "3": "holds",
+                        "4a": "holds"}
+    assert all("seed-99 choices" in text for text, _, _ in claims(results))
+
+
+def test_claims_on_mnist5k_include_the_clients_sweep():
+    """The MNIST-5k arm checks claim 4b on E5M's AugFL w/ KT cells (and the digits arm's E5 is not claimed when it
+    did not run)."""
+    from fljax.reproduce.augfl import claims
+
+    rising = {("E5M", (("data.num_clients", n), ("method", "AugFL w/ KT"))): a
+              for n, a in ((20, 0.80), (50, 0.85), (90, 0.90))}
+    falling = {**rising, ("E5M", (("data.num_clients", 90), ("method", "AugFL w/ KT"))): 0.70}
+    for values, verdict in ((rising, "holds"), (falling, "fails")):
+        (text, measured, got), = claims(_fake_results(values))
+        assert text.startswith("4b.") and "MNIST-5k (E5M)" in text and got == verdict
+        assert measured.startswith("10 clients: 80.00, 40 clients: 85.00")
+
+
+def _fake_results(values: dict):
+    """A stand-in for StudyResults: (study, sorted labels) → the final metric, the same on 3 seeds."""
+    from types import SimpleNamespace
+
     cells = [SimpleNamespace(study=s, labels=dict(k)) for s, k in values]
 
     def final(study, metric, **labels):
         return np.array([values[study, tuple(sorted(labels.items()))]] * 3)
 
-    results = SimpleNamespace(cells=cells, final=final, seeds=lambda study, **labels: [],
-                              cell=lambda study, **labels: next((c for c in cells if c.study == study), None))
-    verdicts = {text.split(".")[0]: verdict for text, _, verdict in claims(results)}
-    assert verdicts == {"1a": "holds", "1b": "holds", "2a": "holds", "2b": "holds", "2c": "fails", "3": "holds",
-                        "4a": "holds"}
-    assert all("seed-99 choices" in text for text, _, _ in claims(results))
+    return SimpleNamespace(cells=cells, final=final, seeds=lambda study, **labels: [],
+                           cell=lambda study, **labels: next((c for c in cells if c.study == study), None))
