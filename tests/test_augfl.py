@@ -597,7 +597,7 @@ def test_reproduction_study_cells_are_valid_configs():
 
     study = load_study("augfl")
     cells = study.cells()
-    assert {c.study for c in cells} == {"E1", "E1M", "E1T", "E2", "E2M", "E2T", "E5", "E6", "E6M", "E6T", "E7",
+    assert {c.study for c in cells} == {"E1", "E1M", "E1T", "E2", "E2M", "E2T", "E5", "E5M", "E6", "E6M", "E6T", "E7",
                                         "E7M", "E7T", "T_FedAvg", "T_PerFedAvg", "T_AugFL"}
     assert {s for c in cells if c.study.startswith("T_") for s in c.seeds} == {99}  # the tuning seed
     for c in cells:

@@ -12,8 +12,7 @@ the verdicts of spec §10's qualitative claims, on the target clients' accuracy 
 
 Claims 1–4a are checked on every arm of :data:`ARMS`: at the spec's default hyperparameters (E1, E2, E6, E7), at the
 tuning seed 99's choices (E1T, E2T, E6T, E7T: AugFL ρ = 1.4, Per-FedAvg FO β = 0.01, FedAvg-FT η = 0.3), and on
-MNIST-5k (E1M, E2M, E6M, E7M); claim 4b on digits (E5), and on MNIST-5k once a study E5M is added to the file (it
-is not: its 9 knowledge-transfer runs would take about 40 min more on 2 cores).
+MNIST-5k (E1M, E2M, E6M, E7M); claim 4b on digits (E5) and on MNIST-5k (E5M).
 
 A claim "holds" on the means over seeds; the paired per-seed differences are in the measured column.
 """
