@@ -93,7 +93,7 @@ def test_crd_critic_and_loss_equal_the_formula():
 
 
 def test_kl_teacher_only_softening():
-    """D4's option: the teacher softened by T, the student at T_s = 1."""
+    """QuPeD D4's option: the teacher softened by T, the student at T_s = 1."""
     r = np.random.default_rng(7)
     zt, zs = jnp.asarray(r.normal(size=(5, 4))), jnp.asarray(r.normal(size=(5, 4)))
     T = 3.0

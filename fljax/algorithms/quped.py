@@ -1,5 +1,5 @@
 """QuPeD (Ozkara, Singh, Data, Diggavi, NeurIPS 2021): quantized personalization via distillation, and Algorithm 1 as
-quantized Local Training. Spec: ``shared/spec/quped.md``; equation numbers are the paper's, ``D#`` the spec's
+quantized Local Training. Spec: ``docs/quped.md``; equation numbers are the paper's, ``D#`` the spec's
 decisions (each alternative is a hyperparameter).
 
 Client i holds a personal model x_i of its own architecture (its client group's model, :mod:`fljax.engine.population`),

@@ -194,7 +194,7 @@ def _random_k_choice(key, m: int, k: int):
     Floyd's algorithm (Bentley & Floyd 1987) vectorised over rows: for j = n−k, …, n−1 (n = m − 1) draw t uniform in
     {0, …, j} and take t, or j when t is already taken; then skip the node itself (v ↦ v + [v ≥ i]). O(m·k²) work, so a
     draw stays linear in m and the neighbour-gather gossip keeps its O(m·k·d) advantage; row-wise top-k scores of an
-    [m, m] uniform matrix (the spec's construction, the same distribution, D2) cost O(m²) every round."""
+    [m, m] uniform matrix (the DFedAlt spec's construction, the same distribution, D2) cost O(m²) every round."""
     n = m - 1
 
     def take(s, chosen):
