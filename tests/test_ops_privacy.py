@@ -284,7 +284,8 @@ def test_poisson_cohort_truncates_to_a_uniform_subset_of_the_drawn_clients():
 
 def test_poisson_cohort_edges():
     ids, valid = P.poisson_cohort(jax.random.PRNGKey(0), 5, 1.0)
-    np.testing.assert_array_equal(ids, np.arange(5)) and np.testing.assert_array_equal(valid, np.ones(5, bool))
+    np.testing.assert_array_equal(ids, np.arange(5))
+    np.testing.assert_array_equal(valid, np.ones(5, bool))
     ids, valid = P.poisson_cohort(jax.random.PRNGKey(0), 5, 0.0, 2)
     assert not np.any(valid) and np.all(np.asarray(ids) == 5)
     for bad in (lambda: P.poisson_cohort(jax.random.PRNGKey(0), 5, 1.5),
