@@ -25,8 +25,8 @@ accounting is unchanged.
 
 **Example-level DP (DP-SGD, Abadi et al. 2016, "Deep Learning with Differential Privacy", Alg. 1).**
 :func:`private_value_and_grad` turns ``loss_fn(params, batch)`` into a step's gradient: per-example gradients by a
-``vmap`` over the batch (inside the ``vmap`` over clients), each clipped to C, padded examples masked out, summed, noised
-with std z·C and divided by the batch size B (the lot size L of Abadi et al.; fixed, like W above).
+``vmap`` over the batch (inside the ``vmap`` over clients), each clipped to C, padded examples masked out, summed,
+noised with std z·C and divided by the batch size B (the lot size L of Abadi et al.; fixed, like W above).
 
 **Sampling.** Fixed-size cohorts are the engine's (:func:`fljax.engine.sampling.sample_cohort`); :func:`poisson_cohort`
 draws each client independently with probability q into a fixed buffer with a validity mask (static shapes).
