@@ -168,6 +168,13 @@ def default_delta(num_records: int) -> float:
     return float(num_records) ** -1.1
 
 
+def _check_noise(noise_multiplier: float, accountant: str) -> None:
+    if accountant == "pld" and 0 < noise_multiplier < MIN_NOISE:
+        raise OptionError("noise_multiplier", f"{noise_multiplier:g} is below {MIN_NOISE}, where the PLD accountant "
+                                              f"needs gigabytes and ε is in the thousands; use accountant: rdp, or "
+                                              f"more noise.")
+
+
 def dp_event(noise_multiplier: float, sampling: Sampling, steps: int = 1):
     """The dp-accounting event of ``steps`` rounds (or steps) of the subsampled Gaussian mechanism with noise
     multiplier z = ``noise_multiplier`` (noise std z·C on a sum of contributions of norm ≤ C; see the module
@@ -205,10 +212,7 @@ def epsilon(noise_multiplier: float, steps: int, delta: float, sampling: Samplin
         return 0.0
     if noise_multiplier == 0:
         return math.inf
-    if accountant == "pld" and noise_multiplier < MIN_NOISE:
-        raise OptionError("noise_multiplier", f"{noise_multiplier:g} is below {MIN_NOISE}, where the PLD accountant "
-                                              f"needs gigabytes and ε is in the thousands; use accountant: rdp, or "
-                                              f"more noise.")
+    _check_noise(noise_multiplier, accountant)
     acc = make_accountant(accountant, sampling)
     with _quiet_absl():
         acc.compose(dp_event(noise_multiplier, sampling, steps))
@@ -371,6 +375,7 @@ def resolve_privacy(options: PrivacyOptions, *, population: int, size: float, st
     check_delta(delta, records)
     if options.noise_multiplier is not None:
         z = options.noise_multiplier
+        _check_noise(z, options.accountant)
     else:
         z = calibrate_noise_multiplier(options.target_epsilon, steps, delta, sampling, options.accountant)
     z_update, count_stddev = z, None

@@ -139,6 +139,8 @@ def test_resolve_refuses_what_cannot_be_accounted():
     _one_line(lambda: resolve_privacy(PrivacyOptions(noise_multiplier=1.0, clip_norm=0.5, adaptive=True),
                                       population=100, size=10, steps=10), "count_stddev", "must exceed z/2")
     _one_line(lambda: check_accountable(Sampling("poisson", 100, 200), "pld"), "sampling", "size must be in")
+    _one_line(lambda: resolve_privacy(PrivacyOptions(noise_multiplier=0.05, clip_norm=0.5), population=100, size=10,
+                                      steps=10), "noise_multiplier", "below 0.1")
     plan = resolve_privacy(o, population=100, size=10, steps=10)
     assert plan.delta == pytest.approx(100 ** -1.1) and plan.update_noise_multiplier == 1.0
     assert plan.epsilon() == epsilon(1.0, 10, plan.delta, Sampling("poisson", 100, 10), "pld")
