@@ -7,8 +7,8 @@ synthetic content with structure a model can learn. They are **not** the real da
 * **Shakespeare** (:func:`shakespeare_speakers`): 715 speakers (TFF's and FedJAX's train split). A speaker's
   text length in characters is lognormal with LEAF's moments (Caldas et al. 2018, Table 1: 4,226,158 characters
   over 1,129 roles, mean 3,743, standard deviation 6,212, hence σ = 1.150, μ = 7.567). The text is lines of
-  pseudo-words: a seeded lexicon of 2,000 words spelled with English letter frequencies, drawn with a Zipf law
-  reweighted per speaker, capitalised at a line's start, lines ended by punctuation; each line is a snippet
+  pseudo-words: a seeded lexicon of 500 words spelled with English letter frequencies, drawn with a Zipf law
+  reweighted per speaker (lognormal factors, σ = 0.5), capitalised at a line's start, lines ended by punctuation; each line is a snippet
   (BOS, characters, EOS) cut into ``seq_len`` sequences as the real set is (:func:`fljax.data.text.chunk_snippets`).
 * **Stack Overflow** (:func:`stackoverflow_users`): the first ``num_users`` of 342,477 users (TFF's train split);
   a user's sentence count is lognormal with the real mean (135,818,730 sentences over 342,477 users: 396.6) and an
@@ -48,7 +48,7 @@ def _rng(seed: int, stream: int) -> np.random.Generator:
 
 
 def shakespeare_speakers(num_speakers: int, seed: int, seq_len: int = 80,
-                         lexicon_size: int = 2_000) -> tuple[list[np.ndarray], list[np.ndarray]]:
+                         lexicon_size: int = 500) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Per-speaker next-character sequences ``(xs, ys)`` of the Shakespeare stand-in (module docstring)."""
     rng = _rng(seed, 1)
     table = text.char_table(text.SHAKESPEARE_CHARS)
@@ -63,7 +63,7 @@ def shakespeare_speakers(num_speakers: int, seed: int, seq_len: int = 80,
     n_chars = np.clip(rng.lognormal(*_SHAKESPEARE_LOG_CHARS, num_speakers), 2 * seq_len + 2, 250_000).astype(int)
     xs, ys = [], []
     for budget in n_chars:
-        p = zipf * rng.lognormal(0.0, 1.0, lexicon_size)
+        p = zipf * rng.lognormal(0.0, 0.5, lexicon_size)
         p /= p.sum()
         snippets, used = [], 0
         while used < budget:

@@ -40,9 +40,10 @@ def masked_cross_entropy(logits, labels, mask):
     """Mean softmax cross-entropy over the counted targets (0 when none is), in float32 at least (float64 logits stay
     float64): the samples with ``mask`` true; with token labels ``[n, T]`` every non-padding target of those samples
     (the mean over the batch's tokens)."""
+    counted = _counted(logits, labels, mask, specials=True)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)),
                                                          labels)
-    m = _counted(logits, labels, mask, specials=True).astype(ce.dtype)
+    m = counted.astype(ce.dtype)
     return jnp.sum(ce * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
