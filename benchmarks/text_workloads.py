@@ -12,11 +12,12 @@ its training rows). Times: after a warm-up round (which compiles), the median ov
     python benchmarks/text_workloads.py --dry-run   # toy sizes, any backend, seconds -> text_workloads_dry_run.*
 
 For another script (benchmarks/gpu.py): ``text_workloads.measure(spec)`` measures one row in the calling process and
-returns its dict; ``spec`` = ``{"workload": "shakespeare-lstm" | "stackoverflow-lstm", "cohort": K}`` plus, optionally,
-``local_steps`` (default 2; the CPU table runs 1), ``rounds`` (1), ``repeats`` (1), ``executor`` ("auto"), ``chunk_size`` (None),
-``population`` (the stand-in's clients; default max(cohort, 100), at most 715 for Shakespeare) and ``dry`` (toy
-model and data). ``text_workloads.ROWS`` lists the CPU table's specs and ``text_workloads.markdown(meta, rows)``
-renders rows.
+returns its dict; ``spec`` = ``{"workload": "shakespeare-lstm" | "stackoverflow-lstm", "cohort": K}`` plus,
+optionally, ``local_steps`` (default 2; the CPU table runs 1), ``rounds`` (1), ``repeats`` (1), ``executor``
+("auto"), ``chunk_size`` (None), ``population`` (the stand-in's clients; default max(cohort, 100), at most 715 for
+Shakespeare) and ``dry`` (toy model and data). ``text_workloads.ROWS`` lists the CPU table's specs,
+``text_workloads.measure_all(specs)`` runs each in its own process, ``text_workloads.markdown(meta, rows)`` renders
+rows (``meta``: command, jax, backend, devices, cpu_count, date, dry_run).
 """
 from __future__ import annotations
 
@@ -125,14 +126,16 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     lines = [f"FedAvg rounds on the text stand-ins{' (dry run: toy models and data)' if meta['dry_run'] else ''}: "
              f"every cohort member runs the row's local steps; median of the timed blocks after a warm-up round. "
              f"Backend {meta['backend']} ({meta['cpu_count']} cores, {meta['devices']}), jax {meta['jax']}, "
-             f"{meta['date']}. Command: `{meta['command']}`."]
+             f"{meta['date']}; load average at the end {meta['load_average'][0]:.1f} (other processes share the "
+             f"machine). Peak RSS includes the stacked uploads of the whole cohort (cohort × parameters × 4 bytes). "
+             f"Command: `{meta['command']}`."]
     for workload in dict.fromkeys(r["workload"] for r in rows):
         rs = [r for r in rows if r["workload"] == workload]
         lines += ["", f"**{WORKLOADS[workload]['title']}** (`{workload}`, data {rs[0]['data']}, "
                       f"{rs[0]['params']:,} parameters; {100 * rs[0]['real_token_share']:.0f}% of target positions "
                       f"are real tokens)", "",
                   "| cohort | population | executor | local steps | round s | client-steps/s | tokens/s | "
-                  "token positions/s | first round s (compile) | peak RSS MB |", "|" + "---|" * 10]
+                  "token positions/s | first round s (with compile) | peak RSS MB |", "|" + "---|" * 10]
         for r in rs:
             lines.append(f"| {r['cohort']} | {r['population']} | {r['executor']} | {r['local_steps']} | "
                          f"{r['round_seconds']:.2f} | {r['client_steps_per_s']:,.1f} | {r['tokens_per_s']:,.0f} | "

@@ -185,8 +185,8 @@ def test_a_folder_of_client_npz_files_is_a_natural_data_set(tmp_path):
     _npz_clients(str(tmp_path / "tok"), tokens=True, test=False)
     tok = D.make_federated("files", 4, seed=0, path=str(tmp_path / "tok"), test_fraction=0.4)
     assert isinstance(tok.input_shape, text.TokenShape) and tok.input_shape.vocab == tok.num_classes == 9
-    assert fljax.make_config(data={"dataset": "files", "path": str(tmp_path / "tok"), "num_clients": 4}, algo={"cohort_size": 2},
-                             model={"name": "lstm", "options": {"embed": 4, "hidden": [4]}})
+    assert fljax.make_config(data={"dataset": "files", "path": str(tmp_path / "tok"), "num_clients": 4},
+                             algo={"cohort_size": 2}, model={"name": "lstm", "options": {"embed": 4, "hidden": [4]}})
 
 
 @pytest.mark.parametrize("problem,match", [
@@ -259,6 +259,9 @@ def test_shakespeare_stand_in_has_the_real_set_s_shape_and_sizes():
     chars = np.array([int((y != PAD).sum()) for y in ys])  # targets: every character, EOS and BOS of each line
     assert abs(np.log(np.median(chars)) - 7.567) < 0.25  # LEAF: median exp(7.567) = 1,930 characters
     assert all(x.shape[1] == 80 and x.dtype == np.int32 and x.max() < 90 for x in xs)
+    first = standins.shakespeare_speakers(3, seed=0)[0]
+    for a, b in zip(first, xs):  # a smaller population is the first speakers of a larger one
+        np.testing.assert_array_equal(a, b)
     nat = leaf.shakespeare(leaf.ShakespeareOptions(source="standin"), 5, seed=0)
     assert nat.name == "shakespeare (stand-in)"
     again = leaf.shakespeare(leaf.ShakespeareOptions(source="standin"), 5, seed=0)
@@ -275,6 +278,11 @@ def test_stackoverflow_stand_in_has_the_real_set_s_shape_and_sizes():
     assert abs(np.mean(words == 10_003) - 0.05) < 0.01  # 5% out of vocabulary
     capped = standins.stackoverflow_users(50, seed=0, max_samples=1_000)[2]
     assert capped.max() <= 1_000
+    few, many = standins.stackoverflow_users(3, seed=1), standins.stackoverflow_users(1_005, seed=1)
+    rows = int(few[2].sum())  # a smaller population is the first users of a larger one
+    np.testing.assert_array_equal(many[2][:3], few[2])
+    np.testing.assert_array_equal(many[0][:rows], few[0])
+    np.testing.assert_array_equal(many[1][:rows], few[1])
     fed = D.make_federated("stackoverflow", 8, seed=0, max_samples=20)
     assert fed.name == "stackoverflow (stand-in)" and fed.num_classes == 10_004
 

@@ -21,7 +21,8 @@ from fljax.data.sources import DataError, Natural, Pooled
 from fljax.data.text import TokenShape
 from fljax.errors import OptionError
 
-__all__ = ["pool_test_split", "holdout_mask", "tail_mask", "holdout_split", "stack_clients", "federate", "make_federated",
+__all__ = ["pool_test_split", "holdout_mask", "tail_mask", "holdout_split", "stack_clients", "federate",
+           "make_federated",
            "load_federated"]
 
 

@@ -406,10 +406,10 @@ class ClassSlotsOptions(PartitionOptions):
 
 @dataclasses.dataclass(frozen=True)
 class PachinkoOptions(PartitionOptions):
-    alpha: float = option(0.1, "Dirichlet concentration of a client's coarse-class distribution (Reddi et al.: 0.1)",
-                          greater_than(0))
-    beta: float = option(10.0, "Dirichlet concentration of a client's fine-class distribution within a coarse class "
-                               "(Reddi et al.: 10)", greater_than(0))
+    coarse_alpha: float = option(0.1, "Dirichlet concentration α of a client's coarse-class distribution (Reddi et "
+                                      "al.: 0.1)", greater_than(0))
+    fine_beta: float = option(10.0, "Dirichlet concentration β of a client's fine-class distribution within a coarse "
+                                    "class (Reddi et al.: 10)", greater_than(0))
     samples_per_client: int | None = option(None, "train samples per client (null: the train pool's size / "
                                                   "num_clients; CIFAR-100 over 500 clients: 100)", at_least(1))
 
@@ -494,13 +494,14 @@ PARTITIONERS: dict[str, Partitioner] = {
         lambda y, n, seed, o: class_slots(y, n, o.classes_per_client, seed, o.train_per_slot),
         lambda ys, y_test, seed, o: class_slots_test(ys, y_test, seed, o.test_per_slot)),
     "pachinko": Partitioner(
-        "CIFAR-100 by Reddi et al.'s Pachinko allocation: per client Dir(alpha) over the 20 coarse classes, Dir(beta) "
-        "over each one's fine classes, samples_per_client samples without replacement; test slices drawn the same "
-        "way from the test pool (an equal share each)", PachinkoOptions,
-        lambda y, n, seed, o: pachinko(y, CIFAR100_COARSE, n, _samples(y, n, o), seed, o.alpha, o.beta),
+        "CIFAR-100 by Reddi et al.'s Pachinko allocation: per client Dir(coarse_alpha) over the 20 coarse classes, "
+        "Dir(fine_beta) over each one's fine classes, samples_per_client samples without replacement; test slices "
+        "drawn the same way from the test pool (an equal share each)", PachinkoOptions,
+        lambda y, n, seed, o: pachinko(y, CIFAR100_COARSE, n, _samples(y, n, o), seed, o.coarse_alpha, o.fine_beta),
         lambda ys, y_test, seed, o: pachinko(y_test, CIFAR100_COARSE, len(ys), len(y_test) // len(ys), seed,
-                                             o.alpha, o.beta, stream=1)),
-    "natural": Partitioner("the source's own clients (Synthetic(alpha, beta))", PartitionOptions, None),
+                                             o.coarse_alpha, o.fine_beta, stream=1)),
+    "natural": Partitioner("the source's own clients (Synthetic, the LEAF sets, the stand-ins, your files)",
+                           PartitionOptions, None),
     "meta_pairs": Partitioner(
         "few-shot meta-learning split (AugFL): a server set disjoint from the clients, two classes per client, "
         "D_i ~ U{M..2M}, support/query halves, the last target_clients never train", MetaPairsOptions, None,

@@ -25,7 +25,8 @@ from fljax.data.leaf import (LEAF_FEMNIST_WRITERS, LEAF_SENT140_USERS, LEAF_SHAK
                              LeafOptions, Sent140Options, ShakespeareOptions, femnist, sent140, shakespeare)
 from fljax.options import NoOptions, Options, at_least, between, option, parse, suggest
 
-__all__ = ["Pooled", "Natural", "Samples", "StackOverflowOptions", "synthetic", "digits", "mnist5k", "qot_arrays", "qot", "tfds_source", "Source",
+__all__ = ["Pooled", "Natural", "Samples", "StackOverflowOptions", "synthetic", "digits", "mnist5k", "qot_arrays",
+           "qot", "tfds_source", "Source",
            "SOURCES",
            "load_source", "DataError", "SyntheticOptions", "DigitsOptions", "TfdsOptions"]
 

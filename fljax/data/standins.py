@@ -8,9 +8,11 @@ synthetic content with structure a model can learn. They are **not** the real da
   text length in characters is lognormal with LEAF's moments (Caldas et al. 2018, Table 1: 4,226,158 characters
   over 1,129 roles, mean 3,743, standard deviation 6,212, hence σ = 1.150, μ = 7.567). The text is lines of
   pseudo-words: a seeded lexicon of 500 words spelled with English letter frequencies, drawn with a Zipf law
-  reweighted per speaker (lognormal factors, σ = 0.5), capitalised at a line's start, lines ended by punctuation; each line is a snippet
-  (BOS, characters, EOS) cut into ``seq_len`` sequences as the real set is (:func:`fljax.data.text.chunk_snippets`).
-* **Stack Overflow** (:func:`stackoverflow_users`): the first ``num_users`` of 342,477 users (TFF's train split);
+  reweighted per speaker (lognormal factors, σ = 0.5), capitalised at a line's start, lines ended by punctuation;
+  each line is a snippet (BOS, characters, EOS) cut into ``seq_len`` sequences as the real set is
+  (:func:`fljax.data.text.chunk_snippets`).
+* **Stack Overflow** (:func:`stackoverflow_users`): the first ``num_users`` of 342,477 users (TFF's train split; a
+  smaller population is a prefix of a larger one, as for the other stand-ins);
   a user's sentence count is lognormal with the real mean (135,818,730 sentences over 342,477 users: 396.6) and an
   assumed σ = 1.6, capped at ``max_samples`` (Reddi et al.: 1,000). Sentences have 1 + Poisson(11) words; a word
   follows its predecessor through a seeded successor table (4 successors per word) with probability 1/2, else it is
@@ -60,14 +62,15 @@ def shakespeare_speakers(num_speakers: int, seed: int, seq_len: int = 80,
     capital = [ids("".join(w).capitalize()) for w in spelled]
     space, marks = ids(" ")[0], ids(".,;:!?")
     zipf = 1.0 / np.arange(1, lexicon_size + 1)
-    n_chars = np.clip(rng.lognormal(*_SHAKESPEARE_LOG_CHARS, num_speakers), 2 * seq_len + 2, 250_000).astype(int)
     xs, ys = [], []
-    for budget in n_chars:
+    for i in range(num_speakers):  # each speaker from its own stream: a smaller population is a prefix
+        rng = np.random.default_rng([seed, 1, i])
+        budget = int(np.clip(rng.lognormal(*_SHAKESPEARE_LOG_CHARS), 2 * seq_len + 2, 250_000))
         p = zipf * rng.lognormal(0.0, 0.5, lexicon_size)
         p /= p.sum()
         snippets, used = [], 0
         while used < budget:
-            line = rng.choice(lexicon_size, size=1 + rng.poisson(6))
+            line = rng.choice(lexicon_size, size=1 + rng.poisson(6), p=p)
             parts = [capital[line[0]]]
             for w in line[1:]:
                 parts += [[space], lexicon[w]]
@@ -79,20 +82,36 @@ def shakespeare_speakers(num_speakers: int, seed: int, seq_len: int = 80,
     return xs, ys
 
 
+STACKOVERFLOW_BLOCK = 1_000  # users drawn together from one stream: the first N users are the same for every N
+
+
 def stackoverflow_users(num_users: int, seed: int, seq_len: int = 20, vocab: int = 10_000,
                         max_samples: int | None = 1_000) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(x [S, seq_len], y [S, seq_len], counts [num_users])`` of the Stack Overflow stand-in (module docstring);
-    the vocabulary has ``vocab`` regular words, ids ``text.NUM_RESERVED`` … and OOV last."""
-    rng = _rng(seed, 2)
-    counts = np.maximum(2, rng.lognormal(*_STACKOVERFLOW_LOG_SENTENCES, num_users)).astype(np.int64)
+    the vocabulary has ``vocab`` regular words, ids ``text.NUM_RESERVED`` … and OOV last. Users are drawn in blocks
+    of :data:`STACKOVERFLOW_BLOCK` from their own streams, so a smaller population is a prefix of a larger one."""
+    shared = _rng(seed, 2)
+    zipf = 1.0 / np.arange(1, vocab + 1)
+    zipf /= zipf.sum()
+    successors = shared.integers(0, vocab, (vocab, 4))
+    blocks = [_stackoverflow_block(np.random.default_rng([seed, 2, b]), zipf, successors, seq_len, max_samples)
+              for b in range(-(-num_users // STACKOVERFLOW_BLOCK))]
+    counts = np.concatenate([c for _, _, c in blocks])[:num_users]
+    total = int(counts.sum())
+    x = np.concatenate([x for x, _, _ in blocks])[:total]
+    y = np.concatenate([y for _, y, _ in blocks])[:total]
+    return x, y, counts
+
+
+def _stackoverflow_block(rng, zipf: np.ndarray, successors: np.ndarray, seq_len: int,
+                         max_samples: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One block of users: their rows, in user order, and their sentence counts."""
+    vocab = len(zipf)
+    counts = np.maximum(2, rng.lognormal(*_STACKOVERFLOW_LOG_SENTENCES, STACKOVERFLOW_BLOCK)).astype(np.int64)
     if max_samples is not None:
         counts = np.minimum(counts, max_samples)
     total = int(counts.sum())
-    owner = np.repeat(np.arange(num_users), counts)
-    zipf = 1.0 / np.arange(1, vocab + 1)
-    zipf /= zipf.sum()
-    successors = rng.integers(0, vocab, (vocab, 4))
-    favourites = rng.integers(0, vocab, (num_users, 32))[owner]
+    favourites = rng.integers(0, vocab, (STACKOVERFLOW_BLOCK, 32))[np.repeat(np.arange(STACKOVERFLOW_BLOCK), counts)]
     words = np.empty((total, seq_len), np.int64)
 
     def fresh():
@@ -128,14 +147,14 @@ def _strokes(rng: np.random.Generator, num_classes: int, size: int = 28) -> np.n
 def emnist_writers(num_writers: int, seed: int, num_classes: int = 62) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Per-writer ``(xs [n_i, 28, 28, 1] float32 in [0, 1], ys [n_i])`` of the EMNIST-62 stand-in (module
     docstring); ``num_classes`` 10 keeps each writer's digits only, as FEMNIST's digit split does."""
-    rng = _rng(seed, 3)
-    protos = _strokes(rng, 62)
+    protos = _strokes(_rng(seed, 3), 62)
     prior = np.r_[np.full(10, 5.0), np.ones(52)]
     prior /= prior.sum()
-    sizes = np.maximum(10, rng.lognormal(*_EMNIST_LOG_SAMPLES, num_writers)).astype(int)
     xs, ys = [], []
     share = prior[:num_classes].sum()  # a digits-only writer keeps its digit samples: about half of them
-    for n in sizes:
+    for i in range(num_writers):  # each writer from its own stream: a smaller population is a prefix
+        rng = np.random.default_rng([seed, 3, i])
+        n = max(10, int(rng.lognormal(*_EMNIST_LOG_SAMPLES)))
         y = rng.choice(num_classes, size=max(2, round(n * share)), p=prior[:num_classes] / share)
         shift = rng.integers(-2, 3, 2)
         fade = rng.uniform(0.6, 1.0)
