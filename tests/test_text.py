@@ -174,3 +174,19 @@ def test_text_models_are_paired_with_text_data_when_the_config_is_read():
     assert auto_model(D.SOURCES["shakespeare"].input_shape) == "lstm"
     assert auto_model(D.SOURCES["sent140"].input_shape) == "lstm_cls"
     fljax.make_config(data=shakespeare, model={"name": "transformer", "options": {"width": 16}})
+
+
+def test_the_text_benchmark_measures_a_row_in_process():
+    """benchmarks/text_workloads.measure(spec), the function benchmarks/gpu.py calls, at toy sizes."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import text_workloads
+
+    row = text_workloads.measure({"workload": "stackoverflow-lstm", "cohort": 3, "population": 4, "dry": True})
+    assert row["client_steps_per_s"] > 0 and row["tokens_per_s"] <= row["token_positions_per_s"]
+    assert row["data"] == "stackoverflow (stand-in)" and row["local_steps"] == 2 and row["seq_len"] == 20
+    assert "| 3 | 4 |" in text_workloads.markdown({"dry_run": True, "backend": "cpu", "cpu_count": 2, "devices": "cpu",
+                                                   "jax": "-", "date": "-", "load_average": [0.0] * 3,
+                                                   "command": "-"}, [row])

@@ -1,8 +1,9 @@
-"""Built-in data sources.
+"""Built-in data sources (docs/data.md lists them all).
 
-Offline (no download): FedProx's Synthetic(α, β), scikit-learn's bundled digits, and qot (vendored). Online: TFDS
-image classification sets through ``tfds.data_source`` (the data must be prepared or downloadable on the user's
-machine; tests use ``tfds.testing.mock_data``).
+Offline (no download): FedProx's Synthetic(α, β), scikit-learn's bundled digits, qot (vendored), the stand-ins of
+:mod:`fljax.data.standins`, and your own files (:mod:`fljax.data.files`). Prepared once with network: TFDS image
+classification sets through ``tfds.data_source`` (tests use ``tfds.testing.mock_data``) and LEAF's JSON files
+(:mod:`fljax.data.leaf`: FEMNIST, Shakespeare, Sent140).
 
 A source is either *pooled* (global train/test arrays, to be partitioned) or *natural* (it defines its own clients).
 Each is registered in :data:`SOURCES` with its options (a dataclass of :mod:`fljax.options`), how to load it, and
@@ -321,13 +322,14 @@ class Source:
 
     ``load(options, num_clients, seed)`` returns a :class:`Pooled` or :class:`Natural` set; ``max_clients(options)``
     is the most clients it can supply (a pooled set: one training sample each; a natural one: as many as it
-    generates); ``input_shape`` and ``num_classes`` describe one sample."""
+    generates); ``input_shape`` and ``num_classes`` describe one sample (a :class:`~fljax.data.text.TokenShape` for
+    token sequences; None and 0 for your own files, known once they are read)."""
 
     summary: str
     options: type[Options]
     load: Callable[..., "Pooled | Natural"]
     max_clients: Callable[[Options], int]
-    input_shape: tuple
+    input_shape: tuple | None
     num_classes: int
     natural: bool = False  # defines its own clients (partition 'natural')
     max_clients_ragged: Callable[[Options], int] | None = None  # the most clients with ragged storage (None: same)
