@@ -30,6 +30,7 @@ from fljax.engine.evaluation import summarize
 from fljax.engine.protocol import ClientInput, ClientResult
 from fljax.errors import OptionError
 from fljax.models.model import accuracy_stats, masked_cross_entropy
+from fljax.models.sequence import token_stats, token_summary
 
 __all__ = ["Algorithm", "Centralized", "ClientInput", "ClientResult", "TestStats"]
 
@@ -40,6 +41,8 @@ class TestStats:  # noqa: D101 (not a pytest class)
     correct: jax.Array
     count: jax.Array
     loss: jax.Array
+    tokens_correct: jax.Array | None = None  # token labels: correct and counted targets with specials (token_stats)
+    tokens: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -134,7 +137,8 @@ class Algorithm:
     def test_stats(self, model, params, test) -> TestStats:
         logits = self.logits(model, params, test.x)
         correct, count = accuracy_stats(logits, test.y, test.mask)
-        return TestStats(correct, count, masked_cross_entropy(logits, test.y, test.mask))
+        tokens = token_stats(logits, test.y, test.mask) if test.y.ndim > test.mask.ndim else (None, None)
+        return TestStats(correct, count, masked_cross_entropy(logits, test.y, test.mask), *tokens)
 
     def evaluate_client(self, inp: ClientInput) -> dict:
         """``{"global": TestStats, "personal": TestStats}`` of one client (``global`` absent when there is no
@@ -164,10 +168,10 @@ class Algorithm:
         k = ctx.num_train_clients
         for kind, s in stats.items():
             if k < ctx.num_clients:
-                summary.update(summarize(jax.tree.map(lambda a: a[:k], s), kind))
-                summary.update(summarize(jax.tree.map(lambda a: a[k:], s), f"target_{kind}"))
+                summary.update(_summaries(jax.tree.map(lambda a: a[:k], s), kind))
+                summary.update(_summaries(jax.tree.map(lambda a: a[k:], s), f"target_{kind}"))
             else:
-                summary.update(summarize(s, kind))
+                summary.update(_summaries(s, kind))
             per_client[f"{kind}_acc"] = s.correct / jnp.maximum(s.count.astype(jnp.float32), 1.0)
         valid = jnp.asarray(next(iter(stats.values())).count > 0, jnp.float32) if stats else None
         for name, v in scalars.items():
@@ -179,6 +183,11 @@ class Algorithm:
                              f"summaries; rename them.")
         summary.update(extra)
         return summary, per_client
+
+
+def _summaries(stats: TestStats, prefix: str) -> dict:
+    """The accuracy and loss summaries, and for token labels the accuracy with specials and the perplexity."""
+    return {**summarize(stats, prefix), **token_summary(stats, prefix)}
 
 
 def check_choice(key: str, value, choices) -> None:

@@ -5,7 +5,9 @@ Per-client test splits follow each client's own label distribution:
 * pooled sources: client i receives ``test_per_client`` images from the global test pool, with per-class counts
   proportional to its train label histogram (largest-remainder rounding), drawn without replacement within a
   client and independently across clients (papers' protocol: FedSLR §7, DFedAlt §5);
-* natural sources (Synthetic): a stratified hold-out of ``test_fraction`` of each client's own samples.
+* natural sources (Synthetic, LEAF, the stand-ins): a stratified hold-out of ``test_fraction`` of each client's own
+  samples; for next-token sequences the last ``test_fraction`` of each client's sequences (:func:`tail_mask`); a
+  source that brings its own test splits (your per-client files with test arrays) keeps them.
 """
 from __future__ import annotations
 
@@ -13,12 +15,14 @@ import numpy as np
 
 from fljax.data import partitioners as partition_lib
 from fljax.data.config import DataConfig
-from fljax.data.federated import FederatedData, pad_flat
+from fljax.data.federated import FederatedData, pad_flat, sample_dtype
 from fljax.data.ragged import ragged_clients
 from fljax.data.sources import DataError, Natural, Pooled
+from fljax.data.text import TokenShape
 from fljax.errors import OptionError
 
-__all__ = ["pool_test_split", "holdout_mask", "holdout_split", "stack_clients", "federate", "make_federated",
+__all__ = ["pool_test_split", "holdout_mask", "tail_mask", "holdout_split", "stack_clients", "federate",
+           "make_federated",
            "load_federated"]
 
 
@@ -80,6 +84,16 @@ def holdout_mask(labels: np.ndarray, counts, fraction: float, seed: int) -> np.n
     return mask
 
 
+def tail_mask(counts, fraction: float) -> np.ndarray:
+    """The test mask ``[S]`` of samples stored client after client (``counts [C]``) that holds out the last
+    ``round(fraction·n_i)`` samples of every client with n_i ≥ 2 (at least one, never all): the split of text, whose
+    consecutive sequences continue one another, so no test sequence's context was trained on."""
+    counts = np.asarray(counts, np.int64)
+    take = np.where(counts >= 2, np.clip(np.round(fraction * counts), 1, counts - 1), 0).astype(np.int64)
+    rank = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    return rank >= np.repeat(counts - take, counts)
+
+
 def holdout_split(labels: list[np.ndarray], fraction: float, seed: int) -> tuple[list, list]:
     """:func:`holdout_mask` on per-client label arrays: returns (train indices, test indices) per client."""
     counts = [len(y) for y in labels]
@@ -96,7 +110,9 @@ def stack_clients(x: np.ndarray, y: np.ndarray, counts, storage: str = "padded",
     rows): padded (:func:`~fljax.data.federated.pad_flat`) or ragged (:func:`~fljax.data.ragged.ragged_clients`)."""
     if storage not in STORAGES:
         raise DataError(f"storage must be one of {STORAGES}, got {storage!r}.")
-    return pad_flat(x, y, counts, rows=rows) if storage == "padded" else ragged_clients(x, y, counts, rows=rows)
+    if storage == "padded":
+        return pad_flat(x, y, counts, rows=rows, x_dtype=sample_dtype(x))
+    return ragged_clients(x, y, counts, rows=rows)
 
 
 def _flat(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray], storage: str):
@@ -115,12 +131,20 @@ def federate(source: Pooled | Natural, num_clients: int, partition: str, seed: i
             raise DataError(f"{source.name} defines its own clients; use partition='natural', not {partition!r}.")
         if len(source.counts) != num_clients:
             raise DataError(f"{source.name} was generated for {len(source.counts)} clients, not {num_clients}.")
-        test_mask = holdout_mask(source.y, source.counts, test_fraction, seed)
-        owner = np.repeat(np.arange(num_clients), source.counts)
-        train, test = (stack_clients(source.x, source.y, np.bincount(owner[m], minlength=num_clients), storage,
-                                     rows=np.flatnonzero(m)) for m in (~test_mask, test_mask))
-        input_shape = source.x.shape[1:]
-        desc = f"natural clients, stratified {test_fraction:.0%} per-client hold-out"
+        input_shape = source.input_shape or source.x.shape[1:]
+        if source.test is not None:
+            train = stack_clients(source.x, source.y, source.counts, storage)
+            test = stack_clients(source.test.x, source.test.y, source.test.counts, storage)
+            desc = "natural clients with their own test splits"
+        else:
+            tokens = source.y.ndim > 1
+            test_mask = tail_mask(source.counts, test_fraction) if tokens else \
+                holdout_mask(source.y, source.counts, test_fraction, seed)
+            owner = np.repeat(np.arange(num_clients), source.counts)
+            train, test = (stack_clients(source.x, source.y, np.bincount(owner[m], minlength=num_clients), storage,
+                                         rows=np.flatnonzero(m)) for m in (~test_mask, test_mask))
+            desc = (f"natural clients, the last {test_fraction:.0%} of every client's sequences held out" if tokens
+                    else f"natural clients, stratified {test_fraction:.0%} per-client hold-out")
     elif partition_lib.PARTITIONERS.get(partition) is not None and partition_lib.PARTITIONERS[partition].build:
         entry = partition_lib.PARTITIONERS[partition]
         if storage != "padded":
@@ -156,7 +180,8 @@ def federate(source: Pooled | Natural, num_clients: int, partition: str, seed: i
         input_shape = source.x_train.shape[1:]
         desc = (f"partition {partition}, " + ("test slices cut by the partitioner" if entry.split_test is not None else
                                               f"per-client test sets of {per_client} following each client's labels"))
-    return FederatedData(train=train, test=test, num_classes=source.num_classes, input_shape=tuple(input_shape),
+    return FederatedData(train=train, test=test, num_classes=source.num_classes,
+                         input_shape=input_shape if isinstance(input_shape, TokenShape) else tuple(input_shape),
                          name=source.name, description=desc)
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from fljax.data.batching import Batch
 
-__all__ = ["ClientArrays", "FederatedData", "ServerData", "pad_clients", "pad_flat", "label_histogram"]
+__all__ = ["ClientArrays", "FederatedData", "ServerData", "pad_clients", "pad_flat", "label_histogram", "sample_dtype"]
 
 
 @flax.struct.dataclass
@@ -184,7 +184,10 @@ class FederatedData:
     def summary(self) -> str:
         counts = np.asarray(self.train.count)
         test = np.asarray(self.test.count)
-        return (f"{self.name}: {self.num_clients} clients, {self.num_classes} classes, input {self.input_shape}; "
+        what = (f"{self.num_classes} classes, input {self.input_shape}" if not hasattr(self.input_shape, "vocab") else
+                f"sequences of {self.input_shape[0]} tokens of {self.input_shape.vocab}"
+                + ("" if self.input_shape.per_token else f", {self.num_classes} classes"))
+        return (f"{self.name}: {self.num_clients} clients, {what}; "
                 f"train samples/client min {counts.min()} median {int(np.median(counts))} max {counts.max()} "
                 f"(total {counts.sum()}); test total {test.sum()}. {self.description}"
                 + (f" {self.num_target} target clients (never train)." if self.num_target else "")
@@ -193,24 +196,34 @@ class FederatedData:
 
 
 def label_histogram(arrays, num_classes: int) -> np.ndarray:
-    """``[C, num_classes]`` label counts of every client's samples (padded or ragged arrays; host numpy)."""
+    """``[C, num_classes]`` label counts of every client's samples (padded or ragged arrays; host numpy); with token
+    labels ``[n, T]``, the counts of every client's non-padding target tokens."""
     owner, label = arrays.owners_and_labels()
+    if label.ndim > 1:
+        owner, label = np.repeat(owner, label[0].size), label.reshape(-1)
+        owner, label = owner[label != 0], label[label != 0]
     keep = label < num_classes
     flat = np.bincount(owner[keep] * num_classes + label[keep], minlength=arrays.num_clients * num_classes)
     return flat.reshape(arrays.num_clients, num_classes)
 
 
+def sample_dtype(x) -> np.dtype:
+    """How inputs are stored: integer arrays (token ids) as int32, everything else as float32."""
+    return np.dtype(np.int32 if np.issubdtype(np.asarray(x[:0]).dtype, np.integer) else np.float32)
+
+
 def pad_flat(x: np.ndarray, y: np.ndarray, count, n_max: int | None = None, x_dtype=np.float32,
              rows=None) -> ClientArrays:
     """A padded :class:`ClientArrays` from samples stored client after client in ``x[rows]``/``y[rows]`` (client i's
-    ``count[i]`` rows follow client i − 1's; ``rows`` None: the leading rows); rows past each count are zero."""
+    ``count[i]`` rows follow client i − 1's; ``rows`` None: the leading rows); rows past each count are zero. Labels
+    are ``y [S]`` or token labels ``y [S, T]``."""
     count = np.asarray(count, np.int32)
     n_max = int(max(count.max(), 1) if n_max is None else n_max)
     total = int(count.sum())
     owner = np.repeat(np.arange(len(count)), count)
     rank = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
     xp = np.zeros((len(count), n_max) + np.shape(x)[1:], x_dtype)
-    yp = np.zeros((len(count), n_max), np.int32)
+    yp = np.zeros((len(count), n_max) + np.shape(y)[1:], np.int32)
     rows = np.arange(total) if rows is None else np.asarray(rows)
     xp[owner, rank] = np.asarray(x)[rows]
     yp[owner, rank] = np.asarray(y)[rows]

@@ -1,13 +1,26 @@
-"""FEMNIST from LEAF's JSON files, split by writers (QuPeD spec §9, D23).
+"""LEAF's JSON files (Caldas et al. 2018): FEMNIST, Shakespeare and Sent140 with their natural clients.
 
-LEAF (Caldas et al. 2018) stores FEMNIST as JSON files, each ``{"users": [...], "num_samples": [...],
-"user_data": {writer: {"x": [[784 pixels in [0, 1]], ...], "y": [labels]}}}``, labels 0-9 digits, 10-35 upper-case
-and 36-61 lower-case letters. The reader never downloads: point ``data_dir`` at a directory of these files (LEAF's
-``data/femnist/data/all_data`` after its preprocessing script). Clients: the writers (those with a sample of the
-kept classes) are shuffled with the data seed and client i takes writers ``[w·i, w·i + w)``, ``w =
-writers_per_client`` (QuPeD: 3 writers per client, 66 clients); the per-client test split is the data config's
-stratified ``test_fraction`` hold-out (QuPeD: 0.1). Images are 28×28×1 float32. ``femnist`` keeps the 10 digit
-classes (D23), ``femnist62`` all 62 (D23's option).
+LEAF stores a data set as JSON files, each ``{"users": [...], "num_samples": [...], "user_data": {user: {"x": [...],
+"y": [...]}}}``. The readers never download: run LEAF's ``preprocess.sh`` for the data set on a machine with network
+and point ``data_dir`` at the directory of JSON files it writes (``data/<name>/data/all_data``).
+
+* **FEMNIST** (QuPeD spec §9, D23): x rows of 784 pixels in [0, 1], labels 0-9 digits, 10-35 upper-case and 36-61
+  lower-case letters. The writers (those with a sample of the kept classes) are shuffled with the data seed and
+  client i takes writers ``[w·i, w·i + w)``, ``w = writers_per_client`` (QuPeD: 3 writers per client, 66 clients).
+  Images are 28×28×1 float32. ``femnist`` keeps the 10 digit classes (D23), ``femnist62`` all 62 (D23's option).
+  ``source: standin`` draws writers from :func:`fljax.data.standins.emnist_writers` instead.
+* **Shakespeare** (McMahan et al. 2017): one user per speaking role; LEAF stores every 80-character window of the
+  role's text with the character that follows (x: the window, y: the next character). The reader chains the
+  windows back into the role's text (a window that does not continue the previous one starts a new snippet), maps
+  characters to ids (:data:`fljax.data.text.SHAKESPEARE_CHARS`, others to OOV) and cuts next-token sequences of
+  ``seq_len`` as FedJAX does (:func:`fljax.data.text.chunk_snippets`).
+* **Sent140** (Go et al. 2009): one user per Twitter account; x rows ``[id, date, query, user, text]``, y the
+  sentiment (0 negative, 1 positive; raw Sentiment140's 4 reads as 1). Tweets become word ids of a vocabulary of the
+  ``vocab`` most frequent words of all tweets read, as ``[BOS, w_1, …, EOS]`` truncated or padded to ``seq_len``.
+
+Shakespeare and Sent140 are tokenised once and cached (:func:`fljax.data.text.cached_arrays`). Users with fewer
+than two samples (no room for a test split) are dropped; the others are shuffled with the data seed and the first
+``num_clients`` become the clients.
 """
 from __future__ import annotations
 
@@ -15,52 +28,222 @@ import dataclasses
 import glob
 import json
 import os
+from typing import Literal
 
 import numpy as np
 
+from fljax.data import text
 from fljax.options import Options, at_least, option
 
-__all__ = ["LeafOptions", "femnist", "LEAF_FEMNIST_WRITERS"]
+__all__ = ["LeafOptions", "ShakespeareOptions", "Sent140Options", "femnist", "shakespeare", "sent140",
+           "LEAF_FEMNIST_WRITERS", "LEAF_SHAKESPEARE_USERS", "LEAF_SENT140_USERS", "SHAKESPEARE_VOCAB"]
 
 LEAF_FEMNIST_WRITERS = 3_597  # writers in LEAF's full FEMNIST
+LEAF_SHAKESPEARE_USERS = 1_129  # speaking roles in LEAF's full Shakespeare
+LEAF_SENT140_USERS = 660_120  # Twitter accounts in LEAF's full Sent140
+SHAKESPEARE_VOCAB = text.vocab_size(len(text.SHAKESPEARE_CHARS))  # 90: PAD, BOS, EOS, 86 characters, OOV
+
+
+def _data_dir(option_doc: str):
+    return option(None, f"directory of LEAF's {option_doc} JSON files (read, never downloaded)")
+
+
+def _cache_dir():
+    return option(None, "where tokenised files are cached (null: $FLJAX_CACHE, else ~/.cache/fljax)")
 
 
 @dataclasses.dataclass(frozen=True)
 class LeafOptions(Options):
     """Options of LEAF's FEMNIST."""
 
-    data_dir: str | None = option(None, "directory of LEAF's FEMNIST JSON files (data/femnist/data/all_data)")
+    source: Literal["leaf", "standin"] = option("leaf", "leaf: LEAF's JSON files in data_dir; standin: seeded "
+                                                        "stand-in writers with EMNIST-62's shapes (offline)")
+    data_dir: str | None = _data_dir("FEMNIST (data/femnist/data/all_data)")
     writers_per_client: int = option(3, "writers pooled into one client (QuPeD: 3)", at_least(1))
 
 
-def femnist(data_dir: str | None, num_clients: int, seed: int, writers_per_client: int = 3,
-            num_classes: int = 10):
-    """The clients of FEMNIST (module docstring): ``num_classes`` 10 keeps the digits, 62 every class."""
-    from fljax.data.sources import DataError, Natural
+@dataclasses.dataclass(frozen=True)
+class ShakespeareOptions(Options):
+    """Options of Shakespeare."""
+
+    source: Literal["leaf", "standin"] = option("leaf", "leaf: LEAF's JSON files in data_dir; standin: seeded "
+                                                        "stand-in speakers with Shakespeare's shapes (offline)")
+    data_dir: str | None = _data_dir("Shakespeare (data/shakespeare/data/all_data)")
+    seq_len: int = option(80, "characters per sequence (Reddi et al.: 80)", at_least(2))
+    max_samples: int | None = option(None, "keep at most this many sequences of a speaker, its first (null: all)",
+                                     at_least(2))
+    cache_dir: str | None = _cache_dir()
+
+
+@dataclasses.dataclass(frozen=True)
+class Sent140Options(Options):
+    """Options of Sent140."""
+
+    data_dir: str | None = _data_dir("Sent140 (data/sent140/data/all_data)")
+    seq_len: int = option(25, "tokens per tweet, BOS and EOS included (LEAF: 25 words)", at_least(3))
+    vocab: int = option(10_000, "regular words in the vocabulary: the most frequent of all tweets read",
+                        at_least(1))
+    cache_dir: str | None = _cache_dir()
+
+
+def _missing(name: str, where: str, script: str) -> str:
+    """What to do when LEAF's files are absent (one line)."""
+    return (f"set data.data_dir to the directory that holds them (LEAF's {where}, written by `{script}` in LEAF's "
+            f"data/{name} on a machine with network)" + ("" if name == "sent140" else ", or use data.source=standin"))
+
+
+def _json_paths(name: str, data_dir: str | None, where: str, script: str) -> list[str]:
+    from fljax.data.sources import DataError
 
     if data_dir is None:
-        raise DataError("femnist reads LEAF's JSON files: set data.data_dir to the directory that holds them "
-                        "(LEAF's data/femnist/data/all_data).")
+        raise DataError(f"{name} reads LEAF's JSON files: {_missing(name, where, script)}.")
     paths = sorted(glob.glob(os.path.join(data_dir, "*.json")))
     if not paths:
-        raise DataError(f"femnist: no LEAF JSON files (*.json) in {data_dir!r}.")
-    writers = {}
+        raise DataError(f"{name}: no LEAF JSON files (*.json) in {data_dir!r}; {_missing(name, where, script)}.")
+    return paths
+
+
+def _users(paths: list[str]):
+    """(user, user_data) of every user of the files, in file order."""
     for path in paths:
         with open(path) as f:
             blob = json.load(f)
         for user in blob["users"]:
-            y = np.asarray(blob["user_data"][user]["y"], np.int32)
+            yield user, blob["user_data"][user]
+
+
+def _choose(name: str, counts: np.ndarray, num_clients: int, seed: int, data_dir: str) -> np.ndarray:
+    """Indices of the clients: users with at least two samples, shuffled with the data seed, the first num_clients."""
+    from fljax.data.sources import DataError
+
+    usable = np.flatnonzero(counts >= 2)
+    if len(usable) < num_clients:
+        raise DataError(f"{name}: {num_clients} clients need {num_clients} users with at least two samples, "
+                        f"{data_dir!r} holds {len(usable)}; lower data.num_clients.")
+    return np.sort(np.random.default_rng(seed).permutation(usable)[:num_clients])
+
+
+def _rows(offsets: np.ndarray, counts: np.ndarray, cap: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Flat row indices of the chosen users' samples (their first ``cap`` each) and the counts kept."""
+    kept = counts if cap is None else np.minimum(counts, cap)
+    rows = np.repeat(offsets, kept) + np.arange(kept.sum()) - np.repeat(np.cumsum(kept) - kept, kept)
+    return rows, kept
+
+
+def femnist(data_dir: str | None, num_clients: int, seed: int, writers_per_client: int = 3,
+            num_classes: int = 10, source: str = "leaf"):
+    """The clients of FEMNIST (module docstring): ``num_classes`` 10 keeps the digits, 62 every class."""
+    from fljax.data.sources import DataError, Natural
+
+    need = num_clients * writers_per_client
+    name = "femnist" if num_classes == 10 else "femnist62"
+    if source == "standin":
+        from fljax.data.standins import emnist_writers
+
+        xs, ys = emnist_writers(need, seed, num_classes)
+        writers = dict(enumerate(zip(xs, ys)))
+        name += " (stand-in)"
+    else:
+        paths = _json_paths("femnist", data_dir, "data/femnist/data/all_data", "./preprocess.sh -s niid --sf 1.0 -k 0")
+        writers = {}
+        for user, data in _users(paths):
+            y = np.asarray(data["y"], np.int32)
             keep = y < num_classes
             if keep.any():
-                x = np.asarray(blob["user_data"][user]["x"], np.float32)[keep]
+                x = np.asarray(data["x"], np.float32)[keep]
                 writers[user] = (x.reshape(-1, 28, 28, 1), y[keep])
-    need = num_clients * writers_per_client
-    if len(writers) < need:
-        raise DataError(f"femnist: {num_clients} clients x {writers_per_client} writers need {need} writers, "
-                        f"{data_dir!r} holds {len(writers)}.")
+        if len(writers) < need:
+            raise DataError(f"femnist: {num_clients} clients x {writers_per_client} writers need {need} writers, "
+                            f"{data_dir!r} holds {len(writers)}.")
     order = np.random.default_rng(seed).permutation(sorted(writers))[:need]
     groups = [order[i * writers_per_client:(i + 1) * writers_per_client] for i in range(num_clients)]
     counts = np.asarray([sum(len(writers[w][1]) for w in g) for g in groups], np.int32)
     x = np.concatenate([writers[w][0] for g in groups for w in g])
     y = np.concatenate([writers[w][1] for g in groups for w in g])
-    return Natural(x, y, counts, num_classes, "femnist" if num_classes == 10 else "femnist62")
+    return Natural(x, y, counts, num_classes, name)
+
+
+def _chained_snippets(xs: list[str], ys: list[str]) -> list[str]:
+    """A role's text from LEAF's windows: window i + 1 continues window i when it equals window i without its first
+    character, followed by y_i; a window that does not starts a new snippet."""
+    snippets, current, previous = [], [], None
+    for x, y in zip(xs, ys):
+        if previous is None or x != previous[0][1:] + previous[1]:
+            if current:
+                snippets.append("".join(current))
+            current = [x]
+        current.append(y)
+        previous = (x, y)
+    if current:
+        snippets.append("".join(current))
+    return snippets
+
+
+def _char_ids(snippet: str, table: np.ndarray) -> np.ndarray:
+    """Ids of a snippet's characters (:func:`fljax.data.text.char_table`; characters beyond one byte are OOV)."""
+    codes = np.fromiter(map(ord, snippet), np.int64, len(snippet))
+    return np.where(codes < 256, table[np.minimum(codes, 255)], text.oov_id(SHAKESPEARE_VOCAB)).astype(np.int32)
+
+
+def shakespeare(o: ShakespeareOptions, num_clients: int, seed: int):
+    """The clients of Shakespeare (module docstring) from LEAF's files, or stand-in speakers
+    (:func:`fljax.data.standins.shakespeare_speakers`)."""
+    from fljax.data.sources import Natural
+
+    if o.source == "standin":
+        from fljax.data.standins import shakespeare_speakers
+
+        xs, ys = shakespeare_speakers(num_clients, seed, o.seq_len)
+        counts = np.asarray([len(x) for x in xs], np.int64)
+        x, y, name = np.concatenate(xs), np.concatenate(ys), "shakespeare (stand-in)"
+        chosen = np.arange(num_clients)
+    else:
+        paths = _json_paths("shakespeare", o.data_dir, "data/shakespeare/data/all_data",
+                            "./preprocess.sh -s niid --sf 1.0 -k 0 -t sample")
+
+        def build():
+            table = text.char_table(text.SHAKESPEARE_CHARS)
+            xs, ys = [], []
+            for _, data in _users(paths):
+                snippets = [_char_ids(s, table) for s in _chained_snippets(data["x"], data["y"])]
+                x_u, y_u = text.chunk_snippets(snippets, o.seq_len)
+                xs.append(x_u), ys.append(y_u)
+            return {"x": np.concatenate(xs), "y": np.concatenate(ys), "counts": np.asarray([len(a) for a in xs])}
+
+        arrays = text.cached_arrays("shakespeare", paths, {"seq_len": o.seq_len, "version": 1}, build, o.cache_dir)
+        x, y, counts, name = arrays["x"], arrays["y"], arrays["counts"].astype(np.int64), "shakespeare"
+        chosen = _choose("shakespeare", counts, num_clients, seed, o.data_dir)
+    rows, kept = _rows((np.cumsum(counts) - counts)[chosen], counts[chosen], o.max_samples)
+    return Natural(x[rows], y[rows], kept.astype(np.int32), SHAKESPEARE_VOCAB, name,
+                   input_shape=text.TokenShape(o.seq_len, SHAKESPEARE_VOCAB))
+
+
+def sent140(o: Sent140Options, num_clients: int, seed: int):
+    """The clients of Sent140 (module docstring)."""
+    from fljax.data.sources import DataError, Natural
+
+    paths = _json_paths("sent140", o.data_dir, "data/sent140/data/all_data", "./preprocess.sh -s niid --sf 1.0 -k 0")
+
+    def build():
+        tweets, labels, counts = [], [], []
+        for user, data in _users(paths):
+            y = np.asarray(data["y"], np.int64)
+            if not np.isin(y, (0, 1, 4)).all():
+                raise DataError(f"sent140: user {user!r} has labels {sorted(set(y.tolist()) - {0, 1, 4})}; LEAF's "
+                                f"Sent140 labels are 0 (negative) and 1 (positive; 4 in raw Sentiment140).")
+            tweets += [text.words(row[4]) for row in data["x"]]
+            labels.append(np.minimum(y, 1))
+            counts.append(len(y))
+        vocab = text.word_vocabulary(tweets, o.vocab)
+        oov = text.oov_id(text.vocab_size(o.vocab))
+        x = text.pad_rows([[text.BOS, *(vocab.get(w, oov) for w in t), text.EOS] for t in tweets], o.seq_len)
+        return {"x": x, "y": np.concatenate(labels).astype(np.int32), "counts": np.asarray(counts)}
+
+    arrays = text.cached_arrays("sent140", paths, {"seq_len": o.seq_len, "vocab": o.vocab, "version": 1}, build,
+                                o.cache_dir)
+    counts = arrays["counts"].astype(np.int64)
+    chosen = _choose("sent140", counts, num_clients, seed, o.data_dir)
+    rows, kept = _rows((np.cumsum(counts) - counts)[chosen], counts[chosen])
+    vocab = text.vocab_size(o.vocab)
+    return Natural(arrays["x"][rows], arrays["y"][rows], kept.astype(np.int32), 2, "sent140",
+                   input_shape=text.TokenShape(o.seq_len, vocab, per_token=False))

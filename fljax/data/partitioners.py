@@ -16,6 +16,7 @@ from fljax.errors import OptionError
 from fljax.options import Options, at_least, between, greater_than, option, parse, seed_check, suggest
 
 __all__ = ["PartitionError", "iid", "dirichlet", "pathological", "power_law", "client_centric", "class_slots",
+           "pachinko", "pachinko_distributions", "CIFAR100_COARSE", "PachinkoOptions",
            "class_slots_test", "ClassSlotsOptions", "Partitioner",
            "PARTITIONERS", "partition", "PartitionOptions", "DirichletOptions", "PathologicalOptions", "PowerLawOptions",
            "ClientDirichletOptions", "ClientPathologicalOptions", "MetaPairsOptions"]
@@ -255,6 +256,63 @@ def class_slots_test(train_labels: list[np.ndarray], test_labels: np.ndarray, se
                       "test samples")
 
 
+# CIFAR-100's class hierarchy: the coarse class (of 20) of each fine class (of 100), both in the data set's
+# alphabetical label order (Krizhevsky 2009): apple -> fruit_and_vegetables (4), aquarium_fish -> fish (1), ...
+CIFAR100_COARSE = np.array([4, 1, 14, 8, 0, 6, 7, 7, 18, 3, 3, 14, 9, 18, 7, 11, 3, 9, 7, 11, 6, 11, 5, 10, 7, 6, 13,
+                            15, 3, 15, 0, 11, 1, 10, 12, 14, 16, 9, 11, 5, 5, 19, 8, 8, 15, 13, 14, 17, 18, 10, 16, 4,
+                            17, 4, 2, 0, 17, 4, 18, 17, 10, 3, 2, 12, 12, 16, 12, 1, 9, 19, 2, 10, 0, 1, 16, 12, 9, 13,
+                            15, 13, 16, 19, 2, 4, 6, 19, 5, 5, 8, 19, 18, 1, 2, 15, 6, 0, 17, 8, 14, 13])
+
+
+def pachinko_distributions(coarse_of: np.ndarray, num_clients: int, alpha: float, beta: float,
+                           seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every client's Pachinko distributions: θ_i ~ Dir(α·1) over the coarse classes ``[C, K]`` and, for each coarse
+    class k, φ_ik ~ Dir(β·1) over its fine classes, stored as ``[C, F]`` (φ_i[f] is the probability of fine class f
+    given its coarse class)."""
+    rng = np.random.default_rng(seed + 1_000_003)
+    num_coarse = int(coarse_of.max()) + 1
+    theta = rng.dirichlet(np.full(num_coarse, alpha), num_clients)
+    phi = np.zeros((num_clients, len(coarse_of)))
+    for k in range(num_coarse):
+        fine = np.flatnonzero(coarse_of == k)
+        phi[:, fine] = rng.dirichlet(np.full(len(fine), beta), num_clients)
+    return theta, phi
+
+
+def pachinko(labels: np.ndarray, coarse_of: np.ndarray, num_clients: int, samples_per_client: int, seed: int,
+             alpha: float = 0.1, beta: float = 10.0, stream: int = 0) -> list[np.ndarray]:
+    """Reddi et al. (2021, App. C.2)'s Pachinko allocation of a pool with fine ``labels`` whose coarse classes are
+    ``coarse_of[label]``: client i (in order) draws each of its ``samples_per_client`` samples by picking a coarse
+    class k ~ θ_i, then a fine class f ~ φ_i restricted to k (:func:`pachinko_distributions`), then a sample of f
+    uniformly without replacement. A fine class whose samples are exhausted is removed and the distributions over
+    what remains renormalised (a coarse class goes when all its fine classes have). ``stream`` separates the draws of
+    two pools (train 0, test 1) that share the clients' distributions."""
+    classes = len(coarse_of)
+    if labels.size and (labels.min() < 0 or labels.max() >= classes):
+        raise PartitionError(f"pachinko: labels must be fine classes in [0, {classes}).")
+    if num_clients * samples_per_client > len(labels):
+        raise PartitionError(f"pachinko: {num_clients} clients x {samples_per_client} samples need "
+                             f"{num_clients * samples_per_client}, the pool holds {len(labels)}; lower num_clients "
+                             f"or samples_per_client.")
+    theta, phi = pachinko_distributions(coarse_of, num_clients, alpha, beta, seed)
+    rng = np.random.default_rng([seed, 2_000_003, stream])
+    pools = [list(rng.permutation(np.flatnonzero(labels == f))) for f in range(classes)]
+    left = np.asarray([len(p) > 0 for p in pools])
+    out = []
+    for i in range(num_clients):
+        taken = []
+        for _ in range(samples_per_client):
+            coarse_left = np.bincount(coarse_of[left], minlength=theta.shape[1]) > 0
+            t = theta[i] * coarse_left
+            k = rng.choice(len(t), p=t / t.sum()) if t.sum() > 0 else rng.choice(np.flatnonzero(coarse_left))
+            f_mass = phi[i] * left * (coarse_of == k)
+            f = rng.choice(classes, p=f_mass / f_mass.sum())
+            taken.append(pools[f].pop())
+            left[f] = len(pools[f]) > 0
+        out.append(np.sort(np.asarray(taken, np.int64)))
+    return out
+
+
 def _alpha():
     return option(0.5, "Dirichlet concentration (> 0; small: few classes per client, typically 0.1 to 1.0)",
                   greater_than(0))
@@ -347,6 +405,22 @@ class ClassSlotsOptions(PartitionOptions):
 
 
 @dataclasses.dataclass(frozen=True)
+class PachinkoOptions(PartitionOptions):
+    coarse_alpha: float = option(0.1, "Dirichlet concentration α of a client's coarse-class distribution (Reddi et "
+                                      "al.: 0.1)", greater_than(0))
+    fine_beta: float = option(10.0, "Dirichlet concentration β of a client's fine-class distribution within a coarse "
+                                    "class (Reddi et al.: 10)", greater_than(0))
+    samples_per_client: int | None = option(None, "train samples per client (null: the train pool's size / "
+                                                  "num_clients; CIFAR-100 over 500 clients: 100)", at_least(1))
+
+    def check_data(self, train_size: int, num_classes: int) -> None:
+        if num_classes != len(CIFAR100_COARSE):
+            raise OptionError("partition", f"pachinko splits CIFAR-100 by its coarse and fine classes; this data set "
+                                           f"has {num_classes} classes, not 100.")
+        _check_samples(self.samples_per_client, train_size)
+
+
+@dataclasses.dataclass(frozen=True)
 class MetaPairsOptions(PartitionOptions):
     """Options of ``meta_pairs``, the few-shot split with a server set and target clients (AugFL spec §4, §6;
     :mod:`fljax.data.meta`)."""
@@ -419,7 +493,15 @@ PARTITIONERS: dict[str, Partitioner] = {
         "clients, train_per_slot / test_per_slot samples per (client, class), disjoint", ClassSlotsOptions,
         lambda y, n, seed, o: class_slots(y, n, o.classes_per_client, seed, o.train_per_slot),
         lambda ys, y_test, seed, o: class_slots_test(ys, y_test, seed, o.test_per_slot)),
-    "natural": Partitioner("the source's own clients (Synthetic(alpha, beta))", PartitionOptions, None),
+    "pachinko": Partitioner(
+        "CIFAR-100 by Reddi et al.'s Pachinko allocation: per client Dir(coarse_alpha) over the 20 coarse classes, "
+        "Dir(fine_beta) over each one's fine classes, samples_per_client samples without replacement; test slices "
+        "drawn the same way from the test pool (an equal share each)", PachinkoOptions,
+        lambda y, n, seed, o: pachinko(y, CIFAR100_COARSE, n, _samples(y, n, o), seed, o.coarse_alpha, o.fine_beta),
+        lambda ys, y_test, seed, o: pachinko(y_test, CIFAR100_COARSE, len(ys), len(y_test) // len(ys), seed,
+                                             o.coarse_alpha, o.fine_beta, stream=1)),
+    "natural": Partitioner("the source's own clients (Synthetic, the LEAF sets, the stand-ins, your files)",
+                           PartitionOptions, None),
     "meta_pairs": Partitioner(
         "few-shot meta-learning split (AugFL): a server set disjoint from the clients, two classes per client, "
         "D_i ~ U{M..2M}, support/query halves, the last target_clients never train", MetaPairsOptions, None,

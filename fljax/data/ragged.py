@@ -62,8 +62,8 @@ class RaggedArrays:
         x = jax.lax.dynamic_slice_in_dim(self.x, offset, self.n_max)
         y = jax.lax.dynamic_slice_in_dim(self.y, offset, self.n_max)
         x = jnp.where(mask.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros((), x.dtype))
-        return ClientArrays(x=x, y=jnp.where(mask, y, 0), mask=mask, count=count, n_min=self.n_min,
-                            n_max=self.n_max)
+        y = jnp.where(mask.reshape((-1,) + (1,) * (y.ndim - 1)), y, 0)
+        return ClientArrays(x=x, y=y, mask=mask, count=count, n_min=self.n_min, n_max=self.n_max)
 
     def to_padded(self) -> ClientArrays:
         """Every client in the padded layout (host numpy, then device arrays; for small populations and tests)."""
@@ -105,9 +105,9 @@ def ragged_clients(x: np.ndarray, y: np.ndarray, count, n_max: int | None = None
     total = int(count.sum())
     rows = np.arange(total) if rows is None else np.asarray(rows)
     flat_x = _aligned_empty((total + n_max,) + np.shape(x)[1:], np.asarray(x[:0]).dtype)
-    flat_y = _aligned_empty((total + n_max,), np.int32)
+    flat_y = _aligned_empty((total + n_max,) + np.shape(y)[1:], np.int32)
     np.take(x, rows, axis=0, out=flat_x[:total])
-    np.take(np.asarray(y, np.int32), rows, out=flat_y[:total])
+    np.take(np.asarray(y, np.int32), rows, axis=0, out=flat_y[:total])
     flat_x[total:], flat_y[total:] = 0, 0
     return RaggedArrays(x=jax.device_put(flat_x), y=jax.device_put(flat_y),
                         offset=jnp.asarray(np.cumsum(count) - count, jnp.int32), count=jnp.asarray(count),

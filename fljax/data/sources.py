@@ -1,8 +1,9 @@
-"""Built-in data sources.
+"""Built-in data sources (docs/data.md lists them all).
 
-Offline (no download): FedProx's Synthetic(α, β), scikit-learn's bundled digits, and qot (vendored). Online: TFDS
-image classification sets through ``tfds.data_source`` (the data must be prepared or downloadable on the user's
-machine; tests use ``tfds.testing.mock_data``).
+Offline (no download): FedProx's Synthetic(α, β), scikit-learn's bundled digits, qot (vendored), the stand-ins of
+:mod:`fljax.data.standins`, and your own files (:mod:`fljax.data.files`). Prepared once with network: TFDS image
+classification sets through ``tfds.data_source`` (tests use ``tfds.testing.mock_data``) and LEAF's JSON files
+(:mod:`fljax.data.leaf`: FEMNIST, Shakespeare, Sent140).
 
 A source is either *pooled* (global train/test arrays, to be partitioned) or *natural* (it defines its own clients).
 Each is registered in :data:`SOURCES` with its options (a dataclass of :mod:`fljax.options`), how to load it, and
@@ -13,15 +14,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import typing
 from importlib import resources
 from typing import Callable
 
 import numpy as np
 
-from fljax.data.leaf import LEAF_FEMNIST_WRITERS, LeafOptions, femnist
+from fljax.data import standins, text
+from fljax.data.files import FilesOptions, load_files
+from fljax.data.leaf import (LEAF_FEMNIST_WRITERS, LEAF_SENT140_USERS, LEAF_SHAKESPEARE_USERS, SHAKESPEARE_VOCAB,
+                             LeafOptions, Sent140Options, ShakespeareOptions, femnist, sent140, shakespeare)
 from fljax.options import NoOptions, Options, at_least, between, option, parse, suggest
 
-__all__ = ["Pooled", "Natural", "synthetic", "digits", "mnist5k", "qot_arrays", "qot", "tfds_source", "Source",
+__all__ = ["Pooled", "Natural", "Samples", "StackOverflowOptions", "synthetic", "digits", "mnist5k", "qot_arrays",
+           "qot", "tfds_source", "Source",
            "SOURCES",
            "load_source", "DataError", "SyntheticOptions", "DigitsOptions", "TfdsOptions"]
 
@@ -43,15 +49,30 @@ class Pooled:
 
 
 @dataclasses.dataclass
+class Samples:
+    """Samples stored client after client: client i's are the ``counts[i]`` rows of ``x``/``y`` after client
+    i − 1's."""
+
+    x: np.ndarray
+    y: np.ndarray
+    counts: np.ndarray
+
+
+@dataclasses.dataclass
 class Natural:
-    """A data set that defines its own clients, stored client after client: ``x [S, ...]``, ``y [S]`` and
-    ``counts [C]`` (client i's samples are the ``counts[i]`` rows after client i − 1's); ``xs``/``ys`` list them."""
+    """A data set that defines its own clients, stored client after client: ``x [S, ...]``, ``y [S]`` (or token
+    labels ``[S, T]``) and ``counts [C]`` (client i's samples are the ``counts[i]`` rows after client i − 1's);
+    ``xs``/``ys`` list them. ``test``: the clients' own test splits (None: held out by the data config's
+    ``test_fraction``); ``input_shape``: one sample's shape when it says more than ``x`` does (a
+    :class:`~fljax.data.text.TokenShape`)."""
 
     x: np.ndarray
     y: np.ndarray
     counts: np.ndarray
     num_classes: int
     name: str
+    test: Samples | None = None
+    input_shape: tuple | None = None
 
     @property
     def xs(self) -> list[np.ndarray]:
@@ -213,7 +234,7 @@ def qot(seed: int = 0, test_fraction: float = QOT_TEST_FRACTION) -> Pooled:
 
 
 TFDS_NAMES = {"mnist": "mnist", "fashion_mnist": "fashion_mnist", "emnist": "emnist/balanced",
-              "cifar10": "cifar10", "cifar100": "cifar100"}
+              "emnist62": "emnist/byclass", "cifar10": "cifar10", "cifar100": "cifar100"}
 
 
 def _read_tfds(name: str, split: str, data_dir: str | None, limit: int | None):
@@ -301,13 +322,14 @@ class Source:
 
     ``load(options, num_clients, seed)`` returns a :class:`Pooled` or :class:`Natural` set; ``max_clients(options)``
     is the most clients it can supply (a pooled set: one training sample each; a natural one: as many as it
-    generates); ``input_shape`` and ``num_classes`` describe one sample."""
+    generates); ``input_shape`` and ``num_classes`` describe one sample (a :class:`~fljax.data.text.TokenShape` for
+    token sequences; None and 0 for your own files, known once they are read)."""
 
     summary: str
     options: type[Options]
     load: Callable[..., "Pooled | Natural"]
     max_clients: Callable[[Options], int]
-    input_shape: tuple
+    input_shape: tuple | None
     num_classes: int
     natural: bool = False  # defines its own clients (partition 'natural')
     max_clients_ragged: Callable[[Options], int] | None = None  # the most clients with ragged storage (None: same)
@@ -335,7 +357,36 @@ def _load_tfds(name: str, o: TfdsOptions, num_clients: int, seed: int) -> Pooled
 
 
 def _load_femnist(num_classes: int, o: LeafOptions, num_clients: int, seed: int) -> Natural:
-    return femnist(o.data_dir, num_clients, seed, o.writers_per_client, num_classes)
+    return femnist(o.data_dir, num_clients, seed, o.writers_per_client, num_classes, o.source)
+
+
+def _femnist_clients(o: LeafOptions) -> int:
+    return (standins.EMNIST_WRITERS if o.source == "standin" else LEAF_FEMNIST_WRITERS) // o.writers_per_client
+
+
+@dataclasses.dataclass(frozen=True)
+class StackOverflowOptions(Options):
+    """Options of Stack Overflow (next-word prediction)."""
+
+    source: typing.Literal["standin"] = option("standin", "standin: seeded stand-in users with Stack Overflow's "
+                                                          "shapes (offline; fljax has no reader of the real set yet)")
+    seq_len: int = option(20, "tokens per sentence row (Reddi et al.: 20)", at_least(2))
+    vocab: int = option(10_000, "regular words in the vocabulary (Reddi et al.: 10,000)", at_least(1))
+    max_samples: int | None = option(1_000, "sentences per user at most (Reddi et al.: 1,000; null: no cap)",
+                                     at_least(2))
+
+
+def _load_stackoverflow(o: StackOverflowOptions, num_clients: int, seed: int) -> Natural:
+    x, y, counts = standins.stackoverflow_users(num_clients, seed, o.seq_len, o.vocab, o.max_samples)
+    vocab = text.vocab_size(o.vocab)
+    return Natural(x, y, counts, vocab, "stackoverflow (stand-in)", input_shape=text.TokenShape(o.seq_len, vocab))
+
+
+def _shakespeare_clients(o: ShakespeareOptions) -> int:
+    return standins.SHAKESPEARE_SPEAKERS if o.source == "standin" else LEAF_SHAKESPEARE_USERS
+
+
+FILES_MAX_CLIENTS = 10_000_000  # the files say how many clients they hold; checked when they are read
 
 
 def _fixed(n: int) -> Callable[[Options], int]:
@@ -367,14 +418,32 @@ SOURCES: dict[str, Source] = {
     "mnist": _tfds("mnist", "MNIST through TFDS (needs the data prepared or network)", 60_000, (28, 28, 1), 10),
     "fashion_mnist": _tfds("fashion_mnist", "Fashion-MNIST through TFDS", 60_000, (28, 28, 1), 10),
     "emnist": _tfds("emnist", "EMNIST balanced (47 classes) through TFDS", 112_800, (28, 28, 1), 47),
+    "emnist62": _tfds("emnist62", "EMNIST ByClass (62 classes) through TFDS, pooled (TFDS keeps no writer ids; "
+                                  "natural writers: femnist62)", 697_932, (28, 28, 1), 62),
     "femnist": Source("FEMNIST digits from LEAF's JSON files, clients of writers_per_client writers (offline, "
-                      "data_dir)", LeafOptions, functools.partial(_load_femnist, 10),
-                      lambda o: LEAF_FEMNIST_WRITERS // o.writers_per_client, (28, 28, 1), 10, natural=True),
-    "femnist62": Source("FEMNIST, all 62 classes, from LEAF's JSON files (offline, data_dir)", LeafOptions,
-                        functools.partial(_load_femnist, 62), lambda o: LEAF_FEMNIST_WRITERS // o.writers_per_client,
-                        (28, 28, 1), 62, natural=True),
+                      "data_dir; source: standin for seeded stand-in writers)", LeafOptions,
+                      functools.partial(_load_femnist, 10), _femnist_clients, (28, 28, 1), 10, natural=True),
+    "femnist62": Source("FEMNIST / EMNIST-62 with natural writers, all 62 classes, from LEAF's JSON files (offline, "
+                        "data_dir; source: standin for 3,400 seeded stand-in writers)", LeafOptions,
+                        functools.partial(_load_femnist, 62), _femnist_clients, (28, 28, 1), 62, natural=True),
     "cifar10": _tfds("cifar10", "CIFAR-10 through TFDS", 50_000, (32, 32, 3), 10),
-    "cifar100": _tfds("cifar100", "CIFAR-100 through TFDS", 50_000, (32, 32, 3), 100),
+    "cifar100": _tfds("cifar100", "CIFAR-100 through TFDS (partition: pachinko for Reddi et al.'s 500 clients)",
+                      50_000, (32, 32, 3), 100),
+    "shakespeare": Source("Shakespeare next-character prediction, one client per speaking role: LEAF's JSON files "
+                          "(data_dir) or, with source: standin, 715 seeded stand-in speakers (offline)",
+                          ShakespeareOptions, lambda o, n, seed: shakespeare(o, n, seed), _shakespeare_clients,
+                          text.TokenShape(80, SHAKESPEARE_VOCAB), SHAKESPEARE_VOCAB, natural=True),
+    "stackoverflow": Source("Stack Overflow next-word prediction: seeded stand-in users with the real set's shapes "
+                            "(offline; the first num_clients of 342,477)", StackOverflowOptions,
+                            _load_stackoverflow, _fixed(standins.STACKOVERFLOW_USERS),
+                            text.TokenShape(20, text.vocab_size(10_000)), text.vocab_size(10_000), natural=True),
+    "sent140": Source("Sent140 tweet sentiment (2 classes), one client per Twitter account, from LEAF's JSON files "
+                      "(offline, data_dir)", Sent140Options, lambda o, n, seed: sent140(o, n, seed),
+                      _fixed(LEAF_SENT140_USERS), text.TokenShape(25, text.vocab_size(10_000), per_token=False), 2,
+                      natural=True),
+    "files": Source("your own per-client files: a folder of <client>.npz (x, y) or a .csv / .parquet table with a "
+                    "client column (offline, path)", FilesOptions, load_files, _fixed(FILES_MAX_CLIENTS), None, 0,
+                    natural=True),
 }
 
 

@@ -14,27 +14,45 @@ import jax.numpy as jnp
 import optax
 
 from fljax import tree
+from fljax.data.text import EOS, PAD, TokenShape
 from fljax.errors import OptionError
-from fljax.models import zoo
+from fljax.models import sequence, zoo
 from fljax.options import check_value, suggest
 
 __all__ = ["Model", "ModelMode", "current_mode", "make_model", "own_model", "check_model_options", "check_model_input",
            "auto_model", "model_options", "MODELS", "masked_cross_entropy", "accuracy_stats"]
 
 
+def _counted(logits, labels, mask, specials: bool):
+    """What a loss or accuracy counts: the samples ``mask [n]`` marks for labels ``[n]``; for token labels ``[n, T]``
+    (logits ``[n, T, V]``, the layout of :mod:`fljax.data.text`) every target of a marked sample but PAD, and
+    without ``specials`` also but BOS, EOS and OOV (the last id)."""
+    if labels.ndim == mask.ndim:
+        return mask
+    if logits.ndim != labels.ndim + 1:
+        raise ValueError(f"labels of shape {labels.shape} are token sequences, but the model gives logits of shape "
+                         f"{logits.shape}; use a sequence model (lstm or transformer).")
+    keep = labels != PAD if specials else (labels > EOS) & (labels < logits.shape[-1] - 1)
+    return mask[..., None] & keep
+
+
 def masked_cross_entropy(logits, labels, mask):
-    """Mean softmax cross-entropy over the samples with ``mask`` true (0 when none is), in float32 at least (float64
-    logits stay float64)."""
+    """Mean softmax cross-entropy over the counted targets (0 when none is), in float32 at least (float64 logits stay
+    float64): the samples with ``mask`` true; with token labels ``[n, T]`` every non-padding target of those samples
+    (the mean over the batch's tokens)."""
+    counted = _counted(logits, labels, mask, specials=True)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)),
                                                          labels)
-    m = mask.astype(ce.dtype)
+    m = counted.astype(ce.dtype)
     return jnp.sum(ce * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
 def accuracy_stats(logits, labels, mask):
-    """(number correct, number counted) over the masked samples."""
-    correct = (jnp.argmax(logits, -1) == labels) & mask
-    return jnp.sum(correct), jnp.sum(mask)
+    """(number correct, number counted) over the masked samples; with token labels ``[n, T]`` over their regular
+    targets: padding, BOS, EOS and OOV targets are not counted (Reddi et al. 2021; the accuracy with them is
+    :func:`fljax.models.sequence.token_stats`)."""
+    counted = _counted(logits, labels, mask, specials=False)
+    return jnp.sum((jnp.argmax(logits, -1) == labels) & counted), jnp.sum(counted)
 
 
 class ModelMode:
@@ -239,27 +257,42 @@ MODELS = {
                   "no biases, GroupNorm(2), PyTorch init (weight_init='pytorch'|'flax')",
     "resnet18_gn": "CIFAR ResNet-18 with GroupNorm (groups=2, head_bias=False by default; "
                    "weight_init='flax'|'pytorch'); a GPU model",
+    "emnist_cnn": "Reddi et al.'s EMNIST CNN (FedJAX EMNIST_CONV): 2 conv (3x3, 32 and 64) + pool + dropout + "
+                  "Dense(128) + dropout + Dense(C)",
+    "lstm": "next-token LSTM: embedding, stacked LSTMs, optional projection (Shakespeare: embed 8, hidden "
+            "[256, 256]; Stack Overflow: embed 96, hidden [670], projection 96); needs token sequences",
+    "transformer": "small causal Transformer decoder (width 128, 2 layers, 4 heads); needs token sequences",
+    "lstm_cls": "sequence classifier: embedding, stacked LSTMs, the last token's state, Dense(C) (Sent140)",
 }
 
 
 _MODULES = {"logreg": zoo.LogisticRegression, "mlp": zoo.MLP, "cnn1": zoo.CNN1, "cnn2": zoo.CNN2, "cnn1_s": zoo.CNN1S,
             "cnn2_s": zoo.CNN2S, "cnn_s": zoo.SmallCNN, "cnn_l": zoo.LargeCNN, "resnet8x4": zoo.CifarResNet,
-            "resnet32x4": zoo.CifarResNet32, "fedslr_cnn": zoo.FedSLRCNN, "resnet18_gn": zoo.ResNet18GN}
+            "resnet32x4": zoo.CifarResNet32, "fedslr_cnn": zoo.FedSLRCNN, "resnet18_gn": zoo.ResNet18GN,
+            "emnist_cnn": zoo.EmnistCNN, "lstm": sequence.LSTMLanguageModel,
+            "transformer": sequence.TransformerDecoder, "lstm_cls": sequence.LSTMClassifier}
 # convolutional: take conv_impl, need (H, W, C) inputs
 _IMAGE_MODELS = ("cnn1", "cnn2", "cnn1_s", "cnn2_s", "cnn_s", "cnn_l", "resnet8x4", "resnet32x4", "fedslr_cnn",
-                 "resnet18_gn")
+                 "resnet18_gn", "emnist_cnn")
+_STOCHASTIC = ("emnist_cnn",)  # draw dropout masks while training
+_LANGUAGE_MODELS = ("lstm", "transformer")  # token sequences in, next-token logits out
+_SEQUENCE_CLASSIFIERS = ("lstm_cls",)  # token sequences in, one label per sequence
 
 
 def auto_model(input_shape) -> str:
-    """The model ``name: auto`` picks: logreg for vectors, cnn1 for images."""
-    return "logreg" if len(input_shape) == 1 else "cnn1"
+    """The model ``name: auto`` picks: logreg for vectors, cnn1 for images, lstm for next-token data, lstm_cls for
+    labelled sequences (:class:`~fljax.data.text.TokenShape`); logreg when the shape is unknown (None: a data set of
+    the user's files, whose model is picked once they are read)."""
+    if isinstance(input_shape, TokenShape):
+        return "lstm" if input_shape.per_token else "lstm_cls"
+    return "logreg" if input_shape is None or len(input_shape) == 1 else "cnn1"
 
 
 def model_options(name: str) -> list[dataclasses.Field]:
-    """The options of model ``name``: its module's fields other than the number of classes and the convolution
-    implementation (set by the engine)."""
+    """The options of model ``name``: its module's fields other than the number of classes, the convolution
+    implementation (set by the engine) and the input vocabulary (set from the data)."""
     return [f for f in dataclasses.fields(_MODULES[name]) if f.init and f.name not in ("parent", "name", "num_classes",
-                                                                                      "conv_impl")]
+                                                                                      "conv_impl", "vocab")]
 
 
 def check_model_options(name: str, options: dict, note: str = "") -> dict:
@@ -283,7 +316,22 @@ def check_model_options(name: str, options: dict, note: str = "") -> dict:
 
 
 def check_model_input(name: str, input_shape) -> None:
-    """Refuse a convolutional model for vector inputs (raises :class:`OptionError` for the key ``name``)."""
+    """Refuse a model for inputs it cannot take (raises :class:`OptionError` for the key ``name``): a convolutional
+    model for vectors, a sequence model for anything but token sequences
+    (:class:`~fljax.data.text.TokenShape`), a language model for labelled sequences and the other way round, and
+    any other model for token sequences. An unknown shape (None) is checked once the data are read."""
+    if input_shape is None:
+        return
+    if isinstance(input_shape, TokenShape):
+        fits = _LANGUAGE_MODELS if input_shape.per_token else _SEQUENCE_CLASSIFIERS
+        if name not in fits:
+            what = "next-token sequences" if input_shape.per_token else "labelled token sequences"
+            raise OptionError("name", f"cannot be {name!r} for {what} of length {input_shape[0]}: use "
+                                      f"{' or '.join(map(repr, fits))}.")
+        return
+    if name in _LANGUAGE_MODELS + _SEQUENCE_CLASSIFIERS:
+        raise OptionError("name", f"cannot be {name!r} for inputs of shape {tuple(input_shape)}: it needs token "
+                                  f"sequences (shakespeare, stackoverflow, sent140, or your token files).")
     if len(input_shape) == 1 and name in _IMAGE_MODELS:
         raise OptionError("name", f"cannot be {name!r} for inputs of shape {tuple(input_shape)}: it needs images "
                                   f"(H, W, C); use 'mlp' or 'logreg'.")
@@ -297,7 +345,10 @@ def make_model(name: str, input_shape, num_classes: int, conv_impl: str = "nativ
     check_model_input(name, input_shape)
     if name in _IMAGE_MODELS:
         options["conv_impl"] = conv_impl
-    return Model(_MODULES[name](num_classes, **options), tuple(input_shape), num_classes, name)
+    if name in _SEQUENCE_CLASSIFIERS:
+        options["vocab"] = input_shape.vocab
+    return Model(_MODULES[name](num_classes, **options), tuple(input_shape), num_classes, name,
+                 stochastic=name in _STOCHASTIC)
 
 
 def own_model(module: nn.Module, input_shape, num_classes: int) -> Model:

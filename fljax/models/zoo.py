@@ -19,7 +19,7 @@ from fljax.models.layers import Conv, max_pool_2x2
 from fljax.options import at_least, each, option
 
 __all__ = ["LogisticRegression", "MLP", "CNN1", "CNN2", "CNN1S", "CNN2S", "SmallCNN", "LargeCNN", "FedSLRCNN",
-           "ResNet18GN", "CifarResNet", "CifarResNet32", "INITS", "kernel_init", "qcnn"]
+           "ResNet18GN", "CifarResNet", "CifarResNet32", "EmnistCNN", "INITS", "kernel_init", "qcnn"]
 
 Init = Literal["flax", "pytorch"]
 INITS = typing.get_args(Init)
@@ -187,6 +187,25 @@ class LargeCNN(SmallCNN):
 
     channels: Sequence[int] = option((64, 128), "output channels of the two 3x3 convolutions", each(at_least(1)))
     width: int = option(256, "width of the penultimate dense layer (the feature dimension)", at_least(1))
+
+
+class EmnistCNN(nn.Module):
+    """The EMNIST character-recognition CNN of Reddi et al. (2021) and FedJAX's ``EMNIST_CONV``: conv3×3(→32,
+    VALID) – ReLU – conv3×3(→64, VALID) – ReLU – maxpool2 – Dropout(0.25) – flatten – Dense128 – ReLU –
+    Dropout(0.5) – Dense(C) (``head``); 1,206,590 parameters for 28×28×1 inputs and 62 classes. Dropout draws masks
+    only while training (``train``)."""
+
+    num_classes: int
+    conv_impl: str = "native"
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        x = nn.relu(Conv(32, (3, 3), padding="VALID", impl=self.conv_impl)(x))
+        x = nn.relu(Conv(64, (3, 3), padding="VALID", impl=self.conv_impl)(x))
+        x = nn.Dropout(0.25, deterministic=not train)(max_pool_2x2(x))
+        x = nn.relu(nn.Dense(128)(x.reshape(x.shape[0], -1)))
+        x = nn.Dropout(0.5, deterministic=not train)(x)
+        return nn.Dense(self.num_classes, name="head")(x)
 
 
 class FedSLRCNN(nn.Module):

@@ -1,0 +1,379 @@
+"""Text data: the tokenisers against FedJAX's documented layout, LEAF's Shakespeare and Sent140 readers and your
+own per-client files on files these tests write (cached once, nothing written elsewhere, one-line errors), the
+stand-ins against the real sets' shapes and sizes, and the published configs."""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fljax
+import fljax.data as D
+from fljax.data import leaf, standins, text
+from fljax.data.text import BOS, EOS, PAD
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _ids(s: str) -> np.ndarray:
+    return text.char_table(text.SHAKESPEARE_CHARS)[np.frombuffer(s.encode(), np.uint8)]
+
+
+def test_chunking_is_fedjax_s_documented_example():
+    """FedJAX's shakespeare.preprocess_client docstring: [b'ABCD', b'E'] with sequence_length=3 gives inputs
+    [[BOS, A, B], [C, D, EOS], [BOS, E, PAD]] and outputs [[A, B, C], [D, EOS, BOS], [E, EOS, PAD]]."""
+    a, b, c, d, e = _ids("ABCDE")
+    x, y = text.chunk_snippets([_ids("ABCD"), _ids("E")], 3)
+    np.testing.assert_array_equal(x, [[BOS, a, b], [c, d, EOS], [BOS, e, PAD]])
+    np.testing.assert_array_equal(y, [[a, b, c], [d, EOS, BOS], [e, EOS, PAD]])
+
+
+def test_sentence_rows_truncate_and_pad_as_tff_does():
+    x, y = text.sentence_rows([np.array([5, 6, 7]), np.array([5])], 3)
+    np.testing.assert_array_equal(x, [[BOS, 5, 6], [BOS, 5, PAD]])
+    np.testing.assert_array_equal(y, [[5, 6, 7], [5, EOS, PAD]])
+
+
+def test_the_shakespeare_vocabulary_is_86_characters_and_4_specials():
+    assert len(text.SHAKESPEARE_CHARS) == 86 and leaf.SHAKESPEARE_VOCAB == 90
+    table = text.char_table(text.SHAKESPEARE_CHARS)
+    assert table[ord("~")] == 89 and table[ord("\n")] == 3 and sorted(set(table)) == list(range(3, 90))
+
+
+def _windows(s: str, w: int = 5) -> tuple[list[str], list[str]]:
+    """LEAF's Shakespeare samples of a role's text: every window of w characters and the character after it."""
+    return [s[i:i + w] for i in range(len(s) - w)], [s[i + w] for i in range(len(s) - w)]
+
+
+ROLES = {"THE_TEMPEST_PROSPERO": "Now does my project gather to a head",
+         "HAMLET_HAMLET": "To be, or not to be, that is the question",
+         "MACBETH_WITCH": "Fair is foul, and foul is fair",
+         "BRIEF_ROLE": "Ay."}
+
+
+def _shakespeare_files(root, roles=ROLES, split=True):
+    os.makedirs(root, exist_ok=True)
+    names = list(roles)
+    for part, chunk in enumerate([names[:2], names[2:]] if split else [names]):
+        data = {}
+        for u in chunk:
+            xs, ys = _windows(roles[u])
+            if u == "MACBETH_WITCH":  # a second speech: its windows do not continue the first one's
+                more = _windows("When shall we three meet again")
+                xs, ys = xs + more[0], ys + more[1]
+            data[u] = {"x": xs, "y": ys}
+        blob = {"users": chunk, "num_samples": [len(data[u]["y"]) for u in chunk], "user_data": data}
+        with open(os.path.join(root, f"all_data_{part}.json"), "w") as f:
+            json.dump(blob, f)
+
+
+def test_leaf_shakespeare_chains_windows_back_into_text_and_caches_once(tmp_path, monkeypatch):
+    data_dir, cache = str(tmp_path / "all_data"), str(tmp_path / "cache")
+    _shakespeare_files(data_dir)
+    options = leaf.ShakespeareOptions(data_dir=data_dir, seq_len=8, cache_dir=cache)
+    nat = leaf.shakespeare(options, 3, seed=0)  # BRIEF_ROLE has one sequence: no room for a test split
+    expect = {u: text.chunk_snippets([_ids(s)], 8) for u, s in ROLES.items()}
+    expect["MACBETH_WITCH"] = text.chunk_snippets([_ids(ROLES["MACBETH_WITCH"]),
+                                                  _ids("When shall we three meet again")], 8)
+    got = {tuple(map(tuple, x)) for x in nat.xs}
+    assert got == {tuple(map(tuple, expect[u][0])) for u in ("THE_TEMPEST_PROSPERO", "HAMLET_HAMLET",
+                                                            "MACBETH_WITCH")}
+    for x, y in zip(nat.xs, nat.ys):  # the targets are the inputs one step ahead
+        n = int((y != PAD).sum())
+        np.testing.assert_array_equal(x.ravel()[1:n], y.ravel()[:n - 1])
+    assert isinstance(nat.input_shape, text.TokenShape) and nat.input_shape.vocab == 90
+    cached = os.listdir(os.path.join(cache, "data"))
+    assert len(cached) == 1 and cached[0].startswith("shakespeare-") and sorted(os.listdir(data_dir)) == [
+        "all_data_0.json", "all_data_1.json"]
+    monkeypatch.setattr(text, "chunk_snippets", lambda *a: pytest.fail("tokenised again despite the cache"))
+    again = leaf.shakespeare(options, 3, seed=0)
+    np.testing.assert_array_equal(again.x, nat.x)
+    capped = leaf.shakespeare(dataclasses.replace(options, max_samples=2), 3, seed=0)
+    assert capped.counts.max() == 2
+    with pytest.raises(D.DataError, match="need 4 users with at least two samples"):
+        leaf.shakespeare(options, 4, seed=0)
+
+
+def test_shakespeare_reaches_the_config_layer_and_refuses_missing_files_in_one_line(tmp_path):
+    data_dir = str(tmp_path / "leaf")
+    _shakespeare_files(data_dir)
+    fed = D.make_federated("shakespeare", 3, seed=1, data_dir=data_dir, seq_len=8, cache_dir=str(tmp_path / "c"))
+    assert fed.name == "shakespeare" and fed.input_shape == (8,) and fed.num_classes == 90
+    assert int(fed.test.count.min()) >= 1 and fed.train.y.shape[-1] == 8
+    with pytest.raises(D.DataError, match=r"^shakespeare reads LEAF's JSON files: set data.data_dir to the directory "
+                                          r"that holds them \(LEAF's data/shakespeare/data/all_data, written by "
+                                          r"`\./preprocess\.sh .*`.*\), or use data.source=standin\.$"):
+        D.make_federated("shakespeare", 3, seed=1)
+    with pytest.raises(D.DataError, match=r"^shakespeare: no LEAF JSON files \(\*\.json\) in "):
+        D.make_federated("shakespeare", 3, seed=1, data_dir=str(tmp_path))
+
+
+def test_leaf_sent140_gives_labelled_word_sequences(tmp_path):
+    tweets = {"alice": (["I love this so much!", "great day", "love love love"], [1, 4, 1]),
+              "bob": (["this is awful", "I hate rain", "so sad today"], [0, 0, 0]),
+              "carol": (["meh"], [1])}
+    blob = {"users": list(tweets), "num_samples": [len(v[1]) for v in tweets.values()],
+            "user_data": {u: {"x": [["1", "date", "NO_QUERY", u, t] for t in ts], "y": ys}
+                          for u, (ts, ys) in tweets.items()}}
+    data_dir = tmp_path / "sent140"
+    data_dir.mkdir()
+    (data_dir / "all_data.json").write_text(json.dumps(blob))
+    options = leaf.Sent140Options(data_dir=str(data_dir), seq_len=6, vocab=5, cache_dir=str(tmp_path / "c"))
+    nat = leaf.sent140(options, 2, seed=0)
+    assert nat.num_classes == 2 and nat.input_shape == (6,) and not nat.input_shape.per_token
+    assert nat.input_shape.vocab == 9 and sorted(np.concatenate(nat.ys).tolist()) == [0, 0, 0, 1, 1, 1]
+    vocab = text.word_vocabulary([text.words(t) for ts, _ in tweets.values() for t in ts], 5)
+    assert vocab["love"] == 3  # the most frequent word
+    row = nat.x[list(np.concatenate(nat.ys)).index(1)]  # alice's first tweet: i love this so much !
+    oov = 8
+    expect = [BOS] + [vocab.get(w, oov) for w in ["i", "love", "this", "so", "much"]]
+    np.testing.assert_array_equal(row, expect)  # truncated at 6 tokens: no EOS
+    np.testing.assert_array_equal(nat.x[np.concatenate(nat.ys) == 0][2][:4], [BOS, vocab.get("so", oov),
+                                                                             vocab.get("sad", oov), oov][:4])
+    blob["user_data"]["alice"]["y"][0] = 2
+    (data_dir / "all_data.json").write_text(json.dumps(blob))
+    with pytest.raises(D.DataError, match="user 'alice' has labels \\[2\\]"):
+        leaf.sent140(options, 2, seed=0)
+
+
+def test_sent140_trains_the_sequence_classifier(tmp_path):
+    rng = np.random.default_rng(0)
+    happy, sad = ["love", "great", "fun", "nice"], ["hate", "awful", "sad", "bad"]
+    users = {f"u{i}": [(" ".join(rng.choice(happy if y else sad, 4)), int(y)) for y in rng.integers(0, 2, 8)]
+             for i in range(6)}
+    blob = {"users": list(users), "num_samples": [8] * 6,
+            "user_data": {u: {"x": [["1", "d", "q", u, t] for t, _ in rows], "y": [y for _, y in rows]}
+                          for u, rows in users.items()}}
+    (tmp_path / "all.json").write_text(json.dumps(blob))
+    result = fljax.run(algorithm="fedavg", data={"dataset": "sent140", "num_clients": 6, "data_dir": str(tmp_path),
+                                                 "cache_dir": str(tmp_path / "c"), "seq_len": 6, "vocab": 20},
+                       model={"name": "lstm_cls", "options": {"embed": 8, "hidden": [8]}},
+                       algo={"lr": 0.5, "cohort_size": 6, "batch_size": 4, "local_steps": 5}, rounds=15,
+                       eval_every=15, progress=False)
+    assert result.final["global_acc"] > 0.8
+
+
+def _npz_clients(root, n=4, tokens=False, test=True):
+    rng = np.random.default_rng(0)
+    os.makedirs(root, exist_ok=True)
+    for i in range(n):
+        if tokens:
+            x = rng.integers(3, 9, (3 + i, 5))
+            arrays = {"x": x, "y": np.roll(x, -1, axis=1)}
+        else:
+            arrays = {"x": rng.normal(size=(3 + i, 2, 2)).astype(np.float32), "y": rng.integers(0, 3, 3 + i)}
+        if test:
+            arrays.update(x_test=arrays["x"][:2], y_test=arrays["y"][:2])
+        np.savez(os.path.join(root, f"client{i:02d}.npz"), **arrays)
+
+
+def test_a_folder_of_client_npz_files_is_a_natural_data_set(tmp_path):
+    _npz_clients(str(tmp_path / "mine"))
+    before = sorted(os.listdir(tmp_path / "mine"))
+    fed = D.make_federated("files", 4, seed=0, path=str(tmp_path / "mine"))
+    assert fed.input_shape == (2, 2) and fed.num_classes == 3 and fed.name == "files:mine"
+    np.testing.assert_array_equal(fed.train.count, [3, 4, 5, 6])
+    np.testing.assert_array_equal(fed.test.count, [2, 2, 2, 2])  # the files' own test splits
+    with np.load(tmp_path / "mine" / "client02.npz") as f:
+        np.testing.assert_allclose(np.asarray(fed.train.x[2, :5]), f["x"])
+    assert sorted(os.listdir(tmp_path / "mine")) == before
+    some = D.make_federated("files", 2, seed=0, path=str(tmp_path / "mine"))
+    assert some.num_clients == 2
+    _npz_clients(str(tmp_path / "tok"), tokens=True, test=False)
+    tok = D.make_federated("files", 4, seed=0, path=str(tmp_path / "tok"), test_fraction=0.4)
+    assert isinstance(tok.input_shape, text.TokenShape) and tok.input_shape.vocab == tok.num_classes == 9
+    assert fljax.make_config(data={"dataset": "files", "path": str(tmp_path / "tok"), "num_clients": 4},
+                             algo={"cohort_size": 2}, model={"name": "lstm", "options": {"embed": 4, "hidden": [4]}})
+
+
+@pytest.mark.parametrize("problem,match", [
+    ("empty", r"no <client>\.npz files in"),
+    ("no_y", r"client00\.npz lacks \['y'\]"),
+    ("half_test", r"holds only one of x_test and y_test"),
+    ("mixed_test", r"has no x_test/y_test but others do"),
+    ("shape", r"client 'client01': train samples of shape \(3,\)"),
+    ("few", r"holds 4 clients, fewer than data\.num_clients=5"),
+])
+def test_bad_client_files_are_refused_in_one_line(tmp_path, problem, match):
+    root = tmp_path / "f"
+    if problem != "empty":
+        _npz_clients(str(root))
+    else:
+        root.mkdir()
+    if problem == "no_y":
+        np.savez(root / "client00.npz", x=np.zeros((2, 2)))
+    if problem == "half_test":
+        np.savez(root / "client00.npz", x=np.zeros((2, 2)), y=np.zeros(2, int), x_test=np.zeros((1, 2)))
+    if problem == "mixed_test":
+        np.savez(root / "client00.npz", x=np.zeros((2, 2, 2)), y=np.zeros(2, int))
+    if problem == "shape":
+        np.savez(root / "client01.npz", x=np.zeros((2, 3)), y=np.zeros(2, int), x_test=np.zeros((1, 3)),
+                 y_test=np.zeros(1, int))
+    with pytest.raises(D.DataError, match=f"^files: .*{match}"):
+        D.make_federated("files", 5 if problem == "few" else 4, seed=0, path=str(root))
+
+
+def _table(tmp_path):
+    rng = np.random.default_rng(1)
+    rows = [(f"c{i % 3}", rng.integers(0, 2), rng.normal(), rng.normal(), "test" if k % 4 == 0 else "train")
+            for k, i in enumerate(range(24))]
+    path = tmp_path / "table.csv"
+    path.write_text("user,label,a,b,split\n" + "".join(f"{c},{y},{a},{b},{s}\n" for c, y, a, b, s in rows))
+    return path, rows
+
+
+def test_a_csv_table_with_a_client_column(tmp_path):
+    path, rows = _table(tmp_path)
+    fed = D.make_federated("files", 3, seed=0, path=str(path), client_column="user", split_column="split")
+    assert fed.input_shape == (2,) and fed.num_classes == 2
+    assert int(fed.train.count.sum()) == 18 and int(fed.test.count.sum()) == 6
+    first = [r for r in rows if r[0] == "c0" and r[4] == "train"]
+    np.testing.assert_allclose(np.asarray(fed.train.x[0, :len(first)]), [[r[2], r[3]] for r in first], rtol=1e-6)
+    with pytest.raises(D.DataError, match=r"^files: table\.csv has no column 'client' \(data\.client_column\); its "
+                                          r"columns: "):
+        D.make_federated("files", 3, seed=0, path=str(path))
+
+
+def test_a_parquet_table_reads_with_pyarrow_and_is_refused_without_it(tmp_path, monkeypatch):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path, rows = _table(tmp_path)
+    table = pa.table({"user": [r[0] for r in rows], "label": [int(r[1]) for r in rows], "a": [r[2] for r in rows],
+                      "b": [r[3] for r in rows]})
+    pq.write_table(table, tmp_path / "t.parquet")
+    fed = D.make_federated("files", 3, seed=0, path=str(tmp_path / "t.parquet"), client_column="user")
+    assert int(fed.train.count.sum() + fed.test.count.sum()) == 24
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(D.DataError, match=r"^files: reading Parquet needs the package pyarrow, which is not "
+                                          r"installed \(pip install pyarrow\), or give a \.csv table\.$"):
+        D.make_federated("files", 3, seed=0, path=str(tmp_path / "t.parquet"), client_column="user")
+
+
+def test_shakespeare_stand_in_has_the_real_set_s_shape_and_sizes():
+    xs, ys = standins.shakespeare_speakers(300, seed=0, seq_len=80)
+    chars = np.array([int((y != PAD).sum()) for y in ys])  # targets: every character, EOS and BOS of each line
+    assert abs(np.log(np.median(chars)) - 7.567) < 0.25  # LEAF: median exp(7.567) = 1,930 characters
+    assert all(x.shape[1] == 80 and x.dtype == np.int32 and x.max() < 90 for x in xs)
+    first = standins.shakespeare_speakers(3, seed=0)[0]
+    for a, b in zip(first, xs):  # a smaller population is the first speakers of a larger one
+        np.testing.assert_array_equal(a, b)
+    nat = leaf.shakespeare(leaf.ShakespeareOptions(source="standin"), 5, seed=0)
+    assert nat.name == "shakespeare (stand-in)"
+    again = leaf.shakespeare(leaf.ShakespeareOptions(source="standin"), 5, seed=0)
+    np.testing.assert_array_equal(again.x, nat.x)
+    assert D.SOURCES["shakespeare"].max_clients(leaf.ShakespeareOptions(source="standin")) == 715
+
+
+def test_stackoverflow_stand_in_has_the_real_set_s_shape_and_sizes():
+    x, y, counts = standins.stackoverflow_users(400, seed=0, seq_len=20, vocab=10_000, max_samples=None)
+    assert abs(np.log(counts.mean()) - np.log(396.6)) < 0.35 and counts.min() >= 2
+    assert (x[:, 0] == BOS).all() and x.max() == y.max() == 10_003 and x.shape == y.shape == (counts.sum(), 20)
+    np.testing.assert_array_equal(x[:, 1:][y[:, :-1] != EOS], y[:, :-1][y[:, :-1] != EOS])
+    words = y[(y > EOS)]
+    assert abs(np.mean(words == 10_003) - 0.05) < 0.01  # 5% out of vocabulary
+    capped = standins.stackoverflow_users(50, seed=0, max_samples=1_000)[2]
+    assert capped.max() <= 1_000
+    few, many = standins.stackoverflow_users(3, seed=1), standins.stackoverflow_users(1_005, seed=1)
+    rows = int(few[2].sum())  # a smaller population is the first users of a larger one
+    np.testing.assert_array_equal(many[2][:3], few[2])
+    np.testing.assert_array_equal(many[0][:rows], few[0])
+    np.testing.assert_array_equal(many[1][:rows], few[1])
+    fed = D.make_federated("stackoverflow", 8, seed=0, max_samples=20)
+    assert fed.name == "stackoverflow (stand-in)" and fed.num_classes == 10_004
+
+
+def test_emnist_stand_in_writers():
+    xs, ys = standins.emnist_writers(200, seed=0)
+    sizes = np.array([len(y) for y in ys])
+    assert abs(np.log(sizes.mean()) - np.log(220.3)) < 0.1 and sizes.min() >= 10
+    labels = np.concatenate(ys)
+    assert abs(np.mean(labels < 10) - 0.49) < 0.03 and labels.max() == 61
+    assert xs[0].shape[1:] == (28, 28, 1) and 0 <= xs[0].min() and xs[0].max() <= 1
+    fed = D.make_federated("femnist62", 6, seed=0, source="standin", writers_per_client=1)
+    assert fed.name == "femnist62 (stand-in)" and fed.num_classes == 62
+    assert D.SOURCES["femnist62"].max_clients(leaf.LeafOptions(source="standin", writers_per_client=1)) == 3_400
+    digits = D.make_federated("femnist", 4, seed=0, source="standin")
+    assert int(digits.train.y.max()) <= 9
+
+
+def test_pachinko_follows_its_definition():
+    """Without exhaustion, a client's coarse classes follow θ_i and its fine classes within a coarse class φ_i."""
+    labels = np.repeat(np.arange(100), 3_000)
+    parts = D.partitioners.pachinko(labels, D.partitioners.CIFAR100_COARSE, 4, 4_000, seed=3)
+    theta, phi = D.partitioners.pachinko_distributions(D.partitioners.CIFAR100_COARSE, 4, 0.1, 10.0, seed=3)
+    assert len(np.unique(np.concatenate(parts))) == 16_000  # without replacement, disjoint
+    coarse = D.partitioners.CIFAR100_COARSE
+    for i, p in enumerate(parts):
+        freq = np.bincount(coarse[labels[p]], minlength=20) / 4_000
+        assert np.abs(freq - theta[i]).max() < 5 * np.sqrt(0.25 / 4_000)
+        k = int(np.argmax(theta[i]))
+        fine = labels[p][coarse[labels[p]] == k]
+        members = np.flatnonzero(coarse == k)
+        expect = phi[i, members] / phi[i, members].sum()
+        got = np.array([np.mean(fine == f) for f in members])
+        assert np.abs(got - expect).max() < 5 * np.sqrt(0.25 / len(fine))
+
+
+def test_pachinko_exhausts_classes_and_renormalises_down_to_the_last_sample():
+    labels = np.repeat(np.arange(100), 5)
+    parts = D.partitioners.pachinko(labels, D.partitioners.CIFAR100_COARSE, 5, 100, seed=0)
+    np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(500))
+    with pytest.raises(D.PartitionError, match="need 600, the pool holds 500"):
+        D.partitioners.pachinko(labels, D.partitioners.CIFAR100_COARSE, 6, 100, seed=0)
+
+
+def test_pachinko_through_federate_cuts_test_slices_the_same_way():
+    rng = np.random.default_rng(0)
+    y_train, y_test = np.repeat(np.arange(100), 10), np.repeat(np.arange(100), 2)
+    pooled = D.Pooled(rng.normal(size=(1000, 3)).astype(np.float32), y_train,
+                      rng.normal(size=(200, 3)).astype(np.float32), y_test, 100, "cifar100-like")
+    fed = D.federate(pooled, 10, "pachinko", seed=1)
+    np.testing.assert_array_equal(fed.train.count, 100)
+    np.testing.assert_array_equal(fed.test.count, 20)
+    with pytest.raises(fljax.errors.OptionError, match="data.partition pachinko splits CIFAR-100"):
+        fljax.make_config(data={"dataset": "digits", "partition": "pachinko"})
+
+
+def test_the_published_configs_validate():
+    from fljax.config import load_config
+
+    for name, dataset, model in [("shakespeare_fedavg", "shakespeare", "lstm"),
+                                 ("stackoverflow_fedavg", "stackoverflow", "lstm"),
+                                 ("emnist_fedavg", "femnist62", "emnist_cnn")]:
+        cfg = load_config(os.path.join(ROOT, "configs", f"{name}.yaml"))
+        assert (cfg.data.dataset, cfg.model.name) == (dataset, model)
+    standin = load_config(os.path.join(ROOT, "configs", "shakespeare_fedavg.yaml"), ["data.source=standin"])
+    assert standin.data.options["source"] == "standin"
+
+
+def _fedopt_key_exists() -> bool:
+    from fljax.algorithms.registry import get_algorithm, hyperparameter_fields
+
+    return "server_optimizer" in hyperparameter_fields(get_algorithm("fedavg"))
+
+
+@pytest.mark.skipif(not _fedopt_key_exists(), reason="needs FedAvg's server_optimizer hyperparameter (configs/fedopt)")
+@pytest.mark.parametrize("path", sorted(os.listdir(os.path.join(ROOT, "configs", "fedopt"))))
+def test_the_fedopt_configs_validate(path):
+    from fljax.config import load_config
+
+    if path.endswith(".yaml"):
+        load_config(os.path.join(ROOT, "configs", "fedopt", path))
+
+
+def test_the_shakespeare_config_runs_from_the_cli_on_the_stand_in(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "fljax.cli", "run", os.path.join(ROOT, "configs", "shakespeare_fedavg.yaml"),
+           "--set", "data.source=standin", "--set", "data.num_clients=6", "--set", "data.max_samples=4",
+           "--set", "model.options.hidden=[8]", "--set", "model.options.embed=4", "--set", "algo.cohort_size=3",
+           "--set", "rounds=2", "--set", "eval_every=1", "--quiet", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=900,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["dataset"] == "shakespeare (stand-in)" and "global_perplexity" in summary["final"]
