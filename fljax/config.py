@@ -41,7 +41,7 @@ class ModelConfig(Options):
 
     name: str = option("auto", "a model from `fljax list` (auto: logreg for vectors, cnn1 for images)")
     options: dict = dataclasses.field(default_factory=dict)
-    conv_impl: Literal["auto", "native", "patches"] = option("auto", "how convolutions run")
+    conv_impl: Literal["auto", "native", "patches", "shifts"] = option("auto", "how convolutions run")
 
 
 @dataclasses.dataclass

@@ -246,7 +246,8 @@ def run_until(runner: Simulation | Lanes, stopping: Stopping, *, seed: int | Non
         data, hp = runner.data, runner.hp
         fn = jax.vmap(lambda s, d, h, r: _loop(sim, stopping.replace(rule=r), s, d, h),
                       in_axes=(0, runner._data_axis, None if hp is None else 0, None))
-        out, seconds = _timed(sim._compiled_fn("lanes_until", fn, (state, data, hp, stopping.rule), static),
+        out, seconds = _timed(sim._compiled_fn("lanes_until", fn, (state, data, hp, stopping.rule), static,
+                                               len(runner.seeds)),
                               state, data, hp, stopping.rule)
     elif sim.executor.jittable:
         data = sim.data
