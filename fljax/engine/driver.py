@@ -26,7 +26,8 @@ from fljax.engine.loop import NonFiniteError, NonFiniteGuard, RunLog, drive
 from fljax.engine.population import Population
 from fljax.engine.protocol import FederatedAlgorithm
 from fljax.engine.state import State
-from fljax.models.model import Model, auto_model, make_model
+from fljax.models import conv_table
+from fljax.models.model import Model, auto_model, make_model, precision_scope
 
 __all__ = ["Simulation", "RunResult", "default_model"]
 
@@ -90,9 +91,13 @@ class Simulation:
     property that the algorithm understands (FedGiA's regression blocks, :class:`fljax.problems.ClientBlocks`).
     ``model``: None picks :func:`default_model` for classification data; other data runs without a model (the
     algorithm's own functions, ``ctx.model`` is None). ``executor``: 'auto' | 'vmap' | 'chunked' | 'sharded' |
-    'loop' or an :class:`Executor`. ``conv_impl``: 'auto' uses the patches-plus-matmul convolution when clients are
-    vectorised and the native one under the loop executor (measured: ``benchmarks/throughput.py``). ``unroll``: the
-    ``lax.scan`` unroll factor of the local steps ('auto': see :meth:`_auto_unroll`).
+    'loop' or an :class:`Executor`. ``conv_impl``: the form of the models' convolutions ('native', 'patches',
+    'shifts': :mod:`fljax.models.layers`); 'auto' picks per backend, model and executor from the committed
+    measurements (:func:`fljax.models.conv_table.choose`). ``unroll``: the ``lax.scan`` unroll factor of the local
+    steps ('auto': see :meth:`_auto_unroll`). ``precision``: 'tf32' (the backend's default for the model's float32
+    products: TF32 on NVIDIA GPUs since Ampere, exact on CPU), 'fp32' (exact float32 products) or 'bf16' (the model
+    computes in bfloat16 from float32 master weights); whatever it is, everything outside the model (aggregation,
+    the algorithms' own linear algebra) runs with exact float32 products (:data:`fljax.models.model.PRECISIONS`).
 
     ``groups``: a heterogeneous population (:class:`~fljax.engine.population.Population` or a list of
     :class:`~fljax.engine.population.ClientGroup` whose sizes add up to the data's clients): each group runs its own
@@ -110,7 +115,7 @@ class Simulation:
     def __init__(self, algorithm: FederatedAlgorithm, data, model: Model | None = None, *,
                  executor: str | Executor = "auto", chunk_size: int | None = None, seed: int = 0,
                  conv_impl: str = "auto", unroll: int | str = "auto", groups=None,
-                 memory_budget: float | None = None):
+                 memory_budget: float | None = None, precision: str = "tf32"):
         compile_cache.enable()
         if memory_budget is not None and not memory_budget > 0:
             raise ValueError(f"memory_budget must be > 0 GiB (or None: from the device), got {memory_budget}.")
@@ -136,10 +141,10 @@ class Simulation:
             self.executor = self._auto_executor(models, algorithm, chunk_size)
         else:
             self.executor = make_executor(executor, chunk_size=chunk_size)
-        impl = conv_impl if conv_impl != "auto" else ("patches" if self.executor.vectorised else "native")
-        self.model = None if model is None else model.with_conv(impl)
+        self.precision = precision
+        self.model = None if model is None else self._configured(model, conv_impl)
         self.population = None if population is None else Population(tuple(
-            dataclasses.replace(g, model=g.model.with_conv(impl) if g.model is not None else None)
+            dataclasses.replace(g, model=self._configured(g.model, conv_impl) if g.model is not None else None)
             for g in population.groups))
         self.unroll = self._auto_unroll(models, algorithm) if unroll == "auto" else int(unroll)
         # the algorithm's caveats about the models it trains (Algorithm.model_warning), for the runner to show
@@ -170,6 +175,13 @@ class Simulation:
             algorithm.for_group(group).validate(data.num_clients)
 
     # ---------------------------------------------------------------------------------------------- sizing
+    def _configured(self, model: Model, conv_impl: str) -> Model:
+        """``model`` with its convolution form (``auto``: :func:`fljax.models.conv_table.choose` for this backend,
+        model and executor) and the simulation's precision."""
+        if conv_impl == "auto":
+            conv_impl = conv_table.choose(jax.default_backend(), model.name, self.executor.vectorised)
+        return model.with_conv(conv_impl).with_precision(self.precision)
+
     def _auto_executor(self, models: list[Model], algorithm: FederatedAlgorithm,
                        chunk_size: int | None) -> Executor:
         """Resolve 'auto' from the workload (see :func:`fljax.engine.executors.choose_executor`; the largest of the
@@ -280,7 +292,7 @@ class Simulation:
 
     def _compile(self, name: str, fn: Callable, args, budget_bytes: float, source: str):
         """(compiled program, its client maps' plans) of ``fn`` traced under ``budget_bytes``."""
-        with budget.scope(budget_bytes, _PROGRAMS.get(name, name), source) as maps:
+        with budget.scope(budget_bytes, _PROGRAMS.get(name, name), source) as maps, precision_scope("fp32"):
             lowered = jax.jit(fn, **processes.program_shardings()).lower(*args)
         return lowered.compile(_compiler_options(name)), maps
 
@@ -305,7 +317,8 @@ class Simulation:
         """``fn(*args)`` run from Python (an executor that is not jittable), its jit compilations accounted."""
         c0 = compile_clock.compile_seconds()
         try:
-            return blas.call(fn, *args)
+            with precision_scope("fp32"):
+                return blas.call(fn, *args)
         finally:
             self.compile_seconds += compile_clock.compile_seconds() - c0
 

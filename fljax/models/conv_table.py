@@ -1,0 +1,57 @@
+"""Which convolution form ``conv_impl: auto`` runs, read from committed measurements.
+
+``conv_forms.json`` (beside this module) holds rows measured by ``benchmarks/conv_forms.py`` (CPU, this project's
+2-core machine) and by ``bash benchmarks/gpu.sh`` (GPU rows; the script writes them into the file): for a backend,
+a model, a kind of executor ('vectorised': vmap, chunked, sharded; 'loop': one client at a time) and a number of
+clients side by side, the FedAvg client-steps/s of each form (:data:`fljax.models.layers.CONV_FORMS`).
+
+:func:`choose` picks, for a backend and an executor kind, the form with the most client-steps/s among the rows of
+the model itself, or, when it has none, summed over the backend's rows as fractions of each workload's best (a
+form fast on every measured CNN). A backend without rows keeps the rule measured before the table existed:
+``patches`` when clients are vectorised, ``native`` one client at a time (:data:`FALLBACK`). A model of your own
+(``Model.conv_forms`` False) runs its convolutions as written.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+__all__ = ["TABLE", "FALLBACK", "rows", "choose", "executor_kind"]
+
+TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conv_forms.json")
+FALLBACK = {"vectorised": "patches", "loop": "native"}
+
+
+@functools.lru_cache(maxsize=1)
+def _load(path: str = TABLE) -> tuple:
+    with open(path) as f:
+        return tuple(json.load(f)["rows"])
+
+
+def rows(backend: str | None = None, kind: str | None = None) -> list[dict]:
+    """The committed rows, optionally of one backend ('cpu', 'gpu', 'tpu') and executor kind."""
+    return [r for r in _load() if backend in (None, r["backend"]) and kind in (None, r["executor"])]
+
+
+def executor_kind(vectorised: bool) -> str:
+    return "vectorised" if vectorised else "loop"
+
+
+def choose(backend: str, model: str, vectorised: bool) -> str:
+    """The form ``auto`` runs for ``model`` (a zoo name) on ``backend`` under an executor that vectorises clients
+    (``vectorised``) or runs them one at a time (module docstring)."""
+    kind = executor_kind(vectorised)
+    table = rows(backend, kind)
+    if not table:
+        return FALLBACK[kind]
+    own = [r for r in table if r["model"] == model]
+    if own:
+        return max(own, key=lambda r: r["client_steps_per_s"])["form"]
+    score: dict = {}
+    for workload in {(r["model"], r["clients"]) for r in table}:
+        group = [r for r in table if (r["model"], r["clients"]) == workload]
+        best = max(r["client_steps_per_s"] for r in group)
+        for r in group:
+            score[r["form"]] = score.get(r["form"], 0.0) + r["client_steps_per_s"] / best
+    return max(score, key=score.get)
