@@ -98,35 +98,81 @@ def _subjaxprs(eqn):
                 yield v
 
 
+# primitives that call one jaxpr once (their equations are inlined into the caller's for the count)
+CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
+         "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr",
+         "remat": "jaxpr", "checkpoint": "jaxpr"}
+
+
+def _flat(jaxpr, env: dict) -> list[tuple]:
+    """The equations of ``jaxpr`` with called functions inlined: (primitive name, input vars, output vars, nested
+    jaxprs) with variables renamed through ``env`` (a called jaxpr's variables to its caller's)."""
+    Var = jax.extend.core.Var
+    name = lambda v: env.get(v, v) if isinstance(v, Var) else None  # noqa: E731
+    out = []
+    for eqn in jaxpr.eqns:
+        ins = [name(v) for v in eqn.invars]
+        sub = eqn.params.get(CALLS.get(eqn.primitive.name, ""), None)
+        sub = getattr(sub, "jaxpr", sub)
+        if isinstance(sub, jax.extend.core.Jaxpr) and len(sub.invars) == len(ins):
+            inner = dict(zip(sub.invars, ins))
+            inner.update({v: None for v in sub.constvars})
+            for iv, ov in zip(sub.outvars, eqn.outvars):
+                if isinstance(iv, Var) and iv in inner:  # an input passed through: the caller's name for it
+                    env[ov] = inner[iv]
+                elif isinstance(iv, Var):
+                    inner[iv] = ov
+            out += _flat(sub, inner)
+        else:
+            out.append((eqn.primitive.name, ins, [name(v) for v in eqn.outvars], list(_subjaxprs(eqn))))
+    return out
+
+
+# Elementwise and layout operations: XLA fuses a chain of them into the one kernel that consumes it, so their
+# results are never stored (counted here when they feed anything else, or several consumers).
+FUSIBLE = frozenset("""abs add and broadcast_in_dim cbrt ceil clamp convert_element_type copy copy_p cos cosh div eq erf
+    erf_inv exp exp2 expand_dims expm1 floor ge gt imag integer_pow is_finite le log log1p logistic lt max min mul ne
+    neg nextafter not or pow real reduce_precision rem reshape round rsqrt select_n shift_left shift_right_arithmetic
+    shift_right_logical sign sin sinh sqrt square squeeze stop_gradient sub tan tanh xor""".split())
+
+
 def peak_bytes(jaxpr) -> int:
     """The largest number of bytes of intermediate values alive at once while ``jaxpr`` runs in order: each
-    equation's outputs are allocated, and a value is freed after its last use; a loop's or branch's body adds its
-    own peak while it runs (counted once: iterations reuse their buffers). The inputs are not counted (they are
-    the program's, or the caller's); its outputs are. No fusion is assumed, so this errs high for chains of
-    elementwise operations."""
+    equation's stored outputs are allocated, and a value is freed after its last use; a loop's or branch's body adds
+    its own peak while it runs (counted once: iterations reuse their buffers). The inputs are not counted (they are
+    the program's, or the caller's); its outputs are. An elementwise or layout operation (:data:`FUSIBLE`) whose
+    result feeds exactly one other such operation is taken as fused into it (not stored), as XLA does; the
+    remaining differences from XLA's buffer assignment (fusions into products and reductions, in-place updates)
+    make this err high, by up to a few times for a CNN's evaluation (tests/test_engine_memory.py)."""
     jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    Var = jax.extend.core.Var
+    eqns = _flat(jaxpr, {})
     last: dict = {}
-    for i, eqn in enumerate(jaxpr.eqns):
-        for v in eqn.invars:
-            if isinstance(v, jax.extend.core.Var):
-                last[v] = i
+    consumers: dict = {}
+    for i, (prim, ins, _, _) in enumerate(eqns):
+        for v in set(x for x in ins if isinstance(x, Var)):
+            last[v] = i
+            consumers.setdefault(v, []).append(prim)
     for v in jaxpr.outvars:
-        if isinstance(v, jax.extend.core.Var):
-            last[v] = len(jaxpr.eqns)
+        if isinstance(v, Var):
+            last[v] = len(eqns)
+            consumers.setdefault(v, []).append("output")
     live = peak = 0
     owned: dict = {}
-    for i, eqn in enumerate(jaxpr.eqns):
-        inner = max((peak_bytes(sub) for sub in _subjaxprs(eqn)), default=0)
+    for i, (prim, ins, outs, subs) in enumerate(eqns):
+        inner = max((peak_bytes(sub) for sub in subs), default=0)
+        fused = prim in FUSIBLE
         out = 0
-        for v in eqn.outvars:
-            if isinstance(v, jax.extend.core.Var) and last.get(v, i) >= i:
-                b = _nbytes(v.aval)
-                out += b
-                if last.get(v, i) > i:
-                    owned[v] = b
+        for v in outs:
+            if not isinstance(v, Var) or (fused and len(consumers.get(v, ())) == 1 and consumers[v][0] in FUSIBLE):
+                continue
+            b = _nbytes(v.aval)
+            out += b
+            if last.get(v, i) > i:
+                owned[v] = b
         peak = max(peak, live + inner + out)
-        live += sum(owned.get(v, 0) for v in eqn.outvars if isinstance(v, jax.extend.core.Var))
-        for v in set(x for x in eqn.invars if isinstance(x, jax.extend.core.Var)):
+        live += sum(owned.get(v, 0) for v in outs if isinstance(v, Var))
+        for v in set(x for x in ins if isinstance(x, Var)):
             if last.get(v) == i and v in owned:
                 live -= owned.pop(v)
     return peak

@@ -307,6 +307,22 @@ class Simulation:
             total, source = total / lanes, f"{source}, shared by {lanes} lanes"
         return total, source
 
+    def compile(self, rounds: int = 1) -> dict:
+        """Compile, without running anything, the programs of a run: initialisation, a block of ``rounds`` rounds
+        and evaluation (their arguments from shapes only); later calls with those shapes reuse them. Returns
+        :attr:`memory_plans` (per program: the budget, XLA's count of its temporaries and each client map's
+        plan). Raises :class:`~fljax.engine.budget.MemoryPlanError` when a program cannot fit even one client at a
+        time. Not for the loop executor, whose programs are per client."""
+        if not self.executor.jittable:
+            raise ValueError("Simulation.compile needs a jitted executor (not 'loop').")
+        key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+        state = jax.eval_shape(self._init, jax.random.PRNGKey(self.seed))
+        data = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), self.data)
+        self._compiled_fn("init", self._init, (key, None, data))
+        self._compiled_fn("block", lambda s, d: self._block(s, d, rounds), (state, data), (rounds,))
+        self._compiled_fn("evaluate", self._evaluate, (state, data))
+        return self.memory_plans
+
     def executable(self, name: str, static: tuple = ()):
         """The last compiled program of ``name`` ('init', 'block' with ``static=(n,)`` for n rounds, 'evaluate'):
         a ``jax.stages.Compiled`` whose ``cost_analysis()`` and ``memory_analysis()`` give XLA's FLOP and byte
