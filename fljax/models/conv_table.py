@@ -5,9 +5,10 @@
 a model, a kind of executor ('vectorised': vmap, chunked, sharded; 'loop': one client at a time) and a number of
 clients side by side, the FedAvg client-steps/s of each form (:data:`fljax.models.layers.CONV_FORMS`).
 
-:func:`choose` picks, for a backend and an executor kind, the form with the most client-steps/s among the rows of
-the model itself, or, when it has none, summed over the backend's rows as fractions of each workload's best (a
-form fast on every measured CNN). A backend without rows keeps the rule measured before the table existed:
+:func:`choose` picks, for a backend and an executor kind, the form with the highest score over the rows of the
+model itself (or, when it has none, over all the backend's rows: a form fast on every measured CNN), where a
+form's score is the sum over the measured workloads (model, clients) of its client-steps/s as a fraction of that
+workload's fastest form. A backend without rows keeps the rule measured before the table existed:
 ``patches`` when clients are vectorised, ``native`` one client at a time (:data:`FALLBACK`). A model of your own
 (``Model.conv_forms`` False) runs its convolutions as written.
 """
@@ -45,11 +46,9 @@ def choose(backend: str, model: str, vectorised: bool) -> str:
     table = rows(backend, kind)
     if not table:
         return FALLBACK[kind]
-    own = [r for r in table if r["model"] == model]
-    if own:
-        return max(own, key=lambda r: r["client_steps_per_s"])["form"]
+    table = [r for r in table if r["model"] == model] or table
     score: dict = {}
-    for workload in {(r["model"], r["clients"]) for r in table}:
+    for workload in sorted({(r["model"], r["clients"]) for r in table}):
         group = [r for r in table if (r["model"], r["clients"]) == workload]
         best = max(r["client_steps_per_s"] for r in group)
         for r in group:

@@ -22,7 +22,7 @@ from fljax.options import show
 __all__ = ["MAY_CHANGE", "check_resume", "resolved"]
 
 MAY_CHANGE = ("rounds", "eval_every", "checkpoint_every", "diverge_factor", "executor", "chunk_size", "name",
-              "model.conv_impl", "memory_budget")
+              "model.conv_impl")
 
 
 def resolved(cfg: ExperimentConfig) -> dict:
