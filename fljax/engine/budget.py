@@ -35,7 +35,7 @@ import numpy as np
 
 from fljax.errors import ConfigError
 
-__all__ = ["MemoryPlanError", "scope", "current", "clients_that_fit", "per_client_bytes", "peak_bytes",
+__all__ = ["MemoryPlanError", "scope", "divided", "current", "clients_that_fit", "per_client_bytes", "peak_bytes",
            "device_memory", "default_budget", "gib", "FRACTION", "CPU_FRACTION"]
 
 FRACTION = 0.75  # of an accelerator's memory left after the program's arguments and outputs
@@ -63,6 +63,20 @@ def scope(budget_bytes: float | None, program: str = "program", source: str = "m
     _SCOPE.stack.append((budget_bytes, program, source, maps))
     try:
         yield maps
+    finally:
+        _SCOPE.stack.pop()
+
+
+@contextlib.contextmanager
+def divided(k: int, why: str):
+    """The current scope's budget divided by ``k`` inside (e.g. per device of a sharded map); no-op outside one."""
+    plan = current()
+    if plan is None or k <= 1:
+        yield
+        return
+    _SCOPE.stack.append((plan[0] / k, plan[1], f"{plan[2]}, {why}", plan[3]))
+    try:
+        yield
     finally:
         _SCOPE.stack.pop()
 
@@ -212,6 +226,8 @@ def per_client_bytes(fn, shared, per_client) -> int:
         return fn(s, pc)
 
     out = peak_bytes(jax.make_jaxpr(one)(*abstract))
+    if len(_CACHE) >= 512:  # bounded: a long session (a sweep) traces many programs
+        _CACHE.clear()
     try:
         _CACHE[key] = out
     except TypeError:

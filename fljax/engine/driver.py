@@ -315,7 +315,7 @@ class Simulation:
         time. Not for the loop executor, whose programs are per client."""
         if not self.executor.jittable:
             raise ValueError("Simulation.compile needs a jitted executor (not 'loop').")
-        key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+        key = jax.eval_shape(lambda: jax.random.PRNGKey(self.seed))
         state = jax.eval_shape(self._init, jax.random.PRNGKey(self.seed))
         data = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), self.data)
         self._compiled_fn("init", self._init, (key, None, data))

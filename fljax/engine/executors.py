@@ -12,8 +12,8 @@ the results along a new leading axis. ``shared`` is broadcast (the global model,
 * :class:`LoopExecutor` — the reference: a Python loop dispatching one jitted per-client call at a time (a client's
   whole local training per call; FedJAX dispatches every local step). Rounds using it are not jitted as a whole.
 
-Memory: inside a compiled program of :class:`~fljax.engine.Simulation` the vmap and chunked executors run at most as
-many clients side by side as the program's memory budget holds (:func:`fljax.engine.budget.clients_that_fit`):
+Memory: inside a compiled program of :class:`~fljax.engine.Simulation` the vmap, chunked and sharded (per device,
+against its share) executors run at most as many clients side by side as the program's memory budget holds (:func:`fljax.engine.budget.clients_that_fit`):
 a map over more runs as ``lax.map`` over chunks that fit, so evaluating a population of thousands of clients fits
 the device whichever executor the cohort uses.
 """
@@ -99,9 +99,11 @@ class ShardedExecutor(Executor):
             per_client = jax.tree.map(lambda x: jnp.concatenate([x, jnp.repeat(x[:1], pad, axis=0)]), per_client)
         # check_vma=False: with it on, jax 0.10 gave silently wrong results for a scan whose carry starts from a
         # replicated value inside vmap (seen on local SGD; the sharded-vs-loop test catches it).
-        mapped = jax.shard_map(lambda s, pc: jax.vmap(fn, in_axes=(None, 0))(s, pc), mesh=mesh,
+        # each device maps its shard of the clients, planned against its share of the memory budget
+        mapped = jax.shard_map(lambda s, pc: VmapExecutor().map_clients(fn, s, pc), mesh=mesh,
                                in_specs=(P(), P("clients")), out_specs=P("clients"), check_vma=False)
-        out = mapped(shared, per_client)
+        with budget.divided(d, f"per device of {d}"):
+            out = mapped(shared, per_client)
         return jax.tree.map(lambda x: x[:n], out) if pad else out
 
     def describe(self) -> str:
