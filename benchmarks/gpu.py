@@ -45,7 +45,7 @@ import torch_peers  # noqa: E402
 PARTS = ("emnist", "cnn", "dense", "resnet")
 EMNIST = {"clients": 3400, "train": 671_585, "test": 77_483, "classes": 62, "rounds": 1500, "cohort": 10,
           "batch_size": 20, "local_epochs": 1, "lr": 0.1, "model": "cnn1_s", "sigma": 0.6}
-DRY_EMNIST = {"clients": 34, "train": 3400, "test": 340, "rounds": 3, "cohort": 2}
+DRY_EMNIST = {"clients": 34, "train": 680, "test": 340, "rounds": 3, "cohort": 2}
 CNN_CLIENTS, DRY_CLIENTS = (64, 1024), (2,)
 FORMS = ("native", "patches", "shifts")
 
@@ -126,8 +126,8 @@ def peaks(dry: bool) -> dict:
 
 def fljax_row(workload: str, executor: str, conv: str, precision: str, clients: int | None, dry: bool,
               peak: dict) -> dict:
-    row = throughput.measure(workload, executor, conv, "auto", 1 if dry else 3, dry, clients=clients,
-                             precision=precision)
+    row = throughput.measure(workload, executor, conv, "1" if dry else "auto", 1 if dry else 3, dry,
+                             clients=clients, precision=precision)  # a dry run: no unrolled steps (compile time)
     row["peak_fraction"] = row["flops_per_s"] / peak["bf16" if precision == "bf16" else "tf32"]
     return row
 
@@ -229,7 +229,8 @@ def markdown(result: dict) -> str:
                         f"{r['client_steps_per_s']:,.0f} | {100 * r['peak_fraction']:.1f} | "
                         f"{r['compile_seconds']:.1f} |")
         if rec["peer_torch"]:
-            text += ["", "| peer_torch | model | clients | client-steps/s | fljax best ÷ peer |", "|---|---|---|---|---|"]
+            text += ["", "| peer_torch | model | clients | client-steps/s | fljax best ÷ peer |",
+                     "|---|---|---|---|---|"]
             for p in rec["peer_torch"]:
                 ours = [r["client_steps_per_s"] for r in rec["rows"] if r["clients"] == p["clients"]
                         and r["workload"].startswith(p["model"] + "-")]

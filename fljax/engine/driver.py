@@ -27,7 +27,8 @@ from fljax.engine.population import Population
 from fljax.engine.protocol import FederatedAlgorithm
 from fljax.engine.state import State
 from fljax.models import conv_table
-from fljax.models.model import Model, auto_model, make_model, precision_scope
+from fljax.errors import OptionError
+from fljax.models.model import PRECISIONS, Model, auto_model, make_model, precision_scope
 
 __all__ = ["Simulation", "RunResult", "default_model"]
 
@@ -141,6 +142,8 @@ class Simulation:
             self.executor = self._auto_executor(models, algorithm, chunk_size)
         else:
             self.executor = make_executor(executor, chunk_size=chunk_size)
+        if precision not in PRECISIONS:
+            raise OptionError("precision", f"must be one of {list(PRECISIONS)}, got {precision!r}.")
         self.precision = precision
         self.model = None if model is None else self._configured(model, conv_impl)
         self.population = None if population is None else Population(tuple(
@@ -270,8 +273,9 @@ class Simulation:
 
         Memory: the program is traced under its budget (:meth:`program_budget`; ``lanes``: it runs that many lanes
         side by side, each gets 1/lanes), so its client maps run in chunks that fit; when XLA's count of its
-        temporaries (``memory_analysis()``) still exceeds the budget, it is planned again with the budget scaled by
-        their ratio and compiled once more. ``memory_plans[name, static]`` keeps the budget and XLA's counts."""
+        temporaries (``memory_analysis()``) still exceeds the budget and it maps clients, it is planned again with the
+        budget scaled by their ratio and compiled once more. ``memory_plans[name, static]`` keeps the budget and
+        XLA's counts."""
         leaves, treedef = jax.tree.flatten(args)
         key = (name, static, treedef, tuple((np.shape(x), str(getattr(x, 'dtype', type(x)))) for x in leaves))
         if key not in self._compiled:
@@ -279,7 +283,7 @@ class Simulation:
             total, source = self.program_budget(args, lanes)
             compiled, maps = self._compile(name, fn, args, total, source)
             plan = {"budget_bytes": total, "budget": source, "xla_temp_bytes": _temp_bytes(compiled), "maps": maps}
-            if plan["xla_temp_bytes"] is not None and plan["xla_temp_bytes"] > total:
+            if maps and plan["xla_temp_bytes"] is not None and plan["xla_temp_bytes"] > total:
                 scaled = total * total / plan["xla_temp_bytes"]
                 compiled, maps = self._compile(name, fn, args, scaled, source)
                 plan.update(first_xla_temp_bytes=plan["xla_temp_bytes"], replanned_bytes=scaled,
@@ -390,8 +394,8 @@ class Simulation:
 
 # the programs' names in messages
 _PROGRAMS = {"init": "initialisation", "block": "rounds", "evaluate": "evaluation", "until": "stopping-rule loop",
-             "lanes_init": "lanes' initialisation", "lanes_block": "lanes' rounds", "lanes_evaluate": "lanes' evaluation",
-             "lanes_until": "lanes' stopping-rule loop"}
+             "lanes_init": "lanes' initialisation", "lanes_block": "lanes' rounds",
+             "lanes_evaluate": "lanes' evaluation", "lanes_until": "lanes' stopping-rule loop"}
 
 
 def _temp_bytes(compiled) -> int | None:

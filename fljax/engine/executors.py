@@ -13,9 +13,9 @@ the results along a new leading axis. ``shared`` is broadcast (the global model,
   whole local training per call; FedJAX dispatches every local step). Rounds using it are not jitted as a whole.
 
 Memory: inside a compiled program of :class:`~fljax.engine.Simulation` the vmap, chunked and sharded (per device,
-against its share) executors run at most as many clients side by side as the program's memory budget holds (:func:`fljax.engine.budget.clients_that_fit`):
-a map over more runs as ``lax.map`` over chunks that fit, so evaluating a population of thousands of clients fits
-the device whichever executor the cohort uses.
+against its share) executors run at most as many clients side by side as the program's memory budget holds
+(:func:`fljax.engine.budget.clients_that_fit`): a map over more runs as ``lax.map`` over chunks that fit, so
+evaluating a population of thousands of clients fits the device whichever executor the cohort uses.
 """
 from __future__ import annotations
 
