@@ -135,3 +135,19 @@ def test_a_block_of_rounds_is_one_device_program_without_host_round_trips(digits
     assert "while" in text
     for word in ("outfeed", "infeed", "send(", "recv(", "callback", "host_compute"):
         assert word not in text.lower(), word
+
+
+class BNNet(nn.Module):
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        x = nn.relu(nn.BatchNorm(use_running_average=not train, momentum=0.5)(nn.Dense(16)(x.reshape(x.shape[0], -1))))
+        return nn.Dense(10)(x)
+
+
+def test_bf16_keeps_batchnorm_statistics_in_float32(digits):
+    algo = make_algorithm("fedavg", lr=0.1, cohort_size=4, local_steps=3, batch_size=10)
+    sim = Simulation(algo, digits, own_model(BNNet(), digits.input_shape, digits.num_classes), executor="vmap",
+                     precision="bf16")
+    state, _ = sim.run_rounds(sim.init(), 2)
+    assert all(x.dtype == np.float32 for x in _leaves(state.server))
+    assert np.isfinite(sim.evaluate(state)[0]["global_loss"])

@@ -152,7 +152,11 @@ class Model:
             if compute is not None:
                 params, x = _cast_floats((params, x), compute)
             logits = self._apply(params, x, mask)
-            return logits if compute is None else logits.astype(jnp.float32)
+            if compute is None:
+                return logits
+            if _MODES and _MODES[-1].train:  # the running statistics it updated stay float32
+                _MODES[-1].variables = _cast_floats(_MODES[-1].variables, jnp.float32, compute)
+            return logits.astype(jnp.float32)
 
     def _apply(self, params, x, mask):
         if not self.has_mode:
@@ -167,8 +171,7 @@ class Model:
         rngs = m.rngs() if self.stochastic else None
         with nn.intercept_methods(_batch_norm_over(mask)):
             logits, updated = self.module.apply(variables, x, train=True, rngs=rngs, mutable=list(self.collections))
-        # the running statistics keep their dtype (float32) whatever the compute dtype
-        m.variables = jax.tree.map(lambda new, old: new.astype(old.dtype), dict(updated), dict(m.variables))
+        m.variables = dict(updated)
         return logits
 
     def features(self, params, x):
@@ -250,9 +253,9 @@ class Model:
         return jax.tree_util.tree_map_with_path(lambda p, _: tree.path_str(p) in quantized, shapes)
 
 
-def _cast_floats(tree_, dtype):
-    """Every float32 leaf of ``tree_`` cast to ``dtype`` (other leaves unchanged)."""
-    return jax.tree.map(lambda a: a.astype(dtype) if jnp.result_type(a) == jnp.float32 else a, tree_)
+def _cast_floats(tree_, dtype, source=jnp.float32):
+    """Every ``source`` (float32) leaf of ``tree_`` cast to ``dtype`` (other leaves unchanged)."""
+    return jax.tree.map(lambda a: a.astype(dtype) if jnp.result_type(a) == source else a, tree_)
 
 
 def has_primitive(jaxpr, name: str) -> bool:
