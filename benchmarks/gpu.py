@@ -70,7 +70,7 @@ def emnist_like(spec: dict, seed: int = 0):
                            name="emnist-like")
 
 
-def emnist_end_to_end(spec: dict, data, precision: str) -> dict:
+def emnist_end_to_end(spec: dict, data, precision: str, executor: str = "auto") -> dict:
     """The whole FedJAX-EMNIST-shaped run through :func:`fljax.run`: wall seconds and summary.json's parts."""
     import fljax
     from fljax.models import make_model
@@ -78,7 +78,7 @@ def emnist_end_to_end(spec: dict, data, precision: str) -> dict:
     # the zoo's module passed as the run's own model (a config's model section is checked against the config's
     # data set, not against data passed in); it keeps the zoo model's convolution forms
     module = make_model(spec["model"], data.input_shape, data.num_classes).module
-    config = {"algorithm": "fedavg", "rounds": spec["rounds"], "eval_every": spec["rounds"], "executor": "auto",
+    config = {"algorithm": "fedavg", "rounds": spec["rounds"], "eval_every": spec["rounds"], "executor": executor,
               "checkpoint_every": 0, "precision": precision,
               "algo": {"cohort_size": spec["cohort"], "batch_size": spec["batch_size"],
                        "local_epochs": spec["local_epochs"], "lr": spec["lr"]}}
@@ -100,8 +100,8 @@ def part_emnist(dry: bool, save) -> None:
               "train_samples": int(np.asarray(data.train.count).sum()), "max_client_size": int(data.train.n_max),
               "runs": []}
     save("emnist", record)
-    for precision in ("tf32", "bf16"):
-        record["runs"].append(emnist_end_to_end(spec, data, precision))
+    for precision in ("tf32", "bf16"):  # a dry run takes the accelerator's path (vmap), not the CPU's loop
+        record["runs"].append(emnist_end_to_end(spec, data, precision, "vmap" if dry else "auto"))
         save("emnist", record)
 
 
@@ -159,6 +159,7 @@ def measure_rows(part: str, dry: bool, save) -> None:
                      ("torch", (model, "loop", clients or (1000 if model == "logreg" else 64)))]
     elif part == "resnet" and not dry:  # a dry run leaves it out: its CPU compile alone takes minutes
         jobs += [("fljax", ("resnet18gn-32x32-64", "auto", "auto", p, None)) for p in ("tf32", "bf16")]
+    save(part, record)
     for kind, args in jobs:
         try:
             if kind == "fljax-best-bf16":  # the fastest tf32 form at this size, again in bfloat16

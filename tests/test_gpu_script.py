@@ -14,7 +14,7 @@ def _gpu_sh(*args, env_extra=None):
     env = {**os.environ, "PYTHON": sys.executable, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT),
            **(env_extra or {})}
     return subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=1800)
 
 
 def test_dry_run_measures_every_part(tmp_path):
