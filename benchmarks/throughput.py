@@ -242,8 +242,11 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         loop = max((r["client_steps_per_s"] for r in rs if r["executor"] == "loop"), default=None)
         conv = any(r["conv"] != "-" for r in rs)
         kb = rs[0]["bytes_per_client_step"] / 1e3
-        lines += ["", f"**{TITLES.get(workload, workload)}** (`{workload}`; one client-step moves {kb:,.0f} KB by "
-                      f"XLA's count)", "",
+        measured = sorted({r["clients"] for r in rs})
+        title = TITLES.get(workload, workload)
+        if measured != [WORKLOADS.get(workload, {}).get("clients")]:  # clients overridden (--clients)
+            title = title.rsplit(",", 1)[0] + f", measured with {' and '.join(f'{n:,}' for n in measured)} clients"
+        lines += ["", f"**{title}** (`{workload}`; one client-step moves {kb:,.0f} KB by XLA's count)", "",
                   "| executor | " + ("conv, unroll | " if conv else "") + "client-steps/s | samples/s | GFLOP/s | "
                   "% of peak | % of memory bandwidth | vs loop | compile s | XLA MB | peak RSS MB |",
                   "|" + "---|" * (11 if conv else 10)]

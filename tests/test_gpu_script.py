@@ -26,7 +26,7 @@ def test_dry_run_measures_every_part(tmp_path):
     assert result["meta"]["dry_run"] and result["meta"]["backend"] == "cpu"
     emnist = result["emnist"]
     assert emnist["clients"] == 34 and emnist["spec"]["rounds"] == 3
-    assert [r["precision"] for r in emnist["runs"]] == ["tf32", "bf16"]
+    assert [(r["precision"], r["executor"]) for r in emnist["runs"]] == [("tf32", "vmap")]
     assert all(r["run_wall_seconds"] > 0 and 0 <= r["final"]["global_acc"] <= 1 for r in emnist["runs"])
     assert abs(emnist["train_samples"] - 680) <= 34  # sizes rounded per client
     cnn = result["cnn"]
