@@ -1,17 +1,27 @@
-"""The accelerator benchmark: one prepared run of under 10 minutes on one H100 (``bash benchmarks/gpu.sh``).
+"""The accelerator benchmark: one prepared device call of under 8 minutes (``bash benchmarks/gpu.sh``).
 
-1. **Throughput** (benchmarks/throughput.py's measurement, each configuration in its own process): FedAvg rounds of
-   CNN1 on 28×28×1 and ResNet-18-GN on 32×32×3 inputs, 64 clients, every client every round, 10 local SGD steps of
-   batch 20; ``vmap`` with the patches form of the convolutions, and ``auto`` with its own choice.
-2. **FedJAX's EMNIST benchmark workload end to end**, stood in by synthetic data of its shape (FedJAX's EMNIST-62
-   cannot be downloaded here): 3,400 clients holding 671,585 training and 77,483 test images of 28×28×1 in 62
-   classes, split over the clients with log-normal sizes of the real mean (not the real per-client sizes), 1,500
-   rounds of FedAvg with 10 clients per round, one local epoch of batch 20 (client lr 0.1), the CNN ``cnn1_s`` (two
-   3×3 convolutions of 16 and 32 channels, dense 256-128; FedJAX's has 32 and 64 channels and dense 128),
-   evaluated at round 0 and at the end; run through :func:`fljax.run` with ``auto``. Target: under 2 minutes.
+``gpu.sh`` runs the parts below in this order, each in its own process with its own time limit
+(``python benchmarks/gpu.py --part NAME``); every part adds its rows to ``benchmarks/results/gpu.json`` and rewrites
+``gpu.md`` after each measurement, so a part stopped by its limit keeps what it measured and the next part still runs.
 
-Writes ``benchmarks/results/gpu.{json,md}`` after each part (so a run stopped by the time limit keeps what it
-measured). ``--dry-run`` runs every path at toy sizes on any backend in seconds and writes ``gpu_dry_run.*``.
+1. ``emnist`` — **FedJAX's EMNIST workload end to end through** :func:`fljax.run`, stood in by synthetic data of its
+   shape (EMNIST-62 cannot be downloaded there): 3,400 clients holding 671,585 training and 77,483 test images of
+   28×28×1 in 62 classes, log-normal client sizes (σ 0.6) of the real totals (largest ~1,000), ragged storage; 1,500
+   rounds of FedAvg, 10 clients per round, one local epoch of batch 20 (lr 0.1), the CNN ``cnn1_s``, evaluated at
+   round 0 and at the end over all 3,400 clients; ``auto`` executor and convolution form, then again with
+   ``precision: bf16``. Target: under 30 s of ``fljax.run`` wall time.
+2. ``cnn`` — the dense matmul peak of the chip measured in this process (float32 as TF32, exact float32, bfloat16),
+   then FedAvg rounds (every client, 10 local SGD steps of batch 20) of the issue's CNN (5×5 16-32 SAME, dense 128)
+   at 64 and 1,024 clients for every convolution form under ``vmap`` (native = the grouped convolution vmap
+   makes, patches = im2col + batched matmul, shifts = k² shifted batched matmuls), the best form again in bf16, and
+   the ``peer_torch`` rows (torch.func vmap; the PyTorch loop, timed on 64 clients) when torch imports. The form
+   rows are written into ``fljax/models/conv_forms.json`` (the table ``conv_impl: auto`` reads; commit it).
+3. ``dense`` — logistic regression 60→10 (1,000 clients) and the MLP 784-200-200-10 (64 clients), ``auto``,
+   with their PyTorch peers.
+4. ``resnet`` — ResNet-18-GN on 32×32×3, 64 clients, ``auto`` (its form from the table), tf32 and bf16.
+
+``--dry-run`` runs every part at toy sizes on any backend in seconds and writes ``gpu_dry_run.*`` (the ResNet part
+is left out: its CPU compile alone takes minutes). The GPU machine has no tensorflow-datasets: nothing here imports it.
 
     bash benchmarks/gpu.sh             # on the GPU machine
     bash benchmarks/gpu.sh --dry-run   # anywhere: checks the script
@@ -19,6 +29,7 @@ measured). ``--dry-run`` runs every path at toy sizes on any backend in seconds 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -29,95 +40,242 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import throughput  # noqa: E402  (benchmarks/throughput.py: the measurement and its table)
+import torch_peers  # noqa: E402
 
-CONFIGS = [(w, ex, conv, "auto") for w in ("cnn1-28x28-64", "resnet18gn-32x32-64")
-           for ex, conv in (("vmap", "patches"), ("auto", "auto"))]
+PARTS = ("emnist", "cnn", "dense", "resnet")
 EMNIST = {"clients": 3400, "train": 671_585, "test": 77_483, "classes": 62, "rounds": 1500, "cohort": 10,
           "batch_size": 20, "local_epochs": 1, "lr": 0.1, "model": "cnn1_s", "sigma": 0.6}
-DRY = {"clients": 34, "train": 3400, "test": 340, "rounds": 3, "cohort": 2}
+DRY_EMNIST = {"clients": 34, "train": 680, "test": 340, "rounds": 3, "cohort": 2}
+CNN_CLIENTS, DRY_CLIENTS = (64, 1024), (2,)
+FORMS = ("native", "patches", "shifts")
 
 
+# ---------------------------------------------------------------------------------------------- part 1
 def emnist_like(spec: dict, seed: int = 0):
-    """Synthetic stand-in of EMNIST-62's federated shape: ``spec['train']`` and ``spec['test']`` images split over
-    ``spec['clients']`` clients with log-normal (σ = ``spec['sigma']``) sizes scaled to the totals, each client's
-    test share proportional to its training share; pixels uniform, labels uniform."""
+    """Synthetic stand-in of EMNIST-62's federated shape (ragged storage): ``spec['train']`` and ``spec['test']``
+    images split over ``spec['clients']`` clients with log-normal (σ = ``spec['sigma']``) sizes scaled to the
+    totals, each client's test share proportional to its training share; pixels uniform, labels uniform."""
     import fljax.data as D
+    from fljax.data.build import stack_clients
 
     rng = np.random.default_rng(seed)
     weights = rng.lognormal(0.0, spec["sigma"], spec["clients"])
-    train = np.maximum(1, np.round(weights / weights.sum() * spec["train"]).astype(int))
-    test = np.maximum(1, np.round(weights / weights.sum() * spec["test"]).astype(int))
-    pairs = [[(rng.random((n, 28, 28, 1), np.float32), rng.integers(0, spec["classes"], n).astype(np.int32))
-              for n in sizes] for sizes in (train, test)]
-    return D.from_arrays(train=pairs[0], test=pairs[1], num_classes=spec["classes"], name="emnist-like")
+    parts = []
+    for total in (spec["train"], spec["test"]):
+        sizes = np.maximum(1, np.round(weights / weights.sum() * total)).astype(int)
+        n = int(sizes.sum())
+        parts.append(stack_clients(rng.random((n, 28, 28, 1), np.float32),
+                                   rng.integers(0, spec["classes"], n).astype(np.int32), sizes, "ragged"))
+    return D.FederatedData(train=parts[0], test=parts[1], num_classes=spec["classes"], input_shape=(28, 28, 1),
+                           name="emnist-like")
 
 
-def emnist_end_to_end(spec: dict) -> dict:
+def emnist_end_to_end(spec: dict, data, precision: str, executor: str = "auto") -> dict:
     """The whole FedJAX-EMNIST-shaped run through :func:`fljax.run`: wall seconds and summary.json's parts."""
     import fljax
     from fljax.models import make_model
 
-    t0 = time.perf_counter()
-    data = emnist_like(spec)
-    built = time.perf_counter() - t0
     # the zoo's module passed as the run's own model (a config's model section is checked against the config's
-    # data set, not against data passed in); it keeps the zoo model's choice of convolution implementation
+    # data set, not against data passed in); it keeps the zoo model's convolution forms
     module = make_model(spec["model"], data.input_shape, data.num_classes).module
-    config = {"algorithm": "fedavg", "rounds": spec["rounds"],
-              "eval_every": spec["rounds"], "executor": "auto", "checkpoint_every": 0,
+    config = {"algorithm": "fedavg", "rounds": spec["rounds"], "eval_every": spec["rounds"], "executor": executor,
+              "checkpoint_every": 0, "precision": precision,
               "algo": {"cohort_size": spec["cohort"], "batch_size": spec["batch_size"],
                        "local_epochs": spec["local_epochs"], "lr": spec["lr"]}}
     t0 = time.perf_counter()
     result = fljax.run(config, data=data, model=module, progress=False)
     wall = time.perf_counter() - t0
     summary = result.runs[0].summary
-    return {"data_seconds": built, "run_wall_seconds": wall, "executor": summary["executor"],
-            **{k: summary[k] for k in ("setup_seconds", "compile_seconds", "run_seconds", "other_seconds")},
-            "client_steps_per_second": summary["client_steps_per_second"], "final": result.final,
-            "clients": data.num_clients, "train_samples": int(np.asarray(data.train.mask).sum()),
-            "max_client_size": int(data.train.n_max), "spec": spec}
+    return {"precision": precision, "run_wall_seconds": wall, "executor": summary["executor"],
+            **{k: summary.get(k) for k in ("setup_seconds", "compile_seconds", "run_seconds", "other_seconds",
+                                           "client_steps_per_second")},
+            "conv_impl": summary.get("environment", {}).get("conv_impl"), "final": result.final}
 
 
-def markdown(meta: dict, rows: list[dict], emnist: dict | None) -> str:
-    text = ["# Accelerator benchmark" + (" (dry run: toy sizes)" if meta["dry_run"] else ""), "",
-            throughput.markdown(meta, rows), "## FedJAX's EMNIST workload (synthetic stand-in), end to end", ""]
-    if emnist is None:
-        return "\n".join(text + ["not measured (stopped before this part)", ""])
-    spec = emnist["spec"]
-    text += [f"{emnist['clients']:,} clients ({emnist['train_samples']:,} training images, the largest client "
-             f"{emnist['max_client_size']}), {spec['rounds']:,} rounds × {spec['cohort']} clients, model "
-             f"{spec['model']}, executor {emnist['executor']}: **{emnist['run_wall_seconds']:.1f} s** of "
-             f"`fljax.run` wall time (setup {emnist['setup_seconds']:.1f}, compile {emnist['compile_seconds']:.1f}, "
-             f"rounds and evaluations {emnist['run_seconds']:.1f}, other {emnist['other_seconds']:.1f}), "
-             f"{emnist['client_steps_per_second']:,.0f} client-steps/s; building the data took "
-             f"{emnist['data_seconds']:.1f} s.", ""]
+def part_emnist(dry: bool, save) -> None:
+    spec = {**EMNIST, **(DRY_EMNIST if dry else {})}
+    t0 = time.perf_counter()
+    data = emnist_like(spec)
+    record = {"spec": spec, "data_seconds": time.perf_counter() - t0, "clients": data.num_clients,
+              "train_samples": int(np.asarray(data.train.count).sum()), "max_client_size": int(data.train.n_max),
+              "runs": []}
+    save("emnist", record)
+    # a dry run takes the accelerator's path (vmap, not the CPU's loop), in tf32 only (bf16 is the same path)
+    for precision in ("tf32",) if dry else ("tf32", "bf16"):
+        record["runs"].append(emnist_end_to_end(spec, data, precision, "vmap" if dry else "auto"))
+        save("emnist", record)
+
+
+# ---------------------------------------------------------------------------------------------- parts 2-4
+def peaks(dry: bool) -> dict:
+    """Dense n×n matmul FLOP/s of this device in this process: float32 at the default precision (TF32 on NVIDIA
+    GPUs), exact float32, and bfloat16 operands."""
+    import jax
+    import jax.numpy as jnp
+
+    from machine import median_seconds
+
+    n = 256 if dry else 8192
+    out = {}
+    for name, dtype, precision in (("tf32", jnp.float32, None), ("fp32", jnp.float32, "highest"),
+                                   ("bf16", jnp.bfloat16, None)):
+        a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32).astype(dtype)
+        f = jax.jit(lambda x, p=precision: jnp.matmul(x, x, precision=p))
+        out[name] = 2 * n ** 3 / median_seconds(lambda: f(a), 3 if dry else 10)
+    return out
+
+
+def fljax_row(workload: str, executor: str, conv: str, precision: str, clients: int | None, dry: bool,
+              peak: dict) -> dict:
+    row = throughput.measure(workload, executor, conv, "1" if dry else "auto", 1 if dry else 3, dry,
+                             clients=clients, precision=precision)  # a dry run: no unrolled steps (compile time)
+    row["peak_fraction"] = row["flops_per_s"] / peak["bf16" if precision == "bf16" else "tf32"]
+    return row
+
+
+def torch_row(model: str, style: str, clients: int, dry: bool) -> dict:
+    return torch_peers.measure(model, style, clients, repeats=1 if dry else 3,
+                               timed_clients=64 if style == "loop" else None)
+
+
+def measure_rows(part: str, dry: bool, save) -> None:
+    """Parts 2-4: fljax rows (in this process, one after another), then the PyTorch peers; saved after each."""
+    import jax
+
+    peak = peaks(dry)
+    rows, peers = [], []
+    record = {"peaks": peak, "rows": rows, "peer_torch": peers,
+              "torch": "available" if torch_peers.available() else "not installed: peer_torch rows skipped"}
+    jobs = []
+    if part == "cnn":
+        for clients in DRY_CLIENTS if dry else CNN_CLIENTS:
+            jobs += [("fljax", ("cnn5-28x28-64", "vmap", form, "tf32", clients)) for form in FORMS]
+            jobs += [("fljax-best-bf16", ("cnn5-28x28-64", "vmap", None, "bf16", clients))]
+            jobs += [("torch", ("cnn5", "vmap", clients)), ("torch", ("cnn5", "loop", clients))]
+    elif part == "dense":
+        for workload, model in (("logreg-synthetic-1k", "logreg"), ("mlp-28x28-64", "mlp")):
+            clients = 2 if dry else None
+            jobs += [("fljax", (workload, "auto", "auto", "tf32", clients)),
+                     ("torch", (model, "vmap", clients or (1000 if model == "logreg" else 64))),
+                     ("torch", (model, "loop", clients or (1000 if model == "logreg" else 64)))]
+    elif part == "resnet" and not dry:  # a dry run leaves it out: its CPU compile alone takes minutes
+        jobs += [("fljax", ("resnet18gn-32x32-64", "auto", "auto", p, None)) for p in ("tf32", "bf16")]
+    save(part, record)
+    for kind, args in jobs:
+        try:
+            if kind == "fljax-best-bf16":  # the fastest tf32 form at this size, again in bfloat16
+                same = [r for r in rows if r["clients"] == args[4] and r["precision"] == "tf32"]
+                if not same:
+                    continue
+                best = max(same, key=lambda r: r["client_steps_per_s"])["conv"]
+                rows.append(fljax_row(args[0], args[1], best, "bf16", args[4], dry, peak))
+            elif kind == "fljax":
+                rows.append(fljax_row(*args, dry=dry, peak=peak))
+            elif torch_peers.available():
+                peers.append(torch_row(*args, dry=dry))
+        except Exception as e:  # noqa: BLE001 - one failed measurement must not lose the part's others
+            print(f"FAILED {kind} {args}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                  file=sys.stderr)
+        save(part, record)
+    if part == "cnn" and not dry:
+        from conv_forms import table_rows, update_table
+
+        update_table(table_rows([r for r in rows if r["precision"] == "tf32"], "benchmarks/results/gpu.json"),
+                     jax.default_backend())
+
+
+# ---------------------------------------------------------------------------------------------- report
+def _fmt(x, spec=",.0f"):
+    return "–" if x is None else format(x, spec)
+
+
+def markdown(result: dict) -> str:
+    meta = result.get("meta", {})
+    text = ["# Accelerator benchmark" + (" (dry run: toy sizes)" if meta.get("dry_run") else ""), "",
+            f"Device {meta.get('devices')}, jax {meta.get('jax')}, backend {meta.get('backend')}; "
+            f"command `{meta.get('command')}`; {meta.get('date')}. FedAvg rounds: every client, 10 local SGD steps of "
+            f"batch 20, lr 0.1; client-steps/s are medians of 3 rounds after a compiling one.", ""]
+    em = result.get("emnist")
+    text += ["## 1. FedJAX's EMNIST workload (synthetic stand-in), end to end through `fljax.run`", ""]
+    if not em:
+        text += ["not measured", ""]
+    else:
+        spec = em["spec"]
+        text += [f"{em['clients']:,} clients ({em['train_samples']:,} training images, the largest client "
+                 f"{em['max_client_size']}), {spec['rounds']:,} rounds × {spec['cohort']} clients, one local epoch "
+                 f"of batch {spec['batch_size']}, model {spec['model']}, evaluated at round 0 and at the end; building "
+                 f"the data took {em['data_seconds']:.1f} s (not counted).", "",
+                 "| precision | executor | conv | `fljax.run` wall s | compile s | rounds + evaluations s | other s | "
+                 "client-steps/s | final accuracy |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in em["runs"]:
+            text.append(f"| {r['precision']} | {r['executor']} | {r['conv_impl']} | **{r['run_wall_seconds']:.1f}** | "
+                        f"{_fmt(r['compile_seconds'], '.1f')} | {_fmt(r['run_seconds'], '.1f')} | "
+                        f"{_fmt(r['other_seconds'], '.1f')} | {_fmt(r['client_steps_per_second'])} | "
+                        f"{r['final'].get('global_acc', float('nan')):.3f} |")
+        text.append("")
+    for part, title in (("cnn", "2. The CNN (5×5 16-32 SAME, dense 128), each convolution form, beside PyTorch"),
+                        ("dense", "3. Logistic regression and the MLP, beside PyTorch"),
+                        ("resnet", "4. ResNet-18-GN, 32×32×3, 64 clients")):
+        rec = result.get(part)
+        text += [f"## {title}", ""]
+        if not rec:
+            text += ["not measured", ""]
+            continue
+        pk = rec["peaks"]
+        text += [f"Dense matmul peak in this process: {pk['tf32'] / 1e12:.1f} TFLOP/s float32 (default precision), "
+                 f"{pk['fp32'] / 1e12:.1f} exact float32, {pk['bf16'] / 1e12:.1f} bfloat16. PyTorch: {rec['torch']}.",
+                 "", "| workload | clients | executor | conv | precision | client-steps/s | % of peak | compile s |",
+                 "|---|---|---|---|---|---|---|---|"]
+        for r in rec["rows"]:
+            text.append(f"| {r['workload']} | {r['clients']:,} | {r['resolved']} | {r['conv']} | {r['precision']} | "
+                        f"{r['client_steps_per_s']:,.0f} | {100 * r['peak_fraction']:.1f} | "
+                        f"{r['compile_seconds']:.1f} |")
+        if rec["peer_torch"]:
+            text += ["", "| peer_torch | model | clients | client-steps/s | fljax best ÷ peer |",
+                     "|---|---|---|---|---|"]
+            for p in rec["peer_torch"]:
+                ours = [r["client_steps_per_s"] for r in rec["rows"] if r["clients"] == p["clients"]
+                        and r["workload"].startswith(p["model"] + "-")]
+                ratio = f"{max(ours) / p['client_steps_per_s']:.1f}×" if ours else "–"
+                text.append(f"| {p['peer']} ({p['device']}, torch {p['torch']}) | {p['model']} | {p['clients']:,}"
+                            + (f" (timed {p['timed_clients']})" if p["timed_clients"] != p["clients"] else "")
+                            + f" | {p['client_steps_per_s']:,.0f} | {ratio} |")
+        text.append("")
     return "\n".join(text)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=PARTS, help="measure one part (gpu.sh runs each in its own process)")
     ap.add_argument("--dry-run", action="store_true", help="toy sizes on any backend, seconds")
+    ap.add_argument("--fresh", action="store_true", help="start a new results file (gpu.sh does, before part 1)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     args = ap.parse_args(argv)
     from fljax.runner.files import write_json, write_text
 
-    dry = args.dry_run
-    peak = throughput.matmul_peak(256 if dry else 8192)
-    meta = {**throughput.describe("bash benchmarks/gpu.sh" + (" --dry-run" if dry else ""), peak, 1 if dry else 3),
-            "dry_run": dry}
-    name = os.path.join(args.out, "gpu_dry_run" if dry else "gpu")
-    rows, emnist = [], None
+    name = os.path.join(args.out, "gpu_dry_run" if args.dry_run else "gpu")
+    result = {} if args.fresh or not os.path.exists(name + ".json") else json.load(open(name + ".json"))
+    if args.fresh or "meta" not in result:
+        import jax
 
-    def save():
-        write_json(name + ".json", {"meta": meta, "throughput": rows, "emnist": emnist})
-        write_text(name + ".md", markdown(meta, rows, emnist))
+        result["meta"] = {"command": "bash benchmarks/gpu.sh" + (" --dry-run" if args.dry_run else ""),
+                          "jax": jax.__version__, "backend": jax.default_backend(),
+                          "devices": [str(d.device_kind) for d in jax.devices()], "dry_run": args.dry_run,
+                          "date": time.strftime("%Y-%m-%d %H:%M")}
 
-    configs = [c for c in CONFIGS if not (dry and c[0].startswith("resnet"))]  # its compile would dominate a dry run
-    rows = throughput.measure_all(configs, meta["repeats"], dry, peak, clients=2 if dry else None)
-    save()
-    emnist = emnist_end_to_end({**EMNIST, **(DRY if dry else {})})
-    save()
-    print(markdown(meta, rows, emnist))
+    def save(part: str, record: dict) -> None:
+        result[part] = record
+        write_json(name + ".json", result)
+        write_text(name + ".md", markdown(result))
+
+    if args.part == "emnist":
+        part_emnist(args.dry_run, save)
+    elif args.part in ("cnn", "dense", "resnet"):
+        measure_rows(args.part, args.dry_run, save)
+    else:
+        write_json(name + ".json", result)
+        write_text(name + ".md", markdown(result))
+    print(markdown(result))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,9 @@ WORKLOADS = {
     "mlp-28x28-256": dict(model="mlp", data="images", clients=256),
     "mlp-28x28-1024": dict(model="mlp", data="images", clients=1024),
     "cnn1-28x28-64": dict(model="cnn1", data="images", clients=64),
+    "cnn1_s-28x28-64": dict(model="cnn1_s", data="images", clients=64),  # FedJAX-EMNIST's CNN (3×3, 16-32)
+    # the accelerator issue's CNN: 5×5×16-pool-5×5×32-pool-128-10, SAME (benchmarks/gpu.py, beside PyTorch)
+    "cnn5-28x28-64": dict(model="cnn_s", data="images", clients=64, options={"kernel": 5, "width": 128}),
     # benchmarks/gpu.py's (not in this script's default table: hours on a CPU)
     "resnet18gn-32x32-64": dict(model="resnet18_gn", data="images", clients=64, shape=(32, 32, 3)),
 }
@@ -80,8 +83,9 @@ def step_cost(model, data) -> tuple[float, float]:
 
 
 def measure(workload: str, executor: str, conv: str, unroll: str, repeats: int, quick: bool,
-            clients: int | None = None) -> dict:
-    """One configuration, in this process (``clients``: instead of the workload's number)."""
+            clients: int | None = None, precision: str = "tf32") -> dict:
+    """One configuration, in this process (``clients``: instead of the workload's number; ``precision``: the
+    simulation's)."""
     import jax
 
     from fljax.algorithms import make_algorithm
@@ -90,14 +94,15 @@ def measure(workload: str, executor: str, conv: str, unroll: str, repeats: int, 
 
     spec = dict(WORKLOADS[workload], **({"clients": clients} if clients else {}))
     data = _data(spec, quick)
-    model = make_model(spec["model"], data.input_shape, data.num_classes)
+    model = make_model(spec["model"], data.input_shape, data.num_classes, **spec.get("options", {}))
     algo = make_algorithm("fedavg", lr=0.01, cohort_size=None, local_steps=STEPS, batch_size=BATCH)
     chunk = max(1, spec["clients"] // 8) if executor == "chunked" else None  # auto sizes its own chunks
     sim = Simulation(algo, data, model, executor=executor, chunk_size=chunk, seed=0,
-                     conv_impl=conv, unroll=unroll if unroll == "auto" else int(unroll))
+                     conv_impl=conv, unroll=unroll if unroll == "auto" else int(unroll), precision=precision)
     state = sim.init()
     loop = not sim.executor.jittable
-    rounds = 1 if loop or quick or spec["model"] in ("cnn1", "resnet18_gn") else (2 if spec["clients"] >= 10000 else 5)
+    rounds = 1 if loop or quick or spec["model"] in ("cnn1", "cnn1_s", "cnn_s", "resnet18_gn") else (
+        2 if spec["clients"] >= 10000 else 5)
     t0 = time.perf_counter()
     state, _ = sim.run_rounds(state, rounds)  # warm-up (compiles)
     jax.block_until_ready(state)
@@ -116,7 +121,7 @@ def measure(workload: str, executor: str, conv: str, unroll: str, repeats: int, 
     flops, moved = step_cost(sim.model, data)
     return {
         "workload": workload, "executor": executor, "resolved": sim.executor.describe(),
-        "conv": sim.model.module.conv_impl if sim.model.has_conv else "-",
+        "conv": sim.model.conv_impl or "-", "precision": precision, "backend": jax.default_backend(),
         "unroll": sim.unroll, "clients": spec["clients"], "round_seconds": per_round,
         "client_steps_per_s": client_steps / per_round, "samples_per_s": client_steps * BATCH / per_round,
         "flops_per_s": flops * client_steps / per_round,
@@ -148,9 +153,11 @@ def main():
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--one", nargs=4, metavar=("WORKLOAD", "EXECUTOR", "CONV", "UNROLL"), help=argparse.SUPPRESS)
     ap.add_argument("--clients", type=int, help=argparse.SUPPRESS)  # with --one: override the workload's
+    ap.add_argument("--precision", default="tf32", help=argparse.SUPPRESS)  # with --one
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(measure(*args.one, repeats=args.repeats, quick=args.quick, clients=args.clients)))
+        print(json.dumps(measure(*args.one, repeats=args.repeats, quick=args.quick, clients=args.clients,
+                                 precision=args.precision)))
         return
     repeats = 2 if args.quick else args.repeats
     from fljax.runner.files import write_json, write_text
@@ -179,22 +186,33 @@ def describe(command: str, peak: float, repeats: int, bandwidth: float | None = 
             "repeats": repeats, "date": time.strftime("%Y-%m-%d")}
 
 
-def measure_all(configs, repeats: int, quick: bool, peak: float, clients: int | None = None) -> list[dict]:
-    """:func:`measure` each (workload, executor, conv, unroll) in its own process, without the persistent compile
-    cache so that compile times are the compiler's (``clients``: override the workload's number of clients); a
-    failed one is reported on stderr and left out. ``peak_fraction`` against ``peak`` FLOP/s."""
+def measure_all(configs, repeats: int, quick: bool, peak: float, clients: int | None = None,
+                timeout: float | None = None) -> list[dict]:
+    """:func:`measure` each (workload, executor, conv, unroll[, precision[, clients]]) in its own process, without
+    the persistent compile cache so that compile times are the compiler's (``clients``: override the workload's
+    number of clients); a failed or timed-out one (``timeout`` seconds) is reported on stderr and left out.
+    ``peak_fraction`` against ``peak`` FLOP/s."""
     rows = []
     for cfg in configs:
+        cfg, extra = tuple(cfg[:4]), tuple(cfg[4:])
         cmd = [sys.executable, os.path.abspath(__file__), "--one", *cfg, "--repeats", str(repeats)]
-        cmd += (["--quick"] if quick else []) + (["--clients", str(clients)] if clients else [])
-        out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, FLJAX_COMPILE_CACHE="0"))
+        n = extra[1] if len(extra) > 1 else clients
+        cmd += (["--precision", extra[0]] if extra else []) + (["--clients", str(n)] if n else [])
+        cmd += ["--quick"] if quick else []
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                                 env=dict(os.environ, FLJAX_COMPILE_CACHE="0"))
+        except subprocess.TimeoutExpired:
+            print(f"TIMED OUT {cfg + extra} after {timeout:.0f} s", file=sys.stderr)
+            continue
         if out.returncode != 0:
             print(f"FAILED {cfg}: {out.stderr.strip().splitlines()[-1] if out.stderr else ''}", file=sys.stderr)
             continue
         row = json.loads(out.stdout.strip().splitlines()[-1])
         row["peak_fraction"] = row["flops_per_s"] / peak
         rows.append(row)
-        print(f"{row['workload']:<22} {row['executor']:<8} {row['conv']:<8} unroll {row['unroll']:<3} "
+        print(f"{row['workload']:<22} {row['executor']:<8} {row['conv']:<8} {row['precision']:<5} "
+              f"unroll {row['unroll']:<3} "
               f"{row['client_steps_per_s']:>12,.0f} client-steps/s  compile {row['compile_seconds']:.1f}s",
               file=sys.stderr)
     return rows
@@ -205,6 +223,8 @@ TITLES = {"logreg-synthetic-1k": "Logistic regression 60→10, Synthetic(1,1), 1
           "mlp-28x28-64": "MLP 784-200-200-10, 64 clients", "mlp-28x28-256": "MLP 784-200-200-10, 256 clients",
           "mlp-28x28-1024": "MLP 784-200-200-10, 1,024 clients",
           "cnn1-28x28-64": "CNN1 (LeNet-5), 28×28×1, 64 clients",
+          "cnn5-28x28-64": "CNN 5×5 16-32 SAME, dense 128 (the accelerator issue's), 28×28×1",
+          "cnn1_s-28x28-64": "CNN1-S (3×3 conv 16-32, dense 256-128; FedJAX-EMNIST's size), 28×28×1, 64 clients",
           "resnet18gn-32x32-64": "ResNet-18-GN, 32×32×3, 64 clients"}
 
 
@@ -222,8 +242,11 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         loop = max((r["client_steps_per_s"] for r in rs if r["executor"] == "loop"), default=None)
         conv = any(r["conv"] != "-" for r in rs)
         kb = rs[0]["bytes_per_client_step"] / 1e3
-        lines += ["", f"**{TITLES.get(workload, workload)}** (`{workload}`; one client-step moves {kb:,.0f} KB by "
-                      f"XLA's count)", "",
+        measured = sorted({r["clients"] for r in rs})
+        title = TITLES.get(workload, workload)
+        if measured != [WORKLOADS.get(workload, {}).get("clients")]:  # clients overridden (--clients)
+            title = title.rsplit(",", 1)[0] + f", measured with {' and '.join(f'{n:,}' for n in measured)} clients"
+        lines += ["", f"**{title}** (`{workload}`; one client-step moves {kb:,.0f} KB by XLA's count)", "",
                   "| executor | " + ("conv, unroll | " if conv else "") + "client-steps/s | samples/s | GFLOP/s | "
                   "% of peak | % of memory bandwidth | vs loop | compile s | XLA MB | peak RSS MB |",
                   "|" + "---|" * (11 if conv else 10)]

@@ -81,7 +81,8 @@ def build(cfg: ExperimentConfig, data: FederatedData | None = None, module=None)
                           hyperparameters(cfg.algorithm, g.algo)) for g in group_configs(cfg)] or None
     check_model_support(cfg.algorithm, model, groups=groups is not None)
     return Simulation(algo, data, model, executor=cfg.executor, chunk_size=cfg.chunk_size, seed=cfg.seed,
-                      conv_impl=cfg.model.conv_impl, groups=groups)
+                      conv_impl=cfg.model.conv_impl, groups=groups, precision=cfg.precision,
+                      memory_budget=cfg.memory_budget)
 
 
 def _model(mc, data: FederatedData):

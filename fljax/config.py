@@ -41,7 +41,7 @@ class ModelConfig(Options):
 
     name: str = option("auto", "a model from `fljax list` (auto: logreg for vectors, cnn1 for images)")
     options: dict = dataclasses.field(default_factory=dict)
-    conv_impl: Literal["auto", "native", "patches"] = option("auto", "how convolutions run")
+    conv_impl: Literal["auto", "native", "patches", "shifts"] = option("auto", "how convolutions run")
 
 
 @dataclasses.dataclass
@@ -110,6 +110,11 @@ class ExperimentConfig(Options):
                        seed_check)
     executor: str = option("auto", "how the client axis runs: auto, vmap, chunked, sharded, loop")
     chunk_size: int | None = option(None, "clients per group for chunked", between(1, INT32_MAX))
+    precision: Literal["fp32", "tf32", "bf16"] = option("tf32", "the model's compute: tf32 (the backend's default "
+                                                        "float32 products), fp32 (exact), bf16 (bfloat16, float32 "
+                                                        "master weights and aggregation)")
+    memory_budget: float | None = option(None, "GiB of temporaries one compiled program may use (null: from the "
+                                               "device's memory)", greater_than(0))
     name: str | None = option(None, "run name (default: the algorithm)", _run_name)
     seeds: int = option(1, "run seeds seed, seed+1, ..., seed+seeds-1 (vectorised when shapes allow)",
                         between(1, RUNS_MAX))

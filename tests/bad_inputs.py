@@ -101,7 +101,7 @@ CASES = [
     _case(_NAMES, "run --set model.name=mlpp", "model.name must be one of ["),
     _case(_NAMES, _SYNTHETIC + "--set model.name=cnn1", "model.name cannot be 'cnn1' for inputs of shape (60,)"),
     _case(_NAMES, "run --set executor=vmapp", "executor must be one of ["),
-    _case(_NAMES, "run --set model.conv_impl=fast", "model.conv_impl must be one of ['auto', 'native', 'patches']"),
+    _case(_NAMES, "run --set model.conv_impl=fast", "model.conv_impl must be one of ['auto', 'native', 'patches', 'shifts']"),
     _case(_NAMES, _DIGITS + "--set data.test_rounding=round", "data.test_rounding must be one of ['largest_remainder'"),
     _case(_NAMES, _DIGITS + "--set data.partition=client_dirichlet --set data.on_exhausted=reuse",
           "data.on_exhausted must be one of ['refill', 'redraw'], got 'reuse'."),

@@ -8,11 +8,14 @@ from fljax.models import make_model
 from conftest import assert_trees_close
 
 
+@pytest.mark.parametrize("form", ["patches", "shifts"])
 @pytest.mark.parametrize("name,shape", [("cnn1", (28, 28, 1)), ("cnn1", (32, 32, 3)), ("cnn1", (8, 8, 1)),
-                                        ("cnn2", (32, 32, 3))])
-def test_patches_conv_equals_native_under_vmap(name, shape):
+                                        ("cnn2", (32, 32, 3)), ("fedslr_cnn", (9, 9, 2))])
+def test_conv_forms_equal_native_under_vmap(name, shape, form):
+    """Every form computes the native convolution (SAME and VALID padding, stride 2 in fedslr_cnn, odd sizes),
+    forward and backward, with per-client weights under vmap."""
     native = make_model(name, shape, 10, conv_impl="native")
-    patches = native.with_conv("patches")
+    patches = native.with_conv(form)
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
     params = jax.vmap(native.init)(keys)  # per-client weights
     x = jax.random.normal(jax.random.PRNGKey(1), (3, 4) + shape)

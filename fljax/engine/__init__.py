@@ -1,5 +1,6 @@
 """fljax.engine: the algorithm contract, state, executors (and grouped clients), client sampling, the round driver,
-lanes, the stopping-rule driver, evaluation summaries and multi-process runs (fljax.engine.processes)."""
+lanes, the stopping-rule driver, evaluation summaries, multi-process runs (fljax.engine.processes) and the memory
+plan of every compiled program (fljax.engine.budget)."""
 from fljax.engine.context import ClientCall, RoundContext
 from fljax.engine.driver import RunResult, Simulation, default_model
 from fljax.engine.evaluation import summarize

@@ -19,14 +19,16 @@ import numpy as np
 from fljax import tree
 from fljax.data.federated import FederatedData
 from fljax.data.ragged import RaggedArrays
-from fljax.engine import blas, compile_cache, compile_clock, processes
+from fljax.engine import blas, budget, compile_cache, compile_clock, processes
 from fljax.engine.context import RoundContext
 from fljax.engine.executors import Executor, choose_executor, make_executor
 from fljax.engine.loop import NonFiniteError, NonFiniteGuard, RunLog, drive
 from fljax.engine.population import Population
 from fljax.engine.protocol import FederatedAlgorithm
 from fljax.engine.state import State
-from fljax.models.model import Model, auto_model, make_model
+from fljax.models import conv_table
+from fljax.errors import OptionError
+from fljax.models.model import PRECISIONS, Model, auto_model, make_model, precision_scope
 
 __all__ = ["Simulation", "RunResult", "default_model"]
 
@@ -90,22 +92,35 @@ class Simulation:
     property that the algorithm understands (FedGiA's regression blocks, :class:`fljax.problems.ClientBlocks`).
     ``model``: None picks :func:`default_model` for classification data; other data runs without a model (the
     algorithm's own functions, ``ctx.model`` is None). ``executor``: 'auto' | 'vmap' | 'chunked' | 'sharded' |
-    'loop' or an :class:`Executor`. ``conv_impl``: 'auto' uses the patches-plus-matmul convolution when clients are
-    vectorised and the native one under the loop executor (measured: ``benchmarks/throughput.py``). ``unroll``: the
-    ``lax.scan`` unroll factor of the local steps ('auto': see :meth:`_auto_unroll`).
+    'loop' or an :class:`Executor`. ``conv_impl``: the form of the models' convolutions ('native', 'patches',
+    'shifts': :mod:`fljax.models.layers`); 'auto' picks per backend, model and executor from the committed
+    measurements (:func:`fljax.models.conv_table.choose`). ``unroll``: the ``lax.scan`` unroll factor of the local
+    steps ('auto': see :meth:`_auto_unroll`). ``precision``: 'tf32' (the backend's default for the model's float32
+    products: TF32 on NVIDIA GPUs since Ampere, exact on CPU), 'fp32' (exact float32 products) or 'bf16' (the model
+    computes in bfloat16 from float32 master weights); whatever it is, everything outside the model (aggregation,
+    the algorithms' own linear algebra) runs with exact float32 products (:data:`fljax.models.model.PRECISIONS`).
 
     ``groups``: a heterogeneous population (:class:`~fljax.engine.population.Population` or a list of
     :class:`~fljax.engine.population.ClientGroup` whose sizes add up to the data's clients): each group runs its own
     model (None: ``model``) and hyperparameter overrides, ``model`` is then the global model's, and the per-client
     state is a tuple of one pytree per group. None: one homogeneous population.
 
+    ``memory_budget``: GiB of temporaries each compiled program may use (None: a fraction of the device's memory,
+    :func:`fljax.engine.budget.default_budget`); client maps that would exceed it run in chunks that fit
+    (:mod:`fljax.engine.budget`), and ``memory_plans`` records each program's budget and XLA's own count of its
+    temporaries.
+
     Every compiled call runs through :func:`fljax.engine.blas.call` (one BLAS thread when the user allowed more).
     """
 
     def __init__(self, algorithm: FederatedAlgorithm, data, model: Model | None = None, *,
                  executor: str | Executor = "auto", chunk_size: int | None = None, seed: int = 0,
-                 conv_impl: str = "auto", unroll: int | str = "auto", groups=None):
+                 conv_impl: str = "auto", unroll: int | str = "auto", groups=None,
+                 memory_budget: float | None = None, precision: str = "tf32"):
         compile_cache.enable()
+        if memory_budget is not None and not memory_budget > 0:
+            raise ValueError(f"memory_budget must be > 0 GiB (or None: from the device), got {memory_budget}.")
+        self.memory_budget = memory_budget
         # clients that may train: all but a meta-learning split's target clients (FederatedData.num_target)
         self.num_train_clients = data.num_clients - getattr(data, "num_target", 0)
         algorithm.validate(self.num_train_clients)
@@ -127,10 +142,12 @@ class Simulation:
             self.executor = self._auto_executor(models, algorithm, chunk_size)
         else:
             self.executor = make_executor(executor, chunk_size=chunk_size)
-        impl = conv_impl if conv_impl != "auto" else ("patches" if self.executor.vectorised else "native")
-        self.model = None if model is None else model.with_conv(impl)
+        if precision not in PRECISIONS:
+            raise OptionError("precision", f"must be one of {list(PRECISIONS)}, got {precision!r}.")
+        self.precision = precision
+        self.model = None if model is None else self._configured(model, conv_impl)
         self.population = None if population is None else Population(tuple(
-            dataclasses.replace(g, model=g.model.with_conv(impl) if g.model is not None else None)
+            dataclasses.replace(g, model=self._configured(g.model, conv_impl) if g.model is not None else None)
             for g in population.groups))
         self.unroll = self._auto_unroll(models, algorithm) if unroll == "auto" else int(unroll)
         # the algorithm's caveats about the models it trains (Algorithm.model_warning), for the runner to show
@@ -141,6 +158,7 @@ class Simulation:
         self.compile_seconds = 0.0
         self._compiled: dict = {}
         self._executables: dict = {}
+        self.memory_plans: dict = {}
 
     @staticmethod
     def _check_population(algorithm, population: Population, data: FederatedData, model: Model) -> None:
@@ -160,6 +178,13 @@ class Simulation:
             algorithm.for_group(group).validate(data.num_clients)
 
     # ---------------------------------------------------------------------------------------------- sizing
+    def _configured(self, model: Model, conv_impl: str) -> Model:
+        """``model`` with its convolution form (``auto``: :func:`fljax.models.conv_table.choose` for this backend,
+        model and executor) and the simulation's precision."""
+        if conv_impl == "auto":
+            conv_impl = conv_table.choose(jax.default_backend(), model.name, self.executor.vectorised)
+        return model.with_conv(conv_impl).with_precision(self.precision)
+
     def _auto_executor(self, models: list[Model], algorithm: FederatedAlgorithm,
                        chunk_size: int | None) -> Executor:
         """Resolve 'auto' from the workload (see :func:`fljax.engine.executors.choose_executor`; the largest of the
@@ -240,20 +265,67 @@ class Simulation:
         ctx = self.context(data, state.round, _round_key(state.key, state.round), state.key)
         return self.algorithm_at(hp).evaluate(ctx, state.server, state.clients)
 
-    def _compiled_fn(self, name: str, fn: Callable, args, static: tuple = ()):
+    def _compiled_fn(self, name: str, fn: Callable, args, static: tuple = (), lanes: int = 1):
         """AOT-compile ``fn`` once per (name, static, structure and shapes of ``args``) and account the compile
         time. ``static`` must hold every Python value ``fn`` depends on beyond ``args`` (``fn`` itself is not part
         of the key). The program is returned wrapped in :func:`fljax.engine.blas.call`. On several processes its
-        inputs and outputs are replicated on every device (:func:`fljax.engine.processes.program_shardings`)."""
+        inputs and outputs are replicated on every device (:func:`fljax.engine.processes.program_shardings`).
+
+        Memory: the program is traced under its budget (:meth:`program_budget`; ``lanes``: it runs that many lanes
+        side by side, each gets 1/lanes), so its client maps run in chunks that fit; when XLA's count of its
+        temporaries (``memory_analysis()``) still exceeds the budget and it maps clients, it is planned again with the
+        budget scaled by their ratio and compiled once more. ``memory_plans[name, static]`` keeps the budget and
+        XLA's counts."""
         leaves, treedef = jax.tree.flatten(args)
         key = (name, static, treedef, tuple((np.shape(x), str(getattr(x, 'dtype', type(x)))) for x in leaves))
         if key not in self._compiled:
             t0 = time.perf_counter()
-            compiled = jax.jit(fn, **processes.program_shardings()).lower(*args).compile(_compiler_options(name))
+            total, source = self.program_budget(args, lanes)
+            compiled, maps = self._compile(name, fn, args, total, source)
+            plan = {"budget_bytes": total, "budget": source, "xla_temp_bytes": _temp_bytes(compiled), "maps": maps}
+            if maps and plan["xla_temp_bytes"] is not None and plan["xla_temp_bytes"] > total:
+                scaled = total * total / plan["xla_temp_bytes"]
+                compiled, maps = self._compile(name, fn, args, scaled, source)
+                plan.update(first_xla_temp_bytes=plan["xla_temp_bytes"], replanned_bytes=scaled,
+                            xla_temp_bytes=_temp_bytes(compiled), maps=maps)
+            self.memory_plans[name, static] = plan
             self._compiled[key] = lambda *a: blas.call(compiled, *a)
             self._executables[name, static] = compiled
             self.compile_seconds += time.perf_counter() - t0
         return self._compiled[key]
+
+    def _compile(self, name: str, fn: Callable, args, budget_bytes: float, source: str):
+        """(compiled program, its client maps' plans) of ``fn`` traced under ``budget_bytes``."""
+        with budget.scope(budget_bytes, _PROGRAMS.get(name, name), source) as maps, precision_scope("fp32"):
+            lowered = jax.jit(fn, **processes.program_shardings()).lower(*args)
+        return lowered.compile(_compiler_options(name)), maps
+
+    def program_budget(self, args, lanes: int = 1) -> tuple[float, str]:
+        """(bytes, description) of the temporaries a program with arguments ``args`` may use: ``memory_budget``
+        GiB, else :func:`fljax.engine.budget.default_budget`; divided among ``lanes`` lanes run side by side."""
+        if self.memory_budget is not None:
+            total, source = self.memory_budget * 2 ** 30, f"memory_budget={self.memory_budget:g} GiB"
+        else:
+            total, source = budget.default_budget(args)
+        if lanes > 1:
+            total, source = total / lanes, f"{source}, shared by {lanes} lanes"
+        return total, source
+
+    def compile(self, rounds: int = 1) -> dict:
+        """Compile, without running anything, the programs of a run: initialisation, a block of ``rounds`` rounds
+        and evaluation (their arguments from shapes only); later calls with those shapes reuse them. Returns
+        :attr:`memory_plans` (per program: the budget, XLA's count of its temporaries and each client map's
+        plan). Raises :class:`~fljax.engine.budget.MemoryPlanError` when a program cannot fit even one client at a
+        time. Not for the loop executor, whose programs are per client."""
+        if not self.executor.jittable:
+            raise ValueError("Simulation.compile needs a jitted executor (not 'loop').")
+        key = jax.eval_shape(lambda: jax.random.PRNGKey(self.seed))
+        state = jax.eval_shape(self._init, jax.random.PRNGKey(self.seed))
+        data = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), self.data)
+        self._compiled_fn("init", self._init, (key, None, data))
+        self._compiled_fn("block", lambda s, d: self._block(s, d, rounds), (state, data), (rounds,))
+        self._compiled_fn("evaluate", self._evaluate, (state, data))
+        return self.memory_plans
 
     def executable(self, name: str, static: tuple = ()):
         """The last compiled program of ``name`` ('init', 'block' with ``static=(n,)`` for n rounds, 'evaluate'):
@@ -265,7 +337,8 @@ class Simulation:
         """``fn(*args)`` run from Python (an executor that is not jittable), its jit compilations accounted."""
         c0 = compile_clock.compile_seconds()
         try:
-            return blas.call(fn, *args)
+            with precision_scope("fp32"):
+                return blas.call(fn, *args)
         finally:
             self.compile_seconds += compile_clock.compile_seconds() - c0
 
@@ -317,6 +390,21 @@ class Simulation:
         if stopped:
             raise NonFiniteError(f"{stopped[0]}; lower the learning rate (algo.lr) or check the data.")
         return RunResult(state, log.history, jax.device_get(per_client), self.compile_seconds, log.run_seconds)
+
+
+# the programs' names in messages
+_PROGRAMS = {"init": "initialisation", "block": "rounds", "evaluate": "evaluation", "until": "stopping-rule loop",
+             "lanes_init": "lanes' initialisation", "lanes_block": "lanes' rounds",
+             "lanes_evaluate": "lanes' evaluation", "lanes_until": "lanes' stopping-rule loop"}
+
+
+def _temp_bytes(compiled) -> int | None:
+    """XLA's count of a compiled program's temporary bytes (None where the backend gives none)."""
+    try:
+        mem = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 - a backend without the analysis
+        return None
+    return None if mem is None else int(mem.temp_size_in_bytes)
 
 
 def _client_data_bytes(data) -> int:

@@ -11,6 +11,11 @@ the results along a new leading axis. ``shared`` is broadcast (the global model,
   each shard; the client axis is padded to a multiple of the device count.
 * :class:`LoopExecutor` — the reference: a Python loop dispatching one jitted per-client call at a time (a client's
   whole local training per call; FedJAX dispatches every local step). Rounds using it are not jitted as a whole.
+
+Memory: inside a compiled program of :class:`~fljax.engine.Simulation` the vmap, chunked and sharded (per device,
+against its share) executors run at most as many clients side by side as the program's memory budget holds
+(:func:`fljax.engine.budget.clients_that_fit`): a map over more runs as ``lax.map`` over chunks that fit, so
+evaluating a population of thousands of clients fits the device whichever executor the cohort uses.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
 from fljax import tree
+from fljax.engine import budget
 
 __all__ = ["Executor", "VmapExecutor", "ChunkedExecutor", "ShardedExecutor", "LoopExecutor", "EXECUTORS",
            "make_executor", "choose_executor"]
@@ -46,7 +52,11 @@ class VmapExecutor(Executor):
     name = "vmap"
 
     def map_clients(self, fn, shared, per_client):
-        return jax.vmap(fn, in_axes=(None, 0))(shared, per_client)
+        n = tree.num_clients(per_client)
+        fit = budget.clients_that_fit(fn, shared, per_client, n)
+        if fit is None or fit >= n:
+            return jax.vmap(fn, in_axes=(None, 0))(shared, per_client)
+        return jax.lax.map(lambda pc: fn(shared, pc), per_client, batch_size=fit)  # planned: chunks that fit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,9 +69,12 @@ class ChunkedExecutor(Executor):
             raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}.")
 
     def map_clients(self, fn, shared, per_client):
-        if tree.num_clients(per_client) <= self.chunk_size:
+        n = tree.num_clients(per_client)
+        fit = budget.clients_that_fit(fn, shared, per_client, n)
+        chunk = self.chunk_size if fit is None else min(self.chunk_size, fit)
+        if n <= chunk:
             return jax.vmap(fn, in_axes=(None, 0))(shared, per_client)
-        return jax.lax.map(lambda pc: fn(shared, pc), per_client, batch_size=self.chunk_size)
+        return jax.lax.map(lambda pc: fn(shared, pc), per_client, batch_size=chunk)
 
     def describe(self) -> str:
         return f"chunked({self.chunk_size})"
@@ -86,9 +99,11 @@ class ShardedExecutor(Executor):
             per_client = jax.tree.map(lambda x: jnp.concatenate([x, jnp.repeat(x[:1], pad, axis=0)]), per_client)
         # check_vma=False: with it on, jax 0.10 gave silently wrong results for a scan whose carry starts from a
         # replicated value inside vmap (seen on local SGD; the sharded-vs-loop test catches it).
-        mapped = jax.shard_map(lambda s, pc: jax.vmap(fn, in_axes=(None, 0))(s, pc), mesh=mesh,
+        # each device maps its shard of the clients, planned against its share of the memory budget
+        mapped = jax.shard_map(lambda s, pc: VmapExecutor().map_clients(fn, s, pc), mesh=mesh,
                                in_specs=(P(), P("clients")), out_specs=P("clients"), check_vma=False)
-        out = mapped(shared, per_client)
+        with budget.divided(d, f"per device of {d}"):
+            out = mapped(shared, per_client)
         return jax.tree.map(lambda x: x[:n], out) if pad else out
 
     def describe(self) -> str:
@@ -121,7 +136,8 @@ class LoopExecutor(Executor):
 
 EXECUTORS = {
     "auto": "measured rule: sharded on several devices; on CPU a per-client loop for conv models and cache-sized "
-            "chunks for the others; on accelerators vmap, chunked beyond the memory budget (see choose_executor)",
+            "chunks for the others; on accelerators vmap (chunked by the memory plan beyond the device's memory; "
+            "see choose_executor)",
     "vmap": "jax.vmap over the whole cohort: one batched program",
     "chunked": "lax.map over groups of chunk_size clients, vmap inside: bounded memory",
     "sharded": "shard_map over a Mesh with a 'clients' axis spanning all devices, vmap inside each shard",
@@ -135,7 +151,7 @@ CPU_CHUNK_BYTES = 12e6
 
 
 def choose_executor(*, backend: str, device_count: int, has_conv: bool, cohort: int, per_client_bytes: float,
-                    memory_budget: float = 4e9, chunk_size: int | None = None) -> Executor:
+                    chunk_size: int | None = None) -> Executor:
     """The ``auto`` rule, from benchmarks/throughput.py (see the README's performance section).
 
     * several devices → :class:`ShardedExecutor`;
@@ -144,8 +160,8 @@ def choose_executor(*, backend: str, device_count: int, has_conv: bool, cohort: 
       against 43–224 vmapped or chunked, benchmarks/results/throughput.md);
     * CPU otherwise → :class:`ChunkedExecutor` with ``CPU_CHUNK_BYTES / per_client_bytes`` clients per chunk
       (:class:`VmapExecutor` when that holds the whole cohort);
-    * accelerators → :class:`VmapExecutor`, or :class:`ChunkedExecutor` when the cohort's working set exceeds
-      ``memory_budget``.
+    * accelerators → :class:`VmapExecutor` (:class:`ChunkedExecutor` with the user's ``chunk_size``); each
+      program's memory plan (:mod:`fljax.engine.budget`) chunks any client map that would not fit the device.
 
     ``chunk_size`` (the user's) overrides the computed chunk.
     """
@@ -153,8 +169,9 @@ def choose_executor(*, backend: str, device_count: int, has_conv: bool, cohort: 
         return ShardedExecutor()
     if backend == "cpu" and has_conv:
         return LoopExecutor()
-    budget = CPU_CHUNK_BYTES if backend == "cpu" else memory_budget
-    chunk = chunk_size or max(1, int(budget // max(per_client_bytes, 1.0)))
+    if backend != "cpu":
+        return ChunkedExecutor(chunk_size) if chunk_size and chunk_size < cohort else VmapExecutor()
+    chunk = chunk_size or max(1, int(CPU_CHUNK_BYTES // max(per_client_bytes, 1.0)))
     return ChunkedExecutor(chunk) if chunk < cohort else VmapExecutor()
 
 

@@ -89,6 +89,12 @@ class Lanes:
         return None if not hps or not hps[0] else stack_hyperparameters(self.sim, hps)
 
     @property
+    def side_by_side(self) -> int:
+        """Lanes that run at once ('vmap': all, so each lane's client maps get that share of a program's memory
+        budget; 'map': one at a time)."""
+        return len(self.seeds) if self.mode == "vmap" else 1
+
+    @property
     def compile_seconds(self) -> float:
         return self.sim.compile_seconds
 
@@ -117,18 +123,20 @@ class Lanes:
         data."""
         keys = jnp.stack([jax.random.PRNGKey(s) for s in self.seeds])
         fn = self._over_lanes(lambda k, d, h: self.sim._init(k, h, d))
-        return self.sim._compiled_fn("lanes_init", fn, (keys, self.data, self.hp), (self.mode,))(
+        return self.sim._compiled_fn("lanes_init", fn, (keys, self.data, self.hp), (self.mode,), self.side_by_side)(
             keys, self.data, self.hp)
 
     def run_rounds(self, states, n: int):
         """n rounds of every lane as one compiled program; metrics have shape [lanes, n]."""
         block = self._over_lanes(lambda s, d, h: self.sim._block(s, d, n, h))
-        return self.sim._compiled_fn("lanes_block", block, (states, self.data, self.hp), (n, self.mode))(
+        return self.sim._compiled_fn("lanes_block", block, (states, self.data, self.hp), (n, self.mode),
+                                     self.side_by_side)(
             states, self.data, self.hp)
 
     def evaluate(self, states):
         fn = self._over_lanes(self.sim._evaluate)
-        return self.sim._compiled_fn("lanes_evaluate", fn, (states, self.data, self.hp), (self.mode,))(
+        return self.sim._compiled_fn("lanes_evaluate", fn, (states, self.data, self.hp), (self.mode,),
+                                     self.side_by_side)(
             states, self.data, self.hp)
 
     def run(self, rounds: int, eval_every: int, states=None, logs: list[RunLog] | None = None, *,

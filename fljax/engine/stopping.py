@@ -56,6 +56,7 @@ from fljax.engine.driver import Simulation
 from fljax.engine.lanes import Lanes
 from fljax.engine.state import State
 from fljax.errors import OptionError
+from fljax.models.model import precision_scope
 
 __all__ = ["StoppingRule", "Tolerance", "Stopping", "Progress", "StopResult", "run_until", "start", "step"]
 
@@ -219,6 +220,12 @@ def _eager_loop(sim: Simulation, stopping: Stopping, state: State, data, hp) -> 
     return carry
 
 
+def _precise(fn, *args):
+    """``fn(*args)`` traced with exact float32 products outside the model, as the compiled programs are."""
+    with precision_scope("fp32"):
+        return fn(*args)
+
+
 def _timed(fn, *args):
     """(``fn(*args)`` with its outputs ready, wall seconds)."""
     t0 = time.perf_counter()
@@ -246,7 +253,8 @@ def run_until(runner: Simulation | Lanes, stopping: Stopping, *, seed: int | Non
         data, hp = runner.data, runner.hp
         fn = jax.vmap(lambda s, d, h, r: _loop(sim, stopping.replace(rule=r), s, d, h),
                       in_axes=(0, runner._data_axis, None if hp is None else 0, None))
-        out, seconds = _timed(sim._compiled_fn("lanes_until", fn, (state, data, hp, stopping.rule), static),
+        out, seconds = _timed(sim._compiled_fn("lanes_until", fn, (state, data, hp, stopping.rule), static,
+                                               len(runner.seeds)),
                               state, data, hp, stopping.rule)
     elif sim.executor.jittable:
         data = sim.data
@@ -254,7 +262,7 @@ def run_until(runner: Simulation | Lanes, stopping: Stopping, *, seed: int | Non
         out, seconds = _timed(sim._compiled_fn("until", fn, (state, data, hp, stopping.rule), static),
                               state, data, hp, stopping.rule)
     else:
-        out, seconds = _timed(lambda: blas.call(_eager_loop, sim, stopping, state, sim.data, hp))
+        out, seconds = _timed(lambda: _precise(blas.call, _eager_loop, sim, stopping, state, sim.data, hp))
     host = jax.device_get((out.rounds, out.iters, out.converged, out.diverged, out.metrics, out.history))
     return StopResult(*host, state=out.state, seconds=seconds, init_seconds=init_seconds,
                       compile_seconds=sim.compile_seconds - compile0)

@@ -20,7 +20,22 @@ from fljax.models import sequence, zoo
 from fljax.options import check_value, suggest
 
 __all__ = ["Model", "ModelMode", "current_mode", "make_model", "own_model", "check_model_options", "check_model_input",
-           "auto_model", "model_options", "MODELS", "masked_cross_entropy", "accuracy_stats"]
+           "auto_model", "model_options", "MODELS", "masked_cross_entropy", "accuracy_stats", "PRECISIONS",
+           "precision_scope", "has_primitive"]
+
+# precision option -> (the matmul and convolution precision of the model's own operations, its compute dtype).
+# 'tf32' keeps the backend's default (TF32 tensor cores for float32 products on NVIDIA Ampere and newer; exact
+# float32 on CPU); 'fp32' asks for full float32 products everywhere; 'bf16' computes the model in bfloat16 from
+# float32 master weights. Outside the model (aggregation, algorithms' own linear algebra) products are float32
+# (Simulation traces every program under precision_scope).
+PRECISIONS = {"fp32": ("float32", None), "tf32": ("default", None), "bf16": ("default", jnp.bfloat16)}
+
+
+def precision_scope(precision: str = "fp32"):
+    """The matmul-precision context of ``precision`` (a key of :data:`PRECISIONS`)."""
+    if precision not in PRECISIONS:
+        raise OptionError("precision", f"must be one of {list(PRECISIONS)}, got {precision!r}.")
+    return jax.default_matmul_precision(PRECISIONS[precision][0])
 
 
 def _counted(logits, labels, mask, specials: bool):
@@ -94,6 +109,11 @@ class Model:
     name: str
     collections: tuple = ()
     stochastic: bool = False
+    precision: str = "tf32"
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise OptionError("precision", f"must be one of {list(PRECISIONS)}, got {self.precision!r}.")
 
     @property
     def has_mode(self) -> bool:
@@ -139,7 +159,24 @@ class Model:
         """Logits of ``x``. A module with BatchNorm or Dropout runs in the current :meth:`mode`: training
         normalises with the batch's statistics over the rows ``mask`` marks (all when None; padding rows of a
         small client's batch never enter them), updates the running ones (``mutable=["batch_stats"]``) and drops
-        units with a fresh rng; evaluation uses the running statistics and no dropout."""
+        units with a fresh rng; evaluation uses the running statistics and no dropout.
+
+        Precision (:data:`PRECISIONS`): the module's products run at the model's ``precision``; with 'bf16' the
+        float32 parameters and inputs are cast to bfloat16 for the forward pass (so their gradients come back in
+        float32: the master weights, the optimizer and aggregation stay float32), the logits and updated
+        statistics cast back to float32."""
+        with precision_scope(self.precision):
+            compute = PRECISIONS[self.precision][1]
+            if compute is not None:
+                params, x = _cast_floats((params, x), compute)
+            logits = self._apply(params, x, mask)
+            if compute is None:
+                return logits
+            if _MODES and _MODES[-1].train:  # the running statistics it updated stay float32
+                _MODES[-1].variables = _cast_floats(_MODES[-1].variables, jnp.float32, compute)
+            return logits.astype(jnp.float32)
+
+    def _apply(self, params, x, mask):
         if not self.has_mode:
             return self.module.apply({"params": params}, x)
         if not _MODES:
@@ -187,13 +224,34 @@ class Model:
 
     @property
     def has_conv(self) -> bool:
-        return hasattr(self.module, "conv_impl")
+        """True when the model's traced forward pass contains a convolution (a ``conv_general_dilated`` primitive
+        in its jaxpr), whoever wrote the module; fljax's own convolutions are traced in their native form."""
+        return _has_conv(self)
+
+    @property
+    def conv_forms(self) -> bool:
+        """True when the model's convolutions can run in another form (fljax's own modules: a ``conv_impl``
+        field, see :mod:`fljax.models.layers`)."""
+        return any(f.name == "conv_impl" for f in dataclasses.fields(self.module))
+
+    @property
+    def conv_impl(self) -> str | None:
+        """The form its convolutions run in ('native', 'patches', 'shifts'); 'native' for a convolutional module of
+        your own, None without convolutions."""
+        if self.conv_forms:
+            return self.module.conv_impl if self.has_conv else None
+        return "native" if self.has_conv else None
 
     def with_conv(self, impl: str) -> "Model":
-        """The same model (same parameters) with convolutions run by ``impl`` ('native' or 'patches')."""
-        if not self.has_conv:
+        """The same model (same parameters) with convolutions run by ``impl`` (see :data:`fljax.models.layers.
+        CONV_FORMS`); itself when its convolutions have no other form."""
+        if not self.conv_forms:
             return self
         return dataclasses.replace(self, module=self.module.clone(conv_impl=impl))
+
+    def with_precision(self, precision: str) -> "Model":
+        """The same model computing at ``precision`` (a key of :data:`PRECISIONS`)."""
+        return dataclasses.replace(self, precision=precision)
 
     def num_params(self) -> int:
         shapes = jax.eval_shape(self.init, jax.random.PRNGKey(0))
@@ -211,6 +269,32 @@ class Model:
         quantized = set(self.kernel_paths()[1:-1])
         shapes = jax.eval_shape(self.init, jax.random.PRNGKey(0))
         return jax.tree_util.tree_map_with_path(lambda p, _: tree.path_str(p) in quantized, shapes)
+
+
+def _cast_floats(tree_, dtype, source=jnp.float32):
+    """Every ``source`` (float32) leaf of ``tree_`` cast to ``dtype`` (other leaves unchanged)."""
+    return jax.tree.map(lambda a: a.astype(dtype) if jnp.result_type(a) == source else a, tree_)
+
+
+def has_primitive(jaxpr, name: str) -> bool:
+    """True when the primitive ``name`` occurs in ``jaxpr`` or any jaxpr nested in it (called functions, loop
+    bodies, branches, custom derivatives)."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == name:
+            return True
+        for value in eqn.params.values():
+            for v in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(v, (jax.extend.core.ClosedJaxpr, jax.extend.core.Jaxpr)) and has_primitive(v, name):
+                    return True
+    return False
+
+
+@functools.lru_cache(maxsize=256)
+def _has_conv(model: Model) -> bool:
+    """Whether tracing the model's initialisation (which runs its forward pass on one input) binds a convolution."""
+    traced = model.with_conv("native") if model.conv_forms else model
+    return has_primitive(jax.make_jaxpr(traced._init)(jax.random.PRNGKey(0)), "conv_general_dilated")
 
 
 def _batch_norm_over(mask):

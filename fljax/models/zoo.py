@@ -167,17 +167,19 @@ class CNN2S(CNN1S):
 
 class SmallCNN(nn.Module):
     """AugFL spec §6's reduced-scale CNN-S: conv3×3(16) – ReLU – maxpool2 – conv3×3(32) – ReLU – maxpool2 – flatten –
-    Dense(64) – ReLU (the 64-d penultimate feature) – Dense(C) (``head``); SAME padding."""
+    Dense(64) – ReLU (the 64-d penultimate feature) – Dense(C) (``head``); SAME padding. ``kernel=5, width=128``:
+    the 5×5 16-32 CNN of the accelerator benchmarks (benchmarks/gpu.py)."""
 
     num_classes: int
-    channels: Sequence[int] = option((16, 32), "output channels of the two 3x3 convolutions", each(at_least(1)))
+    channels: Sequence[int] = option((16, 32), "output channels of the two convolutions", each(at_least(1)))
     width: int = option(64, "width of the penultimate dense layer (the feature dimension)", at_least(1))
+    kernel: int = option(3, "the convolutions' kernel size (kernel x kernel)", at_least(1))
     conv_impl: str = "native"
 
     @nn.compact
     def __call__(self, x):
         for c in self.channels:
-            x = max_pool_2x2(nn.relu(Conv(c, (3, 3), padding="SAME", impl=self.conv_impl)(x)))
+            x = max_pool_2x2(nn.relu(Conv(c, (self.kernel, self.kernel), padding="SAME", impl=self.conv_impl)(x)))
         x = nn.relu(nn.Dense(self.width)(x.reshape(x.shape[0], -1)))
         return nn.Dense(self.num_classes, name="head")(x)
 

@@ -9,31 +9,22 @@ every range check, then fails minutes later with an allocator error, after the r
 where the state is the server's and every client's pytree (:meth:`~fljax.engine.Simulation.state_shapes`, from
 shapes only: nothing is allocated) and K · B the local steps times the minibatch width of one client in a round,
 whose int32 minibatch indices are materialised at once (:class:`~fljax.data.batching.BatchPlan`). Both terms are
-held whatever the executor, so a run refused here could never have run; a run accepted may still be too large
-(activations, optimizer states, lanes), which the allocator then reports.
+held whatever the executor, so a run refused here could never have run. What a run computes on the way (the
+activations of the clients running side by side, in training and evaluation, lanes) is planned per compiled
+program by :mod:`fljax.engine.budget`: client maps run in chunks that fit the device, and a program that cannot fit
+even one client at a time is refused in one line before it is compiled.
 """
 from __future__ import annotations
 
-import os
-
-import jax
+import jax  # noqa: F401  (device_memory reads jax.local_devices; tests replace it here)
 
 from fljax import tree
+from fljax.engine.budget import device_memory
 from fljax.errors import ConfigError
 
 __all__ = ["check_fits", "device_memory"]
 
 INDEX_BYTES = 4  # one int32 minibatch index per sample drawn
-
-
-def device_memory() -> tuple[str, int]:
-    """(name, bytes) of the memory a run can use: the accelerators' memory, or the machine's for the CPU."""
-    devices = jax.local_devices()
-    if devices[0].platform != "cpu":
-        stats = [d.memory_stats() or {} for d in devices]
-        if all("bytes_limit" in s for s in stats):
-            return f"{len(devices)} × {devices[0].device_kind}", sum(s["bytes_limit"] for s in stats)
-    return "this machine", os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def check_fits(sim) -> None:

@@ -134,7 +134,7 @@ def environment(sim) -> dict:
     return {"fljax": fljax.__version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
             "flax": flax.__version__, "backend": jax.default_backend(), "device": device.device_kind,
             "device_count": jax.device_count(),
-            "conv_impl": sim.model.module.conv_impl if sim.model is not None and sim.model.has_conv else None,
+            "conv_impl": sim.model.conv_impl if sim.model is not None else None,
             "unroll": sim.unroll}
 
 

@@ -1,0 +1,276 @@
+"""Memory planning: every compiled program is sized against the device's memory before it is compiled.
+
+A compiled program holds its arguments (the data, the state), its outputs and its *temporaries*: everything it
+computes on the way. Mapping a function over C clients at once (``vmap``) multiplies that function's temporaries by
+C: evaluating all 3,400 clients of FedJAX's EMNIST workload through a CNN in one ``vmap`` asked XLA for 105 GiB. So
+each program is traced inside a :func:`scope` that states its budget for temporaries, and every client map an
+executor runs inside it (:meth:`fljax.engine.executors.Executor.map_clients`) asks :func:`clients_that_fit` how many
+clients may run side by side:
+
+    c = ⌊ budget / b ⌋,   b = peak bytes of ONE client's temporaries (:func:`per_client_bytes`)
+
+where b is read from the client function's traced program (its jaxpr, for one client's shapes) by a liveness count
+(:func:`peak_bytes`: the largest sum of the intermediate values alive at once, loop bodies counted once, no fusion
+assumed, so it errs high). A map over more than c clients runs as ``lax.map`` over chunks of c (vmapped inside),
+whatever the executor: the cohort's executor choice stays the cohort's, and evaluation or initialisation over the
+whole population is another program, chunked on its own. When not even one client fits (c = 0) the run stops with
+one line naming the knob, before anything is compiled (:class:`MemoryPlanError`).
+
+The estimate is then checked against XLA's own count: :class:`~fljax.engine.Simulation` compiles the program, reads
+``compiled.memory_analysis().temp_size_in_bytes`` and, when that exceeds the budget, plans again with the budget
+scaled down by the ratio and compiles once more (``Simulation.memory_plans`` records both numbers per program).
+
+The budget (:func:`default_budget`): a fraction of the device's memory (:func:`device_memory`) after the program's
+arguments and outputs, ``FRACTION`` of it on accelerators and ``CPU_FRACTION`` on the CPU (the host's memory is
+shared with everything else), or the user's ``memory_budget`` (GiB). Programs vmapped over L lanes get 1/L of it.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+
+import jax
+import numpy as np
+
+from fljax.errors import ConfigError
+
+__all__ = ["MemoryPlanError", "scope", "divided", "current", "clients_that_fit", "per_client_bytes", "peak_bytes",
+           "device_memory", "default_budget", "gib", "FRACTION", "CPU_FRACTION"]
+
+FRACTION = 0.75  # of an accelerator's memory left after the program's arguments and outputs
+CPU_FRACTION = 0.5  # of the host's memory (shared with the OS and other processes)
+
+
+class MemoryPlanError(ConfigError):
+    """A program cannot fit its memory budget even one client at a time."""
+
+
+class _Scope(threading.local):
+    def __init__(self):
+        self.stack: list[tuple] = []
+
+
+_SCOPE = _Scope()
+
+
+@contextlib.contextmanager
+def scope(budget_bytes: float | None, program: str = "program", source: str = "memory_budget"):
+    """Plan the client maps traced inside against ``budget_bytes`` of temporaries (None: no planning) for the
+    program called ``program``; ``source`` says where the budget came from (for the error message). Yields the
+    list of the maps' plans (clients, per-client bytes, clients side by side), filled while tracing."""
+    maps: list[dict] = []
+    _SCOPE.stack.append((budget_bytes, program, source, maps))
+    try:
+        yield maps
+    finally:
+        _SCOPE.stack.pop()
+
+
+@contextlib.contextmanager
+def divided(k: int, why: str):
+    """The current scope's budget divided by ``k`` inside (e.g. per device of a sharded map); no-op outside one."""
+    plan = current()
+    if plan is None or k <= 1:
+        yield
+        return
+    _SCOPE.stack.append((plan[0] / k, plan[1], f"{plan[2]}, {why}", plan[3]))
+    try:
+        yield
+    finally:
+        _SCOPE.stack.pop()
+
+
+def current():
+    """(budget bytes, program, source, maps) of the innermost :func:`scope`, or None outside one (or with no budget)."""
+    if not _SCOPE.stack or _SCOPE.stack[-1][0] is None:
+        return None
+    return _SCOPE.stack[-1]
+
+
+def gib(n: float) -> str:
+    return f"{n / 2 ** 30:,.2f} GiB"
+
+
+# ---------------------------------------------------------------------------------------------- the estimate
+def _nbytes(aval) -> int:
+    shape = getattr(aval, "shape", None)
+    if shape is None:
+        return 0
+    dtype = aval.dtype
+    itemsize = 8 if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) else np.dtype(dtype).itemsize
+    return int(np.prod(shape, dtype=np.int64)) * itemsize
+
+
+def _subjaxprs(eqn):
+    """The jaxprs inside an equation's parameters (loop bodies, branches, called functions)."""
+    for value in eqn.params.values():
+        for v in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(v, jax.extend.core.ClosedJaxpr):
+                yield v.jaxpr
+            elif isinstance(v, jax.extend.core.Jaxpr):
+                yield v
+
+
+# primitives that call one jaxpr once (their equations are inlined into the caller's for the count)
+CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
+         "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr",
+         "remat": "jaxpr", "checkpoint": "jaxpr"}
+
+
+def _flat(jaxpr, env: dict) -> list[tuple]:
+    """The equations of ``jaxpr`` with called functions inlined: (primitive name, input vars, output vars, nested
+    jaxprs) with variables renamed through ``env`` (a called jaxpr's variables to its caller's)."""
+    Var = jax.extend.core.Var
+    name = lambda v: env.get(v, v) if isinstance(v, Var) else None  # noqa: E731
+    out = []
+    for eqn in jaxpr.eqns:
+        ins = [name(v) for v in eqn.invars]
+        sub = eqn.params.get(CALLS.get(eqn.primitive.name, ""), None)
+        sub = getattr(sub, "jaxpr", sub)
+        if isinstance(sub, jax.extend.core.Jaxpr) and len(sub.invars) == len(ins):
+            inner = dict(zip(sub.invars, ins))
+            inner.update({v: None for v in sub.constvars})
+            for iv, ov in zip(sub.outvars, eqn.outvars):
+                if isinstance(iv, Var) and iv in inner:  # an input passed through: the caller's name for it
+                    env[ov] = inner[iv]
+                elif isinstance(iv, Var):
+                    inner[iv] = ov
+            out += _flat(sub, inner)
+        else:
+            out.append((eqn.primitive.name, ins, [name(v) for v in eqn.outvars], list(_subjaxprs(eqn))))
+    return out
+
+
+# Elementwise and layout operations: XLA fuses a chain of them into the one kernel that consumes it, so their
+# results are never stored (counted here when they feed anything else, or several consumers).
+FUSIBLE = frozenset("""abs add and broadcast_in_dim cbrt ceil clamp convert_element_type copy copy_p cos cosh div eq erf
+    erf_inv exp exp2 expand_dims expm1 floor ge gt imag integer_pow is_finite le log log1p logistic lt max min mul ne
+    neg nextafter not or pow real reduce_precision rem reshape round rsqrt select_n shift_left shift_right_arithmetic
+    shift_right_logical sign sin sinh sqrt square squeeze stop_gradient sub tan tanh xor""".split())
+
+
+def peak_bytes(jaxpr) -> int:
+    """The largest number of bytes of intermediate values alive at once while ``jaxpr`` runs in order: each
+    equation's stored outputs are allocated, and a value is freed after its last use; a loop's or branch's body adds
+    its own peak while it runs (counted once: iterations reuse their buffers). The inputs are not counted (they are
+    the program's, or the caller's); its outputs are. An elementwise or layout operation (:data:`FUSIBLE`) whose
+    result feeds exactly one other such operation is taken as fused into it (not stored), as XLA does; the
+    remaining differences from XLA's buffer assignment (fusions into products and reductions, in-place updates)
+    make this err high, by up to a few times for a CNN's evaluation (tests/test_engine_memory.py)."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    Var = jax.extend.core.Var
+    eqns = _flat(jaxpr, {})
+    last: dict = {}
+    consumers: dict = {}
+    for i, (prim, ins, _, _) in enumerate(eqns):
+        for v in set(x for x in ins if isinstance(x, Var)):
+            last[v] = i
+            consumers.setdefault(v, []).append(prim)
+    for v in jaxpr.outvars:
+        if isinstance(v, Var):
+            last[v] = len(eqns)
+            consumers.setdefault(v, []).append("output")
+    live = peak = 0
+    owned: dict = {}
+    for i, (prim, ins, outs, subs) in enumerate(eqns):
+        inner = max((peak_bytes(sub) for sub in subs), default=0)
+        fused = prim in FUSIBLE
+        out = 0
+        for v in outs:
+            if not isinstance(v, Var) or (fused and len(consumers.get(v, ())) == 1 and consumers[v][0] in FUSIBLE):
+                continue
+            b = _nbytes(v.aval)
+            out += b
+            if last.get(v, i) > i:
+                owned[v] = b
+        peak = max(peak, live + inner + out)
+        live += sum(owned.get(v, 0) for v in outs if isinstance(v, Var))
+        for v in set(x for x in ins if isinstance(x, Var)):
+            if last.get(v) == i and v in owned:
+                live -= owned.pop(v)
+    return peak
+
+
+def _abstract(x, drop_leading: bool):
+    shape = tuple(x.shape)
+    return jax.ShapeDtypeStruct(shape[1:] if drop_leading else shape, x.dtype)
+
+
+def _is_array(x) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+_CACHE: dict = {}
+
+
+def per_client_bytes(fn, shared, per_client) -> int:
+    """Peak bytes of the temporaries of ``fn(shared, one client of per_client)`` (:func:`peak_bytes` of its jaxpr
+    traced for one client's shapes; nothing runs). Non-array leaves of ``shared`` stay static, as in the map."""
+    leaves, treedef = jax.tree.flatten((shared, per_client))
+    n_shared = len(jax.tree.leaves(shared))
+    arrays = [i for i, x in enumerate(leaves) if _is_array(x)]
+    abstract = [_abstract(leaves[i], drop_leading=i >= n_shared) for i in arrays]
+    key = (fn, treedef, tuple((a.shape, str(a.dtype)) for a in abstract),
+           tuple(x for i, x in enumerate(leaves) if i not in set(arrays)))
+    try:
+        return _CACHE[key]
+    except (KeyError, TypeError):  # TypeError: an unhashable fn or static leaf (not cached)
+        pass
+
+    def one(*array_leaves):
+        full = list(leaves)
+        for i, a in zip(arrays, array_leaves):
+            full[i] = a
+        s, pc = jax.tree.unflatten(treedef, full)
+        return fn(s, pc)
+
+    out = peak_bytes(jax.make_jaxpr(one)(*abstract))
+    if len(_CACHE) >= 512:  # bounded: a long session (a sweep) traces many programs
+        _CACHE.clear()
+    try:
+        _CACHE[key] = out
+    except TypeError:
+        pass
+    return out
+
+
+def clients_that_fit(fn, shared, per_client, n: int) -> int | None:
+    """How many of the ``n`` clients ``fn`` may run side by side under the current :func:`scope` (None: no
+    planning, all of them); raises :class:`MemoryPlanError` when not even one fits."""
+    plan = current()
+    if plan is None or n <= 1:
+        return None
+    budget, program, source, maps = plan
+    b = per_client_bytes(fn, shared, per_client)
+    fit = int(budget // max(b, 1))
+    maps.append({"clients": n, "per_client_bytes": b, "side_by_side": min(n, fit)})
+    if fit < 1:
+        raise MemoryPlanError(
+            f"the {program} program needs {gib(b)} of temporaries for one client, more than its memory budget of "
+            f"{gib(budget)} ({source}): raise memory_budget, or make one client's work smaller (algo.batch_size, the "
+            f"model, or the clients' test split).")
+    return fit
+
+
+# ---------------------------------------------------------------------------------------------- the budget
+def device_memory() -> tuple[str, int]:
+    """(name, bytes) of the memory a run can use: the accelerators' memory (their allocator's limit), or the
+    machine's for the CPU."""
+    devices = jax.local_devices()
+    if devices[0].platform != "cpu":
+        stats = [d.memory_stats() or {} for d in devices]
+        if all("bytes_limit" in s for s in stats):
+            return f"{len(devices)} × {devices[0].device_kind}", sum(s["bytes_limit"] for s in stats)
+    return "this machine", os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def default_budget(args) -> tuple[float, str]:
+    """(bytes, description) of the temporaries a program with arguments ``args`` may use by default:
+    ``FRACTION`` (accelerators) or ``CPU_FRACTION`` (CPU) of the device's memory left after its arguments and as
+    many bytes again for its outputs."""
+    where, have = device_memory()
+    fraction = CPU_FRACTION if jax.default_backend() == "cpu" else FRACTION
+    resident = 2 * sum(_nbytes(x) for x in jax.tree.leaves(args) if _is_array(x))
+    return max(fraction * (have - resident), 0.0), (f"default: {fraction:.0%} of the {gib(have)} of {where} after "
+                                                     f"{gib(resident)} of arguments and outputs")

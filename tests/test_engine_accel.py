@@ -1,0 +1,153 @@
+"""Accelerator-facing engine choices tested on CPU: the precision option (fp32 bit-identical to the default on CPU,
+bf16 computes in bfloat16 from float32 master weights and learns), convolutions detected in any model from its
+traced program (a user's Flax CNN gets the executor fljax's own CNN gets), ``conv_impl: auto`` read from the
+committed table, and a block of rounds as one device program (no host round-trip per round)."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fljax.data as D
+from fljax.algorithms import make_algorithm
+from fljax.engine import Simulation
+from fljax.models import conv_table, make_model
+from fljax.models.model import has_primitive, own_model
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return D.make_federated("digits", 10, "dirichlet", seed=0, alpha=0.5)
+
+
+def _leaves(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def _run(data, precision, rounds=3, model="mlp", **kw):
+    algo = make_algorithm("fedavg", lr=0.1, cohort_size=5, local_steps=5, batch_size=10)
+    sim = Simulation(algo, data, make_model(model, data.input_shape, data.num_classes), executor="vmap",
+                     precision=precision, **kw)
+    return sim, sim.run(rounds, eval_every=rounds, progress=False)
+
+
+def test_fp32_is_bit_identical_to_the_default_on_cpu(digits):
+    _, default = _run(digits, "tf32")
+    _, fp32 = _run(digits, "fp32")
+    for a, b in zip(_leaves(default.state), _leaves(fp32.state)):
+        np.testing.assert_array_equal(a, b)
+    assert default.final == {**fp32.final, "run_seconds": default.final["run_seconds"]}
+
+
+def test_bf16_computes_in_bfloat16_with_float32_master_weights_and_learns(digits):
+    sim, bf16 = _run(digits, "bf16", rounds=15)
+    _, fp32 = _run(digits, "fp32", rounds=15)
+    assert all(x.dtype == np.float32 for x in _leaves(bf16.state.server))  # master weights, aggregation
+    chance = 0.1
+    assert bf16.final["global_acc"] > chance + 0.4 and abs(bf16.final["global_acc"] - fp32.final["global_acc"]) < 0.05
+    params = sim.model.init(jax.random.PRNGKey(0))
+    x = jnp.ones((4,) + digits.input_shape)
+    jaxpr = jax.make_jaxpr(sim.model.apply)(params, x)
+    products = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
+    assert products and all(v.aval.dtype == jnp.bfloat16 for e in products for v in e.invars)
+    assert sim.model.apply(params, x).dtype == jnp.float32
+    grads = jax.grad(lambda p: sim.model.apply(p, x).sum())(params)
+    assert all(g.dtype == jnp.float32 for g in jax.tree.leaves(grads))
+
+
+def test_precision_from_the_config_and_the_cli_key():
+    from fljax.api import build
+    from fljax.config import ConfigError, load_config
+    from fljax.runner.sweep import DataCache
+
+    cfg = load_config(None, ["precision=bf16", "data.num_clients=6", "algo.cohort_size=2", "memory_budget=2"])
+    sim = build(cfg, DataCache()(cfg, 0))
+    assert sim.model.precision == "bf16" and sim.precision == "bf16" and sim.memory_budget == 2
+    with pytest.raises(ConfigError, match="precision must be one of"):
+        load_config(None, ["precision=fp16"])
+
+
+class UserCNN(nn.Module):
+    """A CNN written with plain flax.linen layers (no fljax class, no conv_impl field)."""
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.relu(nn.Conv(8, (3, 3))(x))
+        x = nn.max_pool(x, (2, 2), (2, 2))
+        return nn.Dense(10)(x.reshape(x.shape[0], -1))
+
+
+class UserMLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(10)(nn.relu(nn.Dense(16)(x.reshape(x.shape[0], -1))))
+
+
+def test_convolutions_are_detected_in_any_model_from_its_traced_program(digits):
+    shape, classes = digits.input_shape, digits.num_classes
+    assert own_model(UserCNN(), shape, classes).has_conv and not own_model(UserMLP(), shape, classes).has_conv
+    for form in ("native", "patches", "shifts"):  # fljax's own, whatever form it runs in
+        assert make_model("cnn1", shape, classes, conv_impl=form).has_conv
+    assert not make_model("mlp", shape, classes).has_conv
+    jaxpr = jax.make_jaxpr(lambda x: jax.lax.cond(True, lambda y: jnp.sin(y), lambda y: y, x))(1.0)
+    assert has_primitive(jaxpr, "sin") and not has_primitive(jaxpr, "cos")  # nested jaxprs searched
+
+    algo = make_algorithm("fedavg", cohort_size=4, local_steps=2, batch_size=10)
+    users = Simulation(algo, digits, own_model(UserCNN(), shape, classes))
+    ours = Simulation(algo, digits, make_model("cnn1", shape, classes))
+    assert users.executor == ours.executor  # on CPU: the per-client loop (CNNs), not chunks
+    assert users.executor.describe() == "loop" and users.unroll == ours.unroll > 1
+    assert users.model.conv_impl == "native" and make_model("mlp", shape, classes).conv_impl is None
+
+
+def test_auto_conv_form_follows_the_committed_table(monkeypatch):
+    for row in conv_table.rows():
+        assert set(row) >= {"backend", "model", "executor", "clients", "form", "client_steps_per_s"}
+    cpu = conv_table.rows("cpu")
+    assert {r["form"] for r in cpu} == {"native", "patches", "shifts"}, "CPU rows committed (benchmarks/conv_forms.py)"
+    loop = max((r for r in cpu if r["model"] == "cnn1" and r["executor"] == "loop"),
+               key=lambda r: r["client_steps_per_s"])
+    assert conv_table.choose("cpu", "cnn1", False) == loop["form"] == "native"  # measured, and what CPU ran before
+    # the CPU is pinned to the forms its published results ran with (their bits), with the reason stated
+    assert conv_table.choose("cpu", "cnn1_s", True) == "patches" and "published" in conv_table.pinned("cpu")["why"]
+    rows = ({"backend": "gpu", "model": "cnn1", "executor": "vectorised", "clients": 64, "form": "shifts",
+             "client_steps_per_s": 3.0},
+            {"backend": "gpu", "model": "cnn1", "executor": "vectorised", "clients": 64, "form": "patches",
+             "client_steps_per_s": 2.0},
+            {"backend": "gpu", "model": "cnn_s", "executor": "vectorised", "clients": 64, "form": "patches",
+             "client_steps_per_s": 5.0},
+            {"backend": "gpu", "model": "cnn_s", "executor": "vectorised", "clients": 64, "form": "shifts",
+             "client_steps_per_s": 1.0})
+    monkeypatch.setattr(conv_table, "_load", lambda: rows)
+    assert conv_table.choose("gpu", "cnn1", True) == "shifts"  # its own rows
+    assert conv_table.choose("gpu", "cnn_s", True) == "patches"
+    assert conv_table.choose("gpu", "cnn2", True) == "patches"  # no rows: the form best across the backend's rows
+    assert conv_table.choose("tpu", "cnn1", True) == "patches" and conv_table.choose("tpu", "cnn1", False) == "native"
+
+
+def test_a_block_of_rounds_is_one_device_program_without_host_round_trips(digits):
+    """n rounds are one compiled program: one while loop of n iterations, no transfer to or from the host inside
+    (no outfeed, infeed, send/recv or host callback)."""
+    sim = Simulation(make_algorithm("fedavg", cohort_size=4, local_epochs=1, local_steps=None, batch_size=10),
+                     digits, executor="vmap")
+    sim.run_rounds(sim.init(), 25)
+    text = sim.executable("block", (25,)).as_text()
+    assert "while" in text
+    for word in ("outfeed", "infeed", "send(", "recv(", "callback", "host_compute"):
+        assert word not in text.lower(), word
+
+
+class BNNet(nn.Module):
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        x = nn.relu(nn.BatchNorm(use_running_average=not train, momentum=0.5)(nn.Dense(16)(x.reshape(x.shape[0], -1))))
+        return nn.Dense(10)(x)
+
+
+def test_bf16_keeps_batchnorm_statistics_in_float32(digits):
+    algo = make_algorithm("fedavg", lr=0.1, cohort_size=4, local_steps=3, batch_size=10)
+    sim = Simulation(algo, digits, own_model(BNNet(), digits.input_shape, digits.num_classes), executor="vmap",
+                     precision="bf16")
+    state, _ = sim.run_rounds(sim.init(), 2)
+    assert all(x.dtype == np.float32 for x in _leaves(state.server))
+    assert np.isfinite(sim.evaluate(state)[0]["global_loss"])

@@ -1,0 +1,127 @@
+"""Memory planning (fljax.engine.budget): every compiled program of FedJAX's EMNIST-shaped workload stays under a
+stated budget, evaluation over the whole population is chunked whatever the cohort's executor, lanes share the
+budget, the estimate is checked against XLA's count, and a run that cannot fit is refused in one line before it
+compiles."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fljax.data as D
+from fljax.algorithms import make_algorithm
+from fljax.data.build import stack_clients
+from fljax.engine import Lanes, Simulation, budget
+from fljax.engine.budget import MemoryPlanError, peak_bytes
+from fljax.models import make_model
+
+BUDGET_GIB = 0.125  # 128 MiB of temporaries per program
+
+
+def emnist_shaped(clients=3400, train_scale=0.05, seed=0):
+    """FedJAX's EMNIST-62 federated shape: 3,400 clients, log-normal sizes (σ 0.6) of the real totals (77,483 test
+    images; the 671,585 training images scaled by ``train_scale`` to fit CI), 28×28×1, 62 classes; ragged storage."""
+    rng = np.random.default_rng(seed)
+    w = rng.lognormal(0.0, 0.6, clients)
+    parts = []
+    for total in (671_585 * train_scale, 77_483):
+        sizes = np.maximum(1, np.round(w / w.sum() * total)).astype(int)
+        n = int(sizes.sum())
+        parts.append(stack_clients(rng.random((n, 28, 28, 1), np.float32), rng.integers(0, 62, n).astype(np.int32),
+                                   sizes, "ragged"))
+    return D.FederatedData(train=parts[0], test=parts[1], num_classes=62, input_shape=(28, 28, 1),
+                           name="emnist-shaped")
+
+
+@pytest.fixture(scope="module")
+def emnist():
+    return emnist_shaped()
+
+
+def _fedjax_sim(data, **kw):
+    algo = make_algorithm("fedavg", cohort_size=10, local_epochs=1, local_steps=None, batch_size=20, lr=0.1)
+    return Simulation(algo, data, make_model("cnn1_s", data.input_shape, data.num_classes), **kw)
+
+
+def test_emnist_shaped_programs_fit_the_budget_and_compile_in_seconds(emnist):
+    """The cohort runs vmapped (the accelerator's choice for 10 clients); evaluation of all 3,400 clients is
+    planned in chunks. Every program's temporaries by XLA's own count stay under the budget."""
+    assert emnist.num_clients == 3400 and emnist.test.n_max >= 100
+    sim = _fedjax_sim(emnist, executor="vmap", memory_budget=BUDGET_GIB)
+    plans = sim.compile(rounds=2)
+    limit = BUDGET_GIB * 2 ** 30
+    assert set(name for name, _ in plans) == {"init", "block", "evaluate"}
+    for (name, _), plan in plans.items():
+        assert plan["budget_bytes"] == limit
+        assert 0 < plan["xla_temp_bytes"] <= limit, (name, plan)
+    (evaluation,) = plans["evaluate", ()]["maps"]
+    assert evaluation["clients"] == 3400
+    assert evaluation["per_client_bytes"] * 3400 > 10 * limit  # all at once would need 10× the budget...
+    assert 1 <= evaluation["side_by_side"] < 3400  # ...so it runs in chunks
+    (cohort,) = plans["block", (2,)]["maps"]
+    assert cohort["clients"] == 10 and cohort["side_by_side"] == 10  # the cohort fits: one vmap
+    # compiled in seconds (a guard against the unplanned program, not a benchmark): a few seconds each unloaded
+    assert sim.compile_seconds < 180
+
+
+def test_planned_evaluation_equals_unplanned_and_runs(emnist):
+    """On a slice of the population small enough to evaluate in one vmap, the chunked evaluation gives the same
+    summaries (chunking only splits the client axis)."""
+    small = emnist.replace(train=emnist.train.take(jnp.arange(60)), test=emnist.test.take(jnp.arange(60)))
+    outs = []
+    for gib in (None, 2 ** -5):  # the machine's default budget (one vmap), then 32 MiB
+        sim = _fedjax_sim(small, executor="vmap", memory_budget=gib)
+        state = sim.init()
+        outs.append(sim.evaluate(state))
+        side = sim.memory_plans["evaluate", ()]["maps"][0]["side_by_side"]
+        assert (side == 60) == (gib is None), side
+    for k in outs[0][0]:
+        np.testing.assert_allclose(outs[0][0][k], outs[1][0][k], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(outs[0][1]["global_acc"], outs[1][1]["global_acc"], rtol=1e-6)
+
+
+def test_the_estimate_is_checked_against_xla():
+    """The per-client estimate errs high, within a small factor of XLA's count for a CNN evaluation chunk."""
+    data = emnist_shaped(clients=340, train_scale=0.01)
+    sim = _fedjax_sim(data, executor="vmap", memory_budget=0.5)
+    plan = sim.compile()["evaluate", ()]
+    (evaluation,) = plan["maps"]
+    assert evaluation["side_by_side"] < 340
+    estimate = evaluation["per_client_bytes"] * evaluation["side_by_side"]
+    assert 0.5 * plan["xla_temp_bytes"] <= estimate <= 8 * plan["xla_temp_bytes"], (estimate, plan)
+    # peak_bytes on known programs of [1000] float32 values: an elementwise chain is fused (only its result is
+    # stored); two results feeding a product are both stored, with the product's scalar
+    x = jnp.ones(1000)
+    assert peak_bytes(jax.make_jaxpr(lambda x: jnp.sin(jnp.cos(jnp.exp(x))))(x)) == 4000
+    assert peak_bytes(jax.make_jaxpr(lambda x: jnp.dot(jnp.exp(x), jnp.cos(x)))(x)) == 8004
+    assert peak_bytes(jax.make_jaxpr(lambda x: jax.jit(jnp.exp)(x) @ x)(x)) == 4004  # a called function inlined
+
+
+def test_a_program_that_cannot_fit_one_client_is_refused_in_one_line_before_compiling(emnist):
+    sim = _fedjax_sim(emnist, executor="vmap", memory_budget=2 ** -20)  # 1 KiB
+    with pytest.raises(MemoryPlanError) as err:
+        sim.compile()
+    message = str(err.value)
+    assert "\n" not in message and "memory_budget" in message and "for one client" in message
+    assert sim.executable("block", (1,)) is None and sim.executable("evaluate") is None
+
+
+def test_lanes_share_the_budget_and_the_default_budget_is_the_devices():
+    data = D.make_federated("synthetic", 12, seed=0, max_samples=40)
+    sim = Simulation(make_algorithm("fedavg", cohort_size=4, local_steps=2, batch_size=8), data, executor="vmap",
+                     memory_budget=0.5)
+    lanes = Lanes(sim, seeds=[0, 1, 2])
+    lanes.evaluate(lanes.init())
+    assert sim.memory_plans["lanes_evaluate", ("vmap",)]["budget_bytes"] == 0.5 * 2 ** 30 / 3
+    assert Lanes(sim, seeds=[0, 1], mode="map").side_by_side == 1
+    total, source = Simulation(sim.algorithm, data).program_budget((data,))
+    _, have = budget.device_memory()
+    assert 0 < total < have and "of this machine" in source
+
+
+def test_run_refuses_an_impossible_budget_naming_the_key():
+    import fljax
+    from fljax.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="memory_budget"):
+        fljax.run({"algorithm": "fedavg", "rounds": 1, "executor": "vmap", "memory_budget": 1e-9,
+                   "algo": {"cohort_size": 2}, "data": {"dataset": "digits", "num_clients": 5}}, progress=False)
