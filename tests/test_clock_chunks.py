@@ -124,7 +124,7 @@ def test_chunk_rows_equals_python_slicing_for_every_count_and_position():
     """Brute force over n, K and the chunk position: chunk p of ``order[:n]`` is the slice [⌊pn/K⌋, ⌊(p+1)n/K⌋),
     left-aligned in ``width`` slots, the rest masked (index 0); the chunks of one epoch cover order[:n] once."""
     order = jnp.arange(50, 0, -1)
-    for n in (1, 2, 7, 13, 20):
+    for n in (1, 2, 7, 13):
         for chunks in range(1, n + 1):
             width = -(-n // chunks)
             seen = []
