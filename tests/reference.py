@@ -40,9 +40,19 @@ def summary(stats, prefix: str) -> dict:
             f"{prefix}_loss": float(np.mean(loss)), f"{prefix}_loss_weighted": float(np.sum(loss * count) / count.sum())}
 
 
+_GRADS: dict = {}
+
+
+def loss_grad(model):
+    """``jax.jit(jax.grad(model.loss))``, compiled once per model (shapes aside)."""
+    if id(model) not in _GRADS:
+        _GRADS[id(model)] = (model, jax.jit(jax.grad(model.loss)))
+    return _GRADS[id(model)][1]
+
+
 def gd(model, params, x, y, lr: float, steps: int, extra=None):
     """``steps`` full-batch gradient steps on (x, y): p ← p − lr·(∇f(p) + extra(p))."""
-    grad = jax.jit(jax.grad(model.loss))
+    grad = loss_grad(model)
     b = batch_of(x, y)
     for _ in range(steps):
         g = grad(params, b)
