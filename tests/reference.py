@@ -1,7 +1,8 @@
 """Independent references shared by the tests: per-client scores computed in NumPy from a model's logits on the
 unpadded rows of each client, and plain-loop SGD steps written out from their definitions. Nothing here calls the
 library's training, evaluation or summary code; only a model's forward pass (``model.apply``) and the gradient of
-its loss on an unpadded batch (``jax.grad(model.loss)``), which are the definitions the algorithms build on."""
+its loss on a client's rows (``jax.grad(model.loss)``, the rows padded with masked ones so that clients of many sizes
+share a few compiled shapes), which are the definitions the algorithms build on."""
 from __future__ import annotations
 
 import jax
@@ -44,16 +45,26 @@ _GRADS: dict = {}
 
 
 def loss_grad(model):
-    """``jax.jit(jax.grad(model.loss))``, compiled once per model (shapes aside)."""
+    """``jax.jit(jax.grad(model.loss))``, one per model."""
     if id(model) not in _GRADS:
         _GRADS[id(model)] = (model, jax.jit(jax.grad(model.loss)))
     return _GRADS[id(model)][1]
 
 
+def padded_batch(x, y, multiple: int = 64) -> Batch:
+    """(x, y) as one full batch, padded with masked rows to a multiple of ``multiple`` (so that clients of many
+    sizes share a few compiled shapes; the masked rows do not enter the model's loss, a masked mean)."""
+    n = len(y)
+    pad = -n % multiple
+    x = np.concatenate([np.asarray(x), np.zeros((pad,) + np.shape(x)[1:], np.asarray(x).dtype)])
+    y = np.concatenate([np.asarray(y), np.zeros(pad, np.asarray(y).dtype)])
+    return Batch(x=jnp.asarray(x), y=jnp.asarray(y), mask=jnp.arange(n + pad) < n)
+
+
 def gd(model, params, x, y, lr: float, steps: int, extra=None):
     """``steps`` full-batch gradient steps on (x, y): p ← p − lr·(∇f(p) + extra(p))."""
     grad = loss_grad(model)
-    b = batch_of(x, y)
+    b = padded_batch(x, y)
     for _ in range(steps):
         g = grad(params, b)
         if extra is not None:

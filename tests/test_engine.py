@@ -241,8 +241,7 @@ def test_fedprox_rounds_equal_the_proximal_gradient_loop_of_eq_2():
                            jax.tree.leaves(w)[0], atol=1e-4)  # μ matters at this size
 
 
-@pytest.mark.parametrize("finetune_lr", [None, 0.05])
-def test_fedavg_ft_personal_model_is_the_global_model_after_k_local_steps(digits10, finetune_lr):
+def test_fedavg_ft_personal_model_is_the_global_model_after_k_local_steps(digits10):
     """FedAvg-FT (AugFL spec §7-§8): client i is scored with the global model after ``finetune_steps`` SGD steps at
     ``finetune_lr`` (default: the client lr) on its own train split, here full batch; the global model is scored
     as it is. Per-client accuracies and the loss summaries are recomputed in NumPy from each client's rows."""
@@ -251,21 +250,20 @@ def test_fedavg_ft_personal_model_is_the_global_model_after_k_local_steps(digits
 
     model = make_model("mlp", digits10.input_shape, digits10.num_classes, hidden=[16])
     lr, k = 0.1, 4
-    algo = make_algorithm("fedavg_ft", lr=lr, finetune_steps=k, finetune_lr=finetune_lr, cohort_size=5,
-                          local_steps=3, batch_size=None)
-    sim = Simulation(algo, digits10, model, executor="vmap", seed=0)
+    base = dict(lr=lr, finetune_steps=k, cohort_size=5, local_steps=3, batch_size=None)
+    sim = Simulation(make_algorithm("fedavg_ft", **base), digits10, model, executor="vmap", seed=0)
     state, _ = sim.run_rounds(sim.init(), 2)
-    got, per_client = sim.evaluate(state)
     w = state.server["params"]
-    personal, glob = [], []
-    for i in range(digits10.num_clients):
-        v = gd(model, w, *rows(digits10.train, i), finetune_lr or lr, k)
-        personal.append(scores(model, v, *rows(digits10.test, i)))
-        glob.append(scores(model, w, *rows(digits10.test, i)))
-    np.testing.assert_allclose(per_client["personal_acc"], [c / n for c, n, _ in personal], atol=1e-6)
-    np.testing.assert_allclose(per_client["global_acc"], [c / n for c, n, _ in glob], atol=1e-6)
-    for key, value in {**summary(personal, "personal"), **summary(glob, "global")}.items():
-        np.testing.assert_allclose(float(got[key]), value, rtol=1e-4, atol=1e-6, err_msg=key)
+    glob = [scores(model, w, *rows(digits10.test, i)) for i in range(digits10.num_clients)]
+    for finetune_lr in (None, 0.05):
+        algo = make_algorithm("fedavg_ft", **base, finetune_lr=finetune_lr)
+        got, per_client = Simulation(algo, digits10, model, executor="vmap", seed=0).evaluate(state)
+        personal = [scores(model, gd(model, w, *rows(digits10.train, i), finetune_lr or lr, k),
+                           *rows(digits10.test, i)) for i in range(digits10.num_clients)]
+        np.testing.assert_allclose(per_client["personal_acc"], [c / n for c, n, _ in personal], atol=1e-6)
+        np.testing.assert_allclose(per_client["global_acc"], [c / n for c, n, _ in glob], atol=1e-6)
+        for key, value in {**summary(personal, "personal"), **summary(glob, "global")}.items():
+            np.testing.assert_allclose(float(got[key]), value, rtol=1e-4, atol=1e-6, err_msg=f"{key} {finetune_lr}")
 
 
 def test_zero_full_batch_steps_leave_the_model_unchanged(digits10):
@@ -275,8 +273,11 @@ def test_zero_full_batch_steps_leave_the_model_unchanged(digits10):
 
     assert BatchPlan(batch_size=None, steps=0).num_steps(7) == 0
     assert BatchPlan(batch_size=None, epochs=0).num_steps(7) == 0
+    from fljax.models import make_model
+
     algo = make_algorithm("fedavg_ft", finetune_steps=0, batch_size=None, local_steps=1, cohort_size=None)
-    sim = Simulation(algo, digits10, executor="vmap", seed=0)
+    model = make_model("mlp", digits10.input_shape, digits10.num_classes, hidden=[16])
+    sim = Simulation(algo, digits10, model, executor="vmap", seed=0)
     state, _ = sim.run_rounds(sim.init(), 1)
     summary, per_client = sim.evaluate(state)
     np.testing.assert_array_equal(per_client["personal_acc"], per_client["global_acc"])
