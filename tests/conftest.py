@@ -68,15 +68,21 @@ SMOKE = (
     "tests/test_ops_partition.py::test_split_merge_round_trip_and_grad_through_one_part",
     "tests/test_ops_distill.py::test_info_nce_against_naive_loop",
     "tests/test_ops_meta.py::test_adapt_is_one_gradient_step",
+    "tests/test_ops_compress.py::test_top_k_keeps_the_largest_magnitudes_of_each_leaf_and_contracts",
+    "tests/test_ops_privacy.py::test_clip_above_every_norm_with_no_noise_is_plain_weighted_averaging_bit_for_bit",
+    # fljax.privacy
+    "tests/test_privacy_accounting.py::test_abadi_et_al_mnist_reference_point",
     # fljax.data
     "tests/test_data.py::test_partitioners_use_every_sample_once_and_are_reproducible",
     "tests/test_data.py::test_federated_splits_are_what_their_options_specify[digits-pathological]",
     "tests/test_data.py::test_federated_splits_are_what_their_options_specify[synthetic-None0]",
     "tests/test_clock_chunks.py::test_chunk_rows_equals_python_slicing_for_every_count_and_position",
     "tests/test_own_model_data.py::test_from_arrays_pads_clients_and_keeps_every_sample",
+    "tests/test_data_text.py::test_chunking_is_fedjax_s_documented_example",
     # fljax.models
     "tests/test_models.py::test_parameter_counts_match_papers",
     "tests/test_models.py::test_model_errors",
+    "tests/test_text.py::test_token_loss_and_accuracies_follow_their_per_token_definition",
     # fljax.engine
     "tests/test_engine.py::test_fedavg_one_client_full_batch_is_gradient_descent",
     "tests/test_engine.py::test_summaries_match_numpy",
