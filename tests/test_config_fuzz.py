@@ -232,8 +232,6 @@ def test_every_fuzzer_reaches_both_outcomes_often(monkeypatch, capsys, tmp_path)
         "compare --algorithms": (st.tuples(overrides, algorithm_lists).map(
             lambda a: tuple(["compare", *(f"--set={s}" for s in a[0]), f"--algorithms={a[1]}"])), cli)}
     tallies = {name: _tally(strategy, check) for name, (strategy, check) in fuzzers.items()}
-    with capsys.disabled():
-        print(tallies)
     assert all(t["accepted"] >= 1 and t["refused"] >= 1 for t in tallies.values()), tallies
     for outcome in ("accepted", "refused"):
         assert sum(t[outcome] for t in tallies.values()) >= 40, tallies
