@@ -88,9 +88,10 @@ def gamma(a, k):
 
 
 def baseline_literal(method, kind, clients, k0, rounds, a, mu=0.0, prox_mu=1e-4, eta=1.0, iters=5,
-                     lr_index="global", local_scale="1", agg="mean"):
+                     lr_index="global", local_scale="1", agg="mean", steps=None):
     """FedAvg / FedProx / FedPD (spec §6, options D16–D17) for ``rounds`` rounds; returns the aggregate at the start
-    of every round (x for FedAvg and FedProx, x0 for FedPD)."""
+    of every round (x for FedAvg and FedProx, x0 for FedPD). ``steps``: the local steps of each round (FedPD's
+    random aggregation) instead of k0."""
     _, grad = loss_np(kind, mu)
     m, n = len(clients), clients[0][0].shape[1]
     g = grad if local_scale == "1" else (lambda x, a_, b_: grad(x, a_, b_) / m)
@@ -104,7 +105,7 @@ def baseline_literal(method, kind, clients, k0, rounds, a, mu=0.0, prox_mu=1e-4,
             X0[:] = x
         else:
             X[:] = x
-        for _ in range(k0):
+        for _ in range(k0 if steps is None else steps[s]):
             lr = lambda inner: gamma(a, {"global": k, "inner": inner, "round": s}[lr_index])
             for i, (ai, bi) in enumerate(clients):
                 if method == "fedavg":

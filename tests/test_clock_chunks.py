@@ -63,7 +63,8 @@ def test_clock_straddles_rounds():
 def test_chunk_rows_slices_an_order():
     order = jnp.arange(10)[::-1]
     idx, mask = chunk_rows(order, 9, 2, 4, 3)  # n = 9, K = 4: bounds 0, 2, 4, 6, 9 -> chunk 2 = [4, 6)
-    np.testing.assert_array_equal(idx, [5, 4, 0]) and np.testing.assert_array_equal(mask, [True, True, False])
+    np.testing.assert_array_equal(idx, [5, 4, 0])
+    np.testing.assert_array_equal(mask, [True, True, False])
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +118,21 @@ def test_quped_losses_are_masked_means():
     np.testing.assert_allclose(loss[0], loss[1], rtol=1e-6)
     kd = [algo.kd(model.apply(teacher, b.x), model.apply(params, b.x), b.mask) for b in (full, valid)]
     np.testing.assert_allclose(kd[0], kd[1], rtol=1e-6)
+
+
+def test_chunk_rows_equals_python_slicing_for_every_count_and_position():
+    """Brute force over n, K and the chunk position: chunk p of ``order[:n]`` is the slice [⌊pn/K⌋, ⌊(p+1)n/K⌋),
+    left-aligned in ``width`` slots, the rest masked (index 0); the chunks of one epoch cover order[:n] once."""
+    order = jnp.arange(50, 0, -1)
+    for n in (1, 2, 7, 13):
+        for chunks in range(1, n + 1):
+            width = -(-n // chunks)
+            seen = []
+            for pos in range(chunks):
+                idx, mask = (np.asarray(a) for a in chunk_rows(order, n, pos, chunks, width))
+                want = np.asarray(order)[pos * n // chunks:(pos + 1) * n // chunks]
+                np.testing.assert_array_equal(mask, np.arange(width) < len(want))
+                np.testing.assert_array_equal(idx[: len(want)], want)
+                np.testing.assert_array_equal(idx[len(want):], 0)
+                seen += idx[mask].tolist()
+            assert sorted(seen) == sorted(np.asarray(order)[:n].tolist())

@@ -40,3 +40,41 @@ def test_ditto_gradient_mode_is_sgd_on_the_regularised_objective(digits10):
     got = jax.tree.map(lambda x: x[i], s1.clients["v"])
     for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(expect)):
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+def test_ditto_both_prox_modes_at_positive_lambda_equal_the_written_out_steps(digits10):
+    """Ditto (Li et al. 2021, Alg. 1) at λ = 0.5, full batch, two rounds, every client: the global model is FedAvg
+    (w_i = w_t − η∇f_i(w_t), w_{t+1} = Σ n_i w_i/Σ n_i) and the personal model continues from its own v_i with, per
+    step, 'gradient': v ← v − η(∇f_i(v) + λ(v − w_t)); 'decoupled' (DFedAlt spec D21): v ← v − η∇f_i(v), then
+    v ← v − ηλ(v − w_t)."""
+    from reference import gd, rows
+
+    model = make_model("mlp", digits10.input_shape, digits10.num_classes, hidden=[16])
+    lr, lam, epochs = 0.1, 0.5, 2
+    data = [rows(digits10.train, i) for i in range(10)]
+    n = np.array([len(y) for _, y in data], np.float64)
+    for mode in ("gradient", "decoupled"):
+        algo = make_algorithm("ditto", lr=lr, lam=lam, prox_mode=mode, cohort_size=None, batch_size=None,
+                              local_epochs=1, personal_epochs=epochs)
+        sim = Simulation(algo, digits10, model, executor="vmap", seed=0)
+        s0 = sim.init()
+        got, _ = sim.run_rounds(s0, 2)
+        w = s0.server["params"]
+        v = [w] * 10
+        for _ in range(2):
+            pull = lambda p, a=w: jax.tree.map(lambda u, b: lam * (u - b), p, a)  # noqa: E731
+            for i, (x, y) in enumerate(data):
+                if mode == "gradient":
+                    v[i] = gd(model, v[i], x, y, lr, epochs, extra=pull)
+                else:
+                    for _ in range(epochs):
+                        step = gd(model, v[i], x, y, lr, 1)
+                        v[i] = jax.tree.map(lambda s, d: s - lr * d, step, pull(step))
+            local = [gd(model, w, x, y, lr, 1) for x, y in data]
+            w = jax.tree.map(lambda *leaves: sum(ni * leaf for ni, leaf in zip(n, leaves)) / n.sum(), *local)
+        for i in range(10):
+            got_v = jax.tree.map(lambda a: a[i], got.clients["v"])
+            for a, b in zip(jax.tree.leaves(got_v), jax.tree.leaves(v[i])):
+                np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=f"{mode}, client {i}")
+        for a, b in zip(jax.tree.leaves(got.server["params"]), jax.tree.leaves(w)):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=mode)

@@ -110,3 +110,36 @@ def test_traced_step_sizes_lanes_equal_separate_runs():
             alone = run_until(simulation(cls(loss=Logistic(), k0=2, iters=2, **point), data), rule, seed=3)
             assert alone.rounds == grid.rounds[i] and alone.iters == grid.iters[i]
             np.testing.assert_allclose(grid.history["error"][i], alone.history["error"], rtol=1e-10)
+
+
+def test_fedpd_random_aggregation_takes_a_geometric_number_of_steps_per_round():
+    """FedPD's random aggregation (agg_prob = p): after every local step the server aggregates with probability p,
+    so a round runs S ~ Geometric(p) steps, S ∈ {1, 2, …}, E[S] = 1/p, drawn from the round's SAMPLE stream. The
+    engine's per-round step counts are those draws (and a run's iteration count their sum); the trajectory equals
+    the literal FedPD loop run with them; over 400 rounds their mean is 1/p within 4.5 standard errors."""
+    from tests.test_fedgia import round_key
+
+    p = 0.25
+    inst = instance("ls", m=4, n=4, sizes=(3, 9))
+    data = pack_trials([inst])
+    method = FedPD(loss=LeastSquares(), k0=1, a=0.2, eta=2.0, iters=2, agg_prob=p)
+    sim = simulation(method, data)
+    state = sim.init(0)
+    steps, xs = [], []
+    for s in range(6):
+        xs.append(np.asarray(method.aggregate(sim.data, state.server, state.clients)))
+        state, metrics = sim.round(state)
+        steps.append(int(metrics["local_steps"]))
+    with jax.enable_x64(True):
+        draws = [int(jax.random.geometric(round_key(0, s), p)) for s in range(6)]
+    assert steps == draws and min(steps) >= 1
+    ref = baseline_literal("fedpd", "ls", ordered(inst, data), 1, 6, 0.2, eta=2.0, iters=2, steps=steps)
+    for s in range(6):
+        np.testing.assert_allclose(xs[s], ref[s], rtol=0, atol=1e-13 * max(1.0, np.abs(ref[s]).max()))
+    long = solve(method, data, max_iters=None, max_rounds=400, tol0=1e-300)
+    rounds, iters = int(long.rounds[0]), int(long.iters[0])
+    assert rounds == 400
+    with jax.enable_x64(True):
+        assert iters == sum(int(jax.random.geometric(round_key(0, s), p)) for s in range(rounds))
+    stderr = np.sqrt(1 - p) / p / np.sqrt(rounds)
+    assert abs(iters / rounds - 1 / p) < 4.5 * stderr, (iters / rounds, 1 / p, stderr)

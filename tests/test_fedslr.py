@@ -244,3 +244,36 @@ def test_fedslr_metrics_reach_the_run_history(digits10):
 def test_fedslr_refuses_bad_options(digits10, kw, msg):
     with pytest.raises(ValueError, match=msg):
         Simulation(make_algorithm("fedslr", **kw), digits10)
+
+
+def test_lpgd_iterates_are_the_svt_of_the_sgd_step_with_the_factored_size(digits10):
+    """LPGD (Eqs. 18-19), full batch, two steps: w ← SVT_{lr·λ}(w − lr(∇CE(w) + wd·w)) on every matrix leaf (vectors
+    take the plain step), with SVT computed by NumPy's SVD; the upload counts Σ min(r(m+n), mn) over matrices
+    (r = #{s > lr·λ} of the last step's singular values) plus the vectors' sizes."""
+    from reference import batch_of, rows
+
+    model = _mlp(digits10)
+    w0 = model.init(jax.random.PRNGKey(0))
+    lr, lam, wd = 0.1, 3.0, 1e-3
+    lpgd = make_algorithm("fedslr", solver="lpgd", lam=lam, lr=lr, weight_decay=wd, batch_size=None, local_epochs=2)
+    inp = ClientInput(None, digits10.train.client(0), jax.random.PRNGKey(1), jnp.int32(0), model=model)
+    w, numel, _ = lpgd.lpgd_local(w0, inp, inp.key)
+    batch = batch_of(*rows(digits10.train, 0))
+    tau = lr * lam
+    ref = jax.tree.map(lambda a: np.asarray(a, np.float64), w0)
+    for _ in range(2):
+        g = jax.grad(model.loss)(jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), ref), batch)
+        y = jax.tree.map(lambda p, d: p - lr * (np.asarray(d, np.float64) + wd * p), ref, g)
+        ref = jax.tree.map(lambda a: _np_svt(a, tau) if a.ndim == 2 else a, y)
+        count = 0
+        for a in jax.tree.leaves(y):
+            if a.ndim == 2:
+                r = int(np.sum(np.linalg.svd(a, compute_uv=False) > tau))
+                count += min(r * sum(a.shape), a.size)
+            else:
+                count += a.size
+    assert_trees_close(w, ref, rtol=1e-4, atol=1e-5)
+    assert int(numel) == count
+    mats = [np.asarray(a) for a in jax.tree.leaves(w) if a.ndim == 2]
+    ranks = [np.linalg.matrix_rank(a, tol=1e-5) for a in mats]
+    assert min(ranks) > 0 and any(r < min(a.shape) for r, a in zip(ranks, mats)), ranks  # the threshold bites

@@ -2,6 +2,8 @@
 that is zero throughout, the logged extras, PDF beside PNG."""
 import os
 
+import numpy as np
+
 from fljax.runner.plots import extras, plot_compare, plot_run, style
 
 
@@ -35,3 +37,102 @@ def test_compare_writes_png_pdf_and_the_extras(tmp_path):
     paths = plot_compare(str(tmp_path / "compare.png"), runs, "digits, 4 clients")
     assert sorted(os.path.basename(p) for p in paths) == ["compare.pdf", "compare.png", "compare_metrics.pdf",
                                                           "compare_metrics.png"]
+
+
+class _Saved(dict):
+    """Figures saved, by the file name they were written to (a temporary name that contains it, for atomic
+    writes, counts as that name)."""
+
+    def __getitem__(self, name):
+        hits = [fig for path, fig in self.items() if path == name or f"{name}." in path]
+        assert hits, (name, sorted(self))
+        return hits[-1]
+
+
+def _captured(monkeypatch):
+    """Every figure saved while the test runs (the figure objects themselves, to read their data back)."""
+    from matplotlib.figure import Figure
+
+    saved = _Saved()
+    original = Figure.savefig
+
+    def savefig(self, fname, *args, **kwargs):
+        dict.__setitem__(saved, os.path.basename(str(fname)), self)
+        return original(self, fname, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    return saved
+
+
+def _lines(fig):
+    return [line for ax in fig.axes for line in ax.get_lines() if len(line.get_xdata())]
+
+
+def _curve(fig, x, y):
+    """The drawn line with these data (x, y), or None."""
+    for line in _lines(fig):
+        lx, ly = np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)
+        if lx.shape == np.shape(x) and np.allclose(lx, x) and np.allclose(ly, y):
+            return line
+    return None
+
+
+def test_run_plots_draw_the_seed_mean_its_band_and_the_histogram_of_the_clients(tmp_path, monkeypatch):
+    """What the figures show, read back from them: accuracy against rounds is the mean over seeds at each
+    evaluation with a band of ±1 std; against communication, x is the cumulative MB (up + down) averaged over
+    seeds; the client histogram counts every client of every seed; a metric that is zero throughout is not drawn
+    while the train loss is (its mean over seeds)."""
+    import matplotlib.collections
+
+    def history(seed):
+        rng = np.random.default_rng(seed)
+        return [{"round": r, "personal_acc": float(rng.uniform(0.2, 0.9)), "global_acc": float(rng.uniform(0, 1)),
+                 "bytes_up": 1e5 * r * (1 + seed), "bytes_down": 2e5 * r, "run_seconds": 0.1 * r,
+                 "zero_thing": 0.0, **({"train_loss": float(rng.uniform(0.5, 2))} if r else {})}
+                for r in range(0, 10, 3)]
+
+    histories = [history(s) for s in (0, 1, 2)]
+    per_client = [{"personal_acc": np.random.default_rng(10 + s).uniform(0, 1, 7)} for s in range(3)]
+    saved = _captured(monkeypatch)
+    plot_run(str(tmp_path), histories, per_client, "test")
+    rounds = np.array([0, 3, 6, 9])
+    acc = np.array([[r["personal_acc"] for r in h] for h in histories])
+    mean, std = acc.mean(0), acc.std(0)
+    fig = saved["accuracy_vs_round.png"]
+    assert _curve(fig, rounds, mean) is not None
+    assert _curve(fig, rounds, np.array([[r["global_acc"] for r in h] for h in histories]).mean(0)) is not None
+    bands = [c for ax in fig.axes for c in ax.collections if isinstance(c, matplotlib.collections.PolyCollection)]
+    vertices = np.concatenate([p.vertices for band in bands for p in band.get_paths()])
+    for x, lo, hi in zip(rounds, mean - std, mean + std):
+        ys = vertices[np.isclose(vertices[:, 0], x), 1]
+        assert np.isclose(ys, lo).any() and np.isclose(ys, hi).any(), (x, lo, hi)
+    mb = np.array([[(r["bytes_up"] + r["bytes_down"]) / 1e6 for r in h] for h in histories]).mean(0)
+    assert _curve(saved["accuracy_vs_bytes.png"], mb[1:], mean[1:]) is not None  # round 0 sent nothing (log axis)
+    hist_ax = saved["client_accuracy.png"].axes[0]
+    values = np.concatenate([p["personal_acc"] for p in per_client])
+    heights = [(bar.get_x(), bar.get_x() + bar.get_width(), bar.get_height()) for bar in hist_ax.patches]
+    assert sum(h for _, _, h in heights) == len(values) == 21
+    for lo, hi, h in heights:
+        assert h == np.sum((values >= lo) & ((values < hi) | np.isclose(hi, 1.0) & (values <= hi)))
+    metrics = saved["metrics.png"]
+    loss = np.array([[r["train_loss"] for r in h[1:]] for h in histories]).mean(0)
+    assert _curve(metrics, rounds[1:], loss) is not None
+    assert not any(np.allclose(np.asarray(line.get_ydata(), float), 0.0) for line in _lines(metrics))
+
+
+def test_compare_plot_draws_each_run_labelled_with_its_own_data(tmp_path, monkeypatch):
+    """In a comparison every run has its own labelled curve of its own accuracies, and a run that communicated
+    nothing has no curve against communication."""
+    runs = {f"algo{k}": [[{**r, "personal_acc": 0.1 * k + 0.01 * r["round"]} for r in _history(10.0 ** k)]]
+            for k in range(1, 4)}
+    runs["local"] = [_history(0.0)]
+    saved = _captured(monkeypatch)
+    plot_compare(str(tmp_path / "compare.png"), runs, "digits")
+    fig = saved["compare.png"]
+    for name, (h,) in runs.items():
+        x, y = np.array([r["round"] for r in h]), np.array([r["personal_acc"] for r in h])
+        line = _curve(fig, x, y)
+        assert line is not None and name in {line.get_label(), *(t.get_text() for lg in fig.legends
+                                                                  for t in lg.get_texts())}, name
+        mb = np.array([(r["bytes_up"] + r["bytes_down"]) / 1e6 for r in h])
+        assert (_curve(fig, mb[mb > 0], y[mb > 0]) is not None) == (name != "local"), name

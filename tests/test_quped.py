@@ -340,3 +340,69 @@ def test_quantized_training_of_a_model_with_no_middle_layer_is_flagged(tmp_path,
             "--out", str(tmp_path / "r"), "--quiet"]
     assert main(argv) == 0
     assert "fljax: warning: quped: algo.bits=2 quantizes no layer of model mlp" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------ written out independently
+def _np_prox_x(y, c, th):
+    """QuPeD App. D.1 eqs. (8)-(11): q the nearest center (ties to the lower), y ∓ th outside [q − th, q + th],
+    q inside."""
+    q = c[np.argmin(np.abs(y[..., None] - c), axis=-1)]
+    return np.where(y >= q + th, y - th, np.where(y <= q - th, y + th, q)).astype(np.float32)
+
+
+def test_T4_lam_p_zero_is_algorithm_1_written_out(data, mlp):
+    """λ_p = 0 against Algorithm 1 written out here (not the client code quped_local shares): full-batch iterations
+    on the epoch clock (one chunk per epoch, so e = 1 + t), for every client:
+    y = x − η₁(e)(∇CE(x) + wd·x); on the quantized leaf x = prox_x(y; c, λ(e)η₁/2), λ(e) = κe, elsewhere x = y;
+    h_j = Σ_{k: a_k = j} ∂CE/∂q_k at q = c[a] (a = the new x's nearest centers), c ← sort(c − η₂h + (λη₂/2)(n_j^> −
+    n_j^<)) (D1 'median'). The global model only decays: w_T = Π_t(1 − η₁(t)wd)·w_0."""
+    from reference import rows
+
+    kw = dict(batch_size=None, chunks_per_epoch=1, local_steps=2, epochs=6, finetune_epochs=0, lr=0.1, lr_gamma=0.9,
+              kappa=0.05, lr_center=0.02, lam_p=0.0)
+    rounds = 3
+    sim = Simulation(make_algorithm("quped", **kw), data, mlp, executor="vmap", seed=3)
+    s0 = sim.init()
+    got, _ = sim.run_rounds(s0, rounds)
+    algo = sim.algorithm
+    path = algo.spec(mlp).paths[0]
+    layer = path.split("/")[0]
+    wd = algo.weight_decay
+    grad = jax.jit(jax.grad(mlp.loss))
+    for i in range(data.num_clients):
+        x = jax.tree.map(lambda a: np.asarray(a[i]), s0.clients["x"])
+        c = np.asarray(s0.clients["c"][path][i])
+        batch = Batch(*(jnp.asarray(a) for a in rows(data.train, i)), mask=jnp.ones(int(data.train.count[i]), bool))
+        for t in range(rounds * kw["local_steps"]):
+            e = 1 + t
+            eta1, lam = 0.1 * 0.9 ** (e - 1), 0.05 * e
+            g = grad(x, batch)
+            y = jax.tree.map(lambda p, d: (p - eta1 * (np.asarray(d) + wd * p)).astype(np.float32), x, g)
+            x = {**y, layer: {**y[layer], "kernel": _np_prox_x(y[layer]["kernel"], c, lam * eta1 / 2)}}
+            xq = x[layer]["kernel"]
+            a = np.argmin(np.abs(xq[..., None] - c), axis=-1)
+            gq = np.asarray(grad({**x, layer: {**x[layer], "kernel": c[a].astype(np.float32)}}, batch)[layer]["kernel"])
+            h = np.bincount(a.ravel(), weights=gq.ravel(), minlength=len(c))
+            above = np.bincount(a.ravel(), weights=(xq > c[a]).ravel(), minlength=len(c))
+            below = np.bincount(a.ravel(), weights=(xq < c[a]).ravel(), minlength=len(c))
+            c = np.sort(c - 0.02 * h + lam * 0.02 / 2 * (above - below)).astype(np.float32)
+        assert_trees_close(jax.tree.map(lambda v: v[i], got.clients["x"]), x, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got.clients["c"][path][i], c, rtol=1e-4, atol=1e-6)
+    decay = np.prod([1 - 0.1 * 0.9 ** t * wd for t in range(rounds * kw["local_steps"])])
+    assert_trees_close(got.server["params"], tree.scale(float(decay), s0.server["params"]), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("bits", [1, 2, None])
+def test_quantized_model_size_is_counted_from_the_layer_shapes(data, mlp, bits):
+    """§7's size accounting, from the MLP's shapes counted by hand (64 → 16 → 12 → 10; only the middle kernel,
+    16×12, is quantized): a b-bit leaf of d entries costs b·d + 32·2^b bits (indices and an FP32 codebook), every
+    other parameter 32 bits; ``bits_per_param`` = total/d and ``model_mb`` = total/8e6, as the run reports them."""
+    d_fp = 64 * 16 + 16 + 12 + 12 * 10 + 10        # the first layer, both FP biases, the head
+    d_q = 16 * 12
+    total = 32 * (d_fp + d_q) if bits is None else 32 * d_fp + bits * d_q + 32 * 2 ** bits
+    algo = make_algorithm("quped", **KW, bits=bits)
+    sim, state, _ = _run(algo, data, mlp, 1)
+    summary, _ = sim.evaluate(state)
+    assert algo.size(mlp)[0] == total
+    np.testing.assert_allclose(float(summary["bits_per_param"]), total / (d_fp + d_q), rtol=1e-6)
+    np.testing.assert_allclose(float(summary["model_mb"]), total / 8e6, rtol=1e-6)

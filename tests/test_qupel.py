@@ -84,3 +84,41 @@ def test_bad_options_and_the_registry():
         make_algorithm("qupel", **KW, global_lr=0.0).validate(5)
     algo = make_algorithm("qupel")
     assert (algo.lam_p, algo.global_lr, algo.coupling, algo.bits) == (0.2, 0.5, "x", 2)
+
+
+def test_round_wiring_at_toy_size(data, mlp):
+    """The CI-sized counterpart of the slow run test: two rounds of QuPeL with 2 of 5 clients sampled, full-batch
+    iterations on the epoch clock (one chunk per epoch, so e = 1 + t, and the second round crosses into the
+    fine-tuning phase at T_ft = 3), written out around the tested one-iteration pieces: each sampled client runs its
+    τ iterations t = round·τ … with η₁ = η₁,₀γ^(e−1) and λ = κe, carrying its own copy w_i of the round's global
+    model through lines 10-14; the server's new w is the unweighted mean of the cohort's w_i; the other clients are
+    untouched, bit for bit."""
+    from reference import batch_of, rows
+
+    kw = {**KW, "batch_size": None, "chunks_per_epoch": 1, "kappa": 0.05, "cohort_size": 2}
+    algo = make_algorithm("qupel", **kw)
+    sim = Simulation(algo, data, mlp, executor="vmap", seed=3)
+    state = sim.init()
+    t_ft, tau = algo.finetune_start(data.train.n_max), kw["local_steps"]
+    assert t_ft == 3
+    for r in range(2):
+        new, _ = sim.run_rounds(state, 1)
+        take = lambda s, i: jax.tree.map(lambda a: a[i], s)  # noqa: E731
+        same = [all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(take(state.clients, i)),
+                                                         jax.tree.leaves(take(new.clients, i)))) for i in range(5)]
+        cohort = [i for i in range(5) if not same[i]]
+        assert len(cohort) == 2
+        uploads = []
+        for i in cohort:
+            st, w = take(state.clients, i), state.server["params"]
+            batch = batch_of(*rows(data.train, i))
+            for t in range(r * tau, (r + 1) * tau):
+                eta1, lam = KW["lr"] * KW["lr_gamma"] ** t, 0.05 * (1 + t)
+                step = algo.finetune_step if t >= t_ft else algo.prox_step
+                st, students, _ = step(mlp, st, ((w, batch), (w, batch)), eta1, lam, algo.lam_p)
+                w, _ = algo.global_step(mlp, mlp, w, None, (w, None), students, batch, eta1, algo.lam_p)
+            assert_trees_close(take(new.clients, i), st, rtol=1e-5, atol=1e-6)
+            uploads.append(w)
+        assert_trees_close(new.server["params"], tree.scale(0.5, tree.add(*uploads)), rtol=1e-5, atol=1e-6)
+        state = new
+    assert bool(jnp.any(state.clients["switched"]))  # the fine-tuning phase was reached

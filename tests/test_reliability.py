@@ -238,6 +238,7 @@ def test_a_signal_before_the_run_started_leaves_nothing_to_resume(tmp_path, caps
 
 def test_a_second_signal_stops_at_once():
     notes = []
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     with graceful(notes.append) as stop:
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.name == "SIGTERM" and len(notes) == 1
@@ -246,7 +247,7 @@ def test_a_second_signal_stops_at_once():
             for _ in range(100):  # the handler runs at the next bytecode
                 pass
     assert e.value.exit_status == 130
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
+    assert {s: signal.getsignal(s) for s in before} == before  # the handlers of before the block, restored
 
 
 def test_sweep_interrupted_by_sigterm_resumes_to_the_uninterrupted_sweep(tmp_path, capsys, monkeypatch):
@@ -348,3 +349,31 @@ def test_a_simulation_is_refused_only_when_its_lower_bound_exceeds_the_memory(mo
     with pytest.raises(ConfigError, match="the simulation needs at least 0.0 GiB of memory, more than the 0.0 GiB "
                                           "of this machine: the server's and clients' states take"):
         memory.check_fits(sim)
+
+
+@pytest.mark.parametrize("leave", ["normally", "by the second signal"])
+def test_graceful_installs_its_handler_and_restores_the_previous_ones(leave):
+    """Inside ``graceful`` SIGINT and SIGTERM are handled by it (the first signal is recorded, not raised); after
+    the block, however it is left, each signal has exactly the handler it had before (here a sentinel handler)."""
+    import contextlib
+
+    def sentinel(signum, frame):
+        raise AssertionError("the previous handler ran")
+
+    saved = {s: signal.signal(s, sentinel) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.raises(Interrupted) if leave != "normally" else contextlib.nullcontext():
+            with graceful(lambda note: None) as stop:
+                assert all(signal.getsignal(s) not in (sentinel, saved[s]) for s in saved)
+                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(100):  # the handler runs at the next bytecode
+                    pass
+                assert stop.name == "SIGTERM"
+                if leave != "normally":
+                    os.kill(os.getpid(), signal.SIGINT)
+                    for _ in range(100):
+                        pass
+        assert all(signal.getsignal(s) is sentinel for s in saved)
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)

@@ -95,3 +95,22 @@ def test_sweep_cli_table_files_and_a_diverging_point_stops_alone(tmp_path, capsy
     # the sweep's own config and grid let it resume; a finished sweep resumes to the same table
     assert main(["sweep", "--resume", "--out", str(out), "--quiet"]) == 0
     assert json.loads((out / "lr=0.1" / "seed_0" / "summary.json").read_text()) == ok
+
+
+def test_every_metric_of_every_point_equals_its_plain_run():
+    """Beyond the final accuracy: a grid over a traced key (lr: lanes of one program) and a shape (batch_size: one
+    program per value), two seeds, gives for every point and seed the whole history of its plain `fljax.run`
+    (every metric at every evaluation: accuracies, losses, train loss, bytes) to float tolerance."""
+    grid = {"algo.lr": [0.05, 0.2], "algo.batch_size": [5, 10]}
+    common = {**COMMON, "rounds": 2, "eval_every": 1}
+    swept = fljax.sweep(grid, **common)
+    for values in grid_points(grid):
+        algo = {**COMMON["algo"], **{k.split(".", 1)[1]: v for k, v in values.items()}}
+        plain = _records(fljax.run(**{**common, "algo": algo}))
+        got = _records(swept[point_label(values)])
+        assert [[sorted(r) for r in run] for run in got] == [[sorted(r) for r in run] for run in plain]
+        for a, b in zip(plain, got):
+            for ra, rb in zip(a, b):
+                for key in ra:
+                    np.testing.assert_allclose(rb[key], ra[key], rtol=2e-5, atol=1e-6,
+                                               err_msg=f"{point_label(values)} {key} round {ra['round']}")

@@ -44,7 +44,7 @@ class BatchPlan:
     def num_steps(self, n_max: int) -> int:
         """Static number of scan steps K for clients padded to ``n_max`` rows."""
         if self.batch_size is None:
-            return 1 if self.steps is None and self.epochs is None else (self.steps or self.epochs)
+            return 1 if self.steps is None and self.epochs is None else (self.epochs if self.steps is None else self.steps)
         if self.epochs is not None:
             return self.epochs * math.ceil(n_max / self.batch_size)
         return self.steps
