@@ -10,7 +10,7 @@ import pytest
 from fljax.cli import main
 from fljax.errors import ConfigError
 from fljax.runner import files
-from fljax.runner.study import _configs, evaluate, load_study, results_from_file, run_study, study_names
+from fljax.runner.study import _experiments, evaluate, load_study, results_from_file, run_study, study_names
 from fljax.runner.tables import fmt
 
 STUDY = textwrap.dedent("""
@@ -82,7 +82,7 @@ def test_cells_follow_axes_presets_rules_and_grids(tiny):
     assert by[("lr", ("FedAvg", "iid", 0.3))].config["algo"]["lr"] == 0.3
     # equal configs are one run: main/FedAvg = lr/0.1, main/Local = rules/Local/iid
     keys = {c.key(s) for c in cells for s in c.seeds}
-    assert len(keys) == 2 * (len(cells) - 2) and len(_configs(cells)) == len(keys)
+    assert len(keys) == 2 * (len(cells) - 2) and len(_experiments(cells)) == len(keys)
     assert tiny.cells(seeds=1)[0].seeds == [0]
     tiny.spec["studies"]["lr"]["seeds"] = [99]  # a study's own seeds (a tuning seed) stay whatever --seeds says
     assert {tuple(c.seeds) for c in tiny.cells(["lr"], seeds=1)} == {(99,)}
@@ -131,9 +131,10 @@ def test_a_saved_config_without_a_section_added_since_is_the_same_settings():
     """A run directory written before a config section or option existed (at its default) is reused; a changed
     value, or a key that no longer parses, is not."""
     from fljax.config import ExperimentConfig, from_dict, to_dict
+    from fljax.experiment import resolve
     from fljax.runner.study import _same_settings
 
-    cfg = from_dict(ExperimentConfig, {"algorithm": "fedavg", "rounds": 3}).validate()
+    cfg = resolve(from_dict(ExperimentConfig, {"algorithm": "fedavg", "rounds": 3})).config
     saved = to_dict(cfg)
     older = {k: v for k, v in saved.items() if k != "server"}
     assert _same_settings(older, cfg) and _same_settings(saved, cfg)
@@ -154,7 +155,7 @@ def test_metric_expressions_are_arithmetic_only():
 def test_every_shipped_study_cell_is_a_valid_config(name):
     study = load_study(name)
     cells = study.cells()
-    assert cells and _configs(cells)
+    assert cells and _experiments(cells)
     for table in study.spec.get("tables", []):
         assert table["study"] in study.studies
     for plot in study.spec.get("plots", []):
