@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from fljax.algorithms import ALGORITHMS
 from fljax.algorithms.base import Algorithm
-from fljax.algorithms.registry import check_model_support, get_algorithm, hyperparameter_fields
+from fljax.algorithms.registry import check_model_support, get_algorithm, hyperparameter_fields, make_algorithm
 from fljax.config import (ConfigError, ExperimentConfig, GroupConfig, ModelConfig, ServerConfig, apply_overrides,
                           group_configs, read_yaml)
 from fljax.errors import OptionError
@@ -123,7 +123,7 @@ def resolve(cfg: ExperimentConfig) -> Experiment:
 def _construct(cls: type[Algorithm], values: dict, num_clients: int, section: str) -> Algorithm:
     """``cls(**values)`` validated for ``num_clients``, every error naming ``section.key``."""
     try:
-        algorithm = parse(cls, values, f" for algorithm {cls.name!r}")
+        algorithm = make_algorithm(cls.name, **values)
         algorithm.validate(num_clients)
     except OptionError as e:  # names its key: "lr must be > 0, ..." -> "algo.lr must be > 0, ..."
         raise e.within(section) from None

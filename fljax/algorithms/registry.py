@@ -6,7 +6,7 @@ import difflib
 import typing
 
 from fljax.algorithms.base import Algorithm
-from fljax.options import type_hints
+from fljax.options import parse, type_hints
 
 __all__ = ["ALGORITHMS", "register", "get_algorithm", "make_algorithm", "hyperparameter_fields", "hyperparameter_docs",
            "defaults", "check_model_support"]
@@ -79,11 +79,7 @@ def check_model_support(name: str, model, groups: bool = False) -> None:
 
 
 def make_algorithm(name: str, **hyperparameters) -> Algorithm:
-    """``make_algorithm("fedprox", mu=0.1, lr=0.05)``; unknown hyperparameters are refused by name."""
-    cls = get_algorithm(name)
-    fields = hyperparameter_fields(cls)
-    for key in hyperparameters:
-        if key not in fields:
-            raise ValueError(f"algorithm {name!r} has no hyperparameter {key!r}.{_suggest(key, fields)} "
-                             f"Valid: {sorted(fields)}.")
-    return cls(**hyperparameters)
+    """``make_algorithm("fedprox", mu=0.1, lr=0.05)``: the algorithm constructed (every value checked by its
+    declaration); a key it does not declare is refused with the closest valid one (an
+    :class:`~fljax.errors.OptionError` naming the key)."""
+    return parse(get_algorithm(name), hyperparameters, f" for algorithm {name!r}")

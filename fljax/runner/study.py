@@ -41,7 +41,7 @@ from fljax import yaml_io
 from fljax.config import ConfigError, ExperimentConfig, from_dict, to_dict
 from fljax.experiment import Experiment, resolve
 from fljax.runner import files
-from fljax.runner.report import Output
+from fljax.runner.report import Output, sample_std
 from fljax.runner.results import RunDir
 
 __all__ = ["Study", "Cell", "StudyResults", "load_study", "study_names", "run_study", "render_study"]
@@ -237,13 +237,13 @@ class StudyResults:
         return np.array(out, float)
 
     def curve(self, study: str, metric: str, **labels) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(rounds, mean, std over seeds) of ``metric`` at every evaluation the seeds share."""
+        """(rounds, mean, sample std over seeds) of ``metric`` at every evaluation the seeds share."""
         runs = [r["history"] for r in self.seeds(study, **labels) if r["history"]]
         if not runs:
             return np.array([]), np.array([]), np.array([])
         n = min(len(h) for h in runs)
         values = np.array([[evaluate(metric, rec) for rec in h[:n]] for h in runs], float)
-        return np.array([rec["round"] for rec in runs[0][:n]]), values.mean(0), values.std(0)
+        return np.array([rec["round"] for rec in runs[0][:n]]), values.mean(0), sample_std(values, axis=0)
 
 
 def _numbers(summary: dict) -> dict:
