@@ -9,8 +9,8 @@ checked, the server's pretrained model, the client groups with their own hyperpa
 (:mod:`fljax.api`) and the command line (:mod:`fljax.cli`) are facades that parse, resolve and hand over to it.
 
 A comparison runs several algorithms on one config: :func:`compare_points` gives each algorithm the config's shared
-``algo`` keys that it *declares* (decided from the declarations, :func:`fljax.algorithms.registry.hyperparameter_fields`),
-then its own hyperparameters. The quick-start :func:`preset` yields its keys the same way.
+``algo`` keys that it *declares* (read from the declarations, :func:`fljax.algorithms.registry.hyperparameter_fields`;
+no error message is parsed), then its own hyperparameters. The quick-start :func:`preset` yields its keys the same way.
 
 Every refusal is one line naming the key (``algo.lr must be > 0, got -0.1.``), raised before anything is loaded,
 built or written.

@@ -20,7 +20,8 @@ from typing import Any, Callable, Mapping
 from fljax.errors import OptionError
 
 __all__ = ["Options", "NoOptions", "option", "with_default", "parse", "check_value", "describe", "suggest", "show",
-           "greater_than", "at_least", "between", "interval", "one_of", "each", "seed_check", "type_hints", "INT64", "SEED_MAX"]
+           "greater_than", "at_least", "between", "interval", "one_of", "each", "seed_check", "type_hints", "INT64",
+           "SEED_MAX"]
 
 INT64 = 2 ** 63 - 1  # the largest integer an option may hold (numpy's int64)
 FLOAT32_MAX = 3.4028234663852886e38  # the largest magnitude of a float option (the engine computes in float32)
@@ -139,12 +140,16 @@ def interval(low, high, bounds: str = "[]") -> Check:
     """``low <= v <= high`` with either end open (``bounds``: '[]', '[)', '(]' or '()'), said as an interval."""
     above = (lambda v: v >= low) if bounds[0] == "[" else (lambda v: v > low)
     below = (lambda v: v <= high) if bounds[1] == "]" else (lambda v: v < high)
-    return lambda v: None if above(v) and below(v) else f"must be in {bounds[0]}{low}, {high}{bounds[1]}, got {show(v)}."
+    text = f"{bounds[0]}{low}, {high}{bounds[1]}"
+    return lambda v: None if above(v) and below(v) else f"must be in {text}, got {show(v)}."
 
 
 def one_of(choices) -> Check:
     """The value is one of ``choices`` (a registry's names), suggesting the closest."""
-    return lambda v: None if v in choices else f"must be one of {sorted(choices)}, got {show(v)}.{suggest(str(v), choices)}"
+    def check(v):
+        return None if v in choices else f"must be one of {sorted(choices)}, got {show(v)}.{suggest(str(v), choices)}"
+
+    return check
 
 
 def seed_check(seed: int) -> str | None:

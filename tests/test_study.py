@@ -11,7 +11,7 @@ from fljax.cli import main
 from fljax.errors import ConfigError
 from fljax.runner import files
 from fljax.runner.study import _experiments, evaluate, load_study, results_from_file, run_study, study_names
-from fljax.runner.tables import cell
+from fljax.runner.tables import value_text
 
 STUDY = textwrap.dedent("""
     title: A tiny study
@@ -100,7 +100,7 @@ def test_run_report_reuse_and_render(tiny, tmp_path, monkeypatch):
     readme = open(os.path.join(out, "README.md")).read()
     assert "## Main" in readme and "| FedAvg" in readme and "90.0" in readme and "## LR" in readme
     acc = results.final("main", "personal_acc", method="FedAvg", split="iid")
-    assert acc.shape == (2,) and cell(acc) in readme
+    assert acc.shape == (2,) and value_text(acc) in readme
     assert sorted(os.listdir(out)) == ["README.md", "curves.pdf", "curves.png", "lr.pdf", "lr.png", "results.json.gz", "runs"]
     # every run directory is a `fljax run` directory
     run = os.path.join(out, "runs", sorted(os.listdir(os.path.join(out, "runs")))[0])
@@ -148,13 +148,13 @@ def test_one_mean_std_convention_in_every_table():
     from fljax.runner.results import aggregate_summaries
 
     values = [0.8, 0.9]
-    assert cell(np.array(values)) == mean_std(values, 2, scale=100) == "85.00 ± 7.07"
+    assert value_text(np.array(values)) == mean_std(values, 2, scale=100) == "85.00 ± 7.07"
     assert mean_std(values) == "0.8500 ± 0.0707" and mean_std([0.8]) == "0.8000" and float(sample_std([0.8])) == 0
     summaries = [{"name": "a", "algorithm": "fedavg", "dataset": "digits", "seed": s, "status": "completed",
                   "rounds": 1, "final": {"round": 1, "personal_acc": v}, "client_steps_per_second": 1.0,
                   "run_seconds": 1.0} for s, v in enumerate(values)]
     assert aggregate_summaries(summaries, False)["final"]["personal_acc"]["std"] == pytest.approx(0.0707107, 1e-5)
-    assert cell(np.array([0.8, np.nan])) == "80.00"  # a missing metric is left out of a report cell
+    assert value_text(np.array([0.8, np.nan])) == "80.00"  # a missing metric is left out of a report cell
 
 
 def test_metric_expressions_are_arithmetic_only():

@@ -35,4 +35,5 @@ __all__ = ["Algorithm", "Centralized", "ClientInput", "ClientResult", "TestStats
            "FedProx", "FedSLR", "Local", "FedPer", "FedRep", "LGFedAvg", "PerFedAvg", "PFedMe", "Scaffold",
            "FedBABU", "FedRoD", "Decentralized", "DFedAvg", "DFedAvgM", "DFedSAM", "DisPFL", "DFedAlt", "DFedSalt",
            "ConsensusRegression", "FedGiA", "FedAvgGD", "FedProxGD", "FedPD", "QuPeD", "QuantizedLocal", "QuPeL", "FML",
-           "LocalTraining", "local_options", "EVERY", "run_steps", "ALGORITHMS", "get_algorithm", "make_algorithm", "register"]
+           "LocalTraining", "local_options", "EVERY", "run_steps", "ALGORITHMS", "get_algorithm", "make_algorithm",
+           "register"]

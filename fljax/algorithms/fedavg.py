@@ -14,9 +14,10 @@ pretrained model θ_p instead of a random θ^0.
 ``local_data`` (FedAvg and its variants): 'all' trains on the client's whole train split (with support/query sets:
 𝒟_i^s ∪ 𝒟_i^q, AugFL spec D22), 'support' on its support set only (the AugFL authors' code).
 
-``eval_model`` (FedAvg, FedProx; FedAvg-FT always fine-tunes the global model): 'global' scores every client with the global model; 'stored' scores client i with
-the model it stored after its latest local training (the initial model before its first participation), the CFL
-protocol of the DFedAlt spec (§6, D19: "the local model ... is the personalized model").
+``eval_model`` (FedAvg, FedProx; FedAvg-FT always fine-tunes the global model): 'global' scores every client with
+the global model; 'stored' scores client i with the model it stored after its latest local training (the initial
+model before its first participation), the CFL protocol of the DFedAlt spec (§6, D19: "the local model ... is the
+personalized model").
 """
 from __future__ import annotations
 

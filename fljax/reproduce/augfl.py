@@ -138,14 +138,15 @@ def sections(results) -> list[tuple[str, str]]:
     """What the training clients see (their own query sets after adaptation) beside the target clients, for E6 and
     E6M; and the tuning seed's best grid value per method beside the value the tables use."""
     from fljax.runner.report import markdown_table
-    from fljax.runner.tables import cell
+    from fljax.runner.tables import value_text
 
     out = []
     for study in ("E6", "E6M"):
         if results.cell(study) is None:
             continue
-        rows = [[m, cell(results.final(study, "personal_acc_weighted", method=m)),
-                 cell(results.final(study, METRIC, method=m))] for m in ("AugFL w/ KT", "KT without CE", "AugFL", "Only KT")]
+        rows = [[m, value_text(results.final(study, "personal_acc_weighted", method=m)),
+                 value_text(results.final(study, METRIC, method=m))]
+                for m in ("AugFL w/ KT", "KT without CE", "AugFL", "Only KT")]
         out.append((f"{study}: training clients vs target clients (after one support step)",
                     markdown_table(rows, ["method", "training clients", "target clients"])))
     rows = []

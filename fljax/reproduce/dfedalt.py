@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fljax.runner.tables import cell
+from fljax.runner.tables import value_text
 
 __all__ = ["claims", "sections"]
 
@@ -86,8 +86,8 @@ def sections(results) -> list[tuple[str, str]]:
         rows += [[f"DFedAlt − {other}"] + [f"{_mean(results, 'DFedAlt', s) - _mean(results, other, s):+.2f}"
                                            for s in SPLITS] for other in ("FedRep", "FedPer", "Fed-RoD", "DFedAvgM")]
         out.append(("Reported, not gated (points)", markdown_table(rows, ["comparison"] + [TITLES[s] for s in SPLITS])))
-        ceiling = [[TITLES[s], cell(np.array([oracle_accuracy(results, s, seed)
-                                             for seed in results.cell("table", split=s, method="DFedAlt").seeds])),
+        ceiling = [[TITLES[s], value_text(np.array([oracle_accuracy(results, s, seed)
+                                                    for seed in results.cell("table", split=s, method="DFedAlt").seeds])),
                     f"{_mean(results, 'DFedAlt', s):.2f}"] for s in SPLITS]
         out.append(("How close to the ceiling (the MLP trained centrally on the pooled train set, each client "
                     "scored with its absent classes masked)",

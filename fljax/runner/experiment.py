@@ -564,9 +564,10 @@ def sweep_experiments(cfg: ExperimentConfig, grid: dict[str, list], out: str | N
                       data_cache: DataCache | None = None, model=None
                       ) -> tuple[list[dict], dict[str, ExperimentResult]]:
     """Run every point of ``grid`` (dotted keys → values, :func:`~fljax.runner.sweep.grid_points`) on the parsed
-    config ``cfg`` for its seeds into ``out/<point>/`` (every point resolved before anything runs); points that differ only in numeric hyperparameters are lanes of one program with
-    the seeds. Writes ``sweep.md`` (the table: mean ± std over seeds), ``sweep.png`` and ``summary.json``. Returns
-    the table rows and the results by point label; a point a guard stopped is marked 'stopped' in the table."""
+    config ``cfg`` for its seeds into ``out/<point>/`` (every point resolved before anything runs); points that
+    differ only in numeric hyperparameters are lanes of one program with the seeds. Writes ``sweep.md`` (the table:
+    mean ± std over seeds), ``sweep.png`` and ``summary.json``. Returns the table rows and the results by point
+    label; a point a guard stopped is marked 'stopped' in the table."""
     out = lead_only(out)
     output = output or Output()
     root = RunDir(out)

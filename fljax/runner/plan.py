@@ -54,8 +54,8 @@ class Program:
 def group_runs(runs: list, *, batchable, lanes: str = "vmap", split: set[str] = frozenset(),
                trace: set[str] = frozenset()) -> list[Program]:
     """Programs for ``runs`` (objects with ``.exp``, a resolved :class:`~fljax.experiment.Experiment`, its ``.cfg``
-    and ``.start``, the round they resume from). ``batchable(runs)``
-    says whether a set of runs can share a program (executor, data shapes). ``lanes='off'``: every run alone.
+    and ``.start``, the round they resume from). ``batchable(runs)`` says whether a set of runs can share a program
+    (executor, data shapes). ``lanes='off'``: every run alone.
     ``split``: algorithm keys that must not be traced (found untraceable); ``trace``: keys traced even where every
     run has the same value (a sweep's grid keys, so that a one-point sweep runs the very program of a larger one)."""
     if lanes == "off":

@@ -7,8 +7,8 @@ test split), the model, the algorithm and every hyperparameter, the seed and the
 the divergence guard stops it, how the client axis is executed and the run's name. (Changing the evaluation or
 checkpoint cadence, or the executor, keeps the results correct but may change their last bits.)
 
-:func:`check_resume` compares every key, the algorithm's declared defaults filled in, and refuses the first that differs,
-in one line naming it, before anything is written.
+:func:`check_resume` compares every key, the algorithm's declared defaults filled in, and refuses the first that
+differs, in one line naming it, before anything is written.
 """
 from __future__ import annotations
 

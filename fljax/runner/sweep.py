@@ -1,7 +1,7 @@
 """Points and seeds: what a run, a sweep or a comparison is made of, and the data each needs.
 
-A *point* is one experiment config (an algorithm with its hyperparameters, data, model, run settings) with a
-label; it runs for ``seeds`` seeds ``seed, seed+1, …``. ``fljax run`` is one point, ``fljax sweep`` the points of
+A *point* is one resolved experiment (:class:`fljax.experiment.Experiment`: an algorithm with its hyperparameters,
+data, model, run settings) with a label; it runs for ``seeds`` seeds ``seed, seed+1, …``. ``fljax run`` is one point, ``fljax sweep`` the points of
 a grid of overrides (:func:`grid_points`), ``fljax compare`` one point per algorithm, a paper reproduction the
 points of its studies. The data seed is ``data.seed`` when set (every run seed then shares one data set and
 partition) and otherwise follows the run seed (each seed draws its own partition).

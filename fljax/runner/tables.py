@@ -15,9 +15,10 @@ A table (``tables:`` in the study file)::
         - {title: "seeds DFedAlt ahead", value: personal_acc, wins: {method: DFedAlt}}
         - {title: "reported model", tag: reported}                   # a tag of the row's cell
 
-A cell is the mean ± std over seeds (:func:`fljax.runner.report.mean_std`: the sample std, ddof 1) of ``value`` (a metric name or an expression of names, see
-:func:`fljax.runner.study.evaluate`; ``{tag}`` is replaced by the row's tag, e.g. ``"{reported}_acc"``) at the final
-evaluation, or at round ``at``; ``format: mean`` drops the std, ``format: g`` prints 3 significant digits.
+A cell is the mean ± std over seeds (:func:`fljax.runner.report.mean_std`: the sample std, ddof 1) of ``value`` (a
+metric name or an expression of names, see :func:`fljax.runner.study.evaluate`; ``{tag}`` is replaced by the row's
+tag, e.g. ``"{reported}_acc"``) at the final evaluation, or at round ``at``; ``format: mean`` drops the std,
+``format: g`` prints 3 significant digits.
 
 A plot (``plots:``, written as PNG and PDF with the colours and markers of :mod:`fljax.runner.plots`):
 ``kind: curves`` (value vs round, one line per value of ``lines``, one panel per value of ``panels``) or
@@ -33,10 +34,10 @@ import numpy as np
 
 from fljax.runner.report import markdown_table, mean_std, sample_std
 
-__all__ = ["render_report", "render_plots", "table", "cell"]
+__all__ = ["render_report", "render_plots", "table", "value_text"]
 
 
-def cell(values: np.ndarray, scale: float = 100.0, digits: int = 2, form: str = "mean_std") -> str:
+def value_text(values: np.ndarray, scale: float = 100.0, digits: int = 2, form: str = "mean_std") -> str:
     """A report cell: :func:`~fljax.runner.report.mean_std` of the seeds' ``values`` that exist (a missing metric
     is NaN: left out), in percent to 2 decimals by default."""
     values = np.asarray(values, float)
@@ -119,13 +120,13 @@ def _column_cell(results, study: str, col: dict, labels: dict) -> str:
     values = _values(results, study, col, labels)
     reference = col.get("minus") or col.get("wins")
     if reference is None:
-        return cell(values, scale, digits, form)
+        return value_text(values, scale, digits, form)
     other = _values(results, study, col, {**labels, **reference})
     if labels == {**labels, **reference} or not values.size or other.size != values.size:
         return "-"
     if "wins" in col:
         return f"{int(np.sum(other > values))}/{values.size}"
-    return cell(other - values, scale, digits, form)
+    return value_text(other - values, scale, digits, form)
 
 
 def render_report(results) -> str:
