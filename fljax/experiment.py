@@ -3,14 +3,15 @@
 Data flows one way: :mod:`fljax.config` parses (YAML, overrides, typed sections); :func:`resolve` checks the parsed
 config against the registries and builds what it names, once — the algorithm constructed (every hyperparameter
 checked by its declaration) and validated against the population, the model's name resolved and its options
-checked, the server's pretrained model, the client groups with their own hyperparameters — into a frozen
+checked, the server's section checked, the client groups with their own hyperparameters — into a frozen
 :class:`Experiment`. Every layer above consumes Experiments and never re-validates or rebuilds them: the runner
 (:mod:`fljax.runner`) loads their data (:func:`load_data`) and builds their simulations (:func:`build`); the API
 (:mod:`fljax.api`) and the command line (:mod:`fljax.cli`) are facades that parse, resolve and hand over to it.
 
 A comparison runs several algorithms on one config: :func:`compare_points` gives each algorithm the config's shared
-``algo`` keys that it *declares* (read from the declarations, :func:`fljax.algorithms.registry.hyperparameter_fields`;
-no error message is parsed), then its own hyperparameters. The quick-start :func:`preset` yields its keys the same way.
+``algo`` keys that it *declares* (read from its declarations, :func:`fljax.algorithms.registry.hyperparameter_fields`;
+no error message is parsed), then its own hyperparameters. The quick-start :func:`preset` yields its keys the same
+way.
 
 Every refusal is one line naming the key (``algo.lr must be > 0, got -0.1.``), raised before anything is loaded,
 built or written.
@@ -26,7 +27,7 @@ from fljax.algorithms.registry import check_model_support, get_algorithm, hyperp
 from fljax.config import (ConfigError, ExperimentConfig, GroupConfig, ModelConfig, ServerConfig, apply_overrides,
                           group_configs, read_yaml)
 from fljax.errors import OptionError
-from fljax.options import parse, show, suggest
+from fljax.options import field_default, parse, show, suggest
 
 if TYPE_CHECKING:
     from fljax.data import FederatedData
@@ -82,13 +83,10 @@ class Experiment:
         defaults. Loading it back resolves to the same experiment."""
         from fljax.models.model import model_options
 
-        options = {f.name: self.model.options.get(f.name, _default(f)) for f in model_options(self.model.name)}
+        options = {f.name: self.model.options.get(f.name, field_default(f))
+                   for f in model_options(self.model.name)}
         return dataclasses.replace(self.config, algo=self.algorithm.hyperparameters(),
                                    model=dataclasses.replace(self.model, options=options))
-
-
-def _default(field: dataclasses.Field):
-    return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
 
 
 # ------------------------------------------------------------------------------------------------------ resolve

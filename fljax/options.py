@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 
 from fljax.errors import OptionError
 
-__all__ = ["Options", "NoOptions", "option", "with_default", "parse", "check_value", "describe", "suggest", "show",
+__all__ = ["Options", "NoOptions", "option", "with_default", "field_default", "parse", "check_value", "describe", "suggest", "show",
            "greater_than", "at_least", "between", "interval", "one_of", "each", "seed_check", "type_hints", "INT64",
            "SEED_MAX"]
 
@@ -34,6 +34,11 @@ def option(default, doc: str, check: Check | None = None):
     """A dataclass field: ``default``, a one-line ``doc`` (shown by ``fljax list``) and an optional value ``check``
     (not applied to None)."""
     return dataclasses.field(default=default, metadata={"doc": doc, "check": check})
+
+
+def field_default(field: dataclasses.Field):
+    """A dataclass field's default value (its factory's product for a mutable default)."""
+    return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
 
 
 def with_default(owner: type, name: str, default):

@@ -145,7 +145,6 @@ class LocalTraining(Options):
         return train_steps(loss_fn, v, inp, plan, opt, key=key, extra_grad=extra_grad, post=post, sam_rho=sam_rho)
 
 
-
 EVERY = tuple(f.name for f in dataclasses.fields(LocalTraining))  # every local-training option
 
 
@@ -163,7 +162,7 @@ class LocalOptions(Algorithm):
 
     def check(self) -> None:
         super().check()
-        self.local  # noqa: B018 (checks across the local options: local_epochs or local_steps)
+        self.local  # noqa: B018 (builds the value: checks across the local options, local_epochs or local_steps)
 
     def plan(self) -> BatchPlan:
         """The batch plan of a round's local training (the engine sizes the work and the unroll from it)."""
@@ -188,6 +187,7 @@ def local_options(*names: str, **defaults) -> type:
                                      namespace={"local_names": tuple(names), "__module__": __name__})
     cls.__qualname__ = f"local_options({', '.join(names)})"
     return cls
+
 
 def sgd_step(loss_fn: Callable, opt: optax.GradientTransformation, extra_grad: Callable | None = None,
              sam_rho: float = 0.0, post: Callable | None = None, model=None):

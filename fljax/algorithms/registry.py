@@ -6,7 +6,7 @@ import difflib
 import typing
 
 from fljax.algorithms.base import Algorithm
-from fljax.options import parse, type_hints
+from fljax.options import field_default, parse, type_hints
 
 __all__ = ["ALGORITHMS", "register", "get_algorithm", "make_algorithm", "hyperparameter_fields", "hyperparameter_docs",
            "defaults", "check_model_support"]
@@ -40,11 +40,7 @@ def hyperparameter_fields(cls: type[Algorithm]) -> dict[str, dataclasses.Field]:
 def defaults(cls: type[Algorithm]) -> dict:
     """name → declared default of every hyperparameter of ``cls`` (read from the declarations: nothing is
     constructed)."""
-    return {name: _default(f) for name, f in hyperparameter_fields(cls).items()}
-
-
-def _default(field: dataclasses.Field):
-    return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+    return {name: field_default(f) for name, f in hyperparameter_fields(cls).items()}
 
 
 def hyperparameter_docs(cls: type[Algorithm]) -> dict[str, tuple[str, object, str]]:
@@ -53,7 +49,7 @@ def hyperparameter_docs(cls: type[Algorithm]) -> dict[str, tuple[str, object, st
     hints = type_hints(cls)
     out = {}
     for name, field in hyperparameter_fields(cls).items():
-        out[name] = (_kind(hints[name]), _default(field), field.metadata["doc"])
+        out[name] = (_kind(hints[name]), field_default(field), field.metadata["doc"])
     return out
 
 
