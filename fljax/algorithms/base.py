@@ -1,7 +1,9 @@
 """The algorithm base class and the centralized template.
 
-An algorithm is a frozen dataclass whose fields are its hyperparameters and nothing else; its methods are pure
-functions of pytrees. It implements the engine's contract (:class:`fljax.engine.protocol.FederatedAlgorithm`):
+An algorithm is a frozen dataclass whose fields are its hyperparameters and nothing else, each declared with
+:func:`fljax.options.option` (default, one-line doc, check) and checked when the algorithm is constructed; settings
+shared by several algorithms are composed, not inherited (the local-training options:
+:func:`fljax.algorithms.local_training.local_options`). Its methods are pure functions of pytrees. It implements the engine's contract (:class:`fljax.engine.protocol.FederatedAlgorithm`):
 ``init(ctx)``, ``round(ctx, server, clients)``, ``evaluate(ctx, server, clients)``, ``participants``, ``plan``,
 ``steps_per_round`` and ``validate``. The model a client runs arrives with its :class:`ClientInput` (``inp.model``)
 and the server's with the :class:`~fljax.engine.context.RoundContext` (``ctx.model``).

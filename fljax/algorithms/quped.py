@@ -94,8 +94,9 @@ def tree_leaf(params, path: str):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class QuantizedClients(Centralized):
     """Algorithm 2's client loop on the epoch clock, shared by QuPeD, QuPeL and Local Training (b bits): every
-    option here is honoured by all three; what ties a client to the global model (distillation, an l2 coupling, or
-    nothing) is the subclass's. The clock: ``batch_size`` B (I = ⌈N_max/B⌉ iterations per epoch), or
+    client-loop option here is honoured by all three (Local Training aggregates nothing, so ``weighting`` has nothing
+    to weigh there); what ties a client to the global model (distillation, an l2 coupling, or nothing) is the
+    subclass's. The clock: ``batch_size`` B (I = ⌈N_max/B⌉ iterations per epoch), or
     ``chunks_per_epoch`` K with ``batch_size`` null (§8, ragged FEMNIST: I = K, each epoch's permutation of a client's
     n_i rows cut into K contiguous chunks of ⌊n_i/K⌋ or ⌈n_i/K⌉, padded to ⌈N_max/K⌉ and masked; K must not exceed
     the smallest client's n_i, so no chunk is empty); ``local_steps`` τ iterations per round; the run's length is
