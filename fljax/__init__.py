@@ -20,6 +20,8 @@ if "OPENBLAS_NUM_THREADS" not in _os.environ:
 from fljax.api import build, compare, load_compare, load_data, load_run, make_config, run, sweep  # noqa: E402
 from fljax.config import ConfigError, DataConfig, ExperimentConfig, ModelConfig  # noqa: E402
 from fljax.engine import Simulation, State  # noqa: E402
+from fljax.experiment import Experiment, resolve  # noqa: E402
 
-__all__ = ["build", "compare", "load_compare", "load_data", "load_run", "make_config", "run", "sweep", "ConfigError", "DataConfig", "ExperimentConfig",
-           "ModelConfig", "Simulation", "State", "__version__"]
+__all__ = ["build", "compare", "load_compare", "load_data", "load_run", "make_config", "run", "sweep", "resolve",
+           "ConfigError", "DataConfig", "Experiment", "ExperimentConfig", "ModelConfig", "Simulation", "State",
+           "__version__"]

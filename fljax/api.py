@@ -1,5 +1,6 @@
-"""The public entry points: build a simulation from a config; run one experiment, a grid, or a comparison (all
-through :mod:`fljax.runner`, the path the command line takes).
+"""The public entry points, a facade over :mod:`fljax.experiment` and :mod:`fljax.runner`: a config (an object or a
+nested dict, with keyword overrides) is parsed (:mod:`fljax.config`), resolved once into an
+:class:`~fljax.experiment.Experiment` and handed to the runner, the path the command line takes.
 
     import fljax
     result = fljax.run(algorithm="fedprox", algo={"mu": 0.01}, data={"dataset": "digits", "alpha": 0.1},
@@ -10,16 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fljax.algorithms import make_algorithm
-from fljax.algorithms.registry import check_model_support
-from fljax.config import ExperimentConfig, ModelConfig, from_dict, group_configs, hyperparameters, to_dict
-from fljax.data import FederatedData, load_federated
-from fljax.engine import Simulation, default_model
-from fljax.engine.population import ClientGroup
-from fljax.errors import OptionError
-from fljax.models import make_model
-from fljax.models.model import own_model
-from fljax.options import parse
+from fljax.config import ExperimentConfig, from_dict, to_dict
+from fljax.data import FederatedData
+from fljax.engine import Simulation
+from fljax.experiment import Experiment, resolve
 
 __all__ = ["make_config", "load_data", "build", "run", "compare", "sweep", "load_run", "load_compare"]
 
@@ -31,66 +26,42 @@ if TYPE_CHECKING:
 
 def make_config(config: ExperimentConfig | dict | None = None, **overrides) -> ExperimentConfig:
     """An :class:`ExperimentConfig` from a config object or nested dict, with keyword overrides of top-level keys
-    (sections given as dicts are merged key by key), validated."""
-    return _config(config, overrides, check_algo=True)
+    (sections given as dicts are merged key by key), checked through :func:`fljax.experiment.resolve` (its ``algo``
+    values as the algorithm holds them)."""
+    return resolve(_parse(config, overrides)).config
 
 
-def _config(config, overrides: dict, check_algo: bool) -> ExperimentConfig:
+def _parse(config, overrides: dict) -> ExperimentConfig:
     values = to_dict(config) if isinstance(config, ExperimentConfig) else dict(config or {})
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(values.get(key), dict) and key != "algo":
             values[key] = {**values[key], **value}
         else:
             values[key] = value
-    return from_dict(ExperimentConfig, values).validate(check_algo)
+    return from_dict(ExperimentConfig, values)
 
 
-def load_data(cfg: ExperimentConfig) -> FederatedData:
-    """The federated data set of ``cfg.data`` (drawn with the run seed unless ``data.seed`` is set), with the
-    server's pretrained model of ``cfg.server`` attached (trained once, then restored from its cache)."""
-    try:
-        data = load_federated(cfg.data, cfg.seed)
-    except OptionError as e:
-        raise e.within("data") from None
-    server = cfg.server
-    if server.pretrained is None:
-        return data
-    from fljax.runner.pretrained import attach_pretrained
-
-    if server.pretrained == "same":  # the run's architecture, with a head for the server's labels
-        pm = _model(cfg.model, data.replace(num_classes=data.server_classes))
-    else:
-        pm = make_model(server.pretrained, data.input_shape, data.server_classes, **server.pretrained_options)
-    related = None
-    if server.pretrain_data is not None:
-        from fljax.runner.pretrained import related_set
-
-        related = related_set(server.pretrain_data, data.input_shape, data.server_classes, server.seed,
-                              **server.pretrain_data_options)
-    return attach_pretrained(data, pm, epochs=server.epochs, lr=server.lr, batch_size=server.batch_size,
-                             seed=server.seed, cache_dir=server.cache_dir, pretrain_data=related)
+def _experiment(config: Experiment | ExperimentConfig | dict | None) -> Experiment:
+    return config if isinstance(config, Experiment) else resolve(_parse(config, {}))
 
 
-def build(cfg: ExperimentConfig, data: FederatedData | None = None, module=None) -> Simulation:
+def load_data(config: Experiment | ExperimentConfig | dict) -> FederatedData:
+    """The federated data set a config describes (drawn with the run seed unless ``data.seed`` is set), with the
+    server's pretrained model of its ``server:`` section attached (trained once, then restored from its cache)."""
+    from fljax.runner.sweep import DataCache
+
+    exp = _experiment(config)
+    return DataCache()(exp, exp.seed)
+
+
+def build(config: Experiment | ExperimentConfig | dict, data: FederatedData | None = None, module=None) -> Simulation:
     """The :class:`Simulation` a config describes (``data`` may be passed to share it between runs; ``module``: a
     Flax module of your own, used instead of the config's model)."""
-    data = data if data is not None else load_data(cfg)
-    model = own_model(module, data.input_shape, data.num_classes) if module is not None else _model(cfg.model, data)
-    algo = make_algorithm(cfg.algorithm, **cfg.algo)
-    groups = [ClientGroup(g.name, g.size, _model(parse(ModelConfig, g.model), data) if g.model else None,
-                          hyperparameters(cfg.algorithm, g.algo)) for g in group_configs(cfg)] or None
-    check_model_support(cfg.algorithm, model, groups=groups is not None)
-    return Simulation(algo, data, model, executor=cfg.executor, chunk_size=cfg.chunk_size, seed=cfg.seed,
-                      conv_impl=cfg.model.conv_impl, groups=groups, precision=cfg.precision,
-                      memory_budget=cfg.memory_budget)
+    from fljax.experiment import build as build_experiment
+    from fljax.runner.sweep import DataCache
 
-
-def _model(mc, data: FederatedData):
-    """The model a ``model:`` section names (auto: the data's default model, with the options given)."""
-    if mc.name == "auto":
-        return default_model(data) if not mc.options else make_model(
-            default_model(data).name, data.input_shape, data.num_classes, **mc.options)
-    return make_model(mc.name, data.input_shape, data.num_classes, **mc.options)
+    exp = _experiment(config)
+    return build_experiment(exp, data if data is not None else DataCache()(exp, exp.seed), module)
 
 
 def run(config: ExperimentConfig | dict | None = None, *, out: str | None = None, progress: bool = True,
@@ -105,9 +76,9 @@ def run(config: ExperimentConfig | dict | None = None, *, out: str | None = None
 
     overrides, cache = _own_data(overrides)
     overrides, module = _own_model(overrides)
-    cfg = make_config(config, **overrides)
+    exp = resolve(_parse(config, overrides))
     with _output(progress, tensorboard) as output:
-        return run_experiment(cfg, out, resume=resume, output=output, data_cache=cache, lanes=lanes, model=module)
+        return run_experiment(exp, out, resume=resume, output=output, data_cache=cache, lanes=lanes, model=module)
 
 
 def compare(algorithms: list[str | tuple[str, dict]], config: ExperimentConfig | dict | None = None, *,
@@ -119,7 +90,7 @@ def compare(algorithms: list[str | tuple[str, dict]], config: ExperimentConfig |
 
     overrides, cache = _own_data(overrides)
     overrides, module = _own_model(overrides)
-    cfg = _config(config, overrides, check_algo=False)
+    cfg = _parse(config, overrides)
     with _output(progress, tensorboard) as output:
         return compare_experiments(cfg, algorithms, out, output=output, data_cache=cache, model=module)[1]
 
@@ -134,7 +105,7 @@ def sweep(grid: dict[str, list], config: ExperimentConfig | dict | None = None, 
 
     overrides, cache = _own_data(overrides)
     overrides, module = _own_model(overrides)
-    cfg = make_config(config, **overrides)
+    cfg = _parse(config, overrides)
     with _output(progress, tensorboard) as output:
         return sweep_experiments(cfg, grid, out, output=output, lanes=lanes, data_cache=cache, model=module)[1]
 
@@ -189,8 +160,3 @@ def _own_model(overrides: dict):
     if not isinstance(module, nn.Module):
         return overrides, None
     return {k: v for k, v in overrides.items() if k != "model"}, module
-
-
-def label(name: str, hyper: dict | None = None) -> str:
-    """``fedprox(mu=0.1)``: an algorithm with its non-default hyperparameters, as tables and plots name it."""
-    return name if not hyper else f"{name}({', '.join(f'{k}={v}' for k, v in hyper.items())})"

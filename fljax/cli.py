@@ -18,7 +18,8 @@ import sys
 import threading
 from importlib import resources
 
-from fljax.config import ConfigError, load_config, preset
+from fljax.config import ConfigError, load_config
+from fljax.experiment import preset, resolve
 
 EXAMPLES_RUN = """examples:
   fljax run configs/fedavg.yaml                              # one experiment from a config file
@@ -66,14 +67,20 @@ def _overrides(args) -> list[str]:
     return overrides
 
 
-def _load(args):
-    """The config file with the command line's overrides; without a file, the quick-start preset (the one
-    ``fljax compare`` uses) with those of its ``algo`` keys that the algorithm takes."""
+def _parse(args, algorithm_keys: bool = True):
+    """The parsed config file with the command line's overrides; without a file, the quick-start preset (the one
+    ``fljax compare`` uses; with ``algorithm_keys``, only those of its ``algo`` keys that the algorithm declares)."""
     overrides = _overrides(args)
-    return load_config(args.config, overrides, base=None if args.config else preset(_quickstart_path(), overrides))
+    return load_config(args.config, overrides, base=None if args.config else
+                       preset(_quickstart_path(), overrides, algorithm_keys=algorithm_keys))
 
 
-def _resume_config(args, check_algo: bool = True):
+def _load(args):
+    """The experiment of the config file (or the quick-start preset) with the command line's overrides."""
+    return resolve(_parse(args))
+
+
+def _resume_config(args):
     """On --resume the config is the run directory's own (only --set/--seeds/--checkpoint-every may change it)."""
     from fljax.runner.experiment import saved_config
 
@@ -82,7 +89,7 @@ def _resume_config(args, check_algo: bool = True):
     if args.config or getattr(args, "algorithm", None) or getattr(args, "dataset", None):
         raise ConfigError(f"--resume reads the config from {os.path.join(args.out, 'config.yaml')}; drop the config "
                           f"file/--algorithm/--dataset (use --set, e.g. --set rounds=200, to extend the run).")
-    return load_config(saved_config(args.out), _overrides(args), check_algo=check_algo)
+    return load_config(saved_config(args.out), _overrides(args))
 
 
 def _default_out(name: str) -> str:
@@ -147,11 +154,11 @@ def cmd_run(args) -> int:
     from fljax.runner import run_experiment
     from fljax.runner.report import markdown_table
 
-    cfg = _resume_config(args) if args.resume else _load(args)
-    out = args.out or _default_out(cfg.run_name)
+    exp = resolve(_resume_config(args)) if args.resume else _load(args)
+    out = args.out or _default_out(exp.name)
     output = _output(args)
     try:
-        result = run_experiment(cfg, out, resume=args.resume, output=output)
+        result = run_experiment(exp, out, resume=args.resume, output=output)
     except KeyboardInterrupt as e:
         return _interrupted("run", out, e)
     output.result(markdown_table([result.row()]))
@@ -166,12 +173,10 @@ def cmd_compare(args) -> int:
     from fljax.runner.report import markdown_table
 
     if args.resume:
-        cfg = _resume_config(args, check_algo=False)
+        cfg = _resume_config(args)
         entries = saved_algorithms(args.out)
     else:
-        overrides = _overrides(args)
-        cfg = load_config(args.config, overrides, check_algo=False,
-                          base=None if args.config else preset(_quickstart_path(), overrides, algorithm_keys=False))
+        cfg = _parse(args, algorithm_keys=False)
         names = [n.strip() for n in args.algorithms.split(",") if n.strip()] if args.algorithms else \
             [n for n, c in ALGORITHMS.items() if c.generic]
         entries = [(n, {}) for n in names]
@@ -198,7 +203,7 @@ def cmd_sweep(args) -> int:
         cfg = _resume_config(args)
         grid = saved_grid(args.out)
     else:
-        cfg = _load(args)
+        cfg = _parse(args)
         grid = parse_grid(args.grid or [])
         if not grid:
             raise ConfigError("a sweep needs at least one --grid KEY=V1,V2,... (for example --grid algo.lr=0.01,0.1).")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import difflib
+import functools
 import math
 import types
 import typing
@@ -18,8 +19,9 @@ from typing import Any, Callable, Mapping
 
 from fljax.errors import OptionError
 
-__all__ = ["Options", "NoOptions", "option", "parse", "check_value", "describe", "suggest", "show", "greater_than",
-           "at_least", "between", "each", "seed_check", "INT64", "SEED_MAX"]
+__all__ = ["Options", "NoOptions", "option", "with_default", "field_default", "parse", "check_value", "describe", "suggest", "show",
+           "greater_than", "at_least", "between", "interval", "one_of", "each", "seed_check", "type_hints", "INT64",
+           "SEED_MAX"]
 
 INT64 = 2 ** 63 - 1  # the largest integer an option may hold (numpy's int64)
 FLOAT32_MAX = 3.4028234663852886e38  # the largest magnitude of a float option (the engine computes in float32)
@@ -34,12 +36,30 @@ def option(default, doc: str, check: Check | None = None):
     return dataclasses.field(default=default, metadata={"doc": doc, "check": check})
 
 
+def field_default(field: dataclasses.Field):
+    """A dataclass field's default value (its factory's product for a mutable default)."""
+    return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+
+
+def with_default(owner: type, name: str, default):
+    """The declaration of option ``name`` of dataclass ``owner`` (its doc and check) with another default, for a
+    class that takes the option with a default of its own (``momentum: float = with_default(LocalTraining,
+    "momentum", 0.9)``)."""
+    field = {f.name: f for f in dataclasses.fields(owner)}[name]
+    return dataclasses.field(default=default, metadata=field.metadata)
+
+
 class Options:
     """Base of an options dataclass: construction type-checks every field (ints become floats where a float is
-    expected, lists become tuples where a tuple is), applies each field's check, then :meth:`check`."""
+    expected, lists become tuples where a tuple is), applies each field's check, then :meth:`check`.
+
+    A copy holding arrays (a traced value inside a compiled program: an algorithm's hyperparameter swept as a lane
+    of one program) is not checked again: the values it was made from were, when their config was resolved."""
 
     def __post_init__(self):
-        hints = typing.get_type_hints(type(self))
+        if any(_is_array(getattr(self, f.name)) for f in dataclasses.fields(self)):
+            return
+        hints = type_hints(type(self))
         for f in dataclasses.fields(self):
             value = check_value(f.name, getattr(self, f.name), hints[f.name])
             object.__setattr__(self, f.name, value)
@@ -54,6 +74,18 @@ class Options:
 
     def to_dict(self) -> dict:
         return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def _is_array(value) -> bool:
+    """A numpy or JAX array or scalar, or a tracer (anything with a shape and a dtype)."""
+    return hasattr(value, "shape") and hasattr(value, "dtype")
+
+
+@functools.cache
+def type_hints(cls: type) -> dict:
+    """``typing.get_type_hints(cls)``, computed once per class (options classes are constructed often: an
+    algorithm's traced copies inside every compiled program)."""
+    return typing.get_type_hints(cls)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +139,22 @@ def between(low, high, open_: bool = False) -> Check:
     if open_:
         return lambda v: None if low < v < high else f"must be in ({low}, {high}), got {show(v)}."
     return lambda v: None if low <= v <= high else f"must be between {low} and {high}, got {show(v)}."
+
+
+def interval(low, high, bounds: str = "[]") -> Check:
+    """``low <= v <= high`` with either end open (``bounds``: '[]', '[)', '(]' or '()'), said as an interval."""
+    above = (lambda v: v >= low) if bounds[0] == "[" else (lambda v: v > low)
+    below = (lambda v: v <= high) if bounds[1] == "]" else (lambda v: v < high)
+    text = f"{bounds[0]}{low}, {high}{bounds[1]}"
+    return lambda v: None if above(v) and below(v) else f"must be in {text}, got {show(v)}."
+
+
+def one_of(choices) -> Check:
+    """The value is one of ``choices`` (a registry's names), suggesting the closest."""
+    def check(v):
+        return None if v in choices else f"must be one of {sorted(choices)}, got {show(v)}.{suggest(str(v), choices)}"
+
+    return check
 
 
 def seed_check(seed: int) -> str | None:

@@ -1,6 +1,8 @@
 """Own Flax modules with BatchNorm (``batch_stats``: averaged or local) and Dropout (per-client rngs): they learn,
 the statistics equal a hand-written single-client loop, the executors agree, masks differ across clients and
 rounds and follow the seed, evaluation is deterministic, and what stays unsupported is refused in one line."""
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -9,7 +11,7 @@ import optax
 import pytest
 
 import fljax
-from fljax.algorithms import make_algorithm
+from fljax.algorithms import Local, make_algorithm
 from fljax.algorithms.model_state import WithStats
 from fljax.data import from_arrays
 from fljax.engine import Simulation
@@ -149,10 +151,9 @@ def test_unsupported_uses_are_refused_in_one_line():
                                          "fedavg_ft, fedlp, fedprox, local, scaffold; got 'ditto'") as e:
         fljax.run(algorithm="ditto", algo={"cohort_size": 2}, data=data, model=BNMLP(), rounds=1, progress=False)
     assert "\n" not in str(e.value)
-    with pytest.raises(OptionError, match="batch_stats must be 'local' \\(Local communicates nothing\\)"):
-        make_algorithm("local", batch_stats="averaged", cohort_size=None).validate(3)
+    assert "batch_stats" not in {f.name for f in dataclasses.fields(Local)}  # Local keeps them local: no choice
     with pytest.raises(OptionError, match="batch_stats must be one of \\['averaged', 'local'\\], got 'shared'"):
-        make_algorithm("fedavg", batch_stats="shared", cohort_size=None).validate(3)
+        make_algorithm("fedavg", batch_stats="shared", cohort_size=None)
 
 
 def test_a_run_resumed_from_its_checkpoint_equals_the_straight_run(tmp_path):

@@ -9,6 +9,7 @@ from bad_inputs import CASES, run_case
 from fljax.algorithms import ALGORITHMS
 from fljax.cli import main
 from fljax.config import load_config
+from fljax.experiment import resolve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -75,7 +76,7 @@ def test_reproduce_dispatches_by_name(capsys, tmp_path, monkeypatch):
 def test_every_algorithm_has_an_example_config(name):
     path = os.path.join(ROOT, "configs", f"{name}.yaml")
     assert os.path.exists(path), f"add configs/{name}.yaml (an example config for {name})"
-    cfg = load_config(path)  # parses, type-checks and validates (hyperparameters included)
+    cfg = resolve(load_config(path)).config  # parsed, then checked against the registries (hyperparameters too)
     assert cfg.algorithm == name
     with open(path) as f:
         assert f.readline().startswith("#"), "start the file with a comment saying what it runs"

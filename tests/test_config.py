@@ -13,6 +13,7 @@ from fljax import yaml_io
 from fljax.config import apply_overrides, load_config, to_dict
 from fljax.data import partitioners as P
 from fljax.errors import ConfigError, OptionError
+from fljax.experiment import compare_points, resolve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,7 +45,7 @@ def test_dump_quotes_text_that_would_read_back_as_something_else():
                                         + [os.path.join(ROOT, "fljax", "configs", "quickstart.yaml")]),
                          ids=os.path.basename)
 def test_every_config_reads_back_from_its_config_yaml(tmp_path, path):
-    cfg = load_config(path)
+    cfg = resolve(load_config(path)).config
     saved = tmp_path / "config.yaml"
     saved.write_text(yaml_io.dump(to_dict(cfg)))
     assert to_dict(load_config(str(saved))) == to_dict(cfg)
@@ -106,13 +107,15 @@ def test_test_per_client_is_used_as_given():
     assert (np.asarray(data.test.count) == 3).all()
 
 
-def test_compare_shared_keys_yield_to_an_algorithm_that_refuses_them():
-    from fljax.config import algorithm_config, load_config
-
-    cfg = load_config(None, ["data.dataset=digits", "algo.local_epochs=2", "algo.lr=0.1", "algo.batch_size=10"],
-                      check_algo=False)
-    quped = algorithm_config(cfg, "quped")          # QuPeD counts local_steps: the shared local_epochs yields
-    assert "local_epochs" not in quped.algo and quped.algo["lr"] == 0.1
-    assert algorithm_config(cfg, "fedavg").algo["local_epochs"] == 2
-    with pytest.raises(OptionError, match="local_steps"):  # an algorithm's own setting is never dropped
-        algorithm_config(cfg, "quped", {"local_epochs": 2})
+def test_compare_shared_keys_apply_to_the_algorithms_that_declare_them():
+    cfg = load_config(None, ["data.dataset=digits", "algo.local_epochs=2", "algo.lr=0.1", "algo.batch_size=10",
+                             "algo.mu=0.5"])
+    points = {name: exp for _, exp, name, _ in compare_points(cfg, ["fedavg", "fedprox", "quped", "perfedavg"])}
+    # QuPeD counts its iterations per round (local_steps) and declares no local_epochs; only FedProx declares mu
+    assert points["quped"].config.algo == {"lr": 0.1, "batch_size": 10} and points["quped"].algorithm.lr == 0.1
+    assert points["fedavg"].config.algo == {"local_epochs": 2, "lr": 0.1, "batch_size": 10}
+    assert points["fedprox"].algorithm.mu == 0.5 and points["perfedavg"].algorithm.batch_size == 10
+    with pytest.raises(OptionError, match="algo.local_epochs is not a valid key for algorithm 'quped'"):
+        compare_points(load_config(None, ["data.dataset=digits"]), [("quped", {"local_epochs": 2})])  # own: kept
+    with pytest.raises(ConfigError, match="algo.muu is not a valid key for any of the compared algorithms"):
+        compare_points(load_config(None, ["algo.muu=1"]), ["fedavg", "fedprox"])

@@ -16,6 +16,7 @@ from fljax.algorithms import ALGORITHMS
 from fljax.cli import main
 from fljax.config import ConfigError, ExperimentConfig, ModelConfig, load_config, to_dict
 from fljax.data import PARTITIONERS, SOURCES, DataConfig
+from fljax.experiment import resolve
 from fljax.models import MODELS
 from fljax.runner import experiment
 
@@ -100,7 +101,7 @@ def _load_or_refuse(text: str) -> str:
         with open(path, "w") as f:
             f.write(text)
         try:
-            cfg = load_config(path)
+            cfg = resolve(load_config(path)).config
         except ConfigError as e:
             assert "\n" not in str(e) and str(e), repr(str(e))
             return "refused"
@@ -125,8 +126,8 @@ class _Accepted(Exception):
 
 
 def _stop(points, out, **kwargs):  # stands in for the runner: every point was accepted, nothing runs
-    for _, cfg in points:
-        _roundtrip(cfg.validate())
+    for _, exp in points:
+        _roundtrip(exp.config)
     raise _Accepted
 
 

@@ -1,5 +1,5 @@
 """The DFedAlt paper's baselines: DisPFL, FedBABU, Fed-RoD, FedAvg scored with stored local models; and the small
-engine additions they use (Model.features, LocalSGD clipping, ClientArrays.padded)."""
+engine additions they use (Model.features, LocalTraining clipping, ClientArrays.padded)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 
 import fljax.data as D
 from fljax import tree
-from fljax.algorithms import ClientInput, FedRoD, LocalSGD, make_algorithm
+from fljax.algorithms import ClientInput, FedRoD, LocalTraining, make_algorithm
 from fljax.engine import Simulation
 from fljax.models import make_model
 
@@ -43,12 +43,14 @@ def test_model_features_are_the_head_input():
 def test_client_optimizer_clips_then_decays_then_steps():
     p = {"w": jnp.array([1.0, -2.0]), "b": jnp.array([3.0])}
     g = {"w": jnp.array([3.0, 0.0]), "b": jnp.array([4.0])}  # global norm 5
-    opt = LocalSGD(lr=0.5, clip_norm=1.0, weight_decay=0.1).client_optimizer(0.5)
+    opt = LocalTraining(lr=0.5, clip_norm=1.0, weight_decay=0.1).client_optimizer(0.5)
     updates, _ = opt.update(g, opt.init(p), p)
     expect = jax.tree.map(lambda gi, pi: -0.5 * (gi / 5.0 + 0.1 * pi), g, p)
     assert_trees_close(updates, expect)
     with pytest.raises(ValueError, match="clip_norm must be > 0"):
-        LocalSGD(clip_norm=0.0).validate_local()
+        LocalTraining(clip_norm=0.0)
+    with pytest.raises(ValueError, match="clip_norm must be > 0"):  # an algorithm's local options: the same check
+        make_algorithm("dfedavgm", clip_norm=0.0)
 
 
 def test_client_arrays_padded(pat12):

@@ -8,7 +8,8 @@ import yaml
 import fljax
 from fljax.algorithms import ALGORITHMS, make_algorithm
 from fljax.cli import _load, make_parser
-from fljax.config import ExperimentConfig, from_dict, load_config, resolved, to_dict
+from fljax.config import ExperimentConfig, from_dict, load_config, to_dict
+from fljax.experiment import resolve
 from fljax.runner import files
 
 TINY = {"data": {"dataset": "synthetic", "num_clients": 6, "max_samples": 40}, "model": {"name": "logreg"},
@@ -16,7 +17,7 @@ TINY = {"data": {"dataset": "synthetic", "num_clients": 6, "max_samples": 40}, "
 
 
 def _cli_config(*argv):
-    return _load(make_parser().parse_args(["run", *argv]))
+    return _load(make_parser().parse_args(["run", *argv])).config
 
 
 def test_run_without_a_config_file_uses_the_compare_preset():
@@ -36,13 +37,13 @@ def test_run_without_a_config_file_uses_the_compare_preset():
 
 @pytest.mark.parametrize("name", sorted(n for n, c in ALGORITHMS.items() if c.problem == "classification"))
 def test_resolved_config_loads_back_to_the_same_experiment(name):
-    cfg = load_config(None, [f"algorithm={name}", "data.dataset=digits"])
-    full = resolved(cfg)
+    exp = resolve(load_config(None, [f"algorithm={name}", "data.dataset=digits"]))
+    full = exp.resolved()
     assert set(full.algo) == {f.name for f in dataclasses.fields(ALGORITHMS[name])}
     assert full.model.name != "auto"
-    back = from_dict(ExperimentConfig, yaml.safe_load(yaml.safe_dump(to_dict(full)))).validate()
-    assert make_algorithm(name, **back.algo) == make_algorithm(name, **cfg.algo)
-    assert back.model == full.model
+    back = resolve(from_dict(ExperimentConfig, yaml.safe_load(yaml.safe_dump(to_dict(full)))))
+    assert back.algorithm == exp.algorithm == make_algorithm(name, **exp.config.algo)
+    assert back.config.model == full.model
 
 
 @pytest.mark.parametrize("executor", ["loop", "vmap"])
@@ -69,14 +70,13 @@ def test_list_one_algorithm_shows_its_hyperparameters(capsys):
     assert lines[0].startswith("fedprox: FedProx")
     fields = [f.name for f in dataclasses.fields(ALGORITHMS["fedprox"])]
     assert [line.split()[0] for line in lines[2:]] == fields  # one line each, in order
-    assert "  lr (float, default 0.1): The client learning rate at round t is ``lr`` · ``lr_decay``^t." in lines
+    assert "  lr (float, default 0.1): client learning rate η (at round t: lr · lr_decay^t)" in lines
     assert "  mu (float, default 0.01): μ of the proximal term (μ/2)‖w − w_t‖² in every local objective (0: FedAvg)" \
         in lines
 
 
-def test_every_hyperparameter_of_every_algorithm_has_a_one_line_doc():
-    from fljax.algorithms.registry import hyperparameter_docs
-
-    missing = [f"{name}.{key}" for name, cls in sorted(ALGORITHMS.items())
-               for key, (_, _, doc) in hyperparameter_docs(cls).items() if doc == "(not documented)" or "\n" in doc]
-    assert not missing, "give these fields a doc: option(default, 'one line') or a ``name`` sentence in the docstring"
+def test_every_hyperparameter_of_every_algorithm_is_declared_with_a_one_line_doc():
+    """`fljax list` reads the declarations only: every field is an option(default, doc, check)."""
+    missing = [f"{name}.{f.name}" for name, cls in sorted(ALGORITHMS.items()) for f in dataclasses.fields(cls)
+               if not f.metadata.get("doc") or "\n" in f.metadata["doc"] or "check" not in f.metadata]
+    assert not missing, "declare these fields with fljax.options.option(default, 'one line', check)"

@@ -142,11 +142,13 @@ def test_quantized_model_is_deployed_and_sized(data, mlp):
 
 
 @pytest.mark.parametrize("kw,key", [(dict(bits=0), "bits"), (dict(lam_p=1.5), "lam_p"),
-                                    (dict(finetune_epochs=4), "finetune_epochs"), (dict(clip_norm=1.0), "optimizer"),
+                                    (dict(finetune_epochs=4), "finetune_epochs"), (dict(clip_norm=1.0), "clip_norm"),
                                     (dict(center_prox_sign="up"), "center_prox_sign"),
                                     (dict(assign_rule="sign", bits=2), "assign_rule"), (dict(kappa=-1.0), "kappa"),
-                                    (dict(local_epochs=1), "local_steps")])
+                                    (dict(local_epochs=1), "local_epochs")])
 def test_bad_hyperparameters_are_one_line_errors(kw, key):
+    """Bad values are refused by their declaration; an option QuPeD does not take (its steps are proximal SGD on
+    the epoch clock: no clip_norm, no local_epochs; Local Training has no λ_p) is refused as an unknown key."""
     with pytest.raises(OptionError, match=f"^{key} "):
         make_algorithm("quped", **{**KW, **kw}).validate(5)
     with pytest.raises(OptionError, match="^lam_p "):

@@ -336,12 +336,13 @@ def test_a_simulation_is_refused_only_when_its_lower_bound_exceeds_the_memory(mo
     from fljax import tree
     from fljax.api import build
     from fljax.config import ConfigError, load_config
+    from fljax.experiment import resolve
     from fljax.runner import memory
     from fljax.runner.sweep import DataCache
 
-    cfg = load_config(None, ["data.num_clients=8", "data.max_samples=40", "algo.cohort_size=4",
-                             "algo.local_steps=3", "algo.batch_size=10"])
-    sim = build(cfg, DataCache()(cfg, 0))
+    exp = resolve(load_config(None, ["data.num_clients=8", "data.max_samples=40", "algo.cohort_size=4",
+                                     "algo.local_steps=3", "algo.batch_size=10"]))
+    sim = build(exp, DataCache()(exp, 0))
     need = tree.nbytes(sim.state_shapes()) + 4 * 3 * 10
     monkeypatch.setattr(memory, "device_memory", lambda: ("this machine", need))
     memory.check_fits(sim)

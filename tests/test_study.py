@@ -10,8 +10,8 @@ import pytest
 from fljax.cli import main
 from fljax.errors import ConfigError
 from fljax.runner import files
-from fljax.runner.study import _configs, evaluate, load_study, results_from_file, run_study, study_names
-from fljax.runner.tables import fmt
+from fljax.runner.study import _experiments, evaluate, load_study, results_from_file, run_study, study_names
+from fljax.runner.tables import value_text
 
 STUDY = textwrap.dedent("""
     title: A tiny study
@@ -82,7 +82,7 @@ def test_cells_follow_axes_presets_rules_and_grids(tiny):
     assert by[("lr", ("FedAvg", "iid", 0.3))].config["algo"]["lr"] == 0.3
     # equal configs are one run: main/FedAvg = lr/0.1, main/Local = rules/Local/iid
     keys = {c.key(s) for c in cells for s in c.seeds}
-    assert len(keys) == 2 * (len(cells) - 2) and len(_configs(cells)) == len(keys)
+    assert len(keys) == 2 * (len(cells) - 2) and len(_experiments(cells)) == len(keys)
     assert tiny.cells(seeds=1)[0].seeds == [0]
     tiny.spec["studies"]["lr"]["seeds"] = [99]  # a study's own seeds (a tuning seed) stay whatever --seeds says
     assert {tuple(c.seeds) for c in tiny.cells(["lr"], seeds=1)} == {(99,)}
@@ -100,7 +100,7 @@ def test_run_report_reuse_and_render(tiny, tmp_path, monkeypatch):
     readme = open(os.path.join(out, "README.md")).read()
     assert "## Main" in readme and "| FedAvg" in readme and "90.0" in readme and "## LR" in readme
     acc = results.final("main", "personal_acc", method="FedAvg", split="iid")
-    assert acc.shape == (2,) and fmt(acc) in readme
+    assert acc.shape == (2,) and value_text(acc) in readme
     assert sorted(os.listdir(out)) == ["README.md", "curves.pdf", "curves.png", "lr.pdf", "lr.png", "results.json.gz", "runs"]
     # every run directory is a `fljax run` directory
     run = os.path.join(out, "runs", sorted(os.listdir(os.path.join(out, "runs")))[0])
@@ -131,14 +131,30 @@ def test_a_saved_config_without_a_section_added_since_is_the_same_settings():
     """A run directory written before a config section or option existed (at its default) is reused; a changed
     value, or a key that no longer parses, is not."""
     from fljax.config import ExperimentConfig, from_dict, to_dict
+    from fljax.experiment import resolve
     from fljax.runner.study import _same_settings
 
-    cfg = from_dict(ExperimentConfig, {"algorithm": "fedavg", "rounds": 3}).validate()
+    cfg = resolve(from_dict(ExperimentConfig, {"algorithm": "fedavg", "rounds": 3})).config
     saved = to_dict(cfg)
     older = {k: v for k, v in saved.items() if k != "server"}
     assert _same_settings(older, cfg) and _same_settings(saved, cfg)
     assert not _same_settings({**older, "rounds": 4}, cfg)
     assert not _same_settings({**older, "roundz": 3}, cfg)
+
+
+def test_one_mean_std_convention_in_every_table():
+    """Study reports, sweep and comparison tables and summary.json: mean ± the sample standard deviation (ddof 1)."""
+    from fljax.runner.report import mean_std, sample_std
+    from fljax.runner.results import aggregate_summaries
+
+    values = [0.8, 0.9]
+    assert value_text(np.array(values)) == mean_std(values, 2, scale=100) == "85.00 ± 7.07"
+    assert mean_std(values) == "0.8500 ± 0.0707" and mean_std([0.8]) == "0.8000" and float(sample_std([0.8])) == 0
+    summaries = [{"name": "a", "algorithm": "fedavg", "dataset": "digits", "seed": s, "status": "completed",
+                  "rounds": 1, "final": {"round": 1, "personal_acc": v}, "client_steps_per_second": 1.0,
+                  "run_seconds": 1.0} for s, v in enumerate(values)]
+    assert aggregate_summaries(summaries, False)["final"]["personal_acc"]["std"] == pytest.approx(0.0707107, 1e-5)
+    assert value_text(np.array([0.8, np.nan])) == "80.00"  # a missing metric is left out of a report cell
 
 
 def test_metric_expressions_are_arithmetic_only():
@@ -154,7 +170,7 @@ def test_metric_expressions_are_arithmetic_only():
 def test_every_shipped_study_cell_is_a_valid_config(name):
     study = load_study(name)
     cells = study.cells()
-    assert cells and _configs(cells)
+    assert cells and _experiments(cells)
     for table in study.spec.get("tables", []):
         assert table["study"] in study.studies
     for plot in study.spec.get("plots", []):

@@ -15,7 +15,7 @@ from fljax.algorithms.fedrod import FedRoD
 from fljax.algorithms.fedslr import FedSLR
 from fljax.algorithms.fml import FML
 from fljax.algorithms.local import Local
-from fljax.algorithms.local_training import LocalSGD, run_steps
+from fljax.algorithms.local_training import EVERY, LocalTraining, local_options, run_steps
 from fljax.algorithms.partial import FedPer, FedRep, LGFedAvg
 from fljax.algorithms.perfedavg import PerFedAvg
 from fljax.algorithms.pfedme import PFedMe
@@ -35,4 +35,5 @@ __all__ = ["Algorithm", "Centralized", "ClientInput", "ClientResult", "TestStats
            "FedProx", "FedSLR", "Local", "FedPer", "FedRep", "LGFedAvg", "PerFedAvg", "PFedMe", "Scaffold",
            "FedBABU", "FedRoD", "Decentralized", "DFedAvg", "DFedAvgM", "DFedSAM", "DisPFL", "DFedAlt", "DFedSalt",
            "ConsensusRegression", "FedGiA", "FedAvgGD", "FedProxGD", "FedPD", "QuPeD", "QuantizedLocal", "QuPeL", "FML",
-           "LocalSGD", "run_steps", "ALGORITHMS", "get_algorithm", "make_algorithm", "register"]
+           "LocalTraining", "local_options", "EVERY", "run_steps", "ALGORITHMS", "get_algorithm", "make_algorithm",
+           "register"]

@@ -18,34 +18,28 @@ import jax.numpy as jnp
 
 from fljax import tree
 from fljax.algorithms.base import ClientInput, ClientResult
-from fljax.algorithms.fedavg import FedAvg
-from fljax.algorithms.local_training import run_steps
-from fljax.errors import OptionError
-from fljax.options import option
+from fljax.algorithms.fedavg import ModelAveraging
+from fljax.algorithms.local_training import local_options, run_steps
+from fljax.options import between, greater_than, option
 
 __all__ = ["APFL"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class APFL(FedAvg):
+class APFL(ModelAveraging, local_options("lr", "lr_decay", "weight_decay", "batch_size", "local_epochs",
+                                         "local_steps", "sampling")):
+    """The coupled (w, v) steps are plain SGD at the client learning rate and the server takes the plain mean: APFL
+    takes no client optimizer, momentum or clipping and no server step size. Two models per client: it does not
+    train BatchNorm statistics (one set could not serve both)."""
+
     name = "apfl"
-    trains_model_state = False  # two models per client: one set of BatchNorm statistics cannot serve both
     summary = "APFL: personal model v_i mixed with the global w as a v + (1 - a) w (Deng et al. 2020)"
-    alpha: float = option(0.5, "initial mixing weight α_i of the personal model v_i in α v_i + (1 − α) w (0.5, D21)")
+    alpha: float = option(0.5, "initial mixing weight α_i of the personal model v_i in α v_i + (1 − α) w (0.5, D21)",
+                          between(0, 1))
     adaptive_alpha: bool = option(False,
                                   "learn α_i by gradient steps on the mixture (APFL's adaptive option) instead of "
                                   "keeping it fixed")
-    alpha_lr: float = option(0.1, "step size η_α of the adaptive α_i update (with adaptive_alpha)")
-
-    def validate(self, num_clients: int) -> None:
-        super().validate(num_clients)
-        if not 0 <= self.alpha <= 1:
-            raise OptionError("alpha", f"must be in [0, 1], got {self.alpha}.")
-        if self.optimizer != "sgd" or self.momentum:
-            raise OptionError("optimizer", "must be 'sgd' with momentum=0: APFL's coupled (w, v) steps are plain "
-                                           "SGD.")
-        if self.server_lr != 1.0 or self.server_momentum:
-            raise OptionError("server_lr", "must stay 1 (and server_momentum 0): APFL's server takes the plain mean.")
+    alpha_lr: float = option(0.1, "step size η_α of the adaptive α_i update (with adaptive_alpha)", greater_than(0))
 
     def init(self, ctx):
         server, _ = super().init(ctx)
@@ -59,7 +53,7 @@ class APFL(FedAvg):
 
     def client_update(self, inp: ClientInput) -> ClientResult:
         w_t, state = inp.down, inp.state
-        lr = self.lr_at(inp.round)
+        lr = self.local.lr_at(inp.round)
 
         def step(carry, batch, k):
             w, v, a = carry

@@ -39,22 +39,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 
 from fljax import tree
 from fljax.algorithms.augfl_kt import KT_AUGMENTS, KT_KINDS, kt_grad, kt_init
-from fljax.algorithms.base import Centralized, ClientInput, ClientResult, check_choice
+from fljax.algorithms.base import Centralized, ClientInput, ClientResult
 from fljax.engine.context import SERVER
 from fljax.errors import ConfigError, OptionError
 from fljax.ops import admm, meta
-from fljax.options import option
+from fljax.options import at_least, each, greater_than, interval, one_of, option
 
-__all__ = ["AugFL", "DELTA_SCHEDULES"]
-
-DELTA_SCHEDULES = ("paper", "summable")
-UPLOADS = ("pair", "fused")
+__all__ = ["AugFL"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -64,72 +62,56 @@ class AugFL(Centralized):
                "pretrained model (Yue et al.)")
     generic = False  # needs a split with support/query sets (data.partition: meta_pairs)
     cohort_size: int | None = option(None, "training clients per round (null: all, the paper); K smaller: the others' "
-                                           "last y_i + ρ_i θ_i stay in Eq. 13 (spec D10)")
+                                           "last y_i + ρ_i θ_i stay in Eq. 13 (spec D10)", at_least(1))
     alpha: float = option(0.03,
-                          "α of the one support step φ = θ − α∇L_i(θ, 𝒟_i^s) (and of the evaluation's adaptation)")
-    rho: float | None = option(None, "ADMM penalty ρ_i for every client (null: 0.7·max(1, 40/clients))")
-    rho_per_client: tuple[float, ...] | None = option(None, "one ADMM penalty per training client (instead of rho)")
-    lam: float = option(5.0, "λ: weight of the knowledge-transfer regulariser R_h in the server step (Eq. 13)")
+                          "α of the one support step φ = θ − α∇L_i(θ, 𝒟_i^s) (and of the evaluation's adaptation)",
+                          greater_than(0))
+    rho: float | None = option(None, "ADMM penalty ρ_i for every client (null: 0.7·max(1, 40/clients))",
+                               greater_than(0))
+    rho_per_client: tuple[float, ...] | None = option(None, "one ADMM penalty per training client (instead of rho)",
+                                                      each(greater_than(0)))
+    lam: float = option(5.0, "λ: weight of the knowledge-transfer regulariser R_h in the server step (Eq. 13)",
+                        at_least(0))
     hvp_mode: str = option("fd",
-                           "Hessian-vector product of ĝ = r − α∇²L·r: 'fd' (finite difference), 'exact' or 'none'")
-    delta_schedule: str = option("paper",
-                                 "finite-difference width δ: 'paper' (1/(10k + 100)) or 'summable' (100/(10k + 100)²)")
-    adapt_steps: int = option(1, "full-batch gradient steps of size α on the support set before a client is scored")
-    upload: str = option("pair", "'pair' sends (θ_i, y_i), 'fused' the one vector y_i + ρ_i θ_i (half the upload)")
+                           "Hessian-vector product of ĝ = r − α∇²L·r: 'fd' (finite difference), 'exact' or 'none'",
+                           one_of(meta.HVP_MODES))
+    delta_schedule: Literal["paper", "summable"] = option(
+        "paper", "finite-difference width δ: 'paper' (1/(10k + 100)) or 'summable' (100/(10k + 100)²)")
+    adapt_steps: int = option(1, "full-batch gradient steps of size α on the support set before a client is scored",
+                              at_least(0))
+    upload: Literal["pair", "fused"] = option(
+        "pair", "'pair' sends (θ_i, y_i), 'fused' the one vector y_i + ρ_i θ_i (half the upload)")
     only_kt: bool = option(False, "the 'Only KT' arm: no clients, θ ← θ − α G_t")
-    kt: str = option("crd", "knowledge-transfer regulariser: 'crd', 'crd_inbatch', 'kd', 'feat_l2' or 'param_l2'")
-    kt_ce_weight: float = option(1.0, "γ_CE: weight of the cross-entropy term of L_KT on the server's set")
-    kt_weight: float = option(0.8, "β: weight of the transfer term of L_KT")
+    kt: str = option("crd", "knowledge-transfer regulariser: 'crd', 'crd_inbatch', 'kd', 'feat_l2' or 'param_l2'",
+                     one_of(KT_KINDS))
+    kt_ce_weight: float = option(1.0, "γ_CE: weight of the cross-entropy term of L_KT on the server's set",
+                                 at_least(0))
+    kt_weight: float = option(0.8, "β: weight of the transfer term of L_KT", at_least(0))
     kt_batch_size: int | None = option(128, "server minibatch size B of the knowledge-transfer gradient (null: one "
-                                            "full batch of the server's set)")
-    kt_dim: int = option(128, "embedding size d_e of the CRD projection heads")
-    kt_tau: float = option(0.07, "CRD temperature τ")
-    kt_negatives: int | None = option(None, "CRD negatives N per sample (null: min(16384, D_s/2))")
-    kt_momentum: float = option(0.5, "momentum m of the CRD memory banks")
-    kt_head_lr: float = option(0.002, "learning rate of the projection heads' SGD")
-    kt_head_momentum: float = option(0.9, "momentum of the projection heads' SGD")
-    kt_head_wd: float = option(5e-4, "weight decay of the projection heads' SGD")
-    kd_temperature: float = option(4.0, "temperature T of kt='kd'")
+                                            "full batch of the server's set)", at_least(1))
+    kt_dim: int = option(128, "embedding size d_e of the CRD projection heads", at_least(1))
+    kt_tau: float = option(0.07, "CRD temperature τ", greater_than(0))
+    kt_negatives: int | None = option(None, "CRD negatives N per sample (null: min(16384, D_s/2))", at_least(1))
+    kt_momentum: float = option(0.5, "momentum m of the CRD memory banks", interval(0, 1, "[)"))
+    kt_head_lr: float = option(0.002, "learning rate of the projection heads' SGD", greater_than(0))
+    kt_head_momentum: float = option(0.9, "momentum of the projection heads' SGD", interval(0, 1, "[)"))
+    kt_head_wd: float = option(5e-4, "weight decay of the projection heads' SGD", at_least(0))
+    kd_temperature: float = option(4.0, "temperature T of kt='kd'", greater_than(0))
     kt_augment: str = option("none", "server-side augmentation of the knowledge-transfer batches: 'none' or "
-                                     "'crop_flip' (random crop and mirror; the PM recomputed on them)")
-    kt_crop_pad: int = option(4, "zero padding of kt_augment='crop_flip' before the random crop")
+                                     "'crop_flip' (random crop and mirror; the PM recomputed on them)",
+                             one_of(KT_AUGMENTS))
+    kt_crop_pad: int = option(4, "zero padding of kt_augment='crop_flip' before the random crop", at_least(0))
+
+    def check(self) -> None:
+        super().check()
+        if self.rho_per_client is not None and self.rho is not None:
+            raise OptionError("rho_per_client", f"cannot be set together with rho={self.rho}; give one of them.")
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
-        for key in ("alpha", "kt_tau", "kt_head_lr", "kd_temperature"):
-            if not getattr(self, key) > 0:
-                raise OptionError(key, f"must be > 0, got {getattr(self, key)}.")
-        if self.rho is not None and not self.rho > 0:
-            raise OptionError("rho", f"must be > 0 or null (0.7·max(1, 40/clients)), got {self.rho}.")
-        if self.rho_per_client is not None:
-            if self.rho is not None:
-                raise OptionError("rho_per_client", f"cannot be set together with rho={self.rho}; give one of them.")
-            if len(self.rho_per_client) != num_clients:
-                raise OptionError("rho_per_client", f"must list one penalty per training client ({num_clients}), "
-                                                    f"got {len(self.rho_per_client)}.")
-            if not all(r > 0 for r in self.rho_per_client):
-                raise OptionError("rho_per_client", f"must hold penalties > 0, got {list(self.rho_per_client)}.")
-        for key in ("lam", "kt_ce_weight", "kt_weight", "kt_head_wd"):
-            if getattr(self, key) < 0:
-                raise OptionError(key, f"must be >= 0, got {getattr(self, key)}.")
-        check_choice("hvp_mode", self.hvp_mode, meta.HVP_MODES)
-        check_choice("delta_schedule", self.delta_schedule, DELTA_SCHEDULES)
-        check_choice("kt", self.kt, KT_KINDS)
-        check_choice("kt_augment", self.kt_augment, KT_AUGMENTS)
-        if self.kt_crop_pad < 0:
-            raise OptionError("kt_crop_pad", f"must be >= 0, got {self.kt_crop_pad}.")
-        check_choice("upload", self.upload, UPLOADS)
-        if self.adapt_steps < 0:
-            raise OptionError("adapt_steps", f"must be >= 0, got {self.adapt_steps}.")
-        if self.kt_batch_size is not None and self.kt_batch_size < 1:
-            raise OptionError("kt_batch_size", f"must be >= 1 or null (one full batch), got {self.kt_batch_size}.")
-        if self.kt_dim < 1:
-            raise OptionError("kt_dim", f"must be >= 1, got {self.kt_dim}.")
-        if self.kt_negatives is not None and self.kt_negatives < 1:
-            raise OptionError("kt_negatives", f"must be >= 1 or null (min(16384, D_s/2)), got {self.kt_negatives}.")
-        if not 0 <= self.kt_momentum < 1 or not 0 <= self.kt_head_momentum < 1:
-            raise OptionError("kt_momentum" if not 0 <= self.kt_momentum < 1 else "kt_head_momentum",
-                              "must be in [0, 1).")
+        if self.rho_per_client is not None and len(self.rho_per_client) != num_clients:
+            raise OptionError("rho_per_client", f"must list one penalty per training client ({num_clients}), "
+                                                f"got {len(self.rho_per_client)}.")
 
     # ------------------------------------------------------------------------------------------ pieces
     def partial(self, num_train: int) -> bool:

@@ -1,7 +1,9 @@
 """The algorithm base class and the centralized template.
 
-An algorithm is a frozen dataclass whose fields are its hyperparameters and nothing else; its methods are pure
-functions of pytrees. It implements the engine's contract (:class:`fljax.engine.protocol.FederatedAlgorithm`):
+An algorithm is a frozen dataclass whose fields are its hyperparameters and nothing else, each declared with
+:func:`fljax.options.option` (default, one-line doc, check) and checked when the algorithm is constructed; settings
+shared by several algorithms are composed, not inherited (the local-training options:
+:func:`fljax.algorithms.local_training.local_options`). Its methods are pure functions of pytrees. It implements the engine's contract (:class:`fljax.engine.protocol.FederatedAlgorithm`):
 ``init(ctx)``, ``round(ctx, server, clients)``, ``evaluate(ctx, server, clients)``, ``participants``, ``plan``,
 ``steps_per_round`` and ``validate``. The model a client runs arrives with its :class:`ClientInput` (``inp.model``)
 and the server's with the :class:`~fljax.engine.context.RoundContext` (``ctx.model``).
@@ -31,6 +33,7 @@ from fljax.engine.protocol import ClientInput, ClientResult
 from fljax.errors import OptionError
 from fljax.models.model import accuracy_stats, masked_cross_entropy
 from fljax.models.sequence import token_stats, token_summary
+from fljax.options import Options, at_least, one_of, option
 
 __all__ = ["Algorithm", "Centralized", "ClientInput", "ClientResult", "TestStats"]
 
@@ -46,7 +49,13 @@ class TestStats:  # noqa: D101 (not a pytest class)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Algorithm:
+class Algorithm(Options):
+    """Every field is a hyperparameter declared with :func:`fljax.options.option` (default, one-line doc, value
+    check); construction checks each value against its type and check, then :meth:`check` (checks across fields),
+    raising :class:`~fljax.errors.OptionError` naming the field. :meth:`validate` holds only the checks that need the
+    population (the number of clients). A copy made inside a compiled program (``dataclasses.replace`` with traced
+    values, :meth:`fljax.engine.Simulation.algorithm_at`) is not checked again (:class:`~fljax.options.Options`)."""
+
     name: ClassVar[str] = "algorithm"
     summary: ClassVar[str] = ""
     generic: ClassVar[bool] = True  # runs on any classification data set (part of the default `fljax compare`)
@@ -59,8 +68,8 @@ class Algorithm:
     trains_model_state: ClassVar[bool] = False
 
     def validate(self, num_clients: int) -> None:
-        """Refuse impossible hyperparameters with a one-line :class:`~fljax.errors.OptionError` naming the field
-        (called before anything runs)."""
+        """Refuse hyperparameters impossible for ``num_clients`` clients with a one-line
+        :class:`~fljax.errors.OptionError` naming the field (called before anything runs)."""
 
     def model_warning(self, model) -> str | None:
         """A caveat about training ``model`` with these hyperparameters (None: none), shown when a run starts (asked
@@ -190,12 +199,6 @@ def _summaries(stats: TestStats, prefix: str) -> dict:
     return {**summarize(stats, prefix), **token_summary(stats, prefix)}
 
 
-def check_choice(key: str, value, choices) -> None:
-    """Refuse ``value`` for option ``key`` unless it is one of ``choices`` (one line, naming the choices)."""
-    if value not in choices:
-        raise OptionError(key, f"must be one of {list(choices)}, got {value!r}.")
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Centralized(Algorithm):
     """Template for server-based algorithms.
@@ -214,16 +217,17 @@ class Centralized(Algorithm):
     group runs its members with its own model and hyperparameters, and the server aggregates across groups.
     """
 
-    cohort_size: int | None = 10
-    weighting: str = "samples"
-    cohort_mode: str = "gather"
+    cohort_size: int | None = option(10, "clients per round (null: every client, full participation)", at_least(1))
+    weighting: str = option("samples", "aggregation weights: 'samples' (n_i) or 'uniform'",
+                            one_of(("samples", "uniform")))
+    cohort_mode: str = option("gather", "how the cohort runs: 'gather' its clients, or compute every client and "
+                                        "commit with a 'mask' (equal up to float reassociation)",
+                              one_of(COHORT_MODES))
 
     def validate(self, num_clients: int) -> None:
         if self.cohort_size is not None and not 1 <= self.cohort_size <= num_clients:
             raise OptionError("cohort_size", f"must be between 1 and num_clients={num_clients} (or null for full "
                                              f"participation), got {self.cohort_size}.")
-        check_choice("weighting", self.weighting, ("samples", "uniform"))
-        check_choice("cohort_mode", self.cohort_mode, COHORT_MODES)
 
     def participants(self, num_clients: int) -> int:
         return num_clients if self.cohort_size is None else min(self.cohort_size, num_clients)

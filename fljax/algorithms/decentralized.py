@@ -29,25 +29,26 @@ Full-model baselines (every parameter shared, no personal part):
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fljax import tree
-from fljax.algorithms.base import Algorithm, ClientInput, ClientResult, check_choice
-from fljax.algorithms.local_training import LocalSGD
+from fljax.algorithms.base import Algorithm, ClientInput, ClientResult
+from fljax.algorithms.local_training import EVERY, LocalTraining, local_options
 from fljax.engine.context import INIT, MIXING, TRAIN
 from fljax.errors import OptionError
 from fljax.ops import gossip, partition
+from fljax.options import at_least, between, one_of, option, with_default
 
-__all__ = ["Decentralized", "DFedAvg", "DFedAvgM", "DFedSAM", "GATHER_MIN_NODES", "GOSSIP_FORMS", "EVAL_POINTS"]
+__all__ = ["Decentralized", "Gossip", "DFedAvg", "DFedAvgM", "DFedSAM", "GATHER_MIN_NODES", "BASELINE"]
 
-GOSSIP_FORMS = ("auto", "dense", "gather")
-EVAL_POINTS = ("local", "gossip")
-CLIENT_INITS = ("shared", "independent")
+# The DFedAlt spec's local training of its baselines (and of DFedAlt's shared phase): lr 0.1, momentum 0.9 reset
+# every round, weight decay 5e-3, clipping at 10, batch 128, 5 epochs.
+BASELINE = dict(lr=0.1, momentum=0.9, weight_decay=5e-3, clip_norm=10.0, batch_size=128, local_epochs=5)
 # From this many nodes on, 'auto' gossips in the gather form (when the topology has one). Measured on the 2-core CPU
 # (benchmarks/gossip_scaling.py, DFedAvg with a 610-parameter model, random_k k = 10): whole rounds are faster in the
 # gather form from m = 1000 on (1.18× at 1000, 2.37× at 10,000; 0.96× at 300); see benchmarks/results/gossip_scaling.md.
@@ -86,37 +87,34 @@ class Decentralized(Algorithm):
 
     Topology hyperparameters: ``topology`` (a name of :data:`fljax.ops.gossip.TOPOLOGIES`), ``k`` (neighbours of
     ``random_k``/``random_k_mh``; expected degree of ``erdos_renyi`` when ``p`` is null), ``p`` (``erdos_renyi``),
-    ``torus_rows`` (``torus``; default: the largest divisor of m ≤ √m). ``gossip_form``: 'auto' | 'dense' | 'gather'.
-    ``eval_point``: 'local' | 'gossip'. ``client_init``: 'shared' (one initialisation for all clients, D12) or
-    'independent' (one per client). :meth:`validate` refuses a topology whose mixing matrix is not row-stochastic, or
-    (static topologies other than ``identity``) not connected, through :func:`fljax.ops.gossip.check_mixing`.
+    ``torus_rows`` (``torus``; default: the largest divisor of m ≤ √m). ``eval_point``: 'local' | 'gossip'.
+    ``client_init``: 'shared' (one initialisation for all clients, D12) or 'independent' (one per client).
+    :meth:`validate` refuses a topology whose mixing matrix is not row-stochastic, or (static topologies other than
+    ``identity``) not connected, through :func:`fljax.ops.gossip.check_mixing`.
 
     Subclasses implement ``client_update(inp) -> ClientResult`` (local training: the result's ``state["params"]``
-    holds (z_i, v_i) and its ``upload`` the message z_i to the neighbours) and, when they do not share everything,
-    ``shared_mask``; they may override ``init_clients`` (extra per-client state) and ``aggregate`` (the gossip
-    step).
+    holds (z_i, v_i) and its ``upload`` the message z_i to the neighbours) and ``aggregate`` (the communication
+    step; :class:`Gossip`: the mixing u_i = Σ_l W[i,l] z_l) and, when they do not share everything,
+    ``shared_mask``; they may override ``init_clients`` (extra per-client state).
     """
 
     supports_groups = False  # gossip mixes whole models between neighbours: one architecture for all
 
-    topology: str = "random_k"
-    k: int = 10
-    p: float | None = None
-    torus_rows: int | None = None
-    gossip_form: str = "auto"
-    eval_point: str = "local"
-    client_init: str = "shared"
+    topology: str = option("random_k", "communication graph (a topology from `fljax list`)", one_of(gossip.TOPOLOGIES))
+    k: int = option(10, "neighbours per node of random_k / random_k_mh (erdos_renyi: expected degree when p is null)",
+                    at_least(0))
+    p: float | None = option(None, "edge probability of erdos_renyi (null: from k)", between(0, 1))
+    torus_rows: int | None = option(None, "rows of the torus (null: the largest divisor of m that is <= √m)",
+                                    at_least(1))
+    eval_point: Literal["local", "gossip"] = option(
+        "local", "the scored model: 'local' (after local training, before gossip; the post-gossip model is logged "
+                 "beside it) or 'gossip' (after the round's communication)")
+    client_init: Literal["shared", "independent"] = option(
+        "shared", "initial models: one 'shared' initialisation for every client (D12) or one per client "
+                  "('independent')")
 
     # ------------------------------------------------------------------------------------------ configuration
     def validate(self, num_clients: int) -> None:
-        if self.topology not in gossip.TOPOLOGIES:
-            close = difflib.get_close_matches(self.topology, gossip.TOPOLOGIES, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise OptionError("topology", f"{self.topology!r} is unknown; choose one of "
-                                          f"{sorted(gossip.TOPOLOGIES)}.{hint}")
-        for key, choices in (("gossip_form", GOSSIP_FORMS), ("eval_point", EVAL_POINTS),
-                             ("client_init", CLIENT_INITS)):
-            check_choice(key, getattr(self, key), choices)
         try:
             topo = self.make_topology(num_clients)
         except ValueError as e:
@@ -124,10 +122,6 @@ class Decentralized(Algorithm):
         problem = _mixing_problem(topo, self.topology)
         if problem is not None:
             raise OptionError("topology", f"{self.topology!r} with {num_clients} clients: {problem}.")
-        if self.gossip_form == "gather" and not self.has_gather_form(topo):
-            raise OptionError("gossip_form", f"='gather' is impossible: topology {self.topology!r} has no "
-                                             f"neighbour-gather form (its degree is not static); use 'dense' or "
-                                             f"'auto'.")
 
     def make_topology(self, num_clients: int):
         """The topology object for ``num_clients`` nodes, from the hyperparameters."""
@@ -190,21 +184,12 @@ class Decentralized(Algorithm):
         return _static_mixing(topo) if topo.static else topo.sample(ctx.stream(MIXING))
 
     def use_gather(self, mixing: gossip.Mixing) -> bool:
-        if self.gossip_form == "auto":
-            return mixing.idx is not None and mixing.W.shape[0] >= GATHER_MIN_NODES
-        return self.gossip_form == "gather"
-
-    def mix(self, mixing: gossip.Mixing, shared):
-        """u_i ← Σ_l W[i,l] z_l on every leaf of ``shared`` (dense or gather form)."""
-        if self.use_gather(mixing):
-            return gossip.gossip_gather(mixing.idx, mixing.wts, shared)
-        return gossip.gossip(mixing, shared)
+        """Whether this round's communication runs in the neighbour-gather form (here: never, the dense one)."""
+        return False
 
     def aggregate(self, mixing: gossip.Mixing, result: ClientResult) -> dict:
-        """The clients' state after gossip: the messages mixed, u_i = Σ_l W[i,l] z_l, into the shared slots of each
-        client's params; everything else as trained."""
-        v = self.split(result.state["params"])[1]
-        return {**result.state, "params": partition.merge(self.mix(mixing, result.upload), v)}
+        """The clients' state after the round's communication (``result``: after local training)."""
+        raise NotImplementedError
 
     def messages(self, mixing: gossip.Mixing):
         """Number of (sender → receiver) transfers in the round: the off-diagonal nonzeros of W."""
@@ -256,29 +241,52 @@ class Decentralized(Algorithm):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DFedAvgM(Decentralized, LocalSGD):
-    """DFedAvgM: every client runs ``local_epochs`` of momentum SGD from its model, then gossips the whole model.
-    ``rho`` > 0 takes SAM gradients on the full model (DFedSAM). Defaults: the DFedAlt spec's baselines (lr 0.1,
-    momentum 0.9 reset every round, weight decay 5e-3, clipping at 10, batch 128, 5 epochs, ``random_k`` k = 10)."""
+class Gossip(Decentralized):
+    """A decentralized algorithm whose communication is the gossip u_i ← Σ_l W_t[i,l] z_l of the shared part, in
+    the dense form (one einsum with W, O(m²·d)) or the gather form (a sum over each node's neighbour slots,
+    O(m·s·d), for topologies with a static degree s): ``gossip_form``."""
 
-    name = "dfedavgm"
-    summary = "DFedAvgM: decentralized FedAvg with local momentum, the full model gossiped (Sun et al. 2022)"
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 5e-3
-    clip_norm: float | None = 10.0
-    batch_size: int | None = 128
-    local_epochs: int | None = 5
-    rho: float = 0.0
+    gossip_form: Literal["auto", "dense", "gather"] = option(
+        "auto", "how the gossip runs: 'dense' (W as a matrix), 'gather' (neighbour slots; static degree only) or "
+                "'auto' (gather from GATHER_MIN_NODES nodes on)")
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
-        self.validate_local()
-        if self.rho < 0:
-            raise OptionError("rho", f"must be >= 0, got {self.rho}.")
+        if self.gossip_form == "gather" and not self.has_gather_form(self.make_topology(num_clients)):
+            raise OptionError("gossip_form", f"='gather' is impossible: topology {self.topology!r} has no "
+                                             f"neighbour-gather form (its degree is not static); use 'dense' or "
+                                             f"'auto'.")
+
+    def use_gather(self, mixing: gossip.Mixing) -> bool:
+        if self.gossip_form == "auto":
+            return mixing.idx is not None and mixing.W.shape[0] >= GATHER_MIN_NODES
+        return self.gossip_form == "gather"
+
+    def mix(self, mixing: gossip.Mixing, shared):
+        """u_i ← Σ_l W[i,l] z_l on every leaf of ``shared`` (dense or gather form)."""
+        if self.use_gather(mixing):
+            return gossip.gossip_gather(mixing.idx, mixing.wts, shared)
+        return gossip.gossip(mixing, shared)
+
+    def aggregate(self, mixing: gossip.Mixing, result: ClientResult) -> dict:
+        """The clients' state after gossip: the messages mixed, u_i = Σ_l W[i,l] z_l, into the shared slots of each
+        client's params; everything else as trained."""
+        v = self.split(result.state["params"])[1]
+        return {**result.state, "params": partition.merge(self.mix(mixing, result.upload), v)}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DFedAvgM(Gossip, local_options(*EVERY, **BASELINE)):
+    """DFedAvgM: every client runs its local training (``local_epochs`` of momentum SGD) from its model, then gossips
+    the whole model. ``rho`` > 0 takes SAM gradients on the full model (DFedSAM). Defaults: the DFedAlt spec's
+    baselines (:data:`BASELINE`; ``random_k`` k = 10)."""
+
+    name = "dfedavgm"
+    summary = "DFedAvgM: decentralized FedAvg with local momentum, the full model gossiped (Sun et al. 2022)"
+    rho: float = option(0.0, "SAM radius ρ of every local step on the full model (0: plain gradients)", at_least(0))
 
     def client_update(self, inp: ClientInput) -> ClientResult:
-        params, loss = self.train(inp.model.loss, inp.state["params"], inp, sam_rho=self.rho)
+        params, loss = self.local.train(inp.model.loss, inp.state["params"], inp, sam_rho=self.rho)
         return ClientResult(state={"params": params}, upload=self.shared_part(params), weight=inp.train.count,
                             metrics={"train_loss": loss})
 
@@ -289,7 +297,7 @@ class DFedAvg(DFedAvgM):
 
     name = "dfedavg"
     summary = "DFedAvg: decentralized FedAvg, local SGD then gossip of the full model (Sun et al. 2022)"
-    momentum: float = 0.0
+    momentum: float = with_default(LocalTraining, "momentum", 0.0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -298,4 +306,4 @@ class DFedSAM(DFedAvgM):
 
     name = "dfedsam"
     summary = "DFedSAM: DFedAvgM with sharpness-aware local steps on the full model (Shi et al. 2023)"
-    rho: float = 0.01
+    rho: float = with_default(DFedAvgM, "rho", 0.01)

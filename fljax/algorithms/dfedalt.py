@@ -21,55 +21,36 @@ nothing personal and ``personal_epochs=0`` is exactly DFedAvgM (spec §9, claim 
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 
-from fljax.algorithms.base import ClientInput, ClientResult, check_choice
-from fljax.algorithms.decentralized import Decentralized
-from fljax.algorithms.local_training import LocalSGD
+from fljax.algorithms.base import ClientInput, ClientResult
+from fljax.algorithms.decentralized import BASELINE, Gossip
+from fljax.algorithms.local_training import EVERY, local_options
 from fljax.data.batching import BatchPlan
 from fljax.errors import OptionError
 from fljax.ops import partition
-from fljax.options import option
+from fljax.options import at_least, greater_than, option, with_default
 
-__all__ = ["DFedAlt", "DFedSalt", "SAM_PLACEMENTS"]
-
-SAM_PLACEMENTS = ("none", "u", "v", "uv")
+__all__ = ["DFedAlt", "DFedSalt"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DFedAlt(Decentralized, LocalSGD):
+class DFedAlt(Gossip, local_options(*EVERY, **BASELINE)):
     """Defaults are the paper's CIFAR settings (spec §4): η_u = 0.1, η_v = 0.001, momentum 0.9, weight decay 5e-3,
-    clipping at 10, batch 128, K_u = 5 epochs, K_v = 1 epoch (Dirichlet; the paper uses 5 on Pathological),
-    ``random_k`` with k = 10."""
+    clipping at 10, batch 128, K_u = 5 epochs (``local_epochs``; ``local_steps`` minibatches when it is null),
+    K_v = 1 epoch (Dirichlet; the paper uses 5 on Pathological), ``random_k`` with k = 10."""
 
     name = "dfedalt"
     summary = "DFedAlt: personal head then shared body each round, gossip of the body only (Shi et al. 2023)"
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 5e-3
-    clip_norm: float | None = 10.0
-    batch_size: int | None = 128
-    local_epochs: int | None = 5
     personal: str = option("head", "path regex of the personal part v_i (default 'head', the last Dense layer)")
-    personal_epochs: int = option(1, "K_v: epochs of the personal phase per round")
-    personal_lr: float = option(0.001, "η_v: learning rate of the personal phase")
-    sam_on: str = option("none", "where SAM applies: 'none' (DFedAlt), 'u' (shared body, DFedSalt), 'v' or 'uv'")
-    rho: float = option(0.7, "SAM radius ρ of the perturbation e = ρ·g/‖g‖")
-
-    def validate(self, num_clients: int) -> None:
-        super().validate(num_clients)
-        self.validate_local()
-        if self.local_epochs is None:
-            raise OptionError("local_epochs", "must be set: dfedalt counts the shared phase in epochs (K_u).")
-        if self.personal_epochs < 0:
-            raise OptionError("personal_epochs", f"must be >= 0, got {self.personal_epochs}.")
-        if not self.personal_lr > 0:
-            raise OptionError("personal_lr", f"must be > 0, got {self.personal_lr}.")
-        check_choice("sam_on", self.sam_on, SAM_PLACEMENTS)
-        if self.rho < 0:
-            raise OptionError("rho", f"must be >= 0, got {self.rho}.")
+    personal_epochs: int = option(1, "K_v: epochs of the personal phase per round", at_least(0))
+    personal_lr: float = option(0.001, "η_v: learning rate of the personal phase", greater_than(0))
+    sam_on: Literal["none", "u", "v", "uv"] = option(
+        "none", "where SAM applies: 'none' (DFedAlt), 'u' (shared body, DFedSalt), 'v' or 'uv'")
+    rho: float = option(0.7, "SAM radius ρ of the perturbation e = ρ·g/‖g‖", at_least(0))
 
     def shared_mask(self, params):
         return partition.mask_not(partition.mask_from_paths(params, self.personal))
@@ -80,7 +61,7 @@ class DFedAlt(Decentralized, LocalSGD):
         return {"params": params}
 
     def steps_per_round(self, n_max: int) -> int:
-        return self.plan().num_steps(n_max) + BatchPlan(batch_size=self.batch_size,
+        return self.plan().num_steps(n_max) + BatchPlan(batch_size=self.local.batch_size,
                                                         epochs=self.personal_epochs).num_steps(n_max)
 
     def rho_for(self, part: str) -> float:
@@ -92,11 +73,12 @@ class DFedAlt(Decentralized, LocalSGD):
         loss = inp.model.loss
         v_loss = jnp.zeros(())
         if self.personal_epochs > 0:  # personal phase: u frozen at u_i^t
-            v, v_loss = self.personal_phase(lambda v_, b: loss(partition.merge(u, v_), b), v, inp,
-                                            jax.random.fold_in(inp.key, 1), epochs=self.personal_epochs,
-                                            lr=self.personal_lr, sam_rho=self.rho_for("v"))
+            v, v_loss = self.local.personal_phase(lambda v_, b: loss(partition.merge(u, v_), b), v, inp,
+                                                  jax.random.fold_in(inp.key, 1), epochs=self.personal_epochs,
+                                                  lr=self.personal_lr, sam_rho=self.rho_for("v"))
         # shared phase: v frozen at the fresh v_i^{t+1}
-        u, u_loss = self.train(lambda u_, b: loss(partition.merge(u_, v), b), u, inp, sam_rho=self.rho_for("u"))
+        u, u_loss = self.local.train(lambda u_, b: loss(partition.merge(u_, v), b), u, inp,
+                                     sam_rho=self.rho_for("u"))
         return ClientResult(state={"params": partition.merge(u, v)}, upload=u, weight=inp.train.count,
                             metrics={"train_loss": u_loss, "personal_loss": v_loss})
 
@@ -108,4 +90,4 @@ class DFedSalt(DFedAlt):
 
     name = "dfedsalt"
     summary = "DFedSalt: DFedAlt with sharpness-aware (SAM) updates of the shared body (Shi et al. 2023)"
-    sam_on: str = option("u", "where SAM applies: 'none' (DFedAlt), 'u' (shared body, DFedSalt), 'v' or 'uv'")
+    sam_on: Literal["none", "u", "v", "uv"] = with_default(DFedAlt, "sam_on", "u")

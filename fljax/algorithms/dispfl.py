@@ -18,19 +18,19 @@ The headline personal model is the post-local z_i (``eval_point='local'``). Mess
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 
 from fljax import tree
-from fljax.algorithms.base import ClientInput, ClientResult, check_choice
-from fljax.algorithms.decentralized import DFedAvgM
-from fljax.algorithms.local_training import train_steps
+from fljax.algorithms.base import ClientInput, ClientResult
+from fljax.algorithms.decentralized import BASELINE, Decentralized
+from fljax.algorithms.local_training import EVERY, local_options, train_steps
 from fljax.data.batching import Batch
 from fljax.engine.context import INIT
-from fljax.errors import OptionError
 from fljax.ops import partition, sparsity
-from fljax.options import option
+from fljax.options import at_least, between, interval, option
 
 __all__ = ["DisPFL"]
 
@@ -40,34 +40,22 @@ def _apply_mask(params, mask):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DisPFL(DFedAvgM):
-    """Local training settings and topology as :class:`DFedAvgM` (no SAM); sparse masks as above."""
+class DisPFL(Decentralized, local_options(*EVERY, **BASELINE)):
+    """Local training and topology as :class:`~fljax.algorithms.decentralized.DFedAvgM`'s (no SAM); sparse masks as
+    above. The communication is the mask-aware average over the 0/1 adjacency, in dense form."""
 
     name = "dispfl"
     summary = "DisPFL: per-client sparse masks, prune/regrow, mask-aware neighbour averaging (Dai et al. 2022)"
     density: float = option(0.5,
                             "overall fraction of kernel entries each client's sparse mask keeps (ERK or uniform per "
-                            "layer)")
-    layer_density: str = option("erk", "per-layer densities: 'erk' (Erdős–Rényi-kernel) or 'uniform'")
-    anneal_factor: float = option(0.5, "fraction a_0 of active entries pruned and regrown at round 0 (cosine-annealed)")
-    anneal_rounds: int = option(500, "rounds over which the prune/regrow fraction anneals to 0")
-    regrow: str = option("random", "'random' regrowth or 'gradient' (largest |∇F_i| on the client's train split)")
-
-    def validate(self, num_clients: int) -> None:
-        super().validate(num_clients)
-        if not 0 < self.density <= 1:
-            raise OptionError("density", f"must be in (0, 1], got {self.density}.")
-        check_choice("layer_density", self.layer_density, ("erk", "uniform"))
-        if not 0 <= self.anneal_factor <= 1:
-            raise OptionError("anneal_factor", f"must be in [0, 1], got {self.anneal_factor}.")
-        if self.anneal_rounds < 1:
-            raise OptionError("anneal_rounds", f"must be >= 1, got {self.anneal_rounds}.")
-        check_choice("regrow", self.regrow, ("random", "gradient"))
-        if self.gossip_form == "gather":
-            raise OptionError("gossip_form", "='gather' is impossible: dispfl averages over the 0/1 adjacency in "
-                                             "dense form; use 'dense' or 'auto'.")
-        if self.rho:
-            raise OptionError("rho", "must stay 0: dispfl has no SAM variant.")
+                            "layer)", interval(0, 1, "(]"))
+    layer_density: Literal["erk", "uniform"] = option("erk", "per-layer densities: 'erk' (Erdős–Rényi-kernel) or "
+                                                             "'uniform'")
+    anneal_factor: float = option(0.5, "fraction a_0 of active entries pruned and regrown at round 0 (cosine-annealed)",
+                                  between(0, 1))
+    anneal_rounds: int = option(500, "rounds over which the prune/regrow fraction anneals to 0", at_least(1))
+    regrow: Literal["random", "gradient"] = option(
+        "random", "'random' regrowth or 'gradient' (largest |∇F_i| on the client's train split)")
 
     def init_clients(self, ctx, params) -> dict:
         densities = sparsity.layer_densities(jax.tree.map(lambda x: x[0], params), self.density, self.layer_density)
@@ -78,8 +66,9 @@ class DisPFL(DFedAvgM):
     def client_update(self, inp: ClientInput) -> ClientResult:
         """Masked local training, then prune/regrow; the message is the trained sparse model with its mask."""
         mask, train = inp.state["mask"], inp.train
-        opt = self.client_optimizer(self.lr_at(inp.round))
-        params, loss = train_steps(inp.model.loss, inp.state["params"], inp, self.plan(), opt,
+        local = self.local
+        opt = local.client_optimizer(local.lr_at(inp.round))
+        params, loss = train_steps(inp.model.loss, inp.state["params"], inp, local.plan(), opt,
                                    post=lambda p: _apply_mask(p, mask))
         scores = None
         if self.regrow == "gradient":

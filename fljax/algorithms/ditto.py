@@ -10,58 +10,55 @@ the authors' code does). v_i starts at w_0; client i is evaluated with v_i.
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import jax
 
 from fljax import tree
-from fljax.algorithms.base import ClientInput, ClientResult, check_choice
-from fljax.algorithms.fedavg import FedAvg
+from fljax.algorithms.base import ClientInput, ClientResult
+from fljax.algorithms.fedavg import ServerSGD
+from fljax.algorithms.local_training import EVERY, local_options
 from fljax.data.batching import BatchPlan
-from fljax.errors import OptionError
 from fljax.ops import admm
-from fljax.options import option
+from fljax.options import at_least, option
 
 __all__ = ["Ditto"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Ditto(FedAvg):
-    name = "ditto"
-    trains_model_state = False  # two models per client: one set of BatchNorm statistics cannot serve both
-    summary = "Ditto: FedAvg global model + personal models regularised towards it (Li et al. 2021)"
-    lam: float = option(0.1, "λ of the pull (λ/2)‖v − w_t‖² of the personal model towards the global one")
-    personal_epochs: int = option(1, "epochs of SGD on the personal model v_i per round")
-    prox_mode: str = option("gradient",
-                            "'gradient' (λ(v − w_t) in every gradient, Algorithm 1) or 'decoupled' (SGD step, then "
-                            "the pull)")
+class Ditto(ServerSGD, local_options(*EVERY)):
+    """The global model is FedAvg's (:class:`~fljax.algorithms.fedavg.ServerSGD`); both models train with the
+    client's local training. Two models per client: Ditto does not train BatchNorm statistics (one set could not
+    serve both)."""
 
-    def validate(self, num_clients: int) -> None:
-        super().validate(num_clients)
-        if self.lam < 0:
-            raise OptionError("lam", f"must be >= 0, got {self.lam}.")
-        if self.personal_epochs < 0:
-            raise OptionError("personal_epochs", f"must be >= 0, got {self.personal_epochs}.")
-        check_choice("prox_mode", self.prox_mode, ("gradient", "decoupled"))
+    name = "ditto"
+    summary = "Ditto: FedAvg global model + personal models regularised towards it (Li et al. 2021)"
+    lam: float = option(0.1, "λ of the pull (λ/2)‖v − w_t‖² of the personal model towards the global one",
+                        at_least(0))
+    personal_epochs: int = option(1, "epochs of SGD on the personal model v_i per round", at_least(0))
+    prox_mode: Literal["gradient", "decoupled"] = option(
+        "gradient", "'gradient' (λ(v − w_t) in every gradient, Algorithm 1) or 'decoupled' (SGD step, then the pull)")
 
     def init(self, ctx):
         server, _ = super().init(ctx)
         return server, {"v": tree.broadcast_clients(server["params"], ctx.num_clients)}
 
     def steps_per_round(self, n_max: int) -> int:
-        return super().steps_per_round(n_max) + BatchPlan(batch_size=self.batch_size,
+        return super().steps_per_round(n_max) + BatchPlan(batch_size=self.local.batch_size,
                                                           epochs=self.personal_epochs).num_steps(n_max)
 
     def personal_update(self, v, anchor, inp: ClientInput, key):
         """``personal_epochs`` of SGD on f_i(v) + (λ/2)‖v − w_t‖² (gradient or decoupled proximal step)."""
         if self.prox_mode == "gradient":
-            return self.personal_phase(inp.model.loss, v, inp, key, epochs=self.personal_epochs,
-                                       extra_grad=lambda p: admm.augmented_lagrangian_grad(p, anchor, sigma=self.lam))
-        return self.personal_phase(inp.model.loss, v, inp, key, epochs=self.personal_epochs,
-                                   prox=lambda p, lr: tree.lerp(lr * self.lam, p, anchor))
+            return self.local.personal_phase(
+                inp.model.loss, v, inp, key, epochs=self.personal_epochs,
+                extra_grad=lambda p: admm.augmented_lagrangian_grad(p, anchor, sigma=self.lam))
+        return self.local.personal_phase(inp.model.loss, v, inp, key, epochs=self.personal_epochs,
+                                         prox=lambda p, lr: tree.lerp(lr * self.lam, p, anchor))
 
     def client_update(self, inp: ClientInput) -> ClientResult:
         k_global, k_personal = jax.random.split(inp.key)
-        w, loss = self.train(inp.model.loss, inp.down, inp, key=k_global)
+        w, loss = self.local.train(inp.model.loss, inp.down, inp, key=k_global)
         v, personal_loss = self.personal_update(inp.state["v"], inp.down, inp, k_personal)
         return ClientResult(state={"v": v}, upload=w, weight=inp.train.count,
                             metrics={"train_loss": loss, "personal_loss": personal_loss})

@@ -11,35 +11,29 @@ model is discarded. The global model (u_{t+1}, v⁰) is scored as is.
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from fljax import tree
-from fljax.algorithms.base import ClientInput, ClientResult, check_choice
-from fljax.algorithms.partial import FedPer
+from fljax.algorithms.base import ClientInput, ClientResult
+from fljax.algorithms.partial import PartialModel
 from fljax.data.batching import BatchPlan
-from fljax.errors import OptionError
 from fljax.ops import partition
-from fljax.options import option
+from fljax.options import at_least, option
 
 __all__ = ["FedBABU"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FedBABU(FedPer):
-    """Body averaging as :class:`FedPer` (whose ``eval_body`` does not apply: FedBABU always fine-tunes the
-    current server model at evaluation)."""
+class FedBABU(PartialModel):
+    """Body averaging as :class:`~fljax.algorithms.partial.FedPer`; evaluation always fine-tunes the current server
+    model."""
 
     name = "fedbabu"
     summary = "FedBABU: body trained under a fixed random head, fine-tuned per client at evaluation (Oh et al. 2022)"
     finetune_epochs: int = option(5,
                                   "epochs of fine-tuning of the received model on the client's train split before "
-                                  "evaluation")
-    finetune: str = option("all", "what evaluation fine-tunes: 'all' the model or only the 'head'")
-
-    def validate(self, num_clients: int) -> None:
-        super().validate(num_clients)
-        if self.finetune_epochs < 0:
-            raise OptionError("finetune_epochs", f"must be >= 0, got {self.finetune_epochs}.")
-        check_choice("finetune", self.finetune, ("all", "head"))
+                                  "evaluation", at_least(0))
+    finetune: Literal["all", "head"] = option("all", "what evaluation fine-tunes: 'all' the model or only the 'head'")
 
     def init(self, ctx):
         server, _ = super().init(ctx)  # checks that the split leaves something shared
@@ -54,7 +48,7 @@ class FedBABU(FedPer):
 
     def client_update(self, inp: ClientInput) -> ClientResult:
         u, head = self.split(inp.down)
-        u, loss = self.train(lambda u_, b: inp.model.loss(partition.merge(u_, head), b), u, inp)
+        u, loss = self.local.train(lambda u_, b: inp.model.loss(partition.merge(u_, head), b), u, inp)
         return ClientResult(state=inp.state, upload=u, weight=inp.train.count, metrics={"train_loss": loss})
 
     def eval_shared(self, server):
@@ -64,10 +58,11 @@ class FedBABU(FedPer):
         return shared
 
     def personal_params(self, inp: ClientInput):
-        plan, lr = BatchPlan(batch_size=self.batch_size, epochs=self.finetune_epochs), self.lr_at(0)
+        local = self.local
+        plan, lr = BatchPlan(batch_size=local.batch_size, epochs=self.finetune_epochs), local.lr_at(0)
         loss = inp.model.loss
         if self.finetune == "all":
-            return self.train(loss, inp.down, inp, plan=plan, lr=lr)[0]
+            return local.train(loss, inp.down, inp, plan=plan, lr=lr)[0]
         u, head = self.split(inp.down)
-        head, _ = self.train(lambda h, b: loss(partition.merge(u, h), b), head, inp, plan=plan, lr=lr)
+        head, _ = local.train(lambda h, b: loss(partition.merge(u, h), b), head, inp, plan=plan, lr=lr)
         return partition.merge(u, head)

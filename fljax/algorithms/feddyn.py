@@ -14,28 +14,21 @@ import dataclasses
 
 from fljax import tree
 from fljax.algorithms.base import Centralized, ClientInput, ClientResult
-from fljax.algorithms.local_training import LocalSGD
-from fljax.errors import OptionError
+from fljax.algorithms.local_training import EVERY, local_options
 from fljax.ops import admm
-from fljax.options import option
+from fljax.options import greater_than, option, with_default
 
 __all__ = ["FedDyn"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FedDyn(Centralized, LocalSGD):
+class FedDyn(Centralized, local_options(*EVERY)):
     name = "feddyn"
     summary = "FedDyn: dynamic linear + quadratic regulariser per client, server state h (Acar et al. 2021)"
     alpha: float = option(0.1,
                           "α of the dynamic regulariser −⟨g_i, θ⟩ + (α/2)‖θ − θ^{t−1}‖² and of the server's h/α "
-                          "correction")
-    weighting: str = "uniform"
-
-    def validate(self, num_clients: int) -> None:
-        super().validate(num_clients)
-        self.validate_local()
-        if not self.alpha > 0:
-            raise OptionError("alpha", f"must be > 0, got {self.alpha}.")
+                          "correction", greater_than(0))
+    weighting: str = with_default(Centralized, "weighting", "uniform")
 
     def init(self, ctx):
         params = ctx.model.init(self.init_key(ctx))
@@ -45,7 +38,7 @@ class FedDyn(Centralized, LocalSGD):
     def client_update(self, inp: ClientInput) -> ClientResult:
         theta, g = inp.down, inp.state["g"]
         dyn = lambda w: admm.augmented_lagrangian_grad(w, theta, g, sigma=self.alpha, dual_sign=-1)  # noqa: E731
-        theta_i, loss = self.train(inp.model.loss, theta, inp, extra_grad=dyn)
+        theta_i, loss = self.local.train(inp.model.loss, theta, inp, extra_grad=dyn)
         g = admm.dual_ascent(g, theta_i, theta, -self.alpha)
         return ClientResult(state={"g": g}, upload=theta_i, weight=inp.train.count, metrics={"train_loss": loss})
 

@@ -30,19 +30,18 @@ first aggregation with Error ≤ tol or k ≥ max_iters (D15, CR = completed rou
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fljax import tree
-from fljax.algorithms.base import check_choice
 from fljax.algorithms.regression import ConsensusRegression
 from fljax.engine.context import SAMPLE
-from fljax.errors import OptionError
 from fljax.ops import admm
+from fljax.errors import OptionError
+from fljax.options import between, greater_than, option
 from fljax.problems.regression import LeastSquares, Loss, lambda_max_power
 
 __all__ = ["FedGiA", "FedGiAServer", "FedGiAClients", "selection", "paper_t"]
@@ -90,24 +89,15 @@ class FedGiA(ConsensusRegression):
     name: ClassVar[str] = "fedgia"
     summary: ClassVar[str] = ("FedGiA: inexact ADMM for a random ⌈αm⌉ of the clients, gradient descent for the "
                               "others; consensus regression (Zhou & Li)")
-    alpha: float = 0.5
-    t: float | None = None
-    r0: float = 1.0
-    variant: str = "D"
-    lipschitz: str = "eigh"
-    gram_solver: str = "inverse"
-
-    def validate(self, num_clients: int) -> None:
-        super().validate(num_clients)
-        check_choice("variant", self.variant, ("D", "G"))
-        check_choice("lipschitz", self.lipschitz, ("eigh", "power"))
-        check_choice("gram_solver", self.gram_solver, ("inverse", "cholesky", "cg"))
-        if np.ndim(self.alpha) == 0 and not 0.0 <= float(self.alpha) <= 1.0:
-            raise OptionError("alpha", f"must lie in [0, 1] (the fraction of clients selected), got {self.alpha}.")
-        for key in ("t", "r0"):
-            value = getattr(self, key)
-            if value is not None and np.ndim(value) == 0 and not float(value) > 0:
-                raise OptionError(key, f"must be > 0 (σ = r0·t·r/m), got {value}.")
+    alpha: float = option(0.5, "fraction of the clients selected for inexact ADMM each round (the others: GD)",
+                          between(0, 1))
+    t: float | None = option(None, "t of σ = r0·t·r/m (null: Table III's, paper_t)", greater_than(0))
+    r0: float = option(1.0, "r0 of σ = r0·t·r/m", greater_than(0))
+    variant: Literal["D", "G"] = option("D", "H_i of Table III: 'D' (diagonal) or 'G' (Gram)")
+    lipschitz: Literal["eigh", "power"] = option(
+        "eigh", "r_i: the exact λ_max packed with the data ('eigh') or power iteration in the program (D10)")
+    gram_solver: Literal["inverse", "cholesky", "cg"] = option(
+        "inverse", "how variant G applies S_i⁻¹: explicit inverses, Cholesky solves or conjugate gradients (D14)")
 
     # ------------------------------------------------------------------------------------ precomputation
     def client_lambda(self, _, per_client):

@@ -26,21 +26,18 @@ aggregation, a Geometric(p) number of local steps per round, drawn from the roun
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fljax import tree
-from fljax.algorithms.base import check_choice
 from fljax.algorithms.regression import ConsensusRegression, total_rows
 from fljax.engine.context import SAMPLE
-from fljax.errors import OptionError
 from fljax.ops import admm
+from fljax.options import at_least, greater_than, interval, option
 from fljax.problems.regression import LeastSquares
-from fljax.options import option
 
 __all__ = ["FedAvgGD", "FedProxGD", "FedPD", "FedPDClients", "BASELINES", "step_size"]
 
@@ -55,23 +52,14 @@ class _Baseline(ConsensusRegression):
     """Shared fields: ``a`` (None → the paper's value; may be traced), ``iters`` (inner GD iterations of FedProx
     and FedPD) and the static options of the module docstring. The server state is the local-step counter k."""
 
-    a: float | None = None
-    iters: int = 5
-    local_scale: str = option("1", "local objective: '1' (f_i) or '1/m' (f_i/m)")
-    agg: str = option("mean", "aggregation: 'mean' (unweighted) or 'data_weighted'")
-    lr_index: str = option("global", "k of γ_k: 'global' step counter, 'inner' (restart every local step) or 'round'")
+    a: float | None = option(None, "a of the step size γ_k = a/log₂(k + 2) (null: the paper's)", greater_than(0))
+    iters: int = option(5, "inner GD iterations per local step (FedProx, FedPD)", at_least(1))
+    local_scale: Literal["1", "1/m"] = option("1", "local objective: '1' (f_i) or '1/m' (f_i/m)")
+    agg: Literal["mean", "data_weighted"] = option("mean", "aggregation: 'mean' (unweighted) or 'data_weighted'")
+    lr_index: Literal["global", "inner", "round"] = option(
+        "global", "k of γ_k: 'global' step counter, 'inner' (restart every local step) or 'round'")
 
     paper_a_v1: ClassVar[float] = 0.01
-
-    def validate(self, num_clients: int) -> None:
-        super().validate(num_clients)
-        check_choice("local_scale", self.local_scale, ("1", "1/m"))
-        check_choice("agg", self.agg, ("mean", "data_weighted"))
-        check_choice("lr_index", self.lr_index, ("global", "inner", "round"))
-        if not (isinstance(self.iters, (int, np.integer)) and self.iters >= 1):
-            raise OptionError("iters", f"must be a positive integer (inner GD iterations), got {self.iters!r}.")
-        if self.a is not None and np.ndim(self.a) == 0 and not float(self.a) > 0:
-            raise OptionError("a", f"must be > 0 (γ_k = a/log₂(k + 2)), got {self.a}.")
 
     # ------------------------------------------------------------------ settings
     def scale_a(self, data):
@@ -143,12 +131,7 @@ class FedProxGD(_Baseline):
     summary: ClassVar[str] = ("FedProx with GD on the proximal subproblem, consensus regression (FedGiA's Table IV "
                               "baseline)")
     paper_a_v1: ClassVar[float] = 0.001
-    mu: float = 1e-4
-
-    def validate(self, num_clients: int) -> None:
-        super().validate(num_clients)
-        if np.ndim(self.mu) == 0 and not float(self.mu) >= 0:
-            raise OptionError("mu", f"must be >= 0, got {self.mu}.")
+    mu: float = option(1e-4, "μ of the proximal term (μ/2)‖y − x‖²", at_least(0))
 
     def client_update(self, shared, per_client):
         x, a, k_start, s, m = shared
@@ -190,15 +173,10 @@ class FedPD(_Baseline):
     name: ClassVar[str] = "fedpd"
     summary: ClassVar[str] = "FedPD (oracle I, option I) on consensus regression (FedGiA's Table IV baseline)"
     paper_a_v1: ClassVar[float] = 0.05
-    eta: float | None = None
-    agg_prob: float | None = None
-
-    def validate(self, num_clients: int) -> None:
-        super().validate(num_clients)
-        if self.eta is not None and np.ndim(self.eta) == 0 and not float(self.eta) > 0:
-            raise OptionError("eta", f"must be > 0, got {self.eta}.")
-        if self.agg_prob is not None and np.ndim(self.agg_prob) == 0 and not 0.0 < float(self.agg_prob) <= 1.0:
-            raise OptionError("agg_prob", f"must lie in (0, 1], got {self.agg_prob}.")
+    eta: float | None = option(None, "η of the augmented Lagrangian ‖y − x0_i‖²/(2η) (null: the paper's)",
+                               greater_than(0))
+    agg_prob: float | None = option(None, "p of FedPD's random aggregation after a Geometric(p) number of steps "
+                                          "(null: every k0 steps)", interval(0, 1, "(]"))
 
     def scale_eta(self, data):
         """η: the field, else the paper's (1 for V.1; max{400, d/50} for the logistic examples)."""

@@ -16,14 +16,15 @@ global model is (u, g) with logits g(h).
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 
 from fljax import tree
-from fljax.algorithms.base import ClientInput, ClientResult, check_choice
-from fljax.algorithms.fedavg import FedAvg
-from fljax.algorithms.local_training import run_steps
+from fljax.algorithms.base import ClientInput, ClientResult
+from fljax.algorithms.fedavg import ServerSGD
+from fljax.algorithms.local_training import EVERY, local_options, run_steps
 from fljax.errors import OptionError
 from fljax.models.model import masked_cross_entropy
 from fljax.options import option
@@ -42,17 +43,15 @@ def linear(head, h):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FedRoD(FedAvg):
-    name = "fedrod"
-    trains_model_state = False  # two models per client: one set of BatchNorm statistics cannot serve both
-    summary = "Fed-RoD: balanced-softmax generic head + personal head on a shared body (Chen & Chao 2022)"
-    eval_body: str = option("stored",
-                            "'stored' (the client's body and generic head after its latest training) or 'server' (the "
-                            "server's)")
+class FedRoD(ServerSGD, local_options(*EVERY)):
+    """The server averages (u, g) as FedAvg does (:class:`~fljax.algorithms.fedavg.ServerSGD`); both heads step with
+    the client's optimizer. Two models per client: Fed-RoD does not train BatchNorm statistics."""
 
-    def validate(self, num_clients: int) -> None:
-        super().validate(num_clients)
-        check_choice("eval_body", self.eval_body, ("stored", "server"))
+    name = "fedrod"
+    summary = "Fed-RoD: balanced-softmax generic head + personal head on a shared body (Chen & Chao 2022)"
+    eval_body: Literal["stored", "server"] = option(
+        "stored", "'stored' (the client's body and generic head after its latest training) or 'server' (the "
+                  "server's)")
 
     def init(self, ctx):
         server, _ = super().init(ctx)
@@ -67,7 +66,8 @@ class FedRoD(FedAvg):
         params, state, train, model = inp.down, inp.state, inp.train, inp.model
         counts = jnp.zeros(model.num_classes).at[train.y].add(train.mask.astype(jnp.float32))
         log_prior = jnp.where(counts > 0, jnp.log(jnp.maximum(counts, 1.0) / jnp.sum(counts)), LOG_ZERO)
-        opt = self.client_optimizer(self.lr_at(inp.round))
+        local = self.local
+        opt = local.client_optimizer(local.lr_at(inp.round))
 
         def generic_loss(w, batch):
             h = model.features(w, batch.x)
@@ -86,7 +86,7 @@ class FedRoD(FedAvg):
             return ((tree.add(w, uw), tree.add(p, up)), (w_state, p_state)), loss
 
         carry = ((params, state["p"]), (opt.init(params), opt.init(state["p"])))
-        ((w, p), _), loss = run_steps(step, carry, train, self.plan(), inp.key, inp.unroll)
+        ((w, p), _), loss = run_steps(step, carry, train, local.plan(), inp.key, inp.unroll)
         return ClientResult(state={"params": w, "p": p}, upload=w, weight=train.count, metrics={"train_loss": loss})
 
     def personal_params(self, inp: ClientInput):

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Literal
 
 import flax.struct
 import jax
@@ -46,16 +46,14 @@ import jax.numpy as jnp
 from fljax import tree
 import optax
 
-from fljax.algorithms.base import Centralized, ClientInput, ClientResult, check_choice
-from fljax.algorithms.local_training import LocalSGD, run_steps
+from fljax.algorithms.base import Centralized, ClientInput, ClientResult
+from fljax.algorithms.local_training import EVERY, local_options, run_steps
 from fljax.data.batching import BatchPlan
 from fljax.errors import OptionError
 from fljax.ops import admm, prox
-from fljax.options import option
+from fljax.options import at_least, greater_than, one_of, option, with_default
 
 __all__ = ["FedSLR", "Downlink", "prox_with_stats"]
-
-SOLVERS = ("fedslr", "lpgd", "gpgd")
 
 
 @flax.struct.dataclass
@@ -82,7 +80,8 @@ def wire_numel(stats):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FedSLR(Centralized, LocalSGD):
+class FedSLR(Centralized, local_options(*EVERY, lr_decay=0.998, weight_decay=1e-3, local_epochs=2,
+                                         local_steps=None)):
     """Hyperparameters (paper defaults, spec §6): ``lam`` λ = 1e-4, ``mu`` μ = 1e-3, ``eta_g`` η_g = 10; Phase I:
     ``local_epochs`` E1 = 2 of plain SGD, B = 20, lr 0.1·0.998^t, wd 1e-3 (D4, D18); Phase II: ``personal_epochs``
     E2 = 1, ``personal_weight_decay`` wd_p = 1e-3 (D3). The cohort mean is uniform (``weighting='uniform'``)."""
@@ -90,47 +89,36 @@ class FedSLR(Centralized, LocalSGD):
     name = "fedslr"
     summary = "FedSLR: low-rank global model (server SVT, per-client dual) + sparse personal part (Huang et al.)"
     supports_groups = False  # Algorithm 2's server averages every client's dual state (one stacked pytree)
-    lam: float = 1e-4
-    mu: float = 1e-3
-    eta_g: float = 10.0
-    personal_epochs: int = 1
-    personal_weight_decay: float = 1e-3
-    solver: str = option("fedslr",
-                         "'fedslr' (Algorithm 2), 'lpgd' (prox at every local step) or 'gpgd' (FedAvg clients, server "
-                         "prox)")
+    lam: float = option(1e-4, "λ of the global model's regulariser (nuclear norm: the SVT threshold λ·η_g)",
+                        at_least(0))
+    mu: float = option(1e-3, "μ of the personal component's regulariser (l1: the soft threshold μ·lr)", at_least(0))
+    eta_g: float = option(10.0, "η_g: the proximal weight 1/(2η_g) of Eq. (4) and the server's step on the duals",
+                          greater_than(0))
+    personal_epochs: int = option(1, "E2: epochs of Phase II (the personal component) per round", at_least(0))
+    personal_weight_decay: float = option(1e-3, "wd_p: weight decay of Phase II (D3)", at_least(0))
+    solver: Literal["fedslr", "lpgd", "gpgd"] = option(
+        "fedslr", "'fedslr' (Algorithm 2), 'lpgd' (prox at every local step) or 'gpgd' (FedAvg clients, server prox)")
     memory_efficient: bool = option(False, "Algorithm 3: the server keeps only the mean dual γ̄ (the same iterates)")
     global_prox: str = option("nuclear",
                               "prox of the global model's regulariser (default 'nuclear': low rank; any of "
-                              "fljax.ops.prox.PROXES)")
-    personal_prox: str = option("l1", "prox of the personal component's regulariser (default 'l1': sparse)")
-    p_init: str = option("zeros", "initial p_i: 'zeros' or 'copy_w0' (w_0 in every matrix leaf, as the authors' code)")
-    conv_reshape: str = option("fedslr",
-                               "how conv kernels become matrices for the nuclear prox: 'fedslr' ((O·kh)×(I·kw)) or "
-                               "'flat'")
-    downlink: str = option("factored", "broadcast w_t as low-rank 'factored' matrices where smaller, or 'dense'")
-    gpgd_threshold: str = option("eta_g",
-                                 "gpgd's SVT threshold: λ·η_g ('eta_g') or the paper-literal λ·η_l(t) ('eta_l')")
+                              "fljax.ops.prox.PROXES)", one_of(prox.PROXES))
+    personal_prox: str = option("l1", "prox of the personal component's regulariser (default 'l1': sparse)",
+                                one_of(prox.PROXES))
+    p_init: Literal["zeros", "copy_w0"] = option(
+        "zeros", "initial p_i: 'zeros' or 'copy_w0' (w_0 in every matrix leaf, as the authors' code)")
+    conv_reshape: Literal["fedslr", "flat"] = option(
+        "fedslr", "how conv kernels become matrices for the nuclear prox: 'fedslr' ((O·kh)×(I·kw)) or 'flat'")
+    downlink: Literal["factored", "dense"] = option(
+        "factored", "broadcast w_t as low-rank 'factored' matrices where smaller, or 'dense'")
+    gpgd_threshold: Literal["eta_g", "eta_l"] = option(
+        "eta_g", "gpgd's SVT threshold: λ·η_g ('eta_g') or the paper-literal λ·η_l(t) ('eta_l')")
     lpgd_factor_uplink: bool = option(False,
                                       "count lpgd's upload as low-rank factors (its local prox makes it low-rank)")
     nuclear_exclude: str | None = option(None, "path regex of matrix leaves left out of the nuclear prox (null: none)")
-    weighting: str = "uniform"
-    lr_decay: float = 0.998
-    weight_decay: float = 1e-3
-    local_epochs: int | None = 2
-    local_steps: int | None = None
+    weighting: str = with_default(Centralized, "weighting", "uniform")
 
-    def validate(self, num_clients: int) -> None:
-        super().validate(num_clients)
-        self.validate_local()
-        for key, choices in [("solver", SOLVERS), ("global_prox", prox.PROXES), ("personal_prox", prox.PROXES),
-                             ("p_init", ("zeros", "copy_w0")), ("conv_reshape", ("fedslr", "flat")),
-                             ("downlink", ("factored", "dense")), ("gpgd_threshold", ("eta_g", "eta_l"))]:
-            check_choice(key, getattr(self, key), choices)
-        for key in ("lam", "mu", "personal_weight_decay", "personal_epochs"):
-            if getattr(self, key) < 0:
-                raise OptionError(key, f"must be >= 0, got {getattr(self, key)}.")
-        if not self.eta_g > 0:
-            raise OptionError("eta_g", f"must be > 0, got {self.eta_g}.")
+    def check(self) -> None:
+        super().check()
         if self.memory_efficient and self.solver != "fedslr":
             raise OptionError("memory_efficient", f"keeps the mean dual of solver='fedslr'; solver={self.solver!r} "
                                                   f"has no dual.")
@@ -164,7 +152,7 @@ class FedSLR(Centralized, LocalSGD):
         return prox.make_prox(self.personal_prox, self.mu, **options)
 
     def steps_per_round(self, n_max: int) -> int:
-        return super().steps_per_round(n_max) + BatchPlan(batch_size=self.batch_size,
+        return super().steps_per_round(n_max) + BatchPlan(batch_size=self.local.batch_size,
                                                           epochs=self.personal_epochs).num_steps(n_max)
 
     # ------------------------------------------------------------------------------------------ state
@@ -192,15 +180,16 @@ class FedSLR(Centralized, LocalSGD):
     def phase_one(self, w_t, gamma, inp: ClientInput, key):
         """Eq. (4) by SGD from w_t: g = ∇CE(w; ξ) + wd·w − γ_i + (w − w_t)/η_g; then Eq. (5)."""
         pull = lambda w: admm.augmented_lagrangian_grad(w, w_t, gamma, sigma=1.0 / self.eta_g, dual_sign=-1)  # noqa
-        w_i, loss = self.train(inp.model.loss, w_t, inp, key=key, extra_grad=pull)
+        w_i, loss = self.local.train(inp.model.loss, w_t, inp, key=key, extra_grad=pull)
         return w_i, admm.dual_ascent(gamma, w_t, w_i, 1.0 / self.eta_g), loss
 
     def lpgd_local(self, w_t, inp: ClientInput, key):
         """Eqs. (18)–(19): w ← Prox_{lr·λ‖·‖_*}(w − lr·(∇CE(w; ξ) + wd·w)) at every step; returns the number of
         values of the last iterate's factors too."""
-        lr = self.lr_at(inp.round)
-        opt = self.client_optimizer(lr)
-        sgd = self.sgd_step(inp.model.loss, opt)
+        local = self.local
+        lr = local.lr_at(inp.round)
+        opt = local.client_optimizer(lr)
+        sgd = local.sgd_step(inp.model.loss, opt)
 
         def step(carry, batch, k):
             (w, s), loss = sgd(carry[:2], batch, k)
@@ -208,7 +197,7 @@ class FedSLR(Centralized, LocalSGD):
             return (w, s, wire_numel(stats)), loss
 
         numel0 = jnp.int32(tree.size(w_t))
-        (w, _, numel), loss = run_steps(step, (w_t, opt.init(w_t), numel0), inp.train, self.plan(), key,
+        (w, _, numel), loss = run_steps(step, (w_t, opt.init(w_t), numel0), inp.train, local.plan(), key,
                                         inp.unroll)
         return w, numel, loss
 
@@ -216,9 +205,10 @@ class FedSLR(Centralized, LocalSGD):
         """Eq. (7), E2 epochs from p_i: p ← Prox_{lr·μR}(p − lr·[∇_p CE(w_t + p; ξ) + wd_p·p]), anchored on the
         received w_t: the personal phase with plain SGD (weight decay wd_p) and the personal prox after every
         step."""
-        lr = self.lr_at(inp.round)
+        local = self.local
+        lr = local.lr_at(inp.round)
         sgd = optax.chain(optax.add_decayed_weights(self.personal_weight_decay), optax.sgd(lr))
-        return self.personal_phase(lambda q, batch: inp.model.loss(tree.add(w_t, q), batch), p, inp, key,
+        return local.personal_phase(lambda q, batch: inp.model.loss(tree.add(w_t, q), batch), p, inp, key,
                                    epochs=self.personal_epochs, optimizer=sgd, prox=self.personal_prox_op())
 
     def client_update(self, inp: ClientInput) -> ClientResult:
@@ -230,7 +220,7 @@ class FedSLR(Centralized, LocalSGD):
         elif self.solver == "lpgd":
             w_i, metrics["upload_numel"], loss = self.lpgd_local(w_t, inp, k1)
         else:
-            w_i, loss = self.train(inp.model.loss, w_t, inp, key=k1)
+            w_i, loss = self.local.train(inp.model.loss, w_t, inp, key=k1)
         new_state["p"], personal_loss = self.phase_two(w_t, inp.state["p"], inp, k2)
         metrics.update(train_loss=loss, personal_loss=personal_loss)
         return ClientResult(state=new_state, upload=w_i, weight=inp.train.count, metrics=metrics)
@@ -249,7 +239,7 @@ class FedSLR(Centralized, LocalSGD):
         if self.solver == "lpgd":
             tau = None
         elif self.solver == "gpgd" and self.gpgd_threshold == "eta_l":
-            tau = self.lam * self.lr_at(ctx.round)
+            tau = self.lam * self.local.lr_at(ctx.round)
         else:
             tau = self.lam * self.eta_g
         out["params"], out["stats"] = self.global_prox_step(z, tau)

@@ -20,34 +20,27 @@ import jax
 
 from fljax import tree
 from fljax.algorithms.base import Centralized, ClientInput, ClientResult
-from fljax.algorithms.local_training import LocalSGD
-from fljax.errors import OptionError
+from fljax.algorithms.local_training import EVERY, local_options
 from fljax.models.model import masked_cross_entropy
 from fljax.ops.distill import kl_divergence
+from fljax.options import between, option, with_default
 
 __all__ = ["FML"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FML(Centralized, LocalSGD):
-    """``a``, ``b``: the KD weights of the local model and of the meme; the client optimizer is :class:`LocalSGD`'s
-    (``lr`` η decayed per round by ``lr_decay``, ``weight_decay`` on both models)."""
+class FML(Centralized, local_options(*EVERY)):
+    """``a``, ``b``: the KD weights of the local model and of the meme; both models step with the client's local
+    training (``lr`` η decayed per round by ``lr_decay``, ``weight_decay`` on both models)."""
 
     name = "fml"
     summary = "Federated Mutual Learning: local model and global meme distil each other on every batch (Shen et al.)"
     mixed_architectures = True
 
-    a: float = 0.25
-    b: float = 0.25
-    cohort_size: int | None = None
-    weighting: str = "uniform"
-
-    def validate(self, num_clients: int) -> None:
-        super().validate(num_clients)
-        self.validate_local()
-        for key in ("a", "b"):
-            if not 0 <= getattr(self, key) <= 1:
-                raise OptionError(key, f"must be in [0, 1], got {getattr(self, key)}.")
+    a: float = option(0.25, "KD weight a of the local model: (1 − a) CE(x) + a KL(sg p_w ‖ p_x)", between(0, 1))
+    b: float = option(0.25, "KD weight b of the meme: (1 − b) CE(w) + b KL(sg p_x ‖ p_w)", between(0, 1))
+    cohort_size: int | None = with_default(Centralized, "cohort_size", None)
+    weighting: str = with_default(Centralized, "weighting", "uniform")
 
     def init(self, ctx):
         """w⁰ = init(global model); local models start as copies of w⁰ when they share its architecture, else one
@@ -70,7 +63,7 @@ class FML(Centralized, LocalSGD):
 
     def client_update(self, inp: ClientInput) -> ClientResult:
         loss_fn = lambda p, batch: self.joint_loss(inp.model, inp.global_model, p, batch)  # noqa: E731
-        (x, w), loss = self.train(loss_fn, (inp.state["x"], inp.down), inp)
+        (x, w), loss = self.local.train(loss_fn, (inp.state["x"], inp.down), inp)
         return ClientResult(state={"x": x}, upload=w, weight=inp.train.count, metrics={"train_loss": loss})
 
     def broadcast(self, server):

@@ -1,15 +1,31 @@
-"""Local training: the minibatch loop every client runs, and the client-optimizer settings shared by algorithms.
+"""Local training: the minibatch loop every client runs, and the client-training settings as one value.
 
 :func:`run_steps` scans a step function over one client's batch schedule (a :class:`fljax.data.BatchPlan`);
-inactive steps (past a small client's data in ``epochs`` mode) leave the carry unchanged. :class:`LocalSGD` is a
-base of every algorithm whose clients run minibatch SGD: it holds the usual client-side hyperparameters, builds the
-optax optimizer for a round, and provides local training (:meth:`LocalSGD.train`) and the personal phase of
-partial-personalization methods (:meth:`LocalSGD.personal_phase`).
+inactive steps (past a small client's data in ``epochs`` mode) leave the carry unchanged.
+
+Settings are composed, not inherited. :class:`LocalTraining` is a frozen value holding the client optimizer
+(``lr``, ``lr_decay``, ``optimizer``, ``momentum``, ``weight_decay``, ``clip_norm``) and a round's local work
+(``batch_size``, ``local_epochs`` or ``local_steps``, ``sampling``); each option is declared once, here, with its
+default, one-line doc and check. The value does the training: :meth:`LocalTraining.train` (a round's local SGD),
+:meth:`LocalTraining.personal_phase` (the personal phase of partial-personalization methods),
+:meth:`LocalTraining.plan`, :meth:`LocalTraining.lr_at`, :meth:`LocalTraining.client_optimizer`.
+
+An algorithm takes exactly the local options it honours, as flat hyperparameters (``algo.lr``,
+``FedProx(lr=0.1, mu=0.01, local_steps=10)``): its dataclass derives from ``local_options(name, ..., **defaults)``,
+a base holding those fields only (their declarations here, with the algorithm's own defaults), and ``self.local``
+is the :class:`LocalTraining` value built from them; an option it does not take keeps :class:`LocalTraining`'s
+default there (e.g. APFL's coupled steps are plain SGD: it takes no ``optimizer``, ``momentum`` or ``clip_norm``,
+so it cannot be given one). ``EVERY`` names all ten options. Algorithms whose clients run a loop of their own with
+other semantics (QuPeD's epoch clock, Per-FedAvg's meta-steps) declare their own options instead.
+
+This follows the settings-as-values designs of pfl-research (``NNTrainHyperParams`` handed to an algorithm), FedJAX
+(a ``client_optimizer`` argument) and optax (an optimizer built as a chain of transformations), keeping fljax's flat
+keys.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, ClassVar, Literal
 
 import jax
 import jax.numpy as jnp
@@ -21,10 +37,9 @@ from fljax.data.batching import BatchPlan, gather_batch
 from fljax.errors import OptionError
 from fljax.models.model import current_mode
 from fljax.ops.sam import sam_value_and_grad
+from fljax.options import Options, at_least, greater_than, interval, option, type_hints, with_default
 
-__all__ = ["run_steps", "train_steps", "sgd_step", "LocalSGD", "OPTIMIZERS"]
-
-OPTIMIZERS = ("sgd", "adam")
+__all__ = ["run_steps", "train_steps", "sgd_step", "LocalTraining", "LocalOptions", "local_options", "EVERY"]
 
 
 def run_steps(step: Callable, carry, train, plan: BatchPlan, key, unroll: int = 1):
@@ -48,51 +63,34 @@ def run_steps(step: Callable, carry, train, plan: BatchPlan, key, unroll: int = 
     return carry, jnp.sum(losses * act) / jnp.maximum(jnp.sum(act), 1.0)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LocalSGD(Algorithm):
-    """Client optimizer settings.
+@dataclasses.dataclass(frozen=True)
+class LocalTraining(Options):
+    """A client's local training in one round: the optimizer (fresh every round) and the local work. The client
+    learning rate at round t is lr · lr_decay^t; a step is [clip to ``clip_norm``] → [+ ``weight_decay``·w] →
+    SGD with ``momentum`` (PyTorch semantics) or Adam."""
 
-    The client learning rate at round t is ``lr`` · ``lr_decay``^t. ``optimizer``: 'sgd' (with ``momentum``,
-    PyTorch semantics) or 'adam'. ``weight_decay`` is coupled (added to the gradient). ``clip_norm``: clip the
-    gradient to this global L2 norm before weight decay and the optimizer (None = no clipping; the DFedAlt spec's
-    D17 uses 10). Local work per round: ``local_epochs`` passes over the client's data if set, else
-    ``local_steps`` minibatches, of ``batch_size`` samples (None = full batch). ``sampling``: 'shuffle' (epochs) or
-    'replacement'. The optimizer state is fresh every round.
-    """
+    lr: float = option(0.1, "client learning rate η (at round t: lr · lr_decay^t)", greater_than(0))
+    lr_decay: float = option(1.0, "per-round decay factor of the client learning rate, in (0, 1] (1: constant)",
+                             interval(0, 1, "(]"))
+    optimizer: Literal["sgd", "adam"] = option("sgd", "client optimizer: 'sgd' (with momentum) or 'adam'")
+    momentum: float = option(0.0, "SGD momentum, in [0, 1) (PyTorch semantics; the buffer starts at zero every "
+                                  "round)", interval(0, 1, "[)"))
+    weight_decay: float = option(0.0, "coupled L2 weight decay wd: wd·w is added to every local gradient",
+                                 at_least(0))
+    clip_norm: float | None = option(None, "clip every local gradient to this global L2 norm, before weight decay "
+                                           "(null: no clipping)", greater_than(0))
+    batch_size: int | None = option(20, "samples per local minibatch (null: the client's whole train split)",
+                                    at_least(1))
+    local_epochs: int | None = option(None, "local passes over the client's train split per round (null: "
+                                            "local_steps)", at_least(0))
+    local_steps: int | None = option(10, "local minibatch steps per round when local_epochs is null",
+                                     at_least(0))
+    sampling: Literal["shuffle", "replacement"] = option("shuffle", "minibatches from a shuffle of the client's "
+                                                                    "data ('shuffle') or drawn with 'replacement'")
 
-    lr: float = 0.1
-    lr_decay: float = 1.0
-    optimizer: str = "sgd"
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    clip_norm: float | None = None
-    batch_size: int | None = 20
-    local_epochs: int | None = None
-    local_steps: int | None = 10
-    sampling: str = "shuffle"
-
-    def validate_local(self):
-        if not self.lr > 0:
-            raise OptionError("lr", f"must be > 0, got {self.lr}.")
-        if not 0 < self.lr_decay <= 1:
-            raise OptionError("lr_decay", f"must be in (0, 1], got {self.lr_decay}.")
-        if self.optimizer not in OPTIMIZERS:
-            raise OptionError("optimizer", f"must be one of {OPTIMIZERS}, got {self.optimizer!r}.")
-        if not 0 <= self.momentum < 1:
-            raise OptionError("momentum", f"must be in [0, 1), got {self.momentum}.")
-        if self.weight_decay < 0:
-            raise OptionError("weight_decay", f"must be >= 0, got {self.weight_decay}.")
-        if self.clip_norm is not None and not self.clip_norm > 0:
-            raise OptionError("clip_norm", f"must be > 0 or null (no clipping), got {self.clip_norm}.")
-        if self.sampling not in ("shuffle", "replacement"):
-            raise OptionError("sampling", f"must be 'shuffle' or 'replacement', got {self.sampling!r}.")
+    def check(self) -> None:
         if self.local_epochs is None and self.local_steps is None:
             raise OptionError("local_steps", "or local_epochs must be set (local_epochs wins when both are set).")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise OptionError("batch_size", f"must be >= 1 or null (full batch), got {self.batch_size}.")
-        for key in ("local_epochs", "local_steps"):
-            if getattr(self, key) is not None and getattr(self, key) < 0:
-                raise OptionError(key, f"must be >= 0, got {getattr(self, key)}.")
 
     def plan(self) -> BatchPlan:
         epochs = self.local_epochs
@@ -100,6 +98,7 @@ class LocalSGD(Algorithm):
                          replacement=self.sampling == "replacement")
 
     def lr_at(self, round_):
+        """The client learning rate of round ``round_`` (may be traced): lr · lr_decay^t."""
         return self.lr * jnp.power(jnp.float32(self.lr_decay), round_)
 
     def client_optimizer(self, lr) -> optax.GradientTransformation:
@@ -144,6 +143,50 @@ class LocalSGD(Algorithm):
         plan = BatchPlan(batch_size=self.batch_size, epochs=epochs)
         post = None if prox is None else (lambda p: prox(p, rate))
         return train_steps(loss_fn, v, inp, plan, opt, key=key, extra_grad=extra_grad, post=post, sam_rho=sam_rho)
+
+
+EVERY = tuple(f.name for f in dataclasses.fields(LocalTraining))  # every local-training option
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LocalOptions(Algorithm):
+    """Base of the classes :func:`local_options` makes: an algorithm's local-training options as fields, and
+    :attr:`local`, the :class:`LocalTraining` value built from them."""
+
+    local_names: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def local(self) -> LocalTraining:
+        """This algorithm's local training (an option it does not take keeps :class:`LocalTraining`'s default)."""
+        return LocalTraining(**{name: getattr(self, name) for name in self.local_names})
+
+    def check(self) -> None:
+        super().check()
+        self.local  # noqa: B018 (builds the value: checks across the local options, local_epochs or local_steps)
+
+    def plan(self) -> BatchPlan:
+        """The batch plan of a round's local training (the engine sizes the work and the unroll from it)."""
+        return self.local.plan()
+
+
+def local_options(*names: str, **defaults) -> type:
+    """A dataclass base declaring the local-training options ``names`` (their declarations in
+    :class:`LocalTraining`; ``defaults`` replace theirs) for an algorithm to derive from::
+
+        class DFedAvgM(Decentralized, local_options(*EVERY, lr=0.1, momentum=0.9)): ...
+
+    Its instances hold ``local``, the :class:`LocalTraining` value of those fields."""
+    declared = {f.name: f for f in dataclasses.fields(LocalTraining)}
+    unknown = sorted((set(names) | set(defaults)) - set(declared))
+    if unknown or set(defaults) - set(names):
+        raise TypeError(f"local_options: {unknown or sorted(set(defaults) - set(names))} are not local-training "
+                        f"options taken here; the options are {list(declared)}.")
+    hints = type_hints(LocalTraining)
+    fields = [(n, hints[n], with_default(LocalTraining, n, defaults.get(n, declared[n].default))) for n in names]
+    cls = dataclasses.make_dataclass("LocalOptions", fields, bases=(LocalOptions,), frozen=True, kw_only=True,
+                                     namespace={"local_names": tuple(names), "__module__": __name__})
+    cls.__qualname__ = f"local_options({', '.join(names)})"
+    return cls
 
 
 def sgd_step(loss_fn: Callable, opt: optax.GradientTransformation, extra_grad: Callable | None = None,

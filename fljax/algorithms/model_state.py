@@ -10,7 +10,8 @@ and passed through proximal operators, quantizers or thresholds; s travels besid
   from the client's TRAIN key ``fold_in(fold_in(round key, TRAIN), client id)``: no two clients or steps share one;
 * evaluation runs in evaluation mode: running statistics s, no dropout (deterministic).
 
-Where s lives is the ``batch_stats`` hyperparameter:
+Where s lives is the ``batch_stats`` hyperparameter of the algorithms that offer both (:class:`BatchStatsOption`), and
+``local`` for those that communicate no model (Local):
 
 * ``averaged``: the server holds one s_t, broadcast with w_t; client i trains from s_t and uploads its s_i; the
   server sets s_{t+1} = Σ_{i∈S_t} p_i s_i with the parameters' aggregation weights p_i (what averaging a whole
@@ -24,16 +25,14 @@ broadcasts, and the uploads; ``local``: the per-client state); a Dropout-only mo
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Literal
 
 import flax.struct
 
 from fljax import tree
-from fljax.errors import OptionError
+from fljax.options import option
 
-__all__ = ["WithStats", "TrainsModelState", "BATCH_STATS", "unwrap", "init", "attach", "client_fn", "aggregate"]
-
-BATCH_STATS = ("averaged", "local")
+__all__ = ["WithStats", "TrainsModelState", "BatchStatsOption", "unwrap", "init", "attach", "client_fn", "aggregate"]
 
 
 @flax.struct.dataclass
@@ -47,23 +46,32 @@ class WithStats:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainsModelState:
     """Base of the algorithms whose clients train a model with BatchNorm or Dropout (every local step through
-    :func:`fljax.algorithms.local_training.train_steps`). ``batch_stats``: 'averaged' (the server averages the
-    clients' BatchNorm statistics with the parameters' weights) or 'local' (each client keeps its own, FedBN), for a
-    module with BatchNorm."""
+    :func:`fljax.algorithms.local_training.train_steps`). Where a BatchNorm model's statistics live is
+    :meth:`stats_policy`: 'local' here (each client keeps its own); :class:`BatchStatsOption` lets the user choose."""
 
     trains_model_state: ClassVar[bool] = True
-    batch_stats: str = "averaged"
+
+    def stats_policy(self) -> str:
+        return "local"
 
     def init_population(self, ctx):
         server, clients = super().init_population(ctx)
         if ctx.model is None or not ctx.model.has_mode:
             return server, clients
-        return init(ctx.model, self.batch_stats, self.init_key(ctx), server, clients, ctx.num_clients)
+        return init(ctx.model, self.stats_policy(), self.init_key(ctx), server, clients, ctx.num_clients)
 
-    def validate(self, num_clients: int) -> None:
-        super().validate(num_clients)
-        if self.batch_stats not in BATCH_STATS:
-            raise OptionError("batch_stats", f"must be one of {list(BATCH_STATS)}, got {self.batch_stats!r}.")
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BatchStatsOption(TrainsModelState):
+    """:class:`TrainsModelState` with the ``batch_stats`` option: 'averaged' (the server averages the clients'
+    statistics with the parameters' weights) or 'local' (FedBN)."""
+
+    batch_stats: Literal["averaged", "local"] = option(
+        "averaged", "where a BatchNorm model's statistics live: 'averaged' by the server with the parameters' "
+                    "weights, or 'local' to each client (FedBN)")
+
+    def stats_policy(self) -> str:
+        return self.batch_stats
 
 
 def unwrap(x):

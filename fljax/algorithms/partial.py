@@ -17,37 +17,30 @@ the client's model after its latest local training) or the current server body w
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import jax
 
 from fljax import tree
-from fljax.algorithms.base import Centralized, ClientInput, ClientResult, check_choice
-from fljax.algorithms.local_training import LocalSGD
+from fljax.algorithms.base import Centralized, ClientInput, ClientResult
+from fljax.algorithms.local_training import EVERY, local_options
 from fljax.data.batching import BatchPlan
 from fljax.errors import OptionError
 from fljax.ops import partition
-from fljax.options import option
+from fljax.options import at_least, greater_than, option, with_default
 
-__all__ = ["FedPer", "FedRep", "LGFedAvg"]
+__all__ = ["PartialModel", "FedPer", "FedRep", "LGFedAvg"]
 
 NOT_HEAD = "^(?!.*head)"  # every leaf whose path does not contain 'head'
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FedPer(Centralized, LocalSGD):
-    name = "fedper"
-    summary = "FedPer: shared body averaged by the server, personal head kept by each client (Arivazhagan et al. 2019)"
-    personal: str = option("head",
-                           "path regex of the parameters that stay with the client (default: the last Dense layer "
-                           "'head')")
-    eval_body: str = option("stored",
-                            "'stored' (the client's model after its latest training) or 'server' (the server's shared "
-                            "part with its own personal part)")
+class PartialModel(Centralized, local_options(*EVERY)):
+    """A model split by ``personal`` into a shared part u, averaged by the server, and a personal part v (the
+    server keeps its initial v); the client update and evaluation are the subclass's."""
 
-    def validate(self, num_clients: int) -> None:
-        super().validate(num_clients)
-        self.validate_local()
-        check_choice("eval_body", self.eval_body, ("stored", "server"))
+    personal: str = option("head", "path regex of the parameters that stay with the client, never averaged "
+                                   "('head': the last Dense layer)")
 
     def shared_mask(self, params):
         """Leaf mask of the shared part u (the complement of ``personal``)."""
@@ -65,22 +58,31 @@ class FedPer(Centralized, LocalSGD):
                                                                       "no" if all(shared) else "every"))
         return {"params": params}, {"params": tree.broadcast_clients(params, ctx.num_clients)}
 
+    def server_update(self, ctx, server, clients, cohort, result):
+        mean = tree.weighted_mean_clients(result.upload, self.aggregation_weights(result))
+        return {"params": partition.merge(mean, server["params"])}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FedPer(PartialModel):
+    name = "fedper"
+    summary = "FedPer: shared body averaged by the server, personal head kept by each client (Arivazhagan et al. 2019)"
+    eval_body: Literal["stored", "server"] = option(
+        "stored", "'stored' (the client's model after its latest training) or 'server' (the server's shared part "
+                  "with its own personal part)")
+
     def broadcast(self, server):
         return self.split(server["params"])[0]
 
     def local_update(self, params, inp: ClientInput):
         """Joint local training of (u, v_i)."""
-        return self.train(inp.model.loss, params, inp)
+        return self.local.train(inp.model.loss, params, inp)
 
     def client_update(self, inp: ClientInput) -> ClientResult:
         params = partition.merge(inp.down, self.split(inp.state["params"])[1])
         params, loss = self.local_update(params, inp)
         return ClientResult(state={"params": params}, upload=self.split(params)[0], weight=inp.train.count,
                             metrics={"train_loss": loss})
-
-    def server_update(self, ctx, server, clients, cohort, result):
-        mean = tree.weighted_mean_clients(result.upload, self.aggregation_weights(result))
-        return {"params": partition.merge(mean, server["params"])}
 
     def eval_shared(self, server):
         return self.broadcast(server)
@@ -99,30 +101,24 @@ class FedRep(FedPer):
 
     name = "fedrep"
     summary = "FedRep: train the personal head with the body frozen, then the shared body (Collins et al. 2021)"
-    head_epochs: int = 1
-    body_epochs: int = 2
-    head_lr: float | None = None
-
-    def validate(self, num_clients: int) -> None:
-        super().validate(num_clients)
-        for key in ("head_epochs", "body_epochs"):
-            if getattr(self, key) < 0:
-                raise OptionError(key, f"must be >= 0, got {getattr(self, key)}.")
-        if self.head_lr is not None and not self.head_lr > 0:
-            raise OptionError("head_lr", f"must be > 0, got {self.head_lr}.")
+    head_epochs: int = option(1, "epochs of the personal phase (the head, the body frozen) per round", at_least(0))
+    body_epochs: int = option(2, "epochs of the shared phase (the body, the new head frozen) per round", at_least(0))
+    head_lr: float | None = option(None, "learning rate of the personal phase (null: the client lr)",
+                                   greater_than(0))
 
     def steps_per_round(self, n_max: int) -> int:
-        per_epoch = BatchPlan(batch_size=self.batch_size, epochs=1).num_steps(n_max)
+        per_epoch = BatchPlan(batch_size=self.local.batch_size, epochs=1).num_steps(n_max)
         return (self.head_epochs + self.body_epochs) * per_epoch
 
     def local_update(self, params, inp: ClientInput):
         u, v = self.split(params)
         k_head, k_body = jax.random.split(inp.key)
         loss = inp.model.loss
-        v, _ = self.personal_phase(lambda v_, b: loss(partition.merge(u, v_), b), v, inp, k_head,
-                                   epochs=self.head_epochs, lr=self.head_lr)
-        u, body_loss = self.train(lambda u_, b: loss(partition.merge(u_, v), b), u, inp, key=k_body,
-                                  plan=BatchPlan(batch_size=self.batch_size, epochs=self.body_epochs))
+        local = self.local
+        v, _ = local.personal_phase(lambda v_, b: loss(partition.merge(u, v_), b), v, inp, k_head,
+                                    epochs=self.head_epochs, lr=self.head_lr)
+        u, body_loss = local.train(lambda u_, b: loss(partition.merge(u_, v), b), u, inp, key=k_body,
+                                   plan=BatchPlan(batch_size=local.batch_size, epochs=self.body_epochs))
         return partition.merge(u, v), body_loss
 
 
@@ -132,4 +128,4 @@ class LGFedAvg(FedPer):
 
     name = "lg_fedavg"
     summary = "LG-FedAvg: personal body, shared head averaged by the server (Liang et al. 2020)"
-    personal: str = option(NOT_HEAD, "path regex of the parameters that stay with the client (default: all but 'head')")
+    personal: str = with_default(PartialModel, "personal", NOT_HEAD)

@@ -21,17 +21,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 
 from fljax import tree
-from fljax.algorithms.base import Centralized, ClientInput, ClientResult, check_choice
+from fljax.algorithms.base import Centralized, ClientInput, ClientResult
 from fljax.algorithms.local_training import run_steps
 from fljax.data.batching import Batch, BatchPlan, gather_batch
-from fljax.errors import OptionError
 from fljax.ops import meta
-from fljax.options import option
+from fljax.options import at_least, greater_than, interval, one_of, option
 
 __all__ = ["PerFedAvg"]
 
@@ -42,34 +42,21 @@ class PerFedAvg(Centralized):
     summary = "Per-FedAvg: FedAvg on the one-step MAML objective, FO or Hessian-free (Fallah et al. 2020)"
     alpha: float = option(0.01,
                           "inner (adaptation) step size α of w̃ = w − α∇f_i(w; D), also the evaluation's one "
-                          "fine-tuning step")
-    beta: float = option(0.001, "outer step size β of the meta-update w ← w − β∇f_i(w̃; D′)")
+                          "fine-tuning step", greater_than(0))
+    beta: float = option(0.001, "outer step size β of the meta-update w ← w − β∇f_i(w̃; D′)", greater_than(0))
     hvp_mode: str = option("none",
                            "'none' (first-order), 'exact' (forward-over-reverse HVP) or 'fd' (central difference) for "
-                           "the Hessian term")
-    fd_delta: float = option(1e-3, "finite-difference width δ of hvp_mode='fd'")
-    lr_decay: float = option(1.0, "α and β at round t are multiplied by lr_decay^t (1: constant)")
-    weight_decay: float = option(0.0, "coupled L2 weight decay wd: f_i includes wd/2‖w‖²")
-    batch_size: int = option(20, "rows per batch B; one step draws 2B (FO) or 3B (HF) rows split into D, D′ (, D″)")
-    local_epochs: int = option(2, "passes over the client's data per round (E·⌈n_i/(2B)⌉ steps)")
-    batches: str = option("minibatch",
-                          "'minibatch' (disjoint batches of the epoch's shuffle) or 'support_query' (D, D′ = support, "
-                          "query sets)")
-
-    def validate(self, num_clients: int) -> None:
-        super().validate(num_clients)
-        check_choice("batches", self.batches, ("minibatch", "support_query"))
-        for key in ("alpha", "beta"):
-            if not getattr(self, key) > 0:
-                raise OptionError(key, f"must be > 0, got {getattr(self, key)}.")
-        check_choice("hvp_mode", self.hvp_mode, meta.HVP_MODES)
-        if not 0 < self.lr_decay <= 1:
-            raise OptionError("lr_decay", f"must be in (0, 1], got {self.lr_decay}.")
-        for key in ("weight_decay", "local_epochs"):
-            if getattr(self, key) < 0:
-                raise OptionError(key, f"must be >= 0, got {getattr(self, key)}.")
-        if self.batch_size < 1:
-            raise OptionError("batch_size", f"must be >= 1, got {self.batch_size}.")
+                           "the Hessian term", one_of(meta.HVP_MODES))
+    fd_delta: float = option(1e-3, "finite-difference width δ of hvp_mode='fd'", greater_than(0))
+    lr_decay: float = option(1.0, "α and β at round t are multiplied by lr_decay^t (1: constant)",
+                             interval(0, 1, "(]"))
+    weight_decay: float = option(0.0, "coupled L2 weight decay wd: f_i includes wd/2‖w‖²", at_least(0))
+    batch_size: int = option(20, "rows per batch B; one step draws 2B (FO) or 3B (HF) rows split into D, D′ (, D″)",
+                             at_least(1))
+    local_epochs: int = option(2, "passes over the client's data per round (E·⌈n_i/(2B)⌉ steps)", at_least(0))
+    batches: Literal["minibatch", "support_query"] = option(
+        "minibatch", "'minibatch' (disjoint batches of the epoch's shuffle) or 'support_query' (D, D′ = support, "
+                     "query sets)")
 
     @property
     def batches_per_step(self) -> int:

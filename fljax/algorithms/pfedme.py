@@ -14,42 +14,35 @@ Defaults are the pFedMe paper's MNIST settings: η = ``lr`` = 0.005, η_p = ``pe
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import jax
 
 from fljax import tree
-from fljax.algorithms.base import Centralized, ClientInput, ClientResult, check_choice
-from fljax.algorithms.local_training import LocalSGD, run_steps
-from fljax.errors import OptionError
+from fljax.algorithms.base import Centralized, ClientInput, ClientResult
+from fljax.algorithms.local_training import local_options, run_steps
 from fljax.ops import admm
-from fljax.options import option
+from fljax.options import at_least, greater_than, option
 
 __all__ = ["PFedMe"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PFedMe(Centralized, LocalSGD):
+class PFedMe(Centralized, local_options("lr", "lr_decay", "weight_decay", "batch_size", "local_epochs",
+                                         "local_steps", "sampling", lr=0.005, local_steps=20)):
+    """Its steps are plain SGD (η on w_i, η_p on θ): pFedMe takes no client optimizer, momentum or clipping."""
+
     name = "pfedme"
     summary = "pFedMe: personalized models via Moreau envelopes, K inner prox steps per batch (Dinh et al. 2020)"
-    lam: float = option(15.0, "λ of the Moreau envelope (λ/2)‖θ − w‖² pulling the personal θ_i towards the local w_i")
-    personal_lr: float = option(0.1, "step size η_p of the K inner steps on the personal θ")
-    inner_steps: int = option(5, "K: inner steps approximating θ̃_i(w_i) per minibatch")
-    beta: float = option(1.0, "server mixing β: w_{t+1} = (1 − β) w_t + β·mean w_i (1: plain mean)")
-    eval_mode: str = option("stored",
-                            "'stored' (θ_i of the last participation) or 'refresh' (θ of one local round from w_T at "
-                            "evaluation)")
-    lr: float = 0.005
-    local_steps: int | None = 20
-
-    def validate(self, num_clients: int) -> None:
-        super().validate(num_clients)
-        self.validate_local()
-        for key in ("lam", "personal_lr", "beta"):
-            if not getattr(self, key) > 0:
-                raise OptionError(key, f"must be > 0, got {getattr(self, key)}.")
-        if self.inner_steps < 1:
-            raise OptionError("inner_steps", f"must be >= 1, got {self.inner_steps}.")
-        check_choice("eval_mode", self.eval_mode, ("stored", "refresh"))
+    lam: float = option(15.0, "λ of the Moreau envelope (λ/2)‖θ − w‖² pulling the personal θ_i towards the local w_i",
+                        greater_than(0))
+    personal_lr: float = option(0.1, "step size η_p of the K inner steps on the personal θ", greater_than(0))
+    inner_steps: int = option(5, "K: inner steps approximating θ̃_i(w_i) per minibatch", at_least(1))
+    beta: float = option(1.0, "server mixing β: w_{t+1} = (1 − β) w_t + β·mean w_i (1: plain mean)",
+                         greater_than(0))
+    eval_mode: Literal["stored", "refresh"] = option(
+        "stored", "'stored' (θ_i of the last participation) or 'refresh' (θ of one local round from w_T at "
+                  "evaluation)")
 
     def steps_per_round(self, n_max: int) -> int:
         return super().steps_per_round(n_max) * self.inner_steps
@@ -60,7 +53,7 @@ class PFedMe(Centralized, LocalSGD):
 
     def local_round(self, w_t, inp: ClientInput, round_):
         """R local iterations from w_i = θ = w_t; returns (w_i, θ, mean loss)."""
-        eta = self.lr_at(round_)
+        eta = self.local.lr_at(round_)
         model = inp.model
 
         def inner(theta, w, batch):

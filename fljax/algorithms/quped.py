@@ -36,21 +36,23 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fljax import tree
-from fljax.algorithms.base import Centralized, ClientInput, ClientResult, check_choice
-from fljax.algorithms.local_training import LocalSGD, run_steps
+from fljax.algorithms.base import Centralized, ClientInput, ClientResult
+from fljax.algorithms.local_training import run_steps
 from fljax.data.batching import ClockPlan, random_batch
 from fljax.errors import OptionError
 from fljax.models.model import masked_cross_entropy
 from fljax.ops import quant, schedule
 from fljax.ops.distill import kl_divergence
+from fljax.options import at_least, between, greater_than, interval, one_of, option, with_default
 
-__all__ = ["QuPeD", "QuantizedLocal"]
+__all__ = ["QuantizedClients", "QuPeD", "QuantizedLocal"]
 
 PENALTY_R = {1: 0.5, 2: 0.3}  # spec §6 r-rule: the cumulative pull before fine-tuning, in units of σ₀
 
@@ -90,107 +92,83 @@ def tree_leaf(params, path: str):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class QuPeD(Centralized, LocalSGD):
-    """Algorithm 2. ``lr`` η₁,₀, ``lr_gamma`` γ (per epoch), ``batch_size`` B (I = ⌈N_max/B⌉ iterations per epoch),
-    or ``chunks_per_epoch`` K with ``batch_size`` null (§8, ragged FEMNIST: I = K, each epoch's permutation of a
-    client's n_i rows cut into K contiguous chunks of ⌊n_i/K⌋ or ⌈n_i/K⌉, padded to ⌈N_max/K⌉ and masked; K must
-    not exceed the smallest client's n_i, so no chunk is empty), ``local_steps`` τ, ``weight_decay`` wd (on x and w, never c), ``epochs`` E and ``finetune_epochs`` E_ft (the
-    run's length: rounds = E·I/τ), ``lam_p`` λ_p, ``bits`` b (null: FP), ``kappa`` (null: the r-rule with
-    ``penalty_r``, null: 0.3 at 2 bits, 0.5 at 1 bit), ``lam_compensated`` (null: at 1 bit), ``lr_center`` η₂
-    (null: 1e-4·20,160/l̄), ``center_updates`` (False: Table 7's ablation, lines 12-13 and the fine-tuning center
-    step skipped). Decision options: ``center_prox``/``center_prox_sign`` (D1), ``fp_quant_grad`` (D3),
-    ``kd_temperature``/``kd_softening`` (D4), ``global_ce_weight`` (D5), ``center_granularity`` (D6),
-    ``assign_rule`` (D7), ``center_init`` (D8), ``personal_init`` (D9), ``lam_clock`` (D10), ``penalty_half``
-    (D11), ``weighting`` (D12), ``center_grad_clip``/``clamp_x`` (D17), ``fp_doubled`` (D20),
-    ``cohort_mode`` (D32), ``soft_sharpness`` P (D2: null is P → ∞; a finite P trains through the soft quantizer
-    Qs_c, whose x-gradient no longer vanishes), ``minibatches`` (D14: 'shared', one minibatch for lines 10, 12 and
-    14; 'fresh', a new one per sub-step, drawn uniformly from the client's data, each with its own teacher pass),
-    ``momentum`` (D16: 0, plain SGD; μ > 0, heavy-ball momentum on x and w with PyTorch semantics, x's buffer kept
-    in the client state, w_i's fresh every round). Per-group values (a bit width, λ_p by architecture, D26) are
-    client-group overrides."""
+class QuantizedClients(Centralized):
+    """Algorithm 2's client loop on the epoch clock, shared by QuPeD, QuPeL and Local Training (b bits): every
+    client-loop option here is honoured by all three (Local Training aggregates nothing, so ``weighting`` has nothing
+    to weigh there); what ties a client to the global model (distillation, an l2 coupling, or nothing) is the
+    subclass's. The clock: ``batch_size`` B (I = ⌈N_max/B⌉ iterations per epoch), or
+    ``chunks_per_epoch`` K with ``batch_size`` null (§8, ragged FEMNIST: I = K, each epoch's permutation of a client's
+    n_i rows cut into K contiguous chunks of ⌊n_i/K⌋ or ⌈n_i/K⌉, padded to ⌈N_max/K⌉ and masked; K must not exceed
+    the smallest client's n_i, so no chunk is empty); ``local_steps`` τ iterations per round; the run's length is
+    rounds = E·I/τ. The steps are proximal SGD at η₁(e) = η₁,₀·γ^(e−1) (no other client optimizer). Per-group values
+    (a bit width, λ_p by architecture, D26) are client-group overrides."""
 
-    name = "quped"
-    summary = "QuPeD: quantized personal models of any architecture distilled with a global model (Ozkara et al. 2021)"
     mixed_architectures = True
-    uses_server = True
+    uses_server = True  # a global model w (False: Local Training, no communication)
 
-    cohort_size: int | None = None
-    weighting: str = "uniform"
-    cohort_mode: str = "mask"
-    lr: float = 0.1
-    weight_decay: float = 1e-4
-    batch_size: int | None = 25
-    local_steps: int | None = 10
-    lr_gamma: float = 0.99
-    epochs: int = 250
-    finetune_epochs: int = 50
-    lam_p: float = 0.25
-    bits: int | None = 2
-    kappa: float | None = None
-    penalty_r: float | None = None
-    lam_compensated: bool | None = None
-    lr_center: float | None = None
-    center_updates: bool = True
-    center_prox: bool = True
-    center_prox_sign: str = "median"
-    fp_quant_grad: bool = False
-    kd_temperature: float = 1.0
-    kd_softening: str = "both"
-    global_ce_weight: float = 0.0
-    center_granularity: str = "leaf"
-    assign_rule: str = "nearest"
-    center_init: str = "quantile"
-    personal_init: str = "global"
-    lam_clock: str = "epoch"
-    penalty_half: bool = True
-    center_grad_clip: float | None = None
-    clamp_x: float | None = None
-    fp_doubled: bool = False
-    soft_sharpness: float | None = None
-    minibatches: str = "shared"
-    chunks_per_epoch: int | None = None
+    cohort_size: int | None = with_default(Centralized, "cohort_size", None)
+    weighting: str = with_default(Centralized, "weighting", "uniform")  # D12
+    cohort_mode: str = with_default(Centralized, "cohort_mode", "mask")  # D32
+    lr: float = option(0.1, "η₁,₀: the step size of epoch 1, η₁(e) = η₁,₀·γ^(e−1) (w's steps too, η₃ = η₁(e), D15)",
+                       greater_than(0))
+    weight_decay: float = option(1e-4, "wd: coupled weight decay on x and w (never on the centers)", at_least(0))
+    momentum: float = option(0.0, "D16: heavy-ball momentum μ on x and w (PyTorch semantics; x's buffer kept in the "
+                                  "client state, w_i's fresh every round; 0: plain SGD)", interval(0, 1, "[)"))
+    batch_size: int | None = option(25, "B: minibatch size, I = ⌈N_max/B⌉ iterations per epoch (null: "
+                                        "chunks_per_epoch)", at_least(1))
+    local_steps: int = option(10, "τ: iterations per round on the epoch clock", at_least(1))
+    chunks_per_epoch: int | None = option(None, "K: chunks per epoch with batch_size null (§8; K <= the smallest "
+                                                "client's train size)", at_least(1))
+    lr_gamma: float = option(0.99, "γ: per-epoch decay of η₁, in (0, 1]", interval(0, 1, "(]"))
+    epochs: int = option(250, "E: epochs of the run (its rounds = E·I/τ)", at_least(1))
+    finetune_epochs: int = option(50, "E_ft: the last epochs, the fine-tuning phase (§5.1; 0: none)", at_least(0))
+    bits: int | None = option(2, "b: bits per quantized parameter, 1..8 (null: full precision)",
+                              lambda v: None if 1 <= v <= 8 else f"must be in 1..8 or null (full precision), got {v}.")
+    kappa: float | None = option(None, "κ of λ(e) = κe (null: the r-rule with penalty_r)", greater_than(0))
+    penalty_r: float | None = option(None, "r of the r-rule Σ λη₁/2 = r·σ₀ (null: 0.3 at 2 bits, 0.5 at 1 bit)",
+                                     greater_than(0))
+    lam_compensated: bool | None = option(None, "λ(e) = κe/γ^e, compensating η₁'s decay (null: at 1 bit)")
+    lr_center: float | None = option(None, "η₂: the centers' step size (null: 1e-4·20,160/l̄, l̄ the mean "
+                                           "quantized leaf size)", greater_than(0))
+    center_updates: bool = option(True, "update the centers (false: Table 7's ablation, lines 12-13 and the "
+                                        "fine-tuning center step skipped)")
+    center_prox: bool = option(True, "D1: the linearised prox of the centers after their gradient step")
+    center_prox_sign: Literal["median", "printed"] = option("median", "D1: the sign of the centers' prox pull")
+    fp_quant_grad: bool = option(False, "D3: the Q-terms' x-gradient on the full-precision leaves too")
+    center_granularity: Literal["leaf", "client"] = option(
+        "leaf", "D6: one center vector per quantized leaf, or one per 'client'")
+    assign_rule: str = option("nearest", "D7: how entries are assigned to centers", one_of(quant.ASSIGN_RULES))
+    center_init: Literal["quantile", "linspace"] = option("quantile", "D8: the centers' initialisation")
+    personal_init: Literal["global", "independent"] = option(
+        "global", "D9: personal models start as the global w⁰ (architecture permitting), or one init per client")
+    lam_clock: Literal["epoch", "iteration"] = option("epoch", "D10: λ(e) on the epoch or the iteration clock")
+    penalty_half: bool = option(True, "D11: the ½ of R(x, c) (false: λ doubled)")
+    center_grad_clip: float | None = option(None, "D17: clip the centers' gradient to this magnitude (null: none)",
+                                            greater_than(0))
+    clamp_x: float | None = option(None, "D17: clamp quantized x to [−clamp_x, clamp_x] after the prox (null: none)",
+                                   greater_than(0))
+    fp_doubled: bool = option(False, "D20: the literal FP form, both terms of line 11 doubled")
+    soft_sharpness: float | None = option(None, "D2: sharpness P of the soft quantizer Qs_c (null: P → ∞, hard)",
+                                          greater_than(0))
+    minibatches: Literal["shared", "fresh"] = option(
+        "shared", "D14: one minibatch for lines 10, 12 and 14 ('shared'), or a fresh draw per sub-step")
 
-    # ------------------------------------------------------------------------------------------ validation
-    def validate(self, num_clients: int) -> None:
-        super().validate(num_clients)
-        self.validate_local()
-        if self.optimizer != "sgd" or self.clip_norm is not None or self.lr_decay != 1.0:
-            raise OptionError("optimizer", "must be 'sgd' (no clip_norm, lr_decay 1): QuPeD's steps are proximal "
-                                           "SGD on the epoch clock (lr_gamma decays the rate).")
-        if self.local_epochs is not None or self.local_steps is None or self.sampling != "shuffle":
-            raise OptionError("local_steps", "must count the iterations per round (tau), with local_epochs null and "
-                                             "sampling 'shuffle'.")
+    def check(self) -> None:
+        super().check()
         if (self.batch_size is None) == (self.chunks_per_epoch is None):
             raise OptionError("chunks_per_epoch", "must be null with a batch_size B, or K (chunks per epoch) with "
                                                   f"batch_size null, got batch_size={self.batch_size}, "
                                                   f"chunks_per_epoch={self.chunks_per_epoch}.")
-        if self.chunks_per_epoch is not None and self.chunks_per_epoch < 1:
-            raise OptionError("chunks_per_epoch", f"must be >= 1 or null, got {self.chunks_per_epoch}.")
         if self.chunks_per_epoch is not None and self.minibatches == "fresh":
             raise OptionError("minibatches", "'fresh' draws batches of batch_size: it needs chunks_per_epoch null.")
-        if not 0 < self.lr_gamma <= 1:
-            raise OptionError("lr_gamma", f"must be in (0, 1], got {self.lr_gamma}.")
-        if self.epochs < 1 or not 0 <= self.finetune_epochs < self.epochs:
+        if self.finetune_epochs >= self.epochs:
             raise OptionError("finetune_epochs", f"must be in [0, epochs={self.epochs}), got {self.finetune_epochs}.")
-        if not 0 <= self.lam_p <= 1:
-            raise OptionError("lam_p", f"must be in [0, 1], got {self.lam_p}.")
-        if self.bits is not None and not 1 <= self.bits <= 8:
-            raise OptionError("bits", f"must be in 1..8 or null (full precision), got {self.bits}.")
-        for key in ("kappa", "penalty_r", "lr_center", "center_grad_clip", "clamp_x", "soft_sharpness"):
-            v = getattr(self, key)
-            if v is not None and not v > 0:
-                raise OptionError(key, f"must be > 0 or null, got {v}.")
-        if self.kd_temperature <= 0:
-            raise OptionError("kd_temperature", f"must be > 0, got {self.kd_temperature}.")
-        if self.global_ce_weight < 0:
-            raise OptionError("global_ce_weight", f"must be >= 0, got {self.global_ce_weight}.")
-        for key, choices in (("center_prox_sign", ("median", "printed")), ("kd_softening", ("both", "teacher")),
-                             ("center_granularity", ("leaf", "client")), ("assign_rule", quant.ASSIGN_RULES),
-                             ("center_init", ("quantile", "linspace")), ("personal_init", ("global", "independent")),
-                             ("lam_clock", ("epoch", "iteration")), ("minibatches", ("shared", "fresh"))):
-            check_choice(key, getattr(self, key), choices)
         if self.assign_rule == "sign" and self.bits != 1:
             raise OptionError("assign_rule", f"'sign' needs bits=1 (two centers), got bits={self.bits}.")
+
+    def lam_p_value(self) -> float:
+        """λ_p, the weight of the tie to the global model (0 without one)."""
+        return 0.0
 
     # ------------------------------------------------------------------------------------------ layout
     @property
@@ -287,21 +265,10 @@ class QuPeD(Centralized, LocalSGD):
         return schedule.center_lr(float(np.mean(sizes)))
 
     # ------------------------------------------------------------------------------------------ losses
-    def kd(self, teacher_logits, student_logits, mask):
-        """f_KD = KL(s(z_w) ‖ s(z_x)), T = 1 (D4; 'both': T on both logits with T² scaling, 'teacher': teacher
-        only)."""
-        t = self.kd_temperature
-        if self.kd_softening == "teacher":
-            return kl_divergence(teacher_logits, student_logits, t, mask, student_temperature=1.0)
-        return kl_divergence(teacher_logits, student_logits, t, mask, scale_t2=t != 1.0)
-
     def personal_loss(self, model, params, zw, batch, lam_p):
-        """(1 − λ_p) CE(params; ξ) + λ_p KL(sg z_w ‖ params; ξ) (CE alone without a global model)."""
-        logits = model.apply(params, batch.x)
-        if zw is None:
-            return masked_cross_entropy(logits, batch.y, batch.mask)
-        return ((1 - lam_p) * masked_cross_entropy(logits, batch.y, batch.mask)
-                + lam_p * self.kd(jax.lax.stop_gradient(zw), logits, batch.mask))
+        """CE(params; ξ), the client's own objective without a global model (``zw``, ``lam_p``: the subclass's
+        tie to it)."""
+        return masked_cross_entropy(model.apply(params, batch.x), batch.y, batch.mask)
 
     def quantize(self, spec: QuantSpec, x, c):
         """The student the Q-terms see: Q_c(x) (P → ∞), or Qs_c(x) for a finite ``soft_sharpness`` P (D2)."""
@@ -311,11 +278,8 @@ class QuPeD(Centralized, LocalSGD):
             lambda p, v: quant.soft_quantize(v, c[spec.key(p)], self.soft_sharpness) if p in spec.paths else v, x)
 
     def link(self, gmodel, w, batch):
-        """What ties a client to the global model on one minibatch: the teacher logits z_w and their VJP (one teacher
-        pass, reused by lines 10-14); (None, None) without a global model."""
-        if not self.uses_server:
-            return None, None
-        return jax.vjp(lambda v: gmodel.apply(v, batch.x), w)
+        """What ties a client to the global model on one minibatch (here: nothing, (None, None))."""
+        return None, None
 
     def x_loss(self, model, spec: QuantSpec, c, zw, batch, lam_p):
         """Line 10's objective as a function of x (its gradient is g before weight decay)."""
@@ -348,7 +312,7 @@ class QuPeD(Centralized, LocalSGD):
         momentum buffer), ``batches`` = the minibatches of lines 10, 12 and 14."""
         state, w, wbuf = carry
         model, gmodel = inp.model, inp.global_model
-        lam_p = self.lam_p if self.uses_server else 0.0
+        lam_p = self.lam_p_value()
         eta1, lam = self.rates(t, inp.train.n_max, state.get("kappa", 0.0))
         bx, bc, bw = batches
         lx = self.link(gmodel, w, bx)  # one teacher pass when the three batches are one
@@ -432,20 +396,8 @@ class QuPeD(Centralized, LocalSGD):
         return self.with_momentum({**state, "x": x, "c": c}, mom), [x, x], loss
 
     def global_step(self, model, gmodel, w, wbuf, link, students, batch, eta1, lam_p):
-        """Line 14: one VJP of the summed reverse-KL cotangent Σ_s ∇_z KL(z ‖ sg z_s) at z_w (z_s the logits of the
-        student parameters s); w_i ← w_i − η₃(λ_p vjp + wd·w_i), η₃ = η₁(e) (D15); D5's option adds
-        ``global_ce_weight``·∇CE(w_i). Returns (w_i, its momentum buffer)."""
-        zw, vjp_w = link
-        logits = [jax.lax.stop_gradient(model.apply(s, batch.x)) for s in students]
-
-        def reverse_kl(z):
-            return sum(self.kd(z, s, batch.mask) for s in logits)
-
-        (gw,) = vjp_w(jax.grad(reverse_kl)(zw))
-        g = tree.scale(lam_p, gw)
-        if self.global_ce_weight:
-            g = tree.axpy(self.global_ce_weight, jax.grad(lambda v: gmodel.loss(v, batch))(w), g)
-        return self.sgd(w, g, wbuf, eta1)
+        """Line 14: the step of the client's copy w_i of the global model (the subclass's)."""
+        raise NotImplementedError
 
     # ------------------------------------------------------------------------------------------ protocol
     def broadcast(self, server):
@@ -509,7 +461,59 @@ class QuPeD(Centralized, LocalSGD):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class QuantizedLocal(QuPeD):
+class QuPeD(QuantizedClients):
+    """Algorithm 2: the client loop distilled with the global model w (λ_p, f_KD; D4, D5)."""
+
+    name = "quped"
+    summary = "QuPeD: quantized personal models of any architecture distilled with a global model (Ozkara et al. 2021)"
+
+    lam_p: float = option(0.25, "λ_p: weight of the distillation terms (1 − λ_p)CE + λ_p f_KD", between(0, 1))
+    kd_temperature: float = option(1.0, "D4: temperature T of f_KD", greater_than(0))
+    kd_softening: Literal["both", "teacher"] = option(
+        "both", "D4: T on 'both' logits (with T² scaling) or on the 'teacher' only")
+    global_ce_weight: float = option(0.0, "D5: weight of CE(w_i) in line 14 (0: the paper's label-free w)",
+                                     at_least(0))
+
+    def lam_p_value(self) -> float:
+        return self.lam_p
+
+    def kd(self, teacher_logits, student_logits, mask):
+        """f_KD = KL(s(z_w) ‖ s(z_x)), T = 1 (D4; 'both': T on both logits with T² scaling, 'teacher': teacher
+        only)."""
+        t = self.kd_temperature
+        if self.kd_softening == "teacher":
+            return kl_divergence(teacher_logits, student_logits, t, mask, student_temperature=1.0)
+        return kl_divergence(teacher_logits, student_logits, t, mask, scale_t2=t != 1.0)
+
+    def personal_loss(self, model, params, zw, batch, lam_p):
+        """(1 − λ_p) CE(params; ξ) + λ_p KL(sg z_w ‖ params; ξ)."""
+        logits = model.apply(params, batch.x)
+        return ((1 - lam_p) * masked_cross_entropy(logits, batch.y, batch.mask)
+                + lam_p * self.kd(jax.lax.stop_gradient(zw), logits, batch.mask))
+
+    def link(self, gmodel, w, batch):
+        """The teacher logits z_w on one minibatch and their VJP (one teacher pass, reused by lines 10-14)."""
+        return jax.vjp(lambda v: gmodel.apply(v, batch.x), w)
+
+    def global_step(self, model, gmodel, w, wbuf, link, students, batch, eta1, lam_p):
+        """Line 14: one VJP of the summed reverse-KL cotangent Σ_s ∇_z KL(z ‖ sg z_s) at z_w (z_s the logits of the
+        student parameters s); w_i ← w_i − η₃(λ_p vjp + wd·w_i), η₃ = η₁(e) (D15); D5's option adds
+        ``global_ce_weight``·∇CE(w_i). Returns (w_i, its momentum buffer)."""
+        zw, vjp_w = link
+        logits = [jax.lax.stop_gradient(model.apply(s, batch.x)) for s in students]
+
+        def reverse_kl(z):
+            return sum(self.kd(z, s, batch.mask) for s in logits)
+
+        (gw,) = vjp_w(jax.grad(reverse_kl)(zw))
+        g = tree.scale(lam_p, gw)
+        if self.global_ce_weight:
+            g = tree.axpy(self.global_ce_weight, jax.grad(lambda v: gmodel.loss(v, batch))(w), g)
+        return self.sgd(w, g, wbuf, eta1)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QuantizedLocal(QuantizedClients):
     """Algorithm 1 run by every client alone ("Local Training (b bits)", §4, §10): the QuPeD client loop with
     λ_p = 0, no global model and no communication; ``bits=null`` is Local Training (FP) on the same clock. With one
     client holding all data it is centralized Algorithm 1."""
@@ -517,9 +521,3 @@ class QuantizedLocal(QuPeD):
     name = "quped_local"
     summary = "Local Training with Algorithm 1 (quantized) or SGD (FP) on QuPeD's epoch clock, no communication"
     uses_server = False
-    lam_p: float = 0.0
-
-    def validate(self, num_clients: int) -> None:
-        super().validate(num_clients)
-        if self.lam_p != 0.0:
-            raise OptionError("lam_p", f"must be 0 for local training (no global model), got {self.lam_p}.")

@@ -22,36 +22,33 @@ SGD. Personal and global models share one architecture (the coupling subtracts t
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from fljax import tree
-from fljax.algorithms.base import check_choice
-from fljax.algorithms.quped import QuPeD
-from fljax.errors import OptionError
+from fljax.algorithms.quped import QuantizedClients
 from fljax.models.model import masked_cross_entropy
+from fljax.options import between, greater_than, option
 
 __all__ = ["QuPeL"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class QuPeL(QuPeD):
-    """QuPeD's hyperparameters, with ``lam_p`` the l2 coupling weight (0.2), ``global_lr`` η₃ (0.5, constant) and
-    ``coupling`` (D30: 'x', or 'quantized' for Q_c(x)). The distillation options (KD temperature, D5's global CE,
-    D3's FP-leaf Q-gradients only through the coupling) have no effect here: w never sees data; ``momentum`` (D16)
-    applies to x only."""
+class QuPeL(QuantizedClients):
+    """QuPeD's client loop (:class:`~fljax.algorithms.quped.QuantizedClients`) tied to the global model by the l2
+    coupling instead of distillation: ``lam_p`` its weight, ``global_lr`` η₃ (constant), ``coupling`` (D30). w never
+    sees data, so QuPeD's distillation options do not exist here; ``momentum`` (D16) applies to x only."""
 
     name = "qupel"
     summary = "QuPeL: quantized personal models with an l2 coupling to the global model (Ozkara et al., QuPeD's P1)"
     mixed_architectures = False
 
-    lam_p: float = 0.2
-    global_lr: float = 0.5
-    coupling: str = "x"
+    lam_p: float = option(0.2, "λ_p: weight of the l2 coupling (λ_p/2)‖x − w‖²", between(0, 1))
+    global_lr: float = option(0.5, "η₃: the constant step of line 14, w_i ← w_i − η₃ λ_p (w_i − x_i)",
+                              greater_than(0))
+    coupling: Literal["x", "quantized"] = option("x", "D30: couple x, or its quantization Q_c(x) ('quantized')")
 
-    def validate(self, num_clients: int) -> None:
-        super().validate(num_clients)
-        if not self.global_lr > 0:
-            raise OptionError("global_lr", f"must be > 0, got {self.global_lr}.")
-        check_choice("coupling", self.coupling, ("x", "quantized"))
+    def lam_p_value(self) -> float:
+        return self.lam_p
 
     def link(self, gmodel, w, batch):
         """The coupling target: w_i itself (no teacher pass)."""

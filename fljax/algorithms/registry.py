@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import inspect
-import re
 import typing
 
 from fljax.algorithms.base import Algorithm
+from fljax.options import field_default, parse, type_hints
 
 __all__ = ["ALGORITHMS", "register", "get_algorithm", "make_algorithm", "hyperparameter_fields", "hyperparameter_docs",
-           "check_model_support"]
+           "defaults", "check_model_support"]
 
 ALGORITHMS: dict[str, type[Algorithm]] = {}
 
@@ -38,26 +37,27 @@ def hyperparameter_fields(cls: type[Algorithm]) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
 
 
+def defaults(cls: type[Algorithm]) -> dict:
+    """name → declared default of every hyperparameter of ``cls`` (read from the declarations: nothing is
+    constructed)."""
+    return {name: field_default(f) for name, f in hyperparameter_fields(cls).items()}
+
+
 def hyperparameter_docs(cls: type[Algorithm]) -> dict[str, tuple[str, object, str]]:
-    """name → (type, default, one line) of every hyperparameter. The line is the field's ``metadata['doc']``
-    when it has one, else the first sentence of the class's docstrings (its own, then its bases') that names
-    the field in double backquotes, else '(not documented)'."""
-    hints = typing.get_type_hints(cls)
+    """name → (type, default, one line) of every hyperparameter, as its declaration
+    (:func:`fljax.options.option`) states them."""
+    hints = type_hints(cls)
     out = {}
     for name, field in hyperparameter_fields(cls).items():
-        kind = getattr(hints.get(name), "__name__", None) or str(hints.get(name, "")).replace("typing.", "")
-        default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
-        out[name] = (kind, default, field.metadata.get("doc") or _docstring_line(cls, name) or "(not documented)")
+        out[name] = (_kind(hints[name]), field_default(field), field.metadata["doc"])
     return out
 
 
-def _docstring_line(cls: type, name: str) -> str | None:
-    for klass in cls.__mro__:
-        text = " ".join(inspect.cleandoc(klass.__dict__.get("__doc__") or "").split())
-        for sentence in re.split(r"(?<=\.)\s+(?=[A-Z`(])", text):
-            if f"``{name}``" in sentence:
-                return sentence
-    return None
+def _kind(hint) -> str:
+    """A type as ``fljax list`` shows it: ``float``, ``int | None``; a choice of strings as ``str``."""
+    if typing.get_origin(hint) is typing.Literal:
+        return type(typing.get_args(hint)[0]).__name__
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
 def check_model_support(name: str, model, groups: bool = False) -> None:
@@ -75,11 +75,7 @@ def check_model_support(name: str, model, groups: bool = False) -> None:
 
 
 def make_algorithm(name: str, **hyperparameters) -> Algorithm:
-    """``make_algorithm("fedprox", mu=0.1, lr=0.05)``; unknown hyperparameters are refused by name."""
-    cls = get_algorithm(name)
-    fields = hyperparameter_fields(cls)
-    for key in hyperparameters:
-        if key not in fields:
-            raise ValueError(f"algorithm {name!r} has no hyperparameter {key!r}.{_suggest(key, fields)} "
-                             f"Valid: {sorted(fields)}.")
-    return cls(**hyperparameters)
+    """``make_algorithm("fedprox", mu=0.1, lr=0.05)``: the algorithm constructed (every value checked by its
+    declaration); a key it does not declare is refused with the closest valid one (an
+    :class:`~fljax.errors.OptionError` naming the key)."""
+    return parse(get_algorithm(name), hyperparameters, f" for algorithm {name!r}")

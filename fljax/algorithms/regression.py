@@ -22,11 +22,10 @@ import dataclasses
 from typing import ClassVar
 
 import jax.numpy as jnp
-import numpy as np
 
 from fljax import tree
 from fljax.algorithms.base import Algorithm
-from fljax.errors import OptionError
+from fljax.options import at_least, option
 from fljax.problems.regression import LeastSquares, Loss
 
 __all__ = ["ConsensusRegression", "total_rows"]
@@ -43,14 +42,10 @@ class ConsensusRegression(Algorithm):
 
     generic: ClassVar[bool] = False
     problem: ClassVar[str] = "consensus regression"
-    loss: Loss = LeastSquares()
-    k0: int = 1
-
-    def validate(self, num_clients: int) -> None:
-        if not isinstance(self.loss, Loss):
-            raise OptionError("loss", f"must be a fljax.problems loss (make_loss(name)), got {self.loss!r}.")
-        if np.ndim(self.k0) == 0 and not (float(self.k0) == int(self.k0) and int(self.k0) >= 1):
-            raise OptionError("k0", f"must be a positive integer (local steps per round), got {self.k0}.")
+    loss: Loss = option(LeastSquares(), "the clients' loss f_i (a fljax.problems loss, make_loss(name))",
+                        lambda v: None if isinstance(v, Loss) else
+                        f"must be a fljax.problems loss (make_loss(name)), got {v!r}.")
+    k0: int = option(1, "local steps per round", at_least(1))
 
     def participants(self, num_clients: int) -> int:
         return num_clients  # every client computes ∇f_i at the aggregate, every round

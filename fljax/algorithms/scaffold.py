@@ -14,29 +14,23 @@ import dataclasses
 
 from fljax import tree
 from fljax.algorithms.base import Centralized, ClientInput, ClientResult
-from fljax.algorithms.local_training import LocalSGD
-from fljax.algorithms.model_state import TrainsModelState
-from fljax.errors import OptionError
-from fljax.options import option
+from fljax.algorithms.local_training import local_options
+from fljax.algorithms.model_state import BatchStatsOption
+from fljax.options import greater_than, option, with_default
 
 __all__ = ["Scaffold"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Scaffold(TrainsModelState, Centralized, LocalSGD):
+class Scaffold(BatchStatsOption, Centralized, local_options("lr", "lr_decay", "weight_decay", "clip_norm",
+                                                             "batch_size", "local_epochs", "local_steps",
+                                                             "sampling")):
+    """Option II's control variate assumes plain SGD steps: SCAFFOLD takes no client optimizer or momentum."""
+
     name = "scaffold"
     summary = "SCAFFOLD: control variates correct client drift, Option II (Karimireddy et al. 2020)"
-    server_lr: float = option(1.0, "global step size η_g: x ← x + η_g·mean(y_i − x)")
-    weighting: str = "uniform"
-
-    def validate(self, num_clients: int) -> None:
-        super().validate(num_clients)
-        self.validate_local()
-        if not self.server_lr > 0:
-            raise OptionError("server_lr", f"must be > 0, got {self.server_lr}.")
-        if self.optimizer != "sgd" or self.momentum:
-            raise OptionError("optimizer", "must be 'sgd' with momentum=0: SCAFFOLD's Option II assumes plain SGD "
-                                           "steps.")
+    server_lr: float = option(1.0, "global step size η_g: x ← x + η_g·mean(y_i − x)", greater_than(0))
+    weighting: str = with_default(Centralized, "weighting", "uniform")
 
     def init(self, ctx):
         params = ctx.model.init(self.init_key(ctx))
@@ -49,9 +43,10 @@ class Scaffold(TrainsModelState, Centralized, LocalSGD):
     def client_update(self, inp: ClientInput) -> ClientResult:
         (x, c), c_i = inp.down, inp.state["c"]
         correction = tree.sub(c, c_i)
-        y, loss = self.train(inp.model.loss, x, inp, extra_grad=lambda _: correction)
-        k = self.plan().active_steps(inp.train.count, inp.train.n_max)
-        c_plus = tree.axpy(1.0 / (k * self.lr_at(inp.round)), tree.sub(x, y), tree.sub(c_i, c))
+        local = self.local
+        y, loss = local.train(inp.model.loss, x, inp, extra_grad=lambda _: correction)
+        k = local.plan().active_steps(inp.train.count, inp.train.n_max)
+        c_plus = tree.axpy(1.0 / (k * local.lr_at(inp.round)), tree.sub(x, y), tree.sub(c_i, c))
         upload = (tree.sub(y, x), tree.sub(c_plus, c_i))
         return ClientResult(state={"c": c_plus}, upload=upload, weight=inp.train.count, metrics={"train_loss": loss})
 

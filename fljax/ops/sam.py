@@ -4,7 +4,7 @@ Given ``vg(θ, *args) -> (value, g)``, SAM returns the gradient at the first-ord
 ``e = ρ·g_M/(‖g_M‖₂ + ε)`` with g_M the gradient restricted to the masked leaves (one global norm over them, zero on
 the others), and the SAM gradient is the gradient of ``vg(θ + e, *args)`` on the *same* args (batch).
 DFedSalt-U/-V/-UV wrap the u-phase, the v-phase or both; DFedSAM wraps the full model with ρ = 0.01 (through
-:class:`fljax.algorithms.local_training.LocalSGD`). Weight decay and clipping come after. A wrapper (not an optax
+:class:`fljax.algorithms.local_training.LocalTraining`). Weight decay and clipping come after. A wrapper (not an optax
 transform) because it needs a second gradient at another point.
 """
 from __future__ import annotations

@@ -137,16 +137,18 @@ TUNING = (("T_FedAvg", "algo.lr", ("FedAvg-FT",), 0.03), ("T_PerFedAvg", "algo.b
 def sections(results) -> list[tuple[str, str]]:
     """What the training clients see (their own query sets after adaptation) beside the target clients, for E6 and
     E6M; and the tuning seed's best grid value per method beside the value the tables use."""
-    from fljax.runner.tables import _pipe_table, fmt
+    from fljax.runner.report import markdown_table
+    from fljax.runner.tables import value_text
 
     out = []
     for study in ("E6", "E6M"):
         if results.cell(study) is None:
             continue
-        rows = [[m, fmt(results.final(study, "personal_acc_weighted", method=m)),
-                 fmt(results.final(study, METRIC, method=m))] for m in ("AugFL w/ KT", "KT without CE", "AugFL", "Only KT")]
+        rows = [[m, value_text(results.final(study, "personal_acc_weighted", method=m)),
+                 value_text(results.final(study, METRIC, method=m))]
+                for m in ("AugFL w/ KT", "KT without CE", "AugFL", "Only KT")]
         out.append((f"{study}: training clients vs target clients (after one support step)",
-                    _pipe_table(["method", "training clients", "target clients"], rows)))
+                    markdown_table(rows, ["method", "training clients", "target clients"])))
     rows = []
     for study, key, methods, used in TUNING:
         if results.cell(study) is None:
@@ -161,5 +163,5 @@ def sections(results) -> list[tuple[str, str]]:
                          f"{best:g}", f"{used:g}"])
     if rows:
         out.append(("Tuning on seed 99 (spec §10): target accuracy per grid value",
-                    _pipe_table(["method", "hyperparameter", "seed 99", "best", "used in E1–E7"], rows)))
+                    markdown_table(rows, ["method", "hyperparameter", "seed 99", "best", "used in E1–E7"])))
     return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fljax.runner.tables import fmt
+from fljax.runner.tables import value_text
 
 __all__ = ["claims", "sections"]
 
@@ -76,22 +76,22 @@ def pure_gossip_bound(m: int = 20, t_max: int = 20, dim: int = 50) -> tuple[bool
 
 def sections(results) -> list[tuple[str, str]]:
     """The topologies' spectral gaps, the spec's reported-not-gated comparisons and the centralized ceiling."""
-    from fljax.runner.tables import _pipe_table
+    from fljax.runner.report import markdown_table
 
-    out = [("Topologies (m = 20)", _pipe_table(["topology", "spectral gap / contraction"],
-                                               [[t, g] for t, g in topology_gaps().items()]))]
+    out = [("Topologies (m = 20)", markdown_table([[t, g] for t, g in topology_gaps().items()],
+                                                  ["topology", "spectral gap / contraction"]))]
     if results.cell("table", method="DFedAlt", split="pat2") is not None:
         rows = [["DFedSalt − DFedAlt"] + [f"{_mean(results, 'DFedSalt', s) - _mean(results, 'DFedAlt', s):+.2f}"
                                           for s in SPLITS]]
         rows += [[f"DFedAlt − {other}"] + [f"{_mean(results, 'DFedAlt', s) - _mean(results, other, s):+.2f}"
                                            for s in SPLITS] for other in ("FedRep", "FedPer", "Fed-RoD", "DFedAvgM")]
-        out.append(("Reported, not gated (points)", _pipe_table(["comparison"] + [TITLES[s] for s in SPLITS], rows)))
-        ceiling = [[TITLES[s], fmt(np.array([oracle_accuracy(results, s, seed)
-                                             for seed in results.cell("table", split=s, method="DFedAlt").seeds])),
+        out.append(("Reported, not gated (points)", markdown_table(rows, ["comparison"] + [TITLES[s] for s in SPLITS])))
+        ceiling = [[TITLES[s], value_text(np.array([oracle_accuracy(results, s, seed)
+                                                    for seed in results.cell("table", split=s, method="DFedAlt").seeds])),
                     f"{_mean(results, 'DFedAlt', s):.2f}"] for s in SPLITS]
         out.append(("How close to the ceiling (the MLP trained centrally on the pooled train set, each client "
                     "scored with its absent classes masked)",
-                    _pipe_table(["split", "ceiling", "DFedAlt"], ceiling)))
+                    markdown_table(ceiling, ["split", "ceiling", "DFedAlt"])))
     return out
 
 

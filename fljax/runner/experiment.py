@@ -1,6 +1,7 @@
 """The one path every experiment takes: points × seeds → runs → compiled programs → run directories.
 
-:func:`run_points` runs any set of points (configs with labels), each for its seeds: ``fljax run`` and
+:func:`run_points` runs any set of points (resolved :class:`~fljax.experiment.Experiment` s with labels), each for
+its seeds: ``fljax run`` and
 :func:`fljax.run` (one point), ``fljax sweep`` and :func:`fljax.sweep` (a grid), ``fljax compare`` (one point per
 algorithm) and the paper reproductions (:mod:`fljax.runner.study`) all come here. Runs that can share a compiled
 program do (:mod:`fljax.runner.plan`: seeds, trials and grid points as lanes of one vmapped program); each run writes
@@ -27,12 +28,13 @@ from typing import Any
 import jax
 
 from fljax import tree
-from fljax.config import RUNS_MAX, ConfigError, ExperimentConfig, algorithm_config, check_compare_algo, resolved, to_dict
-from fljax.errors import OptionError
+from fljax.config import RUNS_MAX, ConfigError, ExperimentConfig, to_dict
 from fljax.engine import DivergenceGuard, Lanes, NonFiniteError, NonFiniteGuard, RunLog, RunResult, Simulation
 from fljax.engine.lanes import can_batch
 from fljax.engine.loop import drive
 from fljax.engine.processes import lead_only
+from fljax.errors import OptionError
+from fljax.experiment import Experiment, build, compare_points
 from fljax.runner import files, interrupt, lock
 from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
 from fljax.runner.memory import check_fits
@@ -41,7 +43,7 @@ from fljax.runner.plots import FORMATS, plot_compare, plot_run, setting
 from fljax.runner.report import Output, markdown_table, summary_row
 from fljax.runner.results import RunDir, aggregate_summaries, environment, make_summary
 from fljax.runner.resume import check_resume
-from fljax.runner.sweep import DataCache, grid_points, point_config, point_label, seed_list
+from fljax.runner.sweep import DataCache, grid_points, point_experiment, point_label, seed_list
 
 __all__ = ["ExperimentResult", "Run", "run_points", "run_experiment", "compare_experiments", "sweep_experiments",
            "dir_name",
@@ -52,10 +54,10 @@ LANE_MODES = ("vmap", "map", "off")
 
 @dataclasses.dataclass
 class Run:
-    """One lane: a point's config with one seed (``cfg.seed``; ``cfg.seeds`` = 1), its directory and progress."""
+    """One lane: a point's experiment with one seed (``exp.seed``; ``seeds`` = 1), its directory and progress."""
 
     label: str | None
-    cfg: ExperimentConfig
+    exp: Experiment
     directory: RunDir
     data: Any = None
     state: Any = None
@@ -79,8 +81,12 @@ class Run:
         return summary
 
     @property
+    def cfg(self) -> ExperimentConfig:
+        return self.exp.config
+
+    @property
     def seed(self) -> int:
-        return self.cfg.seed
+        return self.exp.seed
 
 
 @dataclasses.dataclass
@@ -149,32 +155,26 @@ def dir_name(label: str) -> str:
 # ---------------------------------------------------------------------------------------------------- planning
 
 
-def _point_dirs(points: list[tuple[str | None, ExperimentConfig]], root: RunDir, subdirs: bool) -> list[RunDir]:
+def _point_dirs(points: list[tuple[str | None, Experiment]], root: RunDir, subdirs: bool) -> list[RunDir]:
     if not subdirs:
         return [root]
-    names = [dir_name(label or cfg.run_name) for label, cfg in points]
+    names = [dir_name(label or exp.name) for label, exp in points]
     if len(set(names)) < len(names):
         raise ConfigError(f"two points would share a run directory ({sorted(n for n in names if names.count(n) > 1)[0]});"
                           f" give them distinct names.")
     return [root.child(n) for n in names]
 
 
-def _runs_of(label, cfg: ExperimentConfig, point_dir: RunDir) -> list[Run]:
-    seeds = seed_list(cfg)
+def _runs_of(label, exp: Experiment, point_dir: RunDir) -> list[Run]:
+    seeds = seed_list(exp.config)
     one = len(seeds) == 1
-    return [Run(label, dataclasses.replace(cfg, seed=s, seeds=1), point_dir if one else point_dir.seed_dir(s))
-            for s in seeds]
-
-
-def _build(cfg: ExperimentConfig, data, module) -> Simulation:
-    from fljax.api import build
-
-    return build(cfg, data, module)
+    return [Run(label, exp.with_seed(s), point_dir if one else point_dir.seed_dir(s)) for s in seeds]
 
 
 class _Sims:
     """Simulations by program: runs with equal configs but for the seed (and traced keys) and the same data object
-    share one, hence its compiled programs. ``module``: the user's own Flax module (None: the config's model)."""
+    share one, hence its compiled programs; it runs the first such run's algorithm object
+    (:func:`fljax.experiment.build`). ``module``: the user's own Flax module (None: the experiment's model)."""
 
     def __init__(self, module=None):
         self._sims: dict = {}
@@ -185,7 +185,7 @@ class _Sims:
 
         key = (_key(run.cfg, set(traced)), id(run.data))
         if key not in self._sims:
-            self._sims[key] = _build(dataclasses.replace(run.cfg, seed=run.seed), run.data, self.module)
+            self._sims[key] = build(run.exp, run.data, self.module)
         return self._sims[key]
 
 
@@ -205,7 +205,7 @@ def _guards(cfg: ExperimentConfig) -> tuple:
 # ---------------------------------------------------------------------------------------------------- running
 
 
-def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | None, *, resume: bool = False,
+def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, resume: bool = False,
                output: Output | None = None, data_cache: DataCache | None = None, plots: bool = True,
                missing_ok: bool = False, lanes: str = "vmap", subdirs: bool | None = None,
                trace: tuple[str, ...] = (), root_config: ExperimentConfig | None = None,
@@ -223,8 +223,9 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
 
     What is guaranteed:
 
-    * everything is checked before anything is written: the configs, the data, and the directories' state (a
-      refusal is a :class:`~fljax.config.ConfigError` and leaves the directories as they were);
+    * everything is checked before anything is written: the experiments (resolved, hence checked, by the caller),
+      the data, and the directories' state (a refusal is a :class:`~fljax.config.ConfigError` and leaves the
+      directories as they were);
     * every directory a ``config.yaml`` is written into is locked for the whole call (:mod:`fljax.runner.lock`):
       one owner at a time (a root that only holds the run directories, as a study's, is not: its workers share it);
     * without ``resume``, a directory holding results (a checkpoint, a completed or stopped run) is refused; one
@@ -241,21 +242,19 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
     if lanes not in LANE_MODES:
         raise ConfigError(f"lanes must be one of {list(LANE_MODES)}, got {lanes!r}.")
     output = output or Output()
-    for _, cfg in points:
-        cfg.validate()
     root = RunDir(out)
     dirs = _point_dirs(points, root, len(points) > 1 if subdirs is None else subdirs)
-    runs_by_point = [_runs_of(label, cfg, d) for (label, cfg), d in zip(points, dirs)]
+    runs_by_point = [_runs_of(label, exp, d) for (label, exp), d in zip(points, dirs)]
     all_runs = [run for runs in runs_by_point for run in runs]
     configs = _configs(root, root_config, points, dirs, runs_by_point)
     if resume and out is not None:
-        for d, cfg in reversed(configs):  # the root first
+        for d, cfg, _ in reversed(configs):  # the root first
             check_resume(d.path, cfg)
     cache = data_cache or DataCache()
     sims = _Sims(model)
     for run in all_runs:  # refuse a bad split, a model that does not fit the data or the memory before writing
         t0 = time.perf_counter()
-        run.data = cache(run.cfg, run.seed)
+        run.data = cache(run.exp, run.seed)
         sim = sims(run)
         check_fits(sim)
         run.steps_per_round = sim.work_per_round()[0]
@@ -263,22 +262,22 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
                      else None, "executor": sim.executor.describe()}
         run.environment = environment(sim)
         run.setup_seconds = time.perf_counter() - t0
-    with lock.hold([d.path for d, _ in configs]):
-        _check_directories(root, [d for d, _ in configs], resume, missing_ok)
+    with lock.hold([d.path for d, _, _ in configs]):
+        _check_directories(root, [d for d, _, _ in configs], resume, missing_ok)
         if resume:
             _restore_all(all_runs, sims, output)
         if root_summary is not None:
             root.write_summary(root_summary)
-        for d, cfg in configs:  # the root's config.yaml last: once it exists, the directory can be resumed
-            if cfg is not root_config:
-                d.write_resolved(_resolved(cfg, model))
+        for d, cfg, exp in configs:  # the root's config.yaml last: once it exists, the directory can be resumed
+            if exp is not None:
+                d.write_resolved(_resolved(exp, model))
             d.write_config(cfg)
         for run in all_runs:
             if run.status != "reused":
                 run.directory.write_metrics(run.log.history)  # resumed: cut back to the checkpoint's records
         if points:
-            label, cfg = points[0]
-            output.note(f"{label or cfg.run_name}: {sims(all_runs[0]).algorithm.summary or cfg.algorithm}"
+            label, exp = points[0]
+            output.note(f"{label or exp.name}: {exp.algorithm.summary or exp.config.algorithm}"
                         + (f" (+{len(points) - 1} more points)" if len(points) > 1 else ""))
             output.note(f"  data: {all_runs[0].data.summary()}; results in {root.path or '(not written)'}")
         for label, warning in sorted({(run.label or run.cfg.run_name, w) for run in all_runs
@@ -295,27 +294,30 @@ def run_points(points: list[tuple[str | None, ExperimentConfig]], out: str | Non
                     if run.checkpointer is not None:
                         run.checkpointer.close()
                         run.checkpointer = None
-        return [_finish(label, cfg, d, runs, output, plot_formats if plots else ()) for (label, cfg), d, runs in
-                zip(points, dirs, runs_by_point)]
+        return [_finish(label, exp.config, d, runs, output, plot_formats if plots else ()) for (label, exp), d, runs
+                in zip(points, dirs, runs_by_point)]
 
 
-def _resolved(cfg: ExperimentConfig, module) -> dict:
-    """What resolved.yaml records: :func:`~fljax.config.resolved`; with the user's own module, its class and fields
-    instead of the model section (such a file documents the run; running it again needs the module)."""
-    values = to_dict(resolved(cfg))
+def _resolved(exp: Experiment, module) -> dict:
+    """What resolved.yaml records: :meth:`~fljax.experiment.Experiment.resolved`; with the user's own module, its
+    class and fields instead of the model section (such a file documents the run; running it again needs the
+    module)."""
+    values = to_dict(exp.resolved())
     if module is not None:
         values["model"] = {"name": f"own: {type(module).__name__}", "module": repr(module)}
     return values
 
 
-def _configs(root: RunDir, root_config, points, dirs, runs_by_point) -> list[tuple[RunDir, ExperimentConfig]]:
-    """Every (directory, config) this call writes a ``config.yaml`` for, inner directories first: each seed of a
-    point with several, each point, the collection's root."""
+def _configs(root: RunDir, root_config, points, dirs, runs_by_point
+             ) -> list[tuple[RunDir, ExperimentConfig, Experiment | None]]:
+    """Every (directory, config, its experiment) this call writes a ``config.yaml`` (and but for the root a
+    ``resolved.yaml``) for, inner directories first: each seed of a point with several, each point, the
+    collection's root (no experiment: its config is the base the points were made from)."""
     configs = []
-    for (_, cfg), d, runs in zip(points, dirs, runs_by_point):
-        configs += [(run.directory, run.cfg) for run in runs] if len(runs) > 1 else []
-        configs.append((d, cfg))
-    return configs + ([(root, root_config)] if root_config is not None else [])
+    for (_, exp), d, runs in zip(points, dirs, runs_by_point):
+        configs += [(run.directory, run.cfg, run.exp) for run in runs] if len(runs) > 1 else []
+        configs.append((d, exp.config, exp))
+    return configs + ([(root, root_config, None)] if root_config is not None else [])
 
 
 def _check_directories(root: RunDir, dirs: list[RunDir], resume: bool, missing_ok: bool) -> None:
@@ -487,15 +489,15 @@ def _finish(label, cfg: ExperimentConfig, d: RunDir, runs: list[Run], output: Ou
     return ExperimentResult(cfg, d, runs, top, vectorised)
 
 
-def run_experiment(cfg: ExperimentConfig, out: str | None, *, resume: bool = False, output: Output | None = None,
+def run_experiment(exp: Experiment, out: str | None, *, resume: bool = False, output: Output | None = None,
                    data_cache: DataCache | None = None, plots: bool = True, missing_ok: bool = False,
                    lanes: str = "vmap", model=None) -> ExperimentResult:
-    """Run ``cfg`` (all its seeds) into run directory ``out`` (None: write nothing). Raises
+    """Run experiment ``exp`` (all its seeds) into run directory ``out`` (None: write nothing). Raises
     :class:`~fljax.engine.NonFiniteError`, after writing what it has, when a seed produced NaN/Inf or diverged.
     On several processes only process 0 writes (:func:`~fljax.engine.processes.lead_only`), here and in
     :func:`compare_experiments` and :func:`sweep_experiments`."""
     out = lead_only(out)
-    result = run_points([(None, cfg)], out, resume=resume, output=output, data_cache=data_cache, plots=plots,
+    result = run_points([(None, exp)], out, resume=resume, output=output, data_cache=data_cache, plots=plots,
                         missing_ok=missing_ok, lanes=lanes, model=model)[0]
     stopped = result.stopped
     if stopped:
@@ -526,21 +528,17 @@ def compare_experiments(cfg: ExperimentConfig, algorithms: list[str | tuple[str,
                         resume: bool = False, output: Output | None = None, plots: bool = True,
                         data_cache: DataCache | None = None, model=None
                         ) -> tuple[list[dict], dict[str, ExperimentResult]]:
-    """Run every algorithm on the data, partition and seeds of ``cfg`` into ``out/<label>/``; write the table
-    (``compare.md``), ``compare.png`` and ``summary.json`` into ``out``. Every algorithm's config is validated
-    before anything runs. Returns the table rows and the results by label."""
-    from fljax.api import label as make_label
-
+    """Run every algorithm (a name, or (name, its own hyperparameters)) on the data, partition and seeds of the
+    parsed config ``cfg`` into ``out/<label>/``; write the table (``compare.md``), ``compare.png`` and
+    ``summary.json`` into ``out``. Every algorithm's experiment is resolved before anything runs
+    (:func:`fljax.experiment.compare_points`: ``cfg.algo`` applies to the algorithms that declare its keys).
+    Returns the table rows and the results by label."""
     out = lead_only(out)
     output = output or Output()
     root = RunDir(out)
-    entries = [(e, {}) if isinstance(e, str) else tuple(e) for e in algorithms]
-    check_compare_algo(cfg, [name for name, _ in entries])
-    points = []
-    for name, hyper in entries:
-        lbl = make_label(name, hyper)
-        points.append((lbl, dataclasses.replace(algorithm_config(cfg, name, hyper), name=lbl)))
-    listing = [{"label": make_label(n, h), "algorithm": n, "hyperparameters": h} for n, h in entries]
+    resolved = compare_points(cfg, algorithms)
+    points = [(lbl, exp) for lbl, exp, _, _ in resolved]
+    listing = [{"label": lbl, "algorithm": name, "hyperparameters": hyper} for lbl, _, name, hyper in resolved]
     with lock.hold([out]):
         results = _run_collection(points, cfg, {"algorithms": listing}, out, resume=resume, output=output,
                                   plots=plots, data_cache=data_cache, model=model)
@@ -565,10 +563,11 @@ def sweep_experiments(cfg: ExperimentConfig, grid: dict[str, list], out: str | N
                       output: Output | None = None, plots: bool = True, lanes: str = "vmap",
                       data_cache: DataCache | None = None, model=None
                       ) -> tuple[list[dict], dict[str, ExperimentResult]]:
-    """Run every point of ``grid`` (dotted keys → values, :func:`~fljax.runner.sweep.grid_points`) on ``cfg`` for its
-    seeds into ``out/<point>/``; points that differ only in numeric hyperparameters are lanes of one program with
-    the seeds. Writes ``sweep.md`` (the table: mean ± std over seeds), ``sweep.png`` and ``summary.json``. Returns
-    the table rows and the results by point label; a point a guard stopped is marked 'stopped' in the table."""
+    """Run every point of ``grid`` (dotted keys → values, :func:`~fljax.runner.sweep.grid_points`) on the parsed
+    config ``cfg`` for its seeds into ``out/<point>/`` (every point resolved before anything runs); points that
+    differ only in numeric hyperparameters are lanes of one program with the seeds. Writes ``sweep.md`` (the table:
+    mean ± std over seeds), ``sweep.png`` and ``summary.json``. Returns the table rows and the results by point
+    label; a point a guard stopped is marked 'stopped' in the table."""
     out = lead_only(out)
     output = output or Output()
     root = RunDir(out)
@@ -582,7 +581,7 @@ def sweep_experiments(cfg: ExperimentConfig, grid: dict[str, list], out: str | N
     points = []
     for values in grid_points(grid):
         label = point_label(values)
-        points.append((label, dataclasses.replace(point_config(base, values), name=label)))
+        points.append((label, point_experiment(base, values, name=label)))
     trace = tuple(k.split(".", 1)[1] for k in grid if k.startswith("algo."))
     with lock.hold([out]):
         results = _run_collection(points, cfg, {"grid": grid}, out, resume=resume, output=output, plots=plots,

@@ -48,30 +48,25 @@ class Program:
         """Per-lane values of the traced keys (None when nothing is traced)."""
         if not self.traced:
             return None
-        return [{k: run.cfg.algo.get(k, _default(run.cfg.algorithm, k)) for k in self.traced} for run in self.runs]
-
-
-def _default(algorithm: str, key: str):
-    from fljax.algorithms.registry import get_algorithm
-
-    return getattr(get_algorithm(algorithm)(), key)
+        return [{k: _value(run, k) for k in self.traced} for run in self.runs]
 
 
 def group_runs(runs: list, *, batchable, lanes: str = "vmap", split: set[str] = frozenset(),
                trace: set[str] = frozenset()) -> list[Program]:
-    """Programs for ``runs`` (objects with ``.cfg`` and ``.start``, the round they resume from). ``batchable(runs)``
-    says whether a set of runs can share a program (executor, data shapes). ``lanes='off'``: every run alone.
+    """Programs for ``runs`` (objects with ``.exp``, a resolved :class:`~fljax.experiment.Experiment`, its ``.cfg``
+    and ``.start``, the round they resume from). ``batchable(runs)`` says whether a set of runs can share a program
+    (executor, data shapes). ``lanes='off'``: every run alone.
     ``split``: algorithm keys that must not be traced (found untraceable); ``trace``: keys traced even where every
     run has the same value (a sweep's grid keys, so that a one-point sweep runs the very program of a larger one)."""
     if lanes == "off":
         return [Program([r]) for r in runs]
     groups: dict[tuple, list] = {}
     for run in runs:  # same algorithm, same everything but the algorithm's hyperparameters, same start round
-        groups.setdefault((_key(run.cfg, set(run.cfg.algo) | _all_fields(run.cfg.algorithm)), run.start), []).append(run)
+        groups.setdefault((_key(run.cfg, set(run.cfg.algo) | _all_fields(run)), run.start), []).append(run)
     programs = []
     for members in groups.values():
         candidates = _differing(members) | set(trace)
-        traced = {k for k in candidates if all(numeric(_value(r.cfg, k)) for r in members)} - set(split)
+        traced = {k for k in candidates if all(numeric(_value(r, k)) for r in members)} - set(split)
         by_rest: dict[str, list] = {}
         for run in members:  # the keys that cannot be traced separate programs
             by_rest.setdefault(_key(run.cfg, traced), []).append(run)
@@ -80,19 +75,18 @@ def group_runs(runs: list, *, batchable, lanes: str = "vmap", split: set[str] = 
     return programs
 
 
-def _all_fields(algorithm: str) -> set[str]:
-    from fljax.algorithms.registry import get_algorithm, hyperparameter_fields
-
-    return set(hyperparameter_fields(get_algorithm(algorithm)))
+def _all_fields(run) -> set[str]:
+    return {f.name for f in dataclasses.fields(run.exp.algorithm)}
 
 
-def _value(cfg, key: str) -> Any:
-    return cfg.algo[key] if key in cfg.algo else _default(cfg.algorithm, key)
+def _value(run, key: str) -> Any:
+    """The run's value of hyperparameter ``key`` (the one its algorithm holds: a default when the config leaves it)."""
+    return getattr(run.exp.algorithm, key)
 
 
 def _differing(runs: list) -> set[str]:
     keys = set().union(*(r.cfg.algo for r in runs))
-    return {k for k in keys if len({json.dumps(_value(r.cfg, k), default=str) for r in runs}) > 1}
+    return {k for k in keys if len({json.dumps(_value(r, k), default=str) for r in runs}) > 1}
 
 
 def _by_data(runs: list, traced: tuple, batchable) -> list[Program]:

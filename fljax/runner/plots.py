@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from fljax.runner.files import write_figure
+from fljax.runner.report import sample_std
 
 __all__ = ["plot_run", "plot_compare", "setting", "style", "extras", "FORMATS"]
 
@@ -83,7 +84,7 @@ def _series(histories: list[list[dict]], key: str):
         return None
     values = np.array([[h[i][key] for i in rows] for h in histories], dtype=float)
     mb = np.array([[(h[i]["bytes_up"] + h[i]["bytes_down"]) / 1e6 for i in rows] for h in histories]).mean(0)
-    return np.array([histories[0][i]["round"] for i in rows]), values.mean(0), values.std(0), mb
+    return np.array([histories[0][i]["round"] for i in rows]), values.mean(0), sample_std(values, axis=0), mb
 
 
 def _line(ax, histories, key: str, x_bytes: bool, fmt: dict, label: str | None):

@@ -38,7 +38,8 @@ from fljax.data.federated import FederatedData
 from fljax.engine import RunLog, State, central
 from fljax.errors import ConfigError
 
-__all__ = ["attach_pretrained", "pretrained_params", "related_set", "cache_root", "PRETRAIN_CALLS"]
+__all__ = ["with_server_model", "attach_pretrained", "pretrained_params", "related_set", "cache_root",
+           "PRETRAIN_CALLS"]
 
 PRETRAIN_CALLS = {"count": 0}  # how many PMs this process has trained (tests check the cache is used)
 
@@ -108,6 +109,28 @@ def related_set(name: str, input_shape: tuple, num_classes: int, seed: int = 0, 
     x = np.asarray(jax.image.resize(jnp.asarray(x), (x.shape[0], *input_shape), "linear"))
     x = (x - x.mean()) / max(float(x.std()), 1e-12)
     return name, x.astype(np.float32), np.concatenate([source.y_train, source.y_test]).astype(np.int32)
+
+
+def with_server_model(exp, data: FederatedData) -> FederatedData:
+    """``data`` with the pretrained model of experiment ``exp``'s ``server:`` section attached (``data`` itself
+    when it names none): the model it names, or the experiment's own architecture with a head for the server's
+    labels (``same``), trained once and then restored from the cache."""
+    from fljax.experiment import build_model
+    from fljax.models import make_model
+
+    server = exp.config.server
+    if server.pretrained is None:
+        return data
+    if server.pretrained == "same":
+        pm = build_model(exp.model, data.replace(num_classes=data.server_classes))
+    else:
+        pm = make_model(server.pretrained, data.input_shape, data.server_classes, **server.pretrained_options)
+    related = None
+    if server.pretrain_data is not None:
+        related = related_set(server.pretrain_data, data.input_shape, data.server_classes, server.seed,
+                              **server.pretrain_data_options)
+    return attach_pretrained(data, pm, epochs=server.epochs, lr=server.lr, batch_size=server.batch_size,
+                             seed=server.seed, cache_dir=server.cache_dir, pretrain_data=related)
 
 
 def attach_pretrained(data: FederatedData, model, *, epochs: int, lr: float, batch_size: int, seed: int,

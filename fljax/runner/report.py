@@ -1,4 +1,9 @@
-"""How a run talks to its user: output modes, JSON log lines, Markdown tables (mean ± std over seeds).
+"""How a run talks to its user: output modes, JSON log lines, and the one way fljax writes results: Markdown
+tables (:func:`markdown_table`) of mean ± std over seeds (:func:`mean_std`).
+
+Every table — a run's, a sweep's, a comparison's, a study report's — writes a statistic over seeds as
+``mean ± std`` with the *sample* standard deviation (ddof 1, what papers report; 0 for a single seed), through
+:func:`mean_std`; ``summary.json`` stores the same :func:`sample_std`.
 
 Modes: ``bar`` (a progress bar per run with the latest metrics and the ETA, notes on stderr), ``quiet`` (no bar,
 no notes: only the final table on stdout) and ``json`` (stdout carries only JSON objects, one per line: an
@@ -14,7 +19,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-__all__ = ["Output", "MODES", "markdown_table", "summary_row", "mean_std"]
+__all__ = ["Output", "MODES", "markdown_table", "summary_row", "mean_std", "sample_std"]
 
 MODES = ("bar", "quiet", "json")
 
@@ -68,14 +73,26 @@ class Output:
             print(text, file=self.stdout or sys.stdout, flush=True)
 
 
-def mean_std(values: list[float], digits: int = 4) -> str:
-    """``'0.8123'`` for one value, ``'0.8123 ± 0.0121'`` (sample standard deviation) for several."""
-    values = [v for v in values if v is not None]
-    if not values:
+def sample_std(values, axis=None):
+    """The sample standard deviation (ddof 1) over ``axis``; 0 with fewer than two values."""
+    values = np.asarray(values, float)
+    n = values.size if axis is None else values.shape[axis]
+    return np.std(values, axis=axis, ddof=1) if n > 1 else np.zeros_like(np.mean(values, axis=axis))
+
+
+def mean_std(values, digits: int = 4, *, scale: float = 1.0, form: str = "mean_std") -> str:
+    """``'0.8123 ± 0.0121'``: the mean and sample standard deviation (:func:`sample_std`) of ``values`` × ``scale``
+    (None left out); one value alone, ``'-'`` for none. ``form='mean'``: the mean only; ``'g'``: the mean to 3
+    significant digits."""
+    values = np.array([v for v in values if v is not None], float)
+    if values.size == 0:
         return "-"
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{np.mean(values):.{digits}f} ± {np.std(values, ddof=1):.{digits}f}"
+    mean = scale * values.mean()
+    if form == "g":
+        return f"{mean:.3g}"
+    if form == "mean" or values.size == 1:
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {scale * sample_std(values):.{digits}f}"
 
 
 def summary_row(label: str, summaries: list[dict]) -> dict:
@@ -92,9 +109,14 @@ def summary_row(label: str, summaries: list[dict]) -> dict:
             "client-steps/s": f"{np.mean([s['client_steps_per_second'] for s in summaries]):,.0f}"}
 
 
-def markdown_table(rows: list[dict]) -> str:
-    cols = list(rows[0])
-    widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in cols]
-    line = lambda vals: "| " + " | ".join(str(v).ljust(w) for v, w in zip(vals, widths)) + " |"
-    return "\n".join([line(cols), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] +
-                     [line([r[c] for c in cols]) for r in rows])
+def markdown_table(rows: list, header: list[str] | None = None) -> str:
+    """The one Markdown table writer: ``rows`` as dicts (their keys the header) or as lists under ``header``,
+    every column padded to its widest cell; '' without rows."""
+    if not rows:
+        return ""
+    if header is None:
+        header = list(rows[0])
+        rows = [[r[c] for c in header] for r in rows]
+    widths = [max(len(str(c)), *(len(str(r[i])) for r in rows)) for i, c in enumerate(header)]
+    line = lambda vals: "| " + " | ".join(str(v).ljust(w) for v, w in zip(vals, widths)) + " |"  # noqa: E731
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in rows])

@@ -25,6 +25,7 @@ import numpy as np
 from fljax.config import ExperimentConfig, to_dict
 from fljax.engine import RunLog
 from fljax.runner import files
+from fljax.runner.report import sample_std
 
 __all__ = ["RunDir", "make_summary", "aggregate_summaries", "seconds", "environment"]
 
@@ -165,7 +166,7 @@ def aggregate_summaries(summaries: list[dict], vectorised: bool) -> dict:
     for k in keys:
         values = np.array([f[k] for f in finals], dtype=float)
         stats[k] = {"mean": float(np.mean(values)),
-                    "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
+                    "std": float(sample_std(values)),
                     "values": values.tolist()}
     steps = sum(s["client_steps_per_second"] * s["run_seconds"] for s in summaries)
     # seeds run as lanes of one program share its compile, run and other seconds; their setups run one by one

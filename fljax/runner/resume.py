@@ -7,34 +7,32 @@ test split), the model, the algorithm and every hyperparameter, the seed and the
 the divergence guard stops it, how the client axis is executed and the run's name. (Changing the evaluation or
 checkpoint cadence, or the executor, keeps the results correct but may change their last bits.)
 
-:func:`check_resume` compares every key, the algorithm's defaults filled in, and refuses the first that differs,
-in one line naming it, before anything is written.
+:func:`check_resume` compares every key, the algorithm's declared defaults filled in, and refuses the first that
+differs, in one line naming it, before anything is written.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 
+from fljax.algorithms import ALGORITHMS
+from fljax.algorithms.registry import defaults
 from fljax.config import ExperimentConfig, load_config, to_dict
 from fljax.errors import ConfigError
 from fljax.options import show
 
-__all__ = ["MAY_CHANGE", "check_resume", "resolved"]
+__all__ = ["MAY_CHANGE", "check_resume", "flat"]
 
 MAY_CHANGE = ("rounds", "eval_every", "checkpoint_every", "diverge_factor", "executor", "chunk_size", "name",
               "model.conv_impl")
 
 
-def resolved(cfg: ExperimentConfig) -> dict:
-    """Every key of ``cfg`` as a dotted name → value, with the algorithm's defaults for the hyperparameters it
-    does not set (so that ``lr`` left at its default equals ``lr`` given as that default)."""
-    from fljax.algorithms import ALGORITHMS
-
+def flat(cfg: ExperimentConfig) -> dict:
+    """Every key of ``cfg`` as a dotted name → value, with the algorithm's declared defaults for the
+    hyperparameters it does not set (so that ``lr`` left at its default equals ``lr`` given as that default)."""
     values = to_dict(cfg)
     algo = values.pop("algo")
     if cfg.algorithm in ALGORITHMS:
-        defaults = ALGORITHMS[cfg.algorithm]()
-        algo = {**to_dict({f.name: getattr(defaults, f.name) for f in dataclasses.fields(defaults)}), **algo}
+        algo = {**to_dict(defaults(ALGORITHMS[cfg.algorithm])), **algo}
     return {**_flatten(values), **{f"algo.{k}": v for k, v in algo.items()}}
 
 
@@ -54,7 +52,7 @@ def check_resume(directory: str, cfg: ExperimentConfig) -> None:
     path = os.path.join(directory, "config.yaml")
     if not os.path.exists(path):
         return
-    saved, new = resolved(load_config(path, check_algo=False)), resolved(cfg)
+    saved, new = flat(load_config(path)), flat(cfg)
     for key in sorted(saved.keys() | new.keys(), key=_order):
         if key not in MAY_CHANGE and saved.get(key) != new.get(key):
             raise ConfigError(f"--resume cannot change {key} ({_shown(saved, key)} in {path}, {_shown(new, key)} "

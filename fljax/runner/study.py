@@ -39,8 +39,9 @@ import numpy as np
 
 from fljax import yaml_io
 from fljax.config import ConfigError, ExperimentConfig, from_dict, to_dict
+from fljax.experiment import Experiment, resolve
 from fljax.runner import files
-from fljax.runner.report import Output
+from fljax.runner.report import Output, sample_std
 from fljax.runner.results import RunDir
 
 __all__ = ["Study", "Cell", "StudyResults", "load_study", "study_names", "run_study", "render_study"]
@@ -236,13 +237,13 @@ class StudyResults:
         return np.array(out, float)
 
     def curve(self, study: str, metric: str, **labels) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(rounds, mean, std over seeds) of ``metric`` at every evaluation the seeds share."""
+        """(rounds, mean, sample std over seeds) of ``metric`` at every evaluation the seeds share."""
         runs = [r["history"] for r in self.seeds(study, **labels) if r["history"]]
         if not runs:
             return np.array([]), np.array([]), np.array([])
         n = min(len(h) for h in runs)
         values = np.array([[evaluate(metric, rec) for rec in h[:n]] for h in runs], float)
-        return np.array([rec["round"] for rec in runs[0][:n]]), values.mean(0), values.std(0)
+        return np.array([rec["round"] for rec in runs[0][:n]]), values.mean(0), sample_std(values, axis=0)
 
 
 def _numbers(summary: dict) -> dict:
@@ -309,38 +310,37 @@ def _run_dir_names(cells: list[Cell]) -> dict[str, str]:
     return names
 
 
-def _configs(cells: list[Cell]) -> dict[str, ExperimentConfig]:
-    """The validated config of every run (refusing a bad cell before anything runs)."""
+def _experiments(cells: list[Cell]) -> dict[str, Experiment]:
+    """The resolved experiment of every run, once per run key (refusing a bad cell before anything runs)."""
     out = {}
     for c in cells:
         for s in c.seeds:
             key = c.key(s)
             if key not in out:
                 try:
-                    cfg = from_dict(ExperimentConfig, {**c.config, "seed": s, "seeds": 1}).validate()
+                    out[key] = resolve(from_dict(ExperimentConfig, {**c.config, "seed": s, "seeds": 1}))
                 except ConfigError as e:
                     raise ConfigError(f"study cell {c.study} {c.labels}: {e}") from None
-                out[key] = cfg
     return out
 
 
-def _families(keys: list[str], configs: dict) -> list[list[str]]:
+def _families(keys: list[str], experiments: dict[str, Experiment]) -> list[list[str]]:
     """Runs grouped by config without seed (those that may share a compiled program)."""
     groups: dict[str, list[str]] = {}
     for key in keys:
-        values = to_dict(configs[key])
+        values = to_dict(experiments[key].config)
         values.pop("seed")
         groups.setdefault(json.dumps(values, sort_keys=True, default=str), []).append(key)
     return list(groups.values())
 
 
-def _run_some(root: str, items: list[tuple[str, str, dict]], lanes: str, progress: bool) -> float:
-    """Run these (dir name, key, config dict) in ``root``; returns the wall seconds (a worker's job)."""
+def _run_some(root: str, items: list[tuple[str, Experiment]], lanes: str, progress: bool) -> float:
+    """Run these (dir name, experiment) in ``root``; returns the wall seconds (a worker's job: experiments are
+    plain frozen values, sent to a worker process as they are)."""
     from fljax.runner.experiment import run_points
 
     t0 = time.perf_counter()
-    points = [(name, from_dict(ExperimentConfig, cfg).validate()) for name, _, cfg in items]
-    run_points(points, root, resume=True, missing_ok=True, output=Output("bar" if progress else "quiet"),
+    run_points(items, root, resume=True, missing_ok=True, output=Output("bar" if progress else "quiet"),
                plots=False, subdirs=True, lanes=lanes)
     return time.perf_counter() - t0
 
@@ -355,7 +355,7 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
     output = output or Output()
     lanes = lanes or study.spec.get("lanes", "vmap")
     cells = study.cells(only, seeds, rounds)
-    configs = _configs(cells)
+    experiments = _experiments(cells)
     names = _run_dir_names(cells)
     root = os.path.join(out, "runs")
     if fresh and os.path.isdir(root):
@@ -365,17 +365,17 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
     for key, name in names.items():  # a run directory made with other settings would be resumed wrongly
         saved = RunDir(os.path.join(root, name)).file("config.yaml")
         if os.path.exists(saved):
-            if not _same_settings(yaml_io.load(open(saved, "rb")), configs[key]):
+            if not _same_settings(yaml_io.load(open(saved, "rb")), experiments[key].config):
                 raise ConfigError(f"{os.path.dirname(saved)} was run with other settings than the study now asks "
                                   f"for; rerun with --fresh (or another --out).")
-    recorded = {} if fresh else _recorded_runs(out, configs)
+    recorded = {} if fresh else _recorded_runs(out, experiments)
     todo = [key for key in names
-            if key not in recorded and not _completed(os.path.join(root, names[key]), configs[key])]
+            if key not in recorded and not _completed(os.path.join(root, names[key]), experiments[key].config)]
     output.note(f"{study.title}: {len(cells)} cells, {len(names)} runs ({len(names) - len(todo)} already done), "
                 f"{jobs} job(s); results in {out}")
     t0 = time.perf_counter()
-    families = _families(todo, configs)
-    work = [[(names[k], k, to_dict(configs[k])) for k in fam] for fam in families]
+    families = _families(todo, experiments)
+    work = [[(names[k], experiments[k]) for k in fam] for fam in families]
     if jobs <= 1 or len(work) <= 1:
         for items in work:
             _run_some(root, items, lanes, output.progress)
@@ -417,14 +417,15 @@ def _finished(summary: dict, cfg: ExperimentConfig) -> bool:
                                                                   summary.get("rounds") == cfg.rounds)
 
 
-def _recorded_runs(out: str, configs: dict[str, ExperimentConfig]) -> dict[str, dict]:
+def _recorded_runs(out: str, experiments: dict[str, Experiment]) -> dict[str, dict]:
     """The finished runs that ``out/results.json.gz`` records (history and summary) for these run keys: a committed
     report keeps its runs when its run directories (not committed) are gone, so adding cells reruns nothing."""
     path = os.path.join(out, "results.json.gz")
     if not os.path.exists(path):
         return {}
     saved = files.read_json(path).get("runs", {})
-    return {key: run for key, run in saved.items() if key in configs and _finished(run["summary"], configs[key])}
+    return {key: run for key, run in saved.items()
+            if key in experiments and _finished(run["summary"], experiments[key].config)}
 
 
 TASKS_PER_WORKER = 4  # families a worker process runs before it is replaced (frees its compiled programs)

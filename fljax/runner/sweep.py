@@ -1,21 +1,22 @@
 """Points and seeds: what a run, a sweep or a comparison is made of, and the data each needs.
 
-A *point* is one experiment config (an algorithm with its hyperparameters, data, model, run settings) with a
-label; it runs for ``seeds`` seeds ``seed, seed+1, …``. ``fljax run`` is one point, ``fljax sweep`` the points of
+A *point* is one resolved experiment (:class:`fljax.experiment.Experiment`: an algorithm with its hyperparameters,
+data, model, run settings) with a label; it runs for ``seeds`` seeds ``seed, seed+1, …``. ``fljax run`` is one point, ``fljax sweep`` the points of
 a grid of overrides (:func:`grid_points`), ``fljax compare`` one point per algorithm, a paper reproduction the
 points of its studies. The data seed is ``data.seed`` when set (every run seed then shares one data set and
 partition) and otherwise follows the run seed (each seed draws its own partition).
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 
 from fljax.config import ConfigError, ExperimentConfig, apply_overrides, from_dict, parse_override, to_dict
 from fljax.data import FederatedData
+from fljax.experiment import Experiment, load_data, resolve
+from fljax.runner.pretrained import with_server_model
 
-__all__ = ["seed_list", "DataCache", "data_seed", "parse_grid", "grid_points", "point_label"]
+__all__ = ["seed_list", "DataCache", "data_seed", "parse_grid", "grid_points", "point_label", "point_experiment"]
 
 
 def seed_list(cfg: ExperimentConfig) -> list[int]:
@@ -27,8 +28,8 @@ def data_seed(cfg: ExperimentConfig, seed: int) -> int:
 
 
 class DataCache:
-    """Federated data sets by (data config, data seed), built once and shared between seeds, points and
-    algorithms."""
+    """Federated data sets by (data and server sections, data seed), built once and shared between seeds, points
+    and algorithms; the server's pretrained model attached (:func:`~fljax.runner.pretrained.with_server_model`)."""
 
     def __init__(self):
         self._cache: dict = {}
@@ -41,15 +42,15 @@ class DataCache:
         cache._fixed = data
         return cache
 
-    def __call__(self, cfg: ExperimentConfig, seed: int) -> FederatedData:
-        from fljax.api import load_data
-
+    def __call__(self, exp: Experiment, seed: int) -> FederatedData:
         if self._fixed is not None:
             return self._fixed
-        key = (json.dumps([to_dict(cfg.data), to_dict(cfg.server)], sort_keys=True, default=str),
+        cfg = exp.config
+        same = to_dict(exp.model) if cfg.server.pretrained == "same" else None  # the PM has the run's architecture
+        key = (json.dumps([to_dict(cfg.data), to_dict(cfg.server), same], sort_keys=True, default=str),
                data_seed(cfg, seed))
         if key not in self._cache:
-            self._cache[key] = load_data(dataclasses.replace(cfg, seed=seed))
+            self._cache[key] = with_server_model(exp, load_data(exp, seed))
         return self._cache[key]
 
 
@@ -89,8 +90,9 @@ def point_label(point: dict[str, object]) -> str:
     return ",".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in point.items()) or "base"
 
 
-def point_config(base: dict, point: dict[str, object]) -> ExperimentConfig:
-    """The validated config of one grid point: ``base`` (a nested dict) with the point's dotted overrides."""
+def point_experiment(base: dict, point: dict[str, object], name: str | None = None) -> Experiment:
+    """The resolved experiment of one grid point: ``base`` (a nested dict) with the point's dotted overrides
+    (``name``: the run name)."""
     values = apply_overrides(base, [])
     for key, value in point.items():
         node = values
@@ -100,4 +102,6 @@ def point_config(base: dict, point: dict[str, object]) -> ExperimentConfig:
             if not isinstance(node, dict):
                 raise ConfigError(f"--grid {key}: {part!r} is not a section.")
         node[parts[-1]] = value
-    return from_dict(ExperimentConfig, values).validate()
+    if name is not None:
+        values["name"] = name
+    return resolve(from_dict(ExperimentConfig, values))

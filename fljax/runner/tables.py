@@ -15,9 +15,10 @@ A table (``tables:`` in the study file)::
         - {title: "seeds DFedAlt ahead", value: personal_acc, wins: {method: DFedAlt}}
         - {title: "reported model", tag: reported}                   # a tag of the row's cell
 
-A cell is the mean ± std (ddof 0) over seeds of ``value`` (a metric name or an expression of names, see
-:func:`fljax.runner.study.evaluate`; ``{tag}`` is replaced by the row's tag, e.g. ``"{reported}_acc"``) at the final
-evaluation, or at round ``at``; ``format: mean`` drops the std, ``format: g`` prints 3 significant digits.
+A cell is the mean ± std over seeds (:func:`fljax.runner.report.mean_std`: the sample std, ddof 1) of ``value`` (a
+metric name or an expression of names, see :func:`fljax.runner.study.evaluate`; ``{tag}`` is replaced by the row's
+tag, e.g. ``"{reported}_acc"``) at the final evaluation, or at round ``at``; ``format: mean`` drops the std,
+``format: g`` prints 3 significant digits.
 
 A plot (``plots:``, written as PNG and PDF with the colours and markers of :mod:`fljax.runner.plots`):
 ``kind: curves`` (value vs round, one line per value of ``lines``, one panel per value of ``panels``) or
@@ -31,27 +32,16 @@ import os
 
 import numpy as np
 
-from fljax.runner.report import markdown_table as _markdown_rows
+from fljax.runner.report import markdown_table, mean_std, sample_std
 
-__all__ = ["render_report", "render_plots", "table", "fmt"]
-
-
-def _pipe_table(header: list[str], rows: list[list[str]]) -> str:
-    return _markdown_rows([dict(zip(header, r)) for r in rows]) if rows else ""
+__all__ = ["render_report", "render_plots", "table", "value_text"]
 
 
-def fmt(values: np.ndarray, scale: float = 100.0, digits: int = 2, form: str = "mean_std") -> str:
-    """'mean ± std' (ddof 0) of ``values`` × ``scale``; '-' when there are none."""
+def value_text(values: np.ndarray, scale: float = 100.0, digits: int = 2, form: str = "mean_std") -> str:
+    """A report cell: :func:`~fljax.runner.report.mean_std` of the seeds' ``values`` that exist (a missing metric
+    is NaN: left out), in percent to 2 decimals by default."""
     values = np.asarray(values, float)
-    values = values[~np.isnan(values)]
-    if values.size == 0:
-        return "-"
-    mean, std = scale * values.mean(), scale * values.std()
-    if form == "g":
-        return f"{mean:.3g}"
-    if form == "mean" or values.size == 1:
-        return f"{mean:.{digits}f}"
-    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+    return mean_std(values[~np.isnan(values)], digits, scale=scale, form=form)
 
 
 def _as_list(value) -> list:
@@ -111,7 +101,7 @@ def table(results, spec: dict) -> str:
             row.append(_column_cell(results, study, col, {**labels, **extra, **_fixed(col.get("where", {}))}))
         if any(x != "-" for x in row[len(row_axes):]):
             rows.append(row)
-    return _pipe_table(header, rows)
+    return markdown_table(rows, header)
 
 
 def _fixed(where: dict) -> dict:
@@ -130,13 +120,13 @@ def _column_cell(results, study: str, col: dict, labels: dict) -> str:
     values = _values(results, study, col, labels)
     reference = col.get("minus") or col.get("wins")
     if reference is None:
-        return fmt(values, scale, digits, form)
+        return value_text(values, scale, digits, form)
     other = _values(results, study, col, {**labels, **reference})
     if labels == {**labels, **reference} or not values.size or other.size != values.size:
         return "-"
     if "wins" in col:
         return f"{int(np.sum(other > values))}/{values.size}"
-    return fmt(other - values, scale, digits, form)
+    return value_text(other - values, scale, digits, form)
 
 
 def render_report(results) -> str:
@@ -150,7 +140,7 @@ def render_report(results) -> str:
              f"Runs: {meta.get('runs')} ({meta.get('computed')} computed in this invocation, {meta.get('jobs')} job(s), "
              f"{wall / 60:.1f} min of wall time in the invocations that computed them). "
              + spec.get("values_note", "Values: final evaluation, unweighted mean over clients, mean ± std over seeds "
-                                       "(ddof 0).")]
+                                       "(sample std, ddof 1).")]
     for t in spec.get("tables", []):
         if results.cell(t["study"]) is None:
             continue
@@ -160,7 +150,7 @@ def render_report(results) -> str:
     claims = claims_of(results.study, results)
     if claims:
         parts += ["", f"## {spec.get('claims_title', 'Claims')}", "",
-                  _pipe_table(["claim", "measured", "verdict"], [list(c) for c in claims])]
+                  markdown_table([list(c) for c in claims], ["claim", "measured", "verdict"])]
     for title, body in _sections(results):
         parts += ["", f"## {title}", "", body]
     parts += ["", "## Time per run (this machine)", "", _timing(results)]
@@ -200,7 +190,7 @@ def _timing(results) -> str:
         by_algo.setdefault(s.get("algorithm", "?"), []).append(s)
     rows = [[a, str(len(r)), f"{np.mean([x.get('run_seconds', 0) for x in r]):.1f}",
              f"{np.mean([x.get('compile_seconds', 0) for x in r]):.1f}"] for a, r in sorted(by_algo.items())]
-    return _pipe_table(["algorithm", "runs", "run s (mean)", "compile s (mean)"], rows)
+    return markdown_table(rows, ["algorithm", "runs", "run s (mean)", "compile s (mean)"])
 
 
 # ---------------------------------------------------------------------------------------------------- plots
@@ -254,7 +244,7 @@ def _plot(results, spec: dict):
                 xs = _axis_values(results, study, spec["x"], labels)
                 ys = [results.final(study, metric, **{**labels, spec["x"]: x}) for x in xs]
                 ax.errorbar(xs, [spec.get("scale", 1.0) * np.mean(y) if y.size else np.nan for y in ys],
-                            [spec.get("scale", 1.0) * np.std(y) if y.size else np.nan for y in ys],
+                            [spec.get("scale", 1.0) * sample_std(y) if y.size else np.nan for y in ys],
                             capsize=3, label=name, **style)
         if spec.get("logy"):
             ax.set_yscale("log")

@@ -1,0 +1,143 @@
+"""The composition root (fljax.experiment): a config is resolved once, below the runner, the API and the command
+line. The import graph read from the source has no arrow from the runner up to the API and no circle among the
+outer modules; along `fljax run` the algorithm object is constructed once and run by every seed's simulation."""
+import ast
+import dataclasses
+import os
+
+import pytest
+
+import fljax
+from fljax.algorithms import ALGORITHMS, Algorithm, FedAvg, FedProx
+from fljax.cli import main
+from fljax.config import load_config
+from fljax.errors import ConfigError, OptionError
+from fljax.experiment import Experiment, preset, resolve
+
+PACKAGE = os.path.dirname(os.path.abspath(fljax.__file__))
+OUTER = ("fljax.api", "fljax.cli", "fljax.config", "fljax.experiment", "fljax.runner")
+TINY = ["--set", "data.num_clients=6", "--set", "data.max_samples=40", "--set", "model.name=logreg", "--set",
+        "algo.cohort_size=3", "--set", "algo.local_steps=2", "--set", "algo.batch_size=10", "--set", "rounds=2",
+        "--set", "eval_every=1", "--dataset", "synthetic", "--quiet"]
+
+
+def _modules() -> dict[str, str]:
+    """Module name → source path of every module of the package."""
+    out = {}
+    for root, _, files in os.walk(PACKAGE):
+        for f in files:
+            if f.endswith(".py"):
+                rel = os.path.relpath(os.path.join(root, f), os.path.dirname(PACKAGE))[:-3].replace(os.sep, ".")
+                out[rel.removesuffix(".__init__")] = os.path.join(root, f)
+    return out
+
+
+def _node(module: str) -> str:
+    """The graph node of a module: the runner is one node (its modules may import each other)."""
+    return "fljax.runner" if module.startswith("fljax.runner") else module
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Every import statement of the package, at module level or inside a function (lazy imports count too), as
+    edges between nodes. ``from fljax import x`` points at module ``fljax.x``; the package itself (``import fljax``,
+    for ``__version__``) is not a node: it is the namespace that re-exports the facade."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        targets = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                            for a in node.names}
+        edges = {_node(t) for t in targets if t in modules and t != "fljax"} - {_node(name)}
+        graph.setdefault(_node(name), set()).update(edges)
+    return graph
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def test_the_runner_never_imports_the_api_and_the_outer_modules_form_no_circle():
+    graph = _import_graph()
+    assert "fljax.api" not in graph["fljax.runner"]
+    assert {"fljax.runner", "fljax.experiment"} <= graph["fljax.api"] and "fljax.experiment" in graph["fljax.runner"]
+    circles = [(a, b) for a in OUTER for b in OUTER if a < b and b in _reachable(graph, a)
+               and a in _reachable(graph, b)]
+    assert not circles, circles
+    assert not _reachable(graph, "fljax.experiment") & {"fljax.api", "fljax.cli", "fljax.runner"}
+    # config.py only parses: no registry of algorithms, models or executors below it
+    assert not {n for n in _reachable(graph, "fljax.config")
+                if n.startswith(("fljax.algorithms", "fljax.models", "fljax.engine"))}
+
+
+def _count_constructions(monkeypatch, cls) -> list:
+    calls = []
+    original = Algorithm.__post_init__
+
+    def counting(self):
+        if type(self) is cls:
+            calls.append(self)
+        original(self)
+
+    monkeypatch.setattr(Algorithm, "__post_init__", counting)
+    return calls
+
+
+def test_fljax_run_constructs_the_algorithm_once(monkeypatch, tmp_path):
+    """Two seeds, each with its own data and simulation: one algorithm object, constructed once, runs both; a
+    resume of the finished run constructs it once too."""
+    import fljax.runner.experiment as runner
+
+    calls = _count_constructions(monkeypatch, FedProx)
+    sims = []
+    build = runner.build
+    monkeypatch.setattr(runner, "build", lambda exp, data, module=None: sims.append(build(exp, data, module))
+                        or sims[-1])
+    out = str(tmp_path / "r")
+    assert main(["run", "--algorithm", "fedprox", "--seeds", "2", "--out", out, *TINY]) == 0
+    assert len(calls) == 1 and len(sims) == 2 and all(s.algorithm is calls[0] for s in sims)
+    calls.clear()
+    assert main(["run", "--resume", "--out", out, "--quiet"]) == 0
+    assert len(calls) == 1
+
+
+def test_resolve_builds_the_experiment_once_and_names_every_key():
+    exp = resolve(load_config(None, ["algorithm=fedprox", "algo.mu=1", "data.dataset=digits"]))
+    assert isinstance(exp, Experiment) and isinstance(exp.algorithm, FedProx)
+    assert exp.algorithm.mu == 1.0 and type(exp.config.algo["mu"]) is float  # as the algorithm holds it
+    assert exp.model.name == "cnn1" and exp.config.model.name == "auto"  # auto resolved, the config as given
+    assert exp.with_seed(3).algorithm is exp.algorithm and exp.with_seed(3).config.seed == 3
+    for overrides, message in [(["algorithm=fedprox", "algo.mu=-1"], "algo.mu must be >= 0, got -1.0."),
+                               (["algo.muu=1"], "algo.muu is not a valid key for algorithm 'fedavg'"),
+                               (["algorithm=fedavgg"], "algorithm must be one of"),
+                               (["executor=fast"], "executor must be one of")]:
+        with pytest.raises(ConfigError) as e:
+            resolve(load_config(None, overrides))
+        assert message in str(e.value) and "\n" not in str(e.value)
+    groups = ('groups=[{"name": "a", "size": 50}, {"name": "b", "size": 50, "algo": {"lr": 0.5}}]',)
+    exp = resolve(load_config(None, ["algo.cohort_size=null", *groups]))
+    assert [(g.name, g.size, g.hp) for g in exp.groups] == [("a", 50, {}), ("b", 50, {"lr": 0.5})]
+    with pytest.raises(OptionError, match=r"groups\[1\].algo.lr must be > 0"):
+        resolve(load_config(None, ["algo.cohort_size=null", groups[0].replace("0.5", "0")]))
+
+
+def test_the_quick_start_preset_keeps_the_algo_keys_an_algorithm_declares():
+    path = os.path.join(PACKAGE, "configs", "quickstart.yaml")
+    declared = lambda name: {f.name for f in dataclasses.fields(ALGORITHMS[name])}  # noqa: E731
+    for name in ALGORITHMS:
+        algo = preset(path, [f"algorithm={name}"])["algo"]
+        assert set(algo) <= declared(name)
+        assert set(algo) == set(preset(path, [f"algorithm={name}"], algorithm_keys=False)["algo"]) & declared(name)
+    assert preset(path, ["algorithm=quped"])["algo"] == {"cohort_size": 10, "lr": 0.1, "batch_size": 10}  # τ: no epochs
+    assert FedAvg().lr == preset(path, ["algorithm=fedavg"])["algo"]["lr"]
