@@ -383,7 +383,7 @@ def resolve_privacy(options: PrivacyOptions, *, population: int, size: float, st
         count_stddev = options.count_stddev if options.count_stddev is not None else size / 20
         if z > 0 and not 2 * count_stddev > z:
             raise OptionError("count_stddev", f"σ_b = {count_stddev:g} must exceed z/2 = {z / 2:g}, or the count "
-                                              f"query spends the whole privacy budget (Andrew et al. 2021, §3.1); "
+                                              f"query spends the whole privacy budget (Andrew et al. 2021, Section 3.1); "
                                               f"raise it, or the cohort (the default is cohort/20).")
         z_update = P.adaptive_noise_multiplier(z, count_stddev)
     return PrivacyPlan(options, z, z_update, delta, sampling, steps, count_stddev)

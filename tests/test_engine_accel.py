@@ -56,12 +56,12 @@ def test_bf16_computes_in_bfloat16_with_float32_master_weights_and_learns(digits
 
 
 def test_precision_from_the_config_and_the_cli_key():
-    from fljax.api import build
     from fljax.config import ConfigError, load_config
+    from fljax.experiment import build, resolve
     from fljax.runner.sweep import DataCache
 
-    cfg = load_config(None, ["precision=bf16", "data.num_clients=6", "algo.cohort_size=2", "memory_budget=2"])
-    sim = build(cfg, DataCache()(cfg, 0))
+    exp = resolve(load_config(None, ["precision=bf16", "data.num_clients=6", "algo.cohort_size=2", "memory_budget=2"]))
+    sim = build(exp, DataCache()(exp, 0))
     assert sim.model.precision == "bf16" and sim.precision == "bf16" and sim.memory_budget == 2
     with pytest.raises(ConfigError, match="precision must be one of"):
         load_config(None, ["precision=fp16"])

@@ -97,7 +97,7 @@ def test_run_plots_draw_the_seed_mean_its_band_and_the_histogram_of_the_clients(
     plot_run(str(tmp_path), histories, per_client, "test")
     rounds = np.array([0, 3, 6, 9])
     acc = np.array([[r["personal_acc"] for r in h] for h in histories])
-    mean, std = acc.mean(0), acc.std(0)
+    mean, std = acc.mean(0), acc.std(0, ddof=1)  # the sample std, the convention of every table and band
     fig = saved["accuracy_vs_round.png"]
     assert _curve(fig, rounds, mean) is not None
     assert _curve(fig, rounds, np.array([[r["global_acc"] for r in h] for h in histories]).mean(0)) is not None

@@ -57,7 +57,7 @@ def test_truncated_poisson_epsilon_is_dp_accountings_truncated_event():
 
 
 def test_abadi_et_al_mnist_reference_point():
-    """Abadi et al. 2016 §3.1: q = 0.01, σ = 4, δ = 1e-5, T = 10,000 steps gives ε ≈ 1.26 with the moments accountant
+    """Abadi et al. 2016, Section 3.1: q = 0.01, σ = 4, δ = 1e-5, T = 10,000 steps gives ε ≈ 1.26 with the moments accountant
     (the paragraph's figure as reproduced with TF Privacy in tensorflow/privacy#85). dp-accounting's RDP of the same
     Poisson-subsampled Gaussian, converted with the moments accountant's bound δ = min_λ exp(α(λ) − λε) over its
     integer moments λ ≤ 32 (α(λ) = λ·RDP(λ + 1)), gives 1.26; fljax's ε uses dp-accounting's tighter conversions."""

@@ -9,7 +9,7 @@ bucket and the scaled sign's block, and top-k / random-k keep the same fraction 
   |x| of each leaf, zero the rest. Biased; ‖x − C(x)‖² ≤ (1 − k_l/d_l)‖x‖² per leaf (the k-contraction).
 * :class:`RandomK` (ibid., rand_k, unbiased form): keep a uniformly random k_l-subset S of each leaf and scale by
   d_l/k_l, C(x)_i = (d_l/k_l)·x_i·1[i ∈ S]; P(i ∈ S) = k_l/d_l, so E[C(x)] = x and Var C(x)_i = (d_l/k_l − 1)·x_i².
-* :class:`QSGD` (Alistarh et al. 2017, §3.1, the quantiser Q_s): with s = 2^b − 1 levels and r_i = s·|x_i|/‖x‖,
+* :class:`QSGD` (Alistarh et al. 2017, Section 3.1, the quantiser Q_s): with s = 2^b − 1 levels and r_i = s·|x_i|/‖x‖,
   C(x)_i = ‖x‖·sign(x_i)·ξ_i/s with ξ_i = ⌊r_i⌋ + Bernoulli(r_i − ⌊r_i⌋); E[ξ_i] = r_i, so E[C(x)] = x and
   Var C(x)_i = (‖x‖/s)²·p_i(1 − p_i), p_i = r_i − ⌊r_i⌋. ‖x‖ is the leaf's L2 norm (the bucket is the leaf).
 * :class:`ScaledSign` (Karimireddy et al. 2019, "Error feedback fixes SignSGD", C(x) = (‖x‖₁/d)·sign(x)): the

@@ -133,7 +133,7 @@ def private_mean(values: PyTree, weights, denominator, noise_stddev, key=None, r
 
 def adaptive_noise_multiplier(noise_multiplier: float, count_stddev: float) -> float:
     """z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2): the updates' noise multiplier when the clipped-count query takes std σ_b
-    (sensitivity ½), so that the round is one Gaussian mechanism of multiplier z (Andrew et al. 2021, §3.1).
+    (sensitivity ½), so that the round is one Gaussian mechanism of multiplier z (Andrew et al. 2021, Section 3.1).
     Needs 2σ_b > z; z = 0 (no noise) gives 0. Host-side (Python floats)."""
     if noise_multiplier == 0:
         return 0.0
