@@ -115,7 +115,17 @@ def test_lanes_share_the_budget_and_the_default_budget_is_the_devices():
     assert Lanes(sim, seeds=[0, 1], mode="map").side_by_side == 1
     total, source = Simulation(sim.algorithm, data).program_budget((data,))
     _, have = budget.device_memory()
-    assert 0 < total < have and "of this machine" in source
+    assert 0 < total <= min(budget.CAP, budget.CPU_FRACTION * have) and "of this machine" in source
+
+
+def test_the_default_budget_is_a_fraction_of_the_device_capped(monkeypatch):
+    """A large device (an H200's allocator limit) gets CAP, not 75 % of its memory: the H200 run whose evaluation
+    asked XLA for 106.8 GiB (budget.py's docstring); a small one gets the fraction left after the arguments."""
+    args = (np.zeros(2 ** 20, np.float32),)  # 4 MiB, twice over with the outputs
+    monkeypatch.setattr(budget, "device_memory", lambda: ("1 × NVIDIA H200", 105 * 2 ** 30))
+    assert budget.default_budget(args)[0] == budget.CAP and "at most 4.00 GiB" in budget.default_budget(args)[1]
+    monkeypatch.setattr(budget, "device_memory", lambda: ("this machine", 2 ** 30))
+    assert budget.default_budget(args)[0] == budget.CPU_FRACTION * (2 ** 30 - 8 * 2 ** 20)
 
 
 def test_run_refuses_an_impossible_budget_naming_the_key():

@@ -22,7 +22,14 @@ scaled down by the ratio and compiles once more (``Simulation.memory_plans`` rec
 
 The budget (:func:`default_budget`): a fraction of the device's memory (:func:`device_memory`) after the program's
 arguments and outputs, ``FRACTION`` of it on accelerators and ``CPU_FRACTION`` on the CPU (the host's memory is
-shared with everything else), or the user's ``memory_budget`` (GiB). Programs vmapped over L lanes get 1/L of it.
+shared with everything else), and at most ``CAP`` bytes; or the user's ``memory_budget`` (GiB). Programs vmapped over
+L lanes get 1/L of it.
+
+Why a cap: chunks of a few thousand samples already keep an accelerator busy, so a larger chunk is not faster, while
+the estimate's error grows with it and XLA needs room of its own (convolution workspaces, layouts). Measured on one
+NVIDIA H200 (jax 0.11.2, ``bash benchmarks/gpu.sh``, 2026-11-27): with 75 % of the card as the budget, evaluating the
+EMNIST-shaped population asked XLA for 106.8 GiB, more than the allocator's limit, and the run stalled
+(benchmarks/results/gpu.md, part 1).
 """
 from __future__ import annotations
 
@@ -36,10 +43,11 @@ import numpy as np
 from fljax.errors import ConfigError
 
 __all__ = ["MemoryPlanError", "scope", "divided", "current", "clients_that_fit", "per_client_bytes", "peak_bytes",
-           "device_memory", "default_budget", "gib", "FRACTION", "CPU_FRACTION"]
+           "device_memory", "default_budget", "gib", "FRACTION", "CPU_FRACTION", "CAP"]
 
 FRACTION = 0.75  # of an accelerator's memory left after the program's arguments and outputs
 CPU_FRACTION = 0.5  # of the host's memory (shared with the OS and other processes)
+CAP = 4 * 2 ** 30  # bytes of temporaries a program gets by default at most (module docstring: why)
 
 
 class MemoryPlanError(ConfigError):
@@ -268,9 +276,10 @@ def device_memory() -> tuple[str, int]:
 def default_budget(args) -> tuple[float, str]:
     """(bytes, description) of the temporaries a program with arguments ``args`` may use by default:
     ``FRACTION`` (accelerators) or ``CPU_FRACTION`` (CPU) of the device's memory left after its arguments and as
-    many bytes again for its outputs."""
+    many bytes again for its outputs, and at most ``CAP``."""
     where, have = device_memory()
     fraction = CPU_FRACTION if jax.default_backend() == "cpu" else FRACTION
     resident = 2 * sum(_nbytes(x) for x in jax.tree.leaves(args) if _is_array(x))
-    return max(fraction * (have - resident), 0.0), (f"default: {fraction:.0%} of the {gib(have)} of {where} after "
-                                                     f"{gib(resident)} of arguments and outputs")
+    share = max(fraction * (have - resident), 0.0)
+    return min(share, CAP), (f"default: {fraction:.0%} of the {gib(have)} of {where} after {gib(resident)} of "
+                             f"arguments and outputs, at most {gib(CAP)}")
