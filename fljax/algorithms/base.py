@@ -134,8 +134,14 @@ class Algorithm(Options):
         global model's."""
         return None
 
-    def logits(self, model, params, x):
-        return model.apply(params, x)
+    def personal_model(self, inp: ClientInput):
+        """``(personal_params(inp), the model variables they are scored with)``: the client's own
+        (``inp.variables``) unless personalizing trains them too (FedAvg-FT's fine-tuning of a BatchNorm model)."""
+        return self.personal_params(inp), inp.variables
+
+    def logits(self, model, params, x, variables=None):
+        """The model's logits of ``x`` in evaluation mode (``variables``: its BatchNorm statistics)."""
+        return model.apply(params, x, variables=variables)
 
     def eval_metrics(self, server, clients) -> dict:
         """Extra scalar metrics of the whole state, computed at every evaluation (traced under ``jit``) and merged
@@ -143,22 +149,24 @@ class Algorithm(Options):
         the ``global_*`` / ``personal_*`` accuracy summaries."""
         return {}
 
-    def test_stats(self, model, params, test) -> TestStats:
-        logits = self.logits(model, params, test.x)
+    def test_stats(self, model, params, test, variables=None) -> TestStats:
+        logits = self.logits(model, params, test.x, variables)
         correct, count = accuracy_stats(logits, test.y, test.mask)
         tokens = token_stats(logits, test.y, test.mask) if test.y.ndim > test.mask.ndim else (None, None)
         return TestStats(correct, count, masked_cross_entropy(logits, test.y, test.mask), *tokens)
 
     def evaluate_client(self, inp: ClientInput) -> dict:
         """``{"global": TestStats, "personal": TestStats}`` of one client (``global`` absent when there is no
-        global model; it runs the global model's architecture, ``inp.global_model``). An entry ``"scalars"``
-        (a dict of per-client scalars) is averaged over the clients with a test split into the summary."""
+        global model; it runs the global model's architecture, ``inp.global_model``), a model with BatchNorm
+        scored with the variables ``inp.variables`` (:meth:`personal_model`'s for the personalized one). An entry
+        ``"scalars"`` (a dict of per-client scalars) is averaged over the clients with a test split into the
+        summary."""
         out = {}
         g = self.global_params(inp.down)
         if g is not None:
-            out["global"] = self.test_stats(inp.global_model or inp.model, g, inp.test)
-        p = self.personal_params(inp)
-        out["personal"] = self.test_stats(inp.model, p, inp.test) if p is not None else out["global"]
+            out["global"] = self.test_stats(inp.global_model or inp.model, g, inp.test, inp.variables)
+        p, variables = self.personal_model(inp)
+        out["personal"] = self.test_stats(inp.model, p, inp.test, variables) if p is not None else out["global"]
         return out
 
     def evaluate(self, ctx: RoundContext, server, clients) -> tuple[dict, dict]:

@@ -32,9 +32,9 @@ class Local(TrainsModelState, Centralized, local_options(*EVERY)):
         return None
 
     def client_update(self, inp: ClientInput) -> ClientResult:
-        params, loss = self.local.train(inp.model.loss, inp.state["params"], inp)
+        params, variables, loss = self.local.train_with_state(inp.model.train_loss, inp.state["params"], inp)
         return ClientResult(state={"params": params}, upload=None, weight=inp.train.count,
-                            metrics={"train_loss": loss})
+                            metrics={"train_loss": loss}, variables=variables)
 
     def server_update(self, ctx, server, clients, cohort, result):
         return server

@@ -36,7 +36,10 @@ class ClientInput:
       rounds: the epoch clock's batches);
     * ``model`` — the model it runs (static; its group's in a heterogeneous population); ``global_model`` — the model
       of the server's global parameters (static; ``model`` unless a population's group runs another architecture);
-      ``unroll`` — the unroll factor of its local-step loops (static).
+      ``unroll`` — the unroll factor of its local-step loops (static);
+    * ``variables`` — the non-parameter variables of its model (``{"batch_stats": ...}``; ``{}`` for a
+      Dropout-only model), None for a model without BatchNorm or Dropout
+      (:func:`fljax.algorithms.model_state.client_fn` places them).
     """
 
     state: Any
@@ -49,12 +52,15 @@ class ClientInput:
     model: Any = flax.struct.field(pytree_node=False, default=None)
     unroll: int = flax.struct.field(pytree_node=False, default=1)
     global_model: Any = flax.struct.field(pytree_node=False, default=None)
+    variables: Any = None
 
 
 @flax.struct.dataclass
 class ClientResult:
     """What one client's update returns: its new persistent ``state``, the ``upload`` it communicates (to the server
-    or to its neighbours), its aggregation ``weight`` and scalar ``metrics``. Stacked over clients by the engine,
+    or to its neighbours), its aggregation ``weight`` and scalar ``metrics``; ``variables``: its model's variables
+    after training (an update that trains a model with BatchNorm or Dropout returns them; None: unchanged), which
+    :func:`fljax.algorithms.model_state.client_fn` moves where they live. Stacked over clients by the engine,
     ``valid`` marks the entries of clients that were sampled (None: all were; see :mod:`fljax.engine.cohort`, whose
     invalid entries carry a zero weight and a zero upload)."""
 
@@ -63,6 +69,7 @@ class ClientResult:
     weight: jax.Array
     metrics: dict
     valid: Any = None
+    variables: Any = None
 
 
 @runtime_checkable
