@@ -1,7 +1,7 @@
 """What the engine needs from an algorithm, stated once.
 
-The engine (:class:`fljax.engine.Simulation`, the drivers and the executors) talks to an algorithm only through
-:class:`FederatedAlgorithm`. Hyperparameters live on the algorithm object; the model, the executor, the data and the
+The engine (:class:`fljax.engine.Simulation`, the drivers and the executors) and the runner talk to an algorithm only
+through :class:`FederatedAlgorithm`, which states every attribute and method they read. Hyperparameters live on the algorithm object; the model, the executor, the data and the
 round's key reach it through the :class:`~fljax.engine.context.RoundContext` (server side) and the
 :class:`ClientInput` (client side), so an algorithm is plain data plus pure functions.
 
@@ -11,7 +11,7 @@ centralized algorithms send ``upload`` to the server (weighted mean), decentrali
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import flax.struct
 import jax
@@ -74,11 +74,28 @@ class ClientResult:
 
 @runtime_checkable
 class FederatedAlgorithm(Protocol):
-    """The engine's contract with an algorithm (implemented by :class:`fljax.algorithms.Algorithm` and its
-    templates).
+    """The contract of an algorithm with the engine and the runner: everything they read from one, and nothing else
+    (implemented by :class:`fljax.algorithms.Algorithm` and its templates). An algorithm is a frozen dataclass whose
+    fields are its hyperparameters: the engine traces a grid of their values with ``dataclasses.replace``
+    (:meth:`fljax.engine.Simulation.algorithm_at`), the runner's planning reads them by name.
+
+    What it is (class attributes):
+
+    * ``name``: its registry name, in messages; ``summary``: one line, shown when a run starts and by
+      ``fljax list``;
+    * ``problem``: the data it solves ('classification': an experiment config can describe it); ``generic``: it runs
+      on any classification data set (part of the default ``fljax compare``);
+    * ``supports_groups``: it runs a population of client groups (:mod:`fljax.engine.population`);
+      ``mixed_architectures``: a group may run another architecture than the global model's;
+      ``trains_model_state``: its clients may train a model with BatchNorm or Dropout (the model's variables arrive
+      in :attr:`ClientInput.variables` and leave in :attr:`ClientResult.variables`).
+
+    What it does:
 
     * ``validate(num_clients)`` refuses impossible hyperparameters (one line, before anything runs);
       ``model_warning(model)``: a caveat about training ``model`` with them (None: none), shown when a run starts;
+    * ``hyperparameters()``: its hyperparameters by name (what ``resolved.yaml`` records);
+      ``for_group(group)``: the algorithm a client group runs (its hyperparameter overrides applied);
     * ``init(ctx) -> (server, clients)``: the initial server pytree (or None) and the per-client pytree (leading
       axis ``num_clients``); ``init_population(ctx)``: the same over ``ctx.population``'s client groups (a tuple of
       per-group client pytrees; ``init(ctx)`` when there is no population);
@@ -90,9 +107,21 @@ class FederatedAlgorithm(Protocol):
     * ``steps_per_round(n_max)``: local steps one participant runs per round.
     """
 
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    problem: ClassVar[str]
+    generic: ClassVar[bool]
+    supports_groups: ClassVar[bool]
+    mixed_architectures: ClassVar[bool]
+    trains_model_state: ClassVar[bool]
+
     def validate(self, num_clients: int) -> None: ...
 
     def model_warning(self, model: Any) -> str | None: ...
+
+    def hyperparameters(self) -> dict: ...
+
+    def for_group(self, group: Any) -> "FederatedAlgorithm": ...
 
     def init(self, ctx: "RoundContext") -> tuple[Any, Any]: ...
 
