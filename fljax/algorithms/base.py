@@ -35,7 +35,7 @@ from fljax.models.model import accuracy_stats, masked_cross_entropy
 from fljax.models.sequence import token_stats, token_summary
 from fljax.options import Options, at_least, one_of, option
 
-__all__ = ["Algorithm", "Centralized", "ClientInput", "ClientResult", "TestStats"]
+__all__ = ["Algorithm", "CohortTemplate", "Centralized", "ClientInput", "ClientResult", "TestStats"]
 
 
 @flax.struct.dataclass
@@ -208,14 +208,14 @@ def _summaries(stats: TestStats, prefix: str) -> dict:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Centralized(Algorithm):
-    """Template for server-based algorithms.
+class CohortTemplate(Algorithm):
+    """Template for server-based algorithms (:class:`Centralized` adds the aggregation weights; this base serves
+    the algorithms that aggregate nothing: Local, QuPeD's Local Training).
 
-    Hyperparameters: ``cohort_size`` (clients per round; None = full participation), ``weighting``
-    ('samples': aggregate with weights n_i; 'uniform') and ``cohort_mode`` (how the cohort runs,
-    :mod:`fljax.engine.cohort`: 'gather' its clients, or compute every client and commit with a 'mask'; equal up to
-    float reassociation). Subclasses implement ``init``, ``broadcast``, ``client_update`` and ``server_update``;
-    non-sampled clients' state is untouched. One round::
+    Hyperparameters: ``cohort_size`` (clients per round; None = full participation) and ``cohort_mode`` (how the
+    cohort runs, :mod:`fljax.engine.cohort`: 'gather' its clients, or compute every client and commit with a 'mask';
+    equal up to float reassociation). Subclasses implement ``init``, ``broadcast``, ``client_update`` and
+    ``server_update``; non-sampled clients' state is untouched. One round::
 
         S_t ← cohort;  down ← broadcast(server)
         result_i ← client_update(ClientInput(state_i, train_i, key_i, round, down))    every i ∈ S_t at once
@@ -226,8 +226,6 @@ class Centralized(Algorithm):
     """
 
     cohort_size: int | None = option(10, "clients per round (null: every client, full participation)", at_least(1))
-    weighting: str = option("samples", "aggregation weights: 'samples' (n_i) or 'uniform'",
-                            one_of(("samples", "uniform")))
     cohort_mode: str = option("gather", "how the cohort runs: 'gather' its clients, or compute every client and "
                                         "commit with a 'mask' (equal up to float reassociation)",
                               one_of(COHORT_MODES))
@@ -252,10 +250,7 @@ class Centralized(Algorithm):
         raise NotImplementedError
 
     def aggregation_weights(self, result: ClientResult):
-        """Per-entry aggregation weights (zero for the entries of unsampled clients, ``result.valid``)."""
-        if self.weighting == "uniform":
-            ones = jnp.ones_like(result.weight, dtype=jnp.float32)
-            return ones if result.valid is None else ones * result.valid
+        """Per-entry aggregation weights n_i (zero for the entries of unsampled clients, ``result.valid``)."""
         return result.weight.astype(jnp.float32)
 
     def comm_bytes(self, down, result: ClientResult, cohort_size: int) -> tuple:
@@ -284,3 +279,20 @@ class Centralized(Algorithm):
             metrics = {k: jnp.sum(v * w) / jnp.maximum(jnp.sum(w), 1.0) for k, v in result.metrics.items()}
         metrics.update(bytes_up=jnp.float32(up), bytes_down=jnp.float32(dn))
         return server, clients, metrics
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Centralized(CohortTemplate):
+    """The template of the algorithms whose server aggregates the cohort's uploads (:class:`CohortTemplate`'s round),
+    with ``weighting``: 'samples' (weights n_i) or 'uniform'."""
+
+    weighting: str = option("samples", "aggregation weights: 'samples' (n_i) or 'uniform'",
+                            one_of(("samples", "uniform")))
+
+    def aggregation_weights(self, result: ClientResult):
+        """Per-entry aggregation weights: n_i, or 1 with ``weighting='uniform'`` (zero for the entries of unsampled
+        clients, ``result.valid``)."""
+        if self.weighting == "uniform":
+            ones = jnp.ones_like(result.weight, dtype=jnp.float32)
+            return ones if result.valid is None else ones * result.valid
+        return super().aggregation_weights(result)
