@@ -148,9 +148,11 @@ def test_summaries_match_numpy():
 def test_fedavg_ft_personalizes(digits10):
     base = dict(lr=0.1, cohort_size=5, local_steps=3, batch_size=10)
     model = default_model(digits10)
-    r0 = Simulation(make_algorithm("fedavg_ft", finetune_steps=0, **base), digits10, model, seed=0).run(3, progress=False)
+    r0 = Simulation(make_algorithm("fedavg_ft", finetune_steps=0, **base), digits10, model, seed=0).run(3,
+                                                                                                     progress=False)
     assert r0.final["personal_acc"] == r0.final["global_acc"]
-    r5 = Simulation(make_algorithm("fedavg_ft", finetune_steps=5, **base), digits10, model, seed=0).run(3, progress=False)
+    r5 = Simulation(make_algorithm("fedavg_ft", finetune_steps=5, **base), digits10, model, seed=0).run(3,
+                                                                                                     progress=False)
     assert r5.final["global_acc"] == r0.final["global_acc"]
     assert r5.final["personal_acc"] != r5.final["global_acc"]
 

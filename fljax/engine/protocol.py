@@ -1,9 +1,10 @@
 """What the engine needs from an algorithm, stated once.
 
 The engine (:class:`fljax.engine.Simulation`, the drivers and the executors) and the runner talk to an algorithm only
-through :class:`FederatedAlgorithm`, which states every attribute and method they read. Hyperparameters live on the algorithm object; the model, the executor, the data and the
-round's key reach it through the :class:`~fljax.engine.context.RoundContext` (server side) and the
-:class:`ClientInput` (client side), so an algorithm is plain data plus pure functions.
+through :class:`FederatedAlgorithm`, which states every attribute and method they read. Hyperparameters live on the
+algorithm object; the model, the executor, the data and the round's key reach it through the
+:class:`~fljax.engine.context.RoundContext` (server side) and the :class:`ClientInput` (client side), so an
+algorithm is plain data plus pure functions.
 
 A client's update receives a :class:`ClientInput` and returns a :class:`ClientResult`, whatever the template:
 centralized algorithms send ``upload`` to the server (weighted mean), decentralized ones to their neighbours
