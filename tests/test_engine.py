@@ -49,12 +49,13 @@ def test_sharded_executor_agrees_with_loop_on_8_devices(tmp_path):
         import fljax.data as D
         from fljax.algorithms import make_algorithm
         from fljax.engine import Simulation
+        from fljax.experiment import default_model
         data = D.make_federated("synthetic", 20, seed=0, max_samples=120)
         for name, kw in [("fedavg", {}), ("fedprox", {"mu": 0.1})]:
             out = {}
             for ex in ("loop", "sharded"):
                 algo = make_algorithm(name, lr=0.05, cohort_size=10, local_steps=4, batch_size=8, **kw)
-                sim = Simulation(algo, data, executor=ex, seed=1)
+                sim = Simulation(algo, data, default_model(data), executor=ex, seed=1)
                 state, m = sim.run_rounds(sim.init(), 3)
                 out[ex] = (state.server["params"], m["train_loss"], sim.evaluate(state)[0])
             for a, b in zip(jax.tree.leaves(out["loop"]), jax.tree.leaves(out["sharded"])):

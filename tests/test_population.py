@@ -20,7 +20,8 @@ def _mlp(data, width):
 
 
 def _run(algo, data, model=None, groups=None, executor="vmap", rounds=3):
-    sim = Simulation(algo, data, model, executor=executor, seed=1, groups=groups)
+    sim = Simulation(algo, data, default_model(data) if model is None else model, executor=executor, seed=1,
+                     groups=groups)
     state, metrics = sim.run_rounds(sim.init(), rounds)
     summary, per_client = sim.evaluate(state)
     return state, metrics, summary, per_client
