@@ -45,10 +45,11 @@ def _rss() -> int:
 def _simulation(data, population: int, cohort: int):
     from fljax.algorithms import make_algorithm
     from fljax.engine import Simulation
+    from fljax.experiment import default_model
 
     algo = make_algorithm("fedavg", lr=0.01, cohort_size=None if cohort == population else cohort,
                           local_steps=STEPS, batch_size=BATCH)
-    return Simulation(algo, data, executor="auto", seed=0)
+    return Simulation(algo, data, default_model(data), executor="auto", seed=0)
 
 
 def _data(population: int, storage: str):

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from fljax.data import FederatedData
     from fljax.engine import Simulation
 
-__all__ = ["Experiment", "Group", "resolve", "load_data", "build", "build_model", "compare_points", "label",
-           "preset"]
+__all__ = ["Experiment", "Group", "resolve", "load_data", "build", "build_model", "default_model", "compare_points",
+           "label", "preset"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,6 +215,13 @@ def build_model(model: ModelConfig, data: "FederatedData"):
     from fljax.models import make_model
 
     return make_model(model.name, data.input_shape, data.num_classes, **model.options)
+
+
+def default_model(data: "FederatedData"):
+    """The model a config's ``model.name: auto`` picks for ``data`` (:func:`fljax.models.model.auto_model`: logreg
+    for vectors, cnn1 for images, lstm or lstm_cls for token sequences), with its default options: the choice
+    belongs here, at the composition root; :class:`~fljax.engine.Simulation` runs the model it is given."""
+    return build_model(_resolve_model(ModelConfig(), data.input_shape), data)
 
 
 def load_data(exp: Experiment, seed: int | None = None) -> "FederatedData":

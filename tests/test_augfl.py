@@ -497,6 +497,82 @@ def test_pretrained_model_is_built_once_and_reused(meta10, tmp_path):
     assert pretrained.PRETRAIN_CALLS["count"] == before + 2  # other settings: another PM
 
 
+def _pm_entry(meta10, cache_dir, warn=print, epochs=2):
+    return pretrained.pretrained_params(_mlp(meta10, 8), meta10.server, epochs=epochs, lr=1e-2, batch_size=64, seed=0,
+                                        cache_dir=cache_dir, warn=warn)
+
+
+def test_the_pretrained_model_cache_has_its_own_documented_format(meta10, tmp_path):
+    """One ``<model>-<key>.pm/`` directory: the parameters in Flax msgpack, a JSON header (model, data fingerprint,
+    training settings, fljax version, the parameters' checksum); read back bit for bit with the same info."""
+    import hashlib
+    import json
+
+    params, info, cached = _pm_entry(meta10, str(tmp_path))
+    [entry] = os.listdir(tmp_path / "pretrained")
+    assert not cached and entry.startswith("mlp-") and entry.endswith(".pm")
+    directory = tmp_path / "pretrained" / entry
+    assert sorted(os.listdir(directory)) == ["header.json", "params.msgpack"]
+    header = json.loads((directory / "header.json").read_text())
+    data = (directory / "params.msgpack").read_bytes()
+    server = meta10.server
+    digest = hashlib.sha256(np.asarray(server.x).tobytes() + np.asarray(server.y).tobytes()).hexdigest()
+    assert header["format"] == "fljax-pretrained-model" and header["format_version"] == 1
+    assert header["fljax_version"] == fljax.__version__ and header["model"]["name"] == "mlp"
+    assert header["model"]["module"] == "MLP" and header["model"]["options"]["hidden"] == [8]
+    assert header["model"]["classes"] == meta10.num_classes
+    assert header["data"] == {"name": "server set", "samples": int(server.x.shape[0]), "sha256": digest}
+    assert header["training"] == {"epochs": 2, "lr": 1e-2, "batch_size": 64, "seed": 0}
+    assert header["params"]["sha256"] == hashlib.sha256(data).hexdigest()
+    assert header["result"]["server_acc"] == info["server_acc"]
+    again, info_again, cached = _pm_entry(meta10, str(tmp_path))
+    assert cached and info_again == info and _equal(again, params)
+    assert jax.tree.map(lambda a: a.dtype, again) == jax.tree.map(lambda a: a.dtype, params)
+
+
+@pytest.mark.parametrize("damage,why", [
+    (lambda d: (d / "params.msgpack").write_bytes((d / "params.msgpack").read_bytes()[:-7]), "checksum"),
+    (lambda d: (d / "header.json").write_text("{not json"), "header.json: "),
+    (lambda d: (d / "header.json").unlink(), "header.json: "),
+    (lambda d: (d / "header.json").write_text((d / "header.json").read_text().replace('"format_version": 1',
+                                                                                      '"format_version": 9')),
+     "not a fljax-pretrained-model header of version 1"),
+    (lambda d: (d / "header.json").write_text((d / "header.json").read_text().replace('"epochs": 2', '"epochs": 3')),
+     "describes another training"),
+])
+def test_a_damaged_cache_entry_is_moved_aside_and_the_model_trained_again(meta10, tmp_path, damage, why):
+    params, _, _ = _pm_entry(meta10, str(tmp_path))
+    [entry] = os.listdir(tmp_path / "pretrained")
+    damage(tmp_path / "pretrained" / entry)
+    notes, before = [], pretrained.PRETRAIN_CALLS["count"]
+    again, _, cached = _pm_entry(meta10, str(tmp_path), warn=notes.append)
+    assert not cached and pretrained.PRETRAIN_CALLS["count"] == before + 1 and _equal(again, params)
+    [note] = notes
+    assert "\n" not in note and str(tmp_path / "pretrained" / entry) in note and why in note
+    aside = [name for name in os.listdir(tmp_path / "pretrained") if name != entry]
+    assert len(aside) == 1 and aside[0].startswith(entry + ".damaged-") and aside[0] in note
+    assert _pm_entry(meta10, str(tmp_path), warn=notes.append)[2] and len(notes) == 1  # the new entry reads
+
+
+def test_a_cache_entry_with_parameters_of_other_shapes_is_damaged(meta10, tmp_path):
+    """A well-formed entry whose parameters are not the model's (checksum right, shapes wrong) is not trusted."""
+    params, info, _ = _pm_entry(meta10, str(tmp_path))
+    [entry] = os.listdir(tmp_path / "pretrained")
+    directory = str(tmp_path / "pretrained" / entry)
+    other = pretrained.pretrained_params(_mlp(meta10, 4), meta10.server, epochs=2, lr=1e-2, batch_size=64, seed=0,
+                                         cache_dir=str(tmp_path / "other"))[0]
+    import json
+    header = json.loads(open(os.path.join(directory, "header.json")).read())
+    for name in ("format", "format_version", "fljax_version", "params"):
+        header.pop(name)
+    import shutil
+    shutil.rmtree(directory)
+    pretrained.write_entry(directory, other, header)
+    with pytest.raises(pretrained.DamagedEntry, match=r"^the pretrained-model cache entry .*\.pm is damaged "
+                                                      r"\(params.msgpack holds parameters of other shapes"):
+        pretrained.read_entry(directory, jax.eval_shape(_mlp(meta10, 8).init, jax.random.PRNGKey(0)))
+
+
 def test_meta_pairs_split_is_disjoint_and_server_set_is_stratified(meta10):
     server = meta10.server
     assert np.bincount(np.asarray(server.y), minlength=10).tolist() == [20] * 10

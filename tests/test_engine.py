@@ -14,6 +14,7 @@ from fljax.algorithms import make_algorithm
 from fljax.engine import Simulation, sample_cohort
 from fljax.engine.evaluation import summarize
 from fljax.algorithms.base import TestStats
+from fljax.experiment import default_model
 
 from conftest import assert_trees_close
 
@@ -23,7 +24,7 @@ ALGOS = {"fedavg": dict(lr=0.05, cohort_size=6, local_steps=4, batch_size=8),
 
 def _run(data, name, executor, rounds=3, **kw):
     algo = make_algorithm(name, **{**ALGOS[name], **kw})
-    sim = Simulation(algo, data, executor=executor, chunk_size=4, seed=1)
+    sim = Simulation(algo, data, default_model(data), executor=executor, chunk_size=4, seed=1)
     state = sim.init()
     state, metrics = sim.run_rounds(state, rounds)
     summary, _ = sim.evaluate(state)
@@ -48,12 +49,13 @@ def test_sharded_executor_agrees_with_loop_on_8_devices(tmp_path):
         import fljax.data as D
         from fljax.algorithms import make_algorithm
         from fljax.engine import Simulation
+        from fljax.experiment import default_model
         data = D.make_federated("synthetic", 20, seed=0, max_samples=120)
         for name, kw in [("fedavg", {}), ("fedprox", {"mu": 0.1})]:
             out = {}
             for ex in ("loop", "sharded"):
                 algo = make_algorithm(name, lr=0.05, cohort_size=10, local_steps=4, batch_size=8, **kw)
-                sim = Simulation(algo, data, executor=ex, seed=1)
+                sim = Simulation(algo, data, default_model(data), executor=ex, seed=1)
                 state, m = sim.run_rounds(sim.init(), 3)
                 out[ex] = (state.server["params"], m["train_loss"], sim.evaluate(state)[0])
             for a, b in zip(jax.tree.leaves(out["loop"]), jax.tree.leaves(out["sharded"])):
@@ -78,7 +80,7 @@ def test_fedavg_one_client_full_batch_is_gradient_descent():
     data = _one_client_data()
     lr, k, rounds = 0.3, 3, 4
     algo = make_algorithm("fedavg", lr=lr, cohort_size=None, batch_size=None, local_steps=k)
-    sim = Simulation(algo, data, executor="vmap", seed=0)
+    sim = Simulation(algo, data, default_model(data), executor="vmap", seed=0)
     state = sim.init()
     w = state.server["params"]
     state, _ = sim.run_rounds(state, rounds)
@@ -99,7 +101,8 @@ def test_fedprox_mu_zero_equals_fedavg(synth20):
 
 def test_same_seed_same_metrics_bit_for_bit(synth20):
     algo = make_algorithm("fedavg", lr=0.05, cohort_size=5, local_steps=3, batch_size=8)
-    runs = [Simulation(algo, synth20, executor="vmap", seed=s).run(4, eval_every=2, progress=False).history
+    model = default_model(synth20)
+    runs = [Simulation(algo, synth20, model, executor="vmap", seed=s).run(4, eval_every=2, progress=False).history
             for s in (7, 7, 8)]
     strip = lambda h: [{k: v for k, v in r.items() if k != "run_seconds"} for r in h]
     assert strip(runs[0]) == strip(runs[1])
@@ -119,7 +122,7 @@ def test_cohort_sampling():
 
 def test_local_leaves_unsampled_clients_untouched(synth20):
     algo = make_algorithm("local", lr=0.05, cohort_size=3, local_steps=2, batch_size=8)
-    sim = Simulation(algo, synth20, executor="vmap", seed=0)
+    sim = Simulation(algo, synth20, default_model(synth20), executor="vmap", seed=0)
     s0 = sim.init()
     s1, _ = sim.round(s0)
     before, after = s0.clients["params"]["Dense_0"]["kernel"], s1.clients["params"]["Dense_0"]["kernel"]
@@ -145,9 +148,12 @@ def test_summaries_match_numpy():
 
 def test_fedavg_ft_personalizes(digits10):
     base = dict(lr=0.1, cohort_size=5, local_steps=3, batch_size=10)
-    r0 = Simulation(make_algorithm("fedavg_ft", finetune_steps=0, **base), digits10, seed=0).run(3, progress=False)
+    model = default_model(digits10)
+    r0 = Simulation(make_algorithm("fedavg_ft", finetune_steps=0, **base), digits10, model, seed=0).run(3,
+                                                                                                     progress=False)
     assert r0.final["personal_acc"] == r0.final["global_acc"]
-    r5 = Simulation(make_algorithm("fedavg_ft", finetune_steps=5, **base), digits10, seed=0).run(3, progress=False)
+    r5 = Simulation(make_algorithm("fedavg_ft", finetune_steps=5, **base), digits10, model, seed=0).run(3,
+                                                                                                     progress=False)
     assert r5.final["global_acc"] == r0.final["global_acc"]
     assert r5.final["personal_acc"] != r5.final["global_acc"]
 
@@ -157,7 +163,7 @@ def test_fedavg_ft_personalizes(digits10):
                                     ({"weighting": "foo"}, "weighting must be")])
 def test_impossible_hyperparameters_are_refused(synth20, kw, msg):
     with pytest.raises(ValueError, match=msg):
-        Simulation(make_algorithm("fedavg", **kw), synth20)
+        Simulation(make_algorithm("fedavg", **kw), synth20, default_model(synth20))
 
 
 def test_unknown_algorithm_and_hyperparameter_suggest():
@@ -172,7 +178,7 @@ def test_nonfinite_training_stops_with_round(synth20):
     bad = synth20.replace(train=synth20.train.replace(x=synth20.train.x.at[:, 0, 0].set(jnp.inf)))
     algo = make_algorithm("fedavg", cohort_size=None, local_epochs=1, batch_size=8)
     with pytest.raises(NonFiniteError, match="round 1 produced NaN/Inf"):
-        Simulation(algo, bad).run(3, eval_every=1, progress=False)
+        Simulation(algo, bad, default_model(bad)).run(3, eval_every=1, progress=False)
 
 
 def test_auto_executor_rule():
@@ -196,7 +202,7 @@ def test_auto_executor_rule():
 def test_compiled_programs_are_exposed_with_xla_cost_analysis(synth20):
     """``Simulation.executable`` gives the block program the benchmarks read FLOP and byte counts from."""
     sim = Simulation(make_algorithm("fedavg", cohort_size=None, local_steps=2, batch_size=5), synth20,
-                     executor="vmap")
+                     default_model(synth20), executor="vmap")
     assert sim.executable("block", (2,)) is None  # not compiled yet
     sim.run_rounds(sim.init(), 2)
     cost = sim.executable("block", (2,)).cost_analysis()
@@ -282,3 +288,46 @@ def test_zero_full_batch_steps_leave_the_model_unchanged(digits10):
     state, _ = sim.run_rounds(sim.init(), 1)
     summary, per_client = sim.evaluate(state)
     np.testing.assert_array_equal(per_client["personal_acc"], per_client["global_acc"])
+
+
+class _StatedOnly:
+    """An algorithm seen through :class:`FederatedAlgorithm`: reading anything the Protocol does not state raises."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        from fljax.engine import FederatedAlgorithm
+
+        stated = set(FederatedAlgorithm.__annotations__) | {n for n in vars(FederatedAlgorithm) if n[0] != "_"}
+        if name not in stated:
+            raise AttributeError(f"the engine read {name!r}, which FederatedAlgorithm does not state")
+        return getattr(self._inner, name)
+
+
+def test_the_engine_reads_only_what_the_protocol_states(synth20):
+    """Every registered algorithm implements the Protocol; the engine runs one (rounds, evaluation, lanes, a
+    population of groups) seeing only the Protocol's members: it probes nothing else."""
+    from fljax.algorithms import ALGORITHMS
+    from fljax.engine import FederatedAlgorithm, Lanes
+    from fljax.engine.population import ClientGroup
+    from fljax.models import make_model
+
+    assert all(isinstance(make_algorithm(name), FederatedAlgorithm) for name in ALGORITHMS)
+    algo = make_algorithm("fedavg", lr=0.05, cohort_size=4, local_steps=2, batch_size=8)
+    model = default_model(synth20)
+    plain = Simulation(algo, synth20, model, executor="vmap", seed=0).run(2, eval_every=1, progress=False)
+    stated = Simulation(_StatedOnly(algo), synth20, model, executor="vmap", seed=0)
+    assert stated.run(2, eval_every=1, progress=False).history[-1]["global_acc"] == plain.final["global_acc"]
+    Lanes(stated, [0, 1]).run(2, 1, progress=False)
+    groups = [ClientGroup("a", 8), ClientGroup("b", 12, make_model("mlp", synth20.input_shape, synth20.num_classes))]
+    local = make_algorithm("local", lr=0.05, cohort_size=4, local_steps=2, batch_size=8)
+    Simulation(_StatedOnly(local), synth20, model, executor="vmap", groups=groups).run(1, progress=False)
+
+
+def test_classification_data_needs_a_model_and_the_composition_root_picks_the_default(synth20, digits10):
+    """The engine runs the model it is given (no engine → models choice); ``model.name: auto``'s pick lives in
+    fljax.experiment."""
+    with pytest.raises(ValueError, match="Simulation needs the model its clients run for classification data"):
+        Simulation(make_algorithm("fedavg"), synth20)
+    assert default_model(synth20).name == "logreg" and default_model(digits10).name == "cnn1"

@@ -13,6 +13,7 @@ from fljax.algorithms import make_algorithm
 from fljax.engine import Simulation
 from fljax.models import conv_table, make_model
 from fljax.models.model import has_primitive, own_model
+from fljax.experiment import default_model
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +130,7 @@ def test_a_block_of_rounds_is_one_device_program_without_host_round_trips(digits
     """n rounds are one compiled program: one while loop of n iterations, no transfer to or from the host inside
     (no outfeed, infeed, send/recv or host callback)."""
     sim = Simulation(make_algorithm("fedavg", cohort_size=4, local_epochs=1, local_steps=None, batch_size=10),
-                     digits, executor="vmap")
+                     digits, default_model(digits), executor="vmap")
     sim.run_rounds(sim.init(), 25)
     text = sim.executable("block", (25,)).as_text()
     assert "while" in text

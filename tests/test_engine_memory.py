@@ -13,6 +13,7 @@ from fljax.data.build import stack_clients
 from fljax.engine import Lanes, Simulation, budget
 from fljax.engine.budget import MemoryPlanError, peak_bytes
 from fljax.models import make_model
+from fljax.experiment import default_model
 
 BUDGET_GIB = 0.125  # 128 MiB of temporaries per program
 
@@ -107,13 +108,13 @@ def test_a_program_that_cannot_fit_one_client_is_refused_in_one_line_before_comp
 
 def test_lanes_share_the_budget_and_the_default_budget_is_the_devices():
     data = D.make_federated("synthetic", 12, seed=0, max_samples=40)
-    sim = Simulation(make_algorithm("fedavg", cohort_size=4, local_steps=2, batch_size=8), data, executor="vmap",
-                     memory_budget=0.5)
+    sim = Simulation(make_algorithm("fedavg", cohort_size=4, local_steps=2, batch_size=8), data, default_model(data),
+                     executor="vmap", memory_budget=0.5)
     lanes = Lanes(sim, seeds=[0, 1, 2])
     lanes.evaluate(lanes.init())
     assert sim.memory_plans["lanes_evaluate", ("vmap",)]["budget_bytes"] == 0.5 * 2 ** 30 / 3
     assert Lanes(sim, seeds=[0, 1], mode="map").side_by_side == 1
-    total, source = Simulation(sim.algorithm, data).program_budget((data,))
+    total, source = Simulation(sim.algorithm, data, default_model(data)).program_budget((data,))
     _, have = budget.device_memory()
     assert 0 < total <= min(budget.CAP, budget.CPU_FRACTION * have) and "of this machine" in source
 

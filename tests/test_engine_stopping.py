@@ -197,9 +197,9 @@ def test_compiled_calls_run_with_one_blas_thread_when_the_user_allowed_more(monk
     sim = Simulation(Decay(), DATA, executor="vmap")
     with threadpoolctl.threadpool_limits(2, user_api="blas"):
         monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
-        sim._compiled_fn("probe", fn, (DATA.v,))(DATA.v)
+        sim.compiled("probe", fn, (DATA.v,))(DATA.v)
         assert seen == [1] and _blas_threads() == 2
         monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
         monkeypatch.setattr(threadpoolctl, "threadpool_limits", None)     # not called at all
-        jax.block_until_ready(sim._compiled_fn("probe", fn, (DATA.v,))(DATA.v))
+        jax.block_until_ready(sim.compiled("probe", fn, (DATA.v,))(DATA.v))
         assert seen == [1, 2]

@@ -141,3 +141,15 @@ def test_the_quick_start_preset_keeps_the_algo_keys_an_algorithm_declares():
         assert set(algo) == set(preset(path, [f"algorithm={name}"], algorithm_keys=False)["algo"]) & declared(name)
     assert preset(path, ["algorithm=quped"])["algo"] == {"cohort_size": 10, "lr": 0.1, "batch_size": 10}  # τ: no epochs
     assert FedAvg().lr == preset(path, ["algorithm=fedavg"])["algo"]["lr"]
+
+
+@pytest.mark.parametrize("name,key,value", [("local", "weighting", "uniform"), ("quped_local", "weighting", "samples"),
+                                            ("fedrep", "local_epochs", 2), ("fedrep", "local_steps", 5),
+                                            ("fedrep", "sampling", "replacement")])
+def test_an_option_that_an_algorithm_would_ignore_does_not_exist(name, key, value):
+    """Local and QuPeD's Local Training aggregate nothing (no ``weighting``); FedRep's local work is its head and
+    body epochs, each a shuffle of the client's data (no ``local_epochs``, ``local_steps``, ``sampling``)."""
+    from fljax.algorithms import make_algorithm
+
+    with pytest.raises(OptionError, match=f"^{key} is not a valid key for algorithm '{name}'"):
+        make_algorithm(name, **{key: value})

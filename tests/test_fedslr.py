@@ -17,6 +17,7 @@ from fljax.engine.driver import _round_key
 from fljax.models import make_model
 from fljax.models.model import Model
 from fljax.ops import prox
+from fljax.experiment import default_model
 
 from conftest import assert_trees_close
 
@@ -243,7 +244,7 @@ def test_fedslr_metrics_reach_the_run_history(digits10):
                                     ({"personal_prox": "l2"}, "personal_prox must be one of")])
 def test_fedslr_refuses_bad_options(digits10, kw, msg):
     with pytest.raises(ValueError, match=msg):
-        Simulation(make_algorithm("fedslr", **kw), digits10)
+        Simulation(make_algorithm("fedslr", **kw), digits10, default_model(digits10))
 
 
 def test_lpgd_iterates_are_the_svt_of_the_sgd_step_with_the_factored_size(digits10):

@@ -9,12 +9,14 @@ from fljax.ops import partition
 
 from conftest import assert_trees_close
 
-BASE = dict(lr=0.1, cohort_size=4, batch_size=10, local_epochs=1)
+BASE = dict(lr=0.1, cohort_size=4, batch_size=10)
+EPOCHS = dict(local_epochs=1)  # FedPer's and LG-FedAvg's; FedRep's local work is its head and body epochs
 
 
 def _sim(data, name, executor="vmap", **kw):
     model = make_model("mlp", data.input_shape, data.num_classes, hidden=[16])
-    return Simulation(make_algorithm(name, **{**BASE, **kw}), data, model, executor=executor, seed=0)
+    hp = {**BASE, **({} if name == "fedrep" else EPOCHS), **kw}
+    return Simulation(make_algorithm(name, **hp), data, model, executor=executor, seed=0)
 
 
 def _head(p):

@@ -8,6 +8,7 @@ from fljax.algorithms import make_algorithm
 from fljax.engine import Simulation
 from fljax.engine.population import ClientGroup, Population
 from fljax.models import make_model
+from fljax.experiment import default_model
 
 from conftest import assert_trees_close
 
@@ -19,7 +20,8 @@ def _mlp(data, width):
 
 
 def _run(algo, data, model=None, groups=None, executor="vmap", rounds=3):
-    sim = Simulation(algo, data, model, executor=executor, seed=1, groups=groups)
+    sim = Simulation(algo, data, default_model(data) if model is None else model, executor=executor, seed=1,
+                     groups=groups)
     state, metrics = sim.run_rounds(sim.init(), rounds)
     summary, per_client = sim.evaluate(state)
     return state, metrics, summary, per_client
@@ -52,7 +54,8 @@ def test_cohort_modes_agree_and_leave_unsampled_clients_alone(synth20):
                    synth20, groups=groups, rounds=1) for m in ("gather", "mask")}
     assert_trees_close(out["gather"][0].clients, out["mask"][0].clients, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out["gather"][1]["train_loss"], out["mask"][1]["train_loss"], rtol=1e-5)
-    sim = Simulation(make_algorithm("local", lr=0.05, cohort_size=4, local_steps=3, batch_size=8), synth20, seed=1)
+    sim = Simulation(make_algorithm("local", lr=0.05, cohort_size=4, local_steps=3, batch_size=8), synth20,
+                     default_model(synth20), seed=1)
     before = jax.tree.leaves(_split(sim.init().clients, (9, 11)))
     after = jax.tree.leaves(out["mask"][0].clients)
     changed = [np.any(np.asarray(a != b).reshape(a.shape[0], -1), axis=1) for a, b in zip(before, after)]
@@ -92,9 +95,9 @@ def test_groups_that_cannot_be_aggregated_or_run_are_refused(synth20):
     with pytest.raises(ValueError, match="trains the global model .* group 'large' runs another architecture"):
         Simulation(make_algorithm("fedavg", **FEDAVG), synth20, _mlp(synth20, 8), groups=groups)
     with pytest.raises(ValueError, match="hold 12 clients, the data 20"):
-        Simulation(make_algorithm("fedavg", **FEDAVG), synth20, groups=[ClientGroup("a", 12)])
+        Simulation(make_algorithm("fedavg", **FEDAVG), synth20, default_model(synth20), groups=[ClientGroup("a", 12)])
     with pytest.raises(ValueError, match="does not run client groups"):
-        Simulation(make_algorithm("dfedavg", k=4), synth20, groups=[ClientGroup("a", 20)])
+        Simulation(make_algorithm("dfedavg", k=4), synth20, default_model(synth20), groups=[ClientGroup("a", 20)])
     with pytest.raises(ValueError, match="distinct"):
         Population((ClientGroup("a", 10), ClientGroup("a", 10)))
 

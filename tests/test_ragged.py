@@ -9,6 +9,7 @@ from fljax import tree
 from fljax.algorithms import make_algorithm
 from fljax.engine import Simulation
 from fljax.errors import OptionError
+from fljax.experiment import default_model
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +98,7 @@ def test_ragged_storage_lifts_the_synthetic_client_cap():
 
 def _run(data, name, executor, **kw):
     algo = make_algorithm(name, lr=0.05, local_steps=3, batch_size=8, **kw)
-    sim = Simulation(algo, data, executor=executor, chunk_size=5, seed=1)
+    sim = Simulation(algo, data, default_model(data), executor=executor, chunk_size=5, seed=1)
     state, metrics = sim.run_rounds(sim.init(), 2)
     return state, metrics, sim.evaluate(state)
 
@@ -115,9 +116,9 @@ def test_ragged_runs_equal_padded_runs_bit_for_bit(both, executor, name, kw):
 
 def test_only_stateful_algorithms_keep_per_client_state(both):
     data = both["ragged"]
-    fedavg = Simulation(make_algorithm("fedavg", cohort_size=4), data, seed=0).state_shapes()
+    fedavg = Simulation(make_algorithm("fedavg", cohort_size=4), data, default_model(data), seed=0).state_shapes()
     assert tree.nbytes(fedavg.clients) == 0  # FedAvg keeps nothing per client
-    ditto = Simulation(make_algorithm("ditto", cohort_size=4), data, seed=0).state_shapes()
+    ditto = Simulation(make_algorithm("ditto", cohort_size=4), data, default_model(data), seed=0).state_shapes()
     assert {x.shape[0] for x in jax.tree.leaves(ditto.clients)} == {data.num_clients}
 
 
@@ -125,7 +126,7 @@ def test_client_groups_refuse_ragged_storage(both):
     from fljax.engine.population import ClientGroup
 
     with pytest.raises(ValueError, match="client groups need padded client arrays"):
-        Simulation(make_algorithm("fedavg", cohort_size=4), both["ragged"],
+        Simulation(make_algorithm("fedavg", cohort_size=4), both["ragged"], default_model(both["ragged"]),
                    groups=[ClientGroup("a", 12), ClientGroup("b", 12)])
 
 

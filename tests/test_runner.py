@@ -13,6 +13,7 @@ from fljax.engine.loop import block_schedule
 from fljax.engine.lanes import stack_data
 from fljax.runner import files
 from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
+from fljax.experiment import default_model
 
 # A tiny experiment: 8 synthetic clients, logistic regression, 4 clients per round.
 TINY = ["--dataset", "synthetic", "--set", "data.num_clients=8", "--set", "data.max_samples=40", "--set", "algo.cohort_size=4",
@@ -238,7 +239,7 @@ def test_seed_batch_refuses_data_of_different_shapes():
     from fljax.algorithms import make_algorithm
     from fljax.engine import Simulation
 
-    sim = Simulation(make_algorithm("fedavg", cohort_size=2), skewed[0], executor="vmap")
+    sim = Simulation(make_algorithm("fedavg", cohort_size=2), skewed[0], default_model(skewed[0]), executor="vmap")
     with pytest.raises(ValueError, match="cannot run as one program"):
         Lanes(sim, [0, 1], skewed)
 

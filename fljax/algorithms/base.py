@@ -35,7 +35,7 @@ from fljax.models.model import accuracy_stats, masked_cross_entropy
 from fljax.models.sequence import token_stats, token_summary
 from fljax.options import Options, at_least, one_of, option
 
-__all__ = ["Algorithm", "Centralized", "ClientInput", "ClientResult", "TestStats"]
+__all__ = ["Algorithm", "CohortTemplate", "Centralized", "ClientInput", "ClientResult", "TestStats"]
 
 
 @flax.struct.dataclass
@@ -134,8 +134,14 @@ class Algorithm(Options):
         global model's."""
         return None
 
-    def logits(self, model, params, x):
-        return model.apply(params, x)
+    def personal_model(self, inp: ClientInput):
+        """``(personal_params(inp), the model variables they are scored with)``: the client's own
+        (``inp.variables``) unless personalizing trains them too (FedAvg-FT's fine-tuning of a BatchNorm model)."""
+        return self.personal_params(inp), inp.variables
+
+    def logits(self, model, params, x, variables=None):
+        """The model's logits of ``x`` in evaluation mode (``variables``: its BatchNorm statistics)."""
+        return model.apply(params, x, variables=variables)
 
     def eval_metrics(self, server, clients) -> dict:
         """Extra scalar metrics of the whole state, computed at every evaluation (traced under ``jit``) and merged
@@ -143,22 +149,24 @@ class Algorithm(Options):
         the ``global_*`` / ``personal_*`` accuracy summaries."""
         return {}
 
-    def test_stats(self, model, params, test) -> TestStats:
-        logits = self.logits(model, params, test.x)
+    def test_stats(self, model, params, test, variables=None) -> TestStats:
+        logits = self.logits(model, params, test.x, variables)
         correct, count = accuracy_stats(logits, test.y, test.mask)
         tokens = token_stats(logits, test.y, test.mask) if test.y.ndim > test.mask.ndim else (None, None)
         return TestStats(correct, count, masked_cross_entropy(logits, test.y, test.mask), *tokens)
 
     def evaluate_client(self, inp: ClientInput) -> dict:
         """``{"global": TestStats, "personal": TestStats}`` of one client (``global`` absent when there is no
-        global model; it runs the global model's architecture, ``inp.global_model``). An entry ``"scalars"``
-        (a dict of per-client scalars) is averaged over the clients with a test split into the summary."""
+        global model; it runs the global model's architecture, ``inp.global_model``), a model with BatchNorm
+        scored with the variables ``inp.variables`` (:meth:`personal_model`'s for the personalized one). An entry
+        ``"scalars"`` (a dict of per-client scalars) is averaged over the clients with a test split into the
+        summary."""
         out = {}
         g = self.global_params(inp.down)
         if g is not None:
-            out["global"] = self.test_stats(inp.global_model or inp.model, g, inp.test)
-        p = self.personal_params(inp)
-        out["personal"] = self.test_stats(inp.model, p, inp.test) if p is not None else out["global"]
+            out["global"] = self.test_stats(inp.global_model or inp.model, g, inp.test, inp.variables)
+        p, variables = self.personal_model(inp)
+        out["personal"] = self.test_stats(inp.model, p, inp.test, variables) if p is not None else out["global"]
         return out
 
     def evaluate(self, ctx: RoundContext, server, clients) -> tuple[dict, dict]:
@@ -200,14 +208,14 @@ def _summaries(stats: TestStats, prefix: str) -> dict:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Centralized(Algorithm):
-    """Template for server-based algorithms.
+class CohortTemplate(Algorithm):
+    """Template for server-based algorithms (:class:`Centralized` adds the aggregation weights; this base serves
+    the algorithms that aggregate nothing: Local, QuPeD's Local Training).
 
-    Hyperparameters: ``cohort_size`` (clients per round; None = full participation), ``weighting``
-    ('samples': aggregate with weights n_i; 'uniform') and ``cohort_mode`` (how the cohort runs,
-    :mod:`fljax.engine.cohort`: 'gather' its clients, or compute every client and commit with a 'mask'; equal up to
-    float reassociation). Subclasses implement ``init``, ``broadcast``, ``client_update`` and ``server_update``;
-    non-sampled clients' state is untouched. One round::
+    Hyperparameters: ``cohort_size`` (clients per round; None = full participation) and ``cohort_mode`` (how the
+    cohort runs, :mod:`fljax.engine.cohort`: 'gather' its clients, or compute every client and commit with a 'mask';
+    equal up to float reassociation). Subclasses implement ``init``, ``broadcast``, ``client_update`` and
+    ``server_update``; non-sampled clients' state is untouched. One round::
 
         S_t ← cohort;  down ← broadcast(server)
         result_i ← client_update(ClientInput(state_i, train_i, key_i, round, down))    every i ∈ S_t at once
@@ -218,8 +226,6 @@ class Centralized(Algorithm):
     """
 
     cohort_size: int | None = option(10, "clients per round (null: every client, full participation)", at_least(1))
-    weighting: str = option("samples", "aggregation weights: 'samples' (n_i) or 'uniform'",
-                            one_of(("samples", "uniform")))
     cohort_mode: str = option("gather", "how the cohort runs: 'gather' its clients, or compute every client and "
                                         "commit with a 'mask' (equal up to float reassociation)",
                               one_of(COHORT_MODES))
@@ -244,10 +250,7 @@ class Centralized(Algorithm):
         raise NotImplementedError
 
     def aggregation_weights(self, result: ClientResult):
-        """Per-entry aggregation weights (zero for the entries of unsampled clients, ``result.valid``)."""
-        if self.weighting == "uniform":
-            ones = jnp.ones_like(result.weight, dtype=jnp.float32)
-            return ones if result.valid is None else ones * result.valid
+        """Per-entry aggregation weights n_i (zero for the entries of unsampled clients, ``result.valid``)."""
         return result.weight.astype(jnp.float32)
 
     def comm_bytes(self, down, result: ClientResult, cohort_size: int) -> tuple:
@@ -276,3 +279,20 @@ class Centralized(Algorithm):
             metrics = {k: jnp.sum(v * w) / jnp.maximum(jnp.sum(w), 1.0) for k, v in result.metrics.items()}
         metrics.update(bytes_up=jnp.float32(up), bytes_down=jnp.float32(dn))
         return server, clients, metrics
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Centralized(CohortTemplate):
+    """The template of the algorithms whose server aggregates the cohort's uploads (:class:`CohortTemplate`'s round),
+    with ``weighting``: 'samples' (weights n_i) or 'uniform'."""
+
+    weighting: str = option("samples", "aggregation weights: 'samples' (n_i) or 'uniform'",
+                            one_of(("samples", "uniform")))
+
+    def aggregation_weights(self, result: ClientResult):
+        """Per-entry aggregation weights: n_i, or 1 with ``weighting='uniform'`` (zero for the entries of unsampled
+        clients, ``result.valid``)."""
+        if self.weighting == "uniform":
+            ones = jnp.ones_like(result.weight, dtype=jnp.float32)
+            return ones if result.valid is None else ones * result.valid
+        return super().aggregation_weights(result)

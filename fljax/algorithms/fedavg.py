@@ -89,9 +89,11 @@ class FedAvgBase(BatchStatsOption, ServerSGD, local_options(*EVERY)):
     local_data: Literal["all", "support"] = option(
         "all", "'all' trains on the client's whole train split, 'support' on its support set only")
 
-    def local_loss(self, model, params, batch, anchor):
-        """The local objective f_i (FedProx overrides it)."""
-        return model.loss(params, batch)
+    def local_loss(self, model, params, batch, variables, key, anchor):
+        """The local objective f_i on ``batch`` in the model's training mode, with the model's ``variables`` and
+        dropout ``key``: (loss, the updated variables) (:meth:`fljax.models.Model.train_loss`; FedProx overrides
+        it)."""
+        return model.train_loss(params, batch, variables, key)
 
     def stored(self, params, inp: ClientInput):
         """The client's state after its local training gave ``params`` (default: unchanged)."""
@@ -99,10 +101,10 @@ class FedAvgBase(BatchStatsOption, ServerSGD, local_options(*EVERY)):
 
     def client_update(self, inp: ClientInput) -> ClientResult:
         loss_fn = functools.partial(self.local_loss, inp.model, anchor=inp.down)
-        params, loss = self.local.train(loss_fn, inp.down, inp.replace(train=inp.train.support_view())
-                                        if self.local_data == "support" else inp)
+        params, variables, loss = self.local.train_with_state(
+            loss_fn, inp.down, inp.replace(train=inp.train.support_view()) if self.local_data == "support" else inp)
         return ClientResult(state=self.stored(params, inp), upload=params, weight=inp.train.count,
-                            metrics={"train_loss": loss})
+                            metrics={"train_loss": loss}, variables=variables)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -137,8 +139,9 @@ class FedProx(FedAvg):
     mu: float = option(0.01, "μ of the proximal term (μ/2)‖w − w_t‖² in every local objective (0: FedAvg)",
                        at_least(0))
 
-    def local_loss(self, model, params, batch, anchor):
-        return model.loss(params, batch) + prox.proximal_penalty(params, anchor, self.mu)
+    def local_loss(self, model, params, batch, variables, key, anchor):
+        loss, variables = model.train_loss(params, batch, variables, key)
+        return loss + prox.proximal_penalty(params, anchor, self.mu), variables
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -153,15 +156,19 @@ class FedAvgFT(FedAvgBase):
     finetune_lr: float | None = option(None, "learning rate of the evaluation's fine-tuning steps (null: the "
                                              "round-0 client lr)", greater_than(0))
 
-    def personal_params(self, inp: ClientInput):
+    def personal_model(self, inp: ClientInput):
         """The global model after ``finetune_steps`` steps at ``finetune_lr`` (default: the round-0 client lr) on
-        the client's support set (its whole train split when the data declares none)."""
+        the client's support set (its whole train split when the data declares none), with the model variables
+        those steps trained (a BatchNorm model's statistics, from the client's ``inp.variables``)."""
         local = self.local
         plan = BatchPlan(batch_size=local.batch_size, steps=self.finetune_steps)
         lr = local.lr_at(0) if self.finetune_lr is None else self.finetune_lr
-        params, _ = local.train(inp.model.loss, inp.down, inp.replace(train=inp.train.support_view()), plan=plan,
-                                lr=lr)
-        return params
+        params, variables, _ = local.train_with_state(inp.model.train_loss, inp.down,
+                                                      inp.replace(train=inp.train.support_view()), plan=plan, lr=lr)
+        return params, (inp.variables if variables is None else variables)
+
+    def personal_params(self, inp: ClientInput):
+        return self.personal_model(inp)[0]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

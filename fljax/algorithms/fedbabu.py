@@ -15,6 +15,7 @@ from typing import Literal
 
 from fljax import tree
 from fljax.algorithms.base import ClientInput, ClientResult
+from fljax.algorithms.local_training import EVERY, local_options
 from fljax.algorithms.partial import PartialModel
 from fljax.data.batching import BatchPlan
 from fljax.ops import partition
@@ -24,7 +25,7 @@ __all__ = ["FedBABU"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FedBABU(PartialModel):
+class FedBABU(PartialModel, local_options(*EVERY)):
     """Body averaging as :class:`~fljax.algorithms.partial.FedPer`; evaluation always fine-tunes the current server
     model."""
 

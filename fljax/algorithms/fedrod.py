@@ -92,9 +92,9 @@ class FedRoD(ServerSGD, local_options(*EVERY)):
     def personal_params(self, inp: ClientInput):
         return (inp.state["params"] if self.eval_body == "stored" else inp.down), inp.state["p"]
 
-    def logits(self, model, params, x):
+    def logits(self, model, params, x, variables=None):
         if isinstance(params, tuple):  # personal model: generic + personal head on the same features
             w, p = params
             h = model.features(w, x)
             return linear(w["head"], h) + linear(p, h)
-        return model.apply(params, x)
+        return model.apply(params, x, variables=variables)

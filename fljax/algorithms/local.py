@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from fljax import tree
-from fljax.algorithms.base import Centralized, ClientInput, ClientResult
+from fljax.algorithms.base import ClientInput, ClientResult, CohortTemplate
 from fljax.algorithms.local_training import EVERY, local_options
 from fljax.algorithms.model_state import TrainsModelState
 
@@ -17,8 +17,9 @@ __all__ = ["Local"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Local(TrainsModelState, Centralized, local_options(*EVERY)):
-    """A model's BatchNorm statistics stay with their client (Local communicates nothing)."""
+class Local(TrainsModelState, CohortTemplate, local_options(*EVERY)):
+    """A model's BatchNorm statistics stay with their client, and there is no ``weighting``: Local communicates and
+    aggregates nothing."""
 
     name = "local"
     summary = "Local: each client trains alone on its own data, no communication"
@@ -32,9 +33,9 @@ class Local(TrainsModelState, Centralized, local_options(*EVERY)):
         return None
 
     def client_update(self, inp: ClientInput) -> ClientResult:
-        params, loss = self.local.train(inp.model.loss, inp.state["params"], inp)
+        params, variables, loss = self.local.train_with_state(inp.model.train_loss, inp.state["params"], inp)
         return ClientResult(state={"params": params}, upload=None, weight=inp.train.count,
-                            metrics={"train_loss": loss})
+                            metrics={"train_loss": loss}, variables=variables)
 
     def server_update(self, ctx, server, clients, cohort, result):
         return server

@@ -6,7 +6,8 @@ inactive steps (past a small client's data in ``epochs`` mode) leave the carry u
 Settings are composed, not inherited. :class:`LocalTraining` is a frozen value holding the client optimizer
 (``lr``, ``lr_decay``, ``optimizer``, ``momentum``, ``weight_decay``, ``clip_norm``) and a round's local work
 (``batch_size``, ``local_epochs`` or ``local_steps``, ``sampling``); each option is declared once, here, with its
-default, one-line doc and check. The value does the training: :meth:`LocalTraining.train` (a round's local SGD),
+default, one-line doc and check. The value does the training: :meth:`LocalTraining.train` (a round's local SGD;
+:meth:`LocalTraining.train_with_state` for a model with BatchNorm or Dropout, whose variables it carries),
 :meth:`LocalTraining.personal_phase` (the personal phase of partial-personalization methods),
 :meth:`LocalTraining.plan`, :meth:`LocalTraining.lr_at`, :meth:`LocalTraining.client_optimizer`.
 
@@ -35,11 +36,11 @@ from fljax import tree
 from fljax.algorithms.base import Algorithm
 from fljax.data.batching import BatchPlan, gather_batch
 from fljax.errors import OptionError
-from fljax.models.model import current_mode
 from fljax.ops.sam import sam_value_and_grad
 from fljax.options import Options, at_least, greater_than, interval, option, type_hints, with_default
 
-__all__ = ["run_steps", "train_steps", "sgd_step", "LocalTraining", "LocalOptions", "local_options", "EVERY"]
+__all__ = ["run_steps", "train_steps", "train_steps_with_state", "sgd_step", "LocalTraining", "LocalOptions",
+           "local_options", "EVERY"]
 
 
 def run_steps(step: Callable, carry, train, plan: BatchPlan, key, unroll: int = 1):
@@ -127,6 +128,15 @@ class LocalTraining(Options):
         return train_steps(loss_fn, params, inp, plan or self.plan(), opt, key=key, extra_grad=extra_grad,
                            sam_rho=sam_rho)
 
+    def train_with_state(self, loss_fn: Callable, params, inp, *, key=None, plan: BatchPlan | None = None,
+                         lr=None, extra_grad: Callable | None = None, sam_rho: float = 0.0):
+        """:meth:`train` for a loss of the model-state form ``loss_fn(params, batch, variables, key) -> (loss,
+        variables)`` (:func:`train_steps_with_state`: a model with BatchNorm or Dropout trains from
+        ``inp.variables``); returns (new params, trained variables, mean loss)."""
+        opt = self.client_optimizer(self.lr_at(inp.round) if lr is None else lr)
+        return train_steps_with_state(loss_fn, params, inp, plan or self.plan(), opt, key=key,
+                                      extra_grad=extra_grad, sam_rho=sam_rho)
+
     def personal_phase(self, loss_fn: Callable, v, inp, key, *, epochs: int, lr=None, optimizer=None,
                        extra_grad: Callable | None = None, prox: Callable | None = None, sam_rho: float = 0.0):
         """The personal phase of partial-personalization methods — Ditto's v_i, FedSLR's Phase II (Eq. 7),
@@ -195,18 +205,20 @@ def sgd_step(loss_fn: Callable, opt: optax.GradientTransformation, extra_grad: C
     (+ ``extra_grad(params)``), the optax update, then ``post(params)`` if given (a proximal step). ``sam_rho`` > 0
     takes the gradient at the SAM point params + ρ·g/‖g‖ on the same batch
     (:func:`fljax.ops.sam.sam_value_and_grad`; the logged loss is the unperturbed one, and weight decay applies at
-    the unperturbed params); 0 is the plain gradient. ``model`` with BatchNorm or Dropout
-    (:attr:`fljax.models.Model.has_mode`): the carry is ``(params, opt_state, variables)`` and ``loss_fn`` runs in
-    the model's training mode with the carried variables and the step's key; the variables after the
-    (unperturbed) forward pass are carried on, never differentiated nor seen by ``extra_grad`` or ``post``."""
+    the unperturbed params); 0 is the plain gradient.
+
+    ``model`` with BatchNorm or Dropout (:attr:`fljax.models.Model.has_mode`): ``loss_fn`` has the model-state
+    form ``loss_fn(params, batch, variables, key) -> (loss, variables)`` (:meth:`fljax.models.Model.train_loss`),
+    the carry is ``(params, opt_state, variables)``, and a step evaluates ``loss_fn`` with the carried variables
+    and the dropout key ``fold_in(k, 0)`` of its key k, carrying on the variables of the (unperturbed) forward
+    pass: never differentiated (the aux output of ``value_and_grad``) nor seen by ``extra_grad`` or ``post``."""
     stateful = model is not None and model.has_mode
-    value_and_grad = sam_value_and_grad(
-        jax.value_and_grad(model.training(loss_fn) if stateful else loss_fn, has_aux=stateful), sam_rho)
+    value_and_grad = sam_value_and_grad(jax.value_and_grad(loss_fn, has_aux=stateful), sam_rho)
 
     def step(carry, batch, key):
         params, opt_state, *variables = carry
         if stateful:
-            (loss, new_variables), g = value_and_grad(params, batch, variables[0], key)
+            (loss, new_variables), g = value_and_grad(params, batch, variables[0], jax.random.fold_in(key, 0))
             variables = [new_variables]
         else:
             loss, g = value_and_grad(params, batch)
@@ -223,14 +235,28 @@ def train_steps(loss_fn: Callable, params, inp, plan: BatchPlan, opt: optax.Grad
                 extra_grad: Callable | None = None, post: Callable | None = None, sam_rho: float = 0.0):
     """The one local-training loop: :func:`sgd_step` scanned over ``plan``'s batches of client ``inp``'s train split
     (key ``key``, default ``inp.key``); returns (params, mean loss over active steps). The optimizer state is fresh.
-    A model with BatchNorm or Dropout trains from the variables of the :meth:`~fljax.models.Model.mode` it runs in
-    (the client's ``batch_stats``) with a dropout key per step (split from ``key``), and leaves the trained
-    variables in that mode."""
-    mode = current_mode() if inp.model is not None and inp.model.has_mode else None
-    step = sgd_step(loss_fn, opt, extra_grad, sam_rho, post, None if mode is None else inp.model)
-    carry = (params, opt.init(params)) + (() if mode is None else (mode.variables,))
-    (params, _, *variables), loss = run_steps(step, carry, inp.train, plan, inp.key if key is None else key,
-                                              inp.unroll)
-    if mode is not None:
-        mode.variables = variables[0]
+    ``loss_fn(params, batch)`` applies a model without BatchNorm or Dropout (one with them trains through
+    :func:`train_steps_with_state`)."""
+    step = sgd_step(loss_fn, opt, extra_grad, sam_rho, post)
+    (params, _), loss = run_steps(step, (params, opt.init(params)), inp.train, plan,
+                                  inp.key if key is None else key, inp.unroll)
     return params, loss
+
+
+def train_steps_with_state(loss_fn: Callable, params, inp, plan: BatchPlan, opt: optax.GradientTransformation, *,
+                           key=None, extra_grad: Callable | None = None, post: Callable | None = None,
+                           sam_rho: float = 0.0):
+    """:func:`train_steps` for a loss of the model-state form ``loss_fn(params, batch, variables, key) -> (loss,
+    variables)`` (e.g. :meth:`fljax.models.Model.train_loss`). With a model that has BatchNorm or Dropout the loop
+    carries its variables, from ``inp.variables`` (the client's ``batch_stats``), beside the parameters, with a
+    dropout key per step (split from ``key``), as Flax's ImageNet example carries ``batch_stats`` in its train
+    state; with any other model the loss is evaluated as ``loss_fn(params, batch, None, None)[0]``. Returns
+    (params, the trained variables (None without BatchNorm or Dropout), mean loss)."""
+    if inp.model is None or not inp.model.has_mode:
+        params, loss = train_steps(lambda p, b: loss_fn(p, b, None, None)[0], params, inp, plan, opt, key=key,
+                                   extra_grad=extra_grad, post=post, sam_rho=sam_rho)
+        return params, None, loss
+    step = sgd_step(loss_fn, opt, extra_grad, sam_rho, post, inp.model)
+    (params, _, variables), loss = run_steps(step, (params, opt.init(params), inp.variables), inp.train, plan,
+                                             inp.key if key is None else key, inp.unroll)
+    return params, variables, loss

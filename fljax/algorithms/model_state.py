@@ -4,11 +4,15 @@ A module with BatchNorm keeps running statistics s (Flax's ``batch_stats``: per-
 its parameters w; one with Dropout draws masks while training. Only w is differentiated, averaged, personalized
 and passed through proximal operators, quantizers or thresholds; s travels beside it:
 
-* a client trains in the model's training mode (:meth:`fljax.models.Model.mode`): every local step normalises
-  with its batch's statistics and moves s toward them (``mutable=["batch_stats"]``,
-  s ← m·s + (1 − m)·batch statistics), carried through the steps; Dropout masks come from the step's key, split
-  from the client's TRAIN key ``fold_in(fold_in(round key, TRAIN), client id)``: no two clients or steps share one;
-* evaluation runs in evaluation mode: running statistics s, no dropout (deterministic).
+* s is an explicit value, as in Flax's ImageNet example (``apply_fn(variables, x, mutable=["batch_stats"])``, the
+  statistics in the train state): :func:`client_fn` hands a client its s as ``ClientInput.variables``; its local
+  training (:func:`fljax.algorithms.local_training.train_steps_with_state`) carries s beside the parameters and
+  the optimizer state, every step in the model's training mode (:meth:`fljax.models.Model.train_loss`):
+  normalise with the batch's statistics and move s toward them (s ← m·s + (1 − m)·batch statistics); Dropout
+  masks come from the step's key, split from the client's TRAIN key ``fold_in(fold_in(round key, TRAIN), client
+  id)``: no two clients or steps share one; the update returns its trained s in ``ClientResult.variables``;
+* evaluation runs in evaluation mode (:meth:`fljax.models.Model.apply` with s): running statistics, no dropout
+  (deterministic).
 
 Where s lives is the ``batch_stats`` hyperparameter of the algorithms that offer both (:class:`BatchStatsOption`), and
 ``local`` for those that communicate no model (Local):
@@ -45,8 +49,9 @@ class WithStats:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainsModelState:
-    """Base of the algorithms whose clients train a model with BatchNorm or Dropout (every local step through
-    :func:`fljax.algorithms.local_training.train_steps`). Where a BatchNorm model's statistics live is
+    """Base of the algorithms whose clients train a model with BatchNorm or Dropout (their local training through
+    :func:`fljax.algorithms.local_training.train_steps_with_state`, returning the trained variables in
+    ``ClientResult.variables``). Where a BatchNorm model's statistics live is
     :meth:`stats_policy`: 'local' here (each client keeps its own); :class:`BatchStatsOption` lets the user choose."""
 
     trains_model_state: ClassVar[bool] = True
@@ -96,10 +101,11 @@ def attach(server, down):
 
 
 def client_fn(model, fn: Callable, train: bool) -> Callable:
-    """``fn(inp)`` (a client update or evaluation) run in the model's training (``train``) or evaluation mode with
-    the client's variables: from ``inp.down`` (averaged), ``inp.state`` (local) or none; ``fn`` sees its own
-    pytrees. A training update returns its trained statistics in its upload (averaged) or state (local). ``fn``
-    itself for a model without BatchNorm or Dropout."""
+    """``fn(inp)`` (a client update or evaluation) given the client's model variables explicitly, as
+    ``inp.variables``: from ``inp.down`` (averaged), ``inp.state`` (local) or none (``{}``: a Dropout-only model);
+    ``fn`` sees its own pytrees. A training update (``train``) returns the variables it trained in
+    ``ClientResult.variables`` (None: unchanged), which are moved into its upload (averaged) or state (local).
+    ``fn`` itself for a model without BatchNorm or Dropout."""
     if model is None or not model.has_mode:
         return fn
 
@@ -107,14 +113,15 @@ def client_fn(model, fn: Callable, train: bool) -> Callable:
         down, state = inp.down, inp.state
         variables = (down.batch_stats if isinstance(down, WithStats) else
                      state.batch_stats if isinstance(state, WithStats) else {})
-        with model.mode(variables, train) as mode:
-            out = fn(inp.replace(down=unwrap(down), state=unwrap(state)))
+        out = fn(inp.replace(down=unwrap(down), state=unwrap(state), variables=variables))
         if not train:
             return out
+        trained = variables if out.variables is None else out.variables
+        out = out.replace(variables=None)
         if isinstance(state, WithStats):
-            return out.replace(state=WithStats(out.state, mode.variables))
+            return out.replace(state=WithStats(out.state, trained))
         if isinstance(down, WithStats):
-            return out.replace(upload=WithStats(out.upload, mode.variables))
+            return out.replace(upload=WithStats(out.upload, trained))
         return out
 
     return run

@@ -7,7 +7,8 @@ a never-sampled client keeps the shared initialisation w_0.
 * FedPer (Arivazhagan et al. 2019): selected client i trains (u, v_i) jointly from (u_t, v_i); server
   u_{t+1} = Σ_{i∈S_t} p_i u_i.
 * FedRep (Collins et al. 2021): selected client i first trains v_i with u_t frozen (``head_epochs``), then u with
-  the new v_i frozen (``body_epochs``); the server averages bodies only.
+  the new v_i frozen (``body_epochs``); the server averages bodies only. Its local work is counted in those epochs:
+  it takes no ``local_epochs``, ``local_steps`` or ``sampling`` (each phase shuffles the client's data).
 * LG-FedAvg (Liang et al. 2020): the roles are swapped — the body is personal, the head shared.
 
 Only the shared part is communicated (down and up). Evaluation uses the stored (u_i, v_i) (``eval_body='stored'``,
@@ -29,15 +30,15 @@ from fljax.errors import OptionError
 from fljax.ops import partition
 from fljax.options import at_least, greater_than, option, with_default
 
-__all__ = ["PartialModel", "FedPer", "FedRep", "LGFedAvg"]
+__all__ = ["PartialModel", "PartialAveraging", "FedPer", "FedRep", "LGFedAvg"]
 
 NOT_HEAD = "^(?!.*head)"  # every leaf whose path does not contain 'head'
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PartialModel(Centralized, local_options(*EVERY)):
+class PartialModel(Centralized):
     """A model split by ``personal`` into a shared part u, averaged by the server, and a personal part v (the
-    server keeps its initial v); the client update and evaluation are the subclass's."""
+    server keeps its initial v); the client update, evaluation and local-training options are the subclass's."""
 
     personal: str = option("head", "path regex of the parameters that stay with the client, never averaged "
                                    "('head': the last Dense layer)")
@@ -64,9 +65,10 @@ class PartialModel(Centralized, local_options(*EVERY)):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FedPer(PartialModel):
-    name = "fedper"
-    summary = "FedPer: shared body averaged by the server, personal head kept by each client (Arivazhagan et al. 2019)"
+class PartialAveraging(PartialModel):
+    """The round and evaluation of FedPer, FedRep and LG-FedAvg: client i trains (u, v_i) from (u_t, its own v_i)
+    (``local_update``, the subclass's), stores both and uploads u; evaluation per ``eval_body``."""
+
     eval_body: Literal["stored", "server"] = option(
         "stored", "'stored' (the client's model after its latest training) or 'server' (the server's shared part "
                   "with its own personal part)")
@@ -75,8 +77,8 @@ class FedPer(PartialModel):
         return self.split(server["params"])[0]
 
     def local_update(self, params, inp: ClientInput):
-        """Joint local training of (u, v_i)."""
-        return self.local.train(inp.model.loss, params, inp)
+        """(trained (u, v_i), mean loss)."""
+        raise NotImplementedError
 
     def client_update(self, inp: ClientInput) -> ClientResult:
         params = partition.merge(inp.down, self.split(inp.state["params"])[1])
@@ -94,10 +96,22 @@ class FedPer(PartialModel):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FedRep(FedPer):
+class FedPer(PartialAveraging, local_options(*EVERY)):
+    name = "fedper"
+    summary = "FedPer: shared body averaged by the server, personal head kept by each client (Arivazhagan et al. 2019)"
+
+    def local_update(self, params, inp: ClientInput):
+        """Joint local training of (u, v_i)."""
+        return self.local.train(inp.model.loss, params, inp)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FedRep(PartialAveraging, local_options("lr", "lr_decay", "optimizer", "momentum", "weight_decay", "clip_norm",
+                                             "batch_size")):
     """``head_epochs`` of training the personal part with the shared part frozen, then ``body_epochs`` of training
     the shared part with the new personal part frozen (defaults: FedSLR spec D22, 1 and 2 epochs; the DFedAlt
-    spec uses 10 and 5). ``head_lr`` (default: ``lr``) is the personal phase's learning rate."""
+    spec uses 10 and 5), each phase over shuffles of the client's data in minibatches of ``batch_size``.
+    ``head_lr`` (default: ``lr``) is the personal phase's learning rate."""
 
     name = "fedrep"
     summary = "FedRep: train the personal head with the body frozen, then the shared body (Collins et al. 2021)"
@@ -105,6 +119,10 @@ class FedRep(FedPer):
     body_epochs: int = option(2, "epochs of the shared phase (the body, the new head frozen) per round", at_least(0))
     head_lr: float | None = option(None, "learning rate of the personal phase (null: the client lr)",
                                    greater_than(0))
+
+    def plan(self) -> BatchPlan:
+        """The body phase's batches (the engine sizes the batch width and the loops' unroll from them)."""
+        return BatchPlan(batch_size=self.local.batch_size, epochs=self.body_epochs)
 
     def steps_per_round(self, n_max: int) -> int:
         per_epoch = BatchPlan(batch_size=self.local.batch_size, epochs=1).num_steps(n_max)
@@ -118,7 +136,7 @@ class FedRep(FedPer):
         v, _ = local.personal_phase(lambda v_, b: loss(partition.merge(u, v_), b), v, inp, k_head,
                                     epochs=self.head_epochs, lr=self.head_lr)
         u, body_loss = local.train(lambda u_, b: loss(partition.merge(u_, v), b), u, inp, key=k_body,
-                                   plan=BatchPlan(batch_size=local.batch_size, epochs=self.body_epochs))
+                                   plan=self.plan())
         return partition.merge(u, v), body_loss
 
 

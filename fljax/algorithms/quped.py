@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fljax import tree
-from fljax.algorithms.base import Centralized, ClientInput, ClientResult
+from fljax.algorithms.base import Centralized, ClientInput, ClientResult, CohortTemplate
 from fljax.algorithms.local_training import run_steps
 from fljax.data.batching import ClockPlan, random_batch
 from fljax.errors import OptionError
@@ -52,7 +52,7 @@ from fljax.ops import quant, schedule
 from fljax.ops.distill import kl_divergence
 from fljax.options import at_least, between, greater_than, interval, one_of, option, with_default
 
-__all__ = ["QuantizedClients", "QuPeD", "QuantizedLocal"]
+__all__ = ["QuantizedClients", "QuantizedAveraging", "QuPeD", "QuantizedLocal"]
 
 PENALTY_R = {1: 0.5, 2: 0.3}  # spec §6 r-rule: the cumulative pull before fine-tuning, in units of σ₀
 
@@ -92,11 +92,11 @@ def tree_leaf(params, path: str):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class QuantizedClients(Centralized):
+class QuantizedClients(CohortTemplate):
     """Algorithm 2's client loop on the epoch clock, shared by QuPeD, QuPeL and Local Training (b bits): every
-    client-loop option here is honoured by all three (Local Training aggregates nothing, so ``weighting`` has nothing
-    to weigh there); what ties a client to the global model (distillation, an l2 coupling, or nothing) is the
-    subclass's. The clock: ``batch_size`` B (I = ⌈N_max/B⌉ iterations per epoch), or
+    client-loop option here is honoured by all three (the server's ``weighting`` is :class:`QuantizedAveraging`'s:
+    Local Training aggregates nothing); what ties a client to the global model (distillation, an l2 coupling, or
+    nothing) is the subclass's. The clock: ``batch_size`` B (I = ⌈N_max/B⌉ iterations per epoch), or
     ``chunks_per_epoch`` K with ``batch_size`` null (§8, ragged FEMNIST: I = K, each epoch's permutation of a client's
     n_i rows cut into K contiguous chunks of ⌊n_i/K⌋ or ⌈n_i/K⌉, padded to ⌈N_max/K⌉ and masked; K must not exceed
     the smallest client's n_i, so no chunk is empty); ``local_steps`` τ iterations per round; the run's length is
@@ -106,9 +106,8 @@ class QuantizedClients(Centralized):
     mixed_architectures = True
     uses_server = True  # a global model w (False: Local Training, no communication)
 
-    cohort_size: int | None = with_default(Centralized, "cohort_size", None)
-    weighting: str = with_default(Centralized, "weighting", "uniform")  # D12
-    cohort_mode: str = with_default(Centralized, "cohort_mode", "mask")  # D32
+    cohort_size: int | None = with_default(CohortTemplate, "cohort_size", None)
+    cohort_mode: str = with_default(CohortTemplate, "cohort_mode", "mask")  # D32
     lr: float = option(0.1, "η₁,₀: the step size of epoch 1, η₁(e) = η₁,₀·γ^(e−1) (w's steps too, η₃ = η₁(e), D15)",
                        greater_than(0))
     weight_decay: float = option(1e-4, "wd: coupled weight decay on x and w (never on the centers)", at_least(0))
@@ -461,7 +460,15 @@ class QuantizedClients(Centralized):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class QuPeD(QuantizedClients):
+class QuantizedAveraging(QuantizedClients, Centralized):
+    """:class:`QuantizedClients` whose server averages the clients' copies w_i of the global model, unweighted by
+    default (D12: ``weighting: uniform``)."""
+
+    weighting: str = with_default(Centralized, "weighting", "uniform")  # D12
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QuPeD(QuantizedAveraging):
     """Algorithm 2: the client loop distilled with the global model w (λ_p, f_KD; D4, D5)."""
 
     name = "quped"

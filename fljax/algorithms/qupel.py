@@ -25,7 +25,7 @@ import dataclasses
 from typing import Literal
 
 from fljax import tree
-from fljax.algorithms.quped import QuantizedClients
+from fljax.algorithms.quped import QuantizedAveraging
 from fljax.models.model import masked_cross_entropy
 from fljax.options import between, greater_than, option
 
@@ -33,7 +33,7 @@ __all__ = ["QuPeL"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class QuPeL(QuantizedClients):
+class QuPeL(QuantizedAveraging):
     """QuPeD's client loop (:class:`~fljax.algorithms.quped.QuantizedClients`) tied to the global model by the l2
     coupling instead of distillation: ``lam_p`` its weight, ``global_lr`` η₃ (constant), ``coupling`` (D30). w never
     sees data, so QuPeD's distillation options do not exist here; ``momentum`` (D16) applies to x only."""

@@ -44,11 +44,12 @@ class Scaffold(BatchStatsOption, Centralized, local_options("lr", "lr_decay", "w
         (x, c), c_i = inp.down, inp.state["c"]
         correction = tree.sub(c, c_i)
         local = self.local
-        y, loss = local.train(inp.model.loss, x, inp, extra_grad=lambda _: correction)
+        y, variables, loss = local.train_with_state(inp.model.train_loss, x, inp, extra_grad=lambda _: correction)
         k = local.plan().active_steps(inp.train.count, inp.train.n_max)
         c_plus = tree.axpy(1.0 / (k * local.lr_at(inp.round)), tree.sub(x, y), tree.sub(c_i, c))
         upload = (tree.sub(y, x), tree.sub(c_plus, c_i))
-        return ClientResult(state={"c": c_plus}, upload=upload, weight=inp.train.count, metrics={"train_loss": loss})
+        return ClientResult(state={"c": c_plus}, upload=upload, weight=inp.train.count, metrics={"train_loss": loss},
+                            variables=variables)
 
     def server_update(self, ctx, server, clients, cohort, result):
         dy, dc = result.upload

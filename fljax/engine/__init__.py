@@ -2,7 +2,7 @@
 lanes, the stopping-rule driver, evaluation summaries, multi-process runs (fljax.engine.processes) and the memory
 plan of every compiled program (fljax.engine.budget)."""
 from fljax.engine.context import ClientCall, RoundContext
-from fljax.engine.driver import RunResult, Simulation, default_model
+from fljax.engine.driver import RunResult, Simulation
 from fljax.engine.evaluation import summarize
 from fljax.engine.executors import (EXECUTORS, ChunkedExecutor, Executor, LoopExecutor, ShardedExecutor, VmapExecutor,
                                     choose_executor, make_executor)
@@ -15,7 +15,7 @@ from fljax.engine.state import State
 from fljax.engine.stopping import Stopping, StoppingRule, StopResult, Tolerance, run_until
 
 __all__ = ["ClientCall", "RoundContext", "NonFiniteError", "NonFiniteGuard", "DivergenceGuard", "RunLog", "block_schedule", "drive", "RunResult", "Lanes", "Simulation",
-           "default_model", "summarize", "EXECUTORS", "ChunkedExecutor", "Executor", "LoopExecutor",
+           "summarize", "EXECUTORS", "ChunkedExecutor", "Executor", "LoopExecutor",
            "ShardedExecutor", "VmapExecutor", "make_executor", "choose_executor", "ClientInput", "ClientResult",
            "FederatedAlgorithm", "bernoulli_mask", "sample_cohort", "State", "map_groups", "Stopping",
            "StoppingRule", "StopResult", "Tolerance", "run_until"]

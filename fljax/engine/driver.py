@@ -4,6 +4,13 @@
 ``run_rounds(state, n)`` runs n rounds as one compiled ``lax.scan`` (metrics stay on device inside the block);
 ``evaluate(state)`` scores every client; ``run(rounds, eval_every)`` alternates the two and reports progress. Under
 the loop executor rounds run eagerly in Python, one jitted per-client call at a time (the reference).
+
+Those methods run programs built from the simulation's pure functions, which are public for the drivers that build
+programs of their own (lanes, :mod:`fljax.engine.lanes`; the stopping-rule loop, :mod:`fljax.engine.stopping`; the
+runner's check of traceable hyperparameters, :mod:`fljax.runner.plan`): :meth:`Simulation.init_fn`,
+:meth:`Simulation.round_fn`, :meth:`Simulation.block_fn` and :meth:`Simulation.evaluate_fn` (functions of the state,
+the data and the traced hyperparameters only), and :meth:`Simulation.compiled`, the compile cache every program
+goes through.
 """
 from __future__ import annotations
 
@@ -28,13 +35,9 @@ from fljax.engine.protocol import FederatedAlgorithm
 from fljax.engine.state import State
 from fljax.models import conv_table
 from fljax.errors import OptionError
-from fljax.models.model import PRECISIONS, Model, auto_model, make_model, precision_scope
+from fljax.models.model import PRECISIONS, Model, precision_scope
 
-__all__ = ["Simulation", "RunResult", "default_model"]
-
-def default_model(data: FederatedData) -> Model:
-    """Logistic regression for vector data, CNN1 for images."""
-    return make_model(auto_model(data.input_shape), data.input_shape, data.num_classes)
+__all__ = ["Simulation", "RunResult"]
 
 
 # Evaluation runs only between blocks of rounds, so on CPU it is compiled for compile speed, at XLA's backend
@@ -90,8 +93,10 @@ class Simulation:
 
     ``data``: classification data (:class:`~fljax.data.FederatedData`) or any pytree with a ``num_clients``
     property that the algorithm understands (FedGiA's regression blocks, :class:`fljax.problems.ClientBlocks`).
-    ``model``: None picks :func:`default_model` for classification data; other data runs without a model (the
-    algorithm's own functions, ``ctx.model`` is None). ``executor``: 'auto' | 'vmap' | 'chunked' | 'sharded' |
+    ``model``: the model the clients run (:func:`fljax.models.make_model`, :func:`fljax.models.own_model`; the one
+    a config's ``model.name: auto`` picks is :func:`fljax.experiment.default_model`); classification data
+    (:class:`~fljax.data.FederatedData`) needs one, other data runs without (the algorithm's own functions,
+    ``ctx.model`` is None). ``executor``: 'auto' | 'vmap' | 'chunked' | 'sharded' |
     'loop' or an :class:`Executor`. ``conv_impl``: the form of the models' convolutions ('native', 'patches',
     'shifts': :mod:`fljax.models.layers`); 'auto' picks per backend, model and executor from the committed
     measurements (:func:`fljax.models.conv_table.choose`). ``unroll``: the ``lax.scan`` unroll factor of the local
@@ -125,7 +130,9 @@ class Simulation:
         self.num_train_clients = data.num_clients - getattr(data, "num_target", 0)
         algorithm.validate(self.num_train_clients)
         if model is None and isinstance(data, FederatedData):
-            model = default_model(data)
+            raise ValueError("Simulation needs the model its clients run for classification data: pass one, e.g. "
+                             "fljax.models.make_model('mlp', data.input_shape, data.num_classes) or "
+                             "fljax.experiment.default_model(data).")
         population = None if groups is None else Population.of(groups)
         if population is not None:
             self._check_population(algorithm, population, data, model)
@@ -153,8 +160,7 @@ class Simulation:
         # the algorithm's caveats about the models it trains (Algorithm.model_warning), for the runner to show
         pairs = [(algorithm, model)] if population is None else [
             (algorithm.for_group(g), g.model or model) for g in population.groups]
-        self.model_warnings = sorted({w for a, m in pairs if m is not None and hasattr(a, "model_warning")
-                                      for w in [a.model_warning(m)] if w})
+        self.model_warnings = sorted({w for a, m in pairs if m is not None for w in [a.model_warning(m)] if w})
         self.compile_seconds = 0.0
         self._compiled: dict = {}
         self._executables: dict = {}
@@ -162,12 +168,12 @@ class Simulation:
 
     @staticmethod
     def _check_population(algorithm, population: Population, data: FederatedData, model: Model) -> None:
-        name = getattr(algorithm, "name", type(algorithm).__name__)
-        if not getattr(algorithm, "supports_groups", False) or model is None:
+        name = algorithm.name
+        if not algorithm.supports_groups or model is None:
             raise ValueError(f"algorithm {name!r} does not run client groups.")
         shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
         for group in population.groups:
-            if group.model is not None and not getattr(algorithm, "mixed_architectures", False) and \
+            if group.model is not None and not algorithm.mixed_architectures and \
                     jax.eval_shape(group.model.init, jax.random.PRNGKey(0)) != shapes:
                 raise ValueError(f"algorithm {name!r} trains the global model ({model.name}) on every client; client "
                                  f"group {group.name!r} runs another architecture ({group.model.name}).")
@@ -235,21 +241,27 @@ class Simulation:
         (default: the algorithm's), compiled once per simulation (eagerly under the loop executor)."""
         key = jax.random.PRNGKey(self.seed if seed is None else seed)
         if not self.executor.jittable:
-            return self._eager(self._init, key, hp)
-        return self._compiled_fn("init", self._init, (key, hp, self.data))(key, hp, self.data)
+            return self._eager(self.init_fn, key, hp)
+        return self.compiled("init", self.init_fn, (key, hp, self.data))(key, hp, self.data)
 
     def state_shapes(self) -> State:
         """The state's structure, shapes and dtypes (``jax.ShapeDtypeStruct`` leaves), e.g. to restore a checkpoint
         into; nothing is computed."""
-        return jax.eval_shape(self._init, jax.random.PRNGKey(self.seed))
+        return jax.eval_shape(self.init_fn, jax.random.PRNGKey(self.seed))
 
-    def _init(self, key, hp: dict | None = None, data=None) -> State:
+    # ---------------------------------------------------------------------------------------------- pure functions
+    def init_fn(self, key, hp: dict | None = None, data=None) -> State:
+        """The initial :class:`State` of the run with PRNG key ``key`` (``jax.random.PRNGKey(seed)``), traced
+        hyperparameters ``hp`` (None: the algorithm's own) and ``data`` (None: the simulation's): the algorithm's
+        ``init_population`` at round 0. Pure: traceable under ``jit``, ``vmap`` and ``eval_shape``."""
         ctx = self.context(self.data if data is None else data, jnp.int32(0), jax.random.fold_in(key, 0), key)
         server, clients = self.algorithm_at(hp).init_population(ctx)
         return State(server=server, clients=clients, round=jnp.int32(0), key=key)
 
-    # ---------------------------------------------------------------------------------------------- rounds
-    def _round(self, state: State, data: FederatedData, hp: dict | None = None):
+    def round_fn(self, state: State, data, hp: dict | None = None):
+        """``(next state, metrics)``: one round of the algorithm on ``data`` with traced hyperparameters ``hp``;
+        ``metrics`` are the round's scalars plus ``finite_params`` (the new state is finite) and ``finite`` (so are
+        its losses). The round's key is ``fold_in(fold_in(state.key, 1), state.round)``. Pure."""
         ctx = self.context(data, state.round, _round_key(state.key, state.round), state.key)
         server, clients, metrics = self.algorithm_at(hp).round(ctx, state.server, state.clients)
         metrics = dict(metrics)
@@ -258,14 +270,19 @@ class Simulation:
         metrics["finite"] = metrics["finite_params"] & tree.all_finite(losses)
         return State(server=server, clients=clients, round=state.round + 1, key=state.key), metrics
 
-    def _block(self, state: State, data: FederatedData, n: int, hp: dict | None = None):
-        return jax.lax.scan(lambda s, _: self._round(s, data, hp), state, None, length=n)
+    def block_fn(self, state: State, data, n: int, hp: dict | None = None):
+        """``(state after n rounds, the rounds' metrics stacked along axis 0)``: :meth:`round_fn` scanned ``n``
+        times (``lax.scan``; ``n`` static). Pure."""
+        return jax.lax.scan(lambda s, _: self.round_fn(s, data, hp), state, None, length=n)
 
-    def _evaluate(self, state: State, data: FederatedData, hp: dict | None = None):
+    def evaluate_fn(self, state: State, data, hp: dict | None = None):
+        """``(scalar summaries, per-client arrays)``: the algorithm's evaluation of ``state`` on ``data`` with traced
+        hyperparameters ``hp``. Pure."""
         ctx = self.context(data, state.round, _round_key(state.key, state.round), state.key)
         return self.algorithm_at(hp).evaluate(ctx, state.server, state.clients)
 
-    def _compiled_fn(self, name: str, fn: Callable, args, static: tuple = (), lanes: int = 1):
+    # ---------------------------------------------------------------------------------------------- programs
+    def compiled(self, name: str, fn: Callable, args, static: tuple = (), lanes: int = 1):
         """AOT-compile ``fn`` once per (name, static, structure and shapes of ``args``) and account the compile
         time. ``static`` must hold every Python value ``fn`` depends on beyond ``args`` (``fn`` itself is not part
         of the key). The program is returned wrapped in :func:`fljax.engine.blas.call`. On several processes its
@@ -320,11 +337,11 @@ class Simulation:
         if not self.executor.jittable:
             raise ValueError("Simulation.compile needs a jitted executor (not 'loop').")
         key = jax.eval_shape(lambda: jax.random.PRNGKey(self.seed))
-        state = jax.eval_shape(self._init, jax.random.PRNGKey(self.seed))
+        state = jax.eval_shape(self.init_fn, jax.random.PRNGKey(self.seed))
         data = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), self.data)
-        self._compiled_fn("init", self._init, (key, None, data))
-        self._compiled_fn("block", lambda s, d: self._block(s, d, rounds), (state, data), (rounds,))
-        self._compiled_fn("evaluate", self._evaluate, (state, data))
+        self.compiled("init", self.init_fn, (key, None, data))
+        self.compiled("block", lambda s, d: self.block_fn(s, d, rounds), (state, data), (rounds,))
+        self.compiled("evaluate", self.evaluate_fn, (state, data))
         return self.memory_plans
 
     def executable(self, name: str, static: tuple = ()):
@@ -351,19 +368,19 @@ class Simulation:
         if not self.executor.jittable:
             outs = []
             for _ in range(n):
-                state, m = self._eager(self._round, state, self.data)
+                state, m = self._eager(self.round_fn, state, self.data)
                 outs.append(m)
             metrics = tree.stack(outs)
         else:
-            fn = self._compiled_fn("block", lambda s, d: self._block(s, d, n), (state, self.data), (n,))
+            fn = self.compiled("block", lambda s, d: self.block_fn(s, d, n), (state, self.data), (n,))
             state, metrics = fn(state, self.data)
         return state, (metrics if stack else jax.tree.map(lambda x: x[0], metrics))
 
     def evaluate(self, state: State) -> tuple[dict, dict]:
         """(scalar summaries, per-client accuracies) of the global and personalized models."""
         if not self.executor.jittable:
-            return self._eager(self._evaluate, state, self.data)
-        return self._compiled_fn("evaluate", self._evaluate, (state, self.data))(state, self.data)
+            return self._eager(self.evaluate_fn, state, self.data)
+        return self.compiled("evaluate", self.evaluate_fn, (state, self.data))(state, self.data)
 
     # ---------------------------------------------------------------------------------------------- run
     def run(self, rounds: int, eval_every: int | None = None, state: State | None = None,

@@ -5,9 +5,12 @@ A lane is one run: a seed, its data (shared by every lane, or its own of the sam
 ``vmap``-ed over a leading lane axis of :class:`State`, of the data when each lane has its own, and of the traced
 hyperparameters, so seeds, trials and a grid of learning rates all run as ONE program.
 
-Lane i's state starts from ``Simulation.init(seeds[i], hps[i])`` on its own data (an algorithm's ``init`` may read
-the data: FedGiA's precomputation), so it draws exactly the random numbers a separate run with that seed draws; the
-results agree with separate runs to floating-point tolerance (batched matmuls may round differently).
+The lanes' programs are built from the simulation's pure functions (:meth:`~fljax.engine.Simulation.init_fn`,
+:meth:`~fljax.engine.Simulation.block_fn`, :meth:`~fljax.engine.Simulation.evaluate_fn`) and compiled through its
+cache (:meth:`~fljax.engine.Simulation.compiled`). Lane i's state starts from ``Simulation.init(seeds[i], hps[i])``
+on its own data (an algorithm's ``init`` may read the data: FedGiA's precomputation), so it draws exactly the random
+numbers a separate run with that seed draws; the results agree with separate runs to floating-point tolerance
+(batched matmuls may round differently).
 :func:`stack_data` refuses data of different shapes; such runs go one after another. The stopping-rule driver
 (:func:`fljax.engine.run_until`) runs lanes too, each until its own stop.
 """
@@ -67,7 +70,9 @@ class Lanes:
     """``sim`` run for every lane at once: ``seeds[i]``, data ``datas[i]`` (None: ``sim.data`` for all) and traced
     hyperparameters ``hps[i]`` (None: the algorithm's own values, not traced). ``mode``: 'vmap' batches the lanes
     (fastest; batched reductions may round differently from a separate run), 'map' runs them one after another
-    inside the one program (``lax.map``: each lane is bit-identical to its own run of the traced program)."""
+    inside the one program (``lax.map``: each lane is bit-identical to its own run of the traced program).
+    ``data`` holds the lanes' data, stacked along a leading axis ``data_axis`` = 0 when each lane has its own (None:
+    one data set for all); ``hp`` the stacked traced hyperparameters (None: none)."""
 
     def __init__(self, sim: Simulation, seeds: list[int], datas: list | None = None, hps: list[dict] | None = None,
                  mode: str = "vmap"):
@@ -79,7 +84,7 @@ class Lanes:
         self.sim = sim
         self.seeds = list(seeds)
         self.data = sim.data if datas is None else stack_data(datas)
-        self._data_axis = None if datas is None else 0
+        self.data_axis = None if datas is None else 0
         self.hp = self._stacked(hps)
         self.mode = mode
 
@@ -106,7 +111,7 @@ class Lanes:
 
     def _over_lanes(self, fn):
         """``fn(x, data, hp)`` over the lane axis of ``x``, of the data (if per lane) and of hp."""
-        data_axis = self._data_axis
+        data_axis = self.data_axis
         hp_axis = None if self.hp is None else 0
         if self.mode == "vmap":
             return jax.vmap(fn, in_axes=(0, data_axis, hp_axis))
@@ -122,20 +127,20 @@ class Lanes:
         """The lanes' initial states, stacked: lane i is exactly ``Simulation.init(seeds[i], hps[i])`` on its own
         data."""
         keys = jnp.stack([jax.random.PRNGKey(s) for s in self.seeds])
-        fn = self._over_lanes(lambda k, d, h: self.sim._init(k, h, d))
-        return self.sim._compiled_fn("lanes_init", fn, (keys, self.data, self.hp), (self.mode,), self.side_by_side)(
+        fn = self._over_lanes(lambda k, d, h: self.sim.init_fn(k, h, d))
+        return self.sim.compiled("lanes_init", fn, (keys, self.data, self.hp), (self.mode,), self.side_by_side)(
             keys, self.data, self.hp)
 
     def run_rounds(self, states, n: int):
         """n rounds of every lane as one compiled program; metrics have shape [lanes, n]."""
-        block = self._over_lanes(lambda s, d, h: self.sim._block(s, d, n, h))
-        return self.sim._compiled_fn("lanes_block", block, (states, self.data, self.hp), (n, self.mode),
+        block = self._over_lanes(lambda s, d, h: self.sim.block_fn(s, d, n, h))
+        return self.sim.compiled("lanes_block", block, (states, self.data, self.hp), (n, self.mode),
                                      self.side_by_side)(
             states, self.data, self.hp)
 
     def evaluate(self, states):
-        fn = self._over_lanes(self.sim._evaluate)
-        return self.sim._compiled_fn("lanes_evaluate", fn, (states, self.data, self.hp), (self.mode,),
+        fn = self._over_lanes(self.sim.evaluate_fn)
+        return self.sim.compiled("lanes_evaluate", fn, (states, self.data, self.hp), (self.mode,),
                                      self.side_by_side)(
             states, self.data, self.hp)
 

@@ -1,9 +1,10 @@
 """What the engine needs from an algorithm, stated once.
 
-The engine (:class:`fljax.engine.Simulation`, the drivers and the executors) talks to an algorithm only through
-:class:`FederatedAlgorithm`. Hyperparameters live on the algorithm object; the model, the executor, the data and the
-round's key reach it through the :class:`~fljax.engine.context.RoundContext` (server side) and the
-:class:`ClientInput` (client side), so an algorithm is plain data plus pure functions.
+The engine (:class:`fljax.engine.Simulation`, the drivers and the executors) and the runner talk to an algorithm only
+through :class:`FederatedAlgorithm`, which states every attribute and method they read. Hyperparameters live on the
+algorithm object; the model, the executor, the data and the round's key reach it through the
+:class:`~fljax.engine.context.RoundContext` (server side) and the :class:`ClientInput` (client side), so an
+algorithm is plain data plus pure functions.
 
 A client's update receives a :class:`ClientInput` and returns a :class:`ClientResult`, whatever the template:
 centralized algorithms send ``upload`` to the server (weighted mean), decentralized ones to their neighbours
@@ -11,7 +12,7 @@ centralized algorithms send ``upload`` to the server (weighted mean), decentrali
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import flax.struct
 import jax
@@ -36,7 +37,10 @@ class ClientInput:
       rounds: the epoch clock's batches);
     * ``model`` — the model it runs (static; its group's in a heterogeneous population); ``global_model`` — the model
       of the server's global parameters (static; ``model`` unless a population's group runs another architecture);
-      ``unroll`` — the unroll factor of its local-step loops (static).
+      ``unroll`` — the unroll factor of its local-step loops (static);
+    * ``variables`` — the non-parameter variables of its model (``{"batch_stats": ...}``; ``{}`` for a
+      Dropout-only model), None for a model without BatchNorm or Dropout
+      (:func:`fljax.algorithms.model_state.client_fn` places them).
     """
 
     state: Any
@@ -49,12 +53,15 @@ class ClientInput:
     model: Any = flax.struct.field(pytree_node=False, default=None)
     unroll: int = flax.struct.field(pytree_node=False, default=1)
     global_model: Any = flax.struct.field(pytree_node=False, default=None)
+    variables: Any = None
 
 
 @flax.struct.dataclass
 class ClientResult:
     """What one client's update returns: its new persistent ``state``, the ``upload`` it communicates (to the server
-    or to its neighbours), its aggregation ``weight`` and scalar ``metrics``. Stacked over clients by the engine,
+    or to its neighbours), its aggregation ``weight`` and scalar ``metrics``; ``variables``: its model's variables
+    after training (an update that trains a model with BatchNorm or Dropout returns them; None: unchanged), which
+    :func:`fljax.algorithms.model_state.client_fn` moves where they live. Stacked over clients by the engine,
     ``valid`` marks the entries of clients that were sampled (None: all were; see :mod:`fljax.engine.cohort`, whose
     invalid entries carry a zero weight and a zero upload)."""
 
@@ -63,15 +70,33 @@ class ClientResult:
     weight: jax.Array
     metrics: dict
     valid: Any = None
+    variables: Any = None
 
 
 @runtime_checkable
 class FederatedAlgorithm(Protocol):
-    """The engine's contract with an algorithm (implemented by :class:`fljax.algorithms.Algorithm` and its
-    templates).
+    """The contract of an algorithm with the engine and the runner: everything they read from one, and nothing else
+    (implemented by :class:`fljax.algorithms.Algorithm` and its templates). An algorithm is a frozen dataclass whose
+    fields are its hyperparameters: the engine traces a grid of their values with ``dataclasses.replace``
+    (:meth:`fljax.engine.Simulation.algorithm_at`), the runner's planning reads them by name.
+
+    What it is (class attributes):
+
+    * ``name``: its registry name, in messages; ``summary``: one line, shown when a run starts and by
+      ``fljax list``;
+    * ``problem``: the data it solves ('classification': an experiment config can describe it); ``generic``: it runs
+      on any classification data set (part of the default ``fljax compare``);
+    * ``supports_groups``: it runs a population of client groups (:mod:`fljax.engine.population`);
+      ``mixed_architectures``: a group may run another architecture than the global model's;
+      ``trains_model_state``: its clients may train a model with BatchNorm or Dropout (the model's variables arrive
+      in :attr:`ClientInput.variables` and leave in :attr:`ClientResult.variables`).
+
+    What it does:
 
     * ``validate(num_clients)`` refuses impossible hyperparameters (one line, before anything runs);
       ``model_warning(model)``: a caveat about training ``model`` with them (None: none), shown when a run starts;
+    * ``hyperparameters()``: its hyperparameters by name (what ``resolved.yaml`` records);
+      ``for_group(group)``: the algorithm a client group runs (its hyperparameter overrides applied);
     * ``init(ctx) -> (server, clients)``: the initial server pytree (or None) and the per-client pytree (leading
       axis ``num_clients``); ``init_population(ctx)``: the same over ``ctx.population``'s client groups (a tuple of
       per-group client pytrees; ``init(ctx)`` when there is no population);
@@ -83,9 +108,21 @@ class FederatedAlgorithm(Protocol):
     * ``steps_per_round(n_max)``: local steps one participant runs per round.
     """
 
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    problem: ClassVar[str]
+    generic: ClassVar[bool]
+    supports_groups: ClassVar[bool]
+    mixed_architectures: ClassVar[bool]
+    trains_model_state: ClassVar[bool]
+
     def validate(self, num_clients: int) -> None: ...
 
     def model_warning(self, model: Any) -> str | None: ...
+
+    def hyperparameters(self) -> dict: ...
+
+    def for_group(self, group: Any) -> "FederatedAlgorithm": ...
 
     def init(self, ctx: "RoundContext") -> tuple[Any, Any]: ...
 

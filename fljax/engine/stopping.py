@@ -2,7 +2,7 @@
 ``lax.while_loop``.
 
 Papers that count "rounds to reach a tolerance" (FedGiA's CR in Table IV) run an algorithm until a rule on the
-metrics its rounds report says stop, or a cap is reached. A round (``Simulation._round``: the algorithm's
+metrics its rounds report says stop, or a cap is reached. A round (``Simulation.round_fn``: the algorithm's
 ``round``) returns the next state and its metrics m_s; for this driver m_s should describe the state the round
 *starts* from (FedGiA: f and Error at the aggregate x^s formed at the start of round s). With a
 :class:`Stopping` (the rule, the caps and the metrics to keep), the driver runs::
@@ -27,7 +27,7 @@ loop is vmapped over the lane axis and runs until every lane has stopped; the bo
 ``where(done, old, new)`` to the whole carry, so a lane that has stopped is frozen bit for bit while the others go
 on, and each lane ends exactly where its own run would.
 
-Compilation and time: the loop is compiled through the simulation's compile cache (``Simulation._compiled_fn``:
+Compilation and time: the loop is compiled through the simulation's compile cache (``Simulation.compiled``:
 one program per structure and shapes; traced hyperparameters and the rule's parameters are arguments, so a grid of
 them reuses it) and timed apart from compilation; the initial state (the algorithm's ``init``, e.g. FedGiA's
 precomputation) is timed apart too (``init_seconds``). The first run of a freshly compiled ``init`` is a warm-up
@@ -172,7 +172,7 @@ class StopResult:
 
 def start(sim: Simulation, stopping: Stopping, state: State, data, hp) -> Progress:
     """The carry before round 0 (the metrics' structure and dtypes come from tracing one round)."""
-    _, metrics = jax.eval_shape(sim._round, state, data, hp)
+    _, metrics = jax.eval_shape(sim.round_fn, state, data, hp)
     needed = stopping.recorded + ((stopping.steps_metric,) if stopping.max_iters is not None else ())
     missing = [name for name in needed if name not in metrics]
     if missing:
@@ -189,7 +189,7 @@ def start(sim: Simulation, stopping: Stopping, state: State, data, hp) -> Progre
 
 def step(sim: Simulation, stopping: Stopping, carry: Progress, data, hp) -> Progress:
     """One round of the loop (module docstring); a carry that is done is returned unchanged."""
-    new_state, metrics = sim._round(carry.state, data, hp)
+    new_state, metrics = sim.round_fn(carry.state, data, hp)
     recorded = {k: metrics[k] for k in stopping.recorded}
     rule = tree.where(carry.rounds == 0, stopping.rule.init(recorded), carry.rule)
     converged = stopping.rule.reached(rule, recorded)
@@ -252,14 +252,14 @@ def run_until(runner: Simulation | Lanes, stopping: Stopping, *, seed: int | Non
     if lanes:
         data, hp = runner.data, runner.hp
         fn = jax.vmap(lambda s, d, h, r: _loop(sim, stopping.replace(rule=r), s, d, h),
-                      in_axes=(0, runner._data_axis, None if hp is None else 0, None))
-        out, seconds = _timed(sim._compiled_fn("lanes_until", fn, (state, data, hp, stopping.rule), static,
+                      in_axes=(0, runner.data_axis, None if hp is None else 0, None))
+        out, seconds = _timed(sim.compiled("lanes_until", fn, (state, data, hp, stopping.rule), static,
                                                len(runner.seeds)),
                               state, data, hp, stopping.rule)
     elif sim.executor.jittable:
         data = sim.data
         fn = lambda s, d, h, r: _loop(sim, stopping.replace(rule=r), s, d, h)
-        out, seconds = _timed(sim._compiled_fn("until", fn, (state, data, hp, stopping.rule), static),
+        out, seconds = _timed(sim.compiled("until", fn, (state, data, hp, stopping.rule), static),
                               state, data, hp, stopping.rule)
     else:
         out, seconds = _timed(lambda: _precise(blas.call, _eager_loop, sim, stopping, state, sim.data, hp))

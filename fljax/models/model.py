@@ -1,7 +1,6 @@
 """A model = a Flax module + its input shape + a masked classification loss, as a hashable static object."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import inspect
@@ -19,7 +18,7 @@ from fljax.errors import OptionError
 from fljax.models import sequence, zoo
 from fljax.options import check_value, suggest
 
-__all__ = ["Model", "ModelMode", "current_mode", "make_model", "own_model", "check_model_options", "check_model_input",
+__all__ = ["Model", "make_model", "own_model", "check_model_options", "check_model_input",
            "auto_model", "model_options", "MODELS", "masked_cross_entropy", "accuracy_stats", "PRECISIONS",
            "precision_scope", "has_primitive"]
 
@@ -70,38 +69,16 @@ def accuracy_stats(logits, labels, mask):
     return jnp.sum((jnp.argmax(logits, -1) == labels) & counted), jnp.sum(counted)
 
 
-class ModelMode:
-    """How a model with BatchNorm or Dropout runs in the current trace: ``train`` (batch statistics, fresh
-    dropout masks) or evaluation (running statistics, no dropout), the non-parameter ``variables`` it reads (and,
-    training, writes: ``{"batch_stats": ...}``, ``{}`` without BatchNorm) and the dropout ``key`` (training only).
-    Entered with :meth:`Model.mode`; local training (:func:`fljax.algorithms.local_training.train_steps`) carries
-    the variables of the mode it runs in through its steps and leaves the trained ones in it."""
-
-    def __init__(self, variables, train: bool, key=None):
-        self.variables, self.train, self.key, self.calls = variables, train, key, 0
-
-    def rngs(self):
-        """The dropout rng of the next application: ``fold_in(key, n)`` for the n-th one under this mode."""
-        self.calls += 1
-        return {"dropout": jax.random.fold_in(self.key, self.calls - 1)}
-
-
-_MODES: list[ModelMode] = []
-
-
-def current_mode() -> ModelMode | None:
-    """The innermost :meth:`Model.mode` being traced, or None."""
-    return _MODES[-1] if _MODES else None
-
-
 @dataclasses.dataclass(frozen=True)
 class Model:
     """Static description of a classifier. ``params`` are the module's ``'params'`` collection.
 
     ``collections``: the module's other variable collections (``("batch_stats",)`` for BatchNorm, else empty);
-    ``stochastic``: it draws dropout masks when training. Such a module is called as ``__call__(x, train)`` and
-    runs only inside a :meth:`mode`: the parameters stay what is differentiated, averaged and personalized, and
-    the ``batch_stats`` travel beside them (:mod:`fljax.algorithms.model_state`)."""
+    ``stochastic``: it draws dropout masks when training. Such a module is called as ``__call__(x, train)``; its
+    non-parameter variables (``{"batch_stats": ...}``) are explicit values: :meth:`apply` (evaluation) reads them,
+    :meth:`train_apply` and :meth:`train_loss` (training, with a dropout key) return them updated, as Flax's
+    ``apply(variables, x, mutable=["batch_stats"])`` does. The parameters stay what is differentiated, averaged
+    and personalized; the variables travel beside them (:mod:`fljax.algorithms.model_state`)."""
 
     module: nn.Module
     input_shape: tuple
@@ -132,65 +109,53 @@ class Model:
         variables = self._init(key)
         return {c: variables[c] for c in self.collections}
 
-    @contextlib.contextmanager
-    def mode(self, variables: dict, train: bool, key=None):
-        """Run this model's applications inside the block in training (``train``, dropout from ``key``) or
-        evaluation mode with the non-parameter ``variables``; yields the :class:`ModelMode`, whose ``variables``
-        hold the updated running statistics after training applications."""
-        _MODES.append(ModelMode(variables, train, key))
-        try:
-            yield _MODES[-1]
-        finally:
-            _MODES.pop()
-
-    def training(self, loss_fn):
-        """``loss_fn(params, batch)`` as ``(params, batch, variables, key) -> (loss, variables)``: evaluated in
-        training mode with the non-parameter ``variables`` and dropout ``key``, returning the updated variables
-        (the aux output of ``jax.value_and_grad(..., has_aux=True)``: they are never differentiated)."""
-
-        def loss_and_variables(params, batch, variables, key):
-            with self.mode(variables, train=True, key=key) as m:
-                loss = loss_fn(params, batch)
-            return loss, m.variables
-
-        return loss_and_variables
-
-    def apply(self, params, x, mask=None):
-        """Logits of ``x``. A module with BatchNorm or Dropout runs in the current :meth:`mode`: training
-        normalises with the batch's statistics over the rows ``mask`` marks (all when None; padding rows of a
-        small client's batch never enter them), updates the running ones (``mutable=["batch_stats"]``) and drops
-        units with a fresh rng; evaluation uses the running statistics and no dropout.
+    def apply(self, params, x, mask=None, variables=None):
+        """Logits of ``x`` in evaluation mode: a module with BatchNorm normalises with the running statistics in
+        ``variables`` (``{"batch_stats": ...}``, see :meth:`init_variables`; a model without BatchNorm needs none)
+        and Dropout keeps every unit. ``mask`` only matters in training (:meth:`train_apply`).
 
         Precision (:data:`PRECISIONS`): the module's products run at the model's ``precision``; with 'bf16' the
         float32 parameters and inputs are cast to bfloat16 for the forward pass (so their gradients come back in
-        float32: the master weights, the optimizer and aggregation stay float32), the logits and updated
-        statistics cast back to float32."""
+        float32: the master weights, the optimizer and aggregation stay float32), the logits cast back to
+        float32."""
+        return self._forward(params, x, mask, variables, train=False, key=None)[0]
+
+    def train_apply(self, params, x, mask, variables, key=None):
+        """``(logits, variables)`` of ``x`` in training mode, Flax's ``apply(..., train=True,
+        mutable=["batch_stats"])``: BatchNorm normalises with the statistics of the batch's rows that ``mask``
+        marks (all when None: padding rows of a small client's batch never enter them) and returns ``variables``
+        with its running statistics moved toward them (kept in float32 under 'bf16'); Dropout draws its masks from
+        ``key``. A model without BatchNorm or Dropout returns its logits and ``variables`` as given."""
+        return self._forward(params, x, mask, variables, train=True, key=key)
+
+    def _forward(self, params, x, mask, variables, train: bool, key):
         with precision_scope(self.precision):
             compute = PRECISIONS[self.precision][1]
             if compute is not None:
                 params, x = _cast_floats((params, x), compute)
-            logits = self._apply(params, x, mask)
+            logits, variables = self._apply(params, x, mask, variables, train, key)
             if compute is None:
-                return logits
-            if _MODES and _MODES[-1].train:  # the running statistics it updated stay float32
-                _MODES[-1].variables = _cast_floats(_MODES[-1].variables, jnp.float32, compute)
-            return logits.astype(jnp.float32)
+                return logits, variables
+            if train and self.has_mode:  # the running statistics it updated stay float32
+                variables = _cast_floats(variables, jnp.float32, compute)
+            return logits.astype(jnp.float32), variables
 
-    def _apply(self, params, x, mask):
+    def _apply(self, params, x, mask, variables, train: bool, key):
         if not self.has_mode:
-            return self.module.apply({"params": params}, x)
-        if not _MODES:
-            raise ValueError(f"model {self.name} has BatchNorm or Dropout and runs only inside Model.mode(...) "
-                             f"(the training and evaluation of algorithms that support it).")
-        m = _MODES[-1]
-        variables = {"params": params, **m.variables}
-        if not m.train:
-            return self.module.apply(variables, x, train=False)
-        rngs = m.rngs() if self.stochastic else None
+            return self.module.apply({"params": params}, x), variables
+        if self.collections and variables is None:
+            raise ValueError(f"model {self.name} has BatchNorm: its applications need its statistics (variables="
+                             f"{{'batch_stats': ...}}), which the algorithms that train it carry "
+                             f"(fljax.algorithms.model_state).")
+        full = {"params": params, **(variables or {})}
+        if not train:
+            return self.module.apply(full, x, train=False), variables
+        if self.stochastic and key is None:
+            raise ValueError(f"model {self.name} has Dropout: its training applications need a key.")
+        rngs = {"dropout": key} if self.stochastic else None
         with nn.intercept_methods(_batch_norm_over(mask)):
-            logits, updated = self.module.apply(variables, x, train=True, rngs=rngs, mutable=list(self.collections))
-        m.variables = dict(updated)
-        return logits
+            logits, updated = self.module.apply(full, x, train=True, rngs=rngs, mutable=list(self.collections))
+        return logits, dict(updated)
 
     def features(self, params, x):
         """The representation h(x) that enters the last layer ``head`` (its input), computed by intercepting the
@@ -218,9 +183,18 @@ class Model:
             logits = self.apply(params, x)
         return seen[-1], logits
 
-    def loss(self, params, batch):
-        """Masked mean cross-entropy of ``batch`` (a :class:`fljax.data.Batch`)."""
-        return masked_cross_entropy(self.apply(params, batch.x, batch.mask), batch.y, batch.mask)
+    def loss(self, params, batch, variables=None):
+        """Masked mean cross-entropy of ``batch`` (a :class:`fljax.data.Batch`) in evaluation mode (``variables``:
+        see :meth:`apply`)."""
+        return masked_cross_entropy(self.apply(params, batch.x, batch.mask, variables), batch.y, batch.mask)
+
+    def train_loss(self, params, batch, variables, key=None):
+        """``(loss, variables)``: the masked mean cross-entropy of ``batch`` in training mode and the model's
+        updated variables (:meth:`train_apply`). The model-state form of a local objective, as Flax's ImageNet
+        example's ``loss_fn`` returns its new ``batch_stats`` beside the loss (the aux output of
+        ``jax.value_and_grad(..., has_aux=True)``: they are never differentiated)."""
+        logits, variables = self.train_apply(params, batch.x, batch.mask, variables, key)
+        return masked_cross_entropy(logits, batch.y, batch.mask), variables
 
     @property
     def has_conv(self) -> bool:

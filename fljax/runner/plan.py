@@ -111,9 +111,9 @@ def traceable(sim, hp: dict) -> str | None:
 
     hp = {k: jnp.asarray(v) for k, v in hp.items()}
     try:
-        state = jax.eval_shape(lambda h: sim._init(jax.random.PRNGKey(0), h), hp)
-        jax.eval_shape(lambda s, h: sim._block(s, sim.data, 1, h), state, hp)
-        jax.eval_shape(lambda s, h: sim._evaluate(s, sim.data, h), state, hp)
+        state = jax.eval_shape(lambda h: sim.init_fn(jax.random.PRNGKey(0), h), hp)
+        jax.eval_shape(lambda s, h: sim.block_fn(s, sim.data, 1, h), state, hp)
+        jax.eval_shape(lambda s, h: sim.evaluate_fn(s, sim.data, h), state, hp)
     except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
             jax.errors.TracerIntegerConversionError, TypeError) as e:
         return str(e).splitlines()[0]
