@@ -18,7 +18,7 @@ import sys
 import threading
 from importlib import resources
 
-from fljax.config import ConfigError, load_config
+from fljax.config import INT32_MAX, RUNS_MAX, ConfigError, load_config
 from fljax.experiment import preset, resolve
 
 EXAMPLES_RUN = """examples:
@@ -48,6 +48,9 @@ EXAMPLES_REPRODUCE = """examples:
   fljax reproduce fedslr --jobs 2                 # two worker processes
   fljax reproduce dfedalt --render                # rebuild the report from results.json.gz
 """
+
+
+JOBS_MAX = 1024  # fljax reproduce --jobs: worker processes (each holds its own JAX runtime)
 
 
 def _quickstart_path() -> str:
@@ -183,10 +186,14 @@ def cmd_compare(args) -> int:
     out = args.out or _default_out("compare")
     output = _output(args)
     try:
-        rows, _ = compare_experiments(cfg, entries, out, resume=args.resume, output=output)
+        rows, results = compare_experiments(cfg, entries, out, resume=args.resume, output=output)
     except KeyboardInterrupt as e:
         return _interrupted("compare", out, e)
     output.result(markdown_table(rows))
+    stopped = [label for label, r in results.items() if r.stopped]
+    if stopped:
+        output.note(f"stopped (NaN/Inf or divergence): {', '.join(stopped)}; see the status column and their "
+                    f"summary.json")
     output.note(f"results: {out} (compare.md, compare.png, one directory per algorithm)")
     return 0
 
@@ -311,14 +318,15 @@ def cmd_reproduce(args) -> int:
         raise ConfigError(f"unrecognized arguments: {' '.join(args.args)} (see fljax reproduce --help).")
     study = load_study(args.name)
     out = args.out or study.spec.get("out", os.path.join("runs", f"reproduce-{args.name}"))
-    only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
+    only = _only(args.only, study.studies)
     output = _output(args)
     if args.render:
         text = render_study(results_from_file(study, out), out)
     else:
-        for key in ("seeds", "rounds", "jobs"):
-            if getattr(args, key) is not None and getattr(args, key) < 1:
-                raise ConfigError(f"--{key} must be >= 1, got {getattr(args, key)}.")
+        for key, most in (("seeds", RUNS_MAX), ("rounds", INT32_MAX), ("jobs", JOBS_MAX)):
+            value = getattr(args, key)
+            if value is not None and not 1 <= value <= most:
+                raise ConfigError(f"--{key} must be between 1 and {most:,}, got {value:,}.")
         try:
             results = run_study(study, out, only=only, seeds=args.seeds, rounds=args.rounds, jobs=args.jobs or 1,
                                 lanes=args.lanes, fresh=args.fresh, output=output)
@@ -332,6 +340,17 @@ def cmd_reproduce(args) -> int:
     output.result(text)
     output.note(f"wrote {out}/README.md, results.json.gz and the plots")
     return 0
+
+
+def _only(text: str | None, studies: list[str]) -> list[str] | None:
+    """``--only a,b``: the studies named (None: all of them, when the option is not given); a value that names
+    none (``--only ,,,``) is refused rather than read as 'all'."""
+    if text is None:
+        return None
+    only = [s.strip() for s in text.split(",") if s.strip()]
+    if not only:
+        raise ConfigError(f"--only {text!r} names no study; give comma-separated names from {studies}.")
+    return only
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -421,6 +440,17 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
+MESSAGE_MAX = 1000  # characters of an error line (a message quoting a huge value is cut in its middle)
+
+
+def _one_line(e: BaseException) -> str:
+    """The error's message as one line of at most :data:`MESSAGE_MAX` characters."""
+    text = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
+    if len(text) > MESSAGE_MAX:
+        text = f"{text[:MESSAGE_MAX // 2]} … {text[-MESSAGE_MAX // 2:]}"
+    return text
+
+
 def _on_sigterm(signum, frame):
     from fljax.runner.interrupt import Interrupted
 
@@ -449,13 +479,12 @@ def main(argv: list[str] | None = None) -> int:
     except FloatingPointError as e:  # NaN/Inf during training (NonFiniteError)
         if debug:
             raise
-        print(f"fljax: error: {e}", file=sys.stderr)
+        print(f"fljax: error: {_one_line(e)}", file=sys.stderr)
         return 3
     except (ValueError, OSError) as e:  # ConfigError, DataError, PartitionError, hyperparameter errors, files
         if debug:
             raise
-        text = str(e).splitlines()[0] if str(e) else type(e).__name__
-        print(f"fljax: error: {text}", file=sys.stderr)
+        print(f"fljax: error: {_one_line(e)}", file=sys.stderr)
         return 2
     finally:
         if main_thread:

@@ -145,7 +145,11 @@ def _groups(cfg: ExperimentConfig, algorithm: Algorithm, input_shape: tuple) -> 
         model = None
         if g.model:
             try:
-                model = _resolve_model(parse(ModelConfig, g.model), input_shape)
+                section = parse(ModelConfig, g.model)
+            except OptionError as e:  # names the key of the model section: name, options, …
+                raise e.within(f"groups[{i}].model") from None
+            try:
+                model = _resolve_model(section, input_shape)
             except OptionError as e:  # already names model.…
                 raise e.within(f"groups[{i}]") from None
         hp = {**cfg.algo, **g.algo}
@@ -156,7 +160,7 @@ def _groups(cfg: ExperimentConfig, algorithm: Algorithm, input_shape: tuple) -> 
 
 def _choice(key: str, value, choices) -> None:
     if value not in choices:
-        raise ConfigError(f"{key} must be one of {sorted(choices)}, got {show(value)}.{suggest(str(value), choices)}")
+        raise OptionError(key, f"must be one of {sorted(choices)}, got {show(value)}.{suggest(str(value), choices)}")
 
 
 def _resolve_model(model: ModelConfig, input_shape: tuple) -> ModelConfig:

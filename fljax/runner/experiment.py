@@ -19,6 +19,7 @@ is reused as it is. Ctrl-C and SIGTERM checkpoint the runs and mark them 'interr
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 import re
@@ -146,9 +147,16 @@ class ExperimentResult:
         return row
 
 
+DIR_NAME_MAX = 120  # characters of a run directory's name (file systems allow 255 bytes; this one is ASCII)
+
+
 def dir_name(label: str) -> str:
-    """A file-system friendly directory name for a run label such as ``fedprox(mu=0.1)``."""
+    """A file-system friendly directory name for a run label such as ``fedprox(mu=0.1)``; a label longer than
+    :data:`DIR_NAME_MAX` keeps its start and a hash of the whole (distinct labels stay distinct)."""
     name = re.sub(r"[^A-Za-z0-9_.=+,-]+", "_", label).strip("_.")
+    if len(name) > DIR_NAME_MAX:
+        digest = hashlib.sha256(label.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        name = f"{name[:DIR_NAME_MAX - 13]}-{digest}"
     return name or "run"
 
 
@@ -333,7 +341,9 @@ def _check_directories(root: RunDir, dirs: list[RunDir], resume: bool, missing_o
 
 
 def _run_all(all_runs: list[Run], sims: _Sims, output: Output, lanes: str, trace: tuple, stop) -> None:
-    """Run every run that is not reused, program by program (:func:`~fljax.runner.plan.group_runs`)."""
+    """Run every run that is not reused, program by program (:func:`~fljax.runner.plan.group_runs`). A stop request
+    (``stop``: SIGINT/SIGTERM) raises :class:`~fljax.runner.interrupt.Interrupted` once the program it arrived in has
+    ended — also when that program was the last one and its runs completed: the signal is never dropped."""
     todo = [r for r in all_runs if r.status != "reused"]
     split: set[str] = set()
     while todo:
@@ -352,6 +362,7 @@ def _run_all(all_runs: list[Run], sims: _Sims, output: Output, lanes: str, trace
         if any(r.status == "interrupted" for r in program.runs):
             stop.check()
         todo = [r for r in todo if all(r is not done for done in program.runs)]
+    stop.check()  # a signal during the last block: the runs completed, and the caller (a study's next family) stops
 
 
 def _restore_all(runs: list[Run], sims: _Sims, output: Output) -> None:
@@ -548,7 +559,7 @@ def compare_experiments(cfg: ExperimentConfig, algorithms: list[str | tuple[str,
 def _compare_table(cfg, points, results, listing, root: RunDir, plots: bool):
     """The comparison's table, plot and summary."""
     by_label = {lbl: r for (lbl, _), r in zip(points, results)}
-    rows = [r.row(lbl) for lbl, r in by_label.items()]
+    rows = [{**r.row(lbl), "status": _status(r)} for lbl, r in by_label.items()]
     title = (f"{setting(cfg, results[0].runs[0].data)}, {cfg.rounds} rounds, "
              f"{cfg.seeds} seed{'s' if cfg.seeds > 1 else ''}")
     root.write_text("compare.md", f"# {title}\n\n{markdown_table(rows)}\n")
@@ -592,11 +603,7 @@ def sweep_experiments(cfg: ExperimentConfig, grid: dict[str, list], out: str | N
 def _sweep_table(cfg, grid, points, results, root: RunDir, plots: bool):
     """The sweep's table, plot and summary."""
     by_label = {lbl: r for (lbl, _), r in zip(points, results)}
-    rows = []
-    for lbl, r in by_label.items():
-        row = r.row(lbl)
-        row["status"] = "stopped: " + r.stopped[0].message if r.stopped else "completed"
-        rows.append(row)
+    rows = [{**r.row(lbl), "status": _status(r)} for lbl, r in by_label.items()]
     title = (f"{cfg.algorithm} on {setting(cfg, results[0].runs[0].data)}, {len(points)} points × {cfg.seeds} "
              f"seed{'s' if cfg.seeds > 1 else ''}, {cfg.rounds} rounds")
     root.write_text("sweep.md", f"# {title}\n\n{markdown_table(rows)}\n")
@@ -605,6 +612,12 @@ def _sweep_table(cfg, grid, points, results, root: RunDir, plots: bool):
     root.write_summary({"status": "completed", "grid": grid, "programs": _program_count(results),
                         "results": {lbl: r.summary for lbl, r in by_label.items()}})
     return rows, by_label
+
+
+def _status(result: ExperimentResult) -> str:
+    """A collection's status column: 'completed', or 'stopped: <why>' when a guard stopped a seed (NaN/Inf,
+    divergence: its numbers are those of the last good evaluation)."""
+    return "stopped: " + result.stopped[0].message if result.stopped else "completed"
 
 
 def _run_collection(points, cfg: ExperimentConfig, header: dict, out: str | None, **kwargs) -> list[ExperimentResult]:

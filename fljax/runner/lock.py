@@ -94,17 +94,35 @@ def _release(real: str, fd: int) -> None:
 
 
 def _makedirs(path: str) -> list[str]:
-    """Create ``path`` and its missing parents; return the directories created (outermost first)."""
+    """Create ``path`` and its missing parents; return the directories created (outermost first). A path that
+    cannot be created (a file in the way, a name too long, no permission) is refused in one line naming it, and
+    the directories this call created are removed again."""
     missing = []
     while not os.path.isdir(path):
+        if os.path.lexists(path):
+            raise ConfigError(f"run directory {_short(path)}: {_short(path)} is a file, not a directory; choose "
+                              f"another --out.")
         missing.append(path)
         path = os.path.dirname(path)
     created = []
-    for directory in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(directory)
-            created.append(directory)
+    try:
+        for directory in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(directory)
+                created.append(directory)
+    except OSError as e:
+        for directory in reversed(created):
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
+        raise ConfigError(f"cannot create the run directory {_short(missing[0])}: {e.strerror or e}; choose "
+                          f"another --out.") from None
     return created
+
+
+def _short(path: str, limit: int = 120) -> str:
+    """A path for a message: quoted, its middle cut when it is long."""
+    text = repr(path)
+    return text if len(text) <= limit else f"{text[:limit // 2]}…{text[-limit // 2:]}"
 
 
 def _room_for(count: int) -> None:

@@ -423,7 +423,7 @@ def _recorded_runs(out: str, experiments: dict[str, Experiment]) -> dict[str, di
     path = os.path.join(out, "results.json.gz")
     if not os.path.exists(path):
         return {}
-    saved = files.read_json(path).get("runs", {})
+    saved = _results_file(path)["runs"]
     return {key: run for key, run in saved.items()
             if key in experiments and _finished(run["summary"], experiments[key].config)}
 
@@ -452,8 +452,21 @@ def _run_parallel(root: str, work: list, jobs: int, lanes: str) -> None:
 def _read_meta(out: str) -> dict:
     path = os.path.join(out, "results.json.gz")
     if os.path.exists(path):
-        return files.read_json(path).get("meta", {})
+        return _results_file(path)["meta"]
     return {}
+
+
+def _results_file(path: str) -> dict:
+    """``results.json.gz`` read and checked: ``meta`` and ``runs`` mappings and a ``cells`` list (a damaged file
+    is named, :class:`~fljax.runner.files.DamagedFile`)."""
+    saved = files.read_json(path, expect=dict)
+    for key, kind in (("meta", dict), ("runs", dict), ("cells", list)):
+        if not isinstance(saved.setdefault(key, kind()), kind):
+            raise files.DamagedFile(path, f"its {key!r} is not a {'mapping' if kind is dict else 'list'}")
+    if not all(isinstance(r, dict) and isinstance(r.get("summary"), dict) and isinstance(r.get("history"), list)
+               for r in saved["runs"].values()):
+        raise files.DamagedFile(path, "a run in it has no 'history' list and 'summary' mapping")
+    return saved
 
 
 def render_study(results: StudyResults, out: str) -> str:
@@ -484,7 +497,10 @@ def results_from_file(study: Study, out: str) -> StudyResults:
     path = os.path.join(out, "results.json.gz")
     if not os.path.exists(path):
         raise ConfigError(f"{path} does not exist; run the study first (without --render).")
-    saved = files.read_json(path)
-    cells = [Cell(**c) for c in saved["cells"]]
+    saved = _results_file(path)
+    try:
+        cells = [Cell(**c) for c in saved["cells"]]
+    except TypeError:
+        raise files.DamagedFile(path, "its 'cells' are not the cells of a study") from None
     return StudyResults(study, cells, saved["runs"], saved["meta"])
 
