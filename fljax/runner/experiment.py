@@ -298,12 +298,24 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
                         run.checkpointer = Checkpointer(run.directory.checkpoints)
                 _run_all(all_runs, sims, output, lanes, trace, stop)
             finally:
-                for run in all_runs:
-                    if run.checkpointer is not None:
-                        run.checkpointer.close()
-                        run.checkpointer = None
+                _close_checkpointers(all_runs)
         return [_finish(label, exp.config, d, runs, output, plot_formats if plots else ()) for (label, exp), d, runs
                 in zip(points, dirs, runs_by_point)]
+
+
+def _close_checkpointers(runs: list[Run]) -> None:
+    """Close every run's checkpointer (its pending save finished); the first that failed to write is raised once
+    all are closed (:class:`~fljax.runner.checkpoint.CheckpointError`)."""
+    failed = None
+    for run in runs:
+        if run.checkpointer is not None:
+            try:
+                run.checkpointer.close()
+            except OSError as e:
+                failed = failed or e
+            run.checkpointer = None
+    if failed is not None:
+        raise failed
 
 
 def _resolved(exp: Experiment, module) -> dict:
