@@ -83,8 +83,9 @@ def _load(args):
     return resolve(_parse(args))
 
 
-def _resume_config(args):
-    """On --resume the config is the run directory's own (only --set/--seeds/--checkpoint-every may change it)."""
+def _resume_config(args, kind: str = "run"):
+    """On --resume the config is the run directory's own (only --set/--seeds/--checkpoint-every may change it); the
+    directory must hold a ``kind`` (run, sweep, comparison: :mod:`fljax.runner.identity`), made from a config."""
     from fljax.runner.experiment import saved_config
 
     if not args.out:
@@ -92,7 +93,7 @@ def _resume_config(args):
     if args.config or getattr(args, "algorithm", None) or getattr(args, "dataset", None):
         raise ConfigError(f"--resume reads the config from {os.path.join(args.out, 'config.yaml')}; drop the config "
                           f"file/--algorithm/--dataset (use --set, e.g. --set rounds=200, to extend the run).")
-    return load_config(saved_config(args.out), _overrides(args))
+    return load_config(saved_config(args.out, kind), _overrides(args))
 
 
 def _default_out(name: str) -> str:
@@ -176,8 +177,13 @@ def cmd_compare(args) -> int:
     from fljax.runner.report import markdown_table
 
     if args.resume:
-        cfg = _resume_config(args)
+        cfg = _resume_config(args, "comparison")
         entries = saved_algorithms(args.out)
+        asked = [n.strip() for n in args.algorithms.split(",") if n.strip()] if args.algorithms is not None else None
+        if asked is not None and asked != [name for name, _ in entries]:
+            raise ConfigError(f"--resume continues the comparison of {', '.join(n for n, _ in entries)} in "
+                              f"{args.out}; drop --algorithms (got {args.algorithms!r}), or compare other algorithms "
+                              f"into another --out.")
     else:
         cfg = _parse(args, algorithm_keys=False)
         names = [n.strip() for n in args.algorithms.split(",") if n.strip()] if args.algorithms else \
@@ -207,7 +213,7 @@ def cmd_sweep(args) -> int:
     if args.resume:
         if args.grid:
             raise ConfigError("--resume reads the grid from the sweep's summary.json; drop --grid.")
-        cfg = _resume_config(args)
+        cfg = _resume_config(args, "sweep")
         grid = saved_grid(args.out)
     else:
         cfg = _parse(args)

@@ -36,7 +36,7 @@ from fljax.engine.loop import drive
 from fljax.engine.processes import lead_only
 from fljax.errors import OptionError
 from fljax.experiment import Experiment, build, compare_points
-from fljax.runner import files, interrupt, lock
+from fljax.runner import files, identity, interrupt, lock
 from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
 from fljax.runner.memory import check_fits
 from fljax.runner.plan import Program, group_runs, traceable
@@ -217,8 +217,8 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
                output: Output | None = None, data_cache: DataCache | None = None, plots: bool = True,
                missing_ok: bool = False, lanes: str = "vmap", subdirs: bool | None = None,
                trace: tuple[str, ...] = (), root_config: ExperimentConfig | None = None,
-               root_summary: dict | None = None, model=None, plot_formats: tuple[str, ...] = FORMATS
-               ) -> list[ExperimentResult]:
+               root_summary: dict | None = None, model=None, plot_formats: tuple[str, ...] = FORMATS,
+               kind: str = "run", listing: dict | None = None) -> list[ExperimentResult]:
     """Run every point for its seeds into ``out`` (one point: ``out`` is its directory; several, or ``subdirs``:
     ``out/<label>/``; ``out=None``: nothing is written). ``root_config`` and ``root_summary``: what a collection (a
     sweep, a comparison) keeps at ``out`` itself, checked and written with the runs' files. ``lanes``: how runs that
@@ -227,7 +227,9 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
     traced values even when all runs agree on them (a sweep's grid keys). Runs a guard stops are reported in their
     summaries (status 'stopped' and the message); the caller decides what that means. ``plot_formats``: the files
     each run's plots are written as (a collection writes PNG only: a PDF costs twice a PNG's time, and a
-    comparison's own figures are the ones kept as PDF).
+    comparison's own figures are the ones kept as PDF). ``kind`` and ``listing``: what the collection's root is
+    (``sweep`` with its ``grid``, ``comparison`` with its ``algorithms``; :mod:`fljax.runner.identity`), recorded
+    in its ``directory.json`` as every point's and seed's directory records ``run``.
 
     What is guaranteed:
 
@@ -236,6 +238,9 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
       directories as they were);
     * every directory a ``config.yaml`` is written into is locked for the whole call (:mod:`fljax.runner.lock`):
       one owner at a time (a root that only holds the run directories, as a study's, is not: its workers share it);
+    * every directory records its kind and origin (``directory.json``, :mod:`fljax.runner.identity`): one that
+      holds another kind (a sweep where a run is asked for) is refused, and so, with ``resume``, is one made with
+      data or a model this call does not have (the user's own, which config.yaml does not describe);
     * without ``resume``, a directory holding results (a checkpoint, a completed or stopped run) is refused; one
       without (a run that died before its first checkpoint) is started afresh;
     * with ``resume``, a config that changes the simulation is refused (:mod:`fljax.runner.resume`); a completed
@@ -255,10 +260,17 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
     runs_by_point = [_runs_of(label, exp, d) for (label, exp), d in zip(points, dirs)]
     all_runs = [run for runs in runs_by_point for run in runs]
     configs = _configs(root, root_config, points, dirs, runs_by_point)
-    if resume and out is not None:
-        for d, cfg, _ in reversed(configs):  # the root first
-            check_resume(d.path, cfg)
     cache = data_cache or DataCache()
+    made = identity.origin(cache.own, model)
+    kinds = {d.path: kind if exp is None else "run" for d, _, exp in configs}
+    if out is not None:
+        for d, cfg, _ in reversed(configs):  # the root first
+            if os.path.isdir(d.path):
+                identity.check_kind(d.path, kinds[d.path], "--resume" if resume else "--out")
+                if resume:
+                    identity.check_origin(d.path, made)
+            if resume:
+                check_resume(d.path, cfg)
     sims = _Sims(model)
     for run in all_runs:  # refuse a bad split, a model that does not fit the data or the memory before writing
         t0 = time.perf_counter()
@@ -279,6 +291,7 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
         for d, cfg, exp in configs:  # the root's config.yaml last: once it exists, the directory can be resumed
             if exp is not None:
                 d.write_resolved(_resolved(exp, model))
+            identity.write(d.path, kinds[d.path], made, **((listing or {}) if exp is None else {}))
             d.write_config(cfg)
         for run in all_runs:
             if run.status != "reused":
@@ -563,8 +576,8 @@ def compare_experiments(cfg: ExperimentConfig, algorithms: list[str | tuple[str,
     points = [(lbl, exp) for lbl, exp, _, _ in resolved]
     listing = [{"label": lbl, "algorithm": name, "hyperparameters": hyper} for lbl, _, name, hyper in resolved]
     with lock.hold([out]):
-        results = _run_collection(points, cfg, {"algorithms": listing}, out, resume=resume, output=output,
-                                  plots=plots, data_cache=data_cache, model=model)
+        results = _run_collection(points, cfg, {"algorithms": listing}, out, "comparison", resume=resume,
+                                  output=output, plots=plots, data_cache=data_cache, model=model)
         return _compare_table(cfg, points, results, listing, root, plots)
 
 
@@ -596,6 +609,11 @@ def sweep_experiments(cfg: ExperimentConfig, grid: dict[str, list], out: str | N
     root = RunDir(out)
     if not grid:
         raise ConfigError("a sweep needs a grid, e.g. --grid algo.lr=0.01,0.1.")
+    own = [k for k in grid if k.split(".", 1)[0] in ("data", "server")] if data_cache and data_cache.own else []
+    if own:
+        raise ConfigError(f"--grid {own[0]}: the sweep runs on your own data ({data_cache.own.name!r}, "
+                          f"{data_cache.own.num_clients} clients), which {own[0]} does not change (every point would "
+                          f"run on the same data); sweep other keys, or build one data set per value and run each.")
     count = math.prod(len(values) for values in grid.values())
     if count * cfg.seeds > RUNS_MAX:
         raise ConfigError(f"--grid gives {count:,} points × {cfg.seeds} seed(s) = {count * cfg.seeds:,} runs, more "
@@ -607,8 +625,8 @@ def sweep_experiments(cfg: ExperimentConfig, grid: dict[str, list], out: str | N
         points.append((label, point_experiment(base, values, name=label)))
     trace = tuple(k.split(".", 1)[1] for k in grid if k.startswith("algo."))
     with lock.hold([out]):
-        results = _run_collection(points, cfg, {"grid": grid}, out, resume=resume, output=output, plots=plots,
-                                  lanes=lanes, trace=trace, data_cache=data_cache, model=model)
+        results = _run_collection(points, cfg, {"grid": grid}, out, "sweep", resume=resume, output=output,
+                                  plots=plots, lanes=lanes, trace=trace, data_cache=data_cache, model=model)
         return _sweep_table(cfg, grid, points, results, root, plots)
 
 
@@ -632,12 +650,14 @@ def _status(result: ExperimentResult) -> str:
     return "stopped: " + result.stopped[0].message if result.stopped else "completed"
 
 
-def _run_collection(points, cfg: ExperimentConfig, header: dict, out: str | None, **kwargs) -> list[ExperimentResult]:
-    """Run a collection's points (a comparison, a sweep) under ``out/``: its root keeps ``cfg`` and a summary of
-    ``header`` with the status ('running', 'interrupted' when a signal stopped it; the caller writes 'completed')."""
+def _run_collection(points, cfg: ExperimentConfig, header: dict, out: str | None, kind: str,
+                    **kwargs) -> list[ExperimentResult]:
+    """Run a collection's points (a comparison, a sweep: ``kind``) under ``out/``: its root keeps ``cfg``, a
+    ``directory.json`` with ``header`` and a summary of ``header`` with the status ('running', 'interrupted' when
+    a signal stopped it; the caller writes 'completed')."""
     try:
         return run_points(points, out, subdirs=True, root_config=cfg, root_summary={"status": "running", **header},
-                          plot_formats=("png",), **kwargs)
+                          plot_formats=("png",), kind=kind, listing=header, **kwargs)
     except interrupt.Interrupted:
         RunDir(out).write_summary({"status": "interrupted", **header})
         raise
@@ -648,9 +668,12 @@ def _program_count(results: list[ExperimentResult]) -> dict:
     return {"runs": len(runs), "vectorised_runs": sum(run.vectorised for run in runs)}
 
 
-def saved_config(directory: str) -> str:
-    """The path of the resolved config a run directory was started with (for ``--resume``)."""
+def saved_config(directory: str, kind: str = "run") -> str:
+    """The path of the resolved config a run directory was started with (for ``--resume``), after checking that
+    the directory holds a ``kind`` (:func:`fljax.runner.identity.check_kind`)."""
     path = RunDir(directory).file("config.yaml")
+    if os.path.isdir(directory):
+        identity.check_kind(directory, kind)
     if not os.path.exists(path):
         raise ConfigError(f"--resume: {directory!r} is not a run directory (no config.yaml); pass the --out of the "
                           f"run to continue.")
@@ -659,17 +682,22 @@ def saved_config(directory: str) -> str:
 
 def saved_grid(directory: str) -> dict[str, list]:
     """The grid of the sweep in ``directory`` (for ``--resume``)."""
-    path = RunDir(directory).file("summary.json")
-    if not os.path.exists(path) or "grid" not in files.read_json(path):
-        raise ConfigError(f"--resume: {directory!r} holds no sweep (no grid in summary.json); pass the --out of the "
-                          f"sweep to continue.")
-    return files.read_json(path)["grid"]
+    saved = identity.check_kind(directory, "sweep") if os.path.isdir(directory) else None
+    if saved is None:
+        raise ConfigError(f"--resume: {directory!r} holds no sweep (no config.yaml); pass the --out of the sweep to "
+                          f"continue.")
+    return identity.listing(saved, "grid", directory)
 
 
 def saved_algorithms(directory: str) -> list[tuple[str, dict]]:
     """The algorithms (name, hyperparameters) of the comparison in ``directory`` (for ``--resume``)."""
-    path = RunDir(directory).file("summary.json")
-    if not os.path.exists(path):
-        raise ConfigError(f"--resume: {directory!r} holds no comparison (no summary.json); pass the --out of the "
+    saved = identity.check_kind(directory, "comparison") if os.path.isdir(directory) else None
+    if saved is None:
+        raise ConfigError(f"--resume: {directory!r} holds no comparison (no config.yaml); pass the --out of the "
                           f"comparison to continue.")
-    return [(a["algorithm"], a["hyperparameters"]) for a in files.read_json(path)["algorithms"]]
+    entries = identity.listing(saved, "algorithms", directory)
+    if not all(isinstance(a, dict) and isinstance(a.get("algorithm"), str) and isinstance(a.get("hyperparameters"),
+                                                                                          dict) for a in entries):
+        raise files.DamagedFile(os.path.join(directory, identity.FILE), "its algorithms are not {algorithm, "
+                                                                        "hyperparameters} entries")
+    return [(a["algorithm"], a["hyperparameters"]) for a in entries]

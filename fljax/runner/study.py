@@ -40,7 +40,7 @@ import numpy as np
 from fljax import yaml_io
 from fljax.config import ConfigError, ExperimentConfig, from_dict, to_dict
 from fljax.experiment import Experiment, resolve
-from fljax.runner import files
+from fljax.runner import files, identity
 from fljax.runner.report import Output, sample_std
 from fljax.runner.results import RunDir
 
@@ -354,6 +354,8 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
     'map' keeps each run bit-identical to a run of its own)."""
     output = output or Output()
     lanes = lanes or study.spec.get("lanes", "vmap")
+    if os.path.isdir(out):  # a run, sweep or comparison is not a study's folder (its runs would land beside them)
+        identity.check_kind(out, "study", "--out")
     cells = study.cells(only, seeds, rounds)
     experiments = _experiments(cells)
     names = _run_dir_names(cells)
@@ -374,6 +376,7 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
     output.note(f"{study.title}: {len(cells)} cells, {len(names)} runs ({len(names) - len(todo)} already done), "
                 f"{jobs} job(s); results in {out}")
     t0 = time.perf_counter()
+    identity.write(out, "study", study=study.name)
     families = _families(todo, experiments)
     work = [[(names[k], experiments[k]) for k in fam] for fam in families]
     if jobs <= 1 or len(work) <= 1:
