@@ -117,22 +117,30 @@ def _output(args):
 
 def _join(args, argv: list[str]) -> int | None:
     """``--processes N`` and the ``FLJAX_*`` group variables (:mod:`fljax.runner.launch`): join the group the
-    environment names, or launch N processes of this command (returns their exit status), or nothing (None)."""
+    environment names, or launch N processes of this command (returns their exit status), or nothing (None).
+    Everything that can be checked in one process is checked before any process starts or joins: the group's
+    variables against ``--processes``, and (the launcher) the whole command; then the processes meet within a
+    short timeout (:func:`fljax.engine.processes.rendezvous`)."""
     from fljax.engine import processes
     from fljax.runner import launch
 
     n = args.processes
     if n is not None and n < 1:
         raise ConfigError(f"--processes must be >= 1, got {n}.")
-    joined = processes.from_environment()
-    if joined:
-        group = int(os.environ[processes.ENV["num_processes"]])
-        if n is not None and n != group:
-            raise ConfigError(f"--processes {n} disagrees with {processes.ENV['num_processes']}={group}.")
-        n, args.follower = group, not processes.is_lead()
-    if args.resume and (n or 1) > 1:
+    named = os.environ.get(processes.ENV["num_processes"])
+    if named and named.strip().isdigit() and n is not None and n != int(named):
+        raise ConfigError(f"--processes {n} disagrees with {processes.ENV['num_processes']}={named.strip()}; give "
+                          f"one of them.")
+    if named and args.resume and named.strip().isdigit() and int(named) > 1 or args.resume and (n or 1) > 1:
         raise ConfigError("--resume continues a run in one process; drop --processes.")
-    return launch.spawn(argv, n) if not joined and (n or 1) > 1 else None
+    if os.environ.get(launch.LAUNCHER_ENV, "").isdigit():
+        launch.die_with_parent(int(os.environ[launch.LAUNCHER_ENV]))
+    if named is None and (n or 1) > 1:
+        out = _SETUP[args.command](args, check=True)[-1]
+        return launch.spawn(argv if args.out else [*argv, "--out", out], n, out, args.command)
+    if processes.from_environment():
+        args.follower = not processes.is_lead()
+    return None
 
 
 def _signal_of(e: KeyboardInterrupt):
@@ -154,27 +162,20 @@ def _interrupted(command: str, out: str, e: KeyboardInterrupt) -> int:
     return e.exit_status
 
 
-def cmd_run(args) -> int:
-    from fljax.runner import run_experiment
-    from fljax.runner.report import markdown_table
-
+def _setup_run(args, check: bool = False):
+    """The experiment of ``fljax run`` and its run directory (``check``: also every option of the output)."""
     exp = resolve(_resume_config(args)) if args.resume else _load(args)
-    out = args.out or _default_out(exp.name)
-    output = _output(args)
-    try:
-        result = run_experiment(exp, out, resume=args.resume, output=output)
-    except KeyboardInterrupt as e:
-        return _interrupted("run", out, e)
-    output.result(markdown_table([result.row()]))
-    output.note(f"results: {out}")
-    return 0
+    if check:
+        _output(args)
+    return exp, args.out or _default_out(exp.name)
 
 
-def cmd_compare(args) -> int:
+def _setup_compare(args, check: bool = False):
+    """The config, algorithms and directory of ``fljax compare`` (``check``: every algorithm's experiment
+    resolved, and the output's options)."""
     from fljax.algorithms import ALGORITHMS
-    from fljax.runner import compare_experiments
+    from fljax.experiment import compare_points
     from fljax.runner.experiment import saved_algorithms
-    from fljax.runner.report import markdown_table
 
     if args.resume:
         cfg = _resume_config(args, "comparison")
@@ -189,7 +190,54 @@ def cmd_compare(args) -> int:
         names = [n.strip() for n in args.algorithms.split(",") if n.strip()] if args.algorithms else \
             [n for n, c in ALGORITHMS.items() if c.generic]
         entries = [(n, {}) for n in names]
-    out = args.out or _default_out("compare")
+    if check:
+        compare_points(cfg, entries)
+        _output(args)
+    return cfg, entries, args.out or _default_out("compare")
+
+
+def _setup_sweep(args, check: bool = False):
+    """The config, grid and directory of ``fljax sweep`` (``check``: every point's experiment resolved, and the
+    output's options)."""
+    from fljax.runner.experiment import saved_grid, sweep_points
+    from fljax.runner.sweep import parse_grid
+
+    if args.resume:
+        if args.grid:
+            raise ConfigError("--resume reads the grid from the sweep's summary.json; drop --grid.")
+        cfg = _resume_config(args, "sweep")
+        grid = saved_grid(args.out)
+    else:
+        cfg = _parse(args)
+        grid = parse_grid(args.grid or [])
+        if not grid:
+            raise ConfigError("a sweep needs at least one --grid KEY=V1,V2,... (for example --grid algo.lr=0.01,0.1).")
+    if check:
+        sweep_points(cfg, grid)
+        _output(args)
+    return cfg, grid, args.out or _default_out(f"sweep-{cfg.algorithm}")
+
+
+def cmd_run(args) -> int:
+    from fljax.runner import run_experiment
+    from fljax.runner.report import markdown_table
+
+    exp, out = _setup_run(args)
+    output = _output(args)
+    try:
+        result = run_experiment(exp, out, resume=args.resume, output=output)
+    except KeyboardInterrupt as e:
+        return _interrupted("run", out, e)
+    output.result(markdown_table([result.row()]))
+    output.note(f"results: {out}")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from fljax.runner import compare_experiments
+    from fljax.runner.report import markdown_table
+
+    cfg, entries, out = _setup_compare(args)
     output = _output(args)
     try:
         rows, results = compare_experiments(cfg, entries, out, resume=args.resume, output=output)
@@ -206,21 +254,9 @@ def cmd_compare(args) -> int:
 
 def cmd_sweep(args) -> int:
     from fljax.runner import sweep_experiments
-    from fljax.runner.experiment import saved_grid
     from fljax.runner.report import markdown_table
-    from fljax.runner.sweep import parse_grid
 
-    if args.resume:
-        if args.grid:
-            raise ConfigError("--resume reads the grid from the sweep's summary.json; drop --grid.")
-        cfg = _resume_config(args, "sweep")
-        grid = saved_grid(args.out)
-    else:
-        cfg = _parse(args)
-        grid = parse_grid(args.grid or [])
-        if not grid:
-            raise ConfigError("a sweep needs at least one --grid KEY=V1,V2,... (for example --grid algo.lr=0.01,0.1).")
-    out = args.out or _default_out(f"sweep-{cfg.algorithm}")
+    cfg, grid, out = _setup_sweep(args)
     output = _output(args)
     try:
         rows, results = sweep_experiments(cfg, grid, out, resume=args.resume, output=output, lanes=args.lanes)
@@ -232,6 +268,9 @@ def cmd_sweep(args) -> int:
         output.note(f"stopped (NaN/Inf or divergence): {', '.join(stopped)}; see their summary.json")
     output.note(f"results: {out} (sweep.md, sweep.png, one directory per point)")
     return 0
+
+
+_SETUP = {"run": _setup_run, "compare": _setup_compare, "sweep": _setup_sweep}
 
 
 def cmd_list(args) -> int:
@@ -492,6 +531,15 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"fljax: error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001 - unexpected; a worker of --processes N reports it to its launcher
+        from fljax.runner.launch import REPORT_ENV, UNEXPECTED_EXIT
+
+        report = os.environ.get(REPORT_ENV)
+        if debug or not report:
+            raise
+        with open(report, "w") as f:  # the launcher says it in one line (the others' errors follow from it)
+            f.write(f"{type(e).__name__}: {_one_line(e)}\n")
+        return UNEXPECTED_EXIT
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)

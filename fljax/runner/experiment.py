@@ -33,7 +33,7 @@ from fljax.config import RUNS_MAX, ConfigError, ExperimentConfig, to_dict
 from fljax.engine import DivergenceGuard, Lanes, NonFiniteError, NonFiniteGuard, RunLog, RunResult, Simulation
 from fljax.engine.lanes import can_batch
 from fljax.engine.loop import drive
-from fljax.engine.processes import lead_only
+from fljax.engine.processes import agree, lead_only
 from fljax.errors import OptionError
 from fljax.experiment import Experiment, build, compare_points
 from fljax.runner import files, identity, interrupt, lock
@@ -47,7 +47,7 @@ from fljax.runner.resume import check_resume
 from fljax.runner.sweep import DataCache, grid_points, point_experiment, point_label, seed_list
 
 __all__ = ["ExperimentResult", "Run", "run_points", "run_experiment", "compare_experiments", "sweep_experiments",
-           "dir_name",
+           "sweep_points", "dir_name",
            "saved_config", "saved_algorithms", "LANE_MODES"]
 
 LANE_MODES = ("vmap", "map", "off")
@@ -372,7 +372,8 @@ def _run_all(all_runs: list[Run], sims: _Sims, output: Output, lanes: str, trace
     todo = [r for r in all_runs if r.status != "reused"]
     split: set[str] = set()
     while todo:
-        stop.check()
+        if _agreed(stop):
+            stop.check()
         programs = group_runs(todo, batchable=_batchable(sims), lanes=lanes, split=split, trace=set(trace))
         program = programs[0]
         if program.traced:
@@ -387,7 +388,17 @@ def _run_all(all_runs: list[Run], sims: _Sims, output: Output, lanes: str, trace
         if any(r.status == "interrupted" for r in program.runs):
             stop.check()
         todo = [r for r in todo if all(r is not done for done in program.runs)]
-    stop.check()  # a signal during the last block: the runs completed, and the caller (a study's next family) stops
+    if _agreed(stop):  # a signal during the last block: the runs completed, and the caller (a study's next family)
+        stop.check()  # stops
+
+
+def _agreed(stop) -> bool:
+    """Whether a stop was requested — in this process, or (on several processes) in any process of the group, which
+    then all stop after the same block (:func:`fljax.engine.processes.agree`; the request is recorded here too)."""
+    signum = agree(stop.signum or 0)
+    if signum and not stop:
+        stop.signum = signum
+    return bool(signum)
 
 
 def _restore_all(runs: list[Run], sims: _Sims, output: Output) -> None:
@@ -465,7 +476,7 @@ def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str, sto
         run.directory.write_summary(run.summary)
 
     common = dict(checkpoint_every=cfg.checkpoint_every or 0, callback=on_eval, on_checkpoint=on_checkpoint,
-                  on_stop=on_stop, guards=_guards(cfg), progress=output.progress, should_stop=lambda: bool(stop))
+                  on_stop=on_stop, guards=_guards(cfg), progress=output.progress, should_stop=lambda: _agreed(stop))
     for run in runs:
         run.status = "running"
     if len(runs) == 1 and not program.traced:
@@ -607,27 +618,31 @@ def sweep_experiments(cfg: ExperimentConfig, grid: dict[str, list], out: str | N
     out = lead_only(out)
     output = output or Output()
     root = RunDir(out)
-    if not grid:
-        raise ConfigError("a sweep needs a grid, e.g. --grid algo.lr=0.01,0.1.")
     own = [k for k in grid if k.split(".", 1)[0] in ("data", "server")] if data_cache and data_cache.own else []
     if own:
         raise ConfigError(f"--grid {own[0]}: the sweep runs on your own data ({data_cache.own.name!r}, "
                           f"{data_cache.own.num_clients} clients), which {own[0]} does not change (every point would "
                           f"run on the same data); sweep other keys, or build one data set per value and run each.")
-    count = math.prod(len(values) for values in grid.values())
-    if count * cfg.seeds > RUNS_MAX:
-        raise ConfigError(f"--grid gives {count:,} points × {cfg.seeds} seed(s) = {count * cfg.seeds:,} runs, more "
-                          f"than the {RUNS_MAX:,} one command may start; sweep fewer values or seeds at a time.")
-    base = to_dict(cfg)
-    points = []
-    for values in grid_points(grid):
-        label = point_label(values)
-        points.append((label, point_experiment(base, values, name=label)))
+    points = sweep_points(cfg, grid)
     trace = tuple(k.split(".", 1)[1] for k in grid if k.startswith("algo."))
     with lock.hold([out]):
         results = _run_collection(points, cfg, {"grid": grid}, out, "sweep", resume=resume, output=output,
                                   plots=plots, lanes=lanes, trace=trace, data_cache=data_cache, model=model)
         return _sweep_table(cfg, grid, points, results, root, plots)
+
+
+def sweep_points(cfg: ExperimentConfig, grid: dict[str, list]) -> list[tuple[str, Experiment]]:
+    """The (label, resolved experiment) of every point of ``grid`` on the parsed config ``cfg``; an empty grid, or
+    one that would start more than :data:`~fljax.config.RUNS_MAX` runs with the seeds, is refused."""
+    if not grid:
+        raise ConfigError("a sweep needs a grid, e.g. --grid algo.lr=0.01,0.1.")
+    count = math.prod(len(values) for values in grid.values())
+    if count * cfg.seeds > RUNS_MAX:
+        raise ConfigError(f"--grid gives {count:,} points × {cfg.seeds} seed(s) = {count * cfg.seeds:,} runs, more "
+                          f"than the {RUNS_MAX:,} one command may start; sweep fewer values or seeds at a time.")
+    base = to_dict(cfg)
+    return [(point_label(values), point_experiment(base, values, name=point_label(values)))
+            for values in grid_points(grid)]
 
 
 def _sweep_table(cfg, grid, points, results, root: RunDir, plots: bool):
