@@ -70,8 +70,8 @@ def _checked(split: str, pairs) -> tuple[list[np.ndarray], list[np.ndarray]]:
 
 
 def _num_classes(num_classes, labels: np.ndarray) -> int:
-    if num_classes is None:
-        return int(labels.max()) + 1
+    if num_classes is None:  # labels beyond int32 (where labels are stored) are refused below
+        return min(int(labels.max()) + 1, INT32_MAX)
     if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)):
         raise DataError(f"num_classes must be a positive integer (or None: 1 + the largest label), got "
                         f"{show(num_classes)}.")

@@ -14,21 +14,33 @@ from fljax import yaml_io
 from fljax.errors import ConfigError
 
 __all__ = ["atomic_path", "write_text", "write_json", "write_jsonl", "write_yaml", "write_png", "write_figure", "read_json",
-           "read_jsonl", "read_yaml", "DamagedFile"]
+           "read_jsonl", "read_yaml", "DamagedFile", "WriteError"]
+
+
+class WriteError(OSError):
+    """A file that could not be written (a full disk, a file-size limit, no permission): the message names it."""
+
+    def __str__(self) -> str:
+        return self.args[1] if len(self.args) > 1 else super().__str__()
 
 
 @contextlib.contextmanager
 def atomic_path(path: str):
-    """Yield a temporary path next to ``path``; on normal exit it replaces ``path``, on an exception it is removed."""
+    """Yield a temporary path next to ``path``; on normal exit it replaces ``path``, on an exception it is removed
+    (an operating-system error becomes a :class:`WriteError` naming ``path``)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
     try:
         yield tmp
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
+        if isinstance(e, OSError) and not isinstance(e, WriteError):
+            reason = (e.strerror or str(e)).lower()
+            raise WriteError(e.errno, f"could not write {path}: {reason}; the file as it was before is kept") \
+                from None
         raise
 
 

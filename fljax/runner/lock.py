@@ -39,6 +39,11 @@ def hold(directories: list[str | None]):
     the duration of the ``with`` block. Raises :class:`~fljax.errors.ConfigError` when one is held by another
     process (the locks already taken are released)."""
     wanted = list(dict.fromkeys(d for d in directories if d is not None))
+    for directory in wanted:
+        blocked = _file_in_the_way(directory)
+        if blocked is not None:
+            raise ConfigError(f"run directory {_short(directory)} cannot be created: {_short(blocked)} is a file, not "
+                              f"a directory; choose another --out.")
     taken, created = [], []
     _room_for(len(wanted))
     try:
@@ -99,9 +104,6 @@ def _makedirs(path: str) -> list[str]:
     the directories this call created are removed again."""
     missing = []
     while not os.path.isdir(path):
-        if os.path.lexists(path):
-            raise ConfigError(f"run directory {_short(path)}: {_short(path)} is a file, not a directory; choose "
-                              f"another --out.")
         missing.append(path)
         path = os.path.dirname(path)
     created = []
@@ -117,6 +119,15 @@ def _makedirs(path: str) -> list[str]:
         raise ConfigError(f"cannot create the run directory {_short(missing[0])}: {e.strerror or e}; choose "
                           f"another --out.") from None
     return created
+
+
+def _file_in_the_way(path: str) -> str | None:
+    """The part of ``path`` (as given) that exists but is not a directory, if any."""
+    while path and not os.path.isdir(path):
+        if os.path.lexists(path):
+            return path
+        path = os.path.dirname(path)
+    return None
 
 
 def _short(path: str, limit: int = 120) -> str:

@@ -29,12 +29,12 @@ def _writable(logdir) -> str:
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"--tensorboard {show(path)} is a file, not a directory; choose a directory for the event "
                           f"files.")
-    parent = os.path.abspath(path)
-    while not os.path.exists(parent):
+    parent = path
+    while parent and not os.path.exists(parent):
         parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
+    if parent and not os.path.isdir(parent):
         raise ConfigError(f"--tensorboard {show(path)}: {show(parent)} is a file, not a directory.")
-    if not os.access(parent, os.W_OK | os.X_OK):
+    if not os.access(parent or ".", os.W_OK | os.X_OK):
         raise ConfigError(f"--tensorboard {show(path)}: {show(parent)} is not writable by this user; choose "
                           f"another directory.")
     return path
