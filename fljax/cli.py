@@ -70,12 +70,13 @@ def _overrides(args) -> list[str]:
     return overrides
 
 
-def _parse(args, algorithm_keys: bool = True):
+def _parse(args, algorithm_keys: bool = True, grid: dict | None = None):
     """The parsed config file with the command line's overrides; without a file, the quick-start preset (the one
-    ``fljax compare`` uses; with ``algorithm_keys``, only those of its ``algo`` keys that the algorithm declares)."""
+    ``fljax compare`` uses; with ``algorithm_keys``, only those of its ``algo`` keys that the algorithm declares),
+    which yields to the overrides and to a sweep's ``grid`` (:func:`fljax.experiment.preset`)."""
     overrides = _overrides(args)
     return load_config(args.config, overrides, base=None if args.config else
-                       preset(_quickstart_path(), overrides, algorithm_keys=algorithm_keys))
+                       preset(_quickstart_path(), overrides, algorithm_keys=algorithm_keys, grid=grid))
 
 
 def _load(args):
@@ -208,10 +209,10 @@ def _setup_sweep(args, check: bool = False):
         cfg = _resume_config(args, "sweep")
         grid = saved_grid(args.out)
     else:
-        cfg = _parse(args)
         grid = parse_grid(args.grid or [])
         if not grid:
             raise ConfigError("a sweep needs at least one --grid KEY=V1,V2,... (for example --grid algo.lr=0.01,0.1).")
+        cfg = _parse(args, grid=grid)
     if check:
         sweep_points(cfg, grid)
         _output(args)

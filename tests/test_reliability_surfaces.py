@@ -5,12 +5,15 @@ held to the standard of `fljax run`: one line, exit 2 (3 for a guard), nothing w
 (One-line refusals of the command line are in the catalogue, tests/bad_inputs.py; process groups in
 tests/test_processes.py; wrong-kind resumes of real directories in tests/test_reliability.py.)"""
 import dataclasses
+import json
+import math
 import os
 import re
 import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import types
@@ -469,3 +472,121 @@ def test_the_guard_examples_of_docs_cli_run_as_shown(tmp_path, monkeypatch, caps
         assert argv[0] == "fljax"
         status, err = _run(capsys, argv[1:])
         assert status == 3 and err == shown, (command, err)
+
+
+# ------------------------------------------------------------------------------------------------ sweep grids
+
+# axes a person sweeps, each with values that are valid on their own (so that most grids are accepted and the
+# accept path, up to the planning of programs, is exercised); a mistake is drawn in at most one place
+_AXES = {
+    "algo.lr": st.sampled_from(["0.01", "0.1", "1e-3", ".5"]), "algo.mu": st.sampled_from(["0", "0.01", "1"]),
+    "algo.local_steps": st.sampled_from(["1", "2"]), "algo.batch_size": st.sampled_from(["5", "10"]),
+    "algo.cohort_size": st.sampled_from(["1", "2", "4"]), "algorithm": st.sampled_from(["fedavg", "fedprox"]),
+    "data.num_clients": st.sampled_from(["3", "4", "6"]), "data.seed": st.sampled_from(["0", "1", "7"]),
+    "data.max_samples": st.sampled_from(["30", "40"]),
+    "seed": st.sampled_from(["0", "3"]), "executor": st.sampled_from(["auto", "vmap", "loop", "chunked"]),
+    "model.name": st.sampled_from(["logreg", "mlp"])}
+_GRID_MISTAKES = ["algo.lr=", "algo.lr=abc", "algo.nope=1,2", "data.num_clients=0", "data.num_clients=2.5",
+                  "executor=warp", "model.name=resnet999", "rounds=-1", "algo.lr=0.1,0.1", "=1", "algo.lr",
+                  "algo.local_steps=1,x", "data.partition=iid", "seed=1e99"]
+
+
+@st.composite
+def _sweep_argv(draw) -> list[str]:
+    """`fljax sweep` arguments: one to three distinct axes of one to three distinct values, seeds 1 or 2, the lanes
+    mode, and in about one draw of four a mistake (a bad axis or value)."""
+    keys = draw(st.lists(st.sampled_from(sorted(_AXES)), min_size=1, max_size=3, unique=True))
+    keys = [k for k in keys if not (k == "algorithm" and "algo.mu" in keys)]  # mu is FedProx's alone
+    grids = [f"{k}={','.join(draw(st.lists(_AXES[k], min_size=1, max_size=3, unique=True)))}" for k in keys]
+    if draw(st.integers(0, 3)) == 3:
+        grids.insert(draw(st.integers(0, len(grids))), draw(st.sampled_from(_GRID_MISTAKES)))
+    sets = [f"--set={k}={v}" for k, v in (("data.dataset", "synthetic"), ("data.max_samples", 40), ("rounds", 1),
+                                          ("eval_every", 1), ("algo.cohort_size", 2), ("algo.batch_size", 10))]
+    if "algo.mu" in keys:
+        sets.append("--set=algorithm=fedprox")
+    return ["sweep", *sets, "--seeds", draw(st.sampled_from(["1", "2"])), "--out", "sweep",
+            "--lanes", draw(st.sampled_from(["vmap", "map", "off"])), *(f"--grid={g}" for g in grids)]
+
+
+def test_a_sweep_over_the_model_without_a_config_file_drops_the_presets_model_options(tmp_path, monkeypatch, capsys):
+    """(found by the fuzzer below: `fljax sweep --grid model.name=logreg` was refused because the quick-start preset's
+    MLP options stayed.) The preset yields to a swept key as it does to a --set one."""
+    monkeypatch.chdir(tmp_path)
+    status, err = _run(capsys, ["sweep", "--grid", "model.name=logreg,mlp", "--set", "data.dataset=synthetic", "--set",
+                                "data.max_samples=40", "--set", "rounds=1", "--out", "s"])
+    assert status == 0, err
+    import yaml
+
+    saved = yaml.safe_load(open(os.path.join("s", "name=logreg", "config.yaml")))["model"]
+    assert saved["name"] == "logreg" and not saved.get("options"), saved
+
+
+class _Planned(Exception):
+    pass
+
+
+def _plan_only(monkeypatch, seen: list):
+    """Replace running by planning: every run of the sweep, checked, with its data and simulation built and its
+    directory written, is grouped into programs (:func:`fljax.runner.plan.group_runs` with the runner's own test of
+    what can share a program); each run must be in exactly one program, the lanes of a program share its
+    algorithm and executor, and the traced keys are numeric. Then the call stops (nothing is trained)."""
+    from fljax.runner import experiment
+    from fljax.runner.plan import numeric
+
+    def plan(all_runs, sims, output, lanes, trace, stop):
+        programs = group_runs(all_runs, batchable=experiment._batchable(sims), lanes=lanes, trace=set(trace))
+        placed = [id(r) for p in programs for r in p.runs]
+        assert sorted(placed) == sorted(id(r) for r in all_runs)
+        for p in programs:
+            assert len({(r.cfg.algorithm, r.cfg.executor, r.start) for r in p.runs}) == 1
+            assert all(numeric(v) for hp in p.hps() or [] for v in hp.values())
+        seen.append(len(all_runs))
+        raise _Planned
+
+    monkeypatch.setattr(experiment, "_run_all", plan)
+
+
+def _sweep_outcome(monkeypatch, capsys, tmp_path, argv: list[str]) -> str:
+    """'planned' (every point accepted, its runs planned) or 'refused' (exit 2, one line, nothing written)."""
+    seen: list = []
+    _plan_only(monkeypatch, seen)
+    with tempfile.TemporaryDirectory(dir=tmp_path) as cwd:
+        monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        try:
+            status = main(argv)
+        except _Planned:
+            points = math.prod(len(g.split("=", 1)[1].split(",")) for g in argv if g.startswith("--grid="))
+            assert seen == [points * int(argv[argv.index("--seeds") + 1])]
+            return "planned"
+        finally:
+            monkeypatch.chdir(tmp_path)
+        err = capsys.readouterr().err
+        assert status == 2 and len(_lines(err)) == 1 and err.startswith("fljax: error: "), (argv, err)
+        assert not os.listdir(cwd), (argv, os.listdir(cwd))  # refused before anything is written
+    return "refused"
+
+
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 20)), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(_sweep_argv())
+def test_random_sweep_grids_are_planned_or_refused_in_one_line(monkeypatch, capsys, tmp_path, argv):
+    """(issue: sweeps died with a RecursionError in the planner under `loop` after half-writing the directory.)
+    A random grid on the command line is either accepted — its points checked, their data and simulations built,
+    their directories written, and every run planned into exactly one program (any executor, any lanes mode) — or
+    refused in one line with exit 2 before anything is written."""
+    _sweep_outcome(monkeypatch, capsys, tmp_path, argv)
+
+
+def test_the_sweep_fuzzer_mostly_reaches_the_accept_path(monkeypatch, capsys, tmp_path):
+    """The generator is not vacuous: over 30 fixed draws most grids are planned and some refused (measured when
+    written: 27 planned, 3 refused; the command-line fuzzer of tests/test_config_fuzz.py accepts 3 of 100)."""
+    seen = {"planned": 0, "refused": 0}
+
+    @settings(max_examples=30, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(_sweep_argv())
+    def tally(argv):
+        seen[_sweep_outcome(monkeypatch, capsys, tmp_path, argv)] += 1
+
+    tally()
+    assert seen["planned"] >= 20 and seen["refused"] >= 2, seen
