@@ -82,32 +82,37 @@ def run(config: ExperimentConfig | dict | None = None, *, out: str | None = None
 
 
 def compare(algorithms: list[str | tuple[str, dict]], config: ExperimentConfig | dict | None = None, *,
-            out: str | None = None, progress: bool = True, tensorboard: str | None = None,
+            out: str | None = None, progress: bool = True, resume: bool = False, tensorboard: str | None = None,
             **overrides) -> dict[str, "ExperimentResult"]:
     """Run several algorithms on the same data, partition and seeds (as ``fljax compare``). Each entry is a name or
-    (name, hyperparameters); the config's ``algo`` dict applies to every algorithm that accepts its keys."""
+    (name, hyperparameters); the config's ``algo`` dict applies to every algorithm that accepts its keys.
+    ``resume``: continue the comparison in ``out`` (the same algorithms, config, and own data or model if it was
+    made with them)."""
     from fljax.runner import compare_experiments
 
     overrides, cache = _own_data(overrides)
     overrides, module = _own_model(overrides)
     cfg = _parse(config, overrides)
     with _output(progress, tensorboard) as output:
-        return compare_experiments(cfg, algorithms, out, output=output, data_cache=cache, model=module)[1]
+        return compare_experiments(cfg, algorithms, out, resume=resume, output=output, data_cache=cache,
+                                   model=module)[1]
 
 
 def sweep(grid: dict[str, list], config: ExperimentConfig | dict | None = None, *, out: str | None = None,
-          progress: bool = True, lanes: str = "vmap", tensorboard: str | None = None,
+          progress: bool = True, resume: bool = False, lanes: str = "vmap", tensorboard: str | None = None,
           **overrides) -> dict[str, "ExperimentResult"]:
     """Run every point of ``grid`` (``{"algo.lr": [0.01, 0.1], "algo.mu": [0, 0.01]}``) for the config's seeds, as
     ``fljax sweep``: points that differ only in numeric hyperparameters run with the seeds as lanes of one compiled
-    program. Returns the results by point label (``"lr=0.01,mu=0"``)."""
+    program. Returns the results by point label (``"lr=0.01,mu=0"``). With your own ``data=``, a grid over
+    ``data.*`` keys is refused (they would not change it). ``resume``: continue the sweep in ``out``."""
     from fljax.runner import sweep_experiments
 
     overrides, cache = _own_data(overrides)
     overrides, module = _own_model(overrides)
     cfg = _parse(config, overrides)
     with _output(progress, tensorboard) as output:
-        return sweep_experiments(cfg, grid, out, output=output, lanes=lanes, data_cache=cache, model=module)[1]
+        return sweep_experiments(cfg, grid, out, resume=resume, output=output, lanes=lanes, data_cache=cache,
+                                 model=module)[1]
 
 
 def load_run(directory) -> "pandas.DataFrame":

@@ -18,7 +18,7 @@ import sys
 import threading
 from importlib import resources
 
-from fljax.config import ConfigError, load_config
+from fljax.config import INT32_MAX, RUNS_MAX, ConfigError, load_config
 from fljax.experiment import preset, resolve
 
 EXAMPLES_RUN = """examples:
@@ -50,6 +50,9 @@ EXAMPLES_REPRODUCE = """examples:
 """
 
 
+JOBS_MAX = 1024  # fljax reproduce --jobs: worker processes (each holds its own JAX runtime)
+
+
 def _quickstart_path() -> str:
     return str(resources.files("fljax").joinpath("configs/quickstart.yaml"))
 
@@ -67,12 +70,13 @@ def _overrides(args) -> list[str]:
     return overrides
 
 
-def _parse(args, algorithm_keys: bool = True):
+def _parse(args, algorithm_keys: bool = True, grid: dict | None = None):
     """The parsed config file with the command line's overrides; without a file, the quick-start preset (the one
-    ``fljax compare`` uses; with ``algorithm_keys``, only those of its ``algo`` keys that the algorithm declares)."""
+    ``fljax compare`` uses; with ``algorithm_keys``, only those of its ``algo`` keys that the algorithm declares),
+    which yields to the overrides and to a sweep's ``grid`` (:func:`fljax.experiment.preset`)."""
     overrides = _overrides(args)
     return load_config(args.config, overrides, base=None if args.config else
-                       preset(_quickstart_path(), overrides, algorithm_keys=algorithm_keys))
+                       preset(_quickstart_path(), overrides, algorithm_keys=algorithm_keys, grid=grid))
 
 
 def _load(args):
@@ -80,8 +84,9 @@ def _load(args):
     return resolve(_parse(args))
 
 
-def _resume_config(args):
-    """On --resume the config is the run directory's own (only --set/--seeds/--checkpoint-every may change it)."""
+def _resume_config(args, kind: str = "run"):
+    """On --resume the config is the run directory's own (only --set/--seeds/--checkpoint-every may change it); the
+    directory must hold a ``kind`` (run, sweep, comparison: :mod:`fljax.runner.identity`), made from a config."""
     from fljax.runner.experiment import saved_config
 
     if not args.out:
@@ -89,7 +94,7 @@ def _resume_config(args):
     if args.config or getattr(args, "algorithm", None) or getattr(args, "dataset", None):
         raise ConfigError(f"--resume reads the config from {os.path.join(args.out, 'config.yaml')}; drop the config "
                           f"file/--algorithm/--dataset (use --set, e.g. --set rounds=200, to extend the run).")
-    return load_config(saved_config(args.out), _overrides(args))
+    return load_config(saved_config(args.out, kind), _overrides(args))
 
 
 def _default_out(name: str) -> str:
@@ -113,22 +118,30 @@ def _output(args):
 
 def _join(args, argv: list[str]) -> int | None:
     """``--processes N`` and the ``FLJAX_*`` group variables (:mod:`fljax.runner.launch`): join the group the
-    environment names, or launch N processes of this command (returns their exit status), or nothing (None)."""
+    environment names, or launch N processes of this command (returns their exit status), or nothing (None).
+    Everything that can be checked in one process is checked before any process starts or joins: the group's
+    variables against ``--processes``, and (the launcher) the whole command; then the processes meet within a
+    short timeout (:func:`fljax.engine.processes.rendezvous`)."""
     from fljax.engine import processes
     from fljax.runner import launch
 
     n = args.processes
     if n is not None and n < 1:
         raise ConfigError(f"--processes must be >= 1, got {n}.")
-    joined = processes.from_environment()
-    if joined:
-        group = int(os.environ[processes.ENV["num_processes"]])
-        if n is not None and n != group:
-            raise ConfigError(f"--processes {n} disagrees with {processes.ENV['num_processes']}={group}.")
-        n, args.follower = group, not processes.is_lead()
-    if args.resume and (n or 1) > 1:
+    named = os.environ.get(processes.ENV["num_processes"])
+    if named and named.strip().isdigit() and n is not None and n != int(named):
+        raise ConfigError(f"--processes {n} disagrees with {processes.ENV['num_processes']}={named.strip()}; give "
+                          f"one of them.")
+    if named and args.resume and named.strip().isdigit() and int(named) > 1 or args.resume and (n or 1) > 1:
         raise ConfigError("--resume continues a run in one process; drop --processes.")
-    return launch.spawn(argv, n) if not joined and (n or 1) > 1 else None
+    if os.environ.get(launch.LAUNCHER_ENV, "").isdigit():
+        launch.die_with_parent(int(os.environ[launch.LAUNCHER_ENV]))
+    if named is None and (n or 1) > 1:
+        out = _SETUP[args.command](args, check=True)[-1]
+        return launch.spawn(argv if args.out else [*argv, "--out", out], n, out, args.command)
+    if processes.from_environment():
+        args.follower = not processes.is_lead()
+    return None
 
 
 def _signal_of(e: KeyboardInterrupt):
@@ -150,12 +163,67 @@ def _interrupted(command: str, out: str, e: KeyboardInterrupt) -> int:
     return e.exit_status
 
 
+def _setup_run(args, check: bool = False):
+    """The experiment of ``fljax run`` and its run directory (``check``: also every option of the output)."""
+    exp = resolve(_resume_config(args)) if args.resume else _load(args)
+    if check:
+        _output(args)
+    return exp, args.out or _default_out(exp.name)
+
+
+def _setup_compare(args, check: bool = False):
+    """The config, algorithms and directory of ``fljax compare`` (``check``: every algorithm's experiment
+    resolved, and the output's options)."""
+    from fljax.algorithms import ALGORITHMS
+    from fljax.experiment import compare_points
+    from fljax.runner.experiment import saved_algorithms
+
+    if args.resume:
+        cfg = _resume_config(args, "comparison")
+        entries = saved_algorithms(args.out)
+        asked = [n.strip() for n in args.algorithms.split(",") if n.strip()] if args.algorithms is not None else None
+        if asked is not None and asked != [name for name, _ in entries]:
+            raise ConfigError(f"--resume continues the comparison of {', '.join(n for n, _ in entries)} in "
+                              f"{args.out}; drop --algorithms (got {args.algorithms!r}), or compare other algorithms "
+                              f"into another --out.")
+    else:
+        cfg = _parse(args, algorithm_keys=False)
+        names = [n.strip() for n in args.algorithms.split(",") if n.strip()] if args.algorithms else \
+            [n for n, c in ALGORITHMS.items() if c.generic]
+        entries = [(n, {}) for n in names]
+    if check:
+        compare_points(cfg, entries)
+        _output(args)
+    return cfg, entries, args.out or _default_out("compare")
+
+
+def _setup_sweep(args, check: bool = False):
+    """The config, grid and directory of ``fljax sweep`` (``check``: every point's experiment resolved, and the
+    output's options)."""
+    from fljax.runner.experiment import saved_grid, sweep_points
+    from fljax.runner.sweep import parse_grid
+
+    if args.resume:
+        if args.grid:
+            raise ConfigError("--resume reads the grid from the sweep's summary.json; drop --grid.")
+        cfg = _resume_config(args, "sweep")
+        grid = saved_grid(args.out)
+    else:
+        grid = parse_grid(args.grid or [])
+        if not grid:
+            raise ConfigError("a sweep needs at least one --grid KEY=V1,V2,... (for example --grid algo.lr=0.01,0.1).")
+        cfg = _parse(args, grid=grid)
+    if check:
+        sweep_points(cfg, grid)
+        _output(args)
+    return cfg, grid, args.out or _default_out(f"sweep-{cfg.algorithm}")
+
+
 def cmd_run(args) -> int:
     from fljax.runner import run_experiment
     from fljax.runner.report import markdown_table
 
-    exp = resolve(_resume_config(args)) if args.resume else _load(args)
-    out = args.out or _default_out(exp.name)
+    exp, out = _setup_run(args)
     output = _output(args)
     try:
         result = run_experiment(exp, out, resume=args.resume, output=output)
@@ -167,47 +235,29 @@ def cmd_run(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from fljax.algorithms import ALGORITHMS
     from fljax.runner import compare_experiments
-    from fljax.runner.experiment import saved_algorithms
     from fljax.runner.report import markdown_table
 
-    if args.resume:
-        cfg = _resume_config(args)
-        entries = saved_algorithms(args.out)
-    else:
-        cfg = _parse(args, algorithm_keys=False)
-        names = [n.strip() for n in args.algorithms.split(",") if n.strip()] if args.algorithms else \
-            [n for n, c in ALGORITHMS.items() if c.generic]
-        entries = [(n, {}) for n in names]
-    out = args.out or _default_out("compare")
+    cfg, entries, out = _setup_compare(args)
     output = _output(args)
     try:
-        rows, _ = compare_experiments(cfg, entries, out, resume=args.resume, output=output)
+        rows, results = compare_experiments(cfg, entries, out, resume=args.resume, output=output)
     except KeyboardInterrupt as e:
         return _interrupted("compare", out, e)
     output.result(markdown_table(rows))
+    stopped = [label for label, r in results.items() if r.stopped]
+    if stopped:
+        output.note(f"stopped (NaN/Inf or divergence): {', '.join(stopped)}; see the status column and their "
+                    f"summary.json")
     output.note(f"results: {out} (compare.md, compare.png, one directory per algorithm)")
     return 0
 
 
 def cmd_sweep(args) -> int:
     from fljax.runner import sweep_experiments
-    from fljax.runner.experiment import saved_grid
     from fljax.runner.report import markdown_table
-    from fljax.runner.sweep import parse_grid
 
-    if args.resume:
-        if args.grid:
-            raise ConfigError("--resume reads the grid from the sweep's summary.json; drop --grid.")
-        cfg = _resume_config(args)
-        grid = saved_grid(args.out)
-    else:
-        cfg = _parse(args)
-        grid = parse_grid(args.grid or [])
-        if not grid:
-            raise ConfigError("a sweep needs at least one --grid KEY=V1,V2,... (for example --grid algo.lr=0.01,0.1).")
-    out = args.out or _default_out(f"sweep-{cfg.algorithm}")
+    cfg, grid, out = _setup_sweep(args)
     output = _output(args)
     try:
         rows, results = sweep_experiments(cfg, grid, out, resume=args.resume, output=output, lanes=args.lanes)
@@ -219,6 +269,9 @@ def cmd_sweep(args) -> int:
         output.note(f"stopped (NaN/Inf or divergence): {', '.join(stopped)}; see their summary.json")
     output.note(f"results: {out} (sweep.md, sweep.png, one directory per point)")
     return 0
+
+
+_SETUP = {"run": _setup_run, "compare": _setup_compare, "sweep": _setup_sweep}
 
 
 def cmd_list(args) -> int:
@@ -311,14 +364,15 @@ def cmd_reproduce(args) -> int:
         raise ConfigError(f"unrecognized arguments: {' '.join(args.args)} (see fljax reproduce --help).")
     study = load_study(args.name)
     out = args.out or study.spec.get("out", os.path.join("runs", f"reproduce-{args.name}"))
-    only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
+    only = _only(args.only, study.studies)
     output = _output(args)
     if args.render:
         text = render_study(results_from_file(study, out), out)
     else:
-        for key in ("seeds", "rounds", "jobs"):
-            if getattr(args, key) is not None and getattr(args, key) < 1:
-                raise ConfigError(f"--{key} must be >= 1, got {getattr(args, key)}.")
+        for key, most in (("seeds", RUNS_MAX), ("rounds", INT32_MAX), ("jobs", JOBS_MAX)):
+            value = getattr(args, key)
+            if value is not None and not 1 <= value <= most:
+                raise ConfigError(f"--{key} must be between 1 and {most:,}, got {value:,}.")
         try:
             results = run_study(study, out, only=only, seeds=args.seeds, rounds=args.rounds, jobs=args.jobs or 1,
                                 lanes=args.lanes, fresh=args.fresh, output=output)
@@ -332,6 +386,17 @@ def cmd_reproduce(args) -> int:
     output.result(text)
     output.note(f"wrote {out}/README.md, results.json.gz and the plots")
     return 0
+
+
+def _only(text: str | None, studies: list[str]) -> list[str] | None:
+    """``--only a,b``: the studies named (None: all of them, when the option is not given); a value that names
+    none (``--only ,,,``) is refused rather than read as 'all'."""
+    if text is None:
+        return None
+    only = [s.strip() for s in text.split(",") if s.strip()]
+    if not only:
+        raise ConfigError(f"--only {text!r} names no study; give comma-separated names from {studies}.")
+    return only
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -421,6 +486,17 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
+MESSAGE_MAX = 1000  # characters of an error line (a message quoting a huge value is cut in its middle)
+
+
+def _one_line(e: BaseException) -> str:
+    """The error's message as one line of at most :data:`MESSAGE_MAX` characters."""
+    text = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
+    if len(text) > MESSAGE_MAX:
+        text = f"{text[:MESSAGE_MAX // 2]} … {text[-MESSAGE_MAX // 2:]}"
+    return text
+
+
 def _on_sigterm(signum, frame):
     from fljax.runner.interrupt import Interrupted
 
@@ -449,14 +525,22 @@ def main(argv: list[str] | None = None) -> int:
     except FloatingPointError as e:  # NaN/Inf during training (NonFiniteError)
         if debug:
             raise
-        print(f"fljax: error: {e}", file=sys.stderr)
+        print(f"fljax: error: {_one_line(e)}", file=sys.stderr)
         return 3
     except (ValueError, OSError) as e:  # ConfigError, DataError, PartitionError, hyperparameter errors, files
         if debug:
             raise
-        text = str(e).splitlines()[0] if str(e) else type(e).__name__
-        print(f"fljax: error: {text}", file=sys.stderr)
+        print(f"fljax: error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001 - unexpected; a worker of --processes N reports it to its launcher
+        from fljax.runner.launch import REPORT_ENV, UNEXPECTED_EXIT
+
+        report = os.environ.get(REPORT_ENV)
+        if debug or not report:
+            raise
+        with open(report, "w") as f:  # the launcher says it in one line (the others' errors follow from it)
+            f.write(f"{type(e).__name__}: {_one_line(e)}\n")
+        return UNEXPECTED_EXIT
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)

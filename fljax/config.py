@@ -87,9 +87,18 @@ class ServerConfig(Options):
     pretrain_data_options: dict = dataclasses.field(default_factory=dict)
 
 
+NAME_MAX_BYTES = 200  # a run name names a directory (with a date after it): file systems allow 255 bytes
+
+
 def _run_name(name: str) -> str | None:
     bad = [c for c in (os.sep, "\0") if c in name]
-    return f"must not contain {bad[0]!r} (it names the run directory), got {show(name)}." if bad else None
+    if bad:
+        return f"must not contain {bad[0]!r} (it names the run directory), got {show(name)}."
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > NAME_MAX_BYTES:
+        return (f"must be at most {NAME_MAX_BYTES} bytes long (it names the run directory), got {size:,} bytes: "
+                f"{show(name)}.")
+    return None
 
 
 @dataclasses.dataclass

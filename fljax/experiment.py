@@ -145,7 +145,11 @@ def _groups(cfg: ExperimentConfig, algorithm: Algorithm, input_shape: tuple) -> 
         model = None
         if g.model:
             try:
-                model = _resolve_model(parse(ModelConfig, g.model), input_shape)
+                section = parse(ModelConfig, g.model)
+            except OptionError as e:  # names the key of the model section: name, options, …
+                raise e.within(f"groups[{i}].model") from None
+            try:
+                model = _resolve_model(section, input_shape)
             except OptionError as e:  # already names model.…
                 raise e.within(f"groups[{i}]") from None
         hp = {**cfg.algo, **g.algo}
@@ -156,7 +160,7 @@ def _groups(cfg: ExperimentConfig, algorithm: Algorithm, input_shape: tuple) -> 
 
 def _choice(key: str, value, choices) -> None:
     if value not in choices:
-        raise ConfigError(f"{key} must be one of {sorted(choices)}, got {show(value)}.{suggest(str(value), choices)}")
+        raise OptionError(key, f"must be one of {sorted(choices)}, got {show(value)}.{suggest(str(value), choices)}")
 
 
 def _resolve_model(model: ModelConfig, input_shape: tuple) -> ModelConfig:
@@ -289,20 +293,25 @@ def compare_points(cfg: ExperimentConfig, algorithms: list[str | tuple[str, dict
     return points
 
 
-def preset(path: str, overrides: list[str] | None = None, algorithm_keys: bool = True) -> dict:
+def preset(path: str, overrides: list[str] | None = None, algorithm_keys: bool = True,
+           grid: dict[str, list] | None = None) -> dict:
     """The values of preset file ``path`` (like ``fljax compare``'s quick start) for the experiment that
     ``overrides`` describe. A preset key yields to the user's choice of the component that owns it: another
     ``data.dataset`` keeps only the preset's ``num_clients`` of its data section, another ``data.partition``
     drops the preset partitioner's options, another ``model.name`` the preset's model options, an
     ``algo.local_steps`` the preset's ``local_epochs`` (which would win over it); with ``algorithm_keys`` only the
     ``algo`` keys that the chosen algorithm declares are kept. Pass the result to
-    :func:`fljax.config.load_config` as ``base``."""
+    :func:`fljax.config.load_config` as ``base``. ``grid``: a sweep's axes (dotted key → values); a key it sweeps
+    is the user's choice where any of its values differs from the preset's (so ``--grid model.name=logreg,mlp``
+    drops the preset's MLP options), and the ``algo`` keys kept are those every swept algorithm declares."""
     from fljax.data import PARTITIONERS
 
     values = read_yaml(path)
     user = apply_overrides({}, overrides or [])
+    grid = grid or {}
     changed = lambda section, key: (isinstance(user.get(section), dict) and key in user[section]  # noqa: E731
-                                    and user[section][key] != values.get(section, {}).get(key))
+                                    and user[section][key] != values.get(section, {}).get(key)
+                                    or any(v != values.get(section, {}).get(key) for v in grid.get(f"{section}.{key}", ())))
     data, model = values.get("data", {}), values.get("model", {})
     if changed("data", "dataset"):
         values["data"] = {k: v for k, v in data.items() if k == "num_clients"}
@@ -313,8 +322,9 @@ def preset(path: str, overrides: list[str] | None = None, algorithm_keys: bool =
         values["model"] = {k: v for k, v in model.items() if k != "options"}
     if changed("algo", "local_steps") and isinstance(values.get("algo"), dict):  # local_epochs would win over it
         values["algo"] = {k: v for k, v in values["algo"].items() if k != "local_epochs"}
-    name: Any = {**values, **user}.get("algorithm", ExperimentConfig.algorithm)
-    if algorithm_keys and isinstance(name, str) and name in ALGORITHMS and isinstance(values.get("algo"), dict):
-        declared = hyperparameter_fields(ALGORITHMS[name])
+    names: Any = grid.get("algorithm") or [{**values, **user}.get("algorithm", ExperimentConfig.algorithm)]
+    if algorithm_keys and all(isinstance(n, str) and n in ALGORITHMS for n in names) \
+            and isinstance(values.get("algo"), dict):
+        declared = set.intersection(*(set(hyperparameter_fields(ALGORITHMS[n])) for n in names))
         values["algo"] = {k: v for k, v in values["algo"].items() if k in declared}
     return values

@@ -47,10 +47,17 @@ _DATA = "Data that cannot be split as asked"
 _COMMANDS = "Commands"
 _RESUME = "Run directories and --resume"
 _MEMORY = "Simulations too large for the memory"
+_OWN_DATA = "Data sets that are not there"
+_OUTPUT = "Output options"
 _RUN = "r/config.yaml", "algorithm: fedavg\n"
 _COMPARE = [("c/config.yaml", "data:\n  dataset: digits\n"),
             ("c/summary.json", '{"algorithms": [{"label": "fedavg", "algorithm": "fedavg", "hyperparameters": {}}]}\n')]
 _SWEEP = [("s/config.yaml", "algorithm: fedprox\n"), ("s/summary.json", '{"grid": {"algo.lr": [0.1, 0.2]}}\n')]
+_OWN = [_RUN, ("r/directory.json", '{"kind": "run", "origin": {"data": {"name": "arrays", "clients": 4, '
+                                   '"fingerprint": "c0dc0790f89bcfe0"}}}\n')]
+_OWN_MODEL = [_RUN, ("r/directory.json", '{"kind": "run", "origin": {"model": {"class": "Net", '
+                                         '"fingerprint": "5be0e1d4f5a7b2c1"}}}\n')]
+_STUDY = [("st/directory.json", '{"kind": "study", "origin": "config", "study": "dfedalt"}\n')]
 _SMALL = " --set data.num_clients=4 --set algo.cohort_size=2"
 _MLP = "run --set model.name=mlp "
 _DIGITS = "run --dataset digits "
@@ -165,6 +172,15 @@ CASES = [
     _case(_VALUES, 'run --set data.num_clients=4 --set algo.cohort_size=null '
                    '--set groups=[{"name":"a","size":2},{"name":"b","size":2,"algo":{"lr":0}}]',
           "groups[1].algo.lr must be > 0, got 0.0."),
+    _case(_VALUES, 'run --set data.num_clients=4 --set algo.cohort_size=null '
+                   '--set groups=[{"name":"a","size":2,"model":{"name":"mlpp"}},{"name":"b","size":2}]',
+          "groups[0].model.name must be one of ["),
+    _case(_VALUES, 'run --set data.num_clients=4 --set algo.cohort_size=null '
+                   '--set groups=[{"name":"a","size":2,"model":{"nme":"mlp"}},{"name":"b","size":2}]',
+          "groups[0].model.nme is not a valid key. Did you mean 'name'?"),
+    _case(_VALUES, "run --set name=" + "a" * 100_000, "name must be at most 200 bytes long (it names the run "
+                                                       "directory), got 100,000 bytes", (),
+          "fljax run --set name=aaa…a (100,000 characters)"),
     _case(_VALUES, "run --set algorithm=quped --set algo.bits=0", "algo.bits must be in 1..8 or null (full "
                                                                   "precision), got 0."),
     _case(_VALUES, 'run --set data.storage=ragged --set data.num_clients=4 --set algo.cohort_size=null '
@@ -197,6 +213,35 @@ CASES = [
     _case(_COMMANDS, "run --resume --out r --processes 2", "--resume continues a run in one process; drop --processes.",
           [_RUN]),
     _case(_COMMANDS, "reproduce nosuch", "unknown reproduction 'nosuch'; available: ["),
+    _case(_COMMANDS, "reproduce dfedalt --only ,,,", "--only ',,,' names no study; give comma-separated names from ["),
+    _case(_COMMANDS, "reproduce dfedalt --seeds 100000", "--seeds must be between 1 and 10,000, got 100,000."),
+    _case(_COMMANDS, "reproduce dfedalt --rounds 0", "--rounds must be between 1 and 2,147,483,647, got 0."),
+    _case(_COMMANDS, "reproduce dfedalt --out r", "--out: 'r' holds a run, not a study; continue it with `fljax run "
+                                                  "--resume --out r`", [_RUN]),
+    _case(_RESUME, "run --resume --out c", "--resume: 'c' holds a comparison, not a run; continue it with `fljax "
+                                           "compare --resume --out c`", _COMPARE),
+    _case(_RESUME, "run --resume --out s", "--resume: 's' holds a sweep, not a run; continue it with `fljax sweep "
+                                           "--resume --out s`", _SWEEP),
+    _case(_RESUME, "run --resume --out st", "--resume: 'st' holds a study, not a run; continue it with `fljax "
+                                            "reproduce dfedalt --out st`", _STUDY),
+    _case(_RESUME, "compare --resume --out r", "--resume: 'r' holds a run, not a comparison; continue it with `fljax "
+                                               "run --resume --out r`", [_RUN]),
+    _case(_RESUME, "sweep --resume --out c", "--resume: 'c' holds a comparison, not a sweep", _COMPARE),
+    _case(_RESUME, "run --out s" + _SMALL, "--out: 's' holds a sweep, not a run; continue it with `fljax sweep "
+                                           "--resume --out s`, or choose another --out.", _SWEEP),
+    _case(_RESUME, "compare --resume --out c --algorithms fedavg,fedprox",
+          "--resume continues the comparison of fedavg in c; drop --algorithms (got 'fedavg,fedprox')", _COMPARE),
+    _case(_RESUME, "run --resume --out r", "--resume: 'r' was run from Python with your own data 'arrays' (4 "
+                                           "clients), which config.yaml does not describe and fljax cannot rebuild; "
+                                           "continue it from Python with the same data: fljax.run(config, data=<the "
+                                           "same data>, out='r', resume=True).", _OWN),
+    _case(_RESUME, "run --resume --out r", "--resume: 'r' was run from Python with your own model Net", _OWN_MODEL),
+    _case(_RESUME, "run --resume --out r", "r/summary.json is damaged (not valid JSON: Expecting value at line 1 "
+                                           "column 1); fljax writes its files whole",
+          [_RUN, ("r/summary.json", "garbage\n")]),
+    _case(_RESUME, "run --resume --out r", "r/metrics.jsonl is damaged (line 2 is cut short:",
+          [_RUN, ("r/summary.json", '{"status": "completed", "rounds": 100}\n'),
+           ("r/metrics.jsonl", '{"round": 0}\n{"round": 1')]),
     _case(_RESUME, "run --resume --out r --set data.num_clients=20",
           "--resume cannot change data.num_clients (100 in r/config.yaml, 20 now): it changes the simulation", [_RUN]),
     _case(_RESUME, "run --resume --out r --set algo.lr=0.5", "--resume cannot change algo.lr (0.1 in r/config.yaml, "
@@ -213,6 +258,15 @@ CASES = [
     _case(_RESUME, "run --out r", "run directory 'r' already holds results (a checkpoint or a finished run); "
                                   "continue it with --resume", [_RUN, ("r/summary.json", '{"status": "completed"}\n')]),
     _case(_RESUME, "run --out r" + _SMALL, "run directory 'r' is in use by another fljax process (pid", busy=["r"]),
+    _case(_RESUME, "run --out f/r" + _SMALL, "is a file, not a directory; choose another --out.", [("f", "x\n")]),
+    _case(_OWN_DATA, "run --dataset cifar10 --set data.data_dir=nope/tfds",
+          "TFDS data set 'cifar10' is not prepared in nope/tfds/cifar10/"),
+    _case(_OWN_DATA, "run --dataset digits --set data.partition=meta_pairs --set data.num_clients=20 "
+                     "--set server.pretrained=cnn_s --set server.pretrain_data=mnist "
+                     "--set server.pretrain_data_options.data_dir=nope/tfds",
+          "TFDS data set 'mnist' is not prepared in nope/tfds/mnist/"),
+    _case(_OUTPUT, "run --tensorboard f", "--tensorboard 'f' is a file, not a directory", [("f", "x\n")]),
+    _case(_OUTPUT, "run --tensorboard f/logs", "--tensorboard 'f/logs': ", [("f", "x\n")]),
     _case(_RESUME, "sweep --grid algo.lr=0.1,0.2 --out s" + _SMALL, "run directory 's/lr=0.2' is in use by another "
                                                                     "fljax process", busy=["s/lr=0.2"]),
 ]

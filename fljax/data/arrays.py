@@ -12,8 +12,35 @@ import numpy as np
 
 from fljax.data.federated import FederatedData, pad_clients
 from fljax.data.sources import DataError
+from fljax.options import show
 
 __all__ = ["from_arrays"]
+
+
+F32_MAX = float(np.finfo(np.float32).max)
+INT32_MAX = 2 ** 31 - 1  # labels are int32
+
+
+def _array(value, split: str, i: int, which: str) -> np.ndarray:
+    """``value`` as a numpy array of real numbers, or a one-line :class:`DataError` naming ``split[i]`` (client
+    ``i``) and what is wrong: rows of different lengths, text, complex or other non-numbers."""
+    where = f"{split}[{i}] (client {i}): {which}"
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError):  # numpy refuses nested rows of different lengths
+        raise DataError(f"{where} is ragged: its rows differ in length; every sample must have the same shape.") \
+            from None
+    if array.dtype == object:
+        raise DataError(f"{where} is ragged or holds non-numbers (Python objects); pass an array of numbers with "
+                        f"one row per sample.")
+    if np.issubdtype(array.dtype, np.complexfloating):
+        raise DataError(f"{where} holds complex numbers; pass real values (e.g. the real and imaginary parts as two "
+                        f"features).")
+    if not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
+        kind = "text" if array.dtype.kind in "US" else f"{array.dtype.name} values"
+        raise DataError(f"{where} must hold numbers, got {kind} (dtype {array.dtype.str}); encode text or categories "
+                        f"as numbers first.")
+    return array
 
 
 def _checked(split: str, pairs) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -21,21 +48,36 @@ def _checked(split: str, pairs) -> tuple[list[np.ndarray], list[np.ndarray]]:
         raise DataError(f"{split} must be a non-empty list of (x, y) pairs, one per client.")
     xs, ys = [], []
     for i, pair in enumerate(pairs):
-        if not isinstance(pair, Sequence) or len(pair) != 2:
-            raise DataError(f"{split}[{i}] must be a pair (x, y), got {type(pair).__name__}.")
-        x, y = np.asarray(pair[0]), np.asarray(pair[1])
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
+            raise DataError(f"{split}[{i}] (client {i}) must be a pair (x, y), got {type(pair).__name__}.")
+        x, y = _array(pair[0], split, i, "x"), _array(pair[1], split, i, "y")
         if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
-            raise DataError(f"{split}[{i}]: y must be a 1-d array of integer labels, got shape {y.shape} of "
-                            f"{y.dtype}.")
+            raise DataError(f"{split}[{i}] (client {i}): y must be a 1-d array of integer labels, got shape "
+                            f"{y.shape} of {y.dtype}.")
         if x.ndim < 2 or len(x) != len(y):
-            raise DataError(f"{split}[{i}]: x must hold one row per label ({len(y)}), got shape {x.shape}.")
+            raise DataError(f"{split}[{i}] (client {i}): x must hold one row per label ({len(y)}), got shape "
+                            f"{x.shape}.")
         if len(y) == 0:
             raise DataError(f"{split}[{i}]: client {i} has no samples; every client needs at least one.")
         if not np.all(np.isfinite(x)):
-            raise DataError(f"{split}[{i}]: x holds NaN or Inf.")
+            raise DataError(f"{split}[{i}] (client {i}): x holds NaN or Inf.")
+        if x.size and np.abs(x).max() > F32_MAX:
+            raise DataError(f"{split}[{i}] (client {i}): x holds values beyond float32's range (±{F32_MAX:.3e}), "
+                            f"where inputs are stored; rescale them.")
         xs.append(x)
         ys.append(y)
     return xs, ys
+
+
+def _num_classes(num_classes, labels: np.ndarray) -> int:
+    if num_classes is None:  # labels beyond int32 (where labels are stored) are refused below
+        return min(int(labels.max()) + 1, INT32_MAX)
+    if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)):
+        raise DataError(f"num_classes must be a positive integer (or None: 1 + the largest label), got "
+                        f"{show(num_classes)}.")
+    if not 1 <= num_classes <= INT32_MAX:
+        raise DataError(f"num_classes must be between 1 and {INT32_MAX}, got {num_classes}.")
+    return int(num_classes)
 
 
 def from_arrays(train, test, num_classes: int | None = None, name: str = "arrays") -> FederatedData:
@@ -47,12 +89,20 @@ def from_arrays(train, test, num_classes: int | None = None, name: str = "arrays
         raise DataError(f"test must have one (x, y) pair per client: {len(xs)} train pairs, {len(xt)} test pairs.")
     shapes = {x.shape[1:] for x in xs + xt}
     if len(shapes) > 1:
-        raise DataError(f"every x must have the same shape per sample, got {sorted(shapes)}.")
+        first = xs[0].shape[1:]
+        where = next(f"{split}[{i}] (client {i})" for split, group in (("train", xs), ("test", xt))
+                     for i, x in enumerate(group) if x.shape[1:] != first)
+        raise DataError(f"every x must have the same shape per sample, got {sorted(shapes)} ({where} differs from "
+                        f"train[0]'s {first}).")
+    if not isinstance(name, str) or not name.strip():
+        raise DataError(f"name must be a non-empty string, got {show(name)}.")
     labels = np.concatenate(ys + yt)
-    classes = int(labels.max()) + 1 if num_classes is None else int(num_classes)
+    classes = _num_classes(num_classes, labels)
     if labels.min() < 0 or labels.max() >= classes:
+        where = next(f"{split}[{i}] (client {i})" for split, group in (("train", ys), ("test", yt))
+                     for i, y in enumerate(group) if y.min() < 0 or y.max() >= classes)
         raise DataError(f"labels must be in [0, {classes}) (num_classes={classes}), got {labels.min()} to "
-                        f"{labels.max()}.")
+                        f"{labels.max()} (first in {where}).")
     return FederatedData(train=pad_clients(xs, ys), test=pad_clients(xt, yt), num_classes=classes,
                          input_shape=tuple(xs[0].shape[1:]), name=name,
                          description=f"your own arrays, {len(xs)} clients")

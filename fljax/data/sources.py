@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import os
 import typing
 from importlib import resources
 from typing import Callable
@@ -237,10 +238,34 @@ TFDS_NAMES = {"mnist": "mnist", "fashion_mnist": "fashion_mnist", "emnist": "emn
               "emnist62": "emnist/byclass", "cifar10": "cifar10", "cifar100": "cifar100"}
 
 
+def _prepared(name: str, data_dir: str | None) -> None:
+    """Refuse, in one line and within a second, a TFDS data set that is not prepared where it is looked for
+    (``data_dir``, else TFDS's default): TFDS's builder says whether its files are there without downloading or
+    creating anything; a run never downloads (that retried for minutes offline and created ``data_dir``)."""
+    import logging
+
+    import tensorflow_datasets as tfds
+
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)  # "Variant folder ... has no dataset_info.json": the refusal below says it
+    try:
+        builder = tfds.builder(name, data_dir=data_dir)
+        prepared = builder.is_prepared()
+    finally:
+        absl.setLevel(level)
+    if not prepared:
+        where = os.fspath(builder.data_dir)
+        raise DataError(f"TFDS data set {name!r} is not prepared in {where} (fljax does not download during a run); "
+                        f"prepare it once with network: python -c \"import tensorflow_datasets as tfds; "
+                        f"tfds.data_source('{name}', data_dir='DIR')\", then set data.data_dir: DIR (for a pretraining "
+                        f"set: server.pretrain_data_options.data_dir).")
+
+
 def _read_tfds(name: str, split: str, data_dir: str | None, limit: int | None):
     import tensorflow_datasets as tfds
 
-    src = tfds.data_source(name, split=split, data_dir=data_dir)
+    src = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
     n = len(src) if limit is None else min(limit, len(src))
     examples = [src[i] for i in range(n)]
     images = [np.asarray(ex["image"]) for ex in examples]
@@ -260,13 +285,16 @@ def tfds_source(name: str, data_dir: str | None = None, limit: int | None = None
         raise DataError(f"unknown TFDS data set {name!r}; choose one of {sorted(TFDS_NAMES)}.")
     tfds_name = TFDS_NAMES[name]
     try:
+        _prepared(tfds_name, data_dir)
         x_tr, y_tr = _read_tfds(tfds_name, "train", data_dir, limit)
         x_te, y_te = _read_tfds(tfds_name, "test", data_dir, limit)
     except ImportError as e:  # a package tensorflow_datasets needs is missing: that is the cause, not the network
         missing = e.name or str(e)
         raise DataError(f"could not load {tfds_name!r}: tensorflow_datasets needs the package {missing!r}, which is "
                         f"not installed (pip install {missing.split('.')[0].replace('_', '-')}).") from e
-    except Exception as e:  # network-less machines end up here: say what to do
+    except DataError:
+        raise
+    except Exception as e:  # prepared in another format, unreadable files: say what to do
         raise DataError(f"could not load {tfds_name!r} through tensorflow_datasets ({type(e).__name__}: "
                         f"{str(e).splitlines()[0] if str(e) else ''}); prepare it once on a machine with network "
                         f"(tfds.data_source downloads it) or pass data_dir.") from e

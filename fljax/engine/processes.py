@@ -14,10 +14,22 @@ rounds; inside a program the per-client work stays sharded. Only process 0 write
 A process joins a group when :func:`initialize` is called before JAX computes anything, with the coordinator's
 ``host:port``, the number of processes and its own index — or from the environment: ``FLJAX_COORDINATOR``,
 ``FLJAX_NUM_PROCESSES``, ``FLJAX_PROCESS_ID`` (:func:`from_environment`).
+
+Before JAX's runtime is started, the processes meet (:func:`rendezvous`): process 0 listens on the coordinator's port
+and every other process connects and says how many processes it was told the group has and which one it is. A
+coordinator that cannot be reached, a process count or an index that disagrees, two processes with one index, or a
+process that does not come are refused there, in one line, within ``FLJAX_JOIN_TIMEOUT`` seconds (default
+:data:`JOIN_TIMEOUT`) — instead of ``jax.distributed.initialize`` waiting five minutes and aborting the process with
+a C++ stack trace. Then JAX's runtime starts on the same port with that timeout.
+
+During a run the processes stay in step: a stop request (SIGINT/SIGTERM) that reaches any of them is shared at the
+end of every block of rounds (:func:`agree`), so all stop after the same block.
 """
 from __future__ import annotations
 
 import os
+import socket
+import time
 
 import jax
 import numpy as np
@@ -25,10 +37,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from fljax.errors import OptionError
 
-__all__ = ["ENV", "initialize", "from_environment", "is_lead", "lead_only", "program_shardings"]
+__all__ = ["ENV", "initialize", "from_environment", "is_lead", "lead_only", "program_shardings", "rendezvous",
+           "agree", "JOIN_TIMEOUT", "TIMEOUT_ENV"]
 
 _joined = {"group": None}
 ENV = {"coordinator": "FLJAX_COORDINATOR", "num_processes": "FLJAX_NUM_PROCESSES", "process_id": "FLJAX_PROCESS_ID"}
+TIMEOUT_ENV = "FLJAX_JOIN_TIMEOUT"
+JOIN_TIMEOUT = 60.0  # seconds for every process of a group to meet (a coordinator that does not answer, a missing one)
+_HELLO = "fljax-group 1"
 
 
 def initialize(coordinator: str, num_processes: int, process_id: int) -> None:
@@ -47,11 +63,172 @@ def initialize(coordinator: str, num_processes: int, process_id: int) -> None:
         if _joined["group"] != group:
             raise OptionError("processes", f"this process is in the group {_joined['group']} already")
         return
-    _joined["group"] = group
     if num_processes == 1:
+        _joined["group"] = group
         return
+    timeout = join_timeout()
+    rendezvous(host, int(port), num_processes, process_id, timeout)
+    _joined["group"] = group
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
+    jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id,
+                               initialization_timeout=max(1, int(timeout)))
+
+
+def join_timeout() -> float:
+    """``FLJAX_JOIN_TIMEOUT`` (seconds), else :data:`JOIN_TIMEOUT`."""
+    text = os.environ.get(TIMEOUT_ENV)
+    if not text:
+        return JOIN_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 86400:
+        raise OptionError(TIMEOUT_ENV, f"must be a number of seconds in (0, 86400], got {text!r}")
+    return value
+
+
+def rendezvous(host: str, port: int, num_processes: int, process_id: int, timeout: float) -> None:
+    """Meet the other processes of the group before JAX's runtime starts (module docstring). Process 0 listens on
+    ``port`` and answers each process's hello; the others connect to ``host:port``. Raises a one-line
+    :class:`~fljax.errors.OptionError` (naming the variable to fix) on any disagreement or when the group is not
+    complete within ``timeout`` seconds; returns once every process has checked in."""
+    deadline = time.monotonic() + timeout
+    if process_id == 0:
+        _lead_rendezvous(port, num_processes, deadline, timeout)
+    else:
+        _join_rendezvous(host, port, num_processes, process_id, deadline, timeout)
+
+
+def _lead_rendezvous(port: int, n: int, deadline: float, timeout: float) -> None:
+    try:
+        server = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True) \
+            if socket.has_dualstack_ipv6() else socket.create_server(("", port))
+    except OSError as e:
+        raise OptionError(ENV["coordinator"], f"port {port} cannot be served by process 0 on this host "
+                                              f"({e.strerror or e}); choose a free port") from None
+    joined: dict[int, socket.socket] = {}
+    try:
+        while len(joined) < n - 1:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(set(range(1, n)) - set(joined))
+                raise OptionError(ENV["num_processes"], f"is {n}, but process{'es' if len(missing) > 1 else ''} "
+                                  f"{', '.join(map(str, missing))} did not join within {timeout:g} s ({TIMEOUT_ENV}); "
+                                  f"start every process of the group, each with its own {ENV['process_id']}")
+            server.settimeout(left)
+            try:
+                conn, _ = server.accept()
+            except (socket.timeout, TimeoutError):
+                continue
+            conn.settimeout(max(0.1, min(5.0, deadline - time.monotonic())))
+            try:
+                words = _read_line(conn).split()
+            except OSError:
+                conn.close()
+                continue
+            problem = _check_hello(words, n, joined)
+            if problem:
+                with _suppress():
+                    conn.sendall(f"no {problem}\n".encode())
+                conn.close()
+                raise OptionError(problem.split(" ", 1)[0], problem.split(" ", 1)[1])
+            joined[int(words[3])] = conn
+        for conn in joined.values():
+            conn.sendall(b"go\n")
+        for conn in joined.values():  # the others close first: the port is free for JAX's service at once
+            conn.settimeout(5.0)
+            with _suppress():
+                conn.recv(1)
+    finally:
+        for conn in joined.values():
+            conn.close()
+        server.close()
+
+
+def _check_hello(words: list[str], n: int, joined: dict) -> str | None:
+    """A problem ('<VARIABLE> <message>') with a process's hello, else None."""
+    if len(words) != 4 or " ".join(words[:2]) != _HELLO or not words[2].isdigit() or not words[3].isdigit():
+        return f"{ENV['coordinator']} is reached by something that is not an fljax process of this group"
+    count, index = int(words[2]), int(words[3])
+    if count != n:
+        return (f"{ENV['num_processes']} disagrees between processes: process {index} says {count}, process 0 says "
+                f"{n}; start every process with the same {ENV['num_processes']}")
+    if not 1 <= index < n or index in joined:
+        return (f"{ENV['process_id']} {index} is {'given twice' if index in joined else 'out of range'} in a group of "
+                f"{n}; give each process its own id 0..{n - 1}")
+    return None
+
+
+def _join_rendezvous(host: str, port: int, n: int, index: int, deadline: float, timeout: float) -> None:
+    try:
+        socket.getaddrinfo(host, port)
+    except socket.gaierror as e:
+        raise OptionError(ENV["coordinator"], f"host {host!r} cannot be resolved ({e.strerror or e})") from None
+    conn = None
+    while conn is None:
+        try:
+            conn = socket.create_connection((host, port), timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise OptionError(ENV["coordinator"], f"{host}:{port} did not answer within {timeout:g} s "
+                                                      f"({TIMEOUT_ENV}); start process 0 there first, and check that "
+                                                      f"this host reaches it") from None
+            time.sleep(0.1)
+    try:
+        conn.sendall(f"{_HELLO} {n} {index}\n".encode())
+        while True:
+            conn.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                answer = _read_line(conn)
+            except (socket.timeout, TimeoutError):
+                raise OptionError(ENV["num_processes"], f"is {n}, but the group was not complete within {timeout:g} "
+                                                        f"s ({TIMEOUT_ENV}); start every process of the group") \
+                    from None
+            except OSError:
+                answer = ""
+            if answer == "go":
+                return
+            if not answer:
+                raise OptionError(ENV["coordinator"], f"process 0 at {host}:{port} closed the group before it was "
+                                                      f"complete; see its message")
+            if answer.startswith("no "):
+                key, _, message = answer[3:].partition(" ")
+                raise OptionError(key, message)
+            raise OptionError(ENV["coordinator"], f"{host}:{port} is not fljax's process 0 of this group (it answered "
+                                                  f"{answer[:40]!r})")
+    finally:
+        conn.close()
+
+
+def _read_line(conn: socket.socket, limit: int = 512) -> str:
+    data = b""
+    while not data.endswith(b"\n") and len(data) < limit:
+        chunk = conn.recv(limit)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace").strip()
+
+
+class _suppress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, tb):
+        return kind is not None and issubclass(kind, OSError)
+
+
+def agree(signum: int) -> int:
+    """The stop request of the whole group: ``signum`` (0: none) of this process, shared with the others at the same
+    point of every process's run; the first non-zero one (by process index), else 0. One process: ``signum``."""
+    if jax.process_count() == 1:
+        return signum
+    from jax.experimental import multihost_utils
+
+    every = np.asarray(multihost_utils.process_allgather(np.int32(signum))).ravel()
+    nonzero = every[every != 0]
+    return int(nonzero[0]) if nonzero.size else 0
 
 
 def from_environment() -> bool:

@@ -15,7 +15,10 @@ boundaries of the same schedule, so a resumed run repeats the uninterrupted one 
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import sys
 import time
 from typing import Callable
 
@@ -23,9 +26,52 @@ import jax
 
 from fljax.engine import RunLog, State
 
-__all__ = ["Checkpointer", "CheckpointTimer", "CHECKPOINT_SECONDS"]
+__all__ = ["Checkpointer", "CheckpointTimer", "CheckpointError", "CHECKPOINT_SECONDS"]
 
 CHECKPOINT_SECONDS = 60.0
+
+
+class CheckpointError(OSError):
+    """A checkpoint could not be written (a full disk, a read-only or vanished directory): one line naming the
+    round, the directory and the cause; the checkpoints written before it are intact (orbax commits a checkpoint by
+    renaming its temporary directory once complete)."""
+
+
+def _cause(e: BaseException) -> str:
+    text = str(e)
+    if "No space left on device" in text or "os_error_code='28'" in text:
+        return "no space left on device"
+    if "Read-only file system" in text or "os_error_code='30'" in text:
+        return "read-only file system"
+    if "Permission denied" in text or "os_error_code='13'" in text:
+        return "permission denied"
+    if "File too large" in text or "os_error_code='27'" in text:
+        return "file too large (the file-size limit, ulimit -f)"
+    return ((text.strip().splitlines() or [type(e).__name__])[0])[:160]
+
+
+_QUIET = {"installed": False}
+
+
+def _orbax_quiet() -> None:
+    """Keep orbax's and tensorstore's own reports off the terminal (once per process; ``FLJAX_DEBUG=1`` keeps
+    them): orbax logs a failed background save or restore with its traceback (absl ``ERROR`` records), and after a
+    failed restore tensorstore's completion callbacks reach an asyncio loop orbax has closed, which Python prints as
+    'Event loop is closed' tracebacks. Each failure that matters reaches fljax as an exception —
+    :class:`CheckpointError` for a save, the fallback of :meth:`Checkpointer.restore_newest` for a restore — and is
+    reported there in one line."""
+    if _QUIET["installed"] or os.environ.get("FLJAX_DEBUG"):
+        return
+    _QUIET["installed"] = True
+    logging.getLogger("absl").addFilter(lambda record: f"{os.sep}orbax{os.sep}" not in record.pathname)
+    previous = sys.unraisablehook
+
+    def unraisable(args):
+        if isinstance(args.exc_value, RuntimeError) and str(args.exc_value) == "Event loop is closed":
+            return  # a late tensorstore callback of an abandoned (failed) restore: nothing is lost
+        previous(args)
+
+    sys.unraisablehook = unraisable
 
 
 class Checkpointer:
@@ -35,6 +81,7 @@ class Checkpointer:
     def __init__(self, directory: str, max_to_keep: int = 2):
         import orbax.checkpoint as ocp
 
+        _orbax_quiet()
         self._ocp = ocp
         self.directory = os.path.abspath(directory)
         # only this process takes part (on several processes, process 0 alone checkpoints: fljax.engine.processes)
@@ -47,16 +94,38 @@ class Checkpointer:
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self._saved: int | None = None
 
+    @contextlib.contextmanager
+    def _writing(self, round_: int | None):
+        """Turn a failed write — of ``round_`` or of the asynchronous save still pending — into one
+        :class:`CheckpointError` line."""
+        try:
+            yield
+        except CheckpointError:
+            raise
+        except Exception as e:  # noqa: BLE001 - whatever orbax or tensorstore raise, the checkpoint is not on disk
+            failed = self._saved if self._saved is not None else round_
+            try:
+                kept = [r for r in self.rounds() if failed is None or r < failed]
+            except Exception:  # noqa: BLE001 - the directory itself is gone or unreadable
+                kept = []
+            raise CheckpointError(f"could not write the checkpoint of round {failed} into {self.directory}: "
+                                  f"{_cause(e)}; "
+                                  + (f"the last checkpoint (round {max(kept)}) is intact: make room and continue with "
+                                     f"--resume" if kept else "no earlier checkpoint: make room and start again")
+                                  + ".") from None
+
     def save(self, state: State, log: RunLog) -> None:
         """Checkpoint after round ``state.round`` (asynchronous; a pending save finishes first). Saving the round
         this checkpointer saved last again does nothing."""
         round_ = int(state.round)
         if round_ == self._saved:
             return
-        self._saved = round_
         args = self._ocp.args
-        self._manager.save(round_, args=args.Composite(state=args.StandardSave(jax.device_get(state)),
-                                                                 log=args.JsonSave(log.to_json())), force=True)
+        with self._writing(round_):
+            self._manager.wait_until_finished()  # the pending save's failure is reported as its own round's
+            self._saved = round_
+            self._manager.save(round_, args=args.Composite(state=args.StandardSave(jax.device_get(state)),
+                                                           log=args.JsonSave(log.to_json())), force=True)
 
     def rounds(self) -> list[int]:
         return sorted(self._manager.all_steps())
@@ -104,11 +173,15 @@ class Checkpointer:
                 self._manager.delete(later)
 
     def wait(self) -> None:
-        self._manager.wait_until_finished()
+        with self._writing(None):
+            self._manager.wait_until_finished()
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
-        self._manager.close()
+        try:
+            self.wait()
+        finally:
+            with contextlib.suppress(Exception):  # noqa: BLE001 - a failed save is reported by wait() above
+                self._manager.close()
 
     def __enter__(self):
         return self

@@ -19,6 +19,7 @@ is reused as it is. Ctrl-C and SIGTERM checkpoint the runs and mark them 'interr
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 import re
@@ -32,10 +33,10 @@ from fljax.config import RUNS_MAX, ConfigError, ExperimentConfig, to_dict
 from fljax.engine import DivergenceGuard, Lanes, NonFiniteError, NonFiniteGuard, RunLog, RunResult, Simulation
 from fljax.engine.lanes import can_batch
 from fljax.engine.loop import drive
-from fljax.engine.processes import lead_only
+from fljax.engine.processes import agree, lead_only
 from fljax.errors import OptionError
 from fljax.experiment import Experiment, build, compare_points
-from fljax.runner import files, interrupt, lock
+from fljax.runner import files, identity, interrupt, lock
 from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
 from fljax.runner.memory import check_fits
 from fljax.runner.plan import Program, group_runs, traceable
@@ -46,7 +47,7 @@ from fljax.runner.resume import check_resume
 from fljax.runner.sweep import DataCache, grid_points, point_experiment, point_label, seed_list
 
 __all__ = ["ExperimentResult", "Run", "run_points", "run_experiment", "compare_experiments", "sweep_experiments",
-           "dir_name",
+           "sweep_points", "dir_name",
            "saved_config", "saved_algorithms", "LANE_MODES"]
 
 LANE_MODES = ("vmap", "map", "off")
@@ -146,9 +147,16 @@ class ExperimentResult:
         return row
 
 
+DIR_NAME_MAX = 120  # characters of a run directory's name (file systems allow 255 bytes; this one is ASCII)
+
+
 def dir_name(label: str) -> str:
-    """A file-system friendly directory name for a run label such as ``fedprox(mu=0.1)``."""
+    """A file-system friendly directory name for a run label such as ``fedprox(mu=0.1)``; a label longer than
+    :data:`DIR_NAME_MAX` keeps its start and a hash of the whole (distinct labels stay distinct)."""
     name = re.sub(r"[^A-Za-z0-9_.=+,-]+", "_", label).strip("_.")
+    if len(name) > DIR_NAME_MAX:
+        digest = hashlib.sha256(label.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        name = f"{name[:DIR_NAME_MAX - 13]}-{digest}"
     return name or "run"
 
 
@@ -209,8 +217,8 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
                output: Output | None = None, data_cache: DataCache | None = None, plots: bool = True,
                missing_ok: bool = False, lanes: str = "vmap", subdirs: bool | None = None,
                trace: tuple[str, ...] = (), root_config: ExperimentConfig | None = None,
-               root_summary: dict | None = None, model=None, plot_formats: tuple[str, ...] = FORMATS
-               ) -> list[ExperimentResult]:
+               root_summary: dict | None = None, model=None, plot_formats: tuple[str, ...] = FORMATS,
+               kind: str = "run", listing: dict | None = None) -> list[ExperimentResult]:
     """Run every point for its seeds into ``out`` (one point: ``out`` is its directory; several, or ``subdirs``:
     ``out/<label>/``; ``out=None``: nothing is written). ``root_config`` and ``root_summary``: what a collection (a
     sweep, a comparison) keeps at ``out`` itself, checked and written with the runs' files. ``lanes``: how runs that
@@ -219,7 +227,9 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
     traced values even when all runs agree on them (a sweep's grid keys). Runs a guard stops are reported in their
     summaries (status 'stopped' and the message); the caller decides what that means. ``plot_formats``: the files
     each run's plots are written as (a collection writes PNG only: a PDF costs twice a PNG's time, and a
-    comparison's own figures are the ones kept as PDF).
+    comparison's own figures are the ones kept as PDF). ``kind`` and ``listing``: what the collection's root is
+    (``sweep`` with its ``grid``, ``comparison`` with its ``algorithms``; :mod:`fljax.runner.identity`), recorded
+    in its ``directory.json`` as every point's and seed's directory records ``run``.
 
     What is guaranteed:
 
@@ -228,6 +238,9 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
       directories as they were);
     * every directory a ``config.yaml`` is written into is locked for the whole call (:mod:`fljax.runner.lock`):
       one owner at a time (a root that only holds the run directories, as a study's, is not: its workers share it);
+    * every directory records its kind and origin (``directory.json``, :mod:`fljax.runner.identity`): one that
+      holds another kind (a sweep where a run is asked for) is refused, and so, with ``resume``, is one made with
+      data or a model this call does not have (the user's own, which config.yaml does not describe);
     * without ``resume``, a directory holding results (a checkpoint, a completed or stopped run) is refused; one
       without (a run that died before its first checkpoint) is started afresh;
     * with ``resume``, a config that changes the simulation is refused (:mod:`fljax.runner.resume`); a completed
@@ -247,10 +260,17 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
     runs_by_point = [_runs_of(label, exp, d) for (label, exp), d in zip(points, dirs)]
     all_runs = [run for runs in runs_by_point for run in runs]
     configs = _configs(root, root_config, points, dirs, runs_by_point)
-    if resume and out is not None:
-        for d, cfg, _ in reversed(configs):  # the root first
-            check_resume(d.path, cfg)
     cache = data_cache or DataCache()
+    made = identity.origin(cache.own, model)
+    kinds = {d.path: kind if exp is None else "run" for d, _, exp in configs}
+    if out is not None:
+        for d, cfg, _ in reversed(configs):  # the root first
+            if os.path.isdir(d.path):
+                identity.check_kind(d.path, kinds[d.path], "--resume" if resume else "--out")
+                if resume:
+                    identity.check_origin(d.path, made)
+            if resume:
+                check_resume(d.path, cfg)
     sims = _Sims(model)
     for run in all_runs:  # refuse a bad split, a model that does not fit the data or the memory before writing
         t0 = time.perf_counter()
@@ -271,6 +291,7 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
         for d, cfg, exp in configs:  # the root's config.yaml last: once it exists, the directory can be resumed
             if exp is not None:
                 d.write_resolved(_resolved(exp, model))
+            identity.write(d.path, kinds[d.path], made, **((listing or {}) if exp is None else {}))
             d.write_config(cfg)
         for run in all_runs:
             if run.status != "reused":
@@ -290,12 +311,24 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
                         run.checkpointer = Checkpointer(run.directory.checkpoints)
                 _run_all(all_runs, sims, output, lanes, trace, stop)
             finally:
-                for run in all_runs:
-                    if run.checkpointer is not None:
-                        run.checkpointer.close()
-                        run.checkpointer = None
+                _close_checkpointers(all_runs)
         return [_finish(label, exp.config, d, runs, output, plot_formats if plots else ()) for (label, exp), d, runs
                 in zip(points, dirs, runs_by_point)]
+
+
+def _close_checkpointers(runs: list[Run]) -> None:
+    """Close every run's checkpointer (its pending save finished); the first that failed to write is raised once
+    all are closed (:class:`~fljax.runner.checkpoint.CheckpointError`)."""
+    failed = None
+    for run in runs:
+        if run.checkpointer is not None:
+            try:
+                run.checkpointer.close()
+            except OSError as e:
+                failed = failed or e
+            run.checkpointer = None
+    if failed is not None:
+        raise failed
 
 
 def _resolved(exp: Experiment, module) -> dict:
@@ -333,11 +366,14 @@ def _check_directories(root: RunDir, dirs: list[RunDir], resume: bool, missing_o
 
 
 def _run_all(all_runs: list[Run], sims: _Sims, output: Output, lanes: str, trace: tuple, stop) -> None:
-    """Run every run that is not reused, program by program (:func:`~fljax.runner.plan.group_runs`)."""
+    """Run every run that is not reused, program by program (:func:`~fljax.runner.plan.group_runs`). A stop request
+    (``stop``: SIGINT/SIGTERM) raises :class:`~fljax.runner.interrupt.Interrupted` once the program it arrived in has
+    ended — also when that program was the last one and its runs completed: the signal is never dropped."""
     todo = [r for r in all_runs if r.status != "reused"]
     split: set[str] = set()
     while todo:
-        stop.check()
+        if _agreed(stop):
+            stop.check()
         programs = group_runs(todo, batchable=_batchable(sims), lanes=lanes, split=split, trace=set(trace))
         program = programs[0]
         if program.traced:
@@ -352,6 +388,17 @@ def _run_all(all_runs: list[Run], sims: _Sims, output: Output, lanes: str, trace
         if any(r.status == "interrupted" for r in program.runs):
             stop.check()
         todo = [r for r in todo if all(r is not done for done in program.runs)]
+    if _agreed(stop):  # a signal during the last block: the runs completed, and the caller (a study's next family)
+        stop.check()  # stops
+
+
+def _agreed(stop) -> bool:
+    """Whether a stop was requested — in this process, or (on several processes) in any process of the group, which
+    then all stop after the same block (:func:`fljax.engine.processes.agree`; the request is recorded here too)."""
+    signum = agree(stop.signum or 0)
+    if signum and not stop:
+        stop.signum = signum
+    return bool(signum)
 
 
 def _restore_all(runs: list[Run], sims: _Sims, output: Output) -> None:
@@ -429,7 +476,7 @@ def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str, sto
         run.directory.write_summary(run.summary)
 
     common = dict(checkpoint_every=cfg.checkpoint_every or 0, callback=on_eval, on_checkpoint=on_checkpoint,
-                  on_stop=on_stop, guards=_guards(cfg), progress=output.progress, should_stop=lambda: bool(stop))
+                  on_stop=on_stop, guards=_guards(cfg), progress=output.progress, should_stop=lambda: _agreed(stop))
     for run in runs:
         run.status = "running"
     if len(runs) == 1 and not program.traced:
@@ -540,15 +587,15 @@ def compare_experiments(cfg: ExperimentConfig, algorithms: list[str | tuple[str,
     points = [(lbl, exp) for lbl, exp, _, _ in resolved]
     listing = [{"label": lbl, "algorithm": name, "hyperparameters": hyper} for lbl, _, name, hyper in resolved]
     with lock.hold([out]):
-        results = _run_collection(points, cfg, {"algorithms": listing}, out, resume=resume, output=output,
-                                  plots=plots, data_cache=data_cache, model=model)
+        results = _run_collection(points, cfg, {"algorithms": listing}, out, "comparison", resume=resume,
+                                  output=output, plots=plots, data_cache=data_cache, model=model)
         return _compare_table(cfg, points, results, listing, root, plots)
 
 
 def _compare_table(cfg, points, results, listing, root: RunDir, plots: bool):
     """The comparison's table, plot and summary."""
     by_label = {lbl: r for (lbl, _), r in zip(points, results)}
-    rows = [r.row(lbl) for lbl, r in by_label.items()]
+    rows = [{**r.row(lbl), "status": _status(r)} for lbl, r in by_label.items()]
     title = (f"{setting(cfg, results[0].runs[0].data)}, {cfg.rounds} rounds, "
              f"{cfg.seeds} seed{'s' if cfg.seeds > 1 else ''}")
     root.write_text("compare.md", f"# {title}\n\n{markdown_table(rows)}\n")
@@ -571,6 +618,22 @@ def sweep_experiments(cfg: ExperimentConfig, grid: dict[str, list], out: str | N
     out = lead_only(out)
     output = output or Output()
     root = RunDir(out)
+    own = [k for k in grid if k.split(".", 1)[0] in ("data", "server")] if data_cache and data_cache.own else []
+    if own:
+        raise ConfigError(f"--grid {own[0]}: the sweep runs on your own data ({data_cache.own.name!r}, "
+                          f"{data_cache.own.num_clients} clients), which {own[0]} does not change (every point would "
+                          f"run on the same data); sweep other keys, or build one data set per value and run each.")
+    points = sweep_points(cfg, grid)
+    trace = tuple(k.split(".", 1)[1] for k in grid if k.startswith("algo."))
+    with lock.hold([out]):
+        results = _run_collection(points, cfg, {"grid": grid}, out, "sweep", resume=resume, output=output,
+                                  plots=plots, lanes=lanes, trace=trace, data_cache=data_cache, model=model)
+        return _sweep_table(cfg, grid, points, results, root, plots)
+
+
+def sweep_points(cfg: ExperimentConfig, grid: dict[str, list]) -> list[tuple[str, Experiment]]:
+    """The (label, resolved experiment) of every point of ``grid`` on the parsed config ``cfg``; an empty grid, or
+    one that would start more than :data:`~fljax.config.RUNS_MAX` runs with the seeds, is refused."""
     if not grid:
         raise ConfigError("a sweep needs a grid, e.g. --grid algo.lr=0.01,0.1.")
     count = math.prod(len(values) for values in grid.values())
@@ -578,25 +641,14 @@ def sweep_experiments(cfg: ExperimentConfig, grid: dict[str, list], out: str | N
         raise ConfigError(f"--grid gives {count:,} points × {cfg.seeds} seed(s) = {count * cfg.seeds:,} runs, more "
                           f"than the {RUNS_MAX:,} one command may start; sweep fewer values or seeds at a time.")
     base = to_dict(cfg)
-    points = []
-    for values in grid_points(grid):
-        label = point_label(values)
-        points.append((label, point_experiment(base, values, name=label)))
-    trace = tuple(k.split(".", 1)[1] for k in grid if k.startswith("algo."))
-    with lock.hold([out]):
-        results = _run_collection(points, cfg, {"grid": grid}, out, resume=resume, output=output, plots=plots,
-                                  lanes=lanes, trace=trace, data_cache=data_cache, model=model)
-        return _sweep_table(cfg, grid, points, results, root, plots)
+    return [(point_label(values), point_experiment(base, values, name=point_label(values)))
+            for values in grid_points(grid)]
 
 
 def _sweep_table(cfg, grid, points, results, root: RunDir, plots: bool):
     """The sweep's table, plot and summary."""
     by_label = {lbl: r for (lbl, _), r in zip(points, results)}
-    rows = []
-    for lbl, r in by_label.items():
-        row = r.row(lbl)
-        row["status"] = "stopped: " + r.stopped[0].message if r.stopped else "completed"
-        rows.append(row)
+    rows = [{**r.row(lbl), "status": _status(r)} for lbl, r in by_label.items()]
     title = (f"{cfg.algorithm} on {setting(cfg, results[0].runs[0].data)}, {len(points)} points × {cfg.seeds} "
              f"seed{'s' if cfg.seeds > 1 else ''}, {cfg.rounds} rounds")
     root.write_text("sweep.md", f"# {title}\n\n{markdown_table(rows)}\n")
@@ -607,12 +659,20 @@ def _sweep_table(cfg, grid, points, results, root: RunDir, plots: bool):
     return rows, by_label
 
 
-def _run_collection(points, cfg: ExperimentConfig, header: dict, out: str | None, **kwargs) -> list[ExperimentResult]:
-    """Run a collection's points (a comparison, a sweep) under ``out/``: its root keeps ``cfg`` and a summary of
-    ``header`` with the status ('running', 'interrupted' when a signal stopped it; the caller writes 'completed')."""
+def _status(result: ExperimentResult) -> str:
+    """A collection's status column: 'completed', or 'stopped: <why>' when a guard stopped a seed (NaN/Inf,
+    divergence: its numbers are those of the last good evaluation)."""
+    return "stopped: " + result.stopped[0].message if result.stopped else "completed"
+
+
+def _run_collection(points, cfg: ExperimentConfig, header: dict, out: str | None, kind: str,
+                    **kwargs) -> list[ExperimentResult]:
+    """Run a collection's points (a comparison, a sweep: ``kind``) under ``out/``: its root keeps ``cfg``, a
+    ``directory.json`` with ``header`` and a summary of ``header`` with the status ('running', 'interrupted' when
+    a signal stopped it; the caller writes 'completed')."""
     try:
         return run_points(points, out, subdirs=True, root_config=cfg, root_summary={"status": "running", **header},
-                          plot_formats=("png",), **kwargs)
+                          plot_formats=("png",), kind=kind, listing=header, **kwargs)
     except interrupt.Interrupted:
         RunDir(out).write_summary({"status": "interrupted", **header})
         raise
@@ -623,9 +683,12 @@ def _program_count(results: list[ExperimentResult]) -> dict:
     return {"runs": len(runs), "vectorised_runs": sum(run.vectorised for run in runs)}
 
 
-def saved_config(directory: str) -> str:
-    """The path of the resolved config a run directory was started with (for ``--resume``)."""
+def saved_config(directory: str, kind: str = "run") -> str:
+    """The path of the resolved config a run directory was started with (for ``--resume``), after checking that
+    the directory holds a ``kind`` (:func:`fljax.runner.identity.check_kind`)."""
     path = RunDir(directory).file("config.yaml")
+    if os.path.isdir(directory):
+        identity.check_kind(directory, kind)
     if not os.path.exists(path):
         raise ConfigError(f"--resume: {directory!r} is not a run directory (no config.yaml); pass the --out of the "
                           f"run to continue.")
@@ -634,17 +697,22 @@ def saved_config(directory: str) -> str:
 
 def saved_grid(directory: str) -> dict[str, list]:
     """The grid of the sweep in ``directory`` (for ``--resume``)."""
-    path = RunDir(directory).file("summary.json")
-    if not os.path.exists(path) or "grid" not in files.read_json(path):
-        raise ConfigError(f"--resume: {directory!r} holds no sweep (no grid in summary.json); pass the --out of the "
-                          f"sweep to continue.")
-    return files.read_json(path)["grid"]
+    saved = identity.check_kind(directory, "sweep") if os.path.isdir(directory) else None
+    if saved is None:
+        raise ConfigError(f"--resume: {directory!r} holds no sweep (no config.yaml); pass the --out of the sweep to "
+                          f"continue.")
+    return identity.listing(saved, "grid", directory)
 
 
 def saved_algorithms(directory: str) -> list[tuple[str, dict]]:
     """The algorithms (name, hyperparameters) of the comparison in ``directory`` (for ``--resume``)."""
-    path = RunDir(directory).file("summary.json")
-    if not os.path.exists(path):
-        raise ConfigError(f"--resume: {directory!r} holds no comparison (no summary.json); pass the --out of the "
+    saved = identity.check_kind(directory, "comparison") if os.path.isdir(directory) else None
+    if saved is None:
+        raise ConfigError(f"--resume: {directory!r} holds no comparison (no config.yaml); pass the --out of the "
                           f"comparison to continue.")
-    return [(a["algorithm"], a["hyperparameters"]) for a in files.read_json(path)["algorithms"]]
+    entries = identity.listing(saved, "algorithms", directory)
+    if not all(isinstance(a, dict) and isinstance(a.get("algorithm"), str) and isinstance(a.get("hyperparameters"),
+                                                                                          dict) for a in entries):
+        raise files.DamagedFile(os.path.join(directory, identity.FILE), "its algorithms are not {algorithm, "
+                                                                        "hyperparameters} entries")
+    return [(a["algorithm"], a["hyperparameters"]) for a in entries]

@@ -8,25 +8,39 @@ import gzip
 import json
 import os
 import uuid
+import zlib
 
 from fljax import yaml_io
+from fljax.errors import ConfigError
 
 __all__ = ["atomic_path", "write_text", "write_json", "write_jsonl", "write_yaml", "write_png", "write_figure", "read_json",
-           "read_jsonl"]
+           "read_jsonl", "read_yaml", "DamagedFile", "WriteError"]
+
+
+class WriteError(OSError):
+    """A file that could not be written (a full disk, a file-size limit, no permission): the message names it."""
+
+    def __str__(self) -> str:
+        return self.args[1] if len(self.args) > 1 else super().__str__()
 
 
 @contextlib.contextmanager
 def atomic_path(path: str):
-    """Yield a temporary path next to ``path``; on normal exit it replaces ``path``, on an exception it is removed."""
+    """Yield a temporary path next to ``path``; on normal exit it replaces ``path``, on an exception it is removed
+    (an operating-system error becomes a :class:`WriteError` naming ``path``)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
     try:
         yield tmp
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
+        if isinstance(e, OSError) and not isinstance(e, WriteError):
+            reason = (e.strerror or str(e)).lower()
+            raise WriteError(e.errno, f"could not write {path}: {reason}; the file as it was before is kept") \
+                from None
         raise
 
 
@@ -58,6 +72,25 @@ def write_yaml(path: str, value) -> None:
     write_text(path, yaml_io.dump(value))
 
 
+def read_yaml(path: str) -> dict:
+    """A YAML mapping fljax wrote (config.yaml, resolved.yaml), read as configs are (:func:`fljax.yaml_io.load`);
+    one that does not parse, or is not a mapping, raises :class:`DamagedFile` naming it."""
+    import yaml
+
+    try:
+        with open(path, "rb") as f:
+            value = yaml_io.load(f)
+    except FileNotFoundError:
+        raise
+    except (yaml.YAMLError, ConfigError, *_UNREADABLE) as e:
+        raise DamagedFile(path, f"not valid YAML: {(str(e).splitlines() or [type(e).__name__])[0][:120]}") from None
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise DamagedFile(path, f"it holds a {type(value).__name__}, not a mapping of keys")
+    return value
+
+
 def write_png(path: str, fig) -> None:
     """Save a matplotlib figure as PNG (110 dpi, tight bounding box)."""
     write_figure(path, fig)
@@ -75,11 +108,65 @@ def write_figure(path: str, fig) -> None:
         fig.savefig(tmp, format=fmt, dpi=110, bbox_inches="tight")
 
 
-def read_json(path: str):
-    with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
-        return json.load(f)
+class DamagedFile(ConfigError):
+    """A file fljax wrote that no longer reads as it wrote it (changed or cut afterwards: fljax writes whole
+    files, :func:`atomic_path`); the message names the file and what is wrong with it."""
+
+    def __init__(self, path: str, why: str):
+        super().__init__(f"{path} is damaged ({why}); fljax writes its files whole, so it was changed after the "
+                         f"run wrote it: restore it from a copy, or move it away.")
+        self.path = path
+
+
+_UNREADABLE = (ValueError, EOFError, gzip.BadGzipFile, zlib.error)  # JSON and UTF-8 errors are ValueErrors
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, json.JSONDecodeError):
+        return f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
+    if isinstance(e, UnicodeDecodeError):
+        return "not text"
+    return (str(e).splitlines() or [type(e).__name__])[0][:120]
+
+
+def read_json(path: str, expect: type | None = None):
+    """The JSON value in ``path`` (gzip-compressed when it ends with ``.gz``). A file that does not parse, or (with
+    ``expect``) holds another type of value, raises :class:`DamagedFile` naming it; a missing file raises
+    FileNotFoundError."""
+    try:
+        with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
+            value = json.load(f)
+    except FileNotFoundError:
+        raise
+    except _UNREADABLE as e:
+        raise DamagedFile(path, _why(e)) from None
+    if expect is not None and not isinstance(value, expect):
+        raise DamagedFile(path, f"it holds a JSON {type(value).__name__}, not a{'n' if expect is dict else ''} "
+                                f"{'object' if expect is dict else expect.__name__}")
+    return value
 
 
 def read_jsonl(path: str) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """One JSON object per line (blank lines skipped); a line that does not parse, or is not an object, raises
+    :class:`DamagedFile` naming the file and the line (a file cut in the middle of a line included)."""
+    records = []
+    try:
+        with open(path) as f:
+            lines = list(f)
+    except FileNotFoundError:
+        raise
+    except _UNREADABLE as e:
+        raise DamagedFile(path, _why(e)) from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            cut = number == len(lines) and not line.endswith("\n")
+            raise DamagedFile(path, f"line {number} is {'cut short' if cut else 'not valid JSON'}: "
+                                    f"{getattr(e, 'msg', _why(e))}") from None
+        if not isinstance(record, dict):
+            raise DamagedFile(path, f"line {number} is a JSON {type(record).__name__}, not an object")
+        records.append(record)
+    return records

@@ -13,10 +13,9 @@ from __future__ import annotations
 import os
 import re
 
-import yaml
-
 from fljax.errors import ConfigError
 from fljax.frames import concat, history_frame
+from fljax.runner import files
 from fljax.runner.results import RunDir
 
 __all__ = ["load_run", "load_compare"]
@@ -37,8 +36,7 @@ def _read_yaml(d: RunDir, name: str = "config.yaml") -> dict:
     path = d.file(name)
     if not os.path.exists(path):
         return {}
-    with open(path) as f:
-        return yaml.safe_load(f) or {}
+    return files.read_yaml(path)
 
 
 def _summary(d: RunDir) -> dict:
@@ -59,8 +57,14 @@ def _runs(root: RunDir) -> list[tuple[str, str]]:
 
     summary = _summary(root)
     if "algorithms" in summary:
-        labels = [a["label"] for a in summary["algorithms"]]
+        listing = summary["algorithms"]
+        if not isinstance(listing, list) or not all(isinstance(a, dict) and isinstance(a.get("label"), str)
+                                                    for a in listing):
+            raise files.DamagedFile(root.file("summary.json"), "its 'algorithms' is not a list of {label, ...}")
+        labels = [a["label"] for a in listing]
     elif "results" in summary:
+        if not isinstance(summary["results"], dict):
+            raise files.DamagedFile(root.file("summary.json"), "its 'results' is not a mapping of labels")
         labels = list(summary["results"])
     else:
         labels = sorted(n for n in os.listdir(root.path) if not _SEED_DIR.fullmatch(n)

@@ -39,6 +39,11 @@ def hold(directories: list[str | None]):
     the duration of the ``with`` block. Raises :class:`~fljax.errors.ConfigError` when one is held by another
     process (the locks already taken are released)."""
     wanted = list(dict.fromkeys(d for d in directories if d is not None))
+    for directory in wanted:
+        blocked = _file_in_the_way(directory)
+        if blocked is not None:
+            raise ConfigError(f"run directory {_short(directory)} cannot be created: {_short(blocked)} is a file, not "
+                              f"a directory; choose another --out.")
     taken, created = [], []
     _room_for(len(wanted))
     try:
@@ -94,17 +99,41 @@ def _release(real: str, fd: int) -> None:
 
 
 def _makedirs(path: str) -> list[str]:
-    """Create ``path`` and its missing parents; return the directories created (outermost first)."""
+    """Create ``path`` and its missing parents; return the directories created (outermost first). A path that
+    cannot be created (a file in the way, a name too long, no permission) is refused in one line naming it, and
+    the directories this call created are removed again."""
     missing = []
     while not os.path.isdir(path):
         missing.append(path)
         path = os.path.dirname(path)
     created = []
-    for directory in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(directory)
-            created.append(directory)
+    try:
+        for directory in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(directory)
+                created.append(directory)
+    except OSError as e:
+        for directory in reversed(created):
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
+        raise ConfigError(f"cannot create the run directory {_short(missing[0])}: {e.strerror or e}; choose "
+                          f"another --out.") from None
     return created
+
+
+def _file_in_the_way(path: str) -> str | None:
+    """The part of ``path`` (as given) that exists but is not a directory, if any."""
+    while path and not os.path.isdir(path):
+        if os.path.lexists(path):
+            return path
+        path = os.path.dirname(path)
+    return None
+
+
+def _short(path: str, limit: int = 120) -> str:
+    """A path for a message: quoted, its middle cut when it is long."""
+    text = repr(path)
+    return text if len(text) <= limit else f"{text[:limit // 2]}…{text[-limit // 2:]}"
 
 
 def _room_for(count: int) -> None:

@@ -92,13 +92,15 @@ def _differing(runs: list) -> set[str]:
 def _by_data(runs: list, traced: tuple, batchable) -> list[Program]:
     """One program if the runs can share it (data of one shape, a jitted executor); else one per data set (e.g. a
     grid's points for each seed when every seed draws its own partition); else one per run (tracing ``traced``
-    only under a jitted executor)."""
+    only under a jitted executor). Splitting by data is tried only when it splits (several data sets, fewer than
+    runs): runs that share one data set under an executor that cannot batch (``loop``, ``sharded``) go one per
+    run at once."""
     if batchable(runs):
         return [Program(runs, traced)]
     by_data: dict[int, list] = {}
     for run in runs:
         by_data.setdefault(id(run.data), []).append(run)
-    if len(by_data) < len(runs):
+    if 1 < len(by_data) < len(runs):
         return [p for group in by_data.values() for p in _by_data(group, traced, batchable)]
     return [Program([r], traced if batchable([r]) else ()) for r in runs]
 

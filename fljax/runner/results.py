@@ -83,14 +83,20 @@ class RunDir:
             files.write_jsonl(self.file("metrics.jsonl"), history)
 
     def read_metrics(self) -> list[dict]:
-        return files.read_jsonl(self.file("metrics.jsonl")) if self._exists("metrics.jsonl") else []
+        if not self._exists("metrics.jsonl"):
+            return []
+        records = files.read_jsonl(self.file("metrics.jsonl"))
+        for number, record in enumerate(records, 1):
+            if not isinstance(record.get("round"), int) or isinstance(record.get("round"), bool):
+                raise files.DamagedFile(self.file("metrics.jsonl"), f"record {number} has no integer 'round'")
+        return records
 
     def write_summary(self, summary: dict) -> None:
         if self.path is not None:
             files.write_json(self.file("summary.json"), summary)
 
     def read_summary(self) -> dict:
-        return files.read_json(self.file("summary.json"))
+        return files.read_json(self.file("summary.json"), expect=dict)
 
     def write_text(self, name: str, text: str) -> None:
         if self.path is not None:

@@ -40,7 +40,7 @@ import numpy as np
 from fljax import yaml_io
 from fljax.config import ConfigError, ExperimentConfig, from_dict, to_dict
 from fljax.experiment import Experiment, resolve
-from fljax.runner import files
+from fljax.runner import files, identity
 from fljax.runner.report import Output, sample_std
 from fljax.runner.results import RunDir
 
@@ -354,6 +354,8 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
     'map' keeps each run bit-identical to a run of its own)."""
     output = output or Output()
     lanes = lanes or study.spec.get("lanes", "vmap")
+    if os.path.isdir(out):  # a run, sweep or comparison is not a study's folder (its runs would land beside them)
+        identity.check_kind(out, "study", "--out")
     cells = study.cells(only, seeds, rounds)
     experiments = _experiments(cells)
     names = _run_dir_names(cells)
@@ -374,6 +376,7 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
     output.note(f"{study.title}: {len(cells)} cells, {len(names)} runs ({len(names) - len(todo)} already done), "
                 f"{jobs} job(s); results in {out}")
     t0 = time.perf_counter()
+    identity.write(out, "study", study=study.name)
     families = _families(todo, experiments)
     work = [[(names[k], experiments[k]) for k in fam] for fam in families]
     if jobs <= 1 or len(work) <= 1:
@@ -423,7 +426,7 @@ def _recorded_runs(out: str, experiments: dict[str, Experiment]) -> dict[str, di
     path = os.path.join(out, "results.json.gz")
     if not os.path.exists(path):
         return {}
-    saved = files.read_json(path).get("runs", {})
+    saved = _results_file(path)["runs"]
     return {key: run for key, run in saved.items()
             if key in experiments and _finished(run["summary"], experiments[key].config)}
 
@@ -452,8 +455,21 @@ def _run_parallel(root: str, work: list, jobs: int, lanes: str) -> None:
 def _read_meta(out: str) -> dict:
     path = os.path.join(out, "results.json.gz")
     if os.path.exists(path):
-        return files.read_json(path).get("meta", {})
+        return _results_file(path)["meta"]
     return {}
+
+
+def _results_file(path: str) -> dict:
+    """``results.json.gz`` read and checked: ``meta`` and ``runs`` mappings and a ``cells`` list (a damaged file
+    is named, :class:`~fljax.runner.files.DamagedFile`)."""
+    saved = files.read_json(path, expect=dict)
+    for key, kind in (("meta", dict), ("runs", dict), ("cells", list)):
+        if not isinstance(saved.setdefault(key, kind()), kind):
+            raise files.DamagedFile(path, f"its {key!r} is not a {'mapping' if kind is dict else 'list'}")
+    if not all(isinstance(r, dict) and isinstance(r.get("summary"), dict) and isinstance(r.get("history"), list)
+               for r in saved["runs"].values()):
+        raise files.DamagedFile(path, "a run in it has no 'history' list and 'summary' mapping")
+    return saved
 
 
 def render_study(results: StudyResults, out: str) -> str:
@@ -484,7 +500,10 @@ def results_from_file(study: Study, out: str) -> StudyResults:
     path = os.path.join(out, "results.json.gz")
     if not os.path.exists(path):
         raise ConfigError(f"{path} does not exist; run the study first (without --render).")
-    saved = files.read_json(path)
-    cells = [Cell(**c) for c in saved["cells"]]
+    saved = _results_file(path)
+    try:
+        cells = [Cell(**c) for c in saved["cells"]]
+    except TypeError:
+        raise files.DamagedFile(path, "its 'cells' are not the cells of a study") from None
     return StudyResults(study, cells, saved["runs"], saved["meta"])
 

@@ -42,6 +42,11 @@ class DataCache:
         cache._fixed = data
         return cache
 
+    @property
+    def own(self) -> FederatedData | None:
+        """The user's own data every run gets (:meth:`fixed`), else None."""
+        return self._fixed
+
     def __call__(self, exp: Experiment, seed: int) -> FederatedData:
         if self._fixed is not None:
             return self._fixed

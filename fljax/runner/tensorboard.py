@@ -10,19 +10,46 @@ from __future__ import annotations
 import math
 import os
 
+from fljax.errors import ConfigError
+from fljax.options import show
+
 __all__ = ["TensorBoard"]
+
+
+def _writable(logdir) -> str:
+    """``logdir`` as a path, checked before the run starts (nothing is created here: the writers create their
+    directories at their first record): a directory, or a path whose nearest existing parent is a directory this
+    process may write into."""
+    try:
+        path = os.fspath(logdir)
+    except TypeError:
+        raise ConfigError(f"--tensorboard must be a directory path, got {show(logdir)}.") from None
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise ConfigError(f"--tensorboard must be a directory path, got {show(logdir)}.")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"--tensorboard {show(path)} is a file, not a directory; choose a directory for the event "
+                          f"files.")
+    parent = path
+    while parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if parent and not os.path.isdir(parent):
+        raise ConfigError(f"--tensorboard {show(path)}: {show(parent)} is a file, not a directory.")
+    if not os.access(parent or ".", os.W_OK | os.X_OK):
+        raise ConfigError(f"--tensorboard {show(path)}: {show(parent)} is not writable by this user; choose "
+                          f"another directory.")
+    return path
 
 
 class TensorBoard:
     """Writers by (run, seed), opened on their first record; :meth:`close` flushes and closes them."""
 
     def __init__(self, logdir: str):
+        self.logdir = _writable(logdir)
         try:
             from tensorboardX import SummaryWriter
         except ImportError:
-            raise ImportError("--tensorboard needs tensorboardX: pip install 'fljax[explore]' (or pip install "
-                              "tensorboardX).") from None
-        self.logdir = os.fspath(logdir)
+            raise ConfigError("--tensorboard needs tensorboardX, which is not installed: pip install "
+                              "'fljax[explore]' (or pip install tensorboardX).") from None
         self._make = SummaryWriter
         self._writers: dict = {}
 

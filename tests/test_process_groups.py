@@ -1,0 +1,182 @@
+"""Issue 27, item 3: `--processes N` groups behave as one process. A bad command is refused once, by the launcher,
+before any worker starts; a missing process is refused in one line within FLJAX_JOIN_TIMEOUT (not after
+jax.distributed.initialize's five minutes); SIGTERM to the launcher reaches every worker, which checkpoint and end as
+one interrupted run that resumes; `kill -9` of the launcher takes the workers with it and releases the lock; a dead
+worker ends the group with one line and the last checkpoint intact. (The scenarios with real processes start two
+JAX processes each: they are behind `-m slow`; the refusals run in CI.)"""
+import fcntl
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from fljax.cli import main
+from fljax.engine import processes
+from fljax.runner import launch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+LONG = {"algorithm": "fedavg", "data": {"dataset": "synthetic", "num_clients": 6, "max_samples": 40},
+        "model": {"name": "logreg"}, "algo": {"cohort_size": 3, "local_steps": 1, "batch_size": 10},
+        "rounds": 100_000, "eval_every": 1, "checkpoint_every": 1}
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in processes.ENV.values():
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv(processes.TIMEOUT_ENV, raising=False)
+    monkeypatch.delenv("FLJAX_DEBUG", raising=False)
+
+
+def test_a_bad_set_is_refused_once_by_the_launcher_before_any_worker_starts(clean_env, monkeypatch, capsys,
+                                                                              tmp_path):
+    """(issue: every process validated a bad --set after importing JAX, printing the same line twice.)"""
+    started = []
+    monkeypatch.setattr(launch, "spawn", lambda *a, **k: started.append(a) or 0)
+    monkeypatch.chdir(tmp_path)
+    for argv, message in ((["run", "--set", "algo.lrr=0.1"], "algo.lrr is not a valid key"),
+                          (["sweep", "--grid", "algo.lr="], "--grid algo.lr needs at least one value"),
+                          (["compare", "--algorithms", "fedavg,nope"], "nope")):
+        assert main([*argv, "--processes", "2"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("fljax: error: ") and message in err, err
+    assert started == [] and os.listdir(tmp_path) == []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("process_id, message", [
+    ("0", "did not join within 2 s (FLJAX_JOIN_TIMEOUT)"),  # process 0 waits for a process that never comes
+    ("1", "within 2 s (FLJAX_JOIN_TIMEOUT); start process 0 there first"),  # nobody answers at the coordinator
+])
+def test_a_missing_process_is_refused_in_one_line_within_the_join_timeout(clean_env, monkeypatch, capsys, tmp_path,
+                                                                          process_id, message):
+    """(issue: a process-count mismatch or an unreachable coordinator waited ~5 minutes and aborted with a C++
+    stack trace.)"""
+    monkeypatch.setenv("FLJAX_COORDINATOR", f"localhost:{_free_port()}")
+    monkeypatch.setenv("FLJAX_NUM_PROCESSES", "2")
+    monkeypatch.setenv("FLJAX_PROCESS_ID", process_id)
+    monkeypatch.setenv(processes.TIMEOUT_ENV, "2")
+    monkeypatch.chdir(tmp_path)
+    t0 = time.monotonic()
+    assert main(["run", "--algorithm", "fedavg", "--set", "data.dataset=synthetic", "--out", "r"]) == 2
+    assert time.monotonic() - t0 < 30
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("fljax: error: ") and message in err, err
+    assert not os.path.exists("r/config.yaml")
+
+
+# ------------------------------------------------------------------------------------- real process groups (slow)
+
+
+def _launch(tmp_path, out="r") -> subprocess.Popen:
+    config = tmp_path / "long.yaml"
+    config.write_text(yaml.safe_dump(LONG))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FLJAX_DEBUG": "", "JAX_PLATFORMS": "cpu",
+           "FLJAX_COMPILE_CACHE": str(tmp_path / "cache")}
+    return subprocess.Popen([sys.executable, "-m", "fljax.cli", "run", str(config), "--processes", "2", "--quiet",
+                             "--out", str(tmp_path / out)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _workers(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_for_checkpoints(directory: pathlib.Path, proc, count: int = 2, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        metrics = directory / "metrics.jsonl"
+        if metrics.exists() and len(metrics.read_text().splitlines()) > count and (directory / "checkpoints").exists():
+            return
+        time.sleep(0.2)
+    raise AssertionError("the group made no progress")
+
+
+def _resume_in_one_process(directory: pathlib.Path) -> dict:
+    done = subprocess.run([sys.executable, "-m", "fljax.cli", "run", "--resume", "--out", str(directory), "--set",
+                           "rounds=" + str(len((directory / "metrics.jsonl").read_text().splitlines()) + 1),
+                           "--quiet"], cwd=directory.parent, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads((directory / "summary.json").read_text())
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_stops_every_worker_at_a_checkpoint(tmp_path):
+    proc = _launch(tmp_path)
+    _wait_for_checkpoints(tmp_path / "r", proc)
+    workers = _workers(proc.pid)
+    assert len(workers) == 2
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert [line for line in err.splitlines() if line.strip()][-1].startswith("fljax: interrupted by SIGTERM"), err
+    assert "Traceback" not in err
+    assert not any(_alive(w) for w in workers)
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["status"] == "interrupted"
+    assert _resume_in_one_process(tmp_path / "r")["status"] == "completed"
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_launcher_takes_the_workers_and_the_lock_with_it(tmp_path):
+    proc = _launch(tmp_path)
+    _wait_for_checkpoints(tmp_path / "r", proc)
+    workers = _workers(proc.pid)
+    assert len(workers) == 2
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 20
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(w) for w in workers), "orphaned workers"
+    with open(tmp_path / "r" / ".lock", "a") as f:  # nobody holds the run directory any more
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(f, fcntl.LOCK_UN)
+    assert _resume_in_one_process(tmp_path / "r")["status"] == "completed"
+
+
+@pytest.mark.slow
+def test_a_dead_worker_ends_the_group_in_one_line_with_the_last_checkpoint_intact(tmp_path):
+    proc = _launch(tmp_path)
+    _wait_for_checkpoints(tmp_path / "r", proc)
+    workers = _workers(proc.pid)
+    assert len(workers) == 2
+    os.kill(max(workers), signal.SIGKILL)  # process 1 (started after process 0)
+    _, err = proc.communicate(timeout=120)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == launch.UNEXPECTED_EXIT, err
+    assert lines[-1].startswith("fljax: error: process 1 of 2 ended unexpectedly (killed by SIGKILL"), err
+    assert "continue in one process with: fljax run --resume --out" in lines[-1]
+    assert "Traceback" not in err and not any(_alive(w) for w in workers)
+    assert _resume_in_one_process(tmp_path / "r")["status"] == "completed"
