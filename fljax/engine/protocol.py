@@ -36,7 +36,9 @@ class ClientInput:
       rounds: the epoch clock's batches);
     * ``model`` — the model it runs (static; its group's in a heterogeneous population); ``global_model`` — the model
       of the server's global parameters (static; ``model`` unless a population's group runs another architecture);
-      ``unroll`` — the unroll factor of its local-step loops (static).
+      ``unroll`` — the unroll factor of its local-step loops (static);
+    * ``id`` — its client id (None where the caller passes none): what the server broadcasts about individual
+      clients is indexed by it (FedGiA's selection ``down.selected[inp.id]``).
     """
 
     state: Any
@@ -49,6 +51,7 @@ class ClientInput:
     model: Any = flax.struct.field(pytree_node=False, default=None)
     unroll: int = flax.struct.field(pytree_node=False, default=1)
     global_model: Any = flax.struct.field(pytree_node=False, default=None)
+    id: Any = None
 
 
 @flax.struct.dataclass
