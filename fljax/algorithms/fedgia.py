@@ -160,12 +160,12 @@ class FedGiA(ConsensusRegression):
         return FedGiAServer(uploads=self.origin(ctx, m), sigma=sigma, r=r), clients
 
     # ------------------------------------------------------------------------------------ rounds
-    def aggregate(self, ctx, server: FedGiAServer):
+    def aggregate(self, data, server: FedGiAServer):
         return admm.consensus_from_z(server.uploads)                                                       # (11)
 
     def broadcast(self, ctx, server: FedGiAServer) -> FedGiADown:
         m = ctx.num_clients
-        return FedGiADown(x=self.aggregate(ctx, server), sigma=server.sigma,
+        return FedGiADown(x=self.aggregate(ctx.data, server), sigma=server.sigma,
                           selected=selection(ctx.stream(SAMPLE), m, self.alpha), m=m)
 
     def client_update(self, inp: ClientInput) -> ClientResult:

@@ -103,11 +103,11 @@ class _Baseline(ConsensusRegression):
         g = self.loss.grad(x, blk)
         return g if self.local_scale == "1" else g / m
 
-    def aggregate(self, ctx, server: Server):
+    def aggregate(self, data, server: Server):
         """Unweighted mean of the uploads over the clients, or d_i-weighted (``agg="data_weighted"``, D16)."""
         if self.agg == "mean":
             return tree.mean_clients(server.uploads)
-        return tree.weighted_mean_clients(server.uploads, jnp.concatenate([blk.d for blk in ctx.data.blocks]))
+        return tree.weighted_mean_clients(server.uploads, jnp.concatenate([blk.d for blk in data.blocks]))
 
     def init_server(self, ctx):
         return Server(uploads=self.origin(ctx, ctx.num_clients), k=jnp.zeros((), jnp.int32))          # x_i⁰ = 0
@@ -117,7 +117,7 @@ class _Baseline(ConsensusRegression):
         return jnp.asarray(self.k0, jnp.int32)
 
     def broadcast(self, ctx, server: Server) -> Broadcast:
-        return Broadcast(x=self.aggregate(ctx, server), a=self.scale_a(ctx.data), k=server.k, round=ctx.round,
+        return Broadcast(x=self.aggregate(ctx.data, server), a=self.scale_a(ctx.data), k=server.k, round=ctx.round,
                          steps=self.round_steps(ctx), m=ctx.num_clients)
 
     def local_steps(self, down: Broadcast):

@@ -6,7 +6,7 @@ a group of the simulation's population (:mod:`fljax.engine.population`, grouped 
 (``Simulation(algorithm, data)``, ``ctx.model`` is None). The server keeps every client's last upload
 (``server.uploads [m, n]``, zero at the start); a round, with every client taking part::
 
-    x        ← aggregate(ctx, server)                         the mean of the uploads: FedGiA (11), the baselines'
+    x        ← aggregate(data, server)                         the mean of the uploads: FedGiA (11), the baselines'
     down     ← broadcast(ctx, server)                          x, and what the clients need from the server
     result_i ← client_update(ClientInput(state_i, rows_i, down, id_i))      every client i, its size class's program
                (f_i(x), ∇f_i(x)) at the broadcast x, then its local steps: metrics {"loss": f_i(x), "grad": ∇f_i(x)},
@@ -108,7 +108,7 @@ class ConsensusRegression(Algorithm):
         return jnp.zeros(shape, ctx.data.blocks[0].A.dtype)
 
     # ------------------------------------------------------------------------------------------ rounds
-    def aggregate(self, ctx, server):
+    def aggregate(self, data, server):
         """x, the point the round starts from: the mean of the clients' last uploads (FedGiA (11))."""
         return tree.mean_clients(server.uploads)
 
@@ -157,6 +157,6 @@ class ConsensusRegression(Algorithm):
         return self.loss.value_and_grad(inp.down, inp.train)
 
     def evaluate(self, ctx, server, clients):
-        f, g = run_all(ctx, lambda g: self.measure_client, self.aggregate(ctx, server), None, EVAL, test=False)
+        f, g = run_all(ctx, lambda g: self.measure_client, self.aggregate(ctx.data, server), None, EVAL, test=False)
         p = self.progress(f, g, ctx.num_clients)
         return {"objective": p["train_loss"], "error": p["error"], "grad_norm_sq": p["grad_norm_sq"]}, {}
