@@ -1,7 +1,7 @@
 """FedGiA's Table IV reproduction: the paper's numbers and the gated claims (spec §7–§9).
 
-The runs, tables and figures are data (``fedgia.yaml``, run by ``fljax reproduce fedgia``); this module holds what
-is computed from them.
+The paper's numbers and rules, apart from how the runs are driven (:mod:`fljax.reproduce.fedgia`, ``fljax
+reproduce fedgia``), so that tests and other drivers read them from one place.
 """
 from __future__ import annotations
 
