@@ -1,5 +1,6 @@
-"""The engine's stopping-rule driver (fljax.engine.stopping), grouped clients (fljax.engine.groups) and the BLAS
-guard (fljax.engine.blas), on a toy algorithm whose runs stop at different rounds."""
+"""The engine's stopping-rule driver (fljax.engine.stopping), data-shaped client groups (fljax.engine.population,
+through fljax.engine.cohort.run_all) and the BLAS guard (fljax.engine.blas), on a toy algorithm whose runs stop at
+different rounds."""
 import dataclasses
 from typing import ClassVar
 
@@ -11,7 +12,9 @@ import pytest
 import threadpoolctl
 
 from fljax.algorithms.base import Algorithm
-from fljax.engine import Lanes, Simulation, Stopping, Tolerance, map_groups, run_until
+from fljax.engine import (ClientGroup, Lanes, Population, RoundContext, Simulation, Stopping, Tolerance,
+                          run_until)
+from fljax.engine.cohort import run_all
 from fljax.engine.executors import ChunkedExecutor, LoopExecutor, VmapExecutor
 from fljax.engine.stopping import start, step
 from fljax.errors import OptionError
@@ -140,40 +143,82 @@ def test_programs_are_reused_and_bad_settings_refused():
 # ------------------------------------------------------------------------------------------------ grouped clients
 
 
-def _groups():
-    """Three groups of 2, 3 and 1 clients with rows of different lengths."""
+@flax.struct.dataclass
+class Rows:
+    """One group's data: its clients' rows (``train [clients, rows]``), no test split."""
+
+    train: jax.Array
+    test = None
+
+
+@flax.struct.dataclass
+class Grouped:
+    """Toy grouped data (fljax.engine.population.GroupedData): groups of 2, 3 and 1 clients with rows of 4, 7 and 2
+    values."""
+
+    rows: tuple
+
+    @property
+    def num_clients(self) -> int:
+        return sum(r.shape[0] for r in self.rows)
+
+    @property
+    def population(self) -> Population:
+        return Population(tuple(ClientGroup(f"g{k}", r.shape[0]) for k, r in enumerate(self.rows)))
+
+    def group(self, g: int) -> Rows:
+        return Rows(train=self.rows[g])
+
+
+def _grouped() -> Grouped:
     rng = np.random.default_rng(0)
-    return [jnp.asarray(rng.standard_normal((c, r))) for c, r in ((2, 4), (3, 7), (1, 2))]
+    return Grouped(tuple(jnp.asarray(rng.standard_normal((c, r))) for c, r in ((2, 4), (3, 7), (1, 2))))
 
 
-def _client(shared, per_client):
-    row, extra, per_group = per_client
-    return shared * jnp.sum(row) + extra + (0.0 if per_group is None else per_group)
+def _context(data, executor=VmapExecutor()):
+    return RoundContext(executor, data, jnp.int32(0), jax.random.PRNGKey(0), population=data.population)
+
+
+def _client(inp):
+    """down · Σ row + the client's id + its state."""
+    return inp.down * jnp.sum(inp.train) + inp.id + (0.0 if inp.state is None else inp.state)
 
 
 @pytest.mark.parametrize("executor", [VmapExecutor(), ChunkedExecutor(chunk_size=2), LoopExecutor()],
                          ids=lambda e: e.name)
-def test_map_groups_concatenates_in_client_order(executor):
-    groups, extra = _groups(), jnp.arange(6.0)
-    expect = np.concatenate([2.0 * np.asarray(g).sum(axis=1) for g in groups]) + np.arange(6.0)
-    got = map_groups(executor, _client, 2.0, groups, extra)
+def test_grouped_data_runs_every_group_in_client_order(executor):
+    """Every group's clients see their own rows and ids; the outputs are concatenated in client order, or kept per
+    group with per-group states of their own shapes; the serial order changes no value."""
+    data = _grouped()
+    ctx = _context(data, executor)
+    expect = np.concatenate([2.0 * np.asarray(r).sum(axis=1) for r in data.rows]) + np.arange(6.0)
+    got = run_all(ctx, lambda g: _client, 2.0, None, 0, test=False)
     np.testing.assert_allclose(got, expect, rtol=1e-6)
-    np.testing.assert_array_equal(map_groups(executor, _client, 2.0, groups, extra, serial=True), got)  # same values
-    per_group = [jnp.full((2,), 10.0), jnp.full((3,), 20.0), jnp.full((1,), 30.0)]
-    parts = map_groups(executor, _client, 2.0, groups, extra, per_group, concat=False)
+    np.testing.assert_array_equal(run_all(ctx, lambda g: _client, 2.0, None, 0, test=False, serial=True), got)
+    states = (jnp.full((2,), 10.0), jnp.full((3,), 20.0), jnp.full((1,), 30.0))
+    parts = run_all(ctx, lambda g: _client, 2.0, states, 0, test=False, concat=False)
     assert [p.shape for p in parts] == [(2,), (3,), (1,)]
     np.testing.assert_allclose(np.concatenate(parts), expect + np.repeat([10.0, 20.0, 30.0], [2, 3, 1]), rtol=1e-6)
+    wide = run_all(ctx, lambda g: lambda inp: inp.train, 0.0, None, 0, test=False, concat=False)   # own shapes
+    assert [w.shape for w in wide] == [(2, 4), (3, 7), (1, 2)]
 
 
-def test_map_groups_serial_adds_a_data_dependency():
-    groups, extra = _groups(), jnp.arange(6.0)
-    plain = str(jax.make_jaxpr(lambda s: map_groups(VmapExecutor(), _client, s, groups, extra))(2.0))
-    serial = str(jax.make_jaxpr(lambda s: map_groups(VmapExecutor(), _client, s, groups, extra, serial=True))(2.0))
+def test_serial_groups_add_a_data_dependency():
+    """serial=True: group k + 1 reads what it shares through a zero that depends on group k's outputs."""
+    data = _grouped()
+    run = lambda s, serial: run_all(_context(data), lambda g: _client, s, None, 0, test=False, serial=serial)
+    plain, serial = (str(jax.make_jaxpr(lambda s: run(s, flag))(2.0)) for flag in (False, True))
     assert "is_finite" not in plain and serial.count("is_finite") == 2       # groups 1 and 2 wait for 0 and 1
     with pytest.raises(ValueError, match="floating-point leaf"):
-        map_groups(VmapExecutor(), lambda s, pc: pc[0], 3, groups, serial=True)
-    with pytest.raises(ValueError, match="per_group has 2 entries for 3 groups"):
-        map_groups(VmapExecutor(), _client, 2.0, groups, None, [None, None])
+        run_all(_context(data), lambda g: lambda inp: jnp.sum(inp.train), 3, None, 0, test=False, serial=True)
+
+
+def test_a_simulation_takes_the_population_of_grouped_data():
+    data = _grouped()
+    sim = Simulation(Decay(), data, executor="vmap")
+    assert sim.population.sizes == [2, 3, 1] and sim.model is None
+    with pytest.raises(ValueError, match="groups of its own"):
+        Simulation(Decay(), data, executor="vmap", groups=[ClientGroup("a", 6)])
 
 
 # ------------------------------------------------------------------------------------------------ BLAS guard

@@ -17,7 +17,7 @@ from fljax.errors import OptionError
 from fljax.ops import admm
 from fljax.problems import (LeastSquares, Logistic, NonconvexLogistic, lambda_max_host,
                             lambda_max_power, pack_trials)
-from fljax.reproduce.fedgia import Conventions, paper_tol0
+from fljax.reproduce.fedgia_claims import paper_tol0
 from tests.fedgia_reference import fedgia_literal, lipschitz, loss_np, table3
 
 LOSSES = {"ls": LeastSquares(), "log": Logistic(), "ncv": NonconvexLogistic()}
@@ -58,27 +58,34 @@ def round_key(seed, s):
 
 
 def trajectory(alg, data, rounds, seed=0):
-    """Aggregates x and client z at the start of each of ``rounds`` plain engine rounds of trial 0, and the
-    server state (σ, curvatures) from ``init``."""
+    """Aggregates x and the clients' uploads z at the start of each of ``rounds`` plain engine rounds of trial 0,
+    and the initial state (σ on the server, each client's curvature in its state, a tuple per size class)."""
     sim = simulation(alg, data)
-    state = sim.init(seed)
+    state = first = sim.init(seed)
     xs, zs = [], []
     for _ in range(rounds):
-        xs.append(np.asarray(alg.aggregate(sim.data, state.server, state.clients)))
-        zs.append(np.asarray(state.clients.z))
+        xs.append(np.asarray(alg.aggregate(sim.data, state.server)))
+        zs.append(np.asarray(state.server.uploads))
         state, _ = sim.round(state)
-    return xs, zs, state.server
+    return xs, zs, first
 
 
-def stop_rule(alg, data, tol0=None, max_iters=10_000, max_rounds=None, conventions=Conventions()):
+# The reference code's conventions (spec §4: Error = ‖∇f‖²/m², tol = min(tol0, 0.1·Error₀), CR = rounds) and the
+# paper-literal ones (Error (35), tol = tol0, CR (31) = 2·rounds): the rule's metric, its `relative`, CR.
+CODE = ("error", 0.1, 1)
+PAPER = ("grad_norm_sq", None, 2)
+
+
+def stop_rule(alg, data, tol0=None, max_iters=10_000, max_rounds=None, conventions=CODE):
     """Table IV's rule for ``data``: Error ≤ min(tol0, 0.1·Error₀), at most ``max_iters`` local iterations."""
     rows = int(sum(np.asarray(blk.d)[0].sum() for blk in data.blocks))                      # d of trial 0
     tol0 = paper_tol0(alg.loss, rows) if tol0 is None else tol0
-    return Stopping(conventions.rule(tol0), max_rounds=max_rounds or max_iters, max_iters=max_iters,
-                    track=("train_loss", "error"))
+    metric, relative, _ = conventions
+    return Stopping(Tolerance(tol0=tol0, relative=relative, metric=metric), max_rounds=max_rounds or max_iters,
+                    max_iters=max_iters, track=("train_loss", "error"))
 
 
-def solve(alg, data, executor=VmapExecutor(), seed0=0, conventions=Conventions(), **stop):
+def solve(alg, data, executor=VmapExecutor(), seed0=0, conventions=CODE, **stop):
     """Every trial of ``data`` as lane t (run seed seed0 + t) until ``stop_rule``; per-trial host arrays, with the
     final aggregate ``x``."""
     trials = [jax.device_put(t) for t in data.trials()]
@@ -87,17 +94,17 @@ def solve(alg, data, executor=VmapExecutor(), seed0=0, conventions=Conventions()
     if executor.jittable:
         lanes = Lanes(sim, [seed0 + t for t in range(len(trials))], trials)
         res = run_until(lanes, rule)
-        x = jax.vmap(lambda s, d: alg.aggregate(d, s.server, s.clients))(res.state, lanes.data)
+        x = jax.vmap(lambda s, d: alg.aggregate(d, s.server))(res.state, lanes.data)
     else:
         runs = [run_until(Simulation(alg, d, executor=executor), rule, seed=seed0 + t) for t, d in enumerate(trials)]
         res = types.SimpleNamespace(**{k: np.stack([getattr(r, k) for r in runs])
                                        for k in ("rounds", "iters", "converged", "diverged")},
                                     metrics={k: np.stack([r.metrics[k] for r in runs]) for k in runs[0].metrics},
                                     history={k: np.stack([r.history[k] for r in runs]) for k in runs[0].history})
-        x = [alg.aggregate(d, r.state.server, r.state.clients) for d, r in zip(trials, runs)]
-    metric = conventions.metric
+        x = [alg.aggregate(d, r.state.server) for d, r in zip(trials, runs)]
+    metric, _, cr_per_round = conventions
     return types.SimpleNamespace(x=np.asarray(x), obj=res.metrics["train_loss"], err=res.metrics[metric],
-                                 rounds=res.rounds, cr=conventions.cr_of(res.rounds), iters=res.iters,
+                                 rounds=res.rounds, cr=cr_per_round * res.rounds, iters=res.iters,
                                  converged=res.converged, hist_f=res.history["train_loss"],
                                  hist_e=res.history[metric])
 
@@ -156,14 +163,15 @@ def test_curvature_solves_match_dense_solve(kind, variant, solver):
         assert e.value.key == "gram_solver" and "\n" not in str(e.value)
         data = pack_trials([inst], row_multiple=1)
     v = np.random.default_rng(2).standard_normal(6)
-    _, _, consts = trajectory(method, data, 0)
-    sigma, m = float(consts.sigma), 5
+    _, _, state = trajectory(method, data, 0)
+    sigma, m = float(state.server.sigma), 5
     clients = ordered(inst, data)
     r = max(lipschitz(kind, a, MU[kind]) for a, _ in clients)
     t = 0.15 if kind == "ls" else max(0.025, 4 * np.log(sum(len(b) for _, b in inst)) / 6)
     assert sigma == pytest.approx(t * r / m, rel=1e-12)
     i = 0
-    for blk, curv in zip(data.blocks, consts.curv):
+    for blk, own in zip(data.blocks, state.clients):                     # one pytree per size class
+        curv = own.curv
         for j in range(blk.num_clients):
             a, _ = clients[i]
             dense = table3(kind, variant, a, MU[kind]) / m + sigma * np.eye(6)
@@ -260,7 +268,7 @@ def test_alpha_zero_is_gradient_descent_with_step_one_over_m_sigma():
     f, g = loss_np("ncv", 1e-2)
     for k0 in (1, 4):
         res = solve(FedGiA(loss=NonconvexLogistic(), variant="D", k0=k0, alpha=0.0), data, max_iters=40)
-        sigma = float(trajectory(FedGiA(loss=NonconvexLogistic()), data, 0)[2].sigma)
+        sigma = float(trajectory(FedGiA(loss=NonconvexLogistic()), data, 0)[2].server.sigma)
         x = np.zeros(5)
         for s in range(int(res.rounds[0]) + 1):
             assert res.hist_f[0, s] == pytest.approx(np.mean([f(x, a, b) for a, b in inst]), rel=1e-12)
@@ -350,7 +358,7 @@ def test_registered_and_runs_as_a_plain_engine_run():
 def test_conventions_and_errors():
     data = pack_trials([instance("ls", m=5)])
     code = solve(FedGiA(loss=LeastSquares(), k0=2), data)
-    paper = solve(FedGiA(loss=LeastSquares(), k0=2), data, conventions=Conventions.preset("paper"))
+    paper = solve(FedGiA(loss=LeastSquares(), k0=2), data, conventions=PAPER)
     assert code.cr[0] == code.rounds[0] and paper.cr[0] == 2 * paper.rounds[0]
     # Error(paper) = m²·Error(code) at the same point
     assert paper.hist_e[0, 0] == pytest.approx(25 * code.hist_e[0, 0], rel=1e-13)
@@ -367,8 +375,6 @@ def test_conventions_and_errors():
         assert e.value.key == next(iter(bad))
     with pytest.raises(OptionError, match="tol0"):
         run_until(simulation(FedGiA(), data), Stopping(Tolerance(0.0)))
-    with pytest.raises(OptionError, match="conventions.stop_cmp"):
-        Conventions(stop_cmp="<=")
 
 
 # ------------------------------------------------------------------------------------------------ theory regime
@@ -418,9 +424,10 @@ def test_lagrangian_of_fljax_iterates_decreases_in_the_theory_regime(kind, varia
     assert sigma == pytest.approx(6.0 * r / 6, rel=1e-12)
     values, fx, grads = [], [], []
     for _ in range(600):
-        x = np.asarray(alg.aggregate(sim.data, state.server, state.clients))
+        x = np.asarray(alg.aggregate(sim.data, state.server))
         state, _ = sim.round(state)               # one compiled round
-        X, Pi = np.asarray(state.clients.x), np.asarray(state.clients.pi)
+        (own,) = state.clients                    # one size class
+        X, Pi = np.asarray(own.x), np.asarray(own.pi)
         values.append(sum(f(X[i], a, b) / 6 + (X[i] - x) @ Pi[i] + 0.5 * sigma * np.sum((X[i] - x) ** 2)
                           for i, (a, b) in enumerate(clients)))
         fx.append(np.mean([f(x, a, b) for a, b in clients]))

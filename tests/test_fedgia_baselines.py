@@ -18,7 +18,7 @@ def aggregates(method, data, rounds):
     state = sim.init()
     out = []
     for _ in range(rounds):
-        out.append(np.asarray(method.aggregate(sim.data, state.server, state.clients)))
+        out.append(np.asarray(method.aggregate(sim.data, state.server)))
         state, _ = sim.round(state)
     return out
 
@@ -127,7 +127,7 @@ def test_fedpd_random_aggregation_takes_a_geometric_number_of_steps_per_round():
     state = sim.init(0)
     steps, xs = [], []
     for s in range(6):
-        xs.append(np.asarray(method.aggregate(sim.data, state.server, state.clients)))
+        xs.append(np.asarray(method.aggregate(sim.data, state.server)))
         state, metrics = sim.round(state)
         steps.append(int(metrics["local_steps"]))
     with jax.enable_x64(True):

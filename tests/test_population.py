@@ -103,12 +103,12 @@ def test_groups_that_cannot_be_aggregated_or_run_are_refused(synth20):
 
 
 def test_each_group_runs_a_callable_per_group_in_client_order():
-    """The one loop over groups (cohorts, evaluation and map_groups use it): run(k, lo, hi) per group with its own
+    """The one loop over groups (cohorts, evaluation and full-participation rounds use it): run(k, lo, hi) per group with its own
     client range, outputs concatenated in id order, per group when asked, and a one-line refusal for outputs that
     cannot be stacked."""
     import jax.numpy as jnp
 
-    from fljax.engine.groups import GroupShapeError, each_group
+    from fljax.engine.population import GroupShapeError, each_group
 
     calls = []
 

@@ -4,14 +4,14 @@ FedProx and FedPD (oracle choice I, option I).
 Shared settings: x_i⁰ = 0; every client works at every local step; an unweighted mean aggregates after every k0
 local steps; the round's metrics are f, Error and ‖∇f‖² at the aggregate (:mod:`fljax.algorithms.regression`), so
 the same stopping rule as FedGiA applies (at most 1000 rounds in Table IV). Step size γ_k(a) = a/log₂(k + 2) with k
-the 0-based global local-step counter (decision D17), shared by the inner GD iterations of a step; the server
-state counts k. One round, every client i::
+the 0-based global local-step counter (decision D17), shared by the inner GD iterations of a step; the server keeps
+the uploads and counts k, and broadcasts the aggregate and k (:class:`Broadcast`). One round, every client i::
 
-    FedAvg:  x ← mean_i x_i;  x_i ← x;  k0 times: x_i ← x_i − γ_k ∇f_i(x_i)
+    FedAvg:  x ← mean_i x_i;  x_i ← x;  k0 times: x_i ← x_i − γ_k ∇f_i(x_i);  upload x_i
     FedProx: x ← mean_i x_i;  x_i ← x;  k0 times: ``iters`` times y ← y − γ_k[∇f_i(y) + μ(y − x)] from y = x_i
     FedPD:   x0 ← mean_i x0_i;  x0_i ← x0;  k0 times (or a Geometric(p) number with ``agg_prob`` = p):
                x_i ← ``iters`` times y ← y − γ_k[∇f_i(y) + λ_i + (y − x0_i)/η] from y = x_i
-               λ_i ← λ_i + (x_i − x0_i)/η;  x0_i ← x_i + ηλ_i
+               λ_i ← λ_i + (x_i − x0_i)/η;  x0_i ← x_i + ηλ_i;  upload x0_i
 
 FedProx's μ(y − x) is :func:`fljax.ops.admm.augmented_lagrangian_grad` without a dual; FedPD's λ_i + (y − x0_i)/η is
 :func:`fljax.ops.admm.augmented_lagrangian_grad` and its dual step :func:`fljax.ops.admm.dual_ascent`.
@@ -35,16 +35,40 @@ import jax.numpy as jnp
 from fljax import tree
 from fljax.algorithms.regression import ConsensusRegression, total_rows
 from fljax.engine.context import SAMPLE
+from fljax.engine.protocol import ClientInput, ClientResult
 from fljax.ops import admm
 from fljax.options import at_least, greater_than, interval, option
 from fljax.problems.regression import LeastSquares
 
-__all__ = ["FedAvgGD", "FedProxGD", "FedPD", "FedPDClients", "BASELINES", "step_size"]
+__all__ = ["FedAvgGD", "FedProxGD", "FedPD", "FedPDClients", "Server", "Broadcast", "BASELINES", "step_size"]
 
 
 def step_size(a, k):
     """γ_k(a) = a/log₂(k + 2) (§V-D)."""
     return a / jnp.log2(k + 2.0)
+
+
+@flax.struct.dataclass
+class Server:
+    """The clients' last uploads (``uploads [m, n]``: x_i, FedPD's x0_i) and the local-step counter ``k``."""
+
+    uploads: jax.Array
+    k: jax.Array
+
+
+@flax.struct.dataclass
+class Broadcast:
+    """What the server sends every client: the aggregate ``x``, the step-size scale ``a``, the local-step counter
+    ``k`` at the round's start, the ``round`` s, the round's number of local ``steps``, FedPD's ``eta`` (None for the
+    others) and the number of clients ``m`` (static)."""
+
+    x: jax.Array
+    a: jax.Array
+    k: jax.Array
+    round: jax.Array
+    steps: jax.Array
+    eta: jax.Array | None = None
+    m: int = flax.struct.field(pytree_node=False, default=1)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -79,21 +103,28 @@ class _Baseline(ConsensusRegression):
         g = self.loss.grad(x, blk)
         return g if self.local_scale == "1" else g / m
 
-    def mean(self, data, v):
-        """Unweighted mean over clients, or d_i-weighted (``agg="data_weighted"``, D16)."""
+    def aggregate(self, data, server: Server):
+        """Unweighted mean of the uploads over the clients, or d_i-weighted (``agg="data_weighted"``, D16)."""
         if self.agg == "mean":
-            return tree.mean_clients(v)
-        return tree.weighted_mean_clients(v, jnp.concatenate([blk.d for blk in data.blocks]))
+            return tree.mean_clients(server.uploads)
+        return tree.weighted_mean_clients(server.uploads, jnp.concatenate([blk.d for blk in data.blocks]))
 
-    def init(self, ctx):
-        zeros = jnp.zeros((ctx.num_clients, ctx.data.dim), ctx.data.blocks[0].A.dtype)          # x_i⁰ = 0
-        return {"k": jnp.zeros((), jnp.int32)}, self.init_clients(zeros)
+    def init_server(self, ctx):
+        return Server(uploads=self.origin(ctx, ctx.num_clients), k=jnp.zeros((), jnp.int32))          # x_i⁰ = 0
 
-    def init_clients(self, zeros):
-        return zeros
+    def round_steps(self, ctx):
+        """The round's local steps: k0."""
+        return jnp.asarray(self.k0, jnp.int32)
 
-    def aggregate(self, data, server, clients):
-        return self.mean(data, clients)
+    def broadcast(self, ctx, server: Server) -> Broadcast:
+        return Broadcast(x=self.aggregate(ctx.data, server), a=self.scale_a(ctx.data), k=server.k, round=ctx.round,
+                         steps=self.round_steps(ctx), m=ctx.num_clients)
+
+    def local_steps(self, down: Broadcast):
+        return down.steps
+
+    def server_update(self, server: Server, down: Broadcast, result: ClientResult) -> Server:
+        return Server(uploads=result.upload, k=server.k + down.steps)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -104,21 +135,13 @@ class FedAvgGD(_Baseline):
     summary: ClassVar[str] = "FedAvg with full local gradients on consensus regression (FedGiA's Table IV baseline)"
     paper_a_v1: ClassVar[float] = 0.01
 
-    def client_update(self, shared, per_client):
-        x, a, k_start, s, m = shared
-        blk, g, _ = per_client
-        # step k_start starts from x_i = x, where ∇f_i(x) = g is already known (it served the round's metrics)
-        y = x - self.gamma(a, k_start, 0, s) * (g if self.local_scale == "1" else g / m)
-        step = lambda j, y: y - self.gamma(a, k_start + j, 0, s) * self.local_grad(y, blk, m)
-        return jax.lax.fori_loop(1, self.k0, step, y)
-
-    def round(self, ctx, server, clients):
-        m = ctx.num_clients
-        x = self.aggregate(ctx.data, server, clients)
-        f, g = self.measure(ctx, x)
-        shared = (x, self.scale_a(ctx.data), server["k"], ctx.round, m)
-        x_i = ctx.map_groups(self.client_update, shared, ctx.data.blocks, g)
-        return {"k": server["k"] + self.k0}, x_i, self.round_metrics(f, g, m, self.k0, up=x_i, down=x)
+    def client_update(self, inp: ClientInput) -> ClientResult:
+        d, blk = inp.down, inp.train
+        f, g = self.loss.value_and_grad(d.x, blk)
+        # step k from x_i = x, where ∇f_i(x) = g is already known (it serves the round's metrics)
+        y = d.x - self.gamma(d.a, d.k, 0, d.round) * (g if self.local_scale == "1" else g / d.m)
+        step = lambda j, y: y - self.gamma(d.a, d.k + j, 0, d.round) * self.local_grad(y, blk, d.m)
+        return self.measured(f, g, None, upload=jax.lax.fori_loop(1, self.k0, step, y))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -133,33 +156,25 @@ class FedProxGD(_Baseline):
     paper_a_v1: ClassVar[float] = 0.001
     mu: float = option(1e-4, "μ of the proximal term (μ/2)‖y − x‖²", at_least(0))
 
-    def client_update(self, shared, per_client):
-        x, a, k_start, s, m = shared
-        blk, _, _ = per_client
+    def client_update(self, inp: ClientInput) -> ClientResult:
+        d, blk = inp.down, inp.train
+        f, g = self.loss.value_and_grad(d.x, blk)
 
         def local_step(j, y):
-            grad = lambda u: self.local_grad(u, blk, m) + admm.augmented_lagrangian_grad(u, x, sigma=self.mu)
-            inner = lambda i, u: u - self.gamma(a, k_start + j, i, s) * grad(u)
+            grad = lambda u: self.local_grad(u, blk, d.m) + admm.augmented_lagrangian_grad(u, d.x, sigma=self.mu)
+            inner = lambda i, u: u - self.gamma(d.a, d.k + j, i, d.round) * grad(u)
             return jax.lax.fori_loop(0, self.iters, inner, y)
 
-        return jax.lax.fori_loop(0, self.k0, local_step, x)          # x_i = x after the aggregation
-
-    def round(self, ctx, server, clients):
-        m = ctx.num_clients
-        x = self.aggregate(ctx.data, server, clients)
-        f, g = self.measure(ctx, x)
-        x_i = ctx.map_groups(self.client_update, (x, self.scale_a(ctx.data), server["k"], ctx.round, m),
-                             ctx.data.blocks)
-        return {"k": server["k"] + self.k0}, x_i, self.round_metrics(f, g, m, self.k0, up=x_i, down=x)
+        x_i = jax.lax.fori_loop(0, self.k0, local_step, d.x)          # x_i = x after the aggregation
+        return self.measured(f, g, None, upload=x_i)
 
 
 @flax.struct.dataclass
 class FedPDClients:
-    """FedPD's per-client primal x_i, dual λ_i and local copy x0_i of the global variable ``[m, n]``."""
+    """FedPD's per-client primal x_i and dual λ_i (its local copy x0_i of the global variable is its upload)."""
 
     x: jax.Array
     lam: jax.Array
-    x0: jax.Array
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -186,36 +201,33 @@ class FedPD(_Baseline):
             return 1.0
         return jnp.maximum(400.0, total_rows(data) / 50.0)
 
-    def init_clients(self, zeros):
-        return FedPDClients(x=zeros, lam=zeros, x0=zeros)                                   # λ_i⁰ = x0_i⁰ = 0
+    def init_client(self, inp: ClientInput) -> FedPDClients:
+        zeros = jnp.zeros_like(inp.down)
+        return FedPDClients(x=zeros, lam=zeros)                                              # λ_i⁰ = x0_i⁰ = 0
 
-    def aggregate(self, data, server, clients: FedPDClients):
-        return self.mean(data, clients.x0)
+    def round_steps(self, ctx):
+        """k0, or with ``agg_prob`` = p a Geometric(p) draw from the round's SAMPLE stream."""
+        if self.agg_prob is None:
+            return jnp.asarray(self.k0, jnp.int32)
+        return jax.random.geometric(ctx.stream(SAMPLE), self.agg_prob).astype(jnp.int32)
 
-    def client_update(self, shared, per_client):
-        x0, a, eta, k_start, s, steps, m = shared
-        blk, (x_i, lam), _ = per_client
+    def broadcast(self, ctx, server: Server) -> Broadcast:
+        return super().broadcast(ctx, server).replace(eta=self.scale_eta(ctx.data))
+
+    def client_update(self, inp: ClientInput) -> ClientResult:
+        d, blk, own = inp.down, inp.train, inp.state
+        f, g = self.loss.value_and_grad(d.x, blk)                                          # at x0, the aggregate
 
         def local_step(j, carry):
             x_i, lam, x0_i = carry
-            grad = lambda u: self.local_grad(u, blk, m) + admm.augmented_lagrangian_grad(u, x0_i, lam, eta=eta)
-            inner = lambda i, u: u - self.gamma(a, k_start + j, i, s) * grad(u)
+            grad = lambda u: self.local_grad(u, blk, d.m) + admm.augmented_lagrangian_grad(u, x0_i, lam, eta=d.eta)
+            inner = lambda i, u: u - self.gamma(d.a, d.k + j, i, d.round) * grad(u)
             x_i = jax.lax.fori_loop(0, self.iters, inner, x_i)
-            lam = admm.dual_ascent(lam, x_i, x0_i, eta=eta)                          # λ_i ← λ_i + (x_i − x0_i)/η
-            return x_i, lam, x_i + eta * lam                                          # x0_i ← x_i + ηλ_i
+            lam = admm.dual_ascent(lam, x_i, x0_i, eta=d.eta)                       # λ_i ← λ_i + (x_i − x0_i)/η
+            return x_i, lam, x_i + d.eta * lam                                        # x0_i ← x_i + ηλ_i
 
-        return jax.lax.fori_loop(0, steps, local_step, (x_i, lam, x0))   # x0_i ← x0 after the aggregation
-
-    def round(self, ctx, server, clients: FedPDClients):
-        m = ctx.num_clients
-        x0 = self.aggregate(ctx.data, server, clients)
-        f, g = self.measure(ctx, x0)
-        steps = (jnp.asarray(self.k0, jnp.int32) if self.agg_prob is None
-                 else jax.random.geometric(ctx.stream(SAMPLE), self.agg_prob).astype(jnp.int32))
-        shared = (x0, self.scale_a(ctx.data), self.scale_eta(ctx.data), server["k"], ctx.round, steps, m)
-        x_i, lam, x0_i = ctx.map_groups(self.client_update, shared, ctx.data.blocks, (clients.x, clients.lam))
-        return ({"k": server["k"] + steps}, FedPDClients(x=x_i, lam=lam, x0=x0_i),
-                self.round_metrics(f, g, m, steps, up=x0_i, down=x0))
+        x_i, lam, x0_i = jax.lax.fori_loop(0, d.steps, local_step, (own.x, own.lam, d.x))   # x0_i ← x0 first
+        return self.measured(f, g, FedPDClients(x=x_i, lam=lam), upload=x0_i)
 
 
 BASELINES = {cls.name: cls for cls in (FedAvgGD, FedProxGD, FedPD)}

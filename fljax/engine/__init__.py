@@ -1,4 +1,4 @@
-"""fljax.engine: the algorithm contract, state, executors (and grouped clients), client sampling, the round driver,
+"""fljax.engine: the algorithm contract, state, executors, client populations in groups, client sampling, the round driver,
 lanes, the stopping-rule driver, evaluation summaries, multi-process runs (fljax.engine.processes) and the memory
 plan of every compiled program (fljax.engine.budget)."""
 from fljax.engine.context import ClientCall, RoundContext
@@ -6,7 +6,7 @@ from fljax.engine.driver import RunResult, Simulation
 from fljax.engine.evaluation import summarize
 from fljax.engine.executors import (EXECUTORS, ChunkedExecutor, Executor, LoopExecutor, ShardedExecutor, VmapExecutor,
                                     choose_executor, make_executor)
-from fljax.engine.groups import map_groups
+from fljax.engine.population import ClientGroup, GroupedData, Population
 from fljax.engine.protocol import ClientInput, ClientResult, FederatedAlgorithm
 from fljax.engine.sampling import bernoulli_mask, sample_cohort
 from fljax.engine.lanes import Lanes
@@ -17,5 +17,5 @@ from fljax.engine.stopping import Stopping, StoppingRule, StopResult, Tolerance,
 __all__ = ["ClientCall", "RoundContext", "NonFiniteError", "NonFiniteGuard", "DivergenceGuard", "RunLog", "block_schedule", "drive", "RunResult", "Lanes", "Simulation",
            "summarize", "EXECUTORS", "ChunkedExecutor", "Executor", "LoopExecutor",
            "ShardedExecutor", "VmapExecutor", "make_executor", "choose_executor", "ClientInput", "ClientResult",
-           "FederatedAlgorithm", "bernoulli_mask", "sample_cohort", "State", "map_groups", "Stopping",
-           "StoppingRule", "StopResult", "Tolerance", "run_until"]
+           "FederatedAlgorithm", "bernoulli_mask", "sample_cohort", "State", "ClientGroup", "GroupedData",
+           "Population", "Stopping", "StoppingRule", "StopResult", "Tolerance", "run_until"]

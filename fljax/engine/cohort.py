@@ -17,7 +17,9 @@ upload zero, so weighted means and sums over the client axis see the cohort only
 are concatenated along the client axis: every group must upload pytrees of the same shapes (a global model of one
 architecture), or the algorithm cannot aggregate them and the round refuses to trace.
 
-``run_all`` maps a function over every client of every group (evaluation); outputs are concatenated in id order.
+``run_all`` maps a function over every client of every group (evaluation; an algorithm's per-client
+precomputation); outputs are concatenated in id order. ``run_every`` runs every client's update (full
+participation: the consensus-regression algorithms of :mod:`fljax.algorithms.regression`).
 Every group runs through ``ctx.run_clients``, hence the executor: one vectorised (or chunked, sharded, looped) call
 per group, all inside the round's one compiled program.
 """
@@ -30,9 +32,9 @@ import jax.numpy as jnp
 
 from fljax import tree
 from fljax.engine.context import TRAIN, RoundContext
-from fljax.engine.groups import concat_results, each_group
+from fljax.engine.population import after, concat_results, each_group
 
-__all__ = ["COHORT_MODES", "run_cohort", "run_all"]
+__all__ = ["COHORT_MODES", "run_cohort", "run_all", "run_every"]
 
 COHORT_MODES = ("gather", "mask")
 
@@ -69,13 +71,13 @@ def _run_homogeneous(ctx, update, down, clients, cohort, mode):
     if mode == "mask" and k < n:
         ids = jnp.arange(n)
         result = ctx.run_clients(update, down, clients, ctx.data.train, ctx.client_keys(ids, TRAIN),
-                                 clock_keys=ctx.clock_keys(ids))
+                                 clock_keys=ctx.clock_keys(ids), ids=ids)
         sampled = jnp.zeros(n, bool).at[cohort].set(True)
         return tree.where(sampled, result.state, clients), _masked(result, sampled)
     full = k == n
     result = ctx.run_clients(update, down, clients if full else tree.take_clients(clients, cohort),
                              ctx.data.train if full else ctx.data.train.take(cohort), ctx.client_keys(cohort, TRAIN),
-                             clock_keys=ctx.clock_keys(cohort))
+                             clock_keys=ctx.clock_keys(cohort), ids=cohort)
     return (result.state if full else tree.put_clients(clients, cohort, result.state)), result
 
 
@@ -85,29 +87,50 @@ def _run_group(gctx, update, down, states, sampled, lo: int, k: int, mode: str):
     if mode == "mask":
         ids = jnp.arange(lo, lo + n)
         result = gctx.run_clients(update, down, states, gctx.data.train, gctx.client_keys(ids, TRAIN),
-                                  clock_keys=gctx.clock_keys(ids))
+                                  clock_keys=gctx.clock_keys(ids), ids=ids)
         return tree.where(sampled, result.state, states), _masked(result, sampled)
     cap = min(k, n)
     pos = jnp.nonzero(sampled, size=cap, fill_value=n)[0]  # sampled members, ascending; n marks an empty slot
     valid = pos < n
     safe = jnp.minimum(pos, n - 1)
     result = gctx.run_clients(update, down, tree.take_clients(states, safe), gctx.data.train.take(safe),
-                              gctx.client_keys(lo + safe, TRAIN), clock_keys=gctx.clock_keys(lo + safe))
+                              gctx.client_keys(lo + safe, TRAIN), clock_keys=gctx.clock_keys(lo + safe),
+                              ids=lo + safe)
     new = jax.tree.map(lambda x, v: x.at[pos].set(v.astype(x.dtype), mode="drop"), states, result.state)
     return new, _masked(result, valid)
 
 
-def run_all(ctx: RoundContext, fn_for: Callable, down, clients, keys_tag: int, test: bool = True):
+def run_all(ctx: RoundContext, fn_for: Callable, down, clients, keys_tag: int, test: bool = True, *,
+            concat: bool = True, serial: bool = False):
     """``fn_for(g)(ClientInput)`` for every client of every group (g = None without groups), with the round keys of
-    stream ``keys_tag`` and each client's test split (``test``); the outputs concatenated in id order."""
+    stream ``keys_tag``, the client ids and each client's test split (``test``); the outputs concatenated in id
+    order (``concat``), else a tuple per group. ``clients``: the per-client states (a tuple per group), or None.
+    ``serial``: each group starts once the previous one has finished (the XLA:CPU LAPACK workaround,
+    :func:`fljax.engine.population.after`)."""
     if ctx.population is None:
         ids = jnp.arange(ctx.num_clients)
-        return ctx.run_clients(fn_for(None), down, clients, ctx.data.train, ctx.client_keys(ids, keys_tag),
-                               ctx.data.test if test else None)
+        out = ctx.run_clients(fn_for(None), down, clients, ctx.data.train, ctx.client_keys(ids, keys_tag),
+                              ctx.data.test if test else None, ids=ids)
+        return out if concat else (out,)
+    previous = []
 
     def run(g, lo, hi):
-        gctx = ctx.for_group(g)
-        return gctx.run_clients(fn_for(g), down, clients[g], gctx.data.train,
-                                gctx.client_keys(jnp.arange(lo, hi), keys_tag), gctx.data.test if test else None)
+        gctx, ids = ctx.for_group(g), jnp.arange(lo, hi)
+        shared = after(down, previous[-1]) if serial and previous else down
+        previous.append(gctx.run_clients(fn_for(g), shared, None if clients is None else clients[g],
+                                         gctx.data.train, gctx.client_keys(ids, keys_tag),
+                                         gctx.data.test if test else None, ids=ids))
+        return previous[-1]
 
-    return each_group(_sizes(ctx), run)
+    return each_group(_sizes(ctx), run, concat=concat)
+
+
+def run_every(ctx: RoundContext, update_for: Callable, down, clients, keys_tag: int = TRAIN):
+    """Every client's update, full participation: (the new per-client state — a tuple per group over a population,
+    whose shapes may differ between groups —, the stacked :class:`ClientResult` with ``state`` None over a
+    population). ``update_for(g)`` is group g's ``client_update``."""
+    results = run_all(ctx, update_for, down, clients, keys_tag, test=False, concat=False)
+    if ctx.population is None:
+        return results[0].state, results[0]
+    return (tuple(r.state for r in results),
+            concat_results([r.replace(state=None) for r in results], "client results (uploads, metrics)"))

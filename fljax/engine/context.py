@@ -10,7 +10,7 @@ import numpy as np
 
 from fljax.data.ragged import join_rows, split_rows
 from fljax.engine.executors import Executor
-from fljax.engine.groups import map_groups
+from fljax.engine.population import GroupedData
 from fljax.engine.protocol import ClientInput
 from fljax.engine.sampling import sample_cohort
 
@@ -27,7 +27,7 @@ SERVER = 6  # the server's own draws on its data (e.g. AugFL's knowledge-transfe
 @dataclasses.dataclass(frozen=True)
 class ClientCall:
     """``update(ClientInput(...))`` for one client, as the executor's ``fn(shared, per_client)``: ``shared`` =
-    (down, round, train rows, test rows), ``per_client`` = (state, train, key, test, clock_key). With ragged
+    (down, round, train rows, test rows), ``per_client`` = (state, train, key, test, clock_key, id). With ragged
     storage the rows are the flat samples and the per-client train/test the client's (offset, count), joined into
     its padded window here (:func:`fljax.data.ragged.join_rows`); with padded data the rows are None. Hashable (a
     bound method of a frozen algorithm, hashable models), so the loop executor compiles it once."""
@@ -39,11 +39,11 @@ class ClientCall:
 
     def __call__(self, shared, per_client):
         down, round_, train_rows, test_rows = shared
-        state, train, key, test, clock_key = per_client
+        state, train, key, test, clock_key, id_ = per_client
         train, test = join_rows(train_rows, train), join_rows(test_rows, test)
         return self.update(ClientInput(state=state, train=train, key=key, round=round_, down=down, test=test,
                                        clock_key=clock_key, model=self.model, unroll=self.unroll,
-                                       global_model=self.global_model or self.model))
+                                       global_model=self.global_model or self.model, id=id_))
 
 
 @dataclasses.dataclass
@@ -87,10 +87,12 @@ class RoundContext:
         return self.global_model or self.model
 
     def for_group(self, g: int) -> "RoundContext":
-        """The context of client group ``g`` of the population: its slice of the data, its model and client ids."""
+        """The context of client group ``g`` of the population: its data (grouped data's ``group(g)``, else its
+        slice of the data), its model and client ids."""
         group = self.population.groups[g]
         lo, hi = self.population.bounds(g)
-        data = jax.tree.map(lambda a: a[lo:hi], self.data)
+        data = self.data.group(g) if isinstance(self.data, GroupedData) else jax.tree.map(lambda a: a[lo:hi],
+                                                                                            self.data)
         return dataclasses.replace(self, data=data, model=group.model or self.model, population=None,
                                    global_model=self.server_model, ids=np.arange(lo, hi))
 
@@ -108,21 +110,15 @@ class RoundContext:
         """``fn(shared, per_client[i])`` for every client i, stacked (see :mod:`fljax.engine.executors`)."""
         return self.executor.map_clients(fn, shared, per_client)
 
-    def map_groups(self, fn, shared, groups, per_client=None, per_group=None, *, concat: bool = True,
-                   serial: bool = False):
-        """``fn`` over every client of every group of clients whose arrays differ in shape between groups (see
-        :func:`fljax.engine.groups.map_groups`)."""
-        return map_groups(self.executor, fn, shared, groups, per_client, per_group, concat=concat, serial=serial)
-
-    def run_clients(self, update: Callable, down, states, train, keys, test=None, clock_keys=None):
+    def run_clients(self, update: Callable, down, states, train, keys, test=None, clock_keys=None, ids=None):
         """``update(ClientInput)`` for every client whose stacked ``states``, ``train`` split, ``keys`` (and
-        ``test`` split, round-independent ``clock_keys``) are given, all receiving ``down``; the results stacked
-        along the client axis."""
+        ``test`` split, round-independent ``clock_keys``, client ``ids``) are given, all receiving ``down``; the
+        results stacked along the client axis."""
         call = ClientCall(update, self.model, self.unroll, self.global_model)
         train_rows, train = split_rows(train)
         test_rows, test = split_rows(test)
         return self.map_clients(call, (down, self.round, train_rows, test_rows),
-                                (states, train, keys, test, clock_keys))
+                                (states, train, keys, test, clock_keys, None if ids is None else jnp.asarray(ids)))
 
     def stream(self, tag: int):
         return jax.random.fold_in(self.key, tag)

@@ -30,7 +30,7 @@ from fljax.engine import blas, budget, compile_cache, compile_clock, processes
 from fljax.engine.context import RoundContext
 from fljax.engine.executors import Executor, choose_executor, make_executor
 from fljax.engine.loop import NonFiniteError, NonFiniteGuard, RunLog, drive
-from fljax.engine.population import Population
+from fljax.engine.population import GroupedData, Population
 from fljax.engine.protocol import FederatedAlgorithm
 from fljax.engine.state import State
 from fljax.models import conv_table
@@ -108,7 +108,9 @@ class Simulation:
     ``groups``: a heterogeneous population (:class:`~fljax.engine.population.Population` or a list of
     :class:`~fljax.engine.population.ClientGroup` whose sizes add up to the data's clients): each group runs its own
     model (None: ``model``) and hyperparameter overrides, ``model`` is then the global model's, and the per-client
-    state is a tuple of one pytree per group. None: one homogeneous population.
+    state is a tuple of one pytree per group. None: one homogeneous population, or the data's own groups when the
+    data comes in groups of their own shapes (:class:`~fljax.engine.population.GroupedData`: FedGiA's size
+    classes).
 
     ``memory_budget``: GiB of temporaries each compiled program may use (None: a fraction of the device's memory,
     :func:`fljax.engine.budget.default_budget`); client maps that would exceed it run in chunks that fit
@@ -134,7 +136,12 @@ class Simulation:
                              "fljax.models.make_model('mlp', data.input_shape, data.num_classes) or "
                              "fljax.experiment.default_model(data).")
         population = None if groups is None else Population.of(groups)
-        if population is not None:
+        if isinstance(data, GroupedData):
+            if population is not None:
+                raise ValueError("this data comes in groups of its own (data.population); client groups cannot be "
+                                 "added to it.")
+            population = data.population
+        elif population is not None:
             self._check_population(algorithm, population, data, model)
             if isinstance(data, FederatedData) and isinstance(data.train, RaggedArrays):
                 raise ValueError("client groups need padded client arrays; build the data with storage='padded'.")

@@ -41,6 +41,8 @@ class ClientInput:
     * ``variables`` — the non-parameter variables of its model (``{"batch_stats": ...}``; ``{}`` for a
       Dropout-only model), None for a model without BatchNorm or Dropout
       (:func:`fljax.algorithms.model_state.client_fn` places them).
+    * ``id`` — its client id (None where the caller passes none): what the server broadcasts about individual
+      clients is indexed by it (FedGiA's selection ``down.selected[inp.id]``).
     """
 
     state: Any
@@ -54,6 +56,7 @@ class ClientInput:
     unroll: int = flax.struct.field(pytree_node=False, default=1)
     global_model: Any = flax.struct.field(pytree_node=False, default=None)
     variables: Any = None
+    id: Any = None
 
 
 @flax.struct.dataclass

@@ -21,7 +21,8 @@ import threadpoolctl
 
 from fljax.problems.regression import ClientData, lambda_max_host
 
-__all__ = ["v1_instance", "qot_instance", "sct_standin_instance", "ClientBlocks", "size_blocks", "pack_trials"]
+__all__ = ["v1_instance", "v1_sizes", "qot_instance", "qot_sizes", "sct_standin_instance", "ClientBlocks", "SizeClass",
+           "size_blocks", "pack_trials"]
 
 
 def v1_instance(seed: int, m: int = 128, n: int = 100, d_range: tuple[int, int] = (50, 150),
@@ -50,7 +51,7 @@ def v1_instance(seed: int, m: int = 128, n: int = 100, d_range: tuple[int, int] 
     if not 1 <= lo <= hi:
         raise ValueError(f"d_range must satisfy 1 <= lo <= hi, got {d_range}.")
     rng = np.random.default_rng(seed)
-    sizes = rng.integers(lo, hi + 1, size=m)
+    sizes = rng.integers(lo, hi + 1, size=m)                                   # v1_sizes draws exactly this
     d = int(sizes.sum())
     start = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     a = rng.standard_normal((d, n))
@@ -80,6 +81,11 @@ def v1_instance(seed: int, m: int = 128, n: int = 100, d_range: tuple[int, int] 
     return [(a[s:s + k], b[s:s + k]) for s, k in zip(start, sizes)]
 
 
+def v1_sizes(seed: int, m: int = 128, d_range: tuple[int, int] = (50, 150)) -> np.ndarray:
+    """The client sizes d_i of :func:`v1_instance` with the same arguments, without drawing the rows."""
+    return np.random.default_rng(seed).integers(d_range[0], d_range[1] + 1, size=m)
+
+
 @functools.lru_cache(maxsize=1)
 def _qot_scaled() -> tuple[np.ndarray, np.ndarray]:
     """qot with every column scaled to unit ℓ2 norm and labels −1 → 0 (spec §5.2 step 1), read-only."""
@@ -95,13 +101,18 @@ def _qot_scaled() -> tuple[np.ndarray, np.ndarray]:
 
 
 def _contiguous_split(rng, a, b, m: int, min_client_frac: float):
-    """Shuffle the rows (one permutation for A and b) and cut them into m contiguous blocks at m − 1 distinct uniform
-    points of {2, …, d − 1}, redrawn until min_i d_i > ``min_client_frac``·d/m (spec §5.2 steps 2–4, D8)."""
-    d = a.shape[0]
+    """Shuffle the rows (one permutation for A and b) and cut them into m contiguous blocks (:func:`_split`)."""
+    perm, edges = _split(rng, a.shape[0], m, min_client_frac)
+    a, b = a[perm], b[perm]
+    return [(a[lo:hi], b[lo:hi]) for lo, hi in zip(edges[:-1], edges[1:])]
+
+
+def _split(rng, d: int, m: int, min_client_frac: float) -> tuple[np.ndarray, np.ndarray]:
+    """(a permutation of the d rows, the m + 1 client edges): m − 1 distinct uniform cut points of {2, …, d − 1},
+    redrawn until min_i d_i > ``min_client_frac``·d/m (spec §5.2 steps 2–4, D8)."""
     if not 1 <= m <= d // 2:
         raise ValueError(f"the data has {d} rows; m must be between 1 and {d // 2}, got {m}.")
     perm = rng.permutation(d)
-    a, b = a[perm], b[perm]
     for _ in range(10_000):
         cuts = np.sort(rng.choice(np.arange(2, d), m - 1, replace=False))
         sizes = np.diff(np.concatenate([[0], cuts, [d]]))
@@ -110,8 +121,7 @@ def _contiguous_split(rng, a, b, m: int, min_client_frac: float):
     else:
         raise ValueError(f"no split into {m} clients with every d_i > {min_client_frac}·d/m was found; "
                          f"lower min_client_frac.")
-    edges = np.concatenate([[0], cuts, [d]])
-    return [(a[lo:hi], b[lo:hi]) for lo, hi in zip(edges[:-1], edges[1:])]
+    return perm, np.concatenate([[0], cuts, [d]])
 
 
 def qot_instance(seed: int, m: int = 128, min_client_frac: float = 0.025) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -119,6 +129,11 @@ def qot_instance(seed: int, m: int = 128, min_client_frac: float = 0.025) -> lis
     into random contiguous blocks (:func:`_contiguous_split`)."""
     a, b = _qot_scaled()
     return _contiguous_split(np.random.default_rng(seed), a, b, m, min_client_frac)
+
+
+def qot_sizes(seed: int, m: int = 128, min_client_frac: float = 0.025) -> np.ndarray:
+    """The client sizes d_i of :func:`qot_instance` with the same arguments, without copying the rows."""
+    return np.diff(_split(np.random.default_rng(seed), _qot_scaled()[0].shape[0], m, min_client_frac)[1])
 
 
 def sct_standin_instance(seed: int, m: int = 128, d: int = 200_000, n: int = 200, positives: float = 0.1,
@@ -135,12 +150,27 @@ def sct_standin_instance(seed: int, m: int = 128, d: int = 200_000, n: int = 200
 
 
 @flax.struct.dataclass
+class SizeClass:
+    """The clients of one size class: ``train``, their rows padded to one count (a stacked :class:`ClientData`); no
+    test split. What a group's :class:`~fljax.engine.context.RoundContext` holds as ``data``."""
+
+    train: ClientData
+    test = None
+
+    @property
+    def num_clients(self) -> int:
+        return self.train.num_clients
+
+
+@flax.struct.dataclass
 class ClientBlocks:
     """Clients in size classes: ``blocks`` is a tuple of :class:`ClientData`, in client order; ``order [m]`` gives
     the instance's client index at every position; ``lam_seconds`` the host time spent on the exact λ_max(B_i)
     (FedGiA adds it to its precomputation time). Built by :func:`pack_trials` with a leading trial axis on every
-    leaf; :meth:`trials` gives one trial each (the data an algorithm of :mod:`fljax.algorithms.regression` runs on),
-    and every block is a group of :func:`fljax.engine.map_groups`."""
+    leaf; :meth:`trials` gives one trial each (the data an algorithm of :mod:`fljax.algorithms.regression` runs on).
+
+    One trial is :class:`~fljax.engine.population.GroupedData`: each size class is a group of the simulation's
+    population (:attr:`population`), whose context holds :meth:`group` (a :class:`SizeClass`)."""
 
     blocks: tuple
     order: np.ndarray
@@ -157,6 +187,28 @@ class ClientBlocks:
     @property
     def num_trials(self) -> int:
         return self.order.shape[0]
+
+    @property
+    def population(self):
+        """One client group per size class (consecutive clients, named by their padded row count)."""
+        from fljax.engine.population import ClientGroup, Population
+
+        return Population(tuple(ClientGroup(f"class {k} ({blk.rows} rows)", blk.num_clients)
+                                for k, blk in enumerate(self.blocks)))
+
+    def group(self, g: int) -> SizeClass:
+        return SizeClass(train=self.blocks[g])
+
+    def summary(self) -> str:
+        """One line: clients, features, rows and size classes (one trial)."""
+        rows = int(sum(np.sum(np.asarray(blk.d)) for blk in self.blocks))
+        classes = ", ".join(f"{blk.num_clients}×{blk.rows}" for blk in self.blocks)
+        return (f"{self.num_clients} clients, n = {self.dim} features, d = {rows} rows, padded per size class "
+                f"(clients×rows: {classes})")
+
+    def facts(self) -> dict:
+        """What a run's summary records about its data: the host seconds of the exact λ_max (one trial)."""
+        return {"lambda_seconds": float(np.sum(self.lam_seconds))}
 
     def trial(self, t) -> "ClientBlocks":
         """Trials ``t`` (an int keeps the trial axis with length 1; a slice or index array selects several)."""

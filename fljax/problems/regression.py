@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import ClassVar
+from typing import ClassVar, Mapping
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["ClientData", "Loss", "LeastSquares", "Logistic", "NonconvexLogistic", "LOSSES", "make_loss",
+__all__ = ["ClientData", "Loss", "LeastSquares", "Logistic", "NonconvexLogistic", "LOSSES", "make_loss", "as_loss",
            "lambda_max_host", "lambda_max_power"]
 
 
@@ -68,6 +68,13 @@ class Loss:
     name: ClassVar[str] = "loss"
     kappa: ClassVar[float] = 1.0
     mu: float = 0.0
+
+    def to_config(self):
+        """The loss as a config writes it: its name, or ``{name, <option>: value, ...}`` when an option differs from
+        its default (:func:`as_loss` reads either back)."""
+        changed = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                   if getattr(self, f.name) != f.default}
+        return {"name": self.name, **changed} if changed else self.name
 
     # ---------------------------------------------------------------- per-row term and regulariser (override)
     def rows(self, z, b):
@@ -216,6 +223,19 @@ def make_loss(name: str, **options) -> Loss:
         if key not in fields:
             raise ValueError(f"loss {name!r} has no option {key!r}; valid: {sorted(fields)}.")
     return LOSSES[name](**options)
+
+
+def as_loss(value) -> Loss:
+    """A loss from what a config holds: a :class:`Loss` as it is, a name (``logistic``), or a mapping
+    ``{name: logistic, h_shift_rule: code}`` (:meth:`Loss.to_config`)."""
+    if isinstance(value, Loss):
+        return value
+    if isinstance(value, str):
+        return make_loss(value)
+    if isinstance(value, Mapping) and isinstance(value.get("name"), str):
+        return make_loss(value["name"], **{k: v for k, v in value.items() if k != "name"})
+    raise ValueError(f"must be a loss name ({', '.join(LOSSES)}) or a mapping {{name: ..., <option>: ...}}, got "
+                     f"{value!r}.")
 
 
 def lambda_max_host(a: np.ndarray) -> float:
