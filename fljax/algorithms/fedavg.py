@@ -38,7 +38,7 @@ from fljax.data.batching import BatchPlan
 from fljax.errors import ConfigError, OptionError
 from fljax.ops import prox
 from fljax.ops.fedopt import fedopt
-from fljax.options import Options, at_least, greater_than, interval, option, type_hints, with_default
+from fljax.options import Options, at_least, greater_than, interval, one_of, option, type_hints, with_default
 
 __all__ = ["ModelAveraging", "ServerOptimizer", "ServerOpt", "SERVER_OPTIONS", "FedAvgBase", "FedAvg", "FedProx", "FedAvgFT", "FedLP"]
 
@@ -161,10 +161,14 @@ class ServerOpt(_server_options()):
 class FedAvgBase(BatchStatsOption, ServerOpt, local_options(*EVERY)):
     """FedAvg's round: every client of the cohort runs its local training (:class:`~fljax.algorithms.
     local_training.LocalTraining`) from w_t on its ``local_data``; the server steps on the pseudo-gradient
-    (:class:`ServerOpt`). What a client is scored with is the subclass's."""
+    (:class:`ServerOpt`) of the mean weighted by ``weighting``: n_i samples (McMahan et al.; FedJAX), the client's
+    target tokens (TFF and Reddi et al. on Stack Overflow: :meth:`fljax.data.ClientArrays.tokens`) or uniform. What a client is scored with is the subclass's."""
 
     local_data: Literal["all", "support"] = option(
         "all", "'all' trains on the client's whole train split, 'support' on its support set only")
+    weighting: str = option("samples", "aggregation weights: 'samples' (n_i), 'tokens' (the client's non-padding "
+                                       "train targets: TFF's and Reddi et al.'s weighting of next-token data) or "
+                                       "'uniform'", one_of(("samples", "tokens", "uniform")))
 
     def local_loss(self, model, params, batch, anchor):
         """The local objective f_i (FedProx overrides it)."""
@@ -178,8 +182,8 @@ class FedAvgBase(BatchStatsOption, ServerOpt, local_options(*EVERY)):
         loss_fn = functools.partial(self.local_loss, inp.model, anchor=inp.down)
         params, loss = self.local.train(loss_fn, inp.down, inp.replace(train=inp.train.support_view())
                                         if self.local_data == "support" else inp)
-        return ClientResult(state=self.stored(params, inp), upload=params, weight=inp.train.count,
-                            metrics={"train_loss": loss})
+        weight = inp.train.tokens() if self.weighting == "tokens" else inp.train.count
+        return ClientResult(state=self.stored(params, inp), upload=params, weight=weight, metrics={"train_loss": loss})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
