@@ -19,6 +19,15 @@
 3. ``dense`` — logistic regression 60→10 (1,000 clients) and the MLP 784-200-200-10 (64 clients), ``auto``,
    with their PyTorch peers.
 4. ``resnet`` — ResNet-18-GN on 32×32×3, 64 clients, ``auto`` (its form from the table), tf32 and bf16.
+5. ``text`` — the text targets of issue 26 on the offline stand-ins (synthetic text of the real sets' shapes and
+   client sizes, :mod:`fljax.data.standins`) through ``benchmarks/text_workloads.measure``, FedAvg in the published
+   settings (one local epoch, each member running its own ceil(n_i / batch) steps): Shakespeare, 715 speakers, the
+   character LSTM, 10 clients per round, batch 4, lr 1 (target: 1,200 rounds in under 2 minutes), and Stack
+   Overflow, the first 2,000 of the config's 10,000 users (at most 1,000 sentences each; the same law of cohort
+   sizes), the word LSTM, 50 clients per round, batch 16, lr 10^-0.5 (target: 1,500 rounds in under 20 minutes).
+   Each times a block of a fixed number of rounds after a warm-up block (which compiles it) and projects the full
+   run (compile + rounds × seconds per round; evaluations not counted), stated in the table; then the throughput rows of
+   ``text_workloads`` (2 local steps) at cohorts of 10, 50 and 500, as time allows.
 
 ``--dry-run`` runs every part at toy sizes on any backend in seconds and writes ``gpu_dry_run.*`` (the ResNet part
 is left out: its CPU compile alone takes minutes). The GPU machine has no tensorflow-datasets: nothing here imports it.
@@ -42,7 +51,7 @@ sys.path.insert(0, HERE)
 import throughput  # noqa: E402  (benchmarks/throughput.py: the measurement and its table)
 import torch_peers  # noqa: E402
 
-PARTS = ("emnist", "cnn", "dense", "resnet")
+PARTS = ("emnist", "cnn", "dense", "resnet", "text")
 EMNIST = {"clients": 3400, "train": 671_585, "test": 77_483, "classes": 62, "rounds": 1500, "cohort": 10,
           "batch_size": 20, "local_epochs": 1, "lr": 0.1, "model": "cnn1_s", "sigma": 0.6}
 DRY_EMNIST = {"clients": 34, "train": 680, "test": 340, "rounds": 3, "cohort": 2}
@@ -198,6 +207,41 @@ def measure_rows(part: str, dry: bool, save) -> None:
                      jax.default_backend())
 
 
+# ---------------------------------------------------------------------------------------------- part 5
+# the published settings (configs/shakespeare_fedavg.yaml, configs/stackoverflow_fedavg.yaml), timed rounds
+TEXT_TARGETS = (
+    {"workload": "shakespeare-lstm", "cohort": 10, "local_epochs": 1, "lr": 1.0, "population": 715,
+     "data": {"test_fraction": 0.2}, "rounds": 10, "full_rounds": 1200, "target_seconds": 120},
+    # the config's 10,000 users cut to their first 2,000 (the stand-in's users are i.i.d. in size, so the rounds'
+    # cohorts, and their time, have the same law; building 10,000 takes longer than the part's limit allows)
+    {"workload": "stackoverflow-lstm", "cohort": 50, "local_epochs": 1, "lr": 0.316227766, "population": 2_000,
+     "data": {"test_fraction": 0.1}, "rounds": 10, "full_rounds": 1500, "target_seconds": 1200})
+TEXT_COHORTS = (10, 50, 500)
+
+
+def part_text(dry: bool, save) -> None:
+    import text_workloads  # benchmarks/text_workloads.py
+
+    record = {"targets": [], "rows": []}
+    save("text", record)
+    jobs = [("targets", dict(t, rounds=2, population=4, cohort=2, dry=True) if dry else t) for t in TEXT_TARGETS]
+    jobs += [("rows", {"workload": w, "cohort": 2 if dry else k, "local_steps": 2, "rounds": 1 if dry else 3,
+                       "repeats": 1 if dry else 3, **({"dry": True, "population": 2} if dry else {})})
+             for w in text_workloads.WORKLOADS for k in (TEXT_COHORTS[:1] if dry else TEXT_COHORTS)]
+    for kind, spec in jobs:
+        try:
+            row = text_workloads.measure(spec)
+        except Exception as e:  # noqa: BLE001 - one failed measurement must not lose the part's others
+            print(f"FAILED text {spec}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                  file=sys.stderr)
+            continue
+        if kind == "targets":
+            row.update(full_rounds=spec["full_rounds"], target_seconds=spec["target_seconds"],
+                       projected_seconds=row["compile_seconds"] + spec["full_rounds"] * row["round_seconds"])
+        record[kind].append(row)
+        save("text", record)
+
+
 # ---------------------------------------------------------------------------------------------- report
 def _fmt(x, spec=",.0f"):
     return "–" if x is None else format(x, spec)
@@ -261,7 +305,31 @@ def markdown(result: dict) -> str:
                             + (f" (timed {p['timed_clients']})" if p["timed_clients"] != p["clients"] else "")
                             + f" | {p['client_steps_per_s']:,.0f} | {ratio} |")
         text.append("")
+    text += _text_markdown(result.get("text"))
     return "\n".join(text)
+
+
+def _text_markdown(rec: dict | None) -> list[str]:
+    text = ["## 5. Text: Shakespeare and Stack Overflow FedAvg targets (stand-ins), LSTM throughput", ""]
+    if not rec:
+        return text + ["not measured", ""]
+    text += ["Published settings, one local epoch (each member runs its own ceil(n_i / batch) steps); the run is "
+             "projected from the timed block of rounds: compile + rounds × s/round (the block's mean); evaluations not "
+             "counted. Client-steps/s from the expected steps per round.", "",
+             "| workload | population | cohort | executor | timed rounds | s/round | compile s | projected run "
+             "| target | client-steps/s | tokens/s |", "|" + "---|" * 11]
+    for r in rec["targets"]:
+        text.append(f"| {r['workload']} | {r['population']:,} | {r['cohort']} | {r['executor']} | {r['rounds']} | "
+                    f"{r['round_seconds']:.3f} | {r['compile_seconds']:.1f} | **{r['full_rounds']:,} rounds: "
+                    f"{r['projected_seconds']:.0f} s** | {r['target_seconds']} s | {r['client_steps_per_s']:,.0f} | "
+                    f"{r['tokens_per_s']:,.0f} |")
+    text += ["", "| workload | cohort | local steps | executor | s/round | client-steps/s | tokens/s | compile s |",
+             "|" + "---|" * 8]
+    for r in rec["rows"]:
+        text.append(f"| {r['workload']} | {r['cohort']} | {r['local_steps']} | {r['executor']} | "
+                    f"{r['round_seconds']:.3f} | {r['client_steps_per_s']:,.0f} | {r['tokens_per_s']:,.0f} | "
+                    f"{r['compile_seconds']:.1f} |")
+    return text + [""]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -290,6 +358,8 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.part == "emnist":
         part_emnist(args.dry_run, save)
+    elif args.part == "text":
+        part_text(args.dry_run, save)
     elif args.part in ("cnn", "dense", "resnet"):
         measure_rows(args.part, args.dry_run, save)
     else:

@@ -3,7 +3,7 @@
 # benchmarks/results/gpu.{json,md} (and the GPU rows of fljax/models/conv_forms.json).
 #   bash benchmarks/gpu.sh            # needs a GPU: refuses to run on a CPU backend
 #   bash benchmarks/gpu.sh --dry-run  # any machine, seconds: every part at toy sizes
-# Each part runs in its own process under its own time limit (seconds below: 450 in all), in the order;
+# Each part runs in its own process under its own time limit (seconds below: 465 in all), in the order;
 # a part that fails or runs out of time keeps what it saved and the next one runs (a part that ignores the
 # SIGTERM at its limit, e.g. inside an XLA compile while the run's signal handler waits for the block, is killed 10 s later). PYTHON picks the interpreter.
 set -uo pipefail
@@ -19,7 +19,7 @@ fi
 export FLJAX_COMPILE_CACHE=${FLJAX_COMPILE_CACHE:-0}  # measure cold compiles
 failed=0
 fresh=--fresh
-for part in emnist:120 cnn:180 dense:70 resnet:80; do
+for part in emnist:110 cnn:140 dense:60 resnet:75 text:80; do
   name=${part%%:*}
   limit=${part##*:}
   [[ "${1:-}" == "--dry-run" ]] && limit=600  # a dry run on a shared CPU: no device-sized limits

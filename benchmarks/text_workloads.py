@@ -5,16 +5,18 @@ synthetic text), at cohorts of 10, 50 and 500 clients.
 Every cohort member runs ``local_steps`` SGD steps of the workload's batch (Shakespeare 4 sequences of 80
 characters, Stack Overflow 16 sentences of 20 words), so a round is cohort × local_steps client-steps; tokens/s
 counts the non-padding target tokens those steps train on (the stand-in's share of real tokens per row, measured on
-its training rows). Times: after a warm-up round (which compiles), the median over ``repeats`` timed blocks of
-``rounds`` rounds. Each row runs in its own process.
+its training rows). Times: after a warm-up block (which compiles the program of ``rounds`` rounds), the median over
+``repeats`` timed blocks of ``rounds`` rounds. Each row runs in its own process.
 
     python benchmarks/text_workloads.py             # CPU rows -> benchmarks/results/text_workloads.{json,md}
     python benchmarks/text_workloads.py --dry-run   # toy sizes, any backend, seconds -> text_workloads_dry_run.*
 
 For another script (benchmarks/gpu.py): ``text_workloads.measure(spec)`` measures one row in the calling process and
 returns its dict; ``spec`` = ``{"workload": "shakespeare-lstm" | "stackoverflow-lstm", "cohort": K}`` plus,
-optionally, ``local_steps`` (default 2; the CPU table runs 1), ``rounds`` (1), ``repeats`` (1), ``executor``
-("auto"), ``chunk_size`` (None), ``population`` (the stand-in's clients; default max(cohort, 100), at most 715 for
+optionally, ``local_steps`` (default 2; the CPU table runs 1) or ``local_epochs`` (the published setting: each member
+runs its own ceil(n_i / batch) steps per epoch; client-steps then count the expected number per round), ``lr`` (0.1),
+``data`` (more stand-in keys, e.g. ``test_fraction``), ``rounds`` (1), ``repeats`` (1), ``executor`` ("auto"),
+``chunk_size`` (None), ``population`` (the stand-in's clients; default max(cohort, 100), at most 715 for
 Shakespeare) and ``dry`` (toy model and data). ``text_workloads.ROWS`` lists the CPU table's specs,
 ``text_workloads.measure_all(specs)`` runs each in its own process, ``text_workloads.markdown(meta, rows)`` renders
 rows (``meta``: command, jax, backend, devices, cpu_count, date, dry_run).
@@ -38,7 +40,8 @@ WORKLOADS = {
     "shakespeare-lstm": dict(dataset="shakespeare", data={"source": "standin", "seq_len": 80}, batch=4,
                              model={"embed": 8, "hidden": [256, 256]}, title="Shakespeare character LSTM "
                              "(8-d embedding, 2 x 256 LSTM, 90 symbols), batches of 4 x 80"),
-    "stackoverflow-lstm": dict(dataset="stackoverflow", data={"seq_len": 20, "vocab": 10_000, "max_samples": 1_000},
+    "stackoverflow-lstm": dict(dataset="stackoverflow",
+                               data={"source": "standin", "seq_len": 20, "vocab": 10_000, "max_samples": 1_000},
                                batch=16, model={"embed": 96, "hidden": [670], "projection": 96},
                                title="Stack Overflow word LSTM (96-d embedding, LSTM 670, 96-d projection, 10,004 "
                                      "symbols), batches of 16 x 20"),
@@ -62,10 +65,13 @@ def _setup(spec: dict):
     population = spec.get("population") or max(spec["cohort"], 100)
     if spec["workload"] == "shakespeare-lstm":
         population = min(population, SHAKESPEARE_SPEAKERS)
-    data = D.make_federated(work["dataset"], population, seed=0, **{**work["data"], **dry.get("data", {})})
+    data = D.make_federated(work["dataset"], population, seed=0,
+                            **{**work["data"], **spec.get("data", {}), **dry.get("data", {})})
     model = make_model("lstm", data.input_shape, data.num_classes, **{**work["model"], **dry.get("model", {})})
-    algo = make_algorithm("fedavg", lr=0.1, cohort_size=spec["cohort"], batch_size=work["batch"],
-                          local_steps=spec.get("local_steps", 2))
+    local = ({"local_epochs": spec["local_epochs"]} if spec.get("local_epochs")
+             else {"local_steps": spec.get("local_steps", 2)})
+    algo = make_algorithm("fedavg", lr=spec.get("lr", 0.1), cohort_size=spec["cohort"], batch_size=work["batch"],
+                          **local)
     return data, model, algo
 
 
@@ -81,7 +87,7 @@ def measure(spec: dict) -> dict:
     rounds, repeats = spec.get("rounds", 1), spec.get("repeats", 1)
     state = sim.init()
     t0 = time.perf_counter()
-    state, _ = sim.run_rounds(state, 1)  # warm-up: compiles
+    state, _ = sim.run_rounds(state, rounds)  # warm-up: compiles the program of a block of `rounds` rounds
     jax.block_until_ready(state)
     first = time.perf_counter() - t0
     times = []
@@ -91,18 +97,29 @@ def measure(spec: dict) -> dict:
         jax.block_until_ready(state)
         times.append((time.perf_counter() - t0) / rounds)
     per_round = float(np.median(times))
-    steps = spec["cohort"] * spec.get("local_steps", 2)
+    if spec.get("local_epochs"):  # each member runs ceil(n_i / batch) steps per epoch: the expected count
+        steps = _epoch_steps(data, spec)
+    else:
+        steps = spec["cohort"] * spec.get("local_steps", 2)
     batch, seq = WORKLOADS[spec["workload"]]["batch"], data.input_shape[0]
     mask = np.asarray(data.train.mask)
     real = float((np.asarray(data.train.y)[mask] != 0).mean())  # non-padding share of a training row's targets
     return {"workload": spec["workload"], "cohort": spec["cohort"], "population": data.num_clients,
-            "data": data.name, "executor": sim.executor.describe(), "local_steps": spec.get("local_steps", 2),
+            "data": data.name, "executor": sim.executor.describe(),
+            "local_steps": f"{spec['local_epochs']} epoch" if spec.get("local_epochs") else spec.get("local_steps", 2),
             "batch": batch, "seq_len": seq, "params": model.num_params(), "round_seconds": per_round,
             "client_steps_per_s": steps / per_round, "token_positions_per_s": steps * batch * seq / per_round,
             "tokens_per_s": steps * batch * seq * real / per_round, "real_token_share": real,
             "first_round_seconds": first, "compile_seconds": sim.compile_seconds, "rounds": rounds,
             "repeats": repeats, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "dry": bool(spec.get("dry"))}
+
+
+def _epoch_steps(data, spec: dict) -> float:
+    """Expected client-steps per round of ``spec['local_epochs']`` local epochs: cohort × epochs × the population's
+    mean ceil(n_i / batch) (cohorts are drawn uniformly; each member runs only its own active steps)."""
+    batch, counts = WORKLOADS[spec["workload"]]["batch"], np.asarray(data.train.count)
+    return float(spec["cohort"] * spec["local_epochs"] * np.ceil(counts / batch).mean())
 
 
 def measure_all(specs: list[dict]) -> list[dict]:

@@ -283,8 +283,223 @@ def test_stackoverflow_stand_in_has_the_real_set_s_shape_and_sizes():
     np.testing.assert_array_equal(many[2][:3], few[2])
     np.testing.assert_array_equal(many[0][:rows], few[0])
     np.testing.assert_array_equal(many[1][:rows], few[1])
-    fed = D.make_federated("stackoverflow", 8, seed=0, max_samples=20)
+    fed = D.make_federated("stackoverflow", 8, seed=0, max_samples=20, source="standin")
     assert fed.name == "stackoverflow (stand-in)" and fed.num_classes == 10_004
+
+
+# ------------------------------------------------------------------ Stack Overflow: TFF's and FedJAX's files
+
+
+def _varint(n: int) -> bytes:
+    out = b""
+    while True:
+        out += bytes([(n & 0x7F) | (0x80 if n > 0x7F else 0)])
+        n >>= 7
+        if not n:
+            return out
+
+
+def _pb(number: int, payload: bytes) -> bytes:
+    """One length-delimited protocol-buffer field."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _tf_example(**features) -> bytes:
+    """A serialized tf.train.Example: str features as bytes_list (1), ints as a packed int64_list (3)."""
+    entries = b""
+    for name, value in features.items():
+        if isinstance(value, int):
+            feature = _pb(3, _pb(1, _varint(value)))
+        else:
+            feature = _pb(1, _pb(1, value.encode()))
+        entries += _pb(1, _pb(1, name.encode()) + _pb(2, feature))
+    return _pb(1, entries)
+
+
+SO_USERS = {  # user: (train sentences, test sentences)
+    "00017": (["how do i sort a list", "use sorted ( )", "thanks"], ["sort it ."]),
+    "00042": (["the list is empty", "i use python", "a list of list", "sort the list", "zzz unknownword"], []),
+    "00100": (["why is it slow", "it is python"], ["python is slow", "use a list"]),
+    "01234": (["print the list ."], ["thanks ."]),
+}
+SO_WORDS = ["list", "the", "is", "a", "sort", "python", "use", "i", ".", "it"]  # most frequent first
+
+
+def _stackoverflow_files(root, fmt="tff"):
+    import sqlite3
+    import zlib
+
+    import msgpack
+
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, "stackoverflow.word_count"), "w") as f:
+        f.writelines(f"{w} {1000 - i}\n" for i, w in enumerate(SO_WORDS + ["how", "do", "why", "slow", "thanks"]))
+    if fmt == "tff":
+        db = sqlite3.connect(os.path.join(root, "stackoverflow.sqlite"))
+        db.execute("CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL, "
+                   "serialized_example_proto BLOB NOT NULL)")
+        db.execute("CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name TEXT NOT NULL, "
+                   "num_examples INTEGER NOT NULL)")
+        rows = [(j, split, user, s) for split, k in (("train", 0), ("test", 1)) for user, v in SO_USERS.items()
+                for j, s in enumerate(v[k])]
+        rows += [(1, "heldout", "00017", "never read"), (0, "heldout", "99999", "a held out user")]
+        for _, split, user, sentence in sorted(rows, key=lambda r: r[0]):  # users and splits interleaved
+            db.execute("INSERT INTO examples VALUES (?, ?, ?)",
+                       (split, user, _tf_example(creation_date="2010-01-01 UTC", score=3, tags="python|list",
+                                                 title="a title", tokens=sentence, type="answer")))
+        for split in ("train", "test", "heldout"):
+            for user, n in db.execute("SELECT client_id, COUNT(*) FROM examples WHERE split_name = ? GROUP BY "
+                                      "client_id", (split,)).fetchall():
+                db.execute("INSERT INTO client_metadata VALUES (?, ?, ?)", (user, split, n))
+        db.commit()
+        db.close()
+        return
+    def blob(sentences):  # FedJAX's serialization: bytes arrays as msgpack extension 4 of (shape, flat list)
+        arrays = {"tokens": msgpack.ExtType(4, msgpack.packb(((len(sentences),), [s.encode() for s in sentences]),
+                                                             use_bin_type=True)),
+                  "score": msgpack.ExtType(1, msgpack.packb(((len(sentences),), "int64",
+                                                             np.arange(len(sentences), dtype=np.int64).tobytes()),
+                                                            use_bin_type=True))}
+        return zlib.compress(msgpack.packb(arrays, use_bin_type=True))
+    for split, k in (("train", 0), ("test", 1)):
+        db = sqlite3.connect(os.path.join(root, f"stackoverflow_{split}.sqlite"))
+        db.execute("CREATE TABLE federated_data (client_id BLOB NOT NULL PRIMARY KEY, data BLOB NOT NULL, "
+                   "num_examples INTEGER NOT NULL)")
+        for user, v in SO_USERS.items():
+            if v[k]:
+                db.execute("INSERT INTO federated_data VALUES (?, ?, ?)", (user.encode(), blob(v[k]), len(v[k])))
+        db.commit()
+        db.close()
+
+
+def _so_rows(sentences, vocab, seq_len):
+    """Reddi et al.'s rows written out: BOS, word ids (the vocab most frequent words after PAD, BOS, EOS; OOV
+    last), EOS; x = [:-1], y = [1:], truncated or padded with PAD."""
+    oov = 3 + vocab
+    x, y = [], []
+    for s in sentences:
+        ids = [BOS] + [3 + SO_WORDS.index(w) if w in SO_WORDS[:vocab] else oov for w in s.split()] + [EOS]
+        pad = lambda r: (r + [PAD] * seq_len)[:seq_len]  # noqa: E731
+        x.append(pad(ids[:-1])), y.append(pad(ids[1:]))
+    return np.asarray(x, np.int32).reshape(-1, seq_len), np.asarray(y, np.int32).reshape(-1, seq_len)
+
+
+def test_tf_example_parser_reads_tokens_among_other_features():
+    from fljax.data.stackoverflow import parse_example
+
+    blob = _tf_example(score=172, tags="sql|median", tokens="if you're using sql 2005", type="answer")
+    assert parse_example(blob) == b"if you're using sql 2005" and parse_example(blob, "tags") == b"sql|median"
+    assert parse_example(blob, "title") is None
+
+
+@pytest.mark.parametrize("fmt", ["tff", "fedjax"])
+def test_stackoverflow_reads_tff_and_fedjax_files_as_reddi_et_al_tokenise_them(tmp_path, fmt, monkeypatch):
+    data_dir, cache = str(tmp_path / "so"), str(tmp_path / "cache")
+    _stackoverflow_files(data_dir, fmt)
+    before = sorted(os.listdir(data_dir))
+    options = dict(data_dir=data_dir, seq_len=5, vocab=8, max_samples=4, cache_dir=cache)
+    fed = D.make_federated("stackoverflow", 3, seed=2, **options)
+    assert fed.name == "stackoverflow" and fed.num_classes == 12 and fed.input_shape == (5,)
+    users = sorted(SO_USERS)
+    chosen = [users[i] for i in np.random.default_rng(2).permutation(4)[:3]]  # sorted ids, seeded shuffle
+    for i, user in enumerate(chosen):
+        train, test = SO_USERS[user]
+        for split, sentences in (("train", train[:4]), ("test", test[:4])):
+            arrays = getattr(fed, split)
+            n = int(arrays.count[i])
+            x, y = _so_rows(sentences, 8, 5)
+            assert n == len(sentences)
+            np.testing.assert_array_equal(np.asarray(arrays.x)[i, :n], x)
+            np.testing.assert_array_equal(np.asarray(arrays.y)[i, :n], y)
+    # read once: the tokenised users are cached, nothing is written beside the files
+    assert sorted(os.listdir(data_dir)) == before and len(os.listdir(os.path.join(cache, "data"))) == 1
+    from fljax.data import stackoverflow as so
+    monkeypatch.setattr(so, "_sentences", lambda *a: pytest.fail("read again despite the cache"))
+    again = D.make_federated("stackoverflow", 3, seed=2, **options)
+    np.testing.assert_array_equal(np.asarray(again.train.x), np.asarray(fed.train.x))
+    monkeypatch.undo()
+    # test_from=train: the last test_fraction of every user's train sentences; the users with one sentence (01234)
+    # cannot hold one out and are not drawn
+    tail = D.make_federated("stackoverflow", 3, seed=2, test_from="train", test_fraction=0.5, **options)
+    chosen = [[u for u in users if u != "01234"][i] for i in np.random.default_rng(2).permutation(3)]
+    np.testing.assert_array_equal(np.asarray(tail.train.count) + np.asarray(tail.test.count),
+                                  [min(4, len(SO_USERS[u][0])) for u in chosen])
+    first_rows = [_so_rows(SO_USERS[u][0][:1], 8, 5)[0][0] for u in chosen]
+    np.testing.assert_array_equal(np.asarray(tail.train.x)[:, 0], first_rows)
+    with pytest.raises(D.DataError, match="4 clients need 4 users with at least 2 train sentences"):
+        D.make_federated("stackoverflow", 4, seed=2, test_from="train", **options)
+
+
+def test_stackoverflow_files_give_the_same_clients_in_both_formats(tmp_path):
+    feds = []
+    for fmt in ("tff", "fedjax"):
+        _stackoverflow_files(str(tmp_path / fmt), fmt)
+        feds.append(D.make_federated("stackoverflow", 4, seed=0, data_dir=str(tmp_path / fmt), seq_len=6, vocab=10,
+                                     cache_dir=str(tmp_path / "cache"), storage="ragged"))
+    for split in ("train", "test"):
+        a, b = (getattr(f, split) for f in feds)
+        np.testing.assert_array_equal(np.asarray(a.count), np.asarray(b.count))
+        np.testing.assert_array_equal(np.asarray(a.x), np.asarray(b.x))
+
+
+@pytest.mark.parametrize("layout, match", [
+    ("none", r"^stackoverflow reads TFF's Stack Overflow files: put TFF's stackoverflow\.sqlite .* set "
+             r"data\.data_dir to it, or use data\.source=standin\.$"),
+    ("empty", r"^stackoverflow: no stackoverflow\.sqlite nor stackoverflow_train\.sqlite and "
+              r"stackoverflow_test\.sqlite in '.*'; put TFF's"),
+    ("lzma", r"^stackoverflow: .*stackoverflow\.sqlite\.lzma is compressed; decompress it once \(`xz -dk "),
+    ("no_counts", r"^stackoverflow: no stackoverflow\.word_count in '.*' \(the vocabulary's word counts"),
+    ("too_many", r"^stackoverflow: 9 clients need 9 users with at least 1 train sentence, '.*' holds 4; lower "
+                 r"data\.num_clients\.$"),
+    ("standin_test", r"^stackoverflow: the stand-in has no test split of its own; set data\.test_from"),
+])
+def test_stackoverflow_refuses_missing_files_in_one_line(tmp_path, layout, match):
+    data_dir, cache = tmp_path / "so", tmp_path / "cache"
+    options = {"cache_dir": str(cache)}
+    if layout != "none":
+        data_dir.mkdir()
+        options["data_dir"] = str(data_dir)
+    if layout == "lzma":
+        (data_dir / "stackoverflow.sqlite.lzma").write_bytes(b"\x5d\x00")
+    if layout in ("no_counts", "too_many"):
+        _stackoverflow_files(str(data_dir))
+    if layout == "no_counts":
+        os.remove(data_dir / "stackoverflow.word_count")
+    if layout == "standin_test":
+        options = {"source": "standin", "test_from": "test"}
+    with pytest.raises(D.DataError, match=match) as e:
+        D.make_federated("stackoverflow", 9 if layout == "too_many" else 3, seed=0, **options)
+    assert "\n" not in str(e.value) and not cache.exists()
+
+
+def test_token_weighting_weighs_clients_by_their_target_tokens():
+    """weighting: tokens aggregates with each client's count of non-padding train targets (TFF and Reddi et al.'s
+    Stack Overflow), samples with its sentences (FedJAX's); for one label per sample the two agree."""
+    import jax
+    import jax.numpy as jnp
+
+    from fljax.algorithms import make_algorithm
+    from fljax.algorithms.base import ClientInput
+    from fljax.models import make_model
+
+    fed = D.make_federated("stackoverflow", 6, seed=0, max_samples=12, vocab=30, seq_len=20, source="standin")
+    y, mask = np.asarray(fed.train.y), np.asarray(fed.train.mask)
+    tokens = ((y != PAD) & mask[..., None]).sum(axis=(1, 2))
+    rows = np.asarray(fed.train.count)
+    assert not np.allclose(tokens / tokens.sum(), rows / rows.sum())  # the two weightings differ here
+    np.testing.assert_array_equal(np.asarray(fed.train.tokens()), tokens)
+    model = make_model("lstm", fed.input_shape, fed.num_classes, embed=4, hidden=[8])
+    params = model.init(jax.random.PRNGKey(0))
+    for weighting, want in (("tokens", tokens), ("samples", rows)):
+        algo = make_algorithm("fedavg", weighting=weighting, local_steps=1, batch_size=2)
+        for i in range(6):
+            inp = ClientInput(state={}, train=jax.tree.map(lambda a: a[i], fed.train), key=jax.random.PRNGKey(i),
+                              round=jnp.int32(0), down=params, model=model)
+            assert int(algo.client_update(inp).weight) == int(want[i])
+    digits = D.make_federated("digits", 4, seed=0)
+    np.testing.assert_array_equal(np.asarray(digits.train.tokens()), np.asarray(digits.train.count))
+    with pytest.raises(fljax.errors.OptionError, match="weighting must be one of"):
+        make_algorithm("ditto", weighting="tokens")  # only where it is honoured: the FedAvg family
 
 
 def test_emnist_stand_in_writers():
@@ -351,19 +566,15 @@ def test_the_published_configs_validate():
     assert standin.data.options["source"] == "standin"
 
 
-def _fedopt_key_exists() -> bool:
-    from fljax.algorithms.registry import get_algorithm, hyperparameter_fields
-
-    return "server_optimizer" in hyperparameter_fields(get_algorithm("fedavg"))
-
-
-@pytest.mark.skipif(not _fedopt_key_exists(), reason="needs FedAvg's server_optimizer hyperparameter (configs/fedopt)")
-@pytest.mark.parametrize("path", sorted(os.listdir(os.path.join(ROOT, "configs", "fedopt"))))
-def test_the_fedopt_configs_validate(path):
+@pytest.mark.parametrize("name, kind", [(f"{d}_fed{k}", k) for d in ("emnist", "shakespeare", "stackoverflow")
+                                         for k in ("adagrad", "adam", "yogi")]
+                         + [("emnist_conv_fedjax", "adam"), ("stackoverflow_word_fedjax", "adam")])
+def test_the_fedopt_configs_resolve_to_their_server_optimizer(name, kind):
     from fljax.config import load_config
+    from fljax.experiment import resolve
 
-    if path.endswith(".yaml"):
-        load_config(os.path.join(ROOT, "configs", "fedopt", path))
+    algo = resolve(load_config(os.path.join(ROOT, "configs", f"{name}.yaml"))).algorithm
+    assert algo.fedopt.server_optimizer == kind and algo.local_epochs == 1
 
 
 def test_the_shakespeare_config_runs_from_the_cli_on_the_stand_in(tmp_path):

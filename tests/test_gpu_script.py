@@ -20,7 +20,7 @@ def _gpu_sh(*args, env_extra=None):
 def test_dry_run_measures_every_part(tmp_path):
     done = _gpu_sh("--dry-run", "--out", str(tmp_path), env_extra={"FLJAX_COMPILE_CACHE": str(tmp_path / "cc")})
     assert done.returncode == 0, done.stderr[-3000:]
-    for part in ("emnist", "cnn", "dense", "resnet"):
+    for part in ("emnist", "cnn", "dense", "resnet", "text"):
         assert f"part {part}: exit 0" in done.stderr
     result = json.loads((tmp_path / "gpu_dry_run.json").read_text())
     assert result["meta"]["dry_run"] and result["meta"]["backend"] == "cpu"
@@ -40,8 +40,14 @@ def test_dry_run_measures_every_part(tmp_path):
         assert cnn["peer_torch"] and result["dense"]["peer_torch"]
     except ImportError:
         assert cnn["peer_torch"] == [] and "not installed" in cnn["torch"]
+    targets, rows = result["text"]["targets"], result["text"]["rows"]
+    assert [(t["workload"], t["full_rounds"]) for t in targets] == [("shakespeare-lstm", 1200),
+                                                                    ("stackoverflow-lstm", 1500)]
+    assert all(t["local_steps"] == "1 epoch" and t["projected_seconds"] > t["compile_seconds"] for t in targets)
+    assert {r["workload"] for r in rows} == {"shakespeare-lstm", "stackoverflow-lstm"}
     text = (tmp_path / "gpu_dry_run.md").read_text()
     assert "dry run" in text and "FedJAX's EMNIST workload" in text and "ResNet-18-GN" in text
+    assert "1,200 rounds:" in text and "1,500 rounds:" in text
 
 
 def test_real_run_refuses_a_cpu_backend():

@@ -98,7 +98,7 @@ def test_transformer_is_causal():
 
 @pytest.fixture(scope="module")
 def words():
-    return D.make_federated("stackoverflow", 12, seed=0, max_samples=10, vocab=40, seq_len=6)
+    return D.make_federated("stackoverflow", 12, seed=0, source="standin", max_samples=10, vocab=40, seq_len=6)
 
 
 def _round(data, model, executor, rounds=2):
@@ -124,7 +124,7 @@ def test_executors_agree_with_loop_on_a_language_model(words, name, options, exe
 
 
 def test_ragged_token_storage_gives_the_padded_numbers(words):
-    ragged = D.make_federated("stackoverflow", 12, seed=0, max_samples=10, vocab=40, seq_len=6, storage="ragged")
+    ragged = D.make_federated("stackoverflow", 12, seed=0, source="standin", max_samples=10, vocab=40, seq_len=6, storage="ragged")
     assert isinstance(ragged.train, D.RaggedArrays) and ragged.train.y.ndim == 2
     model = make_model("lstm", words.input_shape, words.num_classes, embed=4, hidden=[8])
     padded_state, _, padded = _round(words, model, "vmap")

@@ -16,7 +16,7 @@ import jax
 
 from fljax import tree
 from fljax.algorithms.base import ClientInput, ClientResult
-from fljax.algorithms.fedavg import ServerSGD
+from fljax.algorithms.fedavg import ServerOpt
 from fljax.algorithms.local_training import EVERY, local_options
 from fljax.data.batching import BatchPlan
 from fljax.ops import admm
@@ -26,8 +26,8 @@ __all__ = ["Ditto"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Ditto(ServerSGD, local_options(*EVERY)):
-    """The global model is FedAvg's (:class:`~fljax.algorithms.fedavg.ServerSGD`); both models train with the
+class Ditto(ServerOpt, local_options(*EVERY)):
+    """The global model is FedAvg's (:class:`~fljax.algorithms.fedavg.ServerOpt`); both models train with the
     client's local training. Two models per client: Ditto does not train BatchNorm statistics (one set could not
     serve both)."""
 

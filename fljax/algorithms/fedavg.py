@@ -3,7 +3,8 @@
 FedAvg, one round t:
     S_t ← cohort;  every i ∈ S_t: w_i ← LocalSGD(f_i, from w_t)
     Δ_t = w_t − Σ_{i∈S_t} p_i w_i  (p_i ∝ n_i or uniform);   w_{t+1} = ServerOpt(w_t, Δ_t)
-With the default server optimizer (SGD, server_lr = 1) w_{t+1} is the weighted mean of the w_i.
+With the default server optimizer (SGD, server_lr = 1) w_{t+1} is the weighted mean of the w_i; ``server_optimizer``
+adagrad, yogi or adam makes it FedAdagrad, FedYogi or FedAdam (Reddi et al. 2021, Algorithm 2; :class:`ServerOptimizer`).
 
 FedProx adds the proximal term (μ/2)‖w − w_t‖² to every local objective (FedProx Eq. 2).
 FedAvg-FT evaluates client i with the global model fine-tuned for ``finetune_steps`` local steps on i's data (its
@@ -34,30 +35,32 @@ from fljax.algorithms.base import Centralized, ClientInput, ClientResult
 from fljax.algorithms.local_training import EVERY, local_options
 from fljax.algorithms.model_state import BatchStatsOption
 from fljax.data.batching import BatchPlan
-from fljax.errors import ConfigError
+from fljax.errors import ConfigError, OptionError
 from fljax.ops import prox
-from fljax.options import at_least, greater_than, option
+from fljax.ops.fedopt import fedopt
+from fljax.options import Options, at_least, greater_than, interval, one_of, option, type_hints, with_default
 
-__all__ = ["ModelAveraging", "ServerSGD", "FedAvgBase", "FedAvg", "FedProx", "FedAvgFT", "FedLP"]
+__all__ = ["ModelAveraging", "ServerOptimizer", "ServerOpt", "SERVER_OPTIONS", "FedAvgBase", "FedAvg", "FedProx", "FedAvgFT", "FedLP"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelAveraging(Centralized):
     """The FedAvg server, for the algorithms that average one global model: w_{t+1} = ServerOpt(w_t, Δ_t) with the
     pseudo-gradient Δ_t = w_t − Σ_{i∈S_t} p_i w_i. Here the server optimizer is SGD with step 1, so w_{t+1} is the
-    weighted mean; :class:`ServerSGD` makes its step and momentum options."""
+    weighted mean; :class:`ServerOpt` makes it the user's (:class:`ServerOptimizer`)."""
 
-    def server_optimizer(self) -> optax.GradientTransformation:
+    def server_transform(self) -> optax.GradientTransformation:
+        """The server optimizer, an optax transformation of the pseudo-gradient."""
         return optax.sgd(1.0)
 
     def init(self, ctx):
         params = ctx.model.init(self.init_key(ctx))
-        return {"params": params, "opt_state": self.server_optimizer().init(params)}, {}
+        return {"params": params, "opt_state": self.server_transform().init(params)}, {}
 
     def server_update(self, ctx, server, clients, cohort, result):
         mean = tree.weighted_mean_clients(result.upload, self.aggregation_weights(result))
         pseudo_grad = tree.sub(server["params"], mean)
-        updates, opt_state = self.server_optimizer().update(pseudo_grad, server["opt_state"], server["params"])
+        updates, opt_state = self.server_transform().update(pseudo_grad, server["opt_state"], server["params"])
         return {"params": optax.apply_updates(server["params"], updates), "opt_state": opt_state}
 
     def eval_shared(self, server):
@@ -67,27 +70,105 @@ class ModelAveraging(Centralized):
         return shared
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ServerSGD(ModelAveraging):
-    """:class:`ModelAveraging` with a server optimizer of the user's: SGD with ``server_lr`` and
-    ``server_momentum`` on the pseudo-gradient."""
+_ADAPTIVE = ("server_beta1", "server_beta2", "server_eps", "server_initial_accumulator")
 
-    server_lr: float = option(1.0, "server learning rate η_g of w ← w − η_g·Δ_t (1: the weighted mean)",
+
+@dataclasses.dataclass(frozen=True)
+class ServerOptimizer(Options):
+    """The server optimizer on the pseudo-gradient, as one value (FedOpt: Reddi et al. 2021, Algorithm 2):
+
+    * ``sgd``: w ← w − η·Δ_t with ``server_momentum`` μ (optax.sgd: b ← μ·b + Δ_t, w ← w − η·b); η = 1, μ = 0 is
+      FedAvg's weighted mean;
+    * ``adagrad``, ``yogi``, ``adam``: FedAdagrad, FedYogi, FedAdam (:mod:`fljax.ops.fedopt`): m_t = β₁m + (1 − β₁)Δ_t;
+      v_t from Δ_t² by each rule; w ← w − η·m_t/(√v_t + τ), v_{−1} = ``server_initial_accumulator``.
+
+    The adaptive options left null take Algorithm 2's defaults (β₁ = 0.9, β₂ = 0.99, τ = 10⁻³, v_{−1} = τ²); an
+    option the chosen optimizer does not use is refused."""
+
+    server_optimizer: Literal["sgd", "adagrad", "yogi", "adam"] = option(
+        "sgd", "server optimizer on the pseudo-gradient: sgd (FedAvg, FedAvgM), or adagrad, yogi, adam (FedAdagrad, "
+               "FedYogi, FedAdam: Reddi et al. 2021, Algorithm 2)")
+    server_lr: float = option(1.0, "server learning rate η of w ← w − η·(step) (sgd with 1: the weighted mean)",
                               greater_than(0))
-    server_momentum: float = option(0.0, "server momentum on the pseudo-gradient Δ_t (0: none)", at_least(0))
+    server_momentum: float = option(0.0, "sgd: server momentum on the pseudo-gradient (0: none)", at_least(0))
+    server_beta1: float | None = option(None, "adagrad/yogi/adam: β₁ of the first moment m_t (null: 0.9)",
+                                        interval(0, 1, "[)"))
+    server_beta2: float | None = option(None, "yogi/adam: β₂ of the second moment v_t (null: 0.99)",
+                                        interval(0, 1, "[)"))
+    server_eps: float | None = option(None, "adagrad/yogi/adam: τ in w ← w − η·m_t/(√v_t + τ) (null: 1e-3)",
+                                      greater_than(0))
+    server_initial_accumulator: float | None = option(None, "adagrad/yogi/adam: v_{-1}, the second moment's start "
+                                                            "(null: τ²)", at_least(0))
+    server_bias_correction: bool = option(False, "yogi/adam: divide m_t by 1 − β₁^t and v_t by 1 − β₂^t (Adam's "
+                                                 "correction, as optax and Keras do; Algorithm 2 has none)")
 
-    def server_optimizer(self) -> optax.GradientTransformation:
-        return optax.sgd(self.server_lr, momentum=self.server_momentum or None)
+    def check(self) -> None:
+        kind = self.server_optimizer
+        if kind == "sgd":
+            unused = [n for n in _ADAPTIVE if getattr(self, n) is not None]
+            if unused or self.server_bias_correction:
+                raise OptionError((unused or ["server_bias_correction"])[0],
+                                  "is an option of the adaptive server optimizers (adagrad, yogi, adam), not of "
+                                  "server_optimizer 'sgd'; remove it or choose one of them.")
+            return
+        if self.server_momentum:
+            raise OptionError("server_momentum", f"is sgd's; server_optimizer {kind!r} takes server_beta1 for its "
+                                                 f"momentum.")
+        if kind == "adagrad" and (self.server_beta2 is not None or self.server_bias_correction):
+            raise OptionError("server_beta2" if self.server_beta2 is not None else "server_bias_correction",
+                              "is not used by server_optimizer 'adagrad' (v_t sums every Δ_t²); remove it.")
+
+    def transform(self) -> optax.GradientTransformation:
+        """The optax transformation of the pseudo-gradient."""
+        if self.server_optimizer == "sgd":
+            return optax.sgd(self.server_lr, momentum=self.server_momentum or None)
+        pick = lambda value, default: default if value is None else value  # noqa: E731
+        return fedopt(self.server_optimizer, self.server_lr, pick(self.server_beta1, 0.9),
+                      pick(self.server_beta2, 0.99), pick(self.server_eps, 1e-3), self.server_initial_accumulator,
+                      self.server_bias_correction)
+
+
+SERVER_OPTIONS = tuple(f.name for f in dataclasses.fields(ServerOptimizer))
+
+
+def _server_options() -> type:
+    """A :class:`ModelAveraging` base declaring the options of :class:`ServerOptimizer` (their declarations there)."""
+    hints = type_hints(ServerOptimizer)
+    fields = [(f.name, hints[f.name], with_default(ServerOptimizer, f.name, f.default))
+              for f in dataclasses.fields(ServerOptimizer)]
+    return dataclasses.make_dataclass("ServerOptions", fields, bases=(ModelAveraging,), frozen=True, kw_only=True,
+                                      namespace={"__module__": __name__})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FedAvgBase(BatchStatsOption, ServerSGD, local_options(*EVERY)):
+class ServerOpt(_server_options()):
+    """:class:`ModelAveraging` with the user's server optimizer: the options of :class:`ServerOptimizer`, flat
+    (``algo.server_optimizer``, ``algo.server_lr``, …), and :attr:`fedopt`, the value built from them."""
+
+    @property
+    def fedopt(self) -> ServerOptimizer:
+        return ServerOptimizer(**{name: getattr(self, name) for name in SERVER_OPTIONS})
+
+    def check(self) -> None:
+        super().check()
+        self.fedopt  # noqa: B018 (builds the value: the checks across the server options)
+
+    def server_transform(self) -> optax.GradientTransformation:
+        return self.fedopt.transform()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FedAvgBase(BatchStatsOption, ServerOpt, local_options(*EVERY)):
     """FedAvg's round: every client of the cohort runs its local training (:class:`~fljax.algorithms.
     local_training.LocalTraining`) from w_t on its ``local_data``; the server steps on the pseudo-gradient
-    (:class:`ServerSGD`). What a client is scored with is the subclass's."""
+    (:class:`ServerOpt`) of the mean weighted by ``weighting``: n_i samples (McMahan et al.; FedJAX), the client's
+    target tokens (TFF and Reddi et al. on Stack Overflow: :meth:`fljax.data.ClientArrays.tokens`) or uniform. What a client is scored with is the subclass's."""
 
     local_data: Literal["all", "support"] = option(
         "all", "'all' trains on the client's whole train split, 'support' on its support set only")
+    weighting: str = option("samples", "aggregation weights: 'samples' (n_i), 'tokens' (the client's non-padding "
+                                       "train targets: TFF's and Reddi et al.'s weighting of next-token data) or "
+                                       "'uniform'", one_of(("samples", "tokens", "uniform")))
 
     def local_loss(self, model, params, batch, variables, key, anchor):
         """The local objective f_i on ``batch`` in the model's training mode, with the model's ``variables`` and
@@ -103,7 +184,8 @@ class FedAvgBase(BatchStatsOption, ServerSGD, local_options(*EVERY)):
         loss_fn = functools.partial(self.local_loss, inp.model, anchor=inp.down)
         params, variables, loss = self.local.train_with_state(
             loss_fn, inp.down, inp.replace(train=inp.train.support_view()) if self.local_data == "support" else inp)
-        return ClientResult(state=self.stored(params, inp), upload=params, weight=inp.train.count,
+        weight = inp.train.tokens() if self.weighting == "tokens" else inp.train.count
+        return ClientResult(state=self.stored(params, inp), upload=params, weight=weight,
                             metrics={"train_loss": loss}, variables=variables)
 
 
@@ -187,4 +269,4 @@ class FedLP(FedAvgFT):
                               "server.pretrained: same (with a split that gives the server a set, e.g. "
                               "data.partition: meta_pairs).")
         server, clients = super().init(ctx)
-        return {**server, "params": pm, "opt_state": self.server_optimizer().init(pm)}, clients
+        return {**server, "params": pm, "opt_state": self.server_transform().init(pm)}, clients

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from fljax import tree
 from fljax.algorithms.base import ClientInput, ClientResult
-from fljax.algorithms.fedavg import ServerSGD
+from fljax.algorithms.fedavg import ServerOpt
 from fljax.algorithms.local_training import EVERY, local_options, run_steps
 from fljax.errors import OptionError
 from fljax.models.model import masked_cross_entropy
@@ -43,8 +43,8 @@ def linear(head, h):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FedRoD(ServerSGD, local_options(*EVERY)):
-    """The server averages (u, g) as FedAvg does (:class:`~fljax.algorithms.fedavg.ServerSGD`); both heads step with
+class FedRoD(ServerOpt, local_options(*EVERY)):
+    """The server averages (u, g) as FedAvg does (:class:`~fljax.algorithms.fedavg.ServerOpt`); both heads step with
     the client's optimizer. Two models per client: Fed-RoD does not train BatchNorm statistics."""
 
     name = "fedrod"

@@ -48,19 +48,65 @@ def run_steps(step: Callable, carry, train, plan: BatchPlan, key, unroll: int = 
 
     ``train`` is one client's :class:`fljax.data.ClientArrays` slice (no client axis). Returns the final carry and
     the mean loss over active steps.
+
+    When every client runs every scheduled step (``steps`` mode, full batches, or ``epochs`` over clients whose
+    sizes give the same number of batches, :meth:`~fljax.data.BatchPlan.every_step_active`) the steps are one
+    ``lax.scan``. Otherwise (``epochs`` over clients of different sizes) the schedule is sized by the population's
+    largest client, and the steps run as a ``lax.while_loop`` over this client's own active steps, in schedule
+    order: n_i = E·⌈n_i/B⌉ steps, each with the batch and key it has in the schedule. Under ``vmap`` a batched while
+    loop runs until its last member is done, so a cohort runs as many steps as its largest member needs (not the
+    population's largest), the members already done keeping their carry; one client at a time (the ``loop``
+    executor, or chunks of one) runs exactly its own. ``unroll`` > 1 runs that many steps per trip, the ones past
+    n_i leaving the carry unchanged.
     """
     k_sched, k_steps = jax.random.split(key)
     idx, mask, active = plan.schedule(k_sched, train.count, train.n_min, train.n_max)
-    keys = jax.random.split(k_steps, idx.shape[0])
+    k = idx.shape[0]
+    keys = jax.random.split(k_steps, k)
+    unroll = max(1, min(int(unroll), k)) if k else 1
+    if k == 0 or plan.every_step_active(train.n_min, train.n_max):
+        def body(c, inputs):
+            i, m, a, kk = inputs
+            new_c, loss = step(c, gather_batch(train.x, train.y, i, m), kk)
+            return tree.where(a, new_c, c), (loss, a)
 
-    def body(c, inputs):
-        i, m, a, k = inputs
-        new_c, loss = step(c, gather_batch(train.x, train.y, i, m), k)
-        return tree.where(a, new_c, c), (loss, a)
+        carry, (losses, act) = jax.lax.scan(body, carry, (idx, mask, active, keys), unroll=unroll)
+        act = act.astype(jnp.float32)
+        return carry, jnp.sum(losses * act) / jnp.maximum(jnp.sum(act), 1.0)
+    return _bounded_steps(step, carry, train, idx, mask, active, keys, unroll)
 
-    unroll = max(1, min(int(unroll), idx.shape[0])) if idx.shape[0] else 1
-    carry, (losses, act) = jax.lax.scan(body, carry, (idx, mask, active, keys), unroll=unroll)
-    act = act.astype(jnp.float32)
+
+def _f32_loss(out):
+    carry, loss = out
+    return carry, jnp.asarray(loss, jnp.float32)
+
+
+def _bounded_steps(step: Callable, carry, train, idx, mask, active, keys, unroll: int):
+    """:func:`run_steps` over the active steps only: a while loop of ⌈n_i/unroll⌉ trips of ``unroll`` steps; trip t
+    runs the active steps t·unroll … t·unroll + unroll − 1 (those past n_i leave the carry unchanged). Step losses are
+    kept at their schedule positions, so the mean loss is the scan's expression."""
+    k = idx.shape[0]
+    n_active = jnp.sum(active.astype(jnp.int32))
+    order = jnp.argsort(~active, stable=True)  # the active steps first, in schedule order
+    losses0 = jnp.zeros((k,), jnp.float32)
+
+    def trip(state):
+        t, c, losses = state
+        for r in range(unroll):
+            j = t * unroll + r
+            s = order[jnp.minimum(j, k - 1)]
+            batch = gather_batch(train.x, train.y, idx[s], mask[s])
+            if unroll == 1:  # the trip count already stops at n_i
+                c, loss = step(c, batch, keys[s])
+            else:  # one client at a time, a step past n_i is skipped; under vmap it is computed and discarded
+                c, loss = jax.lax.cond(j < n_active, lambda c_, b_, k_: _f32_loss(step(c_, b_, k_)),
+                                       lambda c_, b_, k_: (c_, jnp.float32(0)), c, batch, keys[s])
+            losses = losses.at[s].set(jnp.where(j < n_active, jnp.asarray(loss, jnp.float32), losses[s]))
+        return t + 1, c, losses
+
+    trips = (n_active + unroll - 1) // unroll
+    _, carry, losses = jax.lax.while_loop(lambda state: state[0] < trips, trip, (jnp.int32(0), carry, losses0))
+    act = active.astype(jnp.float32)
     return carry, jnp.sum(losses * act) / jnp.maximum(jnp.sum(act), 1.0)
 
 

@@ -6,8 +6,9 @@ function of traced values, so it runs inside ``jit`` and ``vmap`` over clients; 
 never selected. Modes:
 
 * ``epochs=E``: E passes over the client's data, reshuffled every epoch, ⌈n_i/B⌉ steps per epoch, the last batch
-  partial (masked). Shapes are static, so every client runs K = E·⌈N_max/B⌉ steps, of which the ones past its own
-  ⌈n_i/B⌉ per epoch are inactive (no-ops).
+  partial (masked). Shapes are static, so the schedule has K = E·⌈N_max/B⌉ steps, of which the ones past a client's
+  own ⌈n_i/B⌉ per epoch are inactive: :func:`fljax.algorithms.local_training.run_steps` runs only the active ones
+  (a cohort under ``vmap`` as many as its largest member needs).
 * ``steps=K``: K batches of B from the client's shuffled stream (concatenated epochs, a new permutation per
   epoch); every step is active, whatever the client's size.
 * ``steps=K, replacement=True``: every sample drawn uniformly with replacement.
@@ -58,6 +59,14 @@ class BatchPlan:
 
     def width(self, n_max: int) -> int:
         return n_max if self.batch_size is None else self.batch_size
+
+    def every_step_active(self, n_min: int, n_max: int) -> bool:
+        """Whether every client with n_min … n_max rows runs all K scheduled steps (static): always in ``steps``
+        mode and with full batches; in ``epochs`` mode when ⌈n_min/B⌉ = ⌈n_max/B⌉. Else a client's steps past its
+        own E·⌈n_i/B⌉ are inactive, and :func:`fljax.algorithms.local_training.run_steps` skips them."""
+        if self.batch_size is None or self.epochs is None:
+            return True
+        return -(-n_min // self.batch_size) == -(-n_max // self.batch_size)
 
     def schedule(self, key, count, n_min: int, n_max: int):
         """``(idx [K, B], mask [K, B], active [K])`` for one client with ``count`` valid rows."""
@@ -121,6 +130,9 @@ class ClockPlan:
 
     def width(self, n_max: int) -> int:
         return math.ceil(n_max / self.chunks) if self.chunks else self.batch_size
+
+    def every_step_active(self, n_min: int, n_max: int) -> bool:
+        return True  # every iteration of the clock runs (a step function skips all-masked batches itself)
 
     def schedule(self, key, count, n_min: int, n_max: int):
         """``(idx [K, B], mask [K, B], active [K])`` of iterations start … start + K − 1."""

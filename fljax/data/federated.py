@@ -57,6 +57,15 @@ class ClientArrays:
         return self.replace(x=self.x[idx], y=self.y[idx], mask=self.mask[idx], count=self.count[idx],
                             support=None if self.support is None else self.support[idx])
 
+    def tokens(self):
+        """Target tokens of the valid rows, per client (``[C]``; a scalar for one client's slice): the non-padding
+        targets of next-token data (y ``[.., N, T]``; PAD = 0, :mod:`fljax.data.text`), else one per sample (the
+        count)."""
+        if self.y.ndim == self.mask.ndim:
+            return self.count
+        real = (self.y != 0) & jnp.expand_dims(self.mask, -1)
+        return jnp.sum(real, axis=tuple(range(self.mask.ndim - 1, self.y.ndim))).astype(self.count.dtype)
+
     def support_batch(self):
         """One client's support set as a full :class:`~fljax.data.Batch` of ``support_max`` rows (past its size
         masked); its whole split when no support set is declared."""

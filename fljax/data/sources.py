@@ -3,7 +3,8 @@
 Offline (no download): FedProx's Synthetic(α, β), scikit-learn's bundled digits, qot (vendored), the stand-ins of
 :mod:`fljax.data.standins`, and your own files (:mod:`fljax.data.files`). Prepared once with network: TFDS image
 classification sets through ``tfds.data_source`` (tests use ``tfds.testing.mock_data``) and LEAF's JSON files
-(:mod:`fljax.data.leaf`: FEMNIST, Shakespeare, Sent140).
+(:mod:`fljax.data.leaf`: FEMNIST, Shakespeare, Sent140) and TFF's or FedJAX's Stack Overflow files
+(:mod:`fljax.data.stackoverflow`).
 
 A source is either *pooled* (global train/test arrays, to be partitioned) or *natural* (it defines its own clients).
 Each is registered in :data:`SOURCES` with its options (a dataclass of :mod:`fljax.options`), how to load it, and
@@ -25,6 +26,7 @@ from fljax.data import standins, text
 from fljax.data.files import FilesOptions, load_files
 from fljax.data.leaf import (LEAF_FEMNIST_WRITERS, LEAF_SENT140_USERS, LEAF_SHAKESPEARE_USERS, SHAKESPEARE_VOCAB,
                              LeafOptions, Sent140Options, ShakespeareOptions, femnist, sent140, shakespeare)
+from fljax.data.stackoverflow import STACKOVERFLOW_USERS, StackOverflowOptions, stackoverflow
 from fljax.options import NoOptions, Options, at_least, between, option, parse, suggest
 
 __all__ = ["Pooled", "Natural", "Samples", "StackOverflowOptions", "synthetic", "digits", "mnist5k", "qot_arrays",
@@ -392,22 +394,8 @@ def _femnist_clients(o: LeafOptions) -> int:
     return (standins.EMNIST_WRITERS if o.source == "standin" else LEAF_FEMNIST_WRITERS) // o.writers_per_client
 
 
-@dataclasses.dataclass(frozen=True)
-class StackOverflowOptions(Options):
-    """Options of Stack Overflow (next-word prediction)."""
-
-    source: typing.Literal["standin"] = option("standin", "standin: seeded stand-in users with Stack Overflow's "
-                                                          "shapes (offline; fljax has no reader of the real set yet)")
-    seq_len: int = option(20, "tokens per sentence row (Reddi et al.: 20)", at_least(2))
-    vocab: int = option(10_000, "regular words in the vocabulary (Reddi et al.: 10,000)", at_least(1))
-    max_samples: int | None = option(1_000, "sentences per user at most (Reddi et al.: 1,000; null: no cap)",
-                                     at_least(2))
-
-
 def _load_stackoverflow(o: StackOverflowOptions, num_clients: int, seed: int) -> Natural:
-    x, y, counts = standins.stackoverflow_users(num_clients, seed, o.seq_len, o.vocab, o.max_samples)
-    vocab = text.vocab_size(o.vocab)
-    return Natural(x, y, counts, vocab, "stackoverflow (stand-in)", input_shape=text.TokenShape(o.seq_len, vocab))
+    return stackoverflow(o, num_clients, seed)
 
 
 def _shakespeare_clients(o: ShakespeareOptions) -> int:
@@ -461,9 +449,10 @@ SOURCES: dict[str, Source] = {
                           "(data_dir) or, with source: standin, 715 seeded stand-in speakers (offline)",
                           ShakespeareOptions, lambda o, n, seed: shakespeare(o, n, seed), _shakespeare_clients,
                           text.TokenShape(80, SHAKESPEARE_VOCAB), SHAKESPEARE_VOCAB, natural=True),
-    "stackoverflow": Source("Stack Overflow next-word prediction: seeded stand-in users with the real set's shapes "
-                            "(offline; the first num_clients of 342,477)", StackOverflowOptions,
-                            _load_stackoverflow, _fixed(standins.STACKOVERFLOW_USERS),
+    "stackoverflow": Source("Stack Overflow next-word prediction, one client per user: TFF's or FedJAX's files "
+                            "(data_dir) or, with source: standin, seeded stand-in users (offline; the first "
+                            "num_clients of 342,477)", StackOverflowOptions,
+                            _load_stackoverflow, _fixed(STACKOVERFLOW_USERS),
                             text.TokenShape(20, text.vocab_size(10_000)), text.vocab_size(10_000), natural=True),
     "sent140": Source("Sent140 tweet sentiment (2 classes), one client per Twitter account, from LEAF's JSON files "
                       "(offline, data_dir)", Sent140Options, lambda o, n, seed: sent140(o, n, seed),
