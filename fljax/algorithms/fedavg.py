@@ -45,7 +45,10 @@ __all__ = ["ModelAveraging", "ServerSGD", "FedAvgBase", "FedAvg", "FedProx", "Fe
 class ModelAveraging(Centralized):
     """The FedAvg server, for the algorithms that average one global model: w_{t+1} = ServerOpt(w_t, Δ_t) with the
     pseudo-gradient Δ_t = w_t − Σ_{i∈S_t} p_i w_i. Here the server optimizer is SGD with step 1, so w_{t+1} is the
-    weighted mean; :class:`ServerSGD` makes its step and momentum options."""
+    weighted mean; :class:`ServerSGD` makes its step and momentum options. Its upload is a model trained from w_t and
+    the server reads the uploads only through their mean: privacy and compression apply (``upload_model``)."""
+
+    upload_model = True
 
     def server_optimizer(self) -> optax.GradientTransformation:
         return optax.sgd(1.0)
@@ -88,6 +91,7 @@ class FedAvgBase(BatchStatsOption, ServerSGD, local_options(*EVERY)):
 
     local_data: Literal["all", "support"] = option(
         "all", "'all' trains on the client's whole train split, 'support' on its support set only")
+    private_steps = True  # its clients train only through LocalTraining.train: DP-SGD applies
 
     def local_loss(self, model, params, batch, anchor):
         """The local objective f_i (FedProx overrides it)."""

@@ -36,7 +36,8 @@ class ClientInput:
       rounds: the epoch clock's batches);
     * ``model`` — the model it runs (static; its group's in a heterogeneous population); ``global_model`` — the model
       of the server's global parameters (static; ``model`` unless a population's group runs another architecture);
-      ``unroll`` — the unroll factor of its local-step loops (static).
+      ``unroll`` — the unroll factor of its local-step loops (static); ``privacy`` — the DP-SGD its local steps take
+      (a :class:`fljax.privacy.ExamplePrivacy`, static; None: plain gradients).
     """
 
     state: Any
@@ -49,6 +50,7 @@ class ClientInput:
     model: Any = flax.struct.field(pytree_node=False, default=None)
     unroll: int = flax.struct.field(pytree_node=False, default=1)
     global_model: Any = flax.struct.field(pytree_node=False, default=None)
+    privacy: Any = flax.struct.field(pytree_node=False, default=None)
 
 
 @flax.struct.dataclass
