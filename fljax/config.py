@@ -159,7 +159,7 @@ def from_dict(cls, values: Mapping) -> ExperimentConfig:
                 "compression": lambda v: parse(CompressionOptions, v)}
     kwargs = {}
     for key, value in values.items():
-        if key in sections:
+        if key in sections and not (value is None and key in ("privacy", "compression")):
             if not isinstance(value, Mapping):
                 raise OptionError(key, f"must be a mapping of keys to values, got {show(value)}.")
             try:
