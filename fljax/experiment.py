@@ -179,10 +179,11 @@ def _check_privacy(cfg: ExperimentConfig, algorithm: Algorithm) -> None:
     uploads = [n for n, c in sorted(ALGORITHMS.items()) if getattr(c, "upload_model", False)]
     if (p is None or p.level == "client" or _squeezed(cfg)) and not getattr(algorithm, "upload_model", False):
         what = "client-level privacy" if p is not None and p.level == "client" else "compressing uploads"
+        example = p is not None and algorithm.private_steps and not _squeezed(cfg)
         raise OptionError(key, f"applies to an algorithm whose upload is a model trained from the broadcast one and "
                                f"averaged by the server (the delta w_i − w_t is what is clipped, noised or "
                                f"compressed); {cfg.algorithm}'s is not, so {what} is refused. Use one of {uploads}"
-                               f"{' (or privacy.level: example)' if algorithm.private_steps else ''}.")
+                               f"{' (or privacy.level: example)' if example else ''}.")
     if p is not None and p.level == "example":
         steps = [n for n, c in sorted(ALGORITHMS.items()) if c.private_steps]
         if not algorithm.private_steps:
