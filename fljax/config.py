@@ -3,7 +3,9 @@
 This module only *parses*: every key is checked against the section that declares it (its type, range and the
 closest valid name for a misspelt one), in one line that names the key. The run settings are declared here, the
 ``data:`` keys by :class:`fljax.data.DataConfig` (and the data set and partitioner it names), ``model:``,
-``server:`` and ``groups:`` by their sections below; the ``algo:`` mapping is kept as given. Turning a parsed config
+``server:`` and ``groups:`` by their sections below, ``privacy:`` and ``compression:`` by
+:class:`fljax.privacy.PrivacyOptions` and :class:`fljax.privacy.CompressionOptions`; the ``algo:`` mapping is kept
+as given. Turning a parsed config
 into the objects it describes — the algorithm constructed and checked, the model's options checked against the
 model, the population — is :func:`fljax.experiment.resolve`, the one composition root. :func:`load_config` reads
 YAML (:mod:`fljax.yaml_io`: numbers as a person writes them, ``1e-3`` is a float); :func:`apply_overrides` applies
@@ -22,6 +24,7 @@ from fljax import yaml_io
 from fljax.data.config import DataConfig
 from fljax.errors import ConfigError, OptionError
 from fljax.options import SEED_MAX, Options, at_least, between, greater_than, option, parse, seed_check, show
+from fljax.privacy import CompressionOptions, PrivacyOptions
 
 __all__ = ["ConfigError", "DataConfig", "ModelConfig", "GroupConfig", "group_configs", "ServerConfig",
            "ExperimentConfig", "from_dict", "to_dict", "load_config", "read_yaml", "apply_overrides",
@@ -130,9 +133,16 @@ class ExperimentConfig(Options):
                                        "(null: every client runs the model and algo)")
     diverge_factor: float | None = option(1e3, "stop a run whose train loss exceeds this many times max(its first "
                                                "round's loss, 1) (null: never)", greater_than(1))
+    privacy: PrivacyOptions | None = option(None, "differential privacy of the clients or their examples "
+                                                  "(docs/privacy.md; null: none)")
+    compression: CompressionOptions | None = option(None, "compression of the clients' uploads (docs/privacy.md; "
+                                                          "null: none)")
 
     def check(self) -> None:
-        for key, cls in (("data", DataConfig), ("model", ModelConfig), ("server", ServerConfig)):
+        for key, cls in (("data", DataConfig), ("model", ModelConfig), ("server", ServerConfig),
+                         ("privacy", PrivacyOptions), ("compression", CompressionOptions)):
+            if getattr(self, key) is None and key in ("privacy", "compression"):
+                continue
             if not isinstance(getattr(self, key), cls):
                 raise OptionError(key, f"must be a {cls.__name__} (from_dict builds one from a mapping), got "
                                        f"{show(getattr(self, key))}.")
@@ -154,10 +164,11 @@ def from_dict(cls, values: Mapping) -> ExperimentConfig:
     if not isinstance(values, Mapping):
         raise ConfigError(f"a config must be a mapping of keys to values, got {show(values)}.")
     sections = {"data": DataConfig.from_dict, "model": lambda v: parse(ModelConfig, v),
-                "server": lambda v: parse(ServerConfig, v)}
+                "server": lambda v: parse(ServerConfig, v), "privacy": lambda v: parse(PrivacyOptions, v),
+                "compression": lambda v: parse(CompressionOptions, v)}
     kwargs = {}
     for key, value in values.items():
-        if key in sections:
+        if key in sections and not (value is None and key in ("privacy", "compression")):
             if not isinstance(value, Mapping):
                 raise OptionError(key, f"must be a mapping of keys to values, got {show(value)}.")
             try:

@@ -13,6 +13,12 @@ A comparison runs several algorithms on one config: :func:`compare_points` gives
 no error message is parsed), then its own hyperparameters. The quick-start :func:`preset` yields its keys the same
 way.
 
+Privacy and compression (``privacy:``, ``compression:``; docs/privacy.md) are resolved here too: :func:`resolve`
+refuses what the config alone shows cannot be done or accounted (an algorithm whose upload is not a model, a batch
+plan the accountant cannot model, δ ≥ 1/N, …) and calibrates the noise to a target ε; :func:`privacy_of` completes
+it with the data (the clients' counts, at example level the smallest client), before anything is written, into the
+:class:`fljax.privacy.Privacy` a simulation applies and the runner reports ε from.
+
 Every refusal is one line naming the key (``algo.lr must be > 0, got -0.1.``), raised before anything is loaded,
 built or written.
 """
@@ -33,8 +39,8 @@ if TYPE_CHECKING:
     from fljax.data import FederatedData
     from fljax.engine import Simulation
 
-__all__ = ["Experiment", "Group", "resolve", "load_data", "build", "build_model", "default_model", "compare_points",
-           "label", "preset"]
+__all__ = ["Experiment", "Group", "resolve", "load_data", "build", "build_model", "default_model", "privacy_of",
+           "compare_points", "label", "preset"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +120,7 @@ def resolve(cfg: ExperimentConfig) -> Experiment:
     _check_server(cfg.server, input_shape)
     algorithm = _construct(cls, cfg.algo, cfg.data.num_clients, "algo")
     groups = _groups(cfg, algorithm, input_shape)
+    _check_privacy(cfg, algorithm)
     config = dataclasses.replace(cfg, algo={k: getattr(algorithm, k) for k in cfg.algo})
     return Experiment(config, algorithm, model, groups)
 
@@ -156,6 +163,96 @@ def _groups(cfg: ExperimentConfig, algorithm: Algorithm, input_shape: tuple) -> 
         own = _construct(type(algorithm), hp, cfg.data.num_clients, f"groups[{i}].algo")
         out.append(Group(g.name, g.size, model, {k: getattr(own, k) for k in g.algo}))
     return tuple(out)
+
+
+def _squeezed(cfg: ExperimentConfig) -> bool:
+    """The config compresses uploads (a compressor, or error feedback)."""
+    c = cfg.compression
+    return c is not None and (c.kind != "none" or c.error_feedback)
+
+
+def _check_privacy(cfg: ExperimentConfig, algorithm: Algorithm) -> None:
+    """Refuse, in one line naming the key, privacy or compression the algorithm cannot take or the accountant cannot
+    model, as far as the config shows (the data's part: :func:`privacy_of`); calibrates a target ε (cached)."""
+    p = cfg.privacy
+    if p is None and not _squeezed(cfg):
+        return
+    key = "privacy" if p is not None else "compression"
+    if cfg.groups:
+        raise OptionError(key, "runs on one homogeneous population; remove groups.")
+    uploads = [n for n, c in sorted(ALGORITHMS.items()) if getattr(c, "upload_model", False)]
+    if (p is None or p.level == "client" or _squeezed(cfg)) and not getattr(algorithm, "upload_model", False):
+        what = "client-level privacy" if p is not None and p.level == "client" else "compressing uploads"
+        example = p is not None and algorithm.private_steps and not _squeezed(cfg)
+        raise OptionError(key, f"applies to an algorithm whose upload is a model trained from the broadcast one and "
+                               f"averaged by the server (the delta w_i − w_t is what is clipped, noised or "
+                               f"compressed); {cfg.algorithm}'s is not, so {what} is refused. Use one of {uploads}"
+                               f"{' (or privacy.level: example)' if example else ''}.")
+    if p is not None and p.level == "example":
+        steps = [n for n, c in sorted(ALGORITHMS.items()) if c.private_steps]
+        if not algorithm.private_steps:
+            raise OptionError("privacy.level", f"'example' needs an algorithm whose clients touch their data only "
+                                               f"through the local steps of its batch plan (then DP-SGD in every step "
+                                               f"covers all it sends: no SAM, no phases of their own); "
+                                               f"{cfg.algorithm}'s do not. Use one of {steps}.")
+        plan = algorithm.plan()
+        if plan is None or not plan.poisson:
+            raise OptionError("algo.sampling", f"must be 'poisson' under privacy.level: example (each example in a "
+                                               f"step with probability batch_size/n_i, the sampling the accountant "
+                                               f"models; shuffled or epoch batches it cannot), got "
+                                               f"{show(getattr(algorithm, 'sampling', None))}.")
+        return  # the rest needs the clients' sizes: privacy_of
+    from fljax.privacy import resolve_run
+
+    try:
+        resolve_run(p, cfg.compression, clients=cfg.data.num_clients,
+                    cohort_size=getattr(algorithm, "cohort_size", None), rounds=cfg.rounds)
+    except OptionError as e:
+        raise e.within("privacy") from None
+
+
+def privacy_of(exp: Experiment, data: "FederatedData"):
+    """The :class:`fljax.privacy.Privacy` of ``exp`` on ``data`` (None without privacy and compression): the
+    population is the data's training clients, their counts weigh the fixed denominator, and at example level the
+    smallest client sets the sampling rate B/n_min and the total number of examples bounds δ. Refuses in one line
+    naming the key (before anything is written: the runner asks for it when it builds the run)."""
+    import numpy as np
+
+    from fljax.privacy import LocalSteps, resolve_run
+
+    cfg, algorithm = exp.config, exp.algorithm
+    if cfg.privacy is None and not _squeezed(cfg):
+        return None
+    clients = data.num_clients - getattr(data, "num_target", 0)
+    counts = np.asarray(data.train.count)[:clients]
+    local = None
+    if cfg.privacy is not None and cfg.privacy.level == "example":
+        plan, sizes = algorithm.plan(), counts[counts > 0]
+        if not sizes.size:
+            raise OptionError("privacy.level", "'example': no client has training examples.")
+        local = LocalSteps(int(sizes.min()), int(sizes.sum()), plan.batch_size, plan.num_steps(data.train.n_max))
+    weights = algorithm.client_weights(counts) if hasattr(algorithm, "client_weights") else None
+    try:
+        return resolve_run(cfg.privacy, cfg.compression, clients=clients,
+                           cohort_size=getattr(algorithm, "cohort_size", None), rounds=cfg.rounds, weights=weights,
+                           local=local)
+    except OptionError as e:
+        raise e.within("privacy") from None
+
+
+def _check_model_privacy(cfg: ExperimentConfig, model) -> None:
+    """Privacy and compression work on models without BatchNorm statistics (they would travel or stay beside the
+    parameters unprivatized); example-level DP also on none with Dropout (per-example gradients)."""
+    p = cfg.privacy
+    if p is None and not _squeezed(cfg):
+        return
+    key = "privacy" if p is not None else "compression"
+    if model.collections:
+        raise OptionError(key, f"needs a model without BatchNorm ({model.name} has it: its statistics are not "
+                               f"privatized nor compressed); use a GroupNorm model (e.g. resnet18_gn) or an MLP/CNN.")
+    if p is not None and p.level == "example" and model.has_mode:
+        raise OptionError("privacy.level", f"'example' clips per-example gradients, which a model with Dropout "
+                                           f"({model.name}) does not give; use a model without it.")
 
 
 def _choice(key: str, value, choices) -> None:
@@ -254,9 +351,10 @@ def build(exp: Experiment, data: "FederatedData", module=None) -> "Simulation":
     groups = [ClientGroup(g.name, g.size, build_model(g.model, data) if g.model is not None else None, g.hp)
               for g in exp.groups] or None
     check_model_support(cfg.algorithm, model, groups=groups is not None)
+    _check_model_privacy(cfg, model)
     return Simulation(exp.algorithm, data, model, executor=cfg.executor, chunk_size=cfg.chunk_size, seed=cfg.seed,
                       conv_impl=cfg.model.conv_impl, groups=groups, precision=cfg.precision,
-                      memory_budget=cfg.memory_budget)
+                      memory_budget=cfg.memory_budget, privacy=privacy_of(exp, data))
 
 
 # ------------------------------------------------------------------------------------------------------ compare

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 from typing import Any, Literal
@@ -66,7 +67,8 @@ PyTree = Any
 __all__ = ["ACCOUNTANTS", "SAMPLINGS", "MIN_NOISE", "Sampling", "dp_event", "make_accountant", "epsilon",
            "calibrate_noise_multiplier", "check_accountable", "check_delta", "default_delta", "poisson_capacity",
            "PrivacyOptions", "CompressionOptions", "PrivacyPlan", "resolve_privacy", "AdaptiveClipping",
-           "UploadState", "Contribution", "UploadResult", "UploadTransform", "upload_transform"]
+           "UploadState", "Contribution", "UploadResult", "UploadTransform", "upload_transform", "ExamplePrivacy",
+           "PoissonCohort", "Privacy", "LocalSteps", "resolve_run", "TRACED_NOISE", "WithUploads"]
 
 ACCOUNTANTS = ("pld", "rdp")
 SAMPLINGS = ("poisson", "fixed")
@@ -249,6 +251,12 @@ def calibrate_noise_multiplier(target_epsilon: float, steps: int, delta: float, 
     return float(z)
 
 
+# calibration and ε take seconds (PLD): a run asks for the same ones again (resolution, then every seed's simulation;
+# ε at every evaluation, for every lane of a grid): cached by their (hashable) arguments
+_calibrated = functools.lru_cache(maxsize=256)(calibrate_noise_multiplier)
+_epsilon = functools.lru_cache(maxsize=4096)(epsilon)
+
+
 # ------------------------------------------------------------------------------------------------------ options
 
 
@@ -309,6 +317,13 @@ class PrivacyOptions(Options):
         if self.adaptive and self.level == "example":
             raise OptionError("adaptive", "clipping is for client updates (level: client); DP-SGD clips examples "
                                           "to a fixed clip_norm.")
+        if self.level == "example" and self.sampling != "poisson":
+            raise OptionError("sampling", "at level example is the batches' sampling: Poisson (each example of a "
+                                          "client in a step with probability batch_size/n_i), which the accountant "
+                                          "models; use sampling: poisson.")
+        if self.level == "example" and self.capacity is not None:
+            raise OptionError("capacity", "is the Poisson buffer of client cohorts (level client); at level example "
+                                          "a step's batch is buffered in the client's whole data; remove it.")
 
 
 @dataclasses.dataclass
@@ -377,7 +392,7 @@ def resolve_privacy(options: PrivacyOptions, *, population: int, size: float, st
         z = options.noise_multiplier
         _check_noise(z, options.accountant)
     else:
-        z = calibrate_noise_multiplier(options.target_epsilon, steps, delta, sampling, options.accountant)
+        z = _calibrated(options.target_epsilon, steps, delta, sampling, options.accountant)
     z_update, count_stddev = z, None
     if options.adaptive:
         count_stddev = options.count_stddev if options.count_stddev is not None else size / 20
@@ -390,6 +405,11 @@ def resolve_privacy(options: PrivacyOptions, *, population: int, size: float, st
 
 
 # ------------------------------------------------------------------------------------------------ upload pipeline
+
+
+def _zero(value) -> bool:
+    """A Python 0 (not a traced value: a noise multiplier swept as a lane of one program is never skipped)."""
+    return isinstance(value, (int, float)) and value == 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -451,7 +471,7 @@ class UploadTransform:
     def __post_init__(self):
         if self.clip_norm is not None and not (self.expected_weight and self.expected_weight > 0):
             raise ValueError("a private upload transform needs expected_weight W > 0 (the fixed denominator).")
-        if self.clip_norm is None and (self.noise_multiplier or self.adaptive is not None):
+        if self.clip_norm is None and (not _zero(self.noise_multiplier) or self.adaptive is not None):
             raise ValueError("noise and adaptive clipping need a clip_norm.")
 
     @property
@@ -516,7 +536,7 @@ class UploadTransform:
             return agg, state, {}
         k_noise, k_count = jax.random.split(key)
         w = jnp.minimum(weights / self.weight_cap, 1.0)
-        stddev = 0 if self.noise_multiplier == 0 else self.noise_multiplier * state.clip_norm
+        stddev = 0 if _zero(self.noise_multiplier) else self.noise_multiplier * state.clip_norm
         agg = P.private_mean(contributions.value, w, self.expected_weight, stddev, k_noise, reference)
         v = jnp.ones_like(weights) if valid is None else jnp.asarray(valid, jnp.float32)
         if self.adaptive is not None:
@@ -530,16 +550,19 @@ class UploadTransform:
 
     # -------------------------------------------------------------------------------------------- stacked
     def apply(self, uploads: PyTree, weights, residuals: PyTree, state: UploadState, key,
-              reference: PyTree | None = None, valid=None) -> UploadResult:
-        """:meth:`encode` of every client of a stacked cohort (``vmap``, one key each) then :meth:`aggregate`.
+              reference: PyTree | None = None, valid=None, client_keys=None) -> UploadResult:
+        """:meth:`encode` of every client of a stacked cohort (``vmap``) then :meth:`aggregate`. Each client's key is
+        ``client_keys[i]`` (the engine derives them from the client ids, so that nothing depends on a client's slot)
+        and ``key`` is the server's; without ``client_keys`` both are split from ``key``, the clients' by position.
         Residuals of unsampled slots (``valid`` False) are returned unchanged."""
-        k_clients, k_server = jax.random.split(key)
-        keys = jax.random.split(k_clients, T.num_clients(uploads))
+        if client_keys is None:
+            k_clients, key = jax.random.split(key)
+            client_keys = jax.random.split(k_clients, T.num_clients(uploads))
         contributions, new_res = jax.vmap(lambda u, e, k: self.encode(u, e, state, k, reference))(uploads, residuals,
-                                                                                                 keys)
+                                                                                                 client_keys)
         if valid is not None:
             new_res = T.where(valid, new_res, residuals)
-        agg, new_state, metrics = self.aggregate(contributions, weights, state, k_server, reference, valid)
+        agg, new_state, metrics = self.aggregate(contributions, weights, state, key, reference, valid)
         return UploadResult(agg, new_res, new_state, metrics)
 
     def bytes_up(self, params: PyTree) -> int:
@@ -569,3 +592,162 @@ def upload_transform(plan: PrivacyPlan | None = None, compression: CompressionOp
                            per_layer=o.clipping == "per_layer",
                            expected_weight=plan.sampling.size if expected_weight is None else expected_weight,
                            weight_cap=o.weight_cap, adaptive=adaptive, compressor=comp, error_feedback=ef)
+
+
+# ---------------------------------------------------------------------------------------------------- one run
+
+
+@dataclasses.dataclass(frozen=True)
+class ExamplePrivacy:
+    """DP-SGD in every local step (``level: example``; Abadi et al. 2016, Alg. 1): the per-example gradients of a
+    step's batch clipped to ``clip_norm`` C (each leaf to C_l with ``per_layer``), summed, noised with std z·C
+    (z = ``noise_multiplier``) and divided by the expected batch size B = ``batch_size``
+    (:func:`fljax.ops.privacy.private_value_and_grad`). Python values: static in a compiled program."""
+
+    clip_norm: float
+    noise_multiplier: float
+    batch_size: int
+    per_layer: bool = False
+
+    def value_and_grad(self, loss_fn):
+        """``fn(params, batch, key) -> (loss, g̃)``: DP-SGD's gradient of ``loss_fn(params, batch)``."""
+        return P.private_value_and_grad(loss_fn, self.clip_norm, self.noise_multiplier, self.batch_size,
+                                        self.per_layer)
+
+
+@dataclasses.dataclass(frozen=True)
+class PoissonCohort:
+    """Client-level Poisson sampling: every training client independently with probability ``rate`` q, into a buffer
+    of ``capacity`` slots (:func:`fljax.ops.privacy.poisson_cohort`)."""
+
+    rate: float
+    capacity: int
+
+
+TRACED_NOISE = "privacy.noise_multiplier"  # the key a grid of runs traces (one program for every noise level)
+
+
+@dataclasses.dataclass(frozen=True)
+class Privacy:
+    """The ``privacy:`` and ``compression:`` sections of one run, resolved (:func:`resolve_run`): what the engine
+    applies and what the accountant counts.
+
+    * ``plan``: the resolved privacy (noise multiplier, δ, sampling, accountant; None: no privacy, compression only);
+    * ``uploads``: the :class:`UploadTransform` a centralized algorithm's uploads go through between its clients and
+      its server update (client-level DP and/or compression; None: the uploads are averaged as they are);
+    * ``cohort``: client-level Poisson sampling (None: the algorithm's fixed-size cohorts);
+    * ``example``: DP-SGD in every local step (level example; None: plain gradients);
+    * ``steps_per_round``: the accountant's steps per round (1 at client level; a round's local steps at example
+      level, as if a client took part in every round: the worst case)."""
+
+    plan: PrivacyPlan | None = None
+    uploads: UploadTransform | None = None
+    cohort: PoissonCohort | None = None
+    example: ExamplePrivacy | None = None
+    steps_per_round: int = 1
+
+    def epsilon(self, rounds: int) -> float | None:
+        """ε after ``rounds`` rounds at the plan's δ, by dp-accounting (∞ without noise; None without privacy).
+        Cached per number of steps: the PLD accountant takes seconds."""
+        p = self.plan
+        if p is None:
+            return None
+        return _epsilon(p.noise_multiplier, int(rounds) * self.steps_per_round, p.delta, p.sampling,
+                        p.options.accountant)
+
+    def traced(self) -> dict:
+        """The values runs of one grid may trace in one compiled program: the updates' noise multiplier z_Δ of
+        client-level DP (``{TRACED_NOISE: z_Δ}``; empty otherwise)."""
+        if self.uploads is None or not self.uploads.private:
+            return {}
+        return {TRACED_NOISE: self.uploads.noise_multiplier}
+
+    def at(self, hp: dict | None) -> "Privacy":
+        """This privacy with the traced values of ``hp`` (a lane's) in place."""
+        if not hp or TRACED_NOISE not in hp:
+            return self
+        return dataclasses.replace(self, uploads=dataclasses.replace(self.uploads, noise_multiplier=hp[TRACED_NOISE]))
+
+    def program(self) -> tuple:
+        """What this privacy makes of a compiled program, traced values apart: runs share a program only if equal."""
+        uploads = self.uploads
+        if self.traced():
+            uploads = dataclasses.replace(uploads, noise_multiplier=0.0)
+        return uploads, self.cohort, self.example, self.steps_per_round
+
+    def describe(self) -> dict:
+        """What ``summary.json`` records of it (``privacy``): the level, noise multiplier (given or calibrated), δ,
+        clip norm, accountant and sampling; the compressor."""
+        out = {}
+        if self.plan is not None:
+            p, o = self.plan, self.plan.options
+            out.update(level=o.level, noise_multiplier=p.noise_multiplier, delta=p.delta, clip_norm=o.clip_norm,
+                       accountant=o.accountant, sampling=p.sampling.kind, population=p.sampling.population,
+                       expected_size=p.sampling.size, steps_per_round=self.steps_per_round)
+            if o.target_epsilon is not None:
+                out["target_epsilon"] = o.target_epsilon
+        if self.uploads is not None and not isinstance(self.uploads.compressor, Identity):
+            out["compressor"] = repr(self.uploads.compressor)
+            out["error_feedback"] = self.uploads.error_feedback
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalSteps:
+    """What example-level accounting needs of the clients' data and local training: the smallest and the total
+    number of training examples, the (expected) batch size B and the local steps of a round."""
+
+    smallest: int
+    total: int
+    batch_size: int
+    steps_per_round: int
+
+
+def resolve_run(privacy: PrivacyOptions | None, compression: CompressionOptions | None, *, clients: int,
+                cohort_size: int | None, rounds: int, weights=None, local: LocalSteps | None = None
+                ) -> Privacy | None:
+    """The :class:`Privacy` of a run (None when it has neither privacy nor compression): ``clients`` N training
+    clients, ``cohort_size`` m (expected under Poisson sampling: q = m/N; None: every client), ``rounds`` T,
+    ``weights`` the clients' aggregation weights p_k (None: all ≥ 1), ``local`` the example-level facts (needed at
+    level example).
+
+    Client level: one round is one step of the subsampled Gaussian mechanism over the N clients; the fixed
+    denominator is W = m·mean_k min(p_k/ŵ, 1), the expected total weight (= m with ŵ = 1). Example level: one local
+    step is one step over a client's examples, drawn Poisson with rate B/n_i; the accounted client is the smallest
+    (n_min: the largest rate), δ is checked against the total number of examples, and the steps are T × the local
+    steps of a round. Refuses, in one line naming the key, what cannot be accounted."""
+    squeezed = compression is not None and (compression.kind != "none" or compression.error_feedback)
+    if privacy is None:
+        return Privacy(uploads=upload_transform(None, compression)) if squeezed else None
+    size = clients if cohort_size is None else min(cohort_size, clients)
+    if privacy.level == "example":
+        if local is None:
+            raise ValueError("example-level privacy needs the clients' LocalSteps.")
+        batch = min(local.batch_size, local.smallest)
+        plan = resolve_privacy(privacy, population=local.smallest, size=batch,
+                               steps=rounds * local.steps_per_round, num_records=local.total)
+        example = ExamplePrivacy(privacy.clip_norm, plan.noise_multiplier, local.batch_size,
+                                 privacy.clipping == "per_layer")
+        return Privacy(plan, upload_transform(None, compression) if squeezed else None, None, example,
+                       local.steps_per_round)
+    plan = resolve_privacy(privacy, population=clients, size=size, steps=rounds)
+    expected = float(size)
+    if weights is not None and privacy.weight_cap != 1.0:
+        capped = [min(float(w) / privacy.weight_cap, 1.0) for w in weights]
+        expected = size * sum(capped) / len(capped)
+    if not expected > 0:
+        raise OptionError("weight_cap", f"gives every client weight 0 (W = {expected:g}); lower it.")
+    cohort = None
+    if privacy.sampling == "poisson":
+        cohort = PoissonCohort(size / clients, clients if privacy.capacity is None else privacy.capacity)
+    return Privacy(plan, upload_transform(plan, compression, expected_weight=expected), cohort)
+
+
+@flax.struct.dataclass
+class WithUploads:
+    """An algorithm's own pytree ``state`` with the upload pipeline's ``uploads`` beside it: the server's
+    :class:`UploadState` (the clip norm C_t), or every client's error-feedback residual (leading client axis; ``()``
+    without error feedback). :class:`fljax.algorithms.base.Centralized` wraps and unwraps it."""
+
+    state: Any
+    uploads: Any

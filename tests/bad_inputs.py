@@ -49,6 +49,7 @@ _RESUME = "Run directories and --resume"
 _MEMORY = "Simulations too large for the memory"
 _OWN_DATA = "Data sets that are not there"
 _OUTPUT = "Output options"
+_PRIVACY = "Privacy and compression"
 _RUN = "r/config.yaml", "algorithm: fedavg\n"
 _COMPARE = [("c/config.yaml", "data:\n  dataset: digits\n"),
             ("c/summary.json", '{"algorithms": [{"label": "fedavg", "algorithm": "fedavg", "hyperparameters": {}}]}\n')]
@@ -62,6 +63,8 @@ _SMALL = " --set data.num_clients=4 --set algo.cohort_size=2"
 _MLP = "run --set model.name=mlp "
 _DIGITS = "run --dataset digits "
 _SYNTHETIC = "run --dataset synthetic "  # `run` without a file starts from the digits quick-start preset
+_DP = "run --set privacy.noise_multiplier=1 --set privacy.clip_norm=1 "
+_EXAMPLE = _DP + "--set privacy.level=example "
 
 CASES = [
     _case(_FILES, "run nope.yaml", "config file 'nope.yaml' does not exist."),
@@ -242,6 +245,31 @@ CASES = [
     _case(_RESUME, "run --resume --out r", "r/metrics.jsonl is damaged (line 2 is cut short:",
           [_RUN, ("r/summary.json", '{"status": "completed", "rounds": 100}\n'),
            ("r/metrics.jsonl", '{"round": 0}\n{"round": 1')]),
+    _case(_PRIVACY, "run --set privacy.noise_multiplier=1 --set privacy.clip_norm=-0.5",
+          "privacy.clip_norm must be > 0, got -0.5."),
+    _case(_PRIVACY, "run --set privacy.noise_multiplier=1", "privacy.clip_norm must be set: the noise is calibrated to "
+                                                          "the clip norm, and noise without clipping bounds nothing"),
+    _case(_PRIVACY, _DP + "--set privacy.delta=0.05", "privacy.delta must be in (0, 1/N) = (0, 0.02) for N = 50 "
+                                                      "protected records"),
+    _case(_PRIVACY, _DP + "--algorithm scaffold", "privacy applies to an algorithm whose upload is a model trained "
+                                                  "from the broadcast one and averaged by the server"),
+    _case(_PRIVACY, "run --set privacy.target_epsilon=2 --set privacy.clip_norm=1 --set privacy.sampling=fixed",
+          "privacy.accountant 'pld' cannot account fixed-size sampling without replacement"),
+    _case(_PRIVACY, _DP + "--set privacy.capacity=20 --set privacy.accountant=rdp",
+          "privacy.capacity 20 < 50 truncates Poisson sampling, which only the PLD accountant models"),
+    _case(_PRIVACY, _EXAMPLE, "algo.sampling must be 'poisson' under privacy.level: example"),
+    _case(_PRIVACY, _EXAMPLE + "--algorithm apfl", "privacy.level 'example' needs an algorithm whose clients touch "
+                                                   "their data only through the local steps of its batch plan"),
+    _case(_PRIVACY, _EXAMPLE + "--set algo.sampling=poisson --set algo.local_steps=2 --set model.name=emnist_cnn",
+          "privacy.level 'example' clips per-example gradients, which a model with Dropout (emnist_cnn) does not "
+          "give"),
+    _case(_PRIVACY, "run --algorithm scaffold --set compression.kind=sign",
+          "compression applies to an algorithm whose upload is a model"),
+    _case(_PRIVACY, "run --set compression.kind=top_k", "compression.fraction must be set for kind 'top_k'."),
+    _case(_PRIVACY, "run --resume --out r --set rounds=50", "--resume cannot change rounds (100 in r/config.yaml, 50 "
+                                                            "now) of a run whose noise is calibrated to "
+                                                            "privacy.target_epsilon",
+          [("r/config.yaml", "algorithm: fedavg\nprivacy: {target_epsilon: 8.0, clip_norm: 1.0, accountant: rdp}\n")]),
     _case(_RESUME, "run --resume --out r --set data.num_clients=20",
           "--resume cannot change data.num_clients (100 in r/config.yaml, 20 now): it changes the simulation", [_RUN]),
     _case(_RESUME, "run --resume --out r --set algo.lr=0.5", "--resume cannot change algo.lr (0.1 in r/config.yaml, "

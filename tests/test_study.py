@@ -127,6 +127,33 @@ def test_run_report_reuse_and_render(tiny, tmp_path, monkeypatch):
         run_study(changed, out)
 
 
+def test_final_plot_against_a_measured_x_with_a_reference_level(tiny):
+    """``x_value``: x is a measured metric's mean over seeds (accuracy against ε or MB sent), with its std as the
+    horizontal error bar; ``reference``: another cell's mean final value as a dashed level."""
+    from fljax.runner.study import StudyResults
+    from fljax.runner.tables import _plot
+
+    cells = tiny.cells(["lr", "main"])
+    runs = {c.key(s): {"summary": {}, "history": [{"round": 2, "personal_acc": 0.5 + c.config["algo"]["lr"] + 0.01 * s,
+                                                   "bytes_up": 1e6 * (1 + c.config["algo"]["lr"] + s)}]}
+            for c in cells for s in c.seeds}
+    spec = {"file": "x.png", "study": "lr", "kind": "final", "x": "algo.lr", "x_value": "bytes_up / 1e6",
+            "value": "personal_acc", "lines": ["method"], "logx": True,
+            "reference": {"study": "main", "where": {"method": "FedAvg"}, "label": "ref"}}
+    ax = _plot(StudyResults(tiny, cells, runs, {}), spec).axes[0]
+    data = ax.containers[0][0]  # the errorbar's data line; seeds 0 and 1
+    np.testing.assert_allclose(np.asarray(data.get_xdata(), float), [1.6, 1.8])
+    np.testing.assert_allclose(np.asarray(data.get_ydata(), float), [0.605, 0.805])
+    np.testing.assert_allclose(ax.containers[0][2][0].get_segments()[0][:, 0], [1.6 - 0.5 ** 0.5, 1.6 + 0.5 ** 0.5])
+    assert [line.get_ydata()[0] for line in ax.lines if line.get_label() == "ref"] == pytest.approx([0.605])
+    assert ax.get_xscale() == "log" and ax.get_xlabel() == "bytes_up / 1e6"
+    del spec["x"]  # without x: one point per line (its cell picked by `where`)
+    spec["where"] = {"algo.lr": 0.3}
+    data = _plot(StudyResults(tiny, cells, runs, {}), spec).axes[0].containers[0][0]
+    np.testing.assert_allclose(np.asarray(data.get_xdata(), float), [1.8])
+    np.testing.assert_allclose(np.asarray(data.get_ydata(), float), [0.805])
+
+
 def test_a_saved_config_without_a_section_added_since_is_the_same_settings():
     """A run directory written before a config section or option existed (at its default) is reused; a changed
     value, or a key that no longer parses, is not."""

@@ -26,14 +26,15 @@ import jax.numpy as jnp
 
 from fljax import tree
 from fljax.algorithms import model_state
-from fljax.engine.cohort import COHORT_MODES, run_all, run_cohort
-from fljax.engine.context import EVAL, INIT, RoundContext
+from fljax.engine.cohort import COHORT_MODES, entry_ids, run_all, run_cohort
+from fljax.engine.context import EVAL, INIT, NOISE, UPLOAD, RoundContext
 from fljax.engine.evaluation import summarize
 from fljax.engine.protocol import ClientInput, ClientResult
 from fljax.errors import OptionError
 from fljax.models.model import accuracy_stats, masked_cross_entropy
 from fljax.models.sequence import token_stats, token_summary
 from fljax.options import Options, at_least, one_of, option
+from fljax.privacy import WithUploads
 
 __all__ = ["Algorithm", "CohortTemplate", "Centralized", "ClientInput", "ClientResult", "TestStats"]
 
@@ -66,6 +67,10 @@ class Algorithm(Options):
     mixed_architectures: ClassVar[bool] = False
     # its clients may train a model with BatchNorm or Dropout (fljax.algorithms.model_state.TrainsModelState)
     trains_model_state: ClassVar[bool] = False
+    # example-level privacy (docs/privacy.md): a client touches its training data only through the local steps of
+    # its batch plan (LocalTraining.train, fljax.algorithms.local_training.train_steps), so DP-SGD in every step makes
+    # all it sends example-level private, accounted as plan().num_steps local steps per round
+    private_steps: ClassVar[bool] = False
 
     def validate(self, num_clients: int) -> None:
         """Refuse hyperparameters impossible for ``num_clients`` clients with a one-line
@@ -221,6 +226,17 @@ class CohortTemplate(Algorithm):
         result_i ← client_update(ClientInput(state_i, train_i, key_i, round, down))    every i ∈ S_t at once
         clients[S_t] ← result.state;  server ← server_update(server, result)           (weighted mean of uploads)
 
+    Privacy and compressed uploads (``ctx.privacy``, :class:`fljax.privacy.Privacy`; docs/privacy.md) compose with
+    every algorithm that declares ``upload_model``: its upload is a model w_i trained from the broadcast model w_t
+    (Δ_i = w_i − w_t) and its ``server_update`` reads the uploads only through their weighted mean. Between the
+    clients' results and the server update the upload pipeline (:meth:`transform_uploads`) encodes every upload
+    (clip Δ_i, compress it with the client's error-feedback residual) and aggregates them (the weighted sum, noised,
+    over the fixed denominator W); the aggregate replaces the weighted mean: ``server_update`` receives it as a
+    cohort of one upload of weight 1, whose weighted mean it is, bit for bit. The residuals live beside the
+    per-client state and the clip norm C_t beside the server's (:class:`fljax.privacy.WithUploads`). Under Poisson
+    sampling (``privacy.sampling: poisson``) the cohort is a buffer with empty slots (:meth:`sample`), of expected
+    size ``cohort_size``.
+
     Over a population of client groups (:mod:`fljax.engine.population`) the cohort is drawn over all clients, each
     group runs its members with its own model and hyperparameters, and the server aggregates across groups.
     """
@@ -235,8 +251,40 @@ class CohortTemplate(Algorithm):
             raise OptionError("cohort_size", f"must be between 1 and num_clients={num_clients} (or null for full "
                                              f"participation), got {self.cohort_size}.")
 
+    # its upload is a model trained from the broadcast one and its server update reads the uploads only through their
+    # weighted mean: client-level privacy and compression apply (transform_uploads)
+    upload_model: ClassVar[bool] = False
+
     def participants(self, num_clients: int) -> int:
         return num_clients if self.cohort_size is None else min(self.cohort_size, num_clients)
+
+    def client_weights(self, counts):
+        """Every client's aggregation weight p_k from its number of training examples n_k (what
+        :meth:`aggregation_weights` gives its results): n_k, or 1 under uniform weighting."""
+        return [1.0] * len(counts) if self.weighting == "uniform" else [float(c) for c in counts]
+
+    def sample(self, ctx: RoundContext):
+        """This round's cohort: ``(sorted ids, None)``, a uniform fixed-size cohort of ``cohort_size``, or under the
+        run's Poisson sampling ``(buffer of ids, validity mask)``, every training client drawn independently with
+        probability q = cohort_size / N (:meth:`~fljax.engine.context.RoundContext.sample_poisson`)."""
+        poisson = None if ctx.privacy is None else ctx.privacy.cohort
+        if poisson is None:
+            return ctx.sample_cohort(self.cohort_size), None
+        return ctx.sample_poisson(poisson.rate, poisson.capacity)
+
+    def init_population(self, ctx: RoundContext):
+        server, clients = super().init_population(ctx)
+        uploads = None if ctx.privacy is None else ctx.privacy.uploads
+        if uploads is None:
+            return server, clients
+        upload = model_state.unwrap(self.broadcast(model_state.unwrap(server)))  # an upload's shapes: the model's
+        residuals = tree.broadcast_clients(uploads.init_client(upload), ctx.num_clients)
+        return WithUploads(server, uploads.init_server()), WithUploads(clients, residuals)
+
+    def evaluate(self, ctx: RoundContext, server, clients):
+        if isinstance(server, WithUploads):
+            server, clients = server.state, clients.state
+        return super().evaluate(ctx, server, clients)
 
     def broadcast(self, server):
         """What the server sends to the cohort (default: the server pytree's ``params``)."""
@@ -260,24 +308,56 @@ class CohortTemplate(Algorithm):
         per_client = tree.nbytes(result.upload) / leaves[0].shape[0] if leaves else 0.0
         return float(per_client * cohort_size), float(tree.nbytes(down) * cohort_size)
 
+    def transform_uploads(self, ctx: RoundContext, result: ClientResult, residuals, state, cohort, valid, reference):
+        """The upload pipeline of ``ctx.privacy.uploads`` (:class:`fljax.privacy.UploadTransform`) on the cohort's
+        stacked results: every entry's upload encoded with its client's residual and key (clip, compress, clip), the
+        weighted sum of the contributions with weights min(p_i/ŵ, 1) noised and divided by W (without privacy: the
+        weighted mean of the decoded uploads), the reference the broadcast model. Returns ``(result for the server:
+        the aggregate as a cohort of one upload of weight 1, residuals, the pipeline's server state, metrics)``."""
+        uploads = ctx.privacy.uploads
+        ids = entry_ids(ctx, cohort, self.cohort_mode, valid)
+        safe = jnp.minimum(ids, ctx.num_clients - 1)
+        out = uploads.apply(result.upload, self.aggregation_weights(result), tree.take_clients(residuals, safe), state,
+                            ctx.stream(NOISE), reference=reference, valid=result.valid,
+                            client_keys=ctx.client_keys(safe, UPLOAD))
+        residuals = jax.tree.map(lambda x, v: x.at[ids].set(v.astype(x.dtype), mode="drop"), residuals, out.residuals)
+        one = ClientResult(state=None, upload=jax.tree.map(lambda a: a[None], out.aggregate),
+                           weight=jnp.ones((1,), result.weight.dtype), metrics={})
+        return one, residuals, out.state, out.metrics
+
     def round(self, ctx: RoundContext, server, clients):
-        cohort = ctx.sample_cohort(self.cohort_size)
+        uploads = None if ctx.privacy is None else ctx.privacy.uploads
+        if uploads is not None:
+            (server, upload_state), (clients, residuals) = (server.state, server.uploads), (clients.state,
+                                                                                          clients.uploads)
+        cohort, valid = self.sample(ctx)
         down = model_state.attach(server, self.broadcast(model_state.unwrap(server)))
 
         def update(g):
             return model_state.client_fn(ctx.model, self.group_algorithm(ctx, g).client_update, train=True)
 
-        clients, result = run_cohort(ctx, update, down, clients, cohort, self.cohort_mode)
-        own = self.server_update(ctx, model_state.unwrap(server), model_state.unwrap(clients), cohort,
-                                 result.replace(upload=model_state.unwrap(result.upload)))
+        clients, result = run_cohort(ctx, update, down, clients, cohort, self.cohort_mode, valid)
+        own_result = result.replace(upload=model_state.unwrap(result.upload))
+        upload_metrics = {}
+        if uploads is not None:
+            own_result, residuals, upload_state, upload_metrics = self.transform_uploads(
+                ctx, own_result, residuals, upload_state, cohort, valid, model_state.unwrap(down))
+        own = self.server_update(ctx, model_state.unwrap(server), model_state.unwrap(clients), cohort, own_result)
         server = model_state.aggregate(server, own, result, self.aggregation_weights(result))
-        up, dn = self.comm_bytes(down, result, cohort.shape[0])
+        if uploads is None:
+            up, dn = self.comm_bytes(down, result, cohort.shape[0])
+        else:  # what is sent: the encoder's bytes of one upload, by every participant
+            senders = cohort.shape[0] if valid is None else jnp.sum(valid)
+            one = jax.tree.map(lambda a: a[0], own_result.upload)
+            up, dn = uploads.bytes_up(one) * senders, tree.nbytes(down) * senders
         if result.valid is None:
             metrics = {k: jnp.mean(v) for k, v in result.metrics.items()}
         else:
             w = result.valid.astype(jnp.float32)
             metrics = {k: jnp.sum(v * w) / jnp.maximum(jnp.sum(w), 1.0) for k, v in result.metrics.items()}
-        metrics.update(bytes_up=jnp.float32(up), bytes_down=jnp.float32(dn))
+        metrics.update(bytes_up=jnp.float32(up), bytes_down=jnp.float32(dn), **upload_metrics)
+        if uploads is not None:
+            server, clients = WithUploads(server, upload_state), WithUploads(clients, residuals)
         return server, clients, metrics
 
 

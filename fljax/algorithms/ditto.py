@@ -33,6 +33,7 @@ class Ditto(ServerOpt, local_options(*EVERY)):
 
     name = "ditto"
     summary = "Ditto: FedAvg global model + personal models regularised towards it (Li et al. 2021)"
+    private_steps = True  # both models train through LocalTraining (the upload: w_i, with the plan's steps)
     lam: float = option(0.1, "λ of the pull (λ/2)‖v − w_t‖² of the personal model towards the global one",
                         at_least(0))
     personal_epochs: int = option(1, "epochs of SGD on the personal model v_i per round", at_least(0))

@@ -47,7 +47,11 @@ __all__ = ["ModelAveraging", "ServerOptimizer", "ServerOpt", "SERVER_OPTIONS", "
 class ModelAveraging(Centralized):
     """The FedAvg server, for the algorithms that average one global model: w_{t+1} = ServerOpt(w_t, Δ_t) with the
     pseudo-gradient Δ_t = w_t − Σ_{i∈S_t} p_i w_i. Here the server optimizer is SGD with step 1, so w_{t+1} is the
-    weighted mean; :class:`ServerOpt` makes it the user's (:class:`ServerOptimizer`)."""
+    weighted mean; :class:`ServerOpt` makes it the user's (:class:`ServerOptimizer`). Its upload is a model trained
+    from w_t and the server reads the uploads only through their mean: privacy and compression apply
+    (``upload_model``)."""
+
+    upload_model = True
 
     def server_transform(self) -> optax.GradientTransformation:
         """The server optimizer, an optax transformation of the pseudo-gradient."""
@@ -169,6 +173,7 @@ class FedAvgBase(BatchStatsOption, ServerOpt, local_options(*EVERY)):
     weighting: str = option("samples", "aggregation weights: 'samples' (n_i), 'tokens' (the client's non-padding "
                                        "train targets: TFF's and Reddi et al.'s weighting of next-token data) or "
                                        "'uniform'", one_of(("samples", "tokens", "uniform")))
+    private_steps = True  # its clients train only through LocalTraining.train: DP-SGD applies
 
     def local_loss(self, model, params, batch, variables, key, anchor):
         """The local objective f_i on ``batch`` in the model's training mode, with the model's ``variables`` and

@@ -31,6 +31,7 @@ class FedBABU(PartialModel, local_options(*EVERY)):
 
     name = "fedbabu"
     summary = "FedBABU: body trained under a fixed random head, fine-tuned per client at evaluation (Oh et al. 2022)"
+    upload_model = False  # it broadcasts the whole model and uploads the body
     finetune_epochs: int = option(5,
                                   "epochs of fine-tuning of the received model on the client's train split before "
                                   "evaluation", at_least(0))

@@ -25,6 +25,8 @@ __all__ = ["FedDyn"]
 class FedDyn(Centralized, local_options(*EVERY)):
     name = "feddyn"
     summary = "FedDyn: dynamic linear + quadratic regulariser per client, server state h (Acar et al. 2021)"
+    # example-level DP applies; client-level DP does not: the server's h reads the sum of the uploads (not a mean)
+    private_steps = True
     alpha: float = option(0.1,
                           "α of the dynamic regulariser −⟨g_i, θ⟩ + (α/2)‖θ − θ^{t−1}‖² and of the server's h/α "
                           "correction", greater_than(0))

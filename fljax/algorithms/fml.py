@@ -35,6 +35,7 @@ class FML(Centralized, local_options(*EVERY)):
 
     name = "fml"
     summary = "Federated Mutual Learning: local model and global meme distil each other on every batch (Shen et al.)"
+    upload_model = True  # a model trained from the broadcast one; the server reads the mean of the uploads
     mixed_architectures = True
 
     a: float = option(0.25, "KD weight a of the local model: (1 − a) CE(x) + a KL(sg p_w ‖ p_x)", between(0, 1))

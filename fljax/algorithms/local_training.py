@@ -132,17 +132,21 @@ class LocalTraining(Options):
                                             "local_steps)", at_least(0))
     local_steps: int | None = option(10, "local minibatch steps per round when local_epochs is null",
                                      at_least(0))
-    sampling: Literal["shuffle", "replacement"] = option("shuffle", "minibatches from a shuffle of the client's "
-                                                                    "data ('shuffle') or drawn with 'replacement'")
+    sampling: Literal["shuffle", "replacement", "poisson"] = option(
+        "shuffle", "minibatches from a shuffle of the client's data ('shuffle'), drawn with 'replacement', or "
+                   "'poisson' (each sample in a step with probability batch_size/n_i: DP-SGD's batches)")
 
     def check(self) -> None:
         if self.local_epochs is None and self.local_steps is None:
             raise OptionError("local_steps", "or local_epochs must be set (local_epochs wins when both are set).")
+        if self.sampling == "poisson" and (self.local_epochs is not None or self.batch_size is None):
+            raise OptionError("sampling", "'poisson' draws local_steps batches of expected size batch_size: set "
+                                          "local_epochs: null and a batch_size.")
 
     def plan(self) -> BatchPlan:
         epochs = self.local_epochs
         return BatchPlan(batch_size=self.batch_size, epochs=epochs, steps=None if epochs is not None else self.local_steps,
-                         replacement=self.sampling == "replacement")
+                         replacement=self.sampling == "replacement", poisson=self.sampling == "poisson")
 
     def lr_at(self, round_):
         """The client learning rate of round ``round_`` (may be traced): lr · lr_decay^t."""
@@ -246,7 +250,7 @@ def local_options(*names: str, **defaults) -> type:
 
 
 def sgd_step(loss_fn: Callable, opt: optax.GradientTransformation, extra_grad: Callable | None = None,
-             sam_rho: float = 0.0, post: Callable | None = None, model=None):
+             sam_rho: float = 0.0, post: Callable | None = None, model=None, private=None):
     """A step function for :func:`run_steps` on carry ``(params, opt_state)``: ``g = ∇loss_fn(params, batch)``
     (+ ``extra_grad(params)``), the optax update, then ``post(params)`` if given (a proximal step). ``sam_rho`` > 0
     takes the gradient at the SAM point params + ρ·g/‖g‖ on the same batch
@@ -257,7 +261,28 @@ def sgd_step(loss_fn: Callable, opt: optax.GradientTransformation, extra_grad: C
     form ``loss_fn(params, batch, variables, key) -> (loss, variables)`` (:meth:`fljax.models.Model.train_loss`),
     the carry is ``(params, opt_state, variables)``, and a step evaluates ``loss_fn`` with the carried variables
     and the dropout key ``fold_in(k, 0)`` of its key k, carrying on the variables of the (unperturbed) forward
-    pass: never differentiated (the aux output of ``value_and_grad``) nor seen by ``extra_grad`` or ``post``."""
+    pass: never differentiated (the aux output of ``value_and_grad``) nor seen by ``extra_grad`` or ``post``.
+
+    ``private`` (a :class:`fljax.privacy.ExamplePrivacy`: example-level DP): g is DP-SGD's gradient of ``loss_fn``
+    (Abadi et al. 2016, Alg. 1), the per-example gradients clipped, summed, noised with the step's key and divided
+    by the expected batch size; ``extra_grad`` (a data-independent term: SCAFFOLD's correction, FedDyn's
+    regulariser) is added after. Not with SAM (its ascent direction is the batch gradient) nor a model with BatchNorm
+    or Dropout (statistics and masks across examples)."""
+    if private is not None:
+        if sam_rho or (model is not None and model.has_mode):
+            raise ValueError("DP-SGD steps take neither SAM nor a model with BatchNorm or Dropout.")
+        private_grad = private.value_and_grad(loss_fn)
+
+        def private_step(carry, batch, key):
+            params, opt_state = carry
+            loss, g = private_grad(params, batch, key)
+            if extra_grad is not None:
+                g = tree.add(g, extra_grad(params))
+            updates, opt_state = opt.update(g, opt_state, params)
+            params = optax.apply_updates(params, updates)
+            return (params if post is None else post(params), opt_state), loss
+
+        return private_step
     stateful = model is not None and model.has_mode
     value_and_grad = sam_value_and_grad(jax.value_and_grad(loss_fn, has_aux=stateful), sam_rho)
 
@@ -282,8 +307,9 @@ def train_steps(loss_fn: Callable, params, inp, plan: BatchPlan, opt: optax.Grad
     """The one local-training loop: :func:`sgd_step` scanned over ``plan``'s batches of client ``inp``'s train split
     (key ``key``, default ``inp.key``); returns (params, mean loss over active steps). The optimizer state is fresh.
     ``loss_fn(params, batch)`` applies a model without BatchNorm or Dropout (one with them trains through
-    :func:`train_steps_with_state`)."""
-    step = sgd_step(loss_fn, opt, extra_grad, sam_rho, post)
+    :func:`train_steps_with_state`). Under example-level privacy (``inp.privacy``) every step is a DP-SGD step
+    (:func:`sgd_step`)."""
+    step = sgd_step(loss_fn, opt, extra_grad, sam_rho, post, None, inp.privacy)
     (params, _), loss = run_steps(step, (params, opt.init(params)), inp.train, plan,
                                   inp.key if key is None else key, inp.unroll)
     return params, loss

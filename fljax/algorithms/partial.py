@@ -42,6 +42,7 @@ class PartialModel(Centralized):
 
     personal: str = option("head", "path regex of the parameters that stay with the client, never averaged "
                                    "('head': the last Dense layer)")
+    upload_model = True  # the shared part trained from the broadcast one, averaged
 
     def shared_mask(self, params):
         """Leaf mask of the shared part u (the complement of ``personal``)."""
@@ -99,6 +100,7 @@ class PartialAveraging(PartialModel):
 class FedPer(PartialAveraging, local_options(*EVERY)):
     name = "fedper"
     summary = "FedPer: shared body averaged by the server, personal head kept by each client (Arivazhagan et al. 2019)"
+    private_steps = True  # joint training through LocalTraining with its plan
 
     def local_update(self, params, inp: ClientInput):
         """Joint local training of (u, v_i)."""
@@ -115,6 +117,7 @@ class FedRep(PartialAveraging, local_options("lr", "lr_decay", "optimizer", "mom
 
     name = "fedrep"
     summary = "FedRep: train the personal head with the body frozen, then the shared body (Collins et al. 2021)"
+    private_steps = False  # its phases run epochs of shuffled batches, which the accountant cannot model
     head_epochs: int = option(1, "epochs of the personal phase (the head, the body frozen) per round", at_least(0))
     body_epochs: int = option(2, "epochs of the shared phase (the body, the new head frozen) per round", at_least(0))
     head_lr: float | None = option(None, "learning rate of the personal phase (null: the client lr)",

@@ -40,6 +40,7 @@ __all__ = ["PerFedAvg"]
 class PerFedAvg(Centralized):
     name = "perfedavg"
     summary = "Per-FedAvg: FedAvg on the one-step MAML objective, FO or Hessian-free (Fallah et al. 2020)"
+    upload_model = True  # a model trained from the broadcast one; the server reads the mean of the uploads
     alpha: float = option(0.01,
                           "inner (adaptation) step size α of w̃ = w − α∇f_i(w; D), also the evaluation's one "
                           "fine-tuning step", greater_than(0))

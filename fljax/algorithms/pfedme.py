@@ -34,6 +34,7 @@ class PFedMe(Centralized, local_options("lr", "lr_decay", "weight_decay", "batch
 
     name = "pfedme"
     summary = "pFedMe: personalized models via Moreau envelopes, K inner prox steps per batch (Dinh et al. 2020)"
+    upload_model = True  # a model trained from the broadcast one; the server reads the mean of the uploads
     lam: float = option(15.0, "λ of the Moreau envelope (λ/2)‖θ − w‖² pulling the personal θ_i towards the local w_i",
                         greater_than(0))
     personal_lr: float = option(0.1, "step size η_p of the K inner steps on the personal θ", greater_than(0))

@@ -29,6 +29,10 @@ class Scaffold(BatchStatsOption, Centralized, local_options("lr", "lr_decay", "w
 
     name = "scaffold"
     summary = "SCAFFOLD: control variates correct client drift, Option II (Karimireddy et al. 2020)"
+    # example-level DP applies (every local step is LocalTraining's); client-level DP and compression do not: the
+    # upload (y − x, c_i⁺ − c_i) is two vectors of different scales (the second ~ 1/(K·η_l) times the first) that
+    # the server aggregates differently (a mean and a sum over M), not a model it averages
+    private_steps = True
     server_lr: float = option(1.0, "global step size η_g: x ← x + η_g·mean(y_i − x)", greater_than(0))
     weighting: str = with_default(Centralized, "weighting", "uniform")
 

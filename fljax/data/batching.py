@@ -12,6 +12,11 @@ never selected. Modes:
 * ``steps=K``: K batches of B from the client's shuffled stream (concatenated epochs, a new permutation per
   epoch); every step is active, whatever the client's size.
 * ``steps=K, replacement=True``: every sample drawn uniformly with replacement.
+* ``steps=K, poisson=True``: Poisson batches (DP-SGD's lots, Abadi et al. 2016): in every step each of the client's
+  n_i samples independently with probability q_i = min(1, B/n_i) (expected size B), in a buffer of all N_max rows
+  with the sample mask marking the drawn ones (static shapes; never truncated, so the accountant's Poisson event
+  is exact). Sample i is in iff its uniform 32-bit key is below ⌊q_i·2³²·(1 − 2⁻²²)⌋ (always when q_i = 1): the realised
+  probability never exceeds q_i despite float32 rounding.
 * ``batch_size=None``: full batch, one step over all valid rows.
 """
 from __future__ import annotations
@@ -31,6 +36,7 @@ class BatchPlan:
     epochs: int | None = None
     steps: int | None = None
     replacement: bool = False
+    poisson: bool = False
 
     def __post_init__(self):
         if self.batch_size is not None and self.batch_size < 1:
@@ -41,6 +47,9 @@ class BatchPlan:
             raise ValueError(f"epochs and steps must be >= 0, got epochs={self.epochs}, steps={self.steps}.")
         if self.replacement and self.steps is None:
             raise ValueError("replacement=True needs steps=K (sampling with replacement has no epochs).")
+        if self.poisson and (self.steps is None or self.batch_size is None or self.replacement):
+            raise ValueError("poisson=True needs steps=K and a batch_size B (the expected batch), without "
+                             "replacement.")
 
     def num_steps(self, n_max: int) -> int:
         """Static number of scan steps K for clients padded to ``n_max`` rows."""
@@ -58,7 +67,7 @@ class BatchPlan:
         return jnp.asarray(self.num_steps(n_max), jnp.int32)
 
     def width(self, n_max: int) -> int:
-        return n_max if self.batch_size is None else self.batch_size
+        return n_max if self.batch_size is None or self.poisson else self.batch_size
 
     def every_step_active(self, n_min: int, n_max: int) -> bool:
         """Whether every client with n_min … n_max rows runs all K scheduled steps (static): always in ``steps``
@@ -75,6 +84,12 @@ class BatchPlan:
             idx = jnp.broadcast_to(jnp.arange(n_max), (k, n_max))
             mask = idx < count
             return idx, mask, jnp.ones((k,), bool)
+        if self.poisson:
+            rate = jnp.minimum(1.0, self.batch_size / jnp.maximum(count, 1).astype(jnp.float32))
+            bound = jnp.floor(rate * (2.0 ** 32 * (1 - 2.0 ** -22)))  # < 2**32: no overflow, never above q_i
+            drawn = (jax.random.bits(key, (k, n_max), jnp.uint32) < bound.astype(jnp.uint32)) | (rate >= 1)
+            idx = jnp.broadcast_to(jnp.arange(n_max), (k, n_max))
+            return idx, drawn & (idx < count), jnp.ones((k,), bool)
         if self.replacement:
             u = jax.random.uniform(key, (k, b))
             idx = jnp.minimum((u * count).astype(jnp.int32), count - 1)

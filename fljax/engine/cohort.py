@@ -17,6 +17,12 @@ upload zero, so weighted means and sums over the client axis see the cohort only
 are concatenated along the client axis: every group must upload pytrees of the same shapes (a global model of one
 architecture), or the algorithm cannot aggregate them and the round refuses to trace.
 
+A Poisson cohort (:meth:`~fljax.engine.context.RoundContext.sample_poisson`) is a buffer of ids with a validity mask
+``valid`` (empty slots hold an out-of-range id): under ``"gather"`` its empty slots compute on a copy of the last
+client and are dropped, like a group's; under ``"mask"`` the valid ids are the sampled ones. :func:`entry_ids` gives
+the client id of every entry of the stacked result (what per-client state beside the algorithm's, e.g. the upload
+residuals of :mod:`fljax.privacy`, is gathered and scattered by).
+
 ``run_all`` maps a function over every client of every group (evaluation; an algorithm's per-client
 precomputation); outputs are concatenated in id order. ``run_every`` runs every client's update (full
 participation: the consensus-regression algorithms of :mod:`fljax.algorithms.regression`).
@@ -34,7 +40,7 @@ from fljax import tree
 from fljax.engine.context import TRAIN, RoundContext
 from fljax.engine.population import after, concat_results, each_group
 
-__all__ = ["COHORT_MODES", "run_cohort", "run_all", "run_every"]
+__all__ = ["COHORT_MODES", "run_cohort", "run_all", "run_every", "entry_ids"]
 
 COHORT_MODES = ("gather", "mask")
 
@@ -46,11 +52,17 @@ def _masked(result, valid):
     return result.replace(upload=upload, weight=weight, valid=valid)
 
 
-def run_cohort(ctx: RoundContext, update_for: Callable, down, clients, cohort, mode: str = "gather"):
+def run_cohort(ctx: RoundContext, update_for: Callable, down, clients, cohort, mode: str = "gather", valid=None):
     """Run the cohort's clients (``update_for(g)`` is group g's client update; g = None without groups); returns the
-    new per-client state (a pytree, or a tuple per group) and the stacked :class:`ClientResult`."""
+    new per-client state (a pytree, or a tuple per group) and the stacked :class:`ClientResult`. ``valid``: the
+    cohort is a buffer whose slots where it is False are empty (a Poisson cohort; homogeneous populations only)."""
     if mode not in COHORT_MODES:
         raise ValueError(f"cohort mode must be one of {COHORT_MODES}, got {mode!r}.")
+    if valid is not None:
+        if ctx.population is not None:
+            raise ValueError("a cohort buffer with empty slots (Poisson sampling) runs on one homogeneous "
+                             "population, not on client groups.")
+        return _run_buffer(ctx, update_for(None), down, clients, cohort, valid, mode)
     if ctx.population is None:
         return _run_homogeneous(ctx, update_for(None), down, clients, cohort, mode)
     sampled = jnp.zeros(ctx.num_clients, bool).at[cohort].set(True)
@@ -79,6 +91,34 @@ def _run_homogeneous(ctx, update, down, clients, cohort, mode):
                              ctx.data.train if full else ctx.data.train.take(cohort), ctx.client_keys(cohort, TRAIN),
                              clock_keys=ctx.clock_keys(cohort), ids=cohort)
     return (result.state if full else tree.put_clients(clients, cohort, result.state)), result
+
+
+def _run_buffer(ctx, update, down, clients, cohort, valid, mode):
+    """A cohort buffer with empty slots (``valid`` False): ``mask`` runs every client and commits the valid ids';
+    ``gather`` runs the buffer's slots (empty ones on a copy of the last client) and scatters the valid ones back."""
+    n = ctx.num_clients
+    ids = jnp.where(valid, cohort, n)  # an empty slot points past the last client: dropped by every scatter
+    if mode == "mask":
+        every = jnp.arange(n)
+        result = ctx.run_clients(update, down, clients, ctx.data.train, ctx.client_keys(every, TRAIN),
+                                 clock_keys=ctx.clock_keys(every))
+        sampled = jnp.zeros(n, bool).at[ids].set(True, mode="drop")
+        return tree.where(sampled, result.state, clients), _masked(result, sampled)
+    safe = jnp.minimum(ids, n - 1)
+    result = ctx.run_clients(update, down, tree.take_clients(clients, safe), ctx.data.train.take(safe),
+                             ctx.client_keys(safe, TRAIN), clock_keys=ctx.clock_keys(safe))
+    new = jax.tree.map(lambda x, v: x.at[ids].set(v.astype(x.dtype), mode="drop"), clients, result.state)
+    return new, _masked(result, valid)
+
+
+def entry_ids(ctx: RoundContext, cohort, mode: str = "gather", valid=None):
+    """The client id of every entry of :func:`run_cohort`'s stacked result (homogeneous populations): every client
+    in id order when all of them computed (``mask`` mode with fewer sampled), else the cohort's ids (an empty slot
+    of a buffer: ``num_clients``, out of range)."""
+    n = ctx.num_clients
+    if mode == "mask" and (valid is not None or cohort.shape[0] < n):
+        return jnp.arange(n)
+    return cohort if valid is None else jnp.where(valid, cohort, n)
 
 
 def _run_group(gctx, update, down, states, sampled, lo: int, k: int, mode: str):

@@ -12,9 +12,10 @@ from fljax.data.ragged import join_rows, split_rows
 from fljax.engine.executors import Executor
 from fljax.engine.population import GroupedData
 from fljax.engine.protocol import ClientInput
-from fljax.engine.sampling import sample_cohort
+from fljax.engine.sampling import poisson_cohort, sample_cohort
 
-__all__ = ["RoundContext", "ClientCall", "TRAIN", "EVAL", "SAMPLE", "INIT", "MIXING", "CLOCK", "SERVER"]
+__all__ = ["RoundContext", "ClientCall", "TRAIN", "EVAL", "SAMPLE", "INIT", "MIXING", "CLOCK", "SERVER", "UPLOAD",
+           "NOISE"]
 
 # Stream tags: every random choice derives from fold_in(fold_in(run_key, round), tag) and then the client id, so
 # results never depend on the executor, the cohort's order or the batch position of a client.
@@ -22,6 +23,8 @@ SAMPLE, TRAIN, EVAL, INIT = 0, 1, 2, 3
 MIXING = 4  # the round's mixing matrix of decentralized algorithms (redrawn topologies)
 CLOCK = 5  # round-independent per-client streams: fold_in(fold_in(run_key, CLOCK), id) (the epoch clock's batches)
 SERVER = 6  # the server's own draws on its data (e.g. AugFL's knowledge-transfer minibatches and negatives)
+UPLOAD = 7  # a client's draws while encoding its upload (random-k's subset, QSGD's rounding: fljax.privacy)
+NOISE = 8  # the server's privacy noise and adaptive clipping's count noise (fljax.privacy)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +39,7 @@ class ClientCall:
     model: Any
     unroll: int
     global_model: Any = None
+    privacy: Any = None
 
     def __call__(self, shared, per_client):
         down, round_, train_rows, test_rows = shared
@@ -43,7 +47,8 @@ class ClientCall:
         train, test = join_rows(train_rows, train), join_rows(test_rows, test)
         return self.update(ClientInput(state=state, train=train, key=key, round=round_, down=down, test=test,
                                        clock_key=clock_key, model=self.model, unroll=self.unroll,
-                                       global_model=self.global_model or self.model, id=id_))
+                                       global_model=self.global_model or self.model, id=id_,
+                                       privacy=self.privacy))
 
 
 @dataclasses.dataclass
@@ -54,7 +59,9 @@ class RoundContext:
     round-independent streams, :meth:`clock_keys`); ``population``: the client groups
     (:class:`~fljax.engine.population.Population`; None: one homogeneous population); ``global_model``: the model of
     the server's global parameters (None: ``model``); ``ids``: the client ids of ``data``'s rows (None: 0 … C − 1;
-    a group's context holds its slice of the population).
+    a group's context holds its slice of the population); ``privacy``: the run's privacy and compression
+    (:class:`fljax.privacy.Privacy`; None: none): its DP-SGD reaches every client's local steps
+    (``ClientInput.privacy``), the rest is the centralized template's (:class:`fljax.algorithms.base.Centralized`).
 
     Server-side inputs: :attr:`server` is what the server holds (``data.server``, a
     :class:`~fljax.data.ServerData`: its own labelled set and frozen pretrained models), an argument of the compiled
@@ -71,6 +78,7 @@ class RoundContext:
     population: Any = None
     global_model: Any = None
     ids: Any = None
+    privacy: Any = None
 
     @property
     def num_clients(self) -> int:
@@ -114,7 +122,8 @@ class RoundContext:
         """``update(ClientInput)`` for every client whose stacked ``states``, ``train`` split, ``keys`` (and
         ``test`` split, round-independent ``clock_keys``, client ``ids``) are given, all receiving ``down``; the
         results stacked along the client axis."""
-        call = ClientCall(update, self.model, self.unroll, self.global_model)
+        call = ClientCall(update, self.model, self.unroll, self.global_model,
+                          None if self.privacy is None else self.privacy.example)
         train_rows, train = split_rows(train)
         test_rows, test = split_rows(test)
         return self.map_clients(call, (down, self.round, train_rows, test_rows),
@@ -140,3 +149,9 @@ class RoundContext:
         """Sorted ids of a uniform cohort of ``size`` training clients without replacement (all of them when
         None); target clients are never sampled."""
         return sample_cohort(self.stream(SAMPLE), self.num_train_clients, size)
+
+    def sample_poisson(self, rate: float, capacity: int):
+        """``(ids [capacity], valid [capacity])``: every training client drawn independently with probability
+        ``rate`` into a buffer of ``capacity`` slots, sorted ids first, empty slots holding ``num_train_clients``
+        (:func:`fljax.engine.sampling.poisson_cohort`); the same stream as :meth:`sample_cohort`."""
+        return poisson_cohort(self.stream(SAMPLE), self.num_train_clients, rate, capacity)

@@ -117,14 +117,19 @@ class Simulation:
     (:mod:`fljax.engine.budget`), and ``memory_plans`` records each program's budget and XLA's own count of its
     temporaries.
 
+    ``privacy``: the run's differential privacy and compressed uploads (:class:`fljax.privacy.Privacy`, resolved by
+    :func:`fljax.experiment.privacy_of`; None: none), handed to the algorithm in every round's context. Its traced
+    value (the noise multiplier, ``"privacy.noise_multiplier"`` in ``hp``) may differ per lane of one program.
+
     Every compiled call runs through :func:`fljax.engine.blas.call` (one BLAS thread when the user allowed more).
     """
 
     def __init__(self, algorithm: FederatedAlgorithm, data, model: Model | None = None, *,
                  executor: str | Executor = "auto", chunk_size: int | None = None, seed: int = 0,
                  conv_impl: str = "auto", unroll: int | str = "auto", groups=None,
-                 memory_budget: float | None = None, precision: str = "tf32"):
+                 memory_budget: float | None = None, precision: str = "tf32", privacy=None):
         compile_cache.enable()
+        self.privacy = privacy
         if memory_budget is not None and not memory_budget > 0:
             raise ValueError(f"memory_budget must be > 0 GiB (or None: from the device), got {memory_budget}.")
         self.memory_budget = memory_budget
@@ -231,16 +236,20 @@ class Simulation:
         steps = algo.steps_per_round(n_max)
         return cohort * steps, cohort * steps * plan.width(n_max)
 
-    def context(self, data, round_, key, run_key=None) -> RoundContext:
-        """The round context the algorithm sees (the model, unroll factor and population bound here)."""
+    def context(self, data, round_, key, run_key=None, hp: dict | None = None) -> RoundContext:
+        """The round context the algorithm sees (the model, unroll factor, population and privacy bound here; the
+        privacy's traced values from ``hp``)."""
+        privacy = None if self.privacy is None else self.privacy.at(hp)
         return RoundContext(self.executor, data, round_, key, self.model, self.unroll, run_key=run_key,
-                            population=self.population)
+                            population=self.population, privacy=privacy)
 
     def algorithm_at(self, hp: dict | None):
         """The algorithm with the hyperparameters in ``hp`` replaced: inside a compiled program their values are
         traced arguments, so one program serves a whole grid of them (a value that Python control flow inspects
-        cannot be traced: tracing it raises, and such a grid runs as separate programs)."""
-        return self.algorithm if not hp else dataclasses.replace(self.algorithm, **hp)
+        cannot be traced: tracing it raises, and such a grid runs as separate programs). Dotted keys of other
+        sections (``privacy.noise_multiplier``) go to the context (:meth:`context`)."""
+        own = {k: v for k, v in (hp or {}).items() if "." not in k}
+        return self.algorithm if not own else dataclasses.replace(self.algorithm, **own)
 
     # ---------------------------------------------------------------------------------------------- state
     def init(self, seed: int | None = None, hp: dict | None = None) -> State:
@@ -261,7 +270,7 @@ class Simulation:
         """The initial :class:`State` of the run with PRNG key ``key`` (``jax.random.PRNGKey(seed)``), traced
         hyperparameters ``hp`` (None: the algorithm's own) and ``data`` (None: the simulation's): the algorithm's
         ``init_population`` at round 0. Pure: traceable under ``jit``, ``vmap`` and ``eval_shape``."""
-        ctx = self.context(self.data if data is None else data, jnp.int32(0), jax.random.fold_in(key, 0), key)
+        ctx = self.context(self.data if data is None else data, jnp.int32(0), jax.random.fold_in(key, 0), key, hp)
         server, clients = self.algorithm_at(hp).init_population(ctx)
         return State(server=server, clients=clients, round=jnp.int32(0), key=key)
 
@@ -269,7 +278,7 @@ class Simulation:
         """``(next state, metrics)``: one round of the algorithm on ``data`` with traced hyperparameters ``hp``;
         ``metrics`` are the round's scalars plus ``finite_params`` (the new state is finite) and ``finite`` (so are
         its losses). The round's key is ``fold_in(fold_in(state.key, 1), state.round)``. Pure."""
-        ctx = self.context(data, state.round, _round_key(state.key, state.round), state.key)
+        ctx = self.context(data, state.round, _round_key(state.key, state.round), state.key, hp)
         server, clients, metrics = self.algorithm_at(hp).round(ctx, state.server, state.clients)
         metrics = dict(metrics)
         losses = {k: v for k, v in metrics.items() if "loss" in k}
@@ -285,7 +294,7 @@ class Simulation:
     def evaluate_fn(self, state: State, data, hp: dict | None = None):
         """``(scalar summaries, per-client arrays)``: the algorithm's evaluation of ``state`` on ``data`` with traced
         hyperparameters ``hp``. Pure."""
-        ctx = self.context(data, state.round, _round_key(state.key, state.round), state.key)
+        ctx = self.context(data, state.round, _round_key(state.key, state.round), state.key, hp)
         return self.algorithm_at(hp).evaluate(ctx, state.server, state.clients)
 
     # ---------------------------------------------------------------------------------------------- programs

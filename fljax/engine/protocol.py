@@ -37,7 +37,8 @@ class ClientInput:
       rounds: the epoch clock's batches);
     * ``model`` — the model it runs (static; its group's in a heterogeneous population); ``global_model`` — the model
       of the server's global parameters (static; ``model`` unless a population's group runs another architecture);
-      ``unroll`` — the unroll factor of its local-step loops (static);
+      ``unroll`` — the unroll factor of its local-step loops (static); ``privacy`` — the DP-SGD its local steps take
+      (a :class:`fljax.privacy.ExamplePrivacy`, static; None: plain gradients);
     * ``variables`` — the non-parameter variables of its model (``{"batch_stats": ...}``; ``{}`` for a
       Dropout-only model), None for a model without BatchNorm or Dropout
       (:func:`fljax.algorithms.model_state.client_fn` places them).
@@ -57,6 +58,7 @@ class ClientInput:
     global_model: Any = flax.struct.field(pytree_node=False, default=None)
     variables: Any = None
     id: Any = None
+    privacy: Any = flax.struct.field(pytree_node=False, default=None)
 
 
 @flax.struct.dataclass

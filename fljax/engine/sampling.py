@@ -1,10 +1,14 @@
-"""Client sampling, seeded per round."""
+"""Client sampling, seeded per round: fixed-size cohorts (:func:`sample_cohort`) and Poisson cohorts in a static buffer
+with a validity mask (:func:`poisson_cohort`, from :mod:`fljax.ops.privacy`: the sampling DP-FedAvg is accounted
+for)."""
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-__all__ = ["sample_cohort", "smallest_keys", "bernoulli_mask", "PERMUTATION_MAX_CLIENTS"]
+from fljax.ops.privacy import poisson_cohort
+
+__all__ = ["sample_cohort", "poisson_cohort", "smallest_keys", "bernoulli_mask", "PERMUTATION_MAX_CLIENTS"]
 
 # Up to this many clients a cohort is the head of a random permutation (jax.random.choice: two sorts of the whole
 # population's keys); beyond, a linear-time selection of the smallest keys (smallest_keys). Measured on a loaded

@@ -35,7 +35,7 @@ from fljax.engine.lanes import can_batch
 from fljax.engine.loop import drive
 from fljax.engine.processes import agree, lead_only
 from fljax.errors import OptionError
-from fljax.experiment import Experiment, build, compare_points
+from fljax.experiment import Experiment, build, compare_points, privacy_of
 from fljax.runner import files, identity, interrupt, lock
 from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
 from fljax.runner.memory import check_fits
@@ -74,12 +74,21 @@ class Run:
     vectorised: bool = False  # ran as a lane of a program with others
     setup_seconds: float = 0.0  # building its data and simulation (in this process)
     environment: dict = dataclasses.field(default_factory=dict)  # results.environment of its simulation
+    privacy: Any = None  # its fljax.privacy.Privacy on its data (None: none): ε after every evaluation
 
     def make_summary(self, status: str = "completed", message: str | None = None) -> dict:
         summary = make_summary(self.cfg, self.seed, self.log, self.steps_per_round, status, message, self.facts,
                                setup_seconds=self.setup_seconds, env=self.environment)
         summary["dataset"] = getattr(self.data, "name", None) or summary["dataset"]  # the user's own data's name
+        if self.privacy is not None:
+            summary["privacy"] = self.privacy.describe()
         return summary
+
+    def account(self, record: dict) -> None:
+        """Add ε after the record's round (``epsilon``, at the privacy's δ; dp-accounting on the host) to an
+        evaluation record of a private run."""
+        if self.privacy is not None and self.privacy.plan is not None:
+            record["epsilon"] = self.privacy.epsilon(record["round"])
 
     @property
     def cfg(self) -> ExperimentConfig:
@@ -201,7 +210,8 @@ def _batchable(sims: _Sims):
     def check(runs: list[Run]) -> bool:
         datas = [r.data for r in runs]
         shared = all(d is datas[0] for d in datas)
-        return can_batch(sims(runs[0]), None if shared else datas)
+        private = {None if r.privacy is None else r.privacy.program() for r in runs}  # equal but traced values
+        return len(private) == 1 and can_batch(sims(runs[0]), None if shared else datas)
 
     return check
 
@@ -276,6 +286,7 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
         t0 = time.perf_counter()
         run.data = cache(run.exp, run.seed)
         sim = sims(run)
+        run.privacy = privacy_of(run.exp, run.data)
         check_fits(sim)
         run.steps_per_round = sim.work_per_round()[0]
         run.facts = {"model": getattr(sim.model, "name", None), "num_params": sim.model.num_params() if sim.model
@@ -460,6 +471,7 @@ def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str, sto
 
     def on_eval(i, record, state):
         run = runs[i]
+        run.account(record)
         run.directory.write_metrics(run.log.history)
         output.event("eval", run=run.label or cfg.run_name, seed=run.seed, **record)
         if timer is not None and record["round"] < cfg.rounds and timer.due(record["round"]):

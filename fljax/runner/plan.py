@@ -3,7 +3,8 @@
 A run is one lane: a point's config with one seed. Runs go into one program (:class:`fljax.engine.Lanes`) when
 
 * their configs are equal except for the seed, the point's name and *numeric* algorithm hyperparameters (learning
-  rates, μ, λ, ρ, k0, …), which then become traced arguments — the grid is one program;
+  rates, μ, λ, ρ, k0, …) or client-level privacy's noise multiplier (given or calibrated from a target ε), which
+  then become traced arguments — the grid is one program;
 * they share their data, or have data of identical shapes (stacked per lane);
 * the executor is jitted on one device (not ``loop``, not ``sharded``);
 * they start at the same round (resuming).
@@ -19,6 +20,7 @@ import json
 from typing import Any
 
 from fljax.config import to_dict
+from fljax.privacy import TRACED_NOISE
 
 __all__ = ["Program", "group_runs", "numeric", "traceable"]
 
@@ -31,9 +33,20 @@ def numeric(value) -> bool:
 
 
 def _key(cfg, drop_algo: set[str]) -> str:
+    """The config as a program sees it: the per-lane keys and the traced ones (``drop_algo``: algorithm keys, and
+    ``privacy.noise_multiplier``, whose resolved value a grid of noise levels traces) left out."""
     values = {k: v for k, v in to_dict(cfg).items() if k not in NOT_IN_PROGRAM}
     values["algo"] = {k: v for k, v in values["algo"].items() if k not in drop_algo}
+    if TRACED_NOISE in drop_algo and values.get("privacy"):  # given or calibrated from a target ε
+        values["privacy"] = {k: v for k, v in values["privacy"].items()
+                             if k not in ("noise_multiplier", "target_epsilon")}
     return json.dumps(values, sort_keys=True, default=str)
+
+
+def _private(run) -> dict:
+    """The privacy values the run may trace (:meth:`fljax.privacy.Privacy.traced`; empty without privacy)."""
+    privacy = getattr(run, "privacy", None)
+    return {} if privacy is None else privacy.traced()
 
 
 @dataclasses.dataclass
@@ -62,7 +75,8 @@ def group_runs(runs: list, *, batchable, lanes: str = "vmap", split: set[str] = 
         return [Program([r]) for r in runs]
     groups: dict[tuple, list] = {}
     for run in runs:  # same algorithm, same everything but the algorithm's hyperparameters, same start round
-        groups.setdefault((_key(run.cfg, set(run.cfg.algo) | _all_fields(run)), run.start), []).append(run)
+        groups.setdefault((_key(run.cfg, set(run.cfg.algo) | _all_fields(run) | set(_private(run))), run.start),
+                          []).append(run)
     programs = []
     for members in groups.values():
         candidates = _differing(members) | set(trace)
@@ -80,12 +94,14 @@ def _all_fields(run) -> set[str]:
 
 
 def _value(run, key: str) -> Any:
-    """The run's value of hyperparameter ``key`` (the one its algorithm holds: a default when the config leaves it)."""
-    return getattr(run.exp.algorithm, key)
+    """The run's value of hyperparameter ``key`` (the one its algorithm holds: a default when the config leaves it;
+    ``privacy.noise_multiplier``: the resolved one)."""
+    private = _private(run)
+    return private[key] if key in private else getattr(run.exp.algorithm, key)
 
 
 def _differing(runs: list) -> set[str]:
-    keys = set().union(*(r.cfg.algo for r in runs))
+    keys = set().union(*(r.cfg.algo for r in runs), *(_private(r) for r in runs))
     return {k for k in keys if len({json.dumps(_value(r, k), default=str) for r in runs}) > 1}
 
 

@@ -100,9 +100,10 @@ def summary_row(label: str, summaries: list[dict]) -> dict:
     finals = [s.get("final", {}) for s in summaries]
     col = lambda key, **kw: mean_std([f.get(key) for f in finals], **kw)
     mb = [(f.get("bytes_up", 0.0) + f.get("bytes_down", 0.0)) / 1e6 for f in finals]
+    private = {"ε": col("epsilon", form="g")} if any("epsilon" in f for f in finals) else {}
     return {"algorithm": label, "seeds": len(summaries), "personal acc": col("personal_acc"),
             "weighted": col("personal_acc_weighted"), "p10 client": col("personal_acc_p10"),
-            "global acc": col("global_acc"), "rounds": max(f.get("round", 0) for f in finals),
+            "global acc": col("global_acc"), **private, "rounds": max(f.get("round", 0) for f in finals),
             "MB up+down": f"{np.mean(mb):.1f}",
             "run s": f"{np.mean([s['run_seconds'] for s in summaries]):.1f}",
             "compile s": f"{np.mean([s['compile_seconds'] for s in summaries]):.1f}",

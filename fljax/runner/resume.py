@@ -39,7 +39,7 @@ def flat(cfg: ExperimentConfig) -> dict:
 def _flatten(values: dict, prefix: str = "") -> dict:
     flat = {}
     for key, value in values.items():
-        if isinstance(value, dict) and key in ("data", "model"):
+        if isinstance(value, dict) and key in ("data", "model", "privacy", "compression"):
             flat.update(_flatten(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
@@ -53,6 +53,10 @@ def check_resume(directory: str, cfg: ExperimentConfig) -> None:
     if not os.path.exists(path):
         return
     saved, new = flat(load_config(path)), flat(cfg)
+    if saved.get("privacy.target_epsilon") is not None and saved.get("rounds") != new.get("rounds"):
+        raise ConfigError(f"--resume cannot change rounds ({saved.get('rounds')} in {path}, {new.get('rounds')} now) "
+                          f"of a run whose noise is calibrated to privacy.target_epsilon over its rounds: the rounds "
+                          f"already run used that noise; start a new run (another --out) for another length.")
     for key in sorted(saved.keys() | new.keys(), key=_order):
         if key not in MAY_CHANGE and saved.get(key) != new.get(key):
             raise ConfigError(f"--resume cannot change {key} ({_shown(saved, key)} in {path}, {_shown(new, key)} "

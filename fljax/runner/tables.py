@@ -22,8 +22,11 @@ tag, e.g. ``"{reported}_acc"``) at the final evaluation, or at round ``at``; ``f
 
 A plot (``plots:``, written as PNG and PDF with the colours and markers of :mod:`fljax.runner.plots`):
 ``kind: curves`` (value vs round, one line per value of ``lines``, one panel per value of ``panels``) or
-``kind: final`` (the final value against the numeric axis ``x``, one line per combination of ``lines``); ``value``
-may be a list (one panel per metric); ``logy`` for a log scale.
+``kind: final`` (the final value against the numeric axis ``x``, one line per combination of ``lines``; with
+``x_value``, a metric or expression, x is that measured value's mean over seeds with its std as a horizontal error bar
+— accuracy against ε or against MB sent — and ``x`` may then be left out: one point per combination of ``lines``);
+``value`` may be a list (one panel per metric); ``logy``, ``logx`` for log scales; ``xlabel``, ``ylabel``;
+``reference: {study, value, where, label}`` draws another cell's mean final value as a dashed level.
 """
 from __future__ import annotations
 
@@ -241,15 +244,32 @@ def _plot(results, spec: dict):
                 if x.size:
                     ax.plot(x, spec.get("scale", 1.0) * mean, label=name, markevery=max(1, x.size // 10), **style)
             else:
-                xs = _axis_values(results, study, spec["x"], labels)
-                ys = [results.final(study, metric, **{**labels, spec["x"]: x}) for x in xs]
+                points = [{**labels, spec["x"]: x} for x in _axis_values(results, study, spec["x"], labels)] \
+                    if "x" in spec else [labels]
+                ys = [results.final(study, metric, **p) for p in points]
+                xs, xerr = [p[spec["x"]] for p in points] if "x" in spec else [np.nan] * len(points), None
+                if "x_value" in spec:  # x measured too (e.g. ε or MB sent): its mean over seeds, ± its std
+                    xv = [results.final(study, spec["x_value"], **p) for p in points]
+                    xs = [np.mean(x) if x.size else np.nan for x in xv]
+                    xerr = [sample_std(x) if x.size else np.nan for x in xv]
                 ax.errorbar(xs, [spec.get("scale", 1.0) * np.mean(y) if y.size else np.nan for y in ys],
-                            [spec.get("scale", 1.0) * sample_std(y) if y.size else np.nan for y in ys],
+                            [spec.get("scale", 1.0) * sample_std(y) if y.size else np.nan for y in ys], xerr,
                             capsize=3, label=name, **style)
+        for ref in _as_list(spec.get("reference", [])):  # a dashed level: e.g. the non-private run's accuracy
+            y = results.final(ref.get("study", study), ref.get("value", metric), **ref.get("where", {}))
+            if y.size:
+                ax.axhline(spec.get("scale", 1.0) * np.mean(y), ls="--", lw=1, color="0.35",
+                           label=ref.get("label", "reference"))
         if spec.get("logy"):
             ax.set_yscale("log")
-        ax.set_xlabel("round" if spec.get("kind", "curves") == "curves" else spec["x"].split(".")[-1])
-        ax.set_ylabel(metric if panel_axis else "")
+        if spec.get("logx"):
+            from matplotlib.ticker import NullFormatter
+
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())  # decades only: minor labels overlap
+        ax.set_xlabel(spec.get("xlabel") or ("round" if spec.get("kind", "curves") == "curves" else
+                                             spec.get("x_value") or spec["x"].split(".")[-1]))
+        ax.set_ylabel(spec.get("ylabel") or (metric if panel_axis else ""))
         title = spec.get("title", "{value}")
         ax.set_title(title.format(value=metric, panel=_label(results, panel_axis, panel_value) if panel_axis
                                   else metric))
