@@ -86,8 +86,8 @@ def test_run_directory_layout_and_json_log(tmp_path, capsys):
     assert [e["round"] for e in events[:3]] == [0, 2, 4]
     plots = [f"{name}.{fmt}" for name in ("accuracy_vs_bytes", "accuracy_vs_round", "client_accuracy", "metrics")
              for fmt in ("pdf", "png")]  # metrics: the train loss
-    assert sorted(os.listdir(out)) == sorted([*plots, "checkpoints", "config.yaml", "metrics.jsonl", "resolved.yaml",
-                                              "summary.json"])
+    assert sorted(os.listdir(out)) == sorted([*plots, "checkpoints", "config.yaml", "directory.json", "metrics.jsonl",
+                                              "resolved.yaml", "summary.json"])
     records = _metrics(out)
     assert [r["round"] for r in records] == [0, 2, 4]
     for key in ("personal_acc", "personal_loss", "global_acc", "global_loss", "train_loss", "bytes_up",
