@@ -26,7 +26,7 @@ from fljax.errors import ConfigError, OptionError
 from fljax.options import SEED_MAX, Options, at_least, between, greater_than, option, parse, seed_check, show
 from fljax.privacy import CompressionOptions, PrivacyOptions
 
-__all__ = ["ConfigError", "DataConfig", "ModelConfig", "GroupConfig", "group_configs", "ServerConfig",
+__all__ = ["ConfigError", "DataConfig", "ModelConfig", "GroupConfig", "group_configs", "ServerConfig", "StopConfig",
            "ExperimentConfig", "from_dict", "to_dict", "load_config", "read_yaml", "apply_overrides",
            "parse_override"]
 
@@ -93,6 +93,34 @@ class ServerConfig(Options):
 NAME_MAX_BYTES = 200  # a run name names a directory (with a date after it): file systems allow 255 bytes
 
 
+@dataclasses.dataclass
+class StopConfig(Options):
+    """A stopping rule (:func:`fljax.engine.run_until`): stop at the first round s whose ``metric`` (at the state the
+    round starts from) is ≤ tol, tol = min(``tol``, ``relative``·metric at round 0) (``relative: null``: tol as
+    given), or when ``rounds`` rounds (or ``max_iters`` local iterations) are done. FedGiA's Table IV: ``{tol: 1e-7,
+    metric: error}``."""
+
+    tol: float = option(1e-7, "stop when the metric is <= tol (tol = min(tol, relative·its round-0 value))",
+                        greater_than(0))
+    metric: Literal["error", "grad_norm_sq", "train_loss"] = option(
+        "error", "the round metric the rule reads: error (‖∇f(x)‖²/m², FedGiA's code), grad_norm_sq (‖∇f(x)‖², the "
+                 "paper's (35)) or train_loss (f(x))")
+    relative: float | None = option(0.1, "tol = min(tol, relative·metric at round 0) (null: tol as given)",
+                                    greater_than(0))
+    strict: bool = option(False, "stop when the metric is < tol instead of <=")
+    max_iters: int | None = option(None, "also stop once this many local iterations (Σ k0) are done (null: rounds "
+                                         "only)", between(1, INT32_MAX))
+    record: list = dataclasses.field(default_factory=lambda: ["train_loss", "error", "grad_norm_sq"])
+
+    RECORDABLE = ("train_loss", "error", "grad_norm_sq")  # the metrics a consensus-regression round reports at x
+
+    def check(self) -> None:
+        bad = [k for k in self.record if k not in self.RECORDABLE] if isinstance(self.record, list) else self.record
+        if bad:
+            raise OptionError("record", f"must be a list of {list(self.RECORDABLE)} (the metrics kept per round), "
+                                        f"got {show(self.record)}.")
+
+
 def _run_name(name: str) -> str | None:
     bad = [c for c in (os.sep, "\0") if c in name]
     if bad:
@@ -131,6 +159,10 @@ class ExperimentConfig(Options):
                                                 "0: never)", between(0, INT32_MAX))
     groups: list | None = option(None, "a heterogeneous population: client groups {name, size, model, algo} "
                                        "(null: every client runs the model and algo)")
+    stop: StopConfig | None = option(None, "run each seed until a stopping rule fires, at most `rounds` rounds "
+                                           "(consensus regression; null: exactly `rounds` rounds)")
+    x64: bool | None = option(None, "compute in float64 (jax x64) for the run: null: for consensus-regression "
+                                    "problems (FedGiA's data sets, as the paper), not for classification")
     diverge_factor: float | None = option(1e3, "stop a run whose train loss exceeds this many times max(its first "
                                                "round's loss, 1) (null: never)", greater_than(1))
     privacy: PrivacyOptions | None = option(None, "differential privacy of the clients or their examples "
@@ -165,10 +197,10 @@ def from_dict(cls, values: Mapping) -> ExperimentConfig:
         raise ConfigError(f"a config must be a mapping of keys to values, got {show(values)}.")
     sections = {"data": DataConfig.from_dict, "model": lambda v: parse(ModelConfig, v),
                 "server": lambda v: parse(ServerConfig, v), "privacy": lambda v: parse(PrivacyOptions, v),
-                "compression": lambda v: parse(CompressionOptions, v)}
+                "compression": lambda v: parse(CompressionOptions, v), "stop": lambda v: parse(StopConfig, v)}
     kwargs = {}
     for key, value in values.items():
-        if key in sections and not (value is None and key in ("privacy", "compression")):
+        if key in sections and not (value is None and key in ("privacy", "compression", "stop")):  # null: none
             if not isinstance(value, Mapping):
                 raise OptionError(key, f"must be a mapping of keys to values, got {show(value)}.")
             try:

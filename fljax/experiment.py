@@ -79,6 +79,12 @@ class Experiment:
     def seed(self) -> int:
         return self.config.seed
 
+    @property
+    def x64(self) -> bool:
+        """Whether its runs compute in float64 (``x64``; null: for consensus-regression problems)."""
+        x64 = self.config.x64
+        return self.algorithm.problem != "classification" if x64 is None else x64
+
     def with_seed(self, seed: int) -> "Experiment":
         """The same experiment for one run seed (``seeds: 1``); nothing is rebuilt."""
         return dataclasses.replace(self, config=dataclasses.replace(self.config, seed=seed, seeds=1))
@@ -89,6 +95,8 @@ class Experiment:
         defaults. Loading it back resolves to the same experiment."""
         from fljax.models.model import model_options
 
+        if self.algorithm.problem != "classification":  # no model
+            return dataclasses.replace(self.config, algo=_written(self.algorithm.hyperparameters()))
         options = {f.name: self.model.options.get(f.name, field_default(f))
                    for f in model_options(self.model.name)}
         return dataclasses.replace(self.config, algo=self.algorithm.hyperparameters(),
@@ -102,7 +110,9 @@ def resolve(cfg: ExperimentConfig) -> Experiment:
     """The :class:`Experiment` of a parsed config: the names checked against the registries (algorithm, executor,
     model, server), the model options against the model, the algorithm constructed from ``cfg.algo`` (unknown keys
     refused with the closest valid one, every value by its declaration) and validated for ``data.num_clients``,
-    then the client groups. Raises :class:`~fljax.errors.ConfigError` (one line naming the key)."""
+    then the client groups. An algorithm of consensus regression (FedGiA's, ``problem``) on a data set posing that
+    problem (``fedgia_*``) has no model, server or groups: its experiment holds the algorithm alone. Raises
+    :class:`~fljax.errors.ConfigError` (one line naming the key)."""
     from fljax.engine.executors import EXECUTORS
 
     if not isinstance(cfg, ExperimentConfig):
@@ -110,11 +120,20 @@ def resolve(cfg: ExperimentConfig) -> Experiment:
                           f"{show(cfg)}.")
     _choice("algorithm", cfg.algorithm, ALGORITHMS)
     cls = ALGORITHMS[cfg.algorithm]
-    if cls.problem != "classification":
-        raise ConfigError(f"algorithm {cfg.algorithm!r} solves {cls.problem} problems, which an experiment config "
-                          f"cannot describe yet; run it with `fljax reproduce fedgia` or from Python "
-                          f"(docs/fedgia.md).")
     _choice("executor", cfg.executor, EXECUTORS)
+    if cfg.x64 and cls.problem == "classification":
+        raise OptionError("x64", f"is for consensus-regression problems only (float64 runs of FedGiA's data sets); "
+                                 f"remove it (or set it to false) for {cfg.algorithm}.")
+    if cfg.stop is not None and cls.problem == "classification":
+        raise OptionError("stop", f"is for consensus-regression problems only (FedGiA's data sets); remove it for "
+                                  f"{cfg.algorithm}, which runs `rounds` rounds.")
+    if cls.problem != cfg.data.source.problem:
+        raise _mismatch(cfg.algorithm, cls.problem, cfg.data.dataset, cfg.data.source.problem)
+    if cls.problem != "classification":  # no model: the algorithm solves the data's problem itself
+        _check_regression(cfg)
+        algorithm = _construct(cls, cfg.algo, cfg.data.num_clients, "algo")
+        return Experiment(dataclasses.replace(cfg, algo=_written({k: getattr(algorithm, k) for k in cfg.algo})),
+                          algorithm, cfg.model)
     input_shape = cfg.data.source.input_shape
     model = _resolve_model(cfg.model, input_shape)
     _check_server(cfg.server, input_shape)
@@ -255,6 +274,43 @@ def _check_model_privacy(cfg: ExperimentConfig, model) -> None:
                                            f"({model.name}) does not give; use a model without it.")
 
 
+def _check_regression(cfg: ExperimentConfig) -> None:
+    """A consensus-regression experiment has no model, model groups or test split: every row trains (spec §1)."""
+    why = f"{cfg.algorithm} has no model (it fits x to the clients' rows)"
+    if cfg.model != ModelConfig():
+        raise OptionError("model", f"must be left out: {why}; remove the model section.")
+    if cfg.server != ServerConfig():
+        raise OptionError("server", f"must be left out: {why}; remove the server section.")
+    if cfg.groups:
+        raise OptionError("groups", f"must be null for {cfg.algorithm}: its data's size classes are its groups "
+                                    f"(data.size_classes).")
+    data = cfg.data
+    unused = (("test_per_client", None), ("test_fraction", 0.2), ("test_rows", None), ("storage", "padded"))
+    for key, default in unused:
+        if getattr(data, key) != default:
+            raise OptionError(f"data.{key}", f"does not apply to {data.dataset} (every client's rows are training "
+                                             f"rows, padded per size class); remove it.")
+
+
+def _written(hp: dict) -> dict:
+    """Hyperparameters as a config writes them (a consensus-regression loss by its name and changed options)."""
+    return {k: v.to_config() if hasattr(v, "to_config") else v for k, v in hp.items()}
+
+
+def _mismatch(algorithm: str, problem: str, dataset: str, posed: str) -> ConfigError:
+    """The refusal of an algorithm solving ``problem`` on a data set posing ``posed``, with what would match."""
+    from fljax.data.sources import SOURCES
+
+    def few(names: list[str]) -> str:
+        return ", ".join(sorted(names)) if len(names) <= 6 else f"{', '.join(sorted(names)[:3])}, … (fljax list)"
+
+    algorithms = few([n for n, c in ALGORITHMS.items() if c.problem == posed])
+    datasets = few([n for n, s in SOURCES.items() if s.problem == problem])
+    return ConfigError(f"algorithm {algorithm!r} solves {problem} problems and data set {dataset!r} poses {posed} "
+                       f"problems; choose an algorithm for {posed} ({algorithms}) or a data set for {problem} "
+                       f"({datasets}).")
+
+
 def _choice(key: str, value, choices) -> None:
     if value not in choices:
         raise OptionError(key, f"must be one of {sorted(choices)}, got {show(value)}.{suggest(str(value), choices)}")
@@ -346,6 +402,9 @@ def build(exp: Experiment, data: "FederatedData", module=None) -> "Simulation":
     from fljax.models.model import own_model
 
     cfg = exp.config
+    if exp.algorithm.problem != "classification":  # no model: the data are the clients' rows in size classes
+        return Simulation(exp.algorithm, data, executor=cfg.executor, chunk_size=cfg.chunk_size, seed=cfg.seed,
+                          memory_budget=cfg.memory_budget)
     model = own_model(module, data.input_shape, data.num_classes) if module is not None else build_model(exp.model,
                                                                                                           data)
     groups = [ClientGroup(g.name, g.size, build_model(g.model, data) if g.model is not None else None, g.hp)

@@ -186,10 +186,13 @@ def federate(source: Pooled | Natural, num_clients: int, partition: str, seed: i
 
 
 def load_federated(config: DataConfig, seed: int) -> FederatedData:
-    """The federated data set ``config`` describes, drawn with ``config.seed`` (``seed`` when that is null)."""
+    """The federated data set ``config`` describes, drawn with ``config.seed`` (``seed`` when that is null); for a
+    consensus-regression data set the clients' rows as packed (a :class:`~fljax.problems.ClientBlocks`)."""
     seed = seed if config.seed is None else config.seed
     source_options, partition_options = config.components()
     source = config.source.load(source_options, config.num_clients, seed)
+    if config.source.problem != "classification":  # the clients' rows, packed (fljax.problems.sources)
+        return source
     data = federate(source, config.num_clients, config.partition, seed, test_per_client=config.test_per_client,
                     test_fraction=config.test_fraction, test_rounding=config.test_rounding, storage=config.storage,
                     **partition_options.to_dict())

@@ -28,6 +28,7 @@ from fljax.data.leaf import (LEAF_FEMNIST_WRITERS, LEAF_SENT140_USERS, LEAF_SHAK
                              LeafOptions, Sent140Options, ShakespeareOptions, femnist, sent140, shakespeare)
 from fljax.data.stackoverflow import STACKOVERFLOW_USERS, StackOverflowOptions, stackoverflow
 from fljax.options import NoOptions, Options, at_least, between, option, parse, suggest
+from fljax.problems import sources as regression
 
 __all__ = ["Pooled", "Natural", "Samples", "StackOverflowOptions", "synthetic", "digits", "mnist5k", "qot_arrays",
            "qot", "tfds_source", "Source",
@@ -350,7 +351,8 @@ SYNTHETIC_MAX_CLIENTS_RAGGED = 10_000_000  # ragged storage holds only the sampl
 class Source:
     """A data set by name: a one-line summary, its options, how to load it, and what it supplies.
 
-    ``load(options, num_clients, seed)`` returns a :class:`Pooled` or :class:`Natural` set; ``max_clients(options)``
+    ``load(options, num_clients, seed)`` returns a :class:`Pooled` or :class:`Natural` set (a consensus-regression
+    set: the run's packed clients, :mod:`fljax.problems.sources`); ``max_clients(options)``
     is the most clients it can supply (a pooled set: one training sample each; a natural one: as many as it
     generates); ``input_shape`` and ``num_classes`` describe one sample (a :class:`~fljax.data.text.TokenShape` for
     token sequences; None and 0 for your own files, known once they are read)."""
@@ -363,6 +365,7 @@ class Source:
     num_classes: int
     natural: bool = False  # defines its own clients (partition 'natural')
     max_clients_ragged: Callable[[Options], int] | None = None  # the most clients with ragged storage (None: same)
+    problem: str = "classification"  # what its algorithms solve: classification, or FedGiA's consensus regression
 
 
 def _load_synthetic(o: SyntheticOptions, num_clients: int, seed: int) -> Natural:
@@ -461,6 +464,19 @@ SOURCES: dict[str, Source] = {
     "files": Source("your own per-client files: a folder of <client>.npz (x, y) or a .csv / .parquet table with a "
                     "client column (offline, path)", FilesOptions, load_files, _fixed(FILES_MAX_CLIENTS), None, 0,
                     natural=True),
+    # consensus regression (FedGiA and its baselines): every client's rows, packed in size classes
+    "fedgia_v1": Source("FedGiA's Example V.1: least-squares rows from N(0,1), Student-t(5) and U[-5,5], d_i in "
+                        "[rows_min, rows_max] per client (consensus regression, offline)", regression.V1Options,
+                        regression.load_v1, regression.max_clients_v1, None, 0, natural=True,
+                        problem=regression.PROBLEM),
+    "fedgia_qot": Source("qot as FedGiA's Examples V.2/V.3 use it: unit-norm columns, labels {0,1}, rows cut into "
+                         "random contiguous clients (consensus regression, offline)", regression.QotOptions,
+                         regression.load_qot, regression.max_clients_qot, None, 0, natural=True,
+                         problem=regression.PROBLEM),
+    "fedgia_sct_standin": Source("a synthetic stand-in for sct (D21; not sct): 200,000 x 200 Gaussian rows, 10% "
+                                 "positives (consensus regression, offline)", regression.SctStandinOptions,
+                                 regression.load_sct_standin, regression.max_clients_sct, None, 0, natural=True,
+                                 problem=regression.PROBLEM),
 }
 
 

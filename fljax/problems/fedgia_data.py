@@ -166,8 +166,9 @@ class SizeClass:
 class ClientBlocks:
     """Clients in size classes: ``blocks`` is a tuple of :class:`ClientData`, in client order; ``order [m]`` gives
     the instance's client index at every position; ``lam_seconds`` the host time spent on the exact λ_max(B_i)
-    (FedGiA adds it to its precomputation time). Built by :func:`pack_trials` with a leading trial axis on every
-    leaf; :meth:`trials` gives one trial each (the data an algorithm of :mod:`fljax.algorithms.regression` runs on).
+    (FedGiA adds it to its precomputation time); ``name`` the data set's (:mod:`fljax.problems.sources`). Built by
+    :func:`pack_trials` with a leading trial axis on every leaf; :meth:`trials` gives one trial each (the data an
+    algorithm of :mod:`fljax.algorithms.regression` runs on).
 
     One trial is :class:`~fljax.engine.population.GroupedData`: each size class is a group of the simulation's
     population (:attr:`population`), whose context holds :meth:`group` (a :class:`SizeClass`)."""
@@ -175,6 +176,7 @@ class ClientBlocks:
     blocks: tuple
     order: np.ndarray
     lam_seconds: np.ndarray
+    name: str | None = flax.struct.field(pytree_node=False, default=None)  # the data set (a config's data.dataset)
 
     @property
     def num_clients(self) -> int:

@@ -18,7 +18,9 @@ is reused as it is. Ctrl-C and SIGTERM checkpoint the runs and mark them 'interr
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import hashlib
 import math
 import os
@@ -27,6 +29,7 @@ import time
 from typing import Any
 
 import jax
+import numpy as np
 
 from fljax import tree
 from fljax.config import RUNS_MAX, ConfigError, ExperimentConfig, to_dict
@@ -223,6 +226,19 @@ def _guards(cfg: ExperimentConfig) -> tuple:
 # ---------------------------------------------------------------------------------------------------- running
 
 
+def _x64(run):
+    """``run`` in float64 when every point asks for it (:attr:`fljax.experiment.Experiment.x64`)."""
+    def wrapped(points, *args, **kwargs):
+        asked = {exp.x64 for _, exp in points}
+        if len(asked) > 1:
+            raise ConfigError("x64: the points of one command must all run in float64 or all not.")
+        with jax.enable_x64(True) if asked == {True} else contextlib.nullcontext():  # else as the user set jax
+            return run(points, *args, **kwargs)
+
+    return functools.wraps(run)(wrapped)
+
+
+@_x64
 def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, resume: bool = False,
                output: Output | None = None, data_cache: DataCache | None = None, plots: bool = True,
                missing_ok: bool = False, lanes: str = "vmap", subdirs: bool | None = None,
@@ -467,6 +483,8 @@ def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str, sto
     runs = program.runs
     cfg = runs[0].cfg
     sim = sims(runs[0], program.traced)
+    if cfg.stop is not None:
+        return _execute_until(program, sim, output, lanes_mode)
     timer = CheckpointTimer() if cfg.checkpoint_every is None else None
 
     def on_eval(i, record, state):
@@ -517,6 +535,54 @@ def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str, sto
         else:
             run.status, run.message = "interrupted", f"stopped by {stop.name} after round {reached}"
         run.summary = run.make_summary(run.status, run.message)
+        run.directory.write_summary(run.summary)
+
+
+def _execute_until(program: Program, sim: Simulation, output: Output, lanes_mode: str) -> None:
+    """Run the program's lanes until the config's stopping rule (``stop``) fires, or ``rounds`` rounds (or
+    ``stop.max_iters`` local iterations) are done: :func:`fljax.engine.run_until`, one compiled loop (no
+    checkpoints). Each run's metrics file holds the recorded metrics of rounds 0 … s (s: where it stopped, at the
+    state its last record describes) and its summary the outcome (``stop``: rounds, iterations, converged,
+    diverged); a run whose metrics became non-finite is 'stopped'."""
+    from fljax.engine.stopping import Stopping, Tolerance, run_until
+
+    runs, cfg = program.runs, program.runs[0].cfg
+    rule = Tolerance(tol0=cfg.stop.tol, relative=cfg.stop.relative, metric=cfg.stop.metric, strict=cfg.stop.strict)
+    sent = ("bytes_up", "bytes_down")  # per round; the records hold them summed up to their round, as drive's do
+    stopping = Stopping(rule, max_rounds=cfg.rounds, max_iters=cfg.stop.max_iters,
+                        track=(*cfg.stop.record, *sent))
+    for run in runs:
+        run.status = "running"
+    if len(runs) == 1 and not program.traced:
+        res, lane = run_until(sim, stopping, seed=runs[0].seed), (lambda value, i: value)
+    else:
+        datas = [r.data for r in runs]
+        shared = all(d is datas[0] for d in datas)
+        res = run_until(Lanes(sim, [r.seed for r in runs], None if shared else datas, program.hps(),
+                              mode=lanes_mode), stopping)
+        lane = lambda value, i: jax.tree.map(lambda x: x[i], value)  # noqa: E731
+    for i, run in enumerate(runs):
+        s = int(lane(res.rounds, i))
+        history = {k: np.asarray(lane(res.history[k], i))[:s + 1] for k in stopping.recorded}
+        for k in sent:  # the bytes of rounds 0 … r − 1 at record r
+            history[k] = np.concatenate([[0.0], np.cumsum(history[k][:-1], dtype=np.float64)])
+        run.log.history = [{"round": r, **{k: float(v[r]) for k, v in history.items()}} for r in range(s + 1)]
+        run.log.bytes_up, run.log.bytes_down = (float(history[k][-1]) for k in sent)
+        run.log.run_seconds, run.log.compile_seconds = res.seconds / len(runs), res.compile_seconds / len(runs)
+        outcome = {"rounds": s, "iters": int(lane(res.iters, i)), "converged": bool(lane(res.converged, i)),
+                   "diverged": bool(lane(res.diverged, i))}
+        run.result = RunResult(lane(res.state, i), run.log.history, {}, sim.compile_seconds, run.log.run_seconds)
+        run.vectorised = len(runs) > 1
+        run.directory.write_metrics(run.log.history)
+        output.event("eval", run=run.label or cfg.run_name, seed=run.seed, **run.log.history[-1])
+        if outcome["diverged"]:
+            run.status, run.message = "stopped", f"round {s}: a recorded metric is not finite ({cfg.stop.metric})"
+        else:
+            run.status = "completed"
+            run.message = (f"converged at round {s}: {cfg.stop.metric} <= tol" if outcome["converged"] else
+                           f"reached the cap (rounds: {cfg.rounds}, stop.max_iters: {cfg.stop.max_iters}) at round "
+                           f"{s} before {cfg.stop.metric} <= tol")
+        run.summary = {**run.make_summary(run.status, run.message), "stop": outcome}
         run.directory.write_summary(run.summary)
 
 
