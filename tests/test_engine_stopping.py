@@ -163,8 +163,8 @@ class Grouped:
         return sum(r.shape[0] for r in self.rows)
 
     @property
-    def population(self) -> Population:
-        return Population(tuple(ClientGroup(f"g{k}", r.shape[0]) for k, r in enumerate(self.rows)))
+    def group_sizes(self) -> tuple[tuple[str, int], ...]:
+        return tuple((f"g{k}", r.shape[0]) for k, r in enumerate(self.rows))
 
     def group(self, g: int) -> Rows:
         return Rows(train=self.rows[g])
@@ -176,7 +176,7 @@ def _grouped() -> Grouped:
 
 
 def _context(data, executor=VmapExecutor()):
-    return RoundContext(executor, data, jnp.int32(0), jax.random.PRNGKey(0), population=data.population)
+    return RoundContext(executor, data, jnp.int32(0), jax.random.PRNGKey(0), population=Population.of_sizes(data.group_sizes))
 
 
 def _client(inp):

@@ -143,9 +143,9 @@ class Simulation:
         population = None if groups is None else Population.of(groups)
         if isinstance(data, GroupedData):
             if population is not None:
-                raise ValueError("this data comes in groups of its own (data.population); client groups cannot be "
+                raise ValueError("this data comes in groups of its own (data.group_sizes); client groups cannot be "
                                  "added to it.")
-            population = data.population
+            population = Population.of_sizes(data.group_sizes)
         elif population is not None:
             self._check_population(algorithm, population, data, model)
             if isinstance(data, FederatedData) and isinstance(data.train, RaggedArrays):

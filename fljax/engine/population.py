@@ -100,6 +100,11 @@ class Population:
         lo = sum(grp.size for grp in self.groups[:g])
         return lo, lo + self.groups[g].size
 
+    @classmethod
+    def of_sizes(cls, sizes) -> "Population":
+        """The population of groups ((name, number of clients), …) of consecutive clients (:class:`GroupedData`)."""
+        return cls(tuple(ClientGroup(name, size) for name, size in sizes))
+
     def ids(self, g: int) -> np.ndarray:
         lo, hi = self.bounds(g)
         return np.arange(lo, hi)
@@ -115,16 +120,17 @@ class Population:
 
 @runtime_checkable
 class GroupedData(Protocol):
-    """Client data in groups whose arrays have their own shapes (module docstring): ``population`` (one
-    :class:`ClientGroup` per group, consecutive client ids, no model or hyperparameters of its own) and
-    ``group(g)``, group g's data, what a group's :class:`~fljax.engine.context.RoundContext` holds (its ``train``
-    split, and ``test`` or None)."""
+    """Client data in groups whose arrays have their own shapes (module docstring): ``group_sizes`` ((name, number
+    of clients) per group, consecutive client ids: :meth:`Population.of_sizes` makes the population, its groups
+    with no model or hyperparameters of their own) and ``group(g)``, group g's data, what a group's
+    :class:`~fljax.engine.context.RoundContext` holds (its ``train`` split, and ``test`` or None). The data layer
+    states sizes only, so that it imports nothing of the engine."""
 
     @property
     def num_clients(self) -> int: ...
 
     @property
-    def population(self) -> Population: ...
+    def group_sizes(self) -> tuple[tuple[str, int], ...]: ...
 
     def group(self, g: int) -> Any: ...
 

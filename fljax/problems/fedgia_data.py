@@ -171,7 +171,7 @@ class ClientBlocks:
     algorithm of :mod:`fljax.algorithms.regression` runs on).
 
     One trial is :class:`~fljax.engine.population.GroupedData`: each size class is a group of the simulation's
-    population (:attr:`population`), whose context holds :meth:`group` (a :class:`SizeClass`)."""
+    population (:attr:`group_sizes`), whose context holds :meth:`group` (a :class:`SizeClass`)."""
 
     blocks: tuple
     order: np.ndarray
@@ -191,12 +191,9 @@ class ClientBlocks:
         return self.order.shape[0]
 
     @property
-    def population(self):
+    def group_sizes(self) -> tuple[tuple[str, int], ...]:
         """One client group per size class (consecutive clients, named by their padded row count)."""
-        from fljax.engine.population import ClientGroup, Population
-
-        return Population(tuple(ClientGroup(f"class {k} ({blk.rows} rows)", blk.num_clients)
-                                for k, blk in enumerate(self.blocks)))
+        return tuple((f"class {k} ({blk.rows} rows)", blk.num_clients) for k, blk in enumerate(self.blocks))
 
     def group(self, g: int) -> SizeClass:
         return SizeClass(train=self.blocks[g])
