@@ -15,9 +15,11 @@ import io
 import os
 import signal
 import sys
+import textwrap
 import threading
 from importlib import resources
 
+from fljax.algorithms.families import QUICKSTART, QUICKSTART_WHY
 from fljax.config import ConfigError, load_config
 from fljax.experiment import preset, resolve
 
@@ -37,10 +39,15 @@ EXAMPLES_SWEEP = """examples:
   fljax sweep --resume --out runs/lr                   # continue an interrupted sweep
 """
 EXAMPLES_COMPARE = """examples:
-  fljax compare                                   # the built-in quick-start comparison
+  fljax compare                                   # the quick start: 8 representative algorithms (see below)
+  fljax compare --algorithms all                  # every general-purpose algorithm (26)
+  fljax compare --algorithms fedavg,perfedavg --set algo.beta=0.1   # an algo.* key applies where declared
   fljax compare --algorithms fedavg,fedprox --set data.dataset=digits --set rounds=30
+  fljax compare --style paper                     # figures as single-column vector PDF, serif fonts
   fljax compare configs/fedavg.yaml --algorithms fedavg,local --seeds 3 --out runs/cmp
   fljax compare --resume --out runs/cmp           # continue an interrupted comparison
+
+{why}
 """
 EXAMPLES_REPRODUCE = """examples:
   fljax reproduce dfedalt                         # every study, the file's seeds (about 16 min on 2 cores)
@@ -167,34 +174,44 @@ def cmd_run(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from fljax.algorithms import ALGORITHMS
     from fljax.runner import compare_experiments
     from fljax.runner.experiment import saved_algorithms
-    from fljax.runner.report import markdown_table
 
     if args.resume:
         cfg = _resume_config(args)
         entries = saved_algorithms(args.out)
     else:
         cfg = _parse(args, algorithm_keys=False)
-        names = [n.strip() for n in args.algorithms.split(",") if n.strip()] if args.algorithms else \
-            [n for n, c in ALGORITHMS.items() if c.generic]
-        entries = [(n, {}) for n in names]
+        entries = [(n, {}) for n in _compared(args.algorithms)]
     out = args.out or _default_out("compare")
     output = _output(args)
+    if not args.resume and not args.algorithms:
+        output.note(f"comparing the quick start's {len(QUICKSTART)} algorithms ({', '.join(QUICKSTART)}); "
+                    f"--algorithms all runs all {len(_compared('all'))}")
     try:
-        rows, _ = compare_experiments(cfg, entries, out, resume=args.resume, output=output)
+        table, _ = compare_experiments(cfg, entries, out, resume=args.resume, output=output)
     except KeyboardInterrupt as e:
         return _interrupted("compare", out, e)
-    output.result(markdown_table(rows))
+    output.result(table)
     output.note(f"results: {out} (compare.md, compare.png, one directory per algorithm)")
     return 0
+
+
+def _compared(names: str | None) -> list[str]:
+    """The algorithms of ``--algorithms``: a comma-separated list, ``all`` (every general-purpose one), or None
+    (the quick start's representatives, :data:`fljax.algorithms.families.QUICKSTART`)."""
+    from fljax.algorithms import ALGORITHMS
+
+    if names is None:
+        return list(QUICKSTART)
+    if names.strip() == "all":
+        return [n for n, c in ALGORITHMS.items() if c.generic]
+    return [n.strip() for n in names.split(",") if n.strip()]
 
 
 def cmd_sweep(args) -> int:
     from fljax.runner import sweep_experiments
     from fljax.runner.experiment import saved_grid
-    from fljax.runner.report import markdown_table
     from fljax.runner.sweep import parse_grid
 
     if args.resume:
@@ -210,14 +227,15 @@ def cmd_sweep(args) -> int:
     out = args.out or _default_out(f"sweep-{cfg.algorithm}")
     output = _output(args)
     try:
-        rows, results = sweep_experiments(cfg, grid, out, resume=args.resume, output=output, lanes=args.lanes)
+        table, results = sweep_experiments(cfg, grid, out, resume=args.resume, output=output, lanes=args.lanes)
     except KeyboardInterrupt as e:
         return _interrupted("sweep", out, e)
-    output.result(markdown_table(rows))
+    output.result(table)
     stopped = [label for label, r in results.items() if r.stopped]
     if stopped:
         output.note(f"stopped (NaN/Inf or divergence): {', '.join(stopped)}; see their summary.json")
-    output.note(f"results: {out} (sweep.md, sweep.png, one directory per point)")
+    output.note(f"results: {out} (sweep.md, sweep.png{', sweep_heatmap.png' if len(grid) == 2 else ''}, one "
+                f"directory per point)")
     return 0
 
 
@@ -359,6 +377,7 @@ def make_parser() -> argparse.ArgumentParser:
         sp.add_argument("--tensorboard", metavar="DIR",
                         help="also write every evaluation as TensorBoard scalars into DIR/<run>/seed_<s>/ "
                         "(needs tensorboardX: pip install 'fljax[explore]')")
+        _style_option(sp)
         mode = sp.add_mutually_exclusive_group()
         mode.add_argument("--quiet", action="store_true", help="no progress bar or notes, only the final table")
         mode.add_argument("--json", action="store_true",
@@ -388,9 +407,13 @@ def make_parser() -> argparse.ArgumentParser:
                        description="Run several algorithms on the same data, partition and seeds; print one table "
                        "and write compare.md, compare.png and one run directory per algorithm. Without a config "
                        "file: the packaged quick-start preset (digits, 50 clients).",
-                       epilog=EXAMPLES_COMPARE, formatter_class=raw)
+                       epilog=EXAMPLES_COMPARE.format(why=textwrap.fill(
+                           f"The quick start (no --algorithms): {', '.join(QUICKSTART)}. {QUICKSTART_WHY}", 100)),
+                       formatter_class=raw)
     common(c)
-    c.add_argument("--algorithms", help="comma-separated names (default: every general-purpose algorithm)")
+    c.add_argument("--algorithms", metavar="NAMES",
+                   help=f"comma-separated names, or 'all' (every general-purpose algorithm); default: the quick "
+                   f"start's {', '.join(QUICKSTART)}")
     c.set_defaults(func=cmd_compare)
     ls = sub.add_parser("list", help="show algorithms, data sets, partitioners, models, executors, topologies",
                         description="Everything fljax knows by name, one line each; with an algorithm's name, its "
@@ -414,11 +437,28 @@ def make_parser() -> argparse.ArgumentParser:
     rp.add_argument("--lanes", choices=("vmap", "map", "off"), default=None,
                     help="how runs that can share a program run (default: the study file's, else vmap; see fljax "
                     "sweep --help)")
+    _style_option(rp)
     mode = rp.add_mutually_exclusive_group()
     mode.add_argument("--quiet", action="store_true", help="no progress bars or notes")
     mode.add_argument("--json", action="store_true", help="JSON-log mode (see fljax run --help)")
     rp.set_defaults(func=cmd_reproduce)
     return p
+
+
+def _style_option(parser) -> None:
+    parser.add_argument("--style", choices=("screen", "paper"), default="screen",
+                        help="figures: 'screen' (PNG and PDF to look at) or 'paper' (single-column width 3.3 in, "
+                        "serif fonts, vector PDF with a PNG preview; fljax.runner.plots)")
+
+
+def _run(args) -> int:
+    """The command, its figures in the style ``--style`` names."""
+    import contextlib
+
+    from fljax.runner import plots
+
+    with plots.use(args.style) if getattr(args, "style", None) else contextlib.nullcontext():
+        return args.func(args)
 
 
 def _on_sigterm(signum, frame):
@@ -441,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None  # SIGTERM acts as Ctrl-C
     try:
         launched = _join(args, argv) if hasattr(args, "processes") else None
-        return launched if launched is not None else args.func(args)
+        return launched if launched is not None else _run(args)
     except KeyboardInterrupt as e:  # outside a run (a run reports how to resume it)
         e = _signal_of(e)
         print(f"fljax: interrupted by {e.name}", file=sys.stderr)
