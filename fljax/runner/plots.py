@@ -149,12 +149,15 @@ def rc(name: str | None = None) -> dict:
 
 def metric_label(key: str, scale: float = 1.0) -> str:
     """The axis label of a logged quantity: what it is and its unit (the key itself when unknown); ``scale=100``:
-    fractions in percent."""
+    fractions in percent. In the paper style (short panels) the second line gives the unit only."""
     label = LABELS.get(key, LABELS.get(key.split("/")[0]))
     for suffix, what in sorted(_SUMMARIES.items(), key=lambda kv: -len(kv[0])):
         if label is None and key.endswith(suffix) and key[:-len(suffix)] in _MODELS:
             label = f"{_MODELS[key[:-len(suffix)]]} {what}"
     label = label or key
+    first, *rest = label.split("\n")
+    if current().stacked and rest and rest[0].startswith("(") and rest[0].endswith(")"):  # a paper's short panels: the unit only
+        label = f"{first}\n{rest[0].split(',')[0].rstrip(')')})"
     return label.replace("fraction correct", "% correct").replace("(fraction)", "(%)") if scale == 100 else label
 
 
@@ -408,7 +411,7 @@ def plot_run(directory: str, histories: list[list[dict]], per_client: list[dict]
             if _own_global(histories):
                 _line(ax, histories, "global_acc", x_bytes, style(1), "global model")
             _axes_labels(ax, "personal_acc", x_bytes)
-            ax.set_ylabel("test accuracy\n(fraction correct, mean over clients)")
+            ax.set_ylabel(metric_label("personal_acc").replace("personalized ", ""))
             legend_outside(ax)
             one = "" if _own_global(histories) or not any("global_acc" in r for h in histories for r in h) else \
                 "the personalized model is the global model"
