@@ -40,7 +40,7 @@ EXAMPLES_SWEEP = """examples:
 """
 EXAMPLES_COMPARE = """examples:
   fljax compare                                   # the quick start: 8 representative algorithms (see below)
-  fljax compare --algorithms all                  # every general-purpose algorithm (26)
+  fljax compare --algorithms all                  # every general-purpose algorithm
   fljax compare --algorithms fedavg,perfedavg --set algo.beta=0.1   # an algo.* key applies where declared
   fljax compare --algorithms fedavg,fedprox --set data.dataset=digits --set rounds=30
   fljax compare --style paper                     # figures as single-column vector PDF, serif fonts
