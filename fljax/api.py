@@ -16,7 +16,7 @@ from fljax.data import FederatedData
 from fljax.engine import Simulation
 from fljax.experiment import Experiment, resolve
 
-__all__ = ["make_config", "load_data", "build", "run", "compare", "sweep", "load_run", "load_compare"]
+__all__ = ["make_config", "load_data", "build", "run", "compare", "sweep", "load_run", "load_compare", "load_sweep"]
 
 if TYPE_CHECKING:
     import pandas
@@ -126,6 +126,14 @@ def load_compare(directory) -> "pandas.DataFrame":
     """A comparison's or sweep's histories as one pandas DataFrame with a ``run`` column: see
     :func:`fljax.runner.load.load_compare`."""
     from fljax.runner.load import load_compare as load
+
+    return load(directory)
+
+
+def load_sweep(directory) -> "pandas.DataFrame":
+    """A sweep's histories as one pandas DataFrame with a ``run`` column and one column per grid key: see
+    :func:`fljax.runner.load.load_sweep`."""
+    from fljax.runner.load import load_sweep as load
 
     return load(directory)
 

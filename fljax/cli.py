@@ -15,9 +15,11 @@ import io
 import os
 import signal
 import sys
+import textwrap
 import threading
 from importlib import resources
 
+from fljax.algorithms.families import QUICKSTART, QUICKSTART_WHY
 from fljax.config import INT32_MAX, RUNS_MAX, ConfigError, load_config
 from fljax.experiment import preset, resolve
 
@@ -37,10 +39,15 @@ EXAMPLES_SWEEP = """examples:
   fljax sweep --resume --out runs/lr                   # continue an interrupted sweep
 """
 EXAMPLES_COMPARE = """examples:
-  fljax compare                                   # the built-in quick-start comparison
+  fljax compare                                   # the quick start: 8 representative algorithms (see below)
+  fljax compare --algorithms all                  # every general-purpose algorithm
+  fljax compare --algorithms fedavg,perfedavg --set algo.beta=0.1   # an algo.* key applies where declared
   fljax compare --algorithms fedavg,fedprox --set data.dataset=digits --set rounds=30
+  fljax compare --style paper                     # figures as single-column vector PDF, serif fonts
   fljax compare configs/fedavg.yaml --algorithms fedavg,local --seeds 3 --out runs/cmp
   fljax compare --resume --out runs/cmp           # continue an interrupted comparison
+
+{why}
 """
 EXAMPLES_REPRODUCE = """examples:
   fljax reproduce dfedalt                         # every study, the file's seeds (about 16 min on 2 cores)
@@ -174,7 +181,6 @@ def _setup_run(args, check: bool = False):
 def _setup_compare(args, check: bool = False):
     """The config, algorithms and directory of ``fljax compare`` (``check``: every algorithm's experiment
     resolved, and the output's options)."""
-    from fljax.algorithms import ALGORITHMS
     from fljax.experiment import compare_points
     from fljax.runner.experiment import saved_algorithms
 
@@ -188,9 +194,7 @@ def _setup_compare(args, check: bool = False):
                               f"into another --out.")
     else:
         cfg = _parse(args, algorithm_keys=False)
-        names = [n.strip() for n in args.algorithms.split(",") if n.strip()] if args.algorithms else \
-            [n for n, c in ALGORITHMS.items() if c.generic]
-        entries = [(n, {}) for n in names]
+        entries = [(n, {}) for n in _compared(args.algorithms)]
     if check:
         compare_points(cfg, entries)
         _output(args)
@@ -236,15 +240,17 @@ def cmd_run(args) -> int:
 
 def cmd_compare(args) -> int:
     from fljax.runner import compare_experiments
-    from fljax.runner.report import markdown_table
 
     cfg, entries, out = _setup_compare(args)
     output = _output(args)
+    if not args.resume and not args.algorithms:
+        output.note(f"comparing the quick start's {len(QUICKSTART)} algorithms ({', '.join(QUICKSTART)}); "
+                    f"--algorithms all runs all {len(_compared('all'))}")
     try:
-        rows, results = compare_experiments(cfg, entries, out, resume=args.resume, output=output)
+        table, results = compare_experiments(cfg, entries, out, resume=args.resume, output=output)
     except KeyboardInterrupt as e:
         return _interrupted("compare", out, e)
-    output.result(markdown_table(rows))
+    output.result(table)
     stopped = [label for label, r in results.items() if r.stopped]
     if stopped:
         output.note(f"stopped (NaN/Inf or divergence): {', '.join(stopped)}; see the status column and their "
@@ -253,21 +259,33 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def _compared(names: str | None) -> list[str]:
+    """The algorithms of ``--algorithms``: a comma-separated list, ``all`` (every general-purpose one), or None
+    (the quick start's representatives, :data:`fljax.algorithms.families.QUICKSTART`)."""
+    from fljax.algorithms import ALGORITHMS
+
+    if names is None:
+        return list(QUICKSTART)
+    if names.strip() == "all":
+        return [n for n, c in ALGORITHMS.items() if c.generic]
+    return [n.strip() for n in names.split(",") if n.strip()]
+
+
 def cmd_sweep(args) -> int:
     from fljax.runner import sweep_experiments
-    from fljax.runner.report import markdown_table
 
     cfg, grid, out = _setup_sweep(args)
     output = _output(args)
     try:
-        rows, results = sweep_experiments(cfg, grid, out, resume=args.resume, output=output, lanes=args.lanes)
+        table, results = sweep_experiments(cfg, grid, out, resume=args.resume, output=output, lanes=args.lanes)
     except KeyboardInterrupt as e:
         return _interrupted("sweep", out, e)
-    output.result(markdown_table(rows))
+    output.result(table)
     stopped = [label for label, r in results.items() if r.stopped]
     if stopped:
         output.note(f"stopped (NaN/Inf or divergence): {', '.join(stopped)}; see their summary.json")
-    output.note(f"results: {out} (sweep.md, sweep.png, one directory per point)")
+    output.note(f"results: {out} (sweep.md, sweep.png{', sweep_heatmap.png' if len(grid) == 2 else ''}, one "
+                f"directory per point)")
     return 0
 
 
@@ -424,6 +442,7 @@ def make_parser() -> argparse.ArgumentParser:
         sp.add_argument("--tensorboard", metavar="DIR",
                         help="also write every evaluation as TensorBoard scalars into DIR/<run>/seed_<s>/ "
                         "(needs tensorboardX: pip install 'fljax[explore]')")
+        _style_option(sp)
         mode = sp.add_mutually_exclusive_group()
         mode.add_argument("--quiet", action="store_true", help="no progress bar or notes, only the final table")
         mode.add_argument("--json", action="store_true",
@@ -453,9 +472,13 @@ def make_parser() -> argparse.ArgumentParser:
                        description="Run several algorithms on the same data, partition and seeds; print one table "
                        "and write compare.md, compare.png and one run directory per algorithm. Without a config "
                        "file: the packaged quick-start preset (digits, 50 clients).",
-                       epilog=EXAMPLES_COMPARE, formatter_class=raw)
+                       epilog=EXAMPLES_COMPARE.format(why=textwrap.fill(
+                           f"The quick start (no --algorithms): {', '.join(QUICKSTART)}. {QUICKSTART_WHY}", 100)),
+                       formatter_class=raw)
     common(c)
-    c.add_argument("--algorithms", help="comma-separated names (default: every general-purpose algorithm)")
+    c.add_argument("--algorithms", metavar="NAMES",
+                   help=f"comma-separated names, or 'all' (every general-purpose algorithm); default: the quick "
+                   f"start's {', '.join(QUICKSTART)}")
     c.set_defaults(func=cmd_compare)
     ls = sub.add_parser("list", help="show algorithms, data sets, partitioners, models, executors, topologies",
                         description="Everything fljax knows by name, one line each; with an algorithm's name, its "
@@ -479,6 +502,7 @@ def make_parser() -> argparse.ArgumentParser:
     rp.add_argument("--lanes", choices=("vmap", "map", "off"), default=None,
                     help="how runs that can share a program run (default: the study file's, else vmap; see fljax "
                     "sweep --help)")
+    _style_option(rp)
     mode = rp.add_mutually_exclusive_group()
     mode.add_argument("--quiet", action="store_true", help="no progress bars or notes")
     mode.add_argument("--json", action="store_true", help="JSON-log mode (see fljax run --help)")
@@ -495,6 +519,20 @@ def _one_line(e: BaseException) -> str:
     if len(text) > MESSAGE_MAX:
         text = f"{text[:MESSAGE_MAX // 2]} … {text[-MESSAGE_MAX // 2:]}"
     return text
+def _style_option(parser) -> None:
+    parser.add_argument("--style", choices=("screen", "paper"), default="screen",
+                        help="figures: 'screen' (PNG and PDF to look at) or 'paper' (single-column width 3.3 in, "
+                        "serif fonts, vector PDF with a PNG preview; fljax.runner.plots)")
+
+
+def _run(args) -> int:
+    """The command, its figures in the style ``--style`` names."""
+    import contextlib
+
+    from fljax.runner import plots
+
+    with plots.use(args.style) if getattr(args, "style", None) else contextlib.nullcontext():
+        return args.func(args)
 
 
 def _on_sigterm(signum, frame):
@@ -517,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None  # SIGTERM acts as Ctrl-C
     try:
         launched = _join(args, argv) if hasattr(args, "processes") else None
-        return launched if launched is not None else args.func(args)
+        return launched if launched is not None else _run(args)
     except KeyboardInterrupt as e:  # outside a run (a run reports how to resume it)
         e = _signal_of(e)
         print(f"fljax: interrupted by {e.name}", file=sys.stderr)

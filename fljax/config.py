@@ -208,7 +208,25 @@ def from_dict(cls, values: Mapping) -> ExperimentConfig:
             except OptionError as e:
                 raise e.within(key) from None
         kwargs[key] = value
+    top = [f.name for f in dataclasses.fields(cls) if f.init]
+    for key in kwargs:
+        if key not in top and (section := _section_of(str(key), values.get("algorithm"))):
+            raise OptionError(str(key), f"is not a top-level key; did you mean {section}.{key}? (--set "
+                                        f"{section}.{key}=..., or under {section}: in a config file)")
     return parse(cls, kwargs)
+
+
+def _section_of(key: str, algorithm) -> str | None:
+    """The section that has option ``key`` (``lr`` → ``algo``: the chosen algorithm's, else any algorithm's;
+    ``num_clients`` → ``data``), for the message on a section key given at the top level."""
+    from fljax.algorithms import ALGORITHMS
+
+    algos = [ALGORITHMS[algorithm]] if algorithm in ALGORITHMS else list(ALGORITHMS.values())
+    sections = {"algo": {f.name for a in algos for f in dataclasses.fields(a) if f.init},
+                "data": {f.name for f in dataclasses.fields(DataConfig) if f.init},
+                "model": {f.name for f in dataclasses.fields(ModelConfig) if f.init},
+                "server": {f.name for f in dataclasses.fields(ServerConfig) if f.init}}
+    return next((name for name, keys in sections.items() if key in keys), None)
 
 
 def to_dict(cfg) -> dict:

@@ -119,3 +119,17 @@ def test_compare_shared_keys_apply_to_the_algorithms_that_declare_them():
         compare_points(load_config(None, ["data.dataset=digits"]), [("quped", {"local_epochs": 2})])  # own: kept
     with pytest.raises(ConfigError, match="algo.muu is not a valid key for any of the compared algorithms"):
         compare_points(load_config(None, ["algo.muu=1"]), ["fedavg", "fedprox"])
+
+
+@pytest.mark.parametrize("override, section", [("lr=0.1", "algo"), ("mu=0.1", "algo"), ("num_clients=5", "data"),
+                                               ("hidden=[8]", None)])
+def test_a_section_key_at_the_top_level_names_its_section(override, section):
+    """``--set lr=0.1`` points at ``algo.lr`` (a key of the chosen algorithm's, or of any algorithm's), a key that no
+    section has gets the usual list of valid keys."""
+    with pytest.raises(OptionError) as e:
+        load_config(None, [override], base={"algorithm": "fedprox"})
+    key = override.split("=")[0]
+    if section:
+        assert f"did you mean {section}.{key}?" in str(e.value) and "Valid keys" not in str(e.value)
+    else:
+        assert "Valid keys" in str(e.value)

@@ -4,7 +4,8 @@ import os
 
 import numpy as np
 
-from fljax.runner.plots import extras, plot_compare, plot_run, style
+from fljax.runner import plots
+from fljax.runner.plots import constants, extras, plot_compare, plot_heatmap, plot_run, style
 
 
 def _history(bytes_per_round: float, extra: dict | None = None, evaluations: int = 4) -> list[dict]:
@@ -14,14 +15,23 @@ def _history(bytes_per_round: float, extra: dict | None = None, evaluations: int
 
 
 def test_styles_differ_for_many_runs():
-    styles = [(tuple(style(i)["color"]), style(i)["marker"]) for i in range(110)]
-    assert len(set(styles)) == 110
-    assert all(style(i)["marker"] != style(i + 1)["marker"] for i in range(109))
+    """Colour x line style x marker: the first 308 lines all differ, neighbours differ in colour and marker, the
+    first 7 are solid lines in the Okabe-Ito colours."""
+    styles = [(style(i)["color"], style(i)["linestyle"], style(i)["marker"]) for i in range(308)]
+    assert len(set(styles)) == 308
+    assert all(style(i)["marker"] != style(i + 1)["marker"] and style(i)["color"] != style(i + 1)["color"]
+               for i in range(307))
+    assert {style(i)["linestyle"] for i in range(7)} == {"-"}
+    assert {style(i)["color"] for i in range(7)} == set(plots.PALETTE)
 
 
-def test_extras_are_the_logged_quantities_that_are_not_zero_throughout():
+def test_extras_are_the_logged_quantities_that_change():
     h = _history(1e3, {"consensus": 0.5, "rank/head/kernel": 3, "zero_thing": 0.0})
+    h[1]["consensus"], h[2]["rank/head/kernel"] = 0.25, 2
     assert extras([h]) == ["train_loss", "consensus", "rank/head/kernel"]
+    h = _history(1e3, {"consensus": 0.5, "zero_thing": 0.0, "gkr_params": 1234})
+    assert extras([h]) == ["train_loss"]  # constant metrics are not drawn
+    assert constants([h]) == {"consensus": 0.5, "zero_thing": 0.0, "gkr_params": 1234.0}
 
 
 def test_a_run_without_communication_has_no_bytes_plot(tmp_path):
@@ -136,3 +146,48 @@ def test_compare_plot_draws_each_run_labelled_with_its_own_data(tmp_path, monkey
                                                                   for t in lg.get_texts())}, name
         mb = np.array([(r["bytes_up"] + r["bytes_down"]) / 1e6 for r in h])
         assert (_curve(fig, mb[mb > 0], y[mb > 0]) is not None) == (name != "local"), name
+
+
+def test_heatmap_shows_the_mean_final_value_of_every_grid_point(tmp_path, monkeypatch):
+    """A two-key sweep's heatmap: cell (i, j) is the mean over seeds of the final value at the i-th value of the
+    first key and the j-th of the second, with a labelled colour bar and the grid values as ticks."""
+    grid = {"algo.lr": [0.01, 0.1], "algo.mu": [0, 0.1, 1]}
+    finals = {(i, j): [0.1 * i + 0.01 * j, 0.1 * i + 0.03 * j] for i in range(2) for j in range(3)}
+    saved = _captured(monkeypatch)
+    plot_heatmap(str(tmp_path / "sweep_heatmap.png"), grid, finals, "fedprox")
+    fig = saved["sweep_heatmap.png"]
+    ax = fig.axes[0]
+    image = ax.get_images()[0].get_array()
+    assert np.allclose(image, [[np.mean(finals[i, j]) for j in range(3)] for i in range(2)])
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "0.1", "1"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["0.01", "0.1"]
+    assert "lr" in ax.get_ylabel() and "mu" in ax.get_xlabel()
+    assert "accuracy" in fig.axes[1].get_ylabel()  # the colour bar says what it shows
+
+
+def test_many_runs_are_small_multiples_by_group_and_the_legend_is_outside(tmp_path, monkeypatch):
+    runs = {f"a{k}": [[{**r, "personal_acc": 0.05 * k + 0.01 * r["round"]} for r in _history(10.0)]]
+            for k in range(12)}
+    groups = {f"a{k}": "first" if k < 5 else "second" for k in range(12)}
+    saved = _captured(monkeypatch)
+    plot_compare(str(tmp_path / "compare.png"), runs, "digits", groups=groups)
+    fig = saved["compare.png"]
+    visible = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(visible) == 4  # two groups x (vs round, vs MB)
+    assert [ax.get_title(loc="left") for ax in visible[::2]] == ["first", "second"]
+    for ax in visible:
+        for legend in [ax.get_legend()] if ax.get_legend() else []:
+            box = legend.get_window_extent(fig.canvas.get_renderer())
+            assert box.x0 >= ax.get_window_extent(fig.canvas.get_renderer()).x1 - 1  # right of the data
+
+
+def test_paper_style_writes_a_vector_pdf_in_a_single_column(tmp_path, monkeypatch):
+    saved = _captured(monkeypatch)
+    with plots.use("paper"):
+        paths = plot_run(str(tmp_path), [_history(1e3), _history(2e3)], [], "fedavg")
+    assert any(p.endswith("accuracy_vs_round.pdf") for p in paths)
+    fig = saved["accuracy_vs_round.pdf"]
+    assert np.isclose(fig.get_size_inches()[0], 3.3)
+    assert "serif" in fig.axes[0].xaxis.label.get_fontfamily()
+    assert "2 seeds" in fig._suptitle.get_text() and "std" in fig._suptitle.get_text()
+    assert plots.current().name == "screen"  # only inside use()

@@ -44,8 +44,9 @@ def _scalars(path: str) -> dict[str, list[tuple[int, float]]]:
 def test_load_compare_gives_every_run_seed_and_evaluation(compared):
     root, results = compared
     frame = fljax.load_compare(root / "cmp")
-    assert list(frame.columns[:3]) == ["run", "seed", "round"]
+    assert list(frame.columns[:4]) == ["run", "algorithm", "seed", "round"]
     assert list(frame["run"].unique()) == ["fedavg", "fedprox(mu=0.1)"]
+    assert frame.groupby("run")["algorithm"].first().to_dict() == {"fedavg": "fedavg", "fedprox(mu=0.1)": "fedprox"}
     assert len(frame) == 2 * 2 * 3  # runs × seeds × evaluations (rounds 0, 2, 4)
     got = frame[(frame.run == "fedprox(mu=0.1)") & (frame.seed == 1)]["personal_acc"].to_numpy()
     want = [h["personal_acc"] for h in results["fedprox(mu=0.1)"].runs[1].log.history]
@@ -84,10 +85,12 @@ def test_tensorboard_scalars_per_run_and_seed(compared):
 
 def test_loading_the_wrong_kind_of_directory_says_which_to_use(compared, tmp_path):
     root, _ = compared
-    with pytest.raises(ConfigError, match="is a comparison or sweep: use fljax.load_compare"):
+    with pytest.raises(ConfigError, match="is a comparison: use fljax.load_compare"):
         fljax.load_run(root / "cmp")
     with pytest.raises(ConfigError, match="use fljax.load_run for a single run"):
         fljax.load_compare(root / "cmp" / "fedavg")
+    with pytest.raises(ConfigError, match="holds no sweep .* use fljax.load_compare"):
+        fljax.load_sweep(root / "cmp")
     with pytest.raises(ConfigError, match="not a run directory"):
         fljax.load_run(tmp_path)
     with pytest.raises(ConfigError, match="is not a directory"):

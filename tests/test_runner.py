@@ -253,14 +253,17 @@ def test_compare_writes_table_plot_and_runs(tmp_path, capsys):
     argv = ["compare", *digits, "--set", "model.options={}", "--set", "data.seed=0", "--set", "rounds=4", "--set", "eval_every=2",
             "--algorithms", "fedavg,local", "--seeds", "2", "--out", str(out), "--quiet"]
     assert main(argv) == 0
-    table = capsys.readouterr().out.strip().splitlines()
+    printed = capsys.readouterr().out.strip()
+    table = [line for line in printed.splitlines() if line.startswith("|")]
     header = [c.strip() for c in table[0].split("|")[1:-1]]
-    assert header[:6] == ["algorithm", "seeds", "personal acc", "weighted", "p10 client", "global acc"]
+    assert header[:2] == ["algorithm", "personal acc"] and "p10 client" in header and "global acc" in header
+    assert "seeds" not in header and any(line.startswith("[") and "] every row: 2 seeds" in line
+                                         for line in printed.splitlines())  # the same in every row: a note
     assert [row.split("|")[1].strip() for row in table[2:]] == ["fedavg", "local"]
-    assert all(" ± " in row.split("|")[3] for row in table[2:])  # mean ± std over the 2 seeds
+    assert all(" ± " in row.split("|")[2] for row in table[2:])  # mean ± std over the 2 seeds
     assert sorted(os.listdir(out)) == ["compare.md", "compare.pdf", "compare.png", "compare_metrics.pdf",
                                        "compare_metrics.png", "config.yaml", "fedavg", "local", "summary.json"]
-    assert "\n".join(table) in (out / "compare.md").read_text()
+    assert printed in (out / "compare.md").read_text()
     plots = [f"{name}.png" for name in ("accuracy_vs_bytes", "accuracy_vs_round", "client_accuracy", "metrics")]
     # a comparison's runs plot as PNG only; its own figures also as PDF
     assert sorted(os.listdir(out / "fedavg")) == sorted([*plots, "config.yaml", "resolved.yaml", "seed_0", "seed_1",
@@ -271,6 +274,32 @@ def test_compare_writes_table_plot_and_runs(tmp_path, capsys):
     # the local baseline communicates nothing; fedavg does
     assert summary["results"]["local"]["final"]["bytes_up"]["mean"] == 0
     assert summary["results"]["fedavg"]["final"]["bytes_up"]["mean"] > 0
+
+
+def test_a_comparison_table_has_only_columns_that_say_something_and_notes_on_untuned_rows():
+    """distinct_table: the weighted column goes when it repeats the unweighted one (a note says why), columns
+    equal in every row become a note, a row equal to an earlier one says so, and a hint shows under a row that
+    lags the best by LAG or more or repeats another row, not under one that does well."""
+    from fljax.runner.report import distinct_table
+
+    def row(name, acc, weighted=None):
+        return {"algorithm": name, "seeds": 1, "personal acc": acc, "weighted": weighted or acc, "p10 client": acc,
+                "global acc": acc}
+
+    hints = {"fedprox": "fedprox: try mu", "perfedavg": "perfedavg: try beta", "ditto": "ditto: never shown"}
+    text = distinct_table([row("fedavg", "0.9400"), row("fedprox", "0.9400"), row("perfedavg", "0.1850"),
+                           row("ditto", "0.9500")], hints)
+    lines = text.splitlines()
+    assert [c.strip() for c in lines[0].split("|")[1:-1]] == ["algorithm", "personal acc", "p10 client",
+                                                               "global acc"]
+    names = [line.split("|")[1].strip() for line in lines[2:6]]
+    assert names == ["fedavg", "fedprox [3,4]", "perfedavg [5]", "ditto"]
+    notes = lines[7:]
+    assert notes[0].startswith("[1] the sample-weighted") and notes[1] == "[2] every row: 1 seed."
+    assert notes[2].startswith("[3] fedprox ends with the same accuracies as fedavg")
+    assert notes[3:] == ["[4] fedprox: try mu", "[5] perfedavg: try beta"]
+    kept = distinct_table([row("fedavg", "0.9400", "0.9300"), row("local", "0.8000")])
+    assert "| weighted " in kept.splitlines()[0] and "weighted" not in "".join(kept.splitlines()[4:])
 
 
 def test_json_round_trips_plain_and_gzipped(tmp_path):

@@ -83,7 +83,8 @@ def test_sweep_cli_table_files_and_a_diverging_point_stops_alone(tmp_path, capsy
             "--set", "eval_every=2", "--grid", "algo.lr=0.1,1e6", "--seeds", "2", "--out", str(out), "--quiet"]
     assert main(argv) == 0
     table = capsys.readouterr().out
-    assert "lr=0.1" in table and "stopped: round 1 diverged: train_loss=" in table
+    assert table.splitlines()[0].split("|")[1].strip() == "lr"  # the grid key heads the point column
+    assert "| 0.1 " in table and "stopped: round 1 diverged: train_loss=" in table
     assert sorted(os.listdir(out)) == ["config.yaml", "lr=0.1", "lr=1000000.0", "summary.json", "sweep.md",
                                        "sweep.pdf", "sweep.png", "sweep_metrics.pdf", "sweep_metrics.png"]
     summary = files.read_json(out / "summary.json")
@@ -114,3 +115,25 @@ def test_every_metric_of_every_point_equals_its_plain_run():
                 for key in ra:
                     np.testing.assert_allclose(rb[key], ra[key], rtol=2e-5, atol=1e-6,
                                                err_msg=f"{point_label(values)} {key} round {ra['round']}")
+
+
+def test_a_two_key_grid_loads_with_one_column_per_key_and_draws_a_heatmap(tmp_path):
+    """A sweep over two keys: sweep.md, load_sweep's (and load_compare's) frame have a column per grid key holding
+    the point's value; the final accuracies are drawn as a heatmap; load_run on the sweep says what to call."""
+    pd = pytest.importorskip("pandas")
+    out = tmp_path / "sw"
+    grid = {"algo.lr": [0.05, 0.1], "algo.mu": [0.0, 0.1]}
+    config = {k: v for k, v in COMMON.items() if k != "progress"}
+    results = fljax.sweep(grid, {**config, "seeds": 1, "rounds": 2, "eval_every": 2}, out=str(out), progress=False)
+    assert set(results) == {point_label(p) for p in grid_points(grid)}
+    header = [c.strip() for c in (out / "sweep.md").read_text().split("\n\n")[1].splitlines()[0].split("|")[1:-1]]
+    assert header[:2] == ["lr", "mu"]
+    assert (out / "sweep_heatmap.png").exists() and (out / "sweep_heatmap.pdf").exists()
+    frame = fljax.load_sweep(out)
+    assert isinstance(frame, pd.DataFrame) and list(frame.columns[:3]) == ["run", "lr", "mu"]
+    by_run = frame.groupby("run")[["lr", "mu"]].first()
+    for point in grid_points(grid):
+        assert tuple(by_run.loc[point_label(point)]) == (point["algo.lr"], point["algo.mu"])
+    assert list(fljax.load_compare(out).columns[:3]) == ["run", "lr", "mu"]
+    with pytest.raises(fljax.ConfigError, match="load_sweep"):
+        fljax.load_run(out)

@@ -146,7 +146,7 @@ class Lanes:
 
     def run(self, rounds: int, eval_every: int, states=None, logs: list[RunLog] | None = None, *,
             checkpoint_every: int = 0, callback=None, on_checkpoint=None, on_stop=None,
-            guards: tuple = (NonFiniteGuard(),), progress: bool = True, should_stop=None
+            guards: tuple = (NonFiniteGuard(),), progress: bool | str = True, should_stop=None
             ) -> tuple[list[RunResult], dict]:
         """Like :meth:`Simulation.run` for every lane; ``callback(lane, record, state)``, ``on_checkpoint(lane, state,
         log)`` and ``on_stop(lane, message)`` receive the lane index; ``should_stop``: see :func:`drive`. A lane a

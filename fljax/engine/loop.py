@@ -129,7 +129,8 @@ class DivergenceGuard:
 
 def drive(sim, state, logs: list[RunLog], rounds: int, eval_every: int, checkpoint_every: int, *, lanes: bool,
           callback: Callable | None = None, on_checkpoint: Callable | None = None, on_stop: Callable | None = None,
-          guards: tuple = (NonFiniteGuard(),), progress: bool = True, should_stop: Callable[[], bool] | None = None):
+          guards: tuple = (NonFiniteGuard(),), progress: bool | str = True,
+          should_stop: Callable[[], bool] | None = None):
     """Run ``sim`` (a :class:`~fljax.engine.Simulation` or :class:`~fljax.engine.Lanes`; ``lanes=True``: every leaf
     of ``state`` and of the metrics has a leading lane axis, and ``logs`` holds one :class:`RunLog` per lane) until
     ``rounds``.
@@ -141,7 +142,7 @@ def drive(sim, state, logs: list[RunLog], rounds: int, eval_every: int, checkpoi
     lane_state, log)``. Stops early when every lane has stopped, and when ``should_stop()`` is true after a block
     (a stop was requested: every live lane is then checkpointed there, a block end of the same schedule, so a
     resumed run repeats the uninterrupted one). Returns (state, the last per-client accuracies, {lane: message} of
-    the stopped lanes).
+    the stopped lanes). ``progress``: a bar of rounds (a string: the bar's name, e.g. the run's).
     """
     pick = (lambda tree_, i: jax.tree.map(lambda x: x[i], tree_)) if lanes else (lambda tree_, i: tree_)
     start = int(np.ravel(jax.device_get(state.round))[0])
@@ -220,12 +221,15 @@ def drive(sim, state, logs: list[RunLog], rounds: int, eval_every: int, checkpoi
     return state, per_client, stopped
 
 
-def _progress_bar(total: int, initial: int, enabled: bool):
+def _progress_bar(total: int, initial: int, enabled: bool | str):
+    """A bar of rounds; ``enabled`` a name: shown in front of it, and the finished bar stays on screen (one line
+    per run with its last metrics)."""
     if not enabled:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, unit="round", dynamic_ncols=True, leave=False)
+    name = enabled if isinstance(enabled, str) else None
+    return tqdm(total=total, initial=initial, unit="round", dynamic_ncols=True, leave=name is not None, desc=name)
 
 
 def _postfix(records: list[dict]) -> dict:

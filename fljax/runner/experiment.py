@@ -43,11 +43,11 @@ from fljax.runner import files, identity, interrupt, lock
 from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
 from fljax.runner.memory import check_fits
 from fljax.runner.plan import Program, group_runs, traceable
-from fljax.runner.plots import FORMATS, plot_compare, plot_run, setting
-from fljax.runner.report import Output, markdown_table, summary_row
+from fljax.runner.plots import FORMATS, plot_compare, plot_heatmap, plot_run, setting
+from fljax.runner.report import Output, distinct_table, summary_row
 from fljax.runner.results import RunDir, aggregate_summaries, environment, make_summary
 from fljax.runner.resume import check_resume
-from fljax.runner.sweep import DataCache, grid_points, point_experiment, point_label, seed_list
+from fljax.runner.sweep import DataCache, grid_columns, grid_points, point_experiment, point_label, seed_list
 
 __all__ = ["ExperimentResult", "Run", "run_points", "run_experiment", "compare_experiments", "sweep_experiments",
            "sweep_points", "dir_name",
@@ -506,7 +506,8 @@ def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str, sto
         run.directory.write_summary(run.summary)
 
     common = dict(checkpoint_every=cfg.checkpoint_every or 0, callback=on_eval, on_checkpoint=on_checkpoint,
-                  on_stop=on_stop, guards=_guards(cfg), progress=output.progress, should_stop=lambda: _agreed(stop))
+                  on_stop=on_stop, guards=_guards(cfg), progress=output.progress and _bar_name(runs),
+                  should_stop=lambda: _agreed(stop))
     for run in runs:
         run.status = "running"
     if len(runs) == 1 and not program.traced:
@@ -586,6 +587,15 @@ def _execute_until(program: Program, sim: Simulation, output: Output, lanes_mode
         run.directory.write_summary(run.summary)
 
 
+def _bar_name(runs: list[Run]) -> str:
+    """The name in front of a program's progress bar: its run's label ('fedavg', 'lr=0.1,mu=0'), with the number
+    of seeds or of the other points that run as its lanes."""
+    labels = list(dict.fromkeys(run.label or run.cfg.run_name for run in runs))
+    if len(labels) > 1:
+        return f"{labels[0]} +{len(labels) - 1} more"
+    return labels[0] + (f" ({len(runs)} seeds)" if len(runs) > 1 else "")
+
+
 def _initial(runs: list[Run], sim: Simulation, make):
     """``make()``: the runs' initial (or restored) state, its compile and wall seconds accounted to their logs."""
     t0, c0 = time.perf_counter(), sim.compile_seconds
@@ -657,7 +667,8 @@ def compare_experiments(cfg: ExperimentConfig, algorithms: list[str | tuple[str,
     parsed config ``cfg`` into ``out/<label>/``; write the table (``compare.md``), ``compare.png`` and
     ``summary.json`` into ``out``. Every algorithm's experiment is resolved before anything runs
     (:func:`fljax.experiment.compare_points`: ``cfg.algo`` applies to the algorithms that declare its keys).
-    Returns the table rows and the results by label."""
+    Returns the table as ``compare.md`` holds it (Markdown, with its notes:
+    :func:`~fljax.runner.report.distinct_table`) and the results by label."""
     out = lead_only(out)
     output = output or Output()
     root = RunDir(out)
@@ -671,17 +682,22 @@ def compare_experiments(cfg: ExperimentConfig, algorithms: list[str | tuple[str,
 
 
 def _compare_table(cfg, points, results, listing, root: RunDir, plots: bool):
-    """The comparison's table, plot and summary."""
+    """The comparison's table (with its notes: :func:`~fljax.runner.report.distinct_table`), plot and summary."""
+    from fljax.algorithms.families import family, untuned
+
     by_label = {lbl: r for (lbl, _), r in zip(points, results)}
     rows = [{**r.row(lbl), "status": _status(r)} for lbl, r in by_label.items()]
     title = (f"{setting(cfg, results[0].runs[0].data)}, {cfg.rounds} rounds, "
              f"{cfg.seeds} seed{'s' if cfg.seeds > 1 else ''}")
-    root.write_text("compare.md", f"# {title}\n\n{markdown_table(rows)}\n")
+    hints = {lbl: text for lbl, exp in points if (text := untuned(exp.algorithm, cfg.rounds))}
+    table = distinct_table(rows, hints)
+    root.write_text("compare.md", f"# {title}\n\n{table}\n")
     if plots and root.path is not None:
-        plot_compare(root.file("compare.png"), {lbl: r.histories for lbl, r in by_label.items()}, title)
+        plot_compare(root.file("compare.png"), {lbl: r.histories for lbl, r in by_label.items()}, title,
+                     groups={a["label"]: family(a["algorithm"]) for a in listing})
     root.write_summary({"status": "completed", "algorithms": listing,
                         "results": {lbl: r.summary for lbl, r in by_label.items()}})
-    return rows, by_label
+    return table, by_label
 
 
 def sweep_experiments(cfg: ExperimentConfig, grid: dict[str, list], out: str | None, *, resume: bool = False,
@@ -691,8 +707,9 @@ def sweep_experiments(cfg: ExperimentConfig, grid: dict[str, list], out: str | N
     """Run every point of ``grid`` (dotted keys → values, :func:`~fljax.runner.sweep.grid_points`) on the parsed
     config ``cfg`` for its seeds into ``out/<point>/`` (every point resolved before anything runs); points that
     differ only in numeric hyperparameters are lanes of one program with the seeds. Writes ``sweep.md`` (the table:
-    mean ± std over seeds), ``sweep.png`` and ``summary.json``. Returns the table rows and the results by point
-    label; a point a guard stopped is marked 'stopped' in the table."""
+    mean ± std over seeds; a column per grid key), ``sweep.png``, ``sweep_heatmap.png`` (two grid keys) and
+    ``summary.json``. Returns the table as ``sweep.md`` holds it (Markdown, with its notes) and the results by
+    point label; a point a guard stopped is marked 'stopped' in the table."""
     out = lead_only(out)
     output = output or Output()
     root = RunDir(out)
@@ -726,15 +743,30 @@ def sweep_points(cfg: ExperimentConfig, grid: dict[str, list]) -> list[tuple[str
 def _sweep_table(cfg, grid, points, results, root: RunDir, plots: bool):
     """The sweep's table, plot and summary."""
     by_label = {lbl: r for (lbl, _), r in zip(points, results)}
-    rows = [{**r.row(lbl), "status": _status(r)} for lbl, r in by_label.items()]
+    columns = grid_columns(grid)
+    rows = []
+    for (lbl, r), values in zip(by_label.items(), grid_points(grid)):  # a column per grid key, not the label
+        row = {columns[k]: v for k, v in values.items()}
+        row.update((k, v) for k, v in r.row(lbl).items() if k != "algorithm")
+        row["status"] = _status(r)
+        rows.append(row)
     title = (f"{cfg.algorithm} on {setting(cfg, results[0].runs[0].data)}, {len(points)} points × {cfg.seeds} "
              f"seed{'s' if cfg.seeds > 1 else ''}, {cfg.rounds} rounds")
-    root.write_text("sweep.md", f"# {title}\n\n{markdown_table(rows)}\n")
+    table = distinct_table(rows, names=list(by_label))
+    root.write_text("sweep.md", f"# {title}\n\n{table}\n")
     if plots and root.path is not None:
-        plot_compare(root.file("sweep.png"), {lbl: r.histories for lbl, r in by_label.items()}, title)
+        first = next(iter(columns.values()))
+        plot_compare(root.file("sweep.png"), {lbl: r.histories for lbl, r in by_label.items()}, title,
+                     groups={lbl: f"{first} = {row[first]}" for lbl, row in zip(by_label, rows)})
+        if len(grid) == 2 and all(len(v) > 1 for v in grid.values()):  # a 2-D grid: the final accuracy as a heatmap
+            shape = [len(v) for v in grid.values()]
+            finals = {divmod(i, shape[1]): [run.log.history[-1]["personal_acc"] for run in r.runs
+                                            if run.log.history and "personal_acc" in run.log.history[-1]]
+                      for i, r in enumerate(by_label.values())}
+            plot_heatmap(root.file("sweep_heatmap.png"), grid, finals, title)
     root.write_summary({"status": "completed", "grid": grid, "programs": _program_count(results),
                         "results": {lbl: r.summary for lbl, r in by_label.items()}})
-    return rows, by_label
+    return table, by_label
 
 
 def _status(result: ExperimentResult) -> str:

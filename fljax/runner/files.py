@@ -96,8 +96,8 @@ def write_png(path: str, fig) -> None:
     write_figure(path, fig)
 
 
-def write_figure(path: str, fig) -> None:
-    """Save a matplotlib figure in the format its extension names (.png at 110 dpi, .pdf, .svg; tight bounding
+def write_figure(path: str, fig, dpi: int = 110) -> None:
+    """Save a matplotlib figure in the format its extension names (.png at ``dpi``, .pdf, .svg; tight bounding
     box)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
@@ -105,7 +105,7 @@ def write_figure(path: str, fig) -> None:
         FigureCanvasAgg(fig)
     fmt = os.path.splitext(path)[1].lstrip(".").lower()
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format=fmt, dpi=110, bbox_inches="tight")
+        fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight")
 
 
 class DamagedFile(ConfigError):

@@ -3,7 +3,10 @@
 * :func:`load_run` — one run directory (``fljax run``, :func:`fljax.run` with ``out=``): one row per evaluation and
   seed, columns ``seed``, ``round`` and the metrics of ``metrics.jsonl``;
 * :func:`load_compare` — a comparison or a sweep directory: the same with a ``run`` column in front (the
-  algorithm's or grid point's label).
+  algorithm's or grid point's label), then for a comparison an ``algorithm`` column (the registered name), for a
+  sweep one column per grid key (``algo.lr`` → ``lr``, :func:`fljax.runner.sweep.grid_columns`) holding the point's
+  value;
+* :func:`load_sweep` — a sweep directory only (the frame of :func:`load_compare`).
 
 The frame's ``attrs`` hold the directory's ``config`` (config.yaml as a dict), ``resolved`` (resolved.yaml) and
 ``summary`` (summary.json).
@@ -18,7 +21,7 @@ from fljax.frames import concat, history_frame
 from fljax.runner import files
 from fljax.runner.results import RunDir
 
-__all__ = ["load_run", "load_compare"]
+__all__ = ["load_run", "load_compare", "load_sweep"]
 
 _SEED_DIR = re.compile(r"seed_\d+")
 
@@ -84,15 +87,17 @@ def load_run(directory):
     resolved.yaml and summary.json."""
     root = _directory(directory)
     if not _seed_dirs(root):
-        what = ("a comparison or sweep: use fljax.load_compare" if _runs(root) else
+        what = (("a sweep: use fljax.load_sweep (or fljax.load_compare)" if "grid" in _summary(root) else
+                 "a comparison: use fljax.load_compare") if _runs(root) else
                 "not a run directory (no metrics.jsonl, nor seed_<s>/metrics.jsonl)")
         raise ConfigError(f"{root.path!r} is {what}.")
     return _frame(root)
 
 
 def load_compare(directory):
-    """Every run of the comparison or sweep in ``directory`` as one DataFrame: columns ``run`` (the label),
-    ``seed``, ``round``, then the metrics (a metric an algorithm does not report is NaN in its rows);
+    """Every run of the comparison or sweep in ``directory`` as one DataFrame: columns ``run`` (the label), then
+    ``algorithm`` (a comparison) or one column per grid key (a sweep: ``lr`` for ``algo.lr``), ``seed``,
+    ``round``, then the metrics (a metric an algorithm does not report is NaN in its rows);
     ``attrs['config']`` (the shared config), ``attrs['summary']`` and ``attrs['runs']`` (label → that run's
     config and summary)."""
     root = _directory(directory)
@@ -100,8 +105,36 @@ def load_compare(directory):
     if not runs:
         raise ConfigError(f"{root.path!r} holds no comparison or sweep (no run subdirectories); use "
                           f"fljax.load_run for a single run.")
-    frames = [_frame(root.child(name), run=label) for label, name in runs]
+    frames = [_frame(root.child(name), run=label, **_columns(root, label)) for label, name in runs]
     frame = concat(frames)
     frame.attrs.update(config=_read_yaml(root), summary=_summary(root),
                        runs={label: dict(f.attrs) for (label, _), f in zip(runs, frames)})
     return frame
+
+
+def load_sweep(directory):
+    """Every point of the sweep in ``directory`` as one DataFrame (see :func:`load_compare`): columns ``run`` (the
+    point's label), one per grid key with the point's value (``fljax sweep --grid algo.lr=... --grid algo.mu=...``
+    gives ``lr`` and ``mu``), ``seed``, ``round``, then the metrics; ``attrs['grid']`` holds the grid."""
+    root = _directory(directory)
+    grid = _summary(root).get("grid")
+    if grid is None:
+        raise ConfigError(f"{root.path!r} holds no sweep (no grid in its summary.json); use "
+                          f"{'fljax.load_compare' if _runs(root) else 'fljax.load_run'} for it.")
+    frame = load_compare(directory)
+    frame.attrs["grid"] = grid
+    return frame
+
+
+def _columns(root: RunDir, label: str) -> dict:
+    """The columns that say what a collection's run is: its algorithm (a comparison) or its grid values (a
+    sweep)."""
+    from fljax.runner.sweep import grid_columns, grid_points, point_label
+
+    summary = _summary(root)
+    if "grid" in summary:
+        names = grid_columns(summary["grid"])
+        point = next((p for p in grid_points(summary["grid"]) if point_label(p) == label), {})
+        return {names[k]: v for k, v in point.items()}
+    entry = next((a for a in summary.get("algorithms", []) if a.get("label") == label), None)
+    return {"algorithm": entry["algorithm"]} if entry else {}

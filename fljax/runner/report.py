@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-__all__ = ["Output", "MODES", "markdown_table", "summary_row", "mean_std", "sample_std"]
+__all__ = ["Output", "MODES", "markdown_table", "summary_row", "mean_std", "sample_std", "distinct_table"]
 
 MODES = ("bar", "quiet", "json")
 
@@ -121,3 +121,67 @@ def markdown_table(rows: list, header: list[str] | None = None) -> str:
     widths = [max(len(str(c)), *(len(str(r[i])) for r in rows)) for i, c in enumerate(header)]
     line = lambda vals: "| " + " | ".join(str(v).ljust(w) for v, w in zip(vals, widths)) + " |"  # noqa: E731
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in rows])
+
+
+ACCURACIES = ("personal acc", "p10 client", "global acc")
+LAG = 0.05  # a row this far below the best personalized accuracy lags
+
+
+def _mean(cell) -> float:
+    """The mean of a table cell ('0.9440 ± 0.0121' → 0.944; '-' → NaN)."""
+    try:
+        return float(str(cell).split()[0])
+    except (ValueError, IndexError):
+        return float("nan")
+
+
+def distinct_table(rows: list[dict], hints: dict[str, str] | None = None, names: list[str] | None = None) -> str:
+    """A comparison's or sweep's rows (:func:`summary_row`) as a Markdown table in which every column says
+    something of its own, with numbered notes under it:
+
+    * the ``weighted`` column (sample-weighted over clients) is left out when it equals ``personal acc`` in every
+      row — the clients' test splits then have one size — and a note says so;
+    * the ``seeds`` and ``rounds`` columns are left out when every row has the same (a note gives them);
+    * a row whose accuracies all equal an earlier row's gets a note naming that row (e.g. FedProx with a μ too
+      small to matter);
+    * ``hints`` (label → text): a note on that row when it lags the best personalized accuracy by :data:`LAG` or
+      more, or repeats another row — e.g. a hyperparameter left at a value that does not suit the setting, with
+      the value to try (:data:`fljax.algorithms.families.UNTUNED`). A row with notes has their numbers after its
+      label: ``perfedavg [2,3]``.
+
+    ``names``: what the notes call each row (default: its first column, the algorithm's label)."""
+    if not rows:
+        return ""
+    key = next(iter(rows[0]))
+    names = names or [str(r[key]) for r in rows]
+    notes: list[str] = []
+    marks: dict[int, list[int]] = {}
+
+    def note(text: str, row: int | None = None) -> None:
+        notes.append(text)
+        if row is not None:
+            marks.setdefault(row, []).append(len(notes))
+
+    if "weighted" in rows[0] and all(r["weighted"] == r["personal acc"] for r in rows):
+        rows = [{k: v for k, v in r.items() if k != "weighted"} for r in rows]
+        note("the sample-weighted personalized accuracy equals the unweighted mean over clients in every row "
+             "(every client's test split has the same size): its column is left out.")
+    same = [c for c in ("seeds", "rounds") if c in rows[0] and len({str(r[c]) for r in rows}) == 1]
+    if same and len(rows) > 1:
+        note("every row: " + ", ".join(f"{rows[0][c]} {c[:-1] if str(rows[0][c]) == '1' else c}" for c in same)
+             + ".")
+        rows = [{k: v for k, v in r.items() if k not in same} for r in rows]
+    seen: dict[tuple, int] = {}
+    best = max((v for r in rows if (v := _mean(r.get("personal acc"))) == v), default=float("nan"))
+    for i, r in enumerate(rows):
+        accuracies = tuple(r.get(c) for c in ACCURACIES)
+        repeats = any(a not in (None, "-") for a in accuracies) and accuracies in seen
+        if repeats:
+            note(f"{names[i]} ends with the same accuracies as {names[seen[accuracies]]} (to the digits shown).", i)
+        seen.setdefault(accuracies, i)
+        if hints and names[i] in hints and (repeats or not _mean(r.get("personal acc")) > best - LAG):
+            note(hints[names[i]], i)
+    rows = [{**r, key: f"{r[key]} [{','.join(map(str, marks[i]))}]"} if i in marks else r
+            for i, r in enumerate(rows)]
+    return "\n".join([markdown_table(rows)] + ([""] + [f"[{n}] {t}" for n, t in enumerate(notes, 1)]
+                                                 if notes else []))

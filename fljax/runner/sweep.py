@@ -16,7 +16,8 @@ from fljax.data import FederatedData
 from fljax.experiment import Experiment, load_data, resolve
 from fljax.runner.pretrained import with_server_model
 
-__all__ = ["seed_list", "DataCache", "data_seed", "parse_grid", "grid_points", "point_label", "point_experiment"]
+__all__ = ["seed_list", "DataCache", "data_seed", "parse_grid", "grid_points", "grid_columns", "point_label",
+           "point_experiment"]
 
 
 def seed_list(cfg: ExperimentConfig) -> list[int]:
@@ -88,6 +89,18 @@ def grid_points(grid: dict[str, list]) -> list[dict[str, object]]:
     """The Cartesian product of a grid, as flat ``{dotted key: value}`` dicts, in the grid's order."""
     keys = list(grid)
     return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def grid_columns(grid: dict[str, list]) -> dict[str, str]:
+    """The column a table or DataFrame gives each grid key: its last part (``algo.lr`` → ``lr``, as
+    :func:`point_label` names it), the whole dotted key where two keys share a last part or the part names another
+    column (``data.seed``), ``grid.seed`` for the top-level ``seed``."""
+    last = [k.rsplit(".", 1)[-1] for k in grid]
+    names = {k: name if last.count(name) == 1 and name not in _RESERVED else k for k, name in zip(grid, last)}
+    return {k: f"grid.{name}" if name in _RESERVED else name for k, name in names.items()}
+
+
+_RESERVED = ("run", "algorithm", "seed", "round")  # the other label columns of a DataFrame
 
 
 def point_label(point: dict[str, object]) -> str:

@@ -20,7 +20,7 @@ metric name or an expression of names, see :func:`fljax.runner.study.evaluate`; 
 tag, e.g. ``"{reported}_acc"``) at the final evaluation, or at round ``at``; ``format: mean`` drops the std,
 ``format: g`` prints 3 significant digits.
 
-A plot (``plots:``, written as PNG and PDF with the colours and markers of :mod:`fljax.runner.plots`):
+A plot (``plots:``, written as PNG and PDF in the style of :mod:`fljax.runner.plots`):
 ``kind: curves`` (value vs round, one line per value of ``lines``, one panel per value of ``panels``) or
 ``kind: final`` (the final value against the numeric axis ``x``, one line per combination of ``lines``; with
 ``x_value``, a metric or expression, x is that measured value's mean over seeds with its std as a horizontal error bar
@@ -200,27 +200,29 @@ def _timing(results) -> str:
 
 
 def render_plots(results, out: str) -> list[str]:
-    """Every plot of the study file whose study has results; returns the files written."""
+    """Every plot of the study file whose study has results, in the current figure style
+    (:func:`fljax.runner.plots.use`); returns the files written."""
+    from fljax.runner import plots
+
     written = []
     for spec in results.study.spec.get("plots", []):
         if results.cell(spec["study"]) is None:
             continue
-        fig = _plot(results, spec)
-        if fig is not None:
-            from fljax.runner.files import write_figure
-            from fljax.runner.plots import FORMATS
-
-            stem = os.path.splitext(os.path.join(out, spec["file"]))[0]
-            for fmt in FORMATS:  # PNG to show, PDF to print, like every other fljax plot
-                write_figure(f"{stem}.{fmt}", fig)
-                written.append(f"{stem}.{fmt}")
+        with plots._rc():
+            fig = _plot(results, spec)
+            if fig is not None:  # PNG to show, PDF to print, like every other fljax plot
+                written += plots._save(fig, os.path.join(out, spec["file"]))
     return written
 
 
-def _plot(results, spec: dict):
-    from matplotlib.figure import Figure
+def _seed_count(results, study: str) -> int:
+    return max((len(c.seeds) for c in results.cells if c.study == study), default=1)
 
-    from fljax.runner.plots import style as run_style
+
+def _plot(results, spec: dict):
+    """One figure of the study file: a panel per metric or per value of ``panels``; a line per combination of
+    ``lines`` in the styles of :mod:`fljax.runner.plots`, with a ± 1 std band (curves) or error bars (final)."""
+    from fljax.runner import plots
 
     study, where = spec["study"], spec.get("where", {})
     metrics = _as_list(spec["value"])
@@ -229,20 +231,24 @@ def _plot(results, spec: dict):
         (v, metrics[0]) for v in _axis_values(results, study, panel_axis, where)]
     if not panels:
         return None
-    fig = Figure(figsize=(5.5 * len(panels), 4.2))
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    fig, axes = plots._figure(len(panels), extra_width=0.0 if plots.current().stacked else 2.2)
     line_axes = _as_list(spec.get("lines", []))
+    scale = spec.get("scale", 1.0)
+    curves = spec.get("kind", "curves") == "curves"
     for ax, (panel_value, metric) in zip(axes, panels):
         sub_where = {**where, **({panel_axis: panel_value} if panel_axis else {})}
         combos = itertools.product(*[_axis_values(results, study, a, sub_where) for a in line_axes])
         for i, combo in enumerate(combos):
             labels = {**_fixed(sub_where), **dict(zip(line_axes, combo))}
             name = " ".join(_label(results, a, v) for a, v in zip(line_axes, combo))
-            style = dict(run_style(i), ms=4)  # the colours and markers of every fljax plot
-            if spec.get("kind", "curves") == "curves":
-                x, mean, _ = results.curve(study, metric, **labels)
+            style = plots.style(i)  # the colours, line styles and markers of every fljax plot
+            if curves:
+                x, mean, std = results.curve(study, metric, **labels)
                 if x.size:
-                    ax.plot(x, spec.get("scale", 1.0) * mean, label=name, markevery=max(1, x.size // 10), **style)
+                    ax.plot(x, scale * mean, label=name, markevery=max(1, x.size // 10), **style)
+                    if len(results.seeds(study, **labels)) > 1:
+                        ax.fill_between(x, scale * (mean - std), scale * (mean + std), color=style["color"],
+                                        alpha=0.15, linewidth=0)
             else:
                 points = [{**labels, spec["x"]: x} for x in _axis_values(results, study, spec["x"], labels)] \
                     if "x" in spec else [labels]
@@ -252,8 +258,8 @@ def _plot(results, spec: dict):
                     xv = [results.final(study, spec["x_value"], **p) for p in points]
                     xs = [np.mean(x) if x.size else np.nan for x in xv]
                     xerr = [sample_std(x) if x.size else np.nan for x in xv]
-                ax.errorbar(xs, [spec.get("scale", 1.0) * np.mean(y) if y.size else np.nan for y in ys],
-                            [spec.get("scale", 1.0) * sample_std(y) if y.size else np.nan for y in ys], xerr,
+                ax.errorbar(xs, [scale * np.mean(y) if y.size else np.nan for y in ys],
+                            [scale * sample_std(y) if y.size else np.nan for y in ys], xerr,
                             capsize=3, label=name, **style)
         for ref in _as_list(spec.get("reference", [])):  # a dashed level: e.g. the non-private run's accuracy
             y = results.final(ref.get("study", study), ref.get("value", metric), **ref.get("where", {}))
@@ -267,12 +273,15 @@ def _plot(results, spec: dict):
 
             ax.set_xscale("log")
             ax.xaxis.set_minor_formatter(NullFormatter())  # decades only: minor labels overlap
-        ax.set_xlabel(spec.get("xlabel") or ("round" if spec.get("kind", "curves") == "curves" else
-                                             spec.get("x_value") or spec["x"].split(".")[-1]))
-        ax.set_ylabel(spec.get("ylabel") or (metric if panel_axis else ""))
+        ax.set_xlabel(spec.get("xlabel") or (plots.ROUND if curves else spec.get("x_value") or spec["x"].split(".")[-1]))
+        ax.set_ylabel(spec.get("ylabel") or plots.metric_label(metric, scale))
         title = spec.get("title", "{value}")
         ax.set_title(title.format(value=metric, panel=_label(results, panel_axis, panel_value) if panel_axis
-                                  else metric))
+                                  else metric), fontsize="medium")
         ax.grid(alpha=0.3)
-    axes[-1].legend(fontsize=7, ncol=1 + len(line_axes) // 2, loc="best")
+    plots.legend_outside(fig, *plots._handles(axes))
+    seeds = _seed_count(results, study)
+    fig.suptitle(("line: mean over {n} seeds, band: ± 1 std (sample)" if curves else
+                  "mean over {n} seeds, error bar: ± 1 std (sample)").format(n=seeds) if seeds > 1 else "1 seed",
+                 fontsize="medium")
     return fig
