@@ -218,10 +218,16 @@ def from_dict(cls, values: Mapping) -> ExperimentConfig:
 
 def _section_of(key: str, algorithm) -> str | None:
     """The section that has option ``key`` (``lr`` → ``algo``: the chosen algorithm's, else any algorithm's;
-    ``num_clients`` → ``data``), for the message on a section key given at the top level."""
-    from fljax.algorithms import ALGORITHMS
-
-    algos = [ALGORITHMS[algorithm]] if algorithm in ALGORITHMS else list(ALGORITHMS.values())
+    ``num_clients`` → ``data``), for the message on a section key given at the top level. config.py imports no
+    registry (it only parses): the algorithms are the defined subclasses of :class:`~fljax.options.Options` that
+    declare the ``problem`` they solve (:class:`fljax.algorithms.Algorithm`'s)."""
+    algos, todo = [], [Options]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            todo.append(sub)
+            if isinstance(getattr(sub, "problem", None), str) and isinstance(getattr(sub, "name", None), str):
+                algos.append(sub)
+    algos = [a for a in algos if a.name == algorithm] or algos
     sections = {"algo": {f.name for a in algos for f in dataclasses.fields(a) if f.init},
                 "data": {f.name for f in dataclasses.fields(DataConfig) if f.init},
                 "model": {f.name for f in dataclasses.fields(ModelConfig) if f.init},
