@@ -9,6 +9,13 @@ times are medians over ``--repeats`` timed blocks of rounds after a warm-up.
 
     python benchmarks/throughput.py                 # full table -> benchmarks/results/throughput.{json,md}
     python benchmarks/throughput.py --quick         # a seconds-long smoke run
+    python benchmarks/throughput.py --privacy       # the cost of DP -> benchmarks/results/throughput_privacy.*
+
+``--privacy`` measures, for the logistic-regression and MLP workloads under the ``auto`` executor, plain FedAvg,
+FedAvg with Poisson batches (DP-SGD's lots, no privacy: the batch plan example-level DP needs), client-level DP
+(DP-FedAvg: every update clipped, Gaussian noise on the sum, Poisson cohort buffer) and example-level DP (DP-SGD:
+per-example gradients by a vmap over the batch inside the vmap over clients, each clipped, noise on the sum), each
+relative to plain FedAvg (docs/privacy.md).
 """
 from __future__ import annotations
 
@@ -44,6 +51,10 @@ CPU_TABLE = ("logreg-synthetic-1k", "logreg-synthetic-10k", "mlp-28x28-64", "mlp
              "cnn1-28x28-64")
 EXECUTORS = ["auto", "vmap", "chunked", "sharded", "loop"]
 STEPS, BATCH = 10, 20
+PRIVACY_TABLE = ("logreg-synthetic-1k", "mlp-28x28-64")
+# --privacy rows: plain FedAvg; its Poisson batches alone; client-level DP; example-level DP (docs/privacy.md)
+PRIVACY_LEVELS = {"none": "FedAvg", "poisson": "FedAvg, Poisson batches (no DP)",
+                  "client": "client-level DP (DP-FedAvg)", "example": "example-level DP (DP-SGD)"}
 
 
 def _data(spec: dict, quick: bool):
@@ -82,10 +93,24 @@ def step_cost(model, data) -> tuple[float, float]:
     return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
 
 
+def _privacy(level: str, algo, data, clients: int):
+    """The run's :class:`fljax.privacy.Privacy` for a --privacy row (z = 1, C = 1; None for the non-private rows)."""
+    from fljax.privacy import LocalSteps, PrivacyOptions, resolve_run
+
+    if level in ("none", "poisson"):
+        return None
+    local = None
+    if level == "example":
+        counts = np.asarray(data.train.count)
+        local = LocalSteps(int(counts.min()), int(counts.sum()), BATCH, algo.plan().num_steps(data.train.n_max))
+    return resolve_run(PrivacyOptions(noise_multiplier=1.0, clip_norm=1.0, level=level), None, clients=clients,
+                       cohort_size=None, rounds=100, local=local)
+
+
 def measure(workload: str, executor: str, conv: str, unroll: str, repeats: int, quick: bool,
-            clients: int | None = None, precision: str = "tf32") -> dict:
+            clients: int | None = None, precision: str = "tf32", privacy: str = "none") -> dict:
     """One configuration, in this process (``clients``: instead of the workload's number; ``precision``: the
-    simulation's)."""
+    simulation's; ``privacy``: a key of :data:`PRIVACY_LEVELS`)."""
     import jax
 
     from fljax.algorithms import make_algorithm
@@ -95,10 +120,12 @@ def measure(workload: str, executor: str, conv: str, unroll: str, repeats: int, 
     spec = dict(WORKLOADS[workload], **({"clients": clients} if clients else {}))
     data = _data(spec, quick)
     model = make_model(spec["model"], data.input_shape, data.num_classes, **spec.get("options", {}))
-    algo = make_algorithm("fedavg", lr=0.01, cohort_size=None, local_steps=STEPS, batch_size=BATCH)
+    poisson = {"sampling": "poisson"} if privacy in ("poisson", "example") else {}
+    algo = make_algorithm("fedavg", lr=0.01, cohort_size=None, local_steps=STEPS, batch_size=BATCH, **poisson)
     chunk = max(1, spec["clients"] // 8) if executor == "chunked" else None  # auto sizes its own chunks
     sim = Simulation(algo, data, model, executor=executor, chunk_size=chunk, seed=0,
-                     conv_impl=conv, unroll=unroll if unroll == "auto" else int(unroll), precision=precision)
+                     conv_impl=conv, unroll=unroll if unroll == "auto" else int(unroll), precision=precision,
+                     privacy=_privacy(privacy, algo, data, spec["clients"]))
     state = sim.init()
     loop = not sim.executor.jittable
     rounds = 1 if loop or quick or spec["model"] in ("cnn1", "cnn1_s", "cnn_s", "resnet18_gn") else (
@@ -128,7 +155,7 @@ def measure(workload: str, executor: str, conv: str, unroll: str, repeats: int, 
         "compile_seconds": sim.compile_seconds if not loop else first - per_round,
         "xla_bytes": xla_bytes, "bytes_per_client_step": moved,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "repeats": repeats,
+        "repeats": repeats, "privacy": privacy,
     }
 
 
@@ -154,11 +181,15 @@ def main():
     ap.add_argument("--one", nargs=4, metavar=("WORKLOAD", "EXECUTOR", "CONV", "UNROLL"), help=argparse.SUPPRESS)
     ap.add_argument("--clients", type=int, help=argparse.SUPPRESS)  # with --one: override the workload's
     ap.add_argument("--precision", default="tf32", help=argparse.SUPPRESS)  # with --one
+    ap.add_argument("--privacy", nargs="?", const="table", default=None,
+                    help="the cost of DP: FedAvg, client- and example-level DP (benchmarks/results/throughput_privacy)")
     args = ap.parse_args()
     if args.one:
         print(json.dumps(measure(*args.one, repeats=args.repeats, quick=args.quick, clients=args.clients,
-                                 precision=args.precision)))
+                                 precision=args.precision, privacy=args.privacy or "none")))
         return
+    if args.privacy:
+        return privacy_table(args)
     repeats = 2 if args.quick else args.repeats
     from fljax.runner.files import write_json, write_text
 
@@ -198,6 +229,7 @@ def measure_all(configs, repeats: int, quick: bool, peak: float, clients: int | 
         cmd = [sys.executable, os.path.abspath(__file__), "--one", *cfg, "--repeats", str(repeats)]
         n = extra[1] if len(extra) > 1 else clients
         cmd += (["--precision", extra[0]] if extra else []) + (["--clients", str(n)] if n else [])
+        cmd += ["--privacy", extra[2]] if len(extra) > 2 else []
         cmd += ["--quick"] if quick else []
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
@@ -212,7 +244,7 @@ def measure_all(configs, repeats: int, quick: bool, peak: float, clients: int | 
         row["peak_fraction"] = row["flops_per_s"] / peak
         rows.append(row)
         print(f"{row['workload']:<22} {row['executor']:<8} {row['conv']:<8} {row['precision']:<5} "
-              f"unroll {row['unroll']:<3} "
+              f"unroll {row['unroll']:<3} {row['privacy']:<8} "
               f"{row['client_steps_per_s']:>12,.0f} client-steps/s  compile {row['compile_seconds']:.1f}s",
               file=sys.stderr)
     return rows
@@ -263,6 +295,45 @@ def markdown(meta: dict, rows: list[dict]) -> str:
               "and writes, every operation's inputs and outputs as if nothing stayed in cache; % of memory "
               "bandwidth: that traffic at the measured rate, so above 100 % the caches serve the difference."]
     return "\n".join(lines) + "\n"
+
+
+def privacy_table(args) -> None:
+    """--privacy: each workload of :data:`PRIVACY_TABLE` (``auto`` executor) at every level of
+    :data:`PRIVACY_LEVELS`, each in its own process; writes throughput_privacy{,_quick}.{json,md}."""
+    from fljax.runner.files import write_json, write_text
+
+    repeats = 2 if args.quick else args.repeats
+    workloads = PRIVACY_TABLE[1:] if args.quick else PRIVACY_TABLE
+    configs = [(w, "auto", "auto", "auto", "tf32", None, level) for w in workloads for level in PRIVACY_LEVELS]
+    peak = matmul_peak(512 if args.quick else 2048)
+    # the small data of --quick (40 images per client) and one round per timed block: example-level DP on the
+    # MLP takes about a minute per round on a 2-core CPU
+    rows = measure_all(configs, repeats, True, peak)
+    meta = describe(" ".join(["python benchmarks/throughput.py"] + sys.argv[1:]), peak, repeats)
+    lines = [f"The cost of differential privacy in FedAvg: {meta['local_steps']} local steps of batch "
+             f"{meta['batch_size']}, every client every round, `auto` executor, z = 1, C = 1; clients of 40 random "
+             f"images (MLP) or Synthetic(1,1) sizes capped at 200 (logistic regression); median of "
+             f"{meta['repeats']} timed blocks of one round. Backend {meta['backend']} ({meta['cpu_count']} cores), jax "
+             f"{meta['jax']}. Command: `{meta['command']}`."]
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        rs = [r for r in rows if r["workload"] == workload]
+        base = next((r["client_steps_per_s"] for r in rs if r["privacy"] == "none"), None)
+        lines += ["", f"**{TITLES.get(workload, workload)}** (`{workload}`)", "",
+                  "| setting | client-steps/s | vs FedAvg | round ms | compile s | XLA MB |", "|---|---|---|---|---|---|"]
+        for r in rs:
+            lines.append(f"| {PRIVACY_LEVELS[r['privacy']]} | {r['client_steps_per_s']:,.0f} | "
+                         f"{r['client_steps_per_s'] / base if base else float('nan'):.2f}× | "
+                         f"{1e3 * r['round_seconds']:.1f} | {r['compile_seconds']:.1f} | "
+                         f"{(r['xla_bytes'] or 0) / 1e6:.0f} |")
+    lines += ["", "Poisson batches (DP-SGD's lots): every example of a client in a step with probability B/n_i, "
+              "masked in a buffer of the client's whole data, so a step computes on n_i rows rather than B; "
+              "example-level DP adds per-example gradients and clipping on top. Client-level DP adds one norm, a "
+              "scale and one Gaussian draw per round (and the Poisson cohort buffer)."]
+    md = "\n".join(lines) + "\n"
+    name = "throughput_privacy_quick" if args.quick else "throughput_privacy"
+    write_json(os.path.join(args.out, name + ".json"), {"meta": meta, "rows": rows})
+    write_text(os.path.join(args.out, name + ".md"), md)
+    print(md)
 
 
 if __name__ == "__main__":

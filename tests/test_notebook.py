@@ -15,7 +15,8 @@ EXPECTED = {"quickstart": (["fedavg  personalized accuracy", "local   personaliz
             "fedslr": ([], 3), "dfedalt": ([], 3),
             "throughput": (["float32 matmul peak here", "command: python benchmarks/throughput.py"], 2),
             "fedgia": (["Example V.1: 1 instance(s)"], 2), "quped": (["mixed population:"], 4),
-            "augfl": (["server's pretrained model:"], 2)}
+            "augfl": (["server's pretrained model:"], 2),
+            "privacy": (["non-private FedAvg", "ε =", "MB up"], 2)}
 
 
 def _outputs(nb):
