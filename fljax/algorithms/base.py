@@ -244,11 +244,13 @@ class Centralized(Algorithm):
         raise NotImplementedError
 
     def aggregation_weights(self, result: ClientResult):
-        """Per-entry aggregation weights (zero for the entries of unsampled clients, ``result.valid``)."""
+        """Per-entry aggregation weights (zero for the entries of unsampled clients, ``result.valid``), in the
+        uploads' floating dtype (float64 in a float64 run: the 1/K of a mean is then float64's)."""
+        dtype = tree.float_dtype(result.upload)
         if self.weighting == "uniform":
-            ones = jnp.ones_like(result.weight, dtype=jnp.float32)
+            ones = jnp.ones_like(result.weight, dtype=dtype)
             return ones if result.valid is None else ones * result.valid
-        return result.weight.astype(jnp.float32)
+        return result.weight.astype(dtype)
 
     def comm_bytes(self, down, result: ClientResult, cohort_size: int) -> tuple:
         """(bytes up, bytes down) this round; default: every cohort member downloads ``down`` and uploads its
