@@ -142,9 +142,9 @@ if __name__ == "__main__":  # the figures of docs/augfl.md
 
 
 def test_quped_lazy_switch_equals_the_switch_at_the_phase_start():
-    """docs/quped.md D34: a client not sampled at T_ft switches at its first computation in the fine-tuning phase.
-    Its x and c have not moved since (D13), so its deployed model before that computation, and the state after it,
-    are bit for bit those of a client switched at T_ft."""
+    """QuPeD decision D34 (docs/quped.md): a client not sampled at T_ft switches at its first computation in the
+    fine-tuning phase. Its x and c have not moved since (D13), so its deployed model before that computation, and
+    the state after it, are bit for bit those of a client switched at T_ft."""
     import types
 
     data = D.make_federated("digits", 5, "class_slots", seed=0, classes_per_client=2, train_per_slot=12,

@@ -143,7 +143,8 @@ def made(tmp_path_factory):
 
 
 @pytest.mark.parametrize("load, name, text, message", [
-    ("run", "summary.json", "garbage", r"summary.json is damaged \(not valid JSON: Expecting value at line 1 column 1\)"),
+    ("run", "summary.json", "garbage",
+     r"summary.json is damaged \(not valid JSON: Expecting value at line 1 column 1\)"),
     ("run", "summary.json", "[]", r"summary.json is damaged \(it holds a JSON list, not an object\)"),
     ("run", "metrics.jsonl", '{"round": 0}\n{"rou', r"metrics.jsonl is damaged \(line 2 is cut short: "),
     ("run", "metrics.jsonl", '{"x": 1}\n', r"metrics.jsonl is damaged \(record 1 has no integer 'round'\)"),
