@@ -485,7 +485,7 @@ _AXES = {
     "algo.cohort_size": st.sampled_from(["1", "2", "4"]), "algorithm": st.sampled_from(["fedavg", "fedprox"]),
     "data.num_clients": st.sampled_from(["3", "4", "6"]), "data.seed": st.sampled_from(["0", "1", "7"]),
     "data.max_samples": st.sampled_from(["30", "40"]),
-    "seed": st.sampled_from(["0", "3"]), "executor": st.sampled_from(["auto", "vmap", "loop", "chunked"]),
+    "seed": st.sampled_from(["0", "3"]), "executor": st.sampled_from(["auto", "vmap", "loop", "chunked", "sharded"]),
     "model.name": st.sampled_from(["logreg", "mlp"])}
 _GRID_MISTAKES = ["algo.lr=", "algo.lr=abc", "algo.nope=1,2", "data.num_clients=0", "data.num_clients=2.5",
                   "executor=warp", "model.name=resnet999", "rounds=-1", "algo.lr=0.1,0.1", "=1", "algo.lr",
