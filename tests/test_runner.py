@@ -85,8 +85,8 @@ def test_run_directory_layout_and_json_log(tmp_path, capsys):
     assert [e["round"] for e in events[:3]] == [0, 2, 4]
     plots = [f"{name}.{fmt}" for name in ("accuracy_vs_bytes", "accuracy_vs_round", "client_accuracy", "metrics")
              for fmt in ("pdf", "png")]  # metrics: the train loss
-    assert sorted(os.listdir(out)) == sorted([*plots, "checkpoints", "config.yaml", "metrics.jsonl", "resolved.yaml",
-                                              "summary.json"])
+    assert sorted(os.listdir(out)) == sorted([*plots, "checkpoints", "config.yaml", "directory.json",
+                                              "metrics.jsonl", "resolved.yaml", "summary.json"])
     records = _metrics(out)
     assert [r["round"] for r in records] == [0, 2, 4]
     for key in ("personal_acc", "personal_loss", "global_acc", "global_loss", "train_loss", "bytes_up",
@@ -258,12 +258,13 @@ def test_compare_writes_table_plot_and_runs(tmp_path, capsys):
     assert [row.split("|")[1].strip() for row in table[2:]] == ["fedavg", "local"]
     assert all(" ± " in row.split("|")[3] for row in table[2:])  # mean ± std over the 2 seeds
     assert sorted(os.listdir(out)) == ["compare.md", "compare.pdf", "compare.png", "compare_metrics.pdf",
-                                       "compare_metrics.png", "config.yaml", "fedavg", "local", "summary.json"]
+                                       "compare_metrics.png", "config.yaml", "directory.json", "fedavg", "local",
+                                       "summary.json"]
     assert "\n".join(table) in (out / "compare.md").read_text()
     plots = [f"{name}.png" for name in ("accuracy_vs_bytes", "accuracy_vs_round", "client_accuracy", "metrics")]
     # a comparison's runs plot as PNG only; its own figures also as PDF
-    assert sorted(os.listdir(out / "fedavg")) == sorted([*plots, "config.yaml", "resolved.yaml", "seed_0", "seed_1",
-                                                          "summary.json"])
+    assert sorted(os.listdir(out / "fedavg")) == sorted([*plots, "config.yaml", "directory.json", "resolved.yaml",
+                                                          "seed_0", "seed_1", "summary.json"])
     assert "accuracy_vs_bytes.png" not in os.listdir(out / "local")  # Local communicates nothing
     summary = files.read_json(out / "summary.json")
     assert summary["status"] == "completed" and set(summary["results"]) == {"fedavg", "local"}
