@@ -468,7 +468,8 @@ def preset(path: str, overrides: list[str] | None = None, algorithm_keys: bool =
     grid = grid or {}
     changed = lambda section, key: (isinstance(user.get(section), dict) and key in user[section]  # noqa: E731
                                     and user[section][key] != values.get(section, {}).get(key)
-                                    or any(v != values.get(section, {}).get(key) for v in grid.get(f"{section}.{key}", ())))
+                                    or any(v != values.get(section, {}).get(key)
+                                           for v in grid.get(f"{section}.{key}", ())))
     data, model = values.get("data", {}), values.get("model", {})
     if changed("data", "dataset"):
         values["data"] = {k: v for k, v in data.items() if k == "num_clients"}

@@ -19,7 +19,7 @@ __all__ = [
     "ones_like", "full_like", "cast", "size", "nbytes", "count_nonzero", "random_normal_like",
     "mean_clients", "sum_clients", "weighted_mean_clients", "masked_mean_clients", "take_clients",
     "put_clients", "broadcast_clients", "num_clients", "stack", "unstack", "ravel", "all_finite",
-    "map_with_path", "path_str", "paths", "lerp",
+    "map_with_path", "path_str", "paths", "lerp", "float_dtype",
 ]
 
 
@@ -110,6 +110,14 @@ def cast(a: PyTree, dtype) -> PyTree:
 def size(a: PyTree) -> int:
     """Total number of entries (a Python int; shapes are static)."""
     return int(sum(np.prod(np.shape(x)) for x in jax.tree.leaves(a)))
+
+
+def float_dtype(a: PyTree):
+    """The dtype in which constants for ``a`` are computed: the widest floating dtype of its leaves, at least float32
+    (a run's precision: float64 in an x64 run with float64 parameters; float32 for half-precision leaves or none)."""
+    dtypes = [jnp.dtype(leaf.dtype) if hasattr(leaf, "dtype") else jnp.result_type(leaf) for leaf in jax.tree.leaves(a)]
+    floats = [d for d in dtypes if jnp.issubdtype(d, jnp.floating)]
+    return jnp.dtype(jnp.result_type(jnp.float32, *floats))
 
 
 def nbytes(a: PyTree) -> int:

@@ -143,7 +143,8 @@ def made(tmp_path_factory):
 
 
 @pytest.mark.parametrize("load, name, text, message", [
-    ("run", "summary.json", "garbage", r"summary.json is damaged \(not valid JSON: Expecting value at line 1 column 1\)"),
+    ("run", "summary.json", "garbage",
+     r"summary.json is damaged \(not valid JSON: Expecting value at line 1 column 1\)"),
     ("run", "summary.json", "[]", r"summary.json is damaged \(it holds a JSON list, not an object\)"),
     ("run", "metrics.jsonl", '{"round": 0}\n{"rou', r"metrics.jsonl is damaged \(line 2 is cut short: "),
     ("run", "metrics.jsonl", '{"x": 1}\n', r"metrics.jsonl is damaged \(record 1 has no integer 'round'\)"),
@@ -484,7 +485,7 @@ _AXES = {
     "algo.cohort_size": st.sampled_from(["1", "2", "4"]), "algorithm": st.sampled_from(["fedavg", "fedprox"]),
     "data.num_clients": st.sampled_from(["3", "4", "6"]), "data.seed": st.sampled_from(["0", "1", "7"]),
     "data.max_samples": st.sampled_from(["30", "40"]),
-    "seed": st.sampled_from(["0", "3"]), "executor": st.sampled_from(["auto", "vmap", "loop", "chunked"]),
+    "seed": st.sampled_from(["0", "3"]), "executor": st.sampled_from(["auto", "vmap", "loop", "chunked", "sharded"]),
     "model.name": st.sampled_from(["logreg", "mlp"])}
 _GRID_MISTAKES = ["algo.lr=", "algo.lr=abc", "algo.nope=1,2", "data.num_clients=0", "data.num_clients=2.5",
                   "executor=warp", "model.name=resnet999", "rounds=-1", "algo.lr=0.1,0.1", "=1", "algo.lr",
@@ -590,3 +591,70 @@ def test_the_sweep_fuzzer_mostly_reaches_the_accept_path(monkeypatch, capsys, tm
 
     tally()
     assert seen["planned"] >= 20 and seen["refused"] >= 2, seen
+
+
+# ------------------------------------------------------------------------------------------------ wrong-kind resumes
+
+
+def _snapshot(directory) -> dict:
+    """Every file under ``directory`` (but the lock) and its bytes."""
+    out = {}
+    for base, _, names in os.walk(directory):
+        for name in names:
+            if name != ".lock":
+                path = os.path.join(base, name)
+                out[os.path.relpath(path, directory)] = open(path, "rb").read()
+    return out
+
+
+def test_resuming_a_real_collection_as_another_kind_is_refused_and_changes_nothing(tmp_path, capsys, monkeypatch):
+    """(issue: `fljax run --resume --out <a comparison>` trained a single run into its root and replaced its
+    summary.json; `compare --resume` on a run or sweep crashed with KeyError: 'algorithms'.) On real directories:
+    every wrong pairing of command and directory is one line, exit 2, and leaves every file as it was; the right
+    command still continues each directory."""
+    monkeypatch.chdir(tmp_path)
+    small = [f"--set=data.{k}={v}" for k, v in SMALL["data"].items()] + ["--set=model.name=logreg", "--set=rounds=2",
+                                                                          "--set=algo.cohort_size=2"]
+    assert main(["compare", "--algorithms", "fedavg,fedprox", "--out", "c", *small]) == 0
+    assert main(["sweep", "--algorithm", "fedavg", "--grid", "algo.lr=0.01,0.1", "--out", "s", *small]) == 0
+    assert main(["run", "--algorithm", "fedavg", "--out", "r", *small]) == 0
+    capsys.readouterr()
+    before = {d: _snapshot(d) for d in ("c", "s", "r")}
+    wrong = [(["run", "--resume", "--out", "c"], "'c' holds a comparison, not a run"),
+             (["run", "--resume", "--out", "s"], "'s' holds a sweep, not a run"),
+             (["run", "--out", "c", "--algorithm", "fedavg", *small], "'c' holds a comparison, not a run"),
+             (["sweep", "--resume", "--out", "c"], "'c' holds a comparison, not a sweep"),
+             (["sweep", "--resume", "--out", "r"], "'r' holds a run, not a sweep"),
+             (["compare", "--resume", "--out", "r"], "'r' holds a run, not a comparison"),
+             (["compare", "--resume", "--out", "s"], "'s' holds a sweep, not a comparison"),
+             (["compare", "--resume", "--out", "c", "--algorithms", "fedavg,ditto"], "drop --algorithms")]
+    for argv, message in wrong:
+        status, err = _run(capsys, argv)
+        assert status == 2 and len(err) == 1 and err[0].startswith("fljax: error: ") and message in err[0], (argv, err)
+    assert {d: _snapshot(d) for d in ("c", "s", "r")} == before
+    for argv in (["compare", "--resume", "--out", "c"], ["sweep", "--resume", "--out", "s"],
+                 ["run", "--resume", "--out", "r"]):
+        status, err = _run(capsys, argv)
+        assert status == 0, (argv, err)
+
+
+def test_a_run_with_your_own_model_is_not_resumed_from_the_command_line(tmp_path, capsys, monkeypatch):
+    """(issue: the CLI said no checkpoint could be read and advised deleting good checkpoints.) The refusal names
+    the model and how to continue; the checkpoints stay; Python with the same module continues the run."""
+    import flax.linen as nn
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool = False):
+            return nn.Dense(10)(x.reshape((x.shape[0], -1)))
+
+    monkeypatch.chdir(tmp_path)
+    cfg = {**SMALL, "model": {"name": "auto"}}
+    fljax.run(cfg, out="r", progress=False, model=Net())
+    before = _snapshot("r")
+    status, err = _run(capsys, ["run", "--resume", "--out", "r", "--set", "rounds=3"])
+    assert status == 2 and len(err) == 1 and "was run from Python with your own model Net" in err[0], err
+    assert _snapshot("r") == before
+    fljax.run({**cfg, "rounds": 3}, out="r", progress=False, model=Net(), resume=True)
+    assert json.loads(open("r/summary.json").read())["status"] == "completed"
+    assert json.loads(open("r/metrics.jsonl").read().splitlines()[-1])["round"] == 3

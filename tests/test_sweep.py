@@ -85,8 +85,8 @@ def test_sweep_cli_table_files_and_a_diverging_point_stops_alone(tmp_path, capsy
     table = capsys.readouterr().out
     assert table.splitlines()[0].split("|")[1].strip() == "lr"  # the grid key heads the point column
     assert "| 0.1 " in table and "stopped: round 1 diverged: train_loss=" in table
-    assert sorted(os.listdir(out)) == ["config.yaml", "directory.json", "lr=0.1", "lr=1000000.0", "summary.json", "sweep.md",
-                                       "sweep.pdf", "sweep.png", "sweep_metrics.pdf", "sweep_metrics.png"]
+    assert sorted(os.listdir(out)) == ["config.yaml", "directory.json", "lr=0.1", "lr=1000000.0", "summary.json",
+                                       "sweep.md", "sweep.pdf", "sweep.png", "sweep_metrics.pdf", "sweep_metrics.png"]
     summary = files.read_json(out / "summary.json")
     assert summary["grid"] == {"algo.lr": [0.1, 1000000.0]} and summary["programs"]["vectorised_runs"] == 4
     ok = files.read_json(out / "lr=0.1" / "seed_0" / "summary.json")

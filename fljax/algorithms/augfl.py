@@ -122,24 +122,26 @@ class AugFL(Centralized):
         """False when λ is a Python 0 (G_t is then never computed); a traced λ (a grid) always computes it."""
         return self.only_kt or not (isinstance(self.lam, (int, float)) and self.lam == 0)
 
-    def delta(self, k):
-        """δ of a client's k-th update: 1/(10k + 100) (paper and code) or the summable 100/(10k + 100)²."""
-        base = 10.0 * k.astype(jnp.float32) + 100.0
+    def delta(self, k, dtype=jnp.float32):
+        """δ of a client's k-th update: 1/(10k + 100) (paper and code) or the summable 100/(10k + 100)²; in
+        ``dtype``, the parameters' (float64 in a float64 run)."""
+        base = 10.0 * k.astype(dtype) + 100.0
         return 1.0 / base if self.delta_schedule == "paper" else 100.0 / base ** 2
 
-    def penalties(self, num_train: int, num_clients: int):
-        """ρ_i for every client id (target clients get 1: they never train)."""
+    def penalties(self, num_train: int, num_clients: int, dtype=jnp.float32):
+        """ρ_i for every client id (target clients get 1: they never train), in ``dtype`` (the parameters')."""
         if self.rho_per_client is not None:
-            rho = jnp.asarray(self.rho_per_client, jnp.float32)
+            rho = jnp.asarray(self.rho_per_client, dtype)
         else:
             value = self.rho if self.rho is not None else 0.7 * max(1.0, 40.0 / num_train)
-            rho = jnp.full((num_train,), value, jnp.float32)
-        return jnp.concatenate([rho, jnp.ones((num_clients - num_train,), jnp.float32)])
+            rho = jnp.full((num_train,), value, dtype)
+        return jnp.concatenate([rho, jnp.ones((num_clients - num_train,), dtype)])
 
-    def client_weights(self, counts, num_train: int):
-        """w_i = D_i/Σ_j D_j over the training clients ('samples') or 1/|𝓘| ('uniform'); 0 for target clients."""
+    def client_weights(self, counts, num_train: int, dtype=jnp.float32):
+        """w_i = D_i/Σ_j D_j over the training clients ('samples') or 1/|𝓘| ('uniform'); 0 for target clients; in
+        ``dtype`` (the parameters')."""
         train = jnp.arange(counts.shape[0]) < num_train
-        raw = counts.astype(jnp.float32) if self.weighting == "samples" else jnp.ones(counts.shape, jnp.float32)
+        raw = counts.astype(dtype) if self.weighting == "samples" else jnp.ones(counts.shape, dtype)
         raw = jnp.where(train, raw, 0.0)
         return raw / jnp.sum(raw)
 
@@ -166,9 +168,9 @@ class AugFL(Centralized):
         params = ctx.model.init(self.init_key(ctx))
         server = self._server_inputs(ctx)
         kt = kt_init(self, jax.random.fold_in(self.init_key(ctx), 1), ctx.model, server) if self.uses_kt() else {}
-        n, k = ctx.num_clients, ctx.num_train_clients
+        n, k, dtype = ctx.num_clients, ctx.num_train_clients, tree.float_dtype(params)
         clients = {"y": tree.broadcast_clients(tree.zeros_like(params), n), "k": jnp.zeros((n,), jnp.int32),
-                   "w": self.client_weights(ctx.data.train.count, k), "rho": self.penalties(k, n)}
+                   "w": self.client_weights(ctx.data.train.count, k, dtype), "rho": self.penalties(k, n, dtype)}
         server = {"params": params, "kt": kt}
         if self.partial(k):  # s_i = ρ_i θ^0 until client i first reports (θ_i^{−1} = θ^0, y_i^{−1} = 0)
             start = tree.broadcast_clients(params, k)
@@ -180,7 +182,7 @@ class AugFL(Centralized):
         k = st["k"] + 1
         loss, g = meta.meta_value_and_grad(inp.model.loss, theta, inp.train.support_batch(),
                                            inp.train.query_batch(), self.alpha, mode=self.hvp_mode,
-                                           delta=self.delta(k))
+                                           delta=self.delta(k, tree.float_dtype(theta)))
         theta_i = admm.linearised_prox(theta, st["y"], g, st["w"], st["rho"])
         y = admm.dual_ascent(st["y"], theta_i, theta, st["rho"])
         upload = ({"theta": theta_i, "y": y} if self.upload == "pair"

@@ -298,8 +298,9 @@ class CohortTemplate(Algorithm):
         raise NotImplementedError
 
     def aggregation_weights(self, result: ClientResult):
-        """Per-entry aggregation weights n_i (zero for the entries of unsampled clients, ``result.valid``)."""
-        return result.weight.astype(jnp.float32)
+        """Per-entry aggregation weights n_i (zero for the entries of unsampled clients, ``result.valid``), in the
+        uploads' floating dtype (float64 in a float64 run: the 1/K of a mean is then float64's)."""
+        return result.weight.astype(tree.float_dtype(result.upload))
 
     def comm_bytes(self, down, result: ClientResult, cohort_size: int) -> tuple:
         """(bytes up, bytes down) this round; default: every cohort member downloads ``down`` and uploads its
@@ -373,6 +374,6 @@ class Centralized(CohortTemplate):
         """Per-entry aggregation weights: n_i, or 1 with ``weighting='uniform'`` (zero for the entries of unsampled
         clients, ``result.valid``)."""
         if self.weighting == "uniform":
-            ones = jnp.ones_like(result.weight, dtype=jnp.float32)
+            ones = jnp.ones_like(result.weight, dtype=tree.float_dtype(result.upload))
             return ones if result.valid is None else ones * result.valid
         return super().aggregation_weights(result)

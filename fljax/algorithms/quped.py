@@ -198,14 +198,14 @@ class QuantizedClients(CohortTemplate):
             raise OptionError("chunks_per_epoch", f"must be <= the smallest client's train size {n_min} (a larger "
                                                   f"K leaves empty chunks), got {self.chunks_per_epoch}.")
 
-    def rates(self, t, n_max: int, kappa):
+    def rates(self, t, n_max: int, kappa, dtype=jnp.float32):
         """(η₁(e), λ(e)) at global iteration t: e = 1 + ⌊t/I⌋; λ on the epoch or the iteration clock (D10), doubled
-        when the ½ of R is dropped (D11)."""
+        when the ½ of R is dropped (D11); in ``dtype``, the parameters' (float64 in a float64 run)."""
         per_epoch = self.iters_per_epoch(n_max)
         e = schedule.epoch_of(t, per_epoch)
-        e_lam = e if self.lam_clock == "epoch" else schedule.epoch_continuous(t, per_epoch)
-        lam = schedule.penalty_lambda(kappa, e_lam, self.lr_gamma, self.compensated)
-        return schedule.exp_decay(self.lr, self.lr_gamma, e), lam if self.penalty_half else 2 * lam
+        e_lam = e if self.lam_clock == "epoch" else schedule.epoch_continuous(t, per_epoch, dtype)
+        lam = schedule.penalty_lambda(kappa, e_lam, self.lr_gamma, self.compensated, dtype)
+        return schedule.exp_decay(self.lr, self.lr_gamma, e, dtype), lam if self.penalty_half else 2 * lam
 
     @property
     def compensated(self) -> bool:
@@ -246,13 +246,13 @@ class QuantizedClients(CohortTemplate):
         state["idx"] = {p: jnp.zeros(tree_leaf(x0, p).shape, jnp.int32) for p in spec.paths}
         state["switched"] = jnp.bool_(False)
         if self.kappa is not None or not spec.paths:  # a model without hidden layers has nothing to quantize
-            state["kappa"] = jnp.float32(self.kappa or 0.0)
+            state["kappa"] = jnp.asarray(self.kappa or 0.0, tree.float_dtype(x0))
         else:
             sigma0 = jnp.mean(jnp.stack([jnp.std(tree_leaf(x0, p)) for p in spec.paths]))
             r = self.penalty_r or PENALTY_R.get(self.bits, 0.3)
             state["kappa"] = schedule.penalty_kappa(r, sigma0, self.epochs - self.finetune_epochs,
                                                     self.iters_per_epoch(n_max), self.lr, self.lr_gamma,
-                                                    self.compensated)
+                                                    self.compensated, tree.float_dtype(x0))
         return state
 
     def center_lr(self, model) -> float:
@@ -312,7 +312,7 @@ class QuantizedClients(CohortTemplate):
         state, w, wbuf = carry
         model, gmodel = inp.model, inp.global_model
         lam_p = self.lam_p_value()
-        eta1, lam = self.rates(t, inp.train.n_max, state.get("kappa", 0.0))
+        eta1, lam = self.rates(t, inp.train.n_max, state.get("kappa", 0.0), tree.float_dtype(state["x"]))
         bx, bc, bw = batches
         lx = self.link(gmodel, w, bx)  # one teacher pass when the three batches are one
         subs = ((lx[0], bx), (lx[0] if bc is bx else self.link(gmodel, w, bc)[0], bc))

@@ -1,7 +1,9 @@
 """Step-size and penalty schedules on an epoch clock (QuPeD §1, §6; spec D10).
 
 Local iterations are counted globally, t = 0, 1, …; with I iterations per epoch the epoch is e(t) = 1 + ⌊t/I⌋.
-Every function is pure and takes traced values, so a schedule never recompiles.
+Every function is pure and takes traced values, so a schedule never recompiles; ``dtype`` is the run's floating
+dtype (the parameters': float64 in an x64 run with float64 parameters), so that the constants never cap a float64
+run's precision at float32's.
 
 * learning rate  η(e) = η₀·γ^(e−1)                                    (QuPeD §6: γ = 0.99 per epoch)
 * penalty        λ(e) = κ·e  (``compensated=False``)  or  κ·e/γ^e  (``True``: the 1-bit rule "5e-7·t/0.99^t", whose
@@ -27,30 +29,30 @@ def epoch_of(t, iters_per_epoch: int):
     return 1 + t // iters_per_epoch
 
 
-def epoch_continuous(t, iters_per_epoch: int):
+def epoch_continuous(t, iters_per_epoch: int, dtype=jnp.float32):
     """1 + t/I: the iteration clock of D10's option (λ grows every iteration instead of every epoch)."""
-    return 1.0 + jnp.asarray(t, jnp.float32) / iters_per_epoch
+    return 1.0 + jnp.asarray(t, dtype) / iters_per_epoch
 
 
-def exp_decay(base, gamma, e):
+def exp_decay(base, gamma, e, dtype=jnp.float32):
     """base·γ^(e−1)."""
-    return base * jnp.power(jnp.asarray(gamma, jnp.float32), jnp.asarray(e, jnp.float32) - 1.0)
+    return jnp.asarray(base, dtype) * jnp.power(jnp.asarray(gamma, dtype), jnp.asarray(e, dtype) - 1.0)
 
 
-def penalty_lambda(kappa, e, gamma, compensated: bool):
+def penalty_lambda(kappa, e, gamma, compensated: bool, dtype=jnp.float32):
     """λ(e) = κ·e, or κ·e/γ^e when ``compensated``."""
-    e = jnp.asarray(e, jnp.float32)
-    lam = kappa * e
-    return lam / jnp.power(jnp.asarray(gamma, jnp.float32), e) if compensated else lam
+    e = jnp.asarray(e, dtype)
+    lam = jnp.asarray(kappa, dtype) * e
+    return lam / jnp.power(jnp.asarray(gamma, dtype), e) if compensated else lam
 
 
-def penalty_kappa(r, sigma0, epochs: int, iters_per_epoch: int, lr0, gamma, compensated: bool):
+def penalty_kappa(r, sigma0, epochs: int, iters_per_epoch: int, lr0, gamma, compensated: bool, dtype=jnp.float32):
     """The r-rule's κ: Σ_{e=1}^{epochs} I·λ(e)·η(e)/2 = r·σ₀ with λ(e) = κ·ẽ(e), η(e) = lr0·γ^(e−1). ``epochs`` is
     E − E_ft, the epochs before the fine-tuning phase."""
-    e = jnp.arange(1, epochs + 1, dtype=jnp.float32)
-    pull_per_kappa = jnp.sum(iters_per_epoch * penalty_lambda(1.0, e, gamma, compensated) * exp_decay(lr0, gamma, e)
-                             / 2)
-    return r * sigma0 / pull_per_kappa
+    e = jnp.arange(1, epochs + 1, dtype=dtype)
+    pull_per_kappa = jnp.sum(iters_per_epoch * penalty_lambda(1.0, e, gamma, compensated, dtype)
+                             * exp_decay(lr0, gamma, e, dtype) / 2)
+    return (r * jnp.asarray(sigma0, dtype) / pull_per_kappa).astype(dtype)
 
 
 def rescaled_gamma(epochs: int, base: float = 0.99, ref_epochs: int = 250) -> float:
