@@ -178,6 +178,11 @@ def test_a_damaged_study_results_file_is_named(tmp_path):
     files.write_json(str(tmp_path / "results.json.gz"), {"meta": {}, "runs": {"k": 5}, "cells": []})
     with pytest.raises(files.DamagedFile, match="a run in it has no 'history' list"):
         results_from_file(Study("x", {"studies": {}}), str(tmp_path))
+    # an older fljax's results (runs without the study's cells: benchmarks/results/dfedalt) are not "damaged"
+    files.write_json(str(tmp_path / "results.json.gz"), {"meta": {}, "runs": {}, "seconds": {}})
+    with pytest.raises(fljax.ConfigError, match="written by an older fljax .* run the study again") as e:
+        results_from_file(Study("x", {"studies": {}}), str(tmp_path))
+    assert not isinstance(e.value, files.DamagedFile) and "\n" not in str(e.value)
 
 
 # ------------------------------------------------------------------------------------------------ TFDS offline

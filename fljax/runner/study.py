@@ -463,6 +463,10 @@ def _results_file(path: str) -> dict:
     """``results.json.gz`` read and checked: ``meta`` and ``runs`` mappings and a ``cells`` list (a damaged file
     is named, :class:`~fljax.runner.files.DamagedFile`)."""
     saved = files.read_json(path, expect=dict)
+    if "runs" in saved and "cells" not in saved:
+        raise ConfigError(f"{path} was written by an older fljax (results without their study's cells), which "
+                          f"--render cannot read: run the study again (without --render) to rebuild its report, or "
+                          f"keep the committed one.")
     for key, kind in (("meta", dict), ("runs", dict), ("cells", list)):
         if not isinstance(saved.setdefault(key, kind()), kind):
             raise files.DamagedFile(path, f"its {key!r} is not a {'mapping' if kind is dict else 'list'}")
