@@ -243,7 +243,7 @@ def cmd_compare(args) -> int:
 
     cfg, entries, out = _setup_compare(args)
     output = _output(args)
-    if not args.resume and not args.algorithms:
+    if not args.resume and args.algorithms is None:
         output.note(f"comparing the quick start's {len(QUICKSTART)} algorithms ({', '.join(QUICKSTART)}); "
                     f"--algorithms all runs all {len(_compared('all'))}")
     try:

@@ -15,7 +15,7 @@ from fljax.engine.budget import MemoryPlanError, peak_bytes
 from fljax.models import make_model
 from fljax.experiment import default_model
 
-BUDGET_GIB = 0.125  # 128 MiB of temporaries per program
+BUDGET_GIB = 0.15625  # 160 MiB of temporaries per program
 
 
 def emnist_shaped(clients=3400, train_scale=0.05, seed=0):

@@ -101,7 +101,8 @@ def test_run_report_reuse_and_render(tiny, tmp_path, monkeypatch):
     assert "## Main" in readme and "| FedAvg" in readme and "90.0" in readme and "## LR" in readme
     acc = results.final("main", "personal_acc", method="FedAvg", split="iid")
     assert acc.shape == (2,) and value_text(acc) in readme
-    assert sorted(os.listdir(out)) == ["README.md", "curves.pdf", "curves.png", "lr.pdf", "lr.png", "results.json.gz", "runs"]
+    assert sorted(os.listdir(out)) == ["README.md", "curves.pdf", "curves.png", "directory.json", "lr.pdf", "lr.png",
+                                       "results.json.gz", "runs"]
     # every run directory is a `fljax run` directory
     run = os.path.join(out, "runs", sorted(os.listdir(os.path.join(out, "runs")))[0])
     assert {"config.yaml", "metrics.jsonl", "summary.json"} <= set(os.listdir(run))
