@@ -247,6 +247,13 @@ def _fmt(x, spec=",.0f"):
     return "–" if x is None else format(x, spec)
 
 
+def _stamp(record: dict) -> str:
+    """Where and when a part was measured (absent in records written before parts carried it: see the header)."""
+    m = record.get("measured")
+    return "" if not m else (f"Measured on {', '.join(m['devices'])}, jax {m['jax']}, {m['date']}, "
+                             f"`{m['command']}` (run by `bash benchmarks/gpu.sh`).\n")
+
+
 def markdown(result: dict) -> str:
     meta = result.get("meta", {})
     text = ["# Accelerator benchmark" + (" (dry run: toy sizes)" if meta.get("dry_run") else ""), "",
@@ -261,6 +268,7 @@ def markdown(result: dict) -> str:
     if not em:
         text += ["not measured", ""]
     else:
+        text += [_stamp(em)]
         spec = em["spec"]
         text += [f"{em['clients']:,} clients ({em['train_samples']:,} training images, the largest client "
                  f"{em['max_client_size']}), {spec['rounds']:,} rounds × {spec['cohort']} clients, one local epoch "
@@ -284,7 +292,7 @@ def markdown(result: dict) -> str:
             text += ["not measured" + (f": {notes[part]}" if notes.get(part) else ""), ""]
             continue
         pk, flops = rec["peaks"], model_flops(rec["rows"])
-        text += [f"Dense matmul peak in this process: {pk['tf32'] / 1e12:.1f} TFLOP/s float32 (default precision), "
+        text += [_stamp(rec), f"Dense matmul peak in this process: {pk['tf32'] / 1e12:.1f} TFLOP/s float32 (default precision), "
                  f"{pk['fp32'] / 1e12:.1f} exact float32, {pk['bf16'] / 1e12:.1f} bfloat16. PyTorch: {rec['torch']}.",
                  "% of peak: client-steps/s × the workload's FLOPs per client-step (XLA's largest count over its "
                  "forms: the native grouped convolution is not counted by XLA) ÷ the peak of the row's precision.",
@@ -313,7 +321,7 @@ def _text_markdown(rec: dict | None) -> list[str]:
     text = ["## 5. Text: Shakespeare and Stack Overflow FedAvg targets (stand-ins), LSTM throughput", ""]
     if not rec:
         return text + ["not measured", ""]
-    text += ["Published settings, one local epoch (each member runs its own ceil(n_i / batch) steps); the run is "
+    text += [_stamp(rec), "Published settings, one local epoch (each member runs its own ceil(n_i / batch) steps); the run is "
              "projected from the timed block of rounds: compile + rounds × s/round (the block's mean); evaluations not "
              "counted. Client-steps/s from the expected steps per round.", "",
              "| workload | population | cohort | executor | timed rounds | s/round | compile s | projected run "
@@ -351,7 +359,15 @@ def main(argv: list[str] | None = None) -> None:
                           "devices": [str(d.device_kind) for d in jax.devices()], "dry_run": args.dry_run,
                           "date": time.strftime("%Y-%m-%d %H:%M")}
 
+    import jax
+
+    # each part stamps where and when it was measured (a later call may re-measure some parts only)
+    stamp = {"devices": [str(d.device_kind) for d in jax.devices()], "jax": jax.__version__,
+             "date": time.strftime("%Y-%m-%d %H:%M"), "command": f"python benchmarks/gpu.py --part {args.part}"}
+
     def save(part: str, record: dict) -> None:
+        record["measured"] = stamp
+        result.get("notes", {}).pop(part, None)  # a note on an earlier, failed measurement of this part
         result[part] = record
         write_json(name + ".json", result)
         write_text(name + ".md", markdown(result))
