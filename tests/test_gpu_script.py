@@ -48,6 +48,21 @@ def test_dry_run_measures_every_part(tmp_path):
     text = (tmp_path / "gpu_dry_run.md").read_text()
     assert "dry run" in text and "FedJAX's EMNIST workload" in text and "ResNet-18-GN" in text
     assert "1,200 rounds:" in text and "1,500 rounds:" in text
+    assert text.count("Measured on cpu") == 5  # each part stamps its device
+
+    # parts named: only those run again, the others' results are kept
+    stamps = {p: result[p]["measured"] for p in ("emnist", "cnn", "dense", "resnet", "text")}
+    again = _gpu_sh("--dry-run", "--out", str(tmp_path), "dense",
+                    env_extra={"FLJAX_COMPILE_CACHE": str(tmp_path / "cc")})
+    assert again.returncode == 0 and "part dense: exit 0" in again.stderr and "part emnist" not in again.stderr
+    after = json.loads((tmp_path / "gpu_dry_run.json").read_text())
+    assert after["emnist"] == emnist and after["text"]["targets"] == targets
+    assert all(after[p]["measured"] == stamps[p] for p in ("emnist", "cnn", "resnet", "text"))
+
+
+def test_an_unknown_argument_is_refused_in_one_line():
+    done = _gpu_sh("--dry-run", "emnsit")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "unknown argument 'emnsit'" in done.stderr
 
 
 def test_real_run_refuses_a_cpu_backend():
