@@ -29,6 +29,24 @@ def median_seconds(fn, repeats: int) -> float:
     return interleaved_medians({"fn": fn}, repeats)["fn"]
 
 
+def time_rounds(sim, state, rounds: int, repeats: int):
+    """A simulation's blocks of ``rounds`` rounds timed: one warm-up block (it compiles), then ``repeats`` blocks.
+    Returns ``(state, warm-up seconds, median seconds per round)``."""
+    import jax
+
+    t0 = time.perf_counter()
+    state, _ = sim.run_rounds(state, rounds)
+    jax.block_until_ready(state)
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        state, _ = sim.run_rounds(state, rounds)
+        jax.block_until_ready(state)
+        times.append((time.perf_counter() - t0) / rounds)
+    return state, first, float(np.median(times))
+
+
 def matmul_peak(n: int = 2048, repeats: int = 7) -> float:
     """Measured float32 matmul FLOP/s of this machine: an n×n by n×n product (median of ``repeats``)."""
     import jax

@@ -36,6 +36,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from machine import time_rounds  # noqa: E402  (benchmarks/machine.py)
+
 WORKLOADS = {
     "shakespeare-lstm": dict(dataset="shakespeare", data={"source": "standin", "seq_len": 80}, batch=4,
                              model={"embed": 8, "hidden": [256, 256]}, title="Shakespeare character LSTM "
@@ -77,8 +79,6 @@ def _setup(spec: dict):
 
 def measure(spec: dict) -> dict:
     """One row (module docstring): client-steps/s, token positions/s and real tokens/s of FedAvg rounds."""
-    import jax
-
     from fljax.engine import Simulation
 
     data, model, algo = _setup(spec)
@@ -86,17 +86,7 @@ def measure(spec: dict) -> dict:
                      seed=0)
     rounds, repeats = spec.get("rounds", 1), spec.get("repeats", 1)
     state = sim.init()
-    t0 = time.perf_counter()
-    state, _ = sim.run_rounds(state, rounds)  # warm-up: compiles the program of a block of `rounds` rounds
-    jax.block_until_ready(state)
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        state, _ = sim.run_rounds(state, rounds)
-        jax.block_until_ready(state)
-        times.append((time.perf_counter() - t0) / rounds)
-    per_round = float(np.median(times))
+    state, first, per_round = time_rounds(sim, state, rounds, repeats)  # the warm-up block compiles
     if spec.get("local_epochs"):  # each member runs ceil(n_i / batch) steps per epoch: the expected count
         steps = _epoch_steps(data, spec)
     else:

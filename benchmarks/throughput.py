@@ -32,7 +32,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from machine import matmul_peak, memory_bandwidth  # noqa: E402  (benchmarks/machine.py)
+from machine import matmul_peak, memory_bandwidth, time_rounds  # noqa: E402  (benchmarks/machine.py)
 
 WORKLOADS = {
     "logreg-synthetic-1k": dict(model="logreg", data="synthetic", clients=1000),
@@ -130,17 +130,7 @@ def measure(workload: str, executor: str, conv: str, unroll: str, repeats: int, 
     loop = not sim.executor.jittable
     rounds = 1 if loop or quick or spec["model"] in ("cnn1", "cnn1_s", "cnn_s", "resnet18_gn") else (
         2 if spec["clients"] >= 10000 else 5)
-    t0 = time.perf_counter()
-    state, _ = sim.run_rounds(state, rounds)  # warm-up (compiles)
-    jax.block_until_ready(state)
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        state, _ = sim.run_rounds(state, rounds)
-        jax.block_until_ready(state)
-        times.append((time.perf_counter() - t0) / rounds)
-    per_round = float(np.median(times))
+    state, first, per_round = time_rounds(sim, state, rounds, repeats)
     client_steps = spec["clients"] * STEPS
     compiled = sim.executable("block", (rounds,))
     mem = compiled.memory_analysis() if compiled is not None else None

@@ -338,6 +338,10 @@ class CompressionOptions(Options):
                               between(1, 16))
     error_feedback: bool = option(False, "keep each client's residual e ← e + x − C(e + x) and add it to its next "
                                          "upload")
+    ef_scaling: Literal["contractive", "none"] = option(
+        "contractive", "error feedback with an unbiased compressor (random_k, qsgd): contractive sends C(e + x)/(1 + ω), "
+        "ω its per-leaf variance bound (random_k: the kept entries unscaled), which keeps the residual bounded; none "
+        "sends C(e + x) (diverges: docs/privacy.md)")
 
     def check(self) -> None:
         needs = COMPRESSOR_OPTION.get(self.kind)
@@ -350,9 +354,14 @@ class CompressionOptions(Options):
                                        f"{f' (it takes {needs})' if needs else ''}; remove it.")
         if self.error_feedback and self.kind == "none":
             raise OptionError("error_feedback", "needs a compressor (kind: top_k, random_k, qsgd or sign).")
+        if self.ef_scaling == "none" and not self.error_feedback:
+            raise OptionError("ef_scaling", "applies to error feedback only; set error_feedback: true or remove it.")
 
     def compressor(self) -> Compressor:
-        return make_compressor(self.kind, self.fraction, self.bits)
+        """The compressor of the uploads: with error feedback and ``ef_scaling: contractive``, an unbiased one scaled
+        to a contraction (:meth:`fljax.ops.compress.Compressor.contractive`)."""
+        c = make_compressor(self.kind, self.fraction, self.bits)
+        return c.contractive() if self.error_feedback and self.ef_scaling == "contractive" else c
 
 
 # ------------------------------------------------------------------------------------------------- resolution

@@ -269,6 +269,8 @@ CASES = [
     _case(_PRIVACY, "run --algorithm scaffold --set compression.kind=sign",
           "compression applies to an algorithm whose upload is a model"),
     _case(_PRIVACY, "run --set compression.kind=top_k", "compression.fraction must be set for kind 'top_k'."),
+    _case(_PRIVACY, "run --set compression.kind=qsgd --set compression.bits=2 --set compression.ef_scaling=none",
+          "compression.ef_scaling applies to error feedback only"),
     _case(_PRIVACY, "run --resume --out r --set rounds=50", "--resume cannot change rounds (100 in r/config.yaml, 50 "
                                                             "now) of a run whose noise is calibrated to "
                                                             "privacy.target_epsilon",

@@ -179,3 +179,76 @@ def test_vmap_over_clients_equals_a_loop(comp):
         looped = f(*one, keys[i])
         for a, b in zip(jax.tree.leaves(looped), jax.tree.leaves(jax.tree.map(lambda a: a[i], batched))):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_contractive_random_k_sends_the_kept_entries_unscaled():
+    """ω = d/k − 1 exactly, so C(x)/(1 + ω) is x on the kept subset S and 0 elsewhere (Stich et al.'s rand_k)."""
+    x, key = _tree(4), jax.random.PRNGKey(5)
+    comp = C.RandomK(0.25)
+    scaled, plain = C.Contractive(comp)(x, key), comp(x, key)
+    for a, s, p in zip(_leaves64(x), _leaves64(scaled), _leaves64(plain)):
+        kept = p != 0
+        np.testing.assert_allclose(s[kept], a[kept], rtol=1e-6)
+        assert np.all(s[~kept] == 0) and kept.sum() == C.kept_entries(a.size, 0.25)
+    assert C.Contractive(comp).bytes(x) == comp.bytes(x)
+    assert comp.contractive() == C.Contractive(comp) and C.TopK(0.2).contractive() == C.TopK(0.2)
+    with pytest.raises(ValueError, match="biased"):
+        C.Contractive(C.ScaledSign())
+
+
+@pytest.mark.parametrize("comp", [C.RandomK(0.1), C.QSGD(2)], ids=lambda c: c.name)
+def test_an_unbiased_compressor_scaled_by_its_variance_bound_contracts(comp):
+    """E‖x − C(x)/(1+ω)‖² ≤ (1 − 1/(1+ω))‖x‖² per leaf (Karimireddy et al. 2019, Remark 6), measured over many
+    draws; the unscaled compressor's error exceeds ‖x‖² on these leaves (which is why error feedback diverges with
+    it): E‖C(x) − x‖² = ω‖x‖² for random-k, and for QSGD the exact Σ (‖x‖/s)²p_i(1 − p_i) ≤ ω‖x‖²."""
+    x = {"w": jax.random.normal(jax.random.PRNGKey(6), (400,))}
+    a = np.asarray(x["w"], np.float64)
+    omega = comp.variance_factor(a.size)
+    scaled = np.asarray(_draws(C.Contractive(comp), x)["w"], np.float64).reshape(DRAWS, -1)
+    plain = np.asarray(_draws(comp, x)["w"], np.float64).reshape(DRAWS, -1)
+    err_scaled = np.sum((scaled - a) ** 2, axis=1)
+    err_plain = np.sum((plain - a) ** 2, axis=1)
+    sq = np.sum(a ** 2)
+    bound = (1 - 1 / (1 + omega)) * sq
+    se = err_scaled.std() / math.sqrt(DRAWS)
+    assert err_scaled.mean() - 5 * se <= bound, (err_scaled.mean(), bound)  # not significantly above the bound
+    if comp.name == "random_k":  # x off the kept subset: E = (1 − k/d)‖x‖², the bound itself
+        assert abs(err_scaled.mean() - bound) < 5 * se
+        np.testing.assert_allclose(err_plain.mean(), omega * sq, rtol=5 * err_plain.std() / err_plain.mean() / 60)
+    else:
+        norm, s = np.linalg.norm(a), comp.levels
+        r = s * np.abs(a) / norm
+        p = r - np.floor(r)
+        exact = np.sum((norm / s) ** 2 * p * (1 - p))
+        assert exact <= omega * sq
+        assert abs(err_plain.mean() - exact) < 5 * err_plain.std() / math.sqrt(DRAWS)
+    assert err_plain.mean() > sq  # the unscaled error exceeds ‖x‖²: not a contraction
+
+
+@pytest.mark.parametrize("comp", [C.RandomK(0.1), C.QSGD(2)], ids=lambda c: c.name)
+def test_error_feedback_stays_bounded_with_the_contractive_form_and_grows_without(comp):
+    """The same upload x every step for T steps. With C/(1+ω) (δ = 1/(1+ω)) the residual obeys
+    E‖e_t‖² ≤ 4(1 − δ)/δ²·‖x‖² (Karimireddy et al. 2019, Lemma 3), and the mean sent Σ_t c_t / T approaches x; with the
+    unscaled unbiased compressor the residual grows past that bound."""
+    x = {"w": jax.random.normal(jax.random.PRNGKey(7), (200,))}
+    sq = float(jnp.sum(x["w"] ** 2))
+    T = 300
+
+    def run(c, key):
+        def step(carry, k):
+            e, sent = carry
+            out, e = C.error_feedback(c, x, e, k)
+            return (e, jax.tree.map(jnp.add, sent, out)), jnp.sum(e["w"] ** 2)
+        zeros = jax.tree.map(jnp.zeros_like, x)
+        (e, sent), norms = jax.lax.scan(step, (zeros, zeros), jax.random.split(key, T))
+        return sent, norms
+
+    delta = 1 / (1 + comp.variance_factor(200))
+    bound = 4 * (1 - delta) / delta ** 2 * sq
+    sent, norms = jax.jit(run, static_argnums=0)(C.Contractive(comp), jax.random.PRNGKey(8))
+    assert float(norms.max()) <= bound
+    # Σ_t c_t + e_T = T·x, so the mean sent is x up to e_T/T
+    gap = np.linalg.norm(np.asarray(sent["w"]) / T - np.asarray(x["w"])) / math.sqrt(sq)
+    assert gap <= math.sqrt(bound / sq) / T + 1e-5
+    _, plain_norms = jax.jit(run, static_argnums=0)(comp, jax.random.PRNGKey(8))
+    assert not bool(jnp.all(plain_norms <= bound))  # past the bound (random-k: on to overflow, NaN)

@@ -250,3 +250,17 @@ def test_privacy_is_refused_with_a_batchnorm_model_before_anything_runs(tmp_path
         fljax.run(_config(privacy={"noise_multiplier": 1.0, "clip_norm": 1.0}), model=_BatchNormMLP(),
                   out=str(tmp_path / "r"), progress=False)
     assert not (tmp_path / "r").exists()
+
+
+def test_error_feedback_with_an_unbiased_compressor_sends_the_contractive_form_unless_asked_not_to():
+    """``ef_scaling: contractive`` (the default) makes error feedback use C/(1 + ω) (fljax.ops.compress.Contractive);
+    ``none`` keeps the unbiased C; both send the same bytes."""
+    runs = {}
+    for scaling in ("contractive", "none"):
+        runs[scaling] = fljax.run(_config(rounds=2, compression={"kind": "random_k", "fraction": 0.5,
+                                                                 "error_feedback": True, "ef_scaling": scaling}),
+                                  progress=False)
+    assert runs["contractive"].summary["privacy"]["compressor"].startswith("Contractive(inner=RandomK")
+    assert runs["none"].summary["privacy"]["compressor"].startswith("RandomK")
+    assert runs["contractive"].final["bytes_up"] == runs["none"].final["bytes_up"]
+    assert runs["contractive"].final["train_loss"] != runs["none"].final["train_loss"]

@@ -16,7 +16,15 @@ bucket and the scaled sign's block, and top-k / random-k keep the same fraction 
   leaf's mean |x| times its signs, with sign(0) sent as +1 (a 1-bit code). Biased; ‖C(x)‖₂ = ‖x‖₁/√d ≤ ‖x‖₂.
 * :func:`error_feedback` (ibid., Alg. 2; Stich et al. 2018): v = e + x is compressed, c = C(v) is sent, and the
   residual e' = v − c (what the server did not receive) is the client's state for its next upload, so
-  Σ_t c_t + e_T = Σ_t x_t + e_0.
+  Σ_t c_t + e_T = Σ_t x_t + e_0. The residual stays bounded when C is a δ-contraction, E‖x − C(x)‖² ≤ (1 − δ)‖x‖²
+  (Karimireddy et al. 2019, Assumption A): top-k (δ = k/d) and the scaled sign are; the unbiased compressors, whose
+  error E‖C(x) − x‖² ≤ ω‖x‖² can exceed ‖x‖², are not, and error feedback with them diverges (docs/privacy.md).
+* :class:`Contractive` (ibid., Remark 6): an unbiased C with variance bound ω scaled by 1/(1 + ω) is a δ-contraction
+  with δ = 1/(1 + ω): E‖x − C(x)/(1+ω)‖² = ‖x‖² − 2‖x‖²/(1+ω) + E‖C(x)‖²/(1+ω)² ≤ (1 − 1/(1+ω))‖x‖², since
+  E‖C(x)‖² = ‖x‖² + E‖C(x) − x‖² ≤ (1+ω)‖x‖². Per leaf, random-k's ω = d/k − 1 (exact: it then sends the kept
+  entries unscaled, Stich et al.'s rand_k with memory) and QSGD's ω = min(d/s², √d/s) (Alistarh et al. 2017, Lemma
+  3.1). It is what error feedback uses with an unbiased compressor by default (``ef_scaling: contractive``); the
+  bytes are the same (the server knows ω from d, k and s).
 
 Bytes sent per client (:meth:`Compressor.bytes`, a Python int, counted from what a real encoder would send, each
 leaf's bits rounded up to whole bytes): dense float leaves d·itemsize; top-k k values + k 32-bit indices; random-k
@@ -40,7 +48,8 @@ import numpy as np
 
 PyTree = Any
 
-__all__ = ["Compressor", "Identity", "TopK", "RandomK", "QSGD", "ScaledSign", "kept_entries", "error_feedback",
+__all__ = ["Compressor", "Identity", "TopK", "RandomK", "QSGD", "ScaledSign", "Contractive", "kept_entries",
+           "error_feedback",
            "COMPRESSORS", "COMPRESSOR_OPTION", "make_compressor"]
 
 SEED_BITS = 64  # a PRNG key (two uint32 words) from which the server regenerates random-k's indices
@@ -83,6 +92,15 @@ class Compressor:
 
     def _client_bits(self) -> int:
         return 0
+
+    def variance_factor(self, d: int) -> float:
+        """ω of an unbiased compressor on a leaf of d entries: E‖C(x) − x‖² ≤ ω‖x‖²."""
+        raise NotImplementedError(f"{self.name} is not unbiased: it has no variance factor")
+
+    def contractive(self) -> "Compressor":
+        """The compressor error feedback should use: an unbiased one scaled by 1/(1 + ω) (:class:`Contractive`),
+        a biased (contractive) one as it is."""
+        return Contractive(self) if self.unbiased and not isinstance(self, Identity) else self
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +160,9 @@ class RandomK(Compressor):
     def _client_bits(self):
         return SEED_BITS
 
+    def variance_factor(self, d):
+        return d / kept_entries(d, self.fraction) - 1.0
+
 
 @dataclasses.dataclass(frozen=True)
 class QSGD(Compressor):
@@ -170,6 +191,10 @@ class QSGD(Compressor):
     def _leaf_bits(self, x):
         return NORM_BITS + int(np.prod(x.shape)) * (self.bits + 1)
 
+    def variance_factor(self, d):
+        s = self.levels
+        return min(d / s ** 2, math.sqrt(d) / s)
+
 
 @dataclasses.dataclass(frozen=True)
 class ScaledSign(Compressor):
@@ -183,6 +208,29 @@ class ScaledSign(Compressor):
 
     def _leaf_bits(self, x):
         return NORM_BITS + int(np.prod(x.shape))
+
+
+@dataclasses.dataclass(frozen=True)
+class Contractive(Compressor):
+    """An unbiased compressor scaled to a δ-contraction, C(x)/(1 + ω_l) on every leaf of d_l entries (ω_l the inner
+    compressor's :meth:`~Compressor.variance_factor`); the same bytes as the inner compressor."""
+
+    inner: Compressor
+    name: ClassVar[str] = "contractive"
+
+    def __post_init__(self):
+        if not self.inner.unbiased:
+            raise ValueError(f"Contractive scales an unbiased compressor; {self.inner.name} is biased.")
+
+    def _leaf(self, x, key):
+        d = int(np.prod(x.shape))
+        return self.inner._leaf(x, key) / (1.0 + self.inner.variance_factor(d))
+
+    def _leaf_bits(self, x):
+        return self.inner._leaf_bits(x)
+
+    def _client_bits(self):
+        return self.inner._client_bits()
 
 
 def _check_fraction(fraction):
