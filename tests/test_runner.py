@@ -301,6 +301,11 @@ def test_a_comparison_table_has_only_columns_that_say_something_and_notes_on_unt
     assert notes[3:] == ["[4] fedprox: try mu", "[5] perfedavg: try beta"]
     kept = distinct_table([row("fedavg", "0.9400", "0.9300"), row("local", "0.8000")])
     assert "| weighted " in kept.splitlines()[0] and "weighted" not in "".join(kept.splitlines()[4:])
+    done = [{**row("fedavg", "0.9400"), "status": "completed"}, {**row("local", "0.8000"), "status": "completed"}]
+    text = distinct_table(done)
+    assert "status" not in text.splitlines()[0] and text.splitlines()[-1] == "[2] every row: 1 seed, completed."
+    done[1]["status"] = "stopped: round 3 diverged"
+    assert "| status " in distinct_table(done).splitlines()[0]
 
 
 def test_json_round_trips_plain_and_gzipped(tmp_path):

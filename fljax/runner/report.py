@@ -141,7 +141,8 @@ def distinct_table(rows: list[dict], hints: dict[str, str] | None = None, names:
 
     * the ``weighted`` column (sample-weighted over clients) is left out when it equals ``personal acc`` in every
       row — the clients' test splits then have one size — and a note says so;
-    * the ``seeds`` and ``rounds`` columns are left out when every row has the same (a note gives them);
+    * the ``seeds`` and ``rounds`` columns, and ``status`` when every row completed, are left out when every row
+      has the same (a note gives them: "every row: 1 seed, 100 rounds, completed.");
     * a row whose accuracies all equal an earlier row's gets a note naming that row (e.g. FedProx with a μ too
       small to matter);
     * ``hints`` (label → text): a note on that row when it lags the best personalized accuracy by :data:`LAG` or
@@ -166,9 +167,11 @@ def distinct_table(rows: list[dict], hints: dict[str, str] | None = None, names:
         rows = [{k: v for k, v in r.items() if k != "weighted"} for r in rows]
         note("the sample-weighted personalized accuracy equals the unweighted mean over clients in every row "
              "(every client's test split has the same size): its column is left out.")
-    same = [c for c in ("seeds", "rounds") if c in rows[0] and len({str(r[c]) for r in rows}) == 1]
+    same = [c for c in ("seeds", "rounds", "status") if c in rows[0] and len({str(r[c]) for r in rows}) == 1
+            and (c != "status" or rows[0][c] == "completed")]  # a stop keeps its column, in every row
     if same and len(rows) > 1:
-        note("every row: " + ", ".join(f"{rows[0][c]} {c[:-1] if str(rows[0][c]) == '1' else c}" for c in same)
+        note("every row: " + ", ".join(str(rows[0][c]) if c == "status" else
+                                       f"{rows[0][c]} {c[:-1] if str(rows[0][c]) == '1' else c}" for c in same)
              + ".")
         rows = [{k: v for k, v in r.items() if k not in same} for r in rows]
     seen: dict[tuple, int] = {}
