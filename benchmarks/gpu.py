@@ -1,4 +1,4 @@
-"""The accelerator benchmark: one prepared device call of about 10 minutes (``bash benchmarks/gpu.sh``).
+"""The accelerator benchmark: one prepared device call of under 10 minutes (``bash benchmarks/gpu.sh``).
 
 ``gpu.sh`` runs the parts below in this order, each in its own process with its own time limit
 (``python benchmarks/gpu.py --part NAME``); every part adds its rows to ``benchmarks/results/gpu.json`` and rewrites

@@ -145,7 +145,7 @@ def measure(workload: str, executor: str, conv: str, unroll: str, repeats: int, 
         "compile_seconds": sim.compile_seconds if not loop else first - per_round,
         "xla_bytes": xla_bytes, "bytes_per_client_step": moved,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "repeats": repeats, "privacy": privacy,
+        "repeats": repeats, "privacy": privacy, "load": os.getloadavg()[0],
     }
 
 
@@ -166,6 +166,7 @@ def configurations(quick: bool):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--passes", type=int, default=3, help="--privacy: passes over the settings (the median is shown)")
     ap.add_argument("--quick", action="store_true", help="one small workload, 2 repeats (smoke test)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--one", nargs=4, metavar=("WORKLOAD", "EXECUTOR", "CONV", "UNROLL"), help=argparse.SUPPRESS)
@@ -298,22 +299,33 @@ def privacy_table(args) -> None:
     peak = matmul_peak(512 if args.quick else 2048)
     # the small data of --quick (40 images per client) and one round per timed block: example-level DP on the
     # MLP takes about a minute per round on a 2-core CPU
-    rows = measure_all(configs, repeats, True, peak)
+    # the configurations one after another, `passes` times over, and each one's median pass: a shared machine's load
+    # drifts over minutes, so one pass puts that drift between the rows of a table
+    passes = [measure_all(configs, repeats, True, peak) for _ in range(1 if args.quick else args.passes)]
+    rows = []
+    for cfg in dict.fromkeys((r["workload"], r["privacy"]) for p in passes for r in p):
+        runs = sorted((r for p in passes for r in p if (r["workload"], r["privacy"]) == cfg),
+                      key=lambda r: r["client_steps_per_s"])
+        rows.append({**runs[(len(runs) - 1) // 2], "passes": [r["client_steps_per_s"] for r in runs],
+                     "load": [r["load"] for r in runs]})
     meta = describe(" ".join(["python benchmarks/throughput.py"] + sys.argv[1:]), peak, repeats)
     lines = [f"The cost of differential privacy in FedAvg: {meta['local_steps']} local steps of batch "
              f"{meta['batch_size']}, every client every round, `auto` executor, z = 1, C = 1; clients of 40 random "
              f"images (MLP) or Synthetic(1,1) sizes capped at 200 (logistic regression); median of "
-             f"{meta['repeats']} timed blocks of one round. Backend {meta['backend']} ({meta['cpu_count']} cores), jax "
-             f"{meta['jax']}. Command: `{meta['command']}`."]
+             f"{meta['repeats']} timed blocks of one round, in each of {len(passes)} passes over the settings (one "
+             f"process each), and the median pass. Backend {meta['backend']} ({meta['cpu_count']} cores), jax "
+             f"{meta['jax']}; load average {min(min(r['load']) for r in rows):.1f}–{max(max(r['load']) for r in rows):.1f}"
+             f" during the measurements. Command: `{meta['command']}`."]
     for workload in dict.fromkeys(r["workload"] for r in rows):
         rs = [r for r in rows if r["workload"] == workload]
         base = next((r["client_steps_per_s"] for r in rs if r["privacy"] == "none"), None)
         lines += ["", f"**{TITLES.get(workload, workload)}** (`{workload}`)", "",
-                  "| setting | client-steps/s | vs FedAvg | round ms | compile s | XLA MB |", "|---|---|---|---|---|---|"]
+                  "| setting | client-steps/s | vs FedAvg | passes (client-steps/s) | round ms | compile s | XLA MB |",
+                  "|---|---|---|---|---|---|---|"]
         for r in rs:
             lines.append(f"| {PRIVACY_LEVELS[r['privacy']]} | {r['client_steps_per_s']:,.0f} | "
                          f"{r['client_steps_per_s'] / base if base else float('nan'):.2f}× | "
-                         f"{1e3 * r['round_seconds']:.1f} | {r['compile_seconds']:.1f} | "
+                         f"{', '.join(f'{v:,.0f}' for v in r['passes'])} | {1e3 * r['round_seconds']:.1f} | {r['compile_seconds']:.1f} | "
                          f"{(r['xla_bytes'] or 0) / 1e6:.0f} |")
     lines += ["", "Poisson batches (DP-SGD's lots): every example of a client in a step with probability B/n_i, "
               "masked in a buffer of the client's whole data, so a step computes on n_i rows rather than B; "
