@@ -284,6 +284,8 @@ CASES = [
                                                            "0.5 now)", [_RUN]),
     _case(_RESUME, "run --resume --out r --set seed=1", "--resume cannot change seed (0 in r/config.yaml, 1 now)",
           [_RUN]),
+    _case(_RESUME, "run --resume --out r --set eval_clients=5", "--resume cannot change eval_clients (None in "
+                                                                 "r/config.yaml, 5 now)", [_RUN]),
     _case(_RESUME, "run --resume --out r --seeds 3", "--resume cannot change seeds (1 in r/config.yaml, 3 now)",
           [_RUN]),
     _case(_RESUME, "run --resume --out r --set model.name=mlp", "--resume cannot change model.name", [_RUN]),
