@@ -35,8 +35,7 @@ def _state_on(sim_full, ids, state):
 
 @pytest.mark.parametrize("algorithm", ["ditto", "fedavg"])
 def test_sampled_summaries_equal_an_evaluation_of_the_sampled_clients_data(algorithm):
-    cfg = {"algorithm": algorithm, "data": DATA, "algo": {"cohort_size": 4}, "model": {"name": "mlp",
-           "options": {"hidden": [8]}}}
+    cfg = {"algorithm": algorithm, "data": DATA, "algo": {"cohort_size": 4}, "model": {"name": "logreg"}}
     full = fljax.build(cfg)
     sampled = fljax.build({**cfg, "eval_clients": 5}, data=full.data)
     ids = sampled.eval_ids
@@ -64,7 +63,7 @@ def test_sampled_summaries_equal_an_evaluation_of_the_sampled_clients_data(algor
 def test_a_randomised_evaluation_scores_each_sampled_client_with_its_own_keys():
     # FedAvg-FT fine-tunes every client on minibatches drawn from its evaluation key: a sampled client must draw
     # the batches it draws in an evaluation of every client (its key comes from its id, not its position)
-    cfg = {"algorithm": "fedavg_ft", "data": DATA, "model": {"name": "mlp", "options": {"hidden": [8]}},
+    cfg = {"algorithm": "fedavg_ft", "data": DATA, "model": {"name": "logreg"},
            "algo": {"cohort_size": 4, "batch_size": 4, "finetune_steps": 3}}
     full = fljax.build(cfg)
     sampled = fljax.build({**cfg, "eval_clients": 6}, data=full.data)
@@ -76,7 +75,7 @@ def test_a_randomised_evaluation_scores_each_sampled_client_with_its_own_keys():
 
 
 def test_eval_metrics_still_see_the_whole_state():
-    cfg = {"algorithm": "dfedavg", "data": DATA, "model": {"name": "mlp", "options": {"hidden": [8]}}}
+    cfg = {"algorithm": "dfedavg", "data": DATA, "model": {"name": "logreg"}}
     full = fljax.build(cfg)
     sampled = fljax.build({**cfg, "eval_clients": 3}, data=full.data)
     state, _ = full.run_rounds(full.init(), 1)
@@ -86,7 +85,7 @@ def test_eval_metrics_still_see_the_whole_state():
 
 
 def test_every_evaluation_seed_and_resume_uses_the_same_sample(tmp_path):
-    cfg = {"data": DATA, "model": {"name": "mlp", "options": {"hidden": [8]}}, "eval_clients": 4, "eval_every": 2,
+    cfg = {"data": DATA, "model": {"name": "logreg"}, "eval_clients": 4, "eval_every": 2,
            "checkpoint_every": 2, "seeds": 2}
     first = fljax.run(cfg, rounds=2, out=str(tmp_path / "r"), progress=False)
     resumed = fljax.run(cfg, rounds=4, out=str(tmp_path / "r"), progress=False, resume=True)
@@ -109,13 +108,13 @@ def test_every_evaluation_seed_and_resume_uses_the_same_sample(tmp_path):
 def test_a_sampled_run_says_so_in_its_table_and_summary(tmp_path):
     from fljax.runner.report import distinct_table, summary_row
 
-    res = fljax.run({"data": DATA, "model": {"name": "mlp", "options": {"hidden": [8]}}}, rounds=1, eval_clients=5,
+    res = fljax.run({"data": DATA, "model": {"name": "logreg"}}, rounds=1, eval_clients=5,
                     out=str(tmp_path / "r"), progress=False)
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     row = summary_row("fedavg", [summary])
     assert row["evaluated"] == "5 of 12 clients"
     assert "fixed sample of 5 of 12 clients (eval_clients)" in distinct_table([row, {**row, "algorithm": "x"}])
-    every = fljax.run({"data": DATA, "model": {"name": "mlp", "options": {"hidden": [8]}}}, rounds=1,
+    every = fljax.run({"data": DATA, "model": {"name": "logreg"}}, rounds=1,
                       progress=False)
     assert "evaluated" not in summary_row("fedavg", [every.runs[0].summary])
     assert every.runs[0].summary["eval_clients"] == 12 and "eval_client_ids" not in every.runs[0].summary
@@ -123,12 +122,11 @@ def test_a_sampled_run_says_so_in_its_table_and_summary(tmp_path):
 
 
 def test_lanes_of_a_sweep_share_the_sample(tmp_path):
-    cfg = {"data": DATA, "model": {"name": "mlp", "options": {"hidden": [8]}}, "eval_clients": 4, "rounds": 2}
-    results = fljax.sweep({"algo.lr": [0.05, 0.1]}, cfg, progress=False)
-    for label, res in results.items():
-        alone = fljax.run(cfg, algo={"lr": float(label.split("=")[1])}, progress=False)
-        assert res.vectorised
-        np.testing.assert_allclose(res.final["personal_acc"], alone.final["personal_acc"], rtol=1e-6)
+    cfg = {"data": DATA, "model": {"name": "logreg"}, "eval_clients": 4, "rounds": 2}
+    results = fljax.sweep({"algo.lr": [0.05, 0.1]}, cfg, progress=False)  # two lanes of one program
+    alone = fljax.run(cfg, algo={"lr": 0.1}, progress=False)
+    assert all(res.vectorised for res in results.values())
+    np.testing.assert_allclose(results["lr=0.1"].final["personal_acc"], alone.final["personal_acc"], rtol=1e-6)
 
 
 @pytest.mark.parametrize("overrides, fragment", [
