@@ -144,14 +144,15 @@ def distinct_table(rows: list[dict], hints: dict[str, str] | None = None, names:
 
     * the ``weighted`` column (sample-weighted over clients) is left out when it equals ``personal acc`` in every
       row — the clients' test splits then have one size — and a note says so;
-    * the ``seeds`` and ``rounds`` columns are left out when every row has the same (a note gives them), and so is
-      the ``evaluated`` column of runs evaluated on a sample of their clients (a note says it);
+    * the ``seeds`` and ``rounds`` columns are left out when every row has the same (a note gives them);
     * a row whose accuracies all equal an earlier row's gets a note naming that row (e.g. FedProx with a μ too
       small to matter);
     * ``hints`` (label → text): a note on that row when it lags the best personalized accuracy by :data:`LAG` or
       more, or repeats another row — e.g. a hyperparameter left at a value that does not suit the setting, with
       the value to try (:data:`fljax.algorithms.families.UNTUNED`). A row with notes has their numbers after its
-      label: ``perfedavg [2,3]``.
+      label: ``perfedavg [2,3]``;
+    * the ``evaluated`` column of runs evaluated on a fixed sample of their clients (``eval_clients``) is left out
+      when every row has the same sample, and a note says it.
 
     ``names``: what the notes call each row (default: its first column, the algorithm's label)."""
     if not rows:
