@@ -9,7 +9,8 @@
                             (mean over clients, sample-weighted, 10th-percentile client), train loss, cumulative
                             bytes up/down, run_seconds (rounds and evaluations so far, compilation apart)
       summary.json          status, final and best metrics, rounds, setup/compile/run/other seconds adding up to
-                            wall_seconds, client-steps/s, environment (versions, device, executor chosen)
+                            wall_seconds, client-steps/s, the clients evaluations scored (eval_clients of
+                            num_clients; a sample's eval_client_ids), environment (versions, device, executor)
       accuracy_vs_round.png, accuracy_vs_bytes.png, client_accuracy.png
       checkpoints/<round>/  orbax checkpoints (see fljax.runner.checkpoint)
 
