@@ -143,6 +143,10 @@ class ExperimentConfig(Options):
     server: ServerConfig = dataclasses.field(default_factory=ServerConfig)
     rounds: int = option(100, "communication rounds", between(1, INT32_MAX))
     eval_every: int = option(10, "evaluate every k rounds (and after the last one)", between(1, INT32_MAX))
+    eval_clients: int | None = option(None, "evaluate on a fixed sample of this many clients, the same ids at every "
+                                            "evaluation, seed and resume (null: every client, the papers' "
+                                            "protocol); summaries are then over the sample",
+                                      between(1, INT32_MAX))
     seed: int = option(0, "run seed: initialisation, cohorts, batches; also the data seed unless data.seed is set",
                        seed_check)
     executor: str = option("auto", "how the client axis runs: auto, vmap, chunked, sharded, loop")
@@ -178,6 +182,9 @@ class ExperimentConfig(Options):
             if not isinstance(getattr(self, key), cls):
                 raise OptionError(key, f"must be a {cls.__name__} (from_dict builds one from a mapping), got "
                                        f"{show(getattr(self, key))}.")
+        if self.eval_clients is not None and self.eval_clients > self.data.num_clients:
+            raise OptionError("eval_clients", f"must be at most data.num_clients={self.data.num_clients} (the "
+                                              f"clients it samples; null: every client), got {self.eval_clients}.")
         if self.seed + self.seeds - 1 > SEED_MAX:
             raise OptionError("seeds", f"must be at most {SEED_MAX - self.seed + 1} from seed {self.seed} (seeds go "
                                        f"up to {SEED_MAX}), got {self.seeds}.")

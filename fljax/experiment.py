@@ -130,6 +130,9 @@ def resolve(cfg: ExperimentConfig) -> Experiment:
     if cls.problem != cfg.data.source.problem:
         raise _mismatch(cfg.algorithm, cls.problem, cfg.data.dataset, cfg.data.source.problem)
     if cls.problem != "classification":  # no model: the algorithm solves the data's problem itself
+        if cfg.eval_clients is not None:
+            raise OptionError("eval_clients", f"samples the clients of classification data; {cfg.algorithm}'s "
+                                              f"evaluation measures every client: set eval_clients to null.")
         _check_regression(cfg)
         algorithm = _construct(cls, cfg.algo, cfg.data.num_clients, "algo")
         return Experiment(dataclasses.replace(cfg, algo=_written({k: getattr(algorithm, k) for k in cfg.algo})),
@@ -139,6 +142,9 @@ def resolve(cfg: ExperimentConfig) -> Experiment:
     _check_server(cfg.server, input_shape)
     algorithm = _construct(cls, cfg.algo, cfg.data.num_clients, "algo")
     groups = _groups(cfg, algorithm, input_shape)
+    if groups and cfg.eval_clients is not None:
+        raise OptionError("eval_clients", "samples a homogeneous population; client groups (groups) are evaluated on "
+                                          "every client: set eval_clients to null.")
     _check_privacy(cfg, algorithm)
     config = dataclasses.replace(cfg, algo={k: getattr(algorithm, k) for k in cfg.algo})
     return Experiment(config, algorithm, model, groups)
@@ -413,7 +419,8 @@ def build(exp: Experiment, data: "FederatedData", module=None) -> "Simulation":
     _check_model_privacy(cfg, model)
     return Simulation(exp.algorithm, data, model, executor=cfg.executor, chunk_size=cfg.chunk_size, seed=cfg.seed,
                       conv_impl=cfg.model.conv_impl, groups=groups, precision=cfg.precision,
-                      memory_budget=cfg.memory_budget, privacy=privacy_of(exp, data))
+                      memory_budget=cfg.memory_budget, privacy=privacy_of(exp, data),
+                      eval_clients=cfg.eval_clients)
 
 
 # ------------------------------------------------------------------------------------------------------ compare

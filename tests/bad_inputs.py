@@ -137,6 +137,11 @@ CASES = [
     _case(_VALUES, "run --set rounds=0", "rounds must be between 1 and 2147483647, got 0."),
     _case(_VALUES, "run --set rounds=100000000000000000000", "rounds must be an integer of at most 9223372036854775807"),
     _case(_VALUES, "run --set eval_every=-5", "eval_every must be between 1 and 2147483647, got -5."),
+    _case(_VALUES, "run --set eval_clients=0", "eval_clients must be between 1 and 2147483647, got 0."),
+    _case(_VALUES, "run --set eval_clients=51", "eval_clients must be at most data.num_clients=50 (the clients it "
+                                                "samples; null: every client), got 51."),
+    _case(_VALUES, "run --algorithm fedgia --dataset fedgia_v1 --set eval_clients=5",
+          "eval_clients samples the clients of classification data; fedgia's evaluation measures every client"),
     _case(_VALUES, "run --set seed=-1", "seed must be between 0 and 4294967295 (a uint32 PRNG seed), got -1."),
     _case(_VALUES, "run --set seed=4294967296", "seed must be between 0 and 4294967295"),
     _case(_VALUES, "run --set data.seed=-3", "data.seed must be between 0 and 4294967295"),
@@ -281,6 +286,8 @@ CASES = [
                                                            "0.5 now)", [_RUN]),
     _case(_RESUME, "run --resume --out r --set seed=1", "--resume cannot change seed (0 in r/config.yaml, 1 now)",
           [_RUN]),
+    _case(_RESUME, "run --resume --out r --set eval_clients=5", "--resume cannot change eval_clients (None in "
+                                                                 "r/config.yaml, 5 now)", [_RUN]),
     _case(_RESUME, "run --resume --out r --seeds 3", "--resume cannot change seeds (1 in r/config.yaml, 3 now)",
           [_RUN]),
     _case(_RESUME, "run --resume --out r --set model.name=mlp", "--resume cannot change model.name", [_RUN]),

@@ -564,6 +564,11 @@ def test_the_published_configs_validate():
         assert (cfg.data.dataset, cfg.model.name) == (dataset, model)
     standin = load_config(os.path.join(ROOT, "configs", "shakespeare_fedavg.yaml"), ["data.source=standin"])
     assert standin.data.options["source"] == "standin"
+    for name in ("fedavg", "fedadam", "fedyogi", "fedadagrad"):  # a fixed sample of 50 speakers; null: all of them
+        cfg = load_config(os.path.join(ROOT, "configs", f"shakespeare_{name}.yaml"))
+        assert (cfg.eval_clients, cfg.eval_every, cfg.rounds, cfg.data.num_clients) == (50, 10, 1200, 715)
+        assert load_config(os.path.join(ROOT, "configs", f"shakespeare_{name}.yaml"),
+                           ["eval_clients=null"]).eval_clients is None
 
 
 @pytest.mark.parametrize("name, kind", [(f"{d}_fed{k}", k) for d in ("emnist", "shakespeare", "stackoverflow")
@@ -582,9 +587,12 @@ def test_the_shakespeare_config_runs_from_the_cli_on_the_stand_in(tmp_path):
     cmd = [sys.executable, "-m", "fljax.cli", "run", os.path.join(ROOT, "configs", "shakespeare_fedavg.yaml"),
            "--set", "data.source=standin", "--set", "data.num_clients=6", "--set", "data.max_samples=4",
            "--set", "model.options.hidden=[8]", "--set", "model.options.embed=4", "--set", "algo.cohort_size=3",
-           "--set", "rounds=2", "--set", "eval_every=1", "--quiet", "--out", str(out)]
+           "--set", "rounds=2", "--set", "eval_every=1", "--set", "eval_clients=3", "--quiet", "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=900,
                           env={**os.environ, "PYTHONPATH": ROOT})
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["dataset"] == "shakespeare (stand-in)" and "global_perplexity" in summary["final"]
+    # the config evaluates a fixed sample (50 of 715 speakers; here 3 of 6), and the run's table says so
+    assert (summary["eval_clients"], summary["num_clients"], len(summary["eval_client_ids"])) == (3, 6, 3)
+    assert "3 of 6 clients" in proc.stdout

@@ -25,9 +25,11 @@ def _metrics(directory) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
-def test_two_processes_give_the_metrics_of_one(tmp_path):
+@pytest.mark.parametrize("eval_clients", [None, 5])  # 5: a fixed evaluation sample, sharded with a padded slot
+def test_two_processes_give_the_metrics_of_one(tmp_path, eval_clients):
+    tiny = {**TINY, "eval_clients": eval_clients}
     config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump(TINY))
+    config.write_text(yaml.safe_dump(tiny))
     env = {**os.environ, "FLJAX_COMPILE_CACHE": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu"}
     done = subprocess.run([sys.executable, "-m", "fljax.cli", "run", str(config), "--processes", "2", "--quiet",
                            "--out", str(tmp_path / "two")], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -36,7 +38,8 @@ def test_two_processes_give_the_metrics_of_one(tmp_path):
     assert done.stdout.count("| ditto ") == 1  # process 1 prints nothing
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert summary["executor"] == "sharded(2 devices)" and summary["environment"]["device_count"] == 2
-    one = fljax.run(TINY, executor="sharded", out=str(tmp_path / "one"), progress=False)
+    assert summary["eval_clients"] == (eval_clients or 6)
+    one = fljax.run(tiny, executor="sharded", out=str(tmp_path / "one"), progress=False)
     assert one.runs[0].facts["executor"] == "sharded(1 devices)"
     a, b = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
     assert [r["round"] for r in a] == [r["round"] for r in b] == [0, 1, 2, 3]

@@ -179,17 +179,20 @@ class Algorithm(Options):
         own test split (every group of a population with its own model), plus :meth:`eval_metrics`. With target
         clients (``data.num_target``) the ``global_*`` and ``personal_*`` summaries cover the training clients and
         ``target_global_*``, ``target_personal_*`` the target clients (their personalized model is the one
-        :meth:`personal_params` adapts from the server's)."""
+        :meth:`personal_params` adapts from the server's). An evaluation sample (``ctx.eval_ids``, the run's
+        ``eval_clients``) scores only its clients, each as in an evaluation of every client, so every summary and
+        the per-client arrays are over the sample; :meth:`eval_metrics` still sees the whole state."""
         def evaluate_client(g):
             return model_state.client_fn(ctx.model, self.group_algorithm(ctx, g).evaluate_client, train=False)
 
         shared = model_state.attach(server, self.eval_shared(model_state.unwrap(server)))
-        stats = run_all(ctx, evaluate_client, shared, clients, EVAL)
+        scored, states = ctx.evaluated(clients)
+        stats = run_all(scored, evaluate_client, shared, states, EVAL)
         summary, per_client = {}, {}
         scalars = stats.pop("scalars", {})
-        k = ctx.num_train_clients
+        k = scored.num_train_clients
         for kind, s in stats.items():
-            if k < ctx.num_clients:
+            if k < scored.num_clients:
                 summary.update(_summaries(jax.tree.map(lambda a: a[:k], s), kind))
                 summary.update(_summaries(jax.tree.map(lambda a: a[k:], s), f"target_{kind}"))
             else:

@@ -24,7 +24,9 @@ the client id of every entry of the stacked result (what per-client state beside
 residuals of :mod:`fljax.privacy`, is gathered and scattered by).
 
 ``run_all`` maps a function over every client of every group (evaluation; an algorithm's per-client
-precomputation); outputs are concatenated in id order. ``run_every`` runs every client's update (full
+precomputation); outputs are concatenated in id order. Each client's keys come from its id (``ctx.client_ids``), so
+a context restricted to some clients (an evaluation sample, :meth:`~fljax.engine.context.RoundContext.evaluated`)
+gives them exactly the outputs they have in the whole population's. ``run_every`` runs every client's update (full
 participation: the consensus-regression algorithms of :mod:`fljax.algorithms.regression`).
 Every group runs through ``ctx.run_clients``, hence the executor: one vectorised (or chunked, sharded, looped) call
 per group, all inside the round's one compiled program.
@@ -148,7 +150,7 @@ def run_all(ctx: RoundContext, fn_for: Callable, down, clients, keys_tag: int, t
     ``serial``: each group starts once the previous one has finished (the XLA:CPU LAPACK workaround,
     :func:`fljax.engine.population.after`)."""
     if ctx.population is None:
-        ids = jnp.arange(ctx.num_clients)
+        ids = jnp.asarray(ctx.client_ids)
         out = ctx.run_clients(fn_for(None), down, clients, ctx.data.train, ctx.client_keys(ids, keys_tag),
                               ctx.data.test if test else None, ids=ids)
         return out if concat else (out,)

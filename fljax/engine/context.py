@@ -59,9 +59,12 @@ class RoundContext:
     round-independent streams, :meth:`clock_keys`); ``population``: the client groups
     (:class:`~fljax.engine.population.Population`; None: one homogeneous population); ``global_model``: the model of
     the server's global parameters (None: ``model``); ``ids``: the client ids of ``data``'s rows (None: 0 … C − 1;
-    a group's context holds its slice of the population); ``privacy``: the run's privacy and compression
-    (:class:`fljax.privacy.Privacy`; None: none): its DP-SGD reaches every client's local steps
-    (``ClientInput.privacy``), the rest is the centralized template's (:class:`fljax.algorithms.base.Centralized`).
+    a group's context holds its slice of the population, an evaluation sample's its clients); ``privacy``: the run's
+    privacy and compression (:class:`fljax.privacy.Privacy`; None: none): its DP-SGD reaches every client's local
+    steps (``ClientInput.privacy``), the rest is the centralized template's
+    (:class:`fljax.algorithms.base.Centralized`). ``eval_ids``: the clients an evaluation scores (sorted ids, host
+    numpy, :func:`fljax.engine.sampling.evaluation_sample`; None: every client), set in evaluation contexts only
+    (:meth:`evaluated`).
 
     Server-side inputs: :attr:`server` is what the server holds (``data.server``, a
     :class:`~fljax.data.ServerData`: its own labelled set and frozen pretrained models), an argument of the compiled
@@ -79,6 +82,7 @@ class RoundContext:
     global_model: Any = None
     ids: Any = None
     privacy: Any = None
+    eval_ids: Any = None
 
     @property
     def num_clients(self) -> int:
@@ -103,6 +107,19 @@ class RoundContext:
                                                                                             self.data)
         return dataclasses.replace(self, data=data, model=group.model or self.model, population=None,
                                    global_model=self.server_model, ids=np.arange(lo, hi))
+
+    def evaluated(self, clients):
+        """``(context, per-client states)`` of the clients an evaluation scores: this context and ``clients`` when
+        every client is scored (``eval_ids`` None); else the sample's: its clients' train and test splits, states
+        (gathered in id order; ``clients`` None stays None) and ids, so every client in it is scored exactly as in
+        an evaluation of every client. Homogeneous populations without target clients
+        (:class:`~fljax.engine.Simulation` refuses the others)."""
+        if self.eval_ids is None:
+            return self, clients
+        ids = self.eval_ids
+        data = self.data.replace(train=self.data.train.take(ids), test=self.data.test.take(ids))
+        states = None if clients is None else jax.tree.map(lambda x: jnp.take(x, ids, axis=0), clients)
+        return dataclasses.replace(self, data=data, ids=ids, eval_ids=None), states
 
     @property
     def num_train_clients(self) -> int:

@@ -2,7 +2,7 @@
 
 :class:`Simulation` binds an algorithm, a model and federated data to an executor. ``round(state)`` runs one round;
 ``run_rounds(state, n)`` runs n rounds as one compiled ``lax.scan`` (metrics stay on device inside the block);
-``evaluate(state)`` scores every client; ``run(rounds, eval_every)`` alternates the two and reports progress. Under
+``evaluate(state)`` scores every client (or a fixed sample of them, ``eval_clients``); ``run(rounds, eval_every)`` alternates the two and reports progress. Under
 the loop executor rounds run eagerly in Python, one jitted per-client call at a time (the reference).
 
 Those methods run programs built from the simulation's pure functions, which are public for the drivers that build
@@ -26,7 +26,7 @@ import numpy as np
 from fljax import tree
 from fljax.data.federated import FederatedData
 from fljax.data.ragged import RaggedArrays
-from fljax.engine import blas, budget, compile_cache, compile_clock, processes
+from fljax.engine import blas, budget, compile_cache, compile_clock, processes, sampling
 from fljax.engine.context import RoundContext
 from fljax.engine.executors import Executor, choose_executor, make_executor
 from fljax.engine.loop import NonFiniteError, NonFiniteGuard, RunLog, drive
@@ -117,6 +117,11 @@ class Simulation:
     (:mod:`fljax.engine.budget`), and ``memory_plans`` records each program's budget and XLA's own count of its
     temporaries.
 
+    ``eval_clients``: evaluate on a fixed sample of this many clients (None: every client): the same sorted ids at
+    every evaluation (:func:`fljax.engine.sampling.evaluation_sample`, kept as :attr:`eval_ids`), each scored as
+    in an evaluation of every client; the summaries and per-client arrays are then over the sample. For
+    classification data of one homogeneous population without target clients (refused otherwise, one line).
+
     ``privacy``: the run's differential privacy and compressed uploads (:class:`fljax.privacy.Privacy`, resolved by
     :func:`fljax.experiment.privacy_of`; None: none), handed to the algorithm in every round's context. Its traced
     value (the noise multiplier, ``"privacy.noise_multiplier"`` in ``hp``) may differ per lane of one program.
@@ -127,7 +132,8 @@ class Simulation:
     def __init__(self, algorithm: FederatedAlgorithm, data, model: Model | None = None, *,
                  executor: str | Executor = "auto", chunk_size: int | None = None, seed: int = 0,
                  conv_impl: str = "auto", unroll: int | str = "auto", groups=None,
-                 memory_budget: float | None = None, precision: str = "tf32", privacy=None):
+                 memory_budget: float | None = None, precision: str = "tf32", privacy=None,
+                 eval_clients: int | None = None):
         compile_cache.enable()
         self.privacy = privacy
         if memory_budget is not None and not memory_budget > 0:
@@ -152,6 +158,7 @@ class Simulation:
                 raise ValueError("client groups need padded client arrays; build the data with storage='padded'.")
         self.algorithm = algorithm
         self.data = data
+        self.eval_ids = self._eval_sample(data, population, eval_clients)
         self.seed = int(seed)
         models = [m for m in [model] + ([] if population is None else [g.model for g in population.groups])
                   if m is not None]
@@ -194,6 +201,36 @@ class Simulation:
                              f"{data.num_clients}.")
         for group in population.groups:
             algorithm.for_group(group).validate(data.num_clients)
+
+    @staticmethod
+    def _eval_sample(data, population, size):
+        """The sorted ids of the evaluation sample of ``size`` clients (None: every client), after refusing what a
+        sample cannot evaluate correctly."""
+        if size is None:
+            return None
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
+            raise OptionError("eval_clients", f"must be an integer number of clients or null (every client), got "
+                                              f"{size!r}.")
+        if not isinstance(data, FederatedData):
+            raise OptionError("eval_clients", "samples the clients of classification data; this problem's "
+                                              "evaluation measures every client: set eval_clients to null.")
+        if not 1 <= size <= data.num_clients:
+            raise OptionError("eval_clients", f"must be between 1 and the {data.num_clients} clients of the data "
+                                              f"(or null: every client), got {size}.")
+        if population is not None:
+            raise OptionError("eval_clients", "samples a homogeneous population; client groups (groups, or data in "
+                                              "groups of its own) are evaluated on every client: set eval_clients "
+                                              "to null.")
+        if getattr(data, "num_target", 0):
+            raise OptionError("eval_clients", f"samples the training clients of a population; this split's "
+                                              f"{data.num_target} target clients are evaluated apart on every "
+                                              f"client: set eval_clients to null.")
+        return sampling.evaluation_sample(data.num_clients, int(size))
+
+    @property
+    def eval_clients(self) -> int:
+        """How many clients an evaluation scores (all of them without an evaluation sample)."""
+        return self.data.num_clients if self.eval_ids is None else len(self.eval_ids)
 
     # ---------------------------------------------------------------------------------------------- sizing
     def _configured(self, model: Model, conv_impl: str) -> Model:
@@ -293,8 +330,9 @@ class Simulation:
 
     def evaluate_fn(self, state: State, data, hp: dict | None = None):
         """``(scalar summaries, per-client arrays)``: the algorithm's evaluation of ``state`` on ``data`` with traced
-        hyperparameters ``hp``. Pure."""
+        hyperparameters ``hp``, over the evaluation sample when there is one (:attr:`eval_ids`). Pure."""
         ctx = self.context(data, state.round, _round_key(state.key, state.round), state.key, hp)
+        ctx = dataclasses.replace(ctx, eval_ids=self.eval_ids)
         return self.algorithm_at(hp).evaluate(ctx, state.server, state.clients)
 
     # ---------------------------------------------------------------------------------------------- programs

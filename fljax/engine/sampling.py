@@ -1,14 +1,17 @@
 """Client sampling, seeded per round: fixed-size cohorts (:func:`sample_cohort`) and Poisson cohorts in a static buffer
 with a validity mask (:func:`poisson_cohort`, from :mod:`fljax.ops.privacy`: the sampling DP-FedAvg is accounted
-for)."""
+for); and the one fixed sample of clients that evaluation scores when a run asks for one (:func:`evaluation_sample`,
+``eval_clients``)."""
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fljax.ops.privacy import poisson_cohort
 
-__all__ = ["sample_cohort", "poisson_cohort", "smallest_keys", "bernoulli_mask", "PERMUTATION_MAX_CLIENTS"]
+__all__ = ["sample_cohort", "poisson_cohort", "smallest_keys", "bernoulli_mask", "evaluation_sample",
+           "PERMUTATION_MAX_CLIENTS", "EVAL_SAMPLE_SEED"]
 
 # Up to this many clients a cohort is the head of a random permutation (jax.random.choice: two sorts of the whole
 # population's keys); beyond, a linear-time selection of the smallest keys (smallest_keys). Measured on a loaded
@@ -59,3 +62,23 @@ def bernoulli_mask(key, num_clients: int, rate: float):
     mask = jax.random.bernoulli(k1, rate, (num_clients,))
     fallback = jnp.arange(num_clients) == jax.random.randint(k2, (), 0, num_clients)
     return jnp.where(mask.any(), mask, fallback)
+
+
+EVAL_SAMPLE_SEED = 0  # the seed of the one permutation evaluation samples are prefixes of
+
+
+def evaluation_sample(num_clients: int, size: int | None) -> np.ndarray | None:
+    """The clients every evaluation of a run scores (``eval_clients``), as sorted ids (host numpy), or None for
+    every client (``size`` None or at least ``num_clients``).
+
+    The sample is the first ``size`` entries of one fixed permutation of the ids,
+    ``numpy.random.default_rng(EVAL_SAMPLE_SEED).permutation(num_clients)``, sorted: a uniform subset without
+    replacement that depends on the population's size alone. So it is the same at every evaluation (curves
+    compare), for every run seed and every lane of a program, after a resume and on every process of a
+    multi-process run; and a smaller sample is part of a larger one."""
+    if size is None or size >= num_clients:
+        return None
+    if size < 1:
+        raise ValueError(f"an evaluation sample needs at least one client, got {size}.")
+    order = np.random.default_rng(EVAL_SAMPLE_SEED).permutation(num_clients)
+    return np.sort(order[:size]).astype(np.int32)

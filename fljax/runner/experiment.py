@@ -45,7 +45,7 @@ from fljax.runner.memory import check_fits
 from fljax.runner.plan import Program, group_runs, traceable
 from fljax.runner.plots import FORMATS, plot_compare, plot_heatmap, plot_run, setting
 from fljax.runner.report import Output, distinct_table, summary_row
-from fljax.runner.results import RunDir, aggregate_summaries, environment, make_summary
+from fljax.runner.results import RunDir, aggregate_summaries, environment, evaluated, make_summary, sample_note
 from fljax.runner.resume import check_resume
 from fljax.runner.sweep import DataCache, grid_columns, grid_points, point_experiment, point_label, seed_list
 
@@ -306,7 +306,7 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
         check_fits(sim)
         run.steps_per_round = sim.work_per_round()[0]
         run.facts = {"model": getattr(sim.model, "name", None), "num_params": sim.model.num_params() if sim.model
-                     else None, "executor": sim.executor.describe()}
+                     else None, "executor": sim.executor.describe(), **evaluated(sim)}
         run.environment = environment(sim)
         run.setup_seconds = time.perf_counter() - t0
     with lock.hold([d.path for d, _, _ in configs]):
@@ -327,7 +327,8 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
             label, exp = points[0]
             output.note(f"{label or exp.name}: {exp.algorithm.summary or exp.config.algorithm}"
                         + (f" (+{len(points) - 1} more points)" if len(points) > 1 else ""))
-            output.note(f"  data: {all_runs[0].data.summary()}; results in {root.path or '(not written)'}")
+            output.note(f"  data: {all_runs[0].data.summary()}{sample_note(all_runs[0].facts)}; results in "
+                        f"{root.path or '(not written)'}")
         for label, warning in sorted({(run.label or run.cfg.run_name, w) for run in all_runs
                                       for w in sims(run).model_warnings}):
             output.warn(f"{label}: {warning}")

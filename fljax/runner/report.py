@@ -96,14 +96,17 @@ def mean_std(values, digits: int = 4, *, scale: float = 1.0, form: str = "mean_s
 
 
 def summary_row(label: str, summaries: list[dict]) -> dict:
-    """One table row from the ``summary.json`` of every seed of a run."""
+    """One table row from the ``summary.json`` of every seed of a run (with an ``evaluated`` column, '50 of 715
+    clients', when its evaluations scored a sample, ``eval_clients``)."""
     finals = [s.get("final", {}) for s in summaries]
     col = lambda key, **kw: mean_std([f.get(key) for f in finals], **kw)
     mb = [(f.get("bytes_up", 0.0) + f.get("bytes_down", 0.0)) / 1e6 for f in finals]
     private = {"ε": col("epsilon", form="g")} if any("epsilon" in f for f in finals) else {}
+    sampled = [s for s in summaries if s.get("eval_clients", 0) < s.get("num_clients", 0)]
+    sample = {"evaluated": f"{sampled[0]['eval_clients']} of {sampled[0]['num_clients']} clients"} if sampled else {}
     return {"algorithm": label, "seeds": len(summaries), "personal acc": col("personal_acc"),
             "weighted": col("personal_acc_weighted"), "p10 client": col("personal_acc_p10"),
-            "global acc": col("global_acc"), **private, "rounds": max(f.get("round", 0) for f in finals),
+            "global acc": col("global_acc"), **private, **sample, "rounds": max(f.get("round", 0) for f in finals),
             "MB up+down": f"{np.mean(mb):.1f}",
             "run s": f"{np.mean([s['run_seconds'] for s in summaries]):.1f}",
             "compile s": f"{np.mean([s['compile_seconds'] for s in summaries]):.1f}",
@@ -148,7 +151,9 @@ def distinct_table(rows: list[dict], hints: dict[str, str] | None = None, names:
     * ``hints`` (label → text): a note on that row when it lags the best personalized accuracy by :data:`LAG` or
       more, or repeats another row — e.g. a hyperparameter left at a value that does not suit the setting, with
       the value to try (:data:`fljax.algorithms.families.UNTUNED`). A row with notes has their numbers after its
-      label: ``perfedavg [2,3]``.
+      label: ``perfedavg [2,3]``;
+    * the ``evaluated`` column of runs evaluated on a fixed sample of their clients (``eval_clients``) is left out
+      when every row has the same sample, and a note says it.
 
     ``names``: what the notes call each row (default: its first column, the algorithm's label)."""
     if not rows:
@@ -174,6 +179,10 @@ def distinct_table(rows: list[dict], hints: dict[str, str] | None = None, names:
                                        f"{rows[0][c]} {c[:-1] if str(rows[0][c]) == '1' else c}" for c in same)
              + ".")
         rows = [{k: v for k, v in r.items() if k not in same} for r in rows]
+    if "evaluated" in rows[0] and len({str(r.get("evaluated")) for r in rows}) == 1:
+        note(f"every row is evaluated on the same fixed sample of {rows[0]['evaluated']} (eval_clients), not on "
+             f"every client.")
+        rows = [{k: v for k, v in r.items() if k != "evaluated"} for r in rows]
     seen: dict[tuple, int] = {}
     best = max((v for r in rows if (v := _mean(r.get("personal acc"))) == v), default=float("nan"))
     for i, r in enumerate(rows):

@@ -9,7 +9,8 @@
                             (mean over clients, sample-weighted, 10th-percentile client), train loss, cumulative
                             bytes up/down, run_seconds (rounds and evaluations so far, compilation apart)
       summary.json          status, final and best metrics, rounds, setup/compile/run/other seconds adding up to
-                            wall_seconds, client-steps/s, environment (versions, device, executor chosen)
+                            wall_seconds, client-steps/s, the clients evaluations scored (eval_clients of
+                            num_clients; a sample's eval_client_ids), environment (versions, device, executor)
       accuracy_vs_round.png, accuracy_vs_bytes.png, client_accuracy.png
       checkpoints/<round>/  orbax checkpoints (see fljax.runner.checkpoint)
 
@@ -145,6 +146,25 @@ def environment(sim) -> dict:
             "unroll": sim.unroll}
 
 
+def evaluated(sim) -> dict:
+    """What a run's evaluations score, for ``summary.json``: ``eval_clients`` (the number of clients every
+    evaluation scores) and ``num_clients`` (the population), and with an evaluation sample its ids
+    (``eval_client_ids``)."""
+    facts = {"eval_clients": sim.eval_clients, "num_clients": sim.data.num_clients}
+    if sim.eval_ids is not None:
+        facts["eval_client_ids"] = [int(i) for i in sim.eval_ids]
+    return facts
+
+
+def sample_note(summary: dict) -> str:
+    """'; evaluated on a fixed sample of 50 of 715 clients (eval_clients)' for a run with an evaluation sample
+    (its ``summary.json`` or facts), else ''."""
+    n, of = summary.get("eval_clients"), summary.get("num_clients")
+    if n is None or of is None or n >= of:
+        return ""
+    return f"; evaluated on a fixed sample of {n} of {of} clients (eval_clients)"
+
+
 def make_summary(cfg: ExperimentConfig, seed: int, log: RunLog, steps_per_round: int, status: str = "completed",
                  message: str | None = None, facts: dict | None = None, *, setup_seconds: float = 0.0,
                  env: dict | None = None) -> dict:
@@ -186,4 +206,5 @@ def aggregate_summaries(summaries: list[dict], vectorised: bool) -> dict:
             "dataset": summaries[0]["dataset"], "seeds": [s["seed"] for s in summaries], "vectorised": vectorised,
             "status": status, "rounds": max(s["rounds"] for s in summaries), "final": stats, **times,
             "client_steps_per_second": steps / times["run_seconds"] if times["run_seconds"] > 0 else 0.0,
+            **{k: summaries[0][k] for k in ("eval_clients", "num_clients", "eval_client_ids") if k in summaries[0]},
             "environment": summaries[0].get("environment", {})}
