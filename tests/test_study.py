@@ -202,7 +202,7 @@ def test_every_shipped_study_cell_is_a_valid_config(name):
     for table in study.spec.get("tables", []):
         assert table["study"] in study.studies
     for plot in study.spec.get("plots", []):
-        assert plot["study"] in study.studies
+        assert set(plot["study"] if isinstance(plot["study"], list) else [plot["study"]]) <= set(study.studies)
 
 
 def test_reproduce_cli(tmp_path, capsys):

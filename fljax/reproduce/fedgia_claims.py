@@ -9,7 +9,8 @@ from the study's results
   when its mean CR is within 20% of the paper's — with the stricter gates of spec §9 (:data:`SPEC_GATES`: CR ±1.0,
   FedAvg ±15% and its Obj within 0.03) reported beside;
 * :func:`sections`: one Table IV per example with the paper's Obj, CR and Time next to ours (mean ± std over the
-  trials), the capped trials and both gate sets per row.
+  trials), the capped trials and both gate sets per row; the verdicts on §8's claims about Figures 1–6
+  (:func:`figure_verdicts`, from the figure studies ``fig1``–``fig3`` and Table IV's studies).
 
 Means are over the trials (seeds); Obj is f at the aggregate where a run stopped, CR the rounds it took (the last
 metrics record's ``round``), Time the cell's ``time`` tag (run, precomputation and host λ_max seconds per trial).
@@ -23,7 +24,7 @@ from fljax.runner.report import markdown_table
 from fljax.runner.tables import value_text
 
 __all__ = ["paper_tol0", "PAPER_TABLE4", "PAPER_K0", "GATES", "SPEC_GATES", "METHODS", "EXAMPLES", "table_rows",
-           "gate_checks", "claims", "sections"]
+           "gate_checks", "claims", "figure_verdicts", "sections"]
 
 PAPER_K0 = (1, 5, 10)
 METHODS = ("FedAvg", "FedProx", "FedPD", "FedGiA_D", "FedGiA_G")
@@ -160,9 +161,84 @@ def _table(example: str, rows: dict, gated: bool) -> str:
                                  "Time ours (s)", "capped", "issue gates", "spec §9 gates"])
 
 
+# ---------------------------------------------------------------------------------------------------- figures
+
+
+def _curves(results, study: str, line_axis: str, x_axis: str) -> dict:
+    """{(variant, line value): (x values, mean CR per x, mean Time per x)} of a figure study (FedGiA_G and _D)."""
+    out = {}
+    for c in results.cells:
+        if c.study != study or not results.seeds(study, **c.labels):
+            continue
+        key = (c.labels["method"][-1], c.labels[line_axis])
+        out.setdefault(key, []).append((c.labels[x_axis], float(results.final(study, "round", **c.labels).mean()),
+                                        float(results.final(study, c.tags["time"], **c.labels).mean())))
+    return {k: tuple(np.array(v) for v in zip(*sorted(points))) for k, points in out.items()}
+
+
+def figure_verdicts(results) -> list[str]:
+    """§8's claims about Figures 1–6, one line each, for the figure studies (and Table IV's studies) that ran."""
+    lines = []
+    fig1 = {(c.labels["method"][-1], c.labels[K0]): results.seeds("fig1", **c.labels)[0]
+            for c in results.cells if c.study == "fig1" and results.seeds("fig1", **c.labels)}
+    if fig1:
+        finals = [r["history"][-1]["train_loss"] for r in fig1.values()]
+        k0s = sorted({k for _, k in fig1})
+        iters = {key: r["summary"]["stop"]["iters"] for key, r in fig1.items()}
+        grow = all(iters[(v, a)] <= iters[(v, b)] for v in "DG" for a, b in zip(k0s[1:], k0s[2:])
+                   if (v, a) in iters and (v, b) in iters)
+        spread = max(finals) - min(finals)
+        lines += [f"Fig. 1 — all curves reach the same objective: {'yes' if spread < 1e-3 else 'no'} (final f spread "
+                  f"{spread:.1e}).",
+                  f"Fig. 1 — larger k0 > 1 needs more iterations: {'yes' if grow else 'no'} (iterations "
+                  + ", ".join(f"{v}{k}:{iters[(v, k)]}" for v, k in sorted(iters)) + ").",
+                  f"Fig. 1 — Error → 0: final Errors ≤ {max(r['history'][-1]['error'] for r in fig1.values()):.1e}."]
+    fig2 = _curves(results, "fig2", "data.num_clients", K0)
+    if fig2:
+        cr = {k: v[1] for k, v in fig2.items()}
+        tm = {k: v[2] for k, v in fig2.items()}
+        ms = sorted({m for _, m in fig2})
+        decline = all(c[0] > c[-1] for c in cr.values())
+        tail = max(c[len(c) // 2:].max() - c[len(c) // 2:].min() for c in cr.values())
+        pairs = [m for m in ms if ("D", m) in cr and ("G", m) in cr]
+        d_more = np.mean([cr[("D", m)].mean() >= cr[("G", m)].mean() for m in pairs]) if pairs else np.nan
+        d_fast = np.mean([tm[("D", m)].mean() < tm[("G", m)].mean() for m in pairs]) if pairs else np.nan
+        lines += [f"Fig. 2 — CR declines with k0 and then plateaus: {'yes' if decline else 'no'} (CR at the first k0 > "
+                  f"at the last for every curve: {decline}; spread over the upper half of the k0 range ≤ {tail:.1f}).",
+                  f"Fig. 2 — time grows with k0: for {100 * np.mean([t[-1] > t[0] for t in tm.values()]):.0f}% of the "
+                  f"curves (time at the last k0 > at the first).",
+                  f"Fig. 2 — D needs at least as many CR as G: for {100 * d_more:.0f}% of m (mean over k0); D runs "
+                  f"faster than G: for {100 * d_fast:.0f}% of m."]
+    fig3 = _curves(results, "fig3", K0, "algo.alpha")
+    if fig3:
+        cr = {k: v[1] for k, v in fig3.items()}
+        tm = {k: v[2] for k, v in fig3.items()}
+        flat = max((c.max() - c.min() for (_, k0), c in cr.items() if k0 > 5), default=0.0)
+        g = [t for (v, _), t in tm.items() if v == "G"]
+        ratio = {v: np.mean([t[-1] / t[0] for (w, _), t in tm.items() if w == v]) for v in "DG"}
+        lines += [f"Fig. 3 — CR nearly flat in α for k0 > 5: largest CR range over α is {flat:.1f} rounds.",
+                  f"Fig. 3 — G's time grows with α: for {100 * np.mean([t[-1] > t[0] for t in g]):.0f}% of the k0 "
+                  f"lines (mean time ratio largest α / smallest: G {ratio['G']:.2f}, D {ratio['D']:.2f})."]
+    for example, name in zip(EXAMPLES, ("Fig. 4", "Fig. 5", "Fig. 6")):
+        rows = table_rows(results, example)
+        fewest, slowest = [], []
+        for k0 in sorted({k for _, k in rows}):
+            ends = {method: float(m["cr"].mean()) for (method, k), m in rows.items() if k == k0}
+            gia = [v for method, v in ends.items() if method.startswith("FedGiA")]
+            others = [v for method, v in ends.items() if not method.startswith("FedGiA")]
+            if gia and others:
+                fewest.append(max(gia) < min(others))
+            if "FedAvg" in ends and len(ends) > 1:
+                slowest.append(ends["FedAvg"] >= max(ends.values()))
+        if fewest:
+            lines.append(f"{name} — FedGiA uses the fewest CR (means over the trials): {sum(fewest)}/{len(fewest)} "
+                         f"k0 values; FedAvg is slowest: {sum(slowest)}/{len(slowest)}.")
+    return lines
+
+
 def sections(results) -> list[tuple[str, str]]:
     """One Table IV per example that ran (the paper's Obj, CR and Time beside ours, capped trials, both gate sets),
-    and the smoke set's table (m = 16: beside the paper's numbers, not gated)."""
+    the smoke set's table (m = 16: beside the paper's numbers, not gated) and the verdicts on §8's figure claims."""
     out = []
     for example, title in EXAMPLES.items():
         rows = table_rows(results, example)
@@ -172,6 +248,9 @@ def sections(results) -> list[tuple[str, str]]:
     if rows:
         out.append(("Smoke set: Example V.1, m = 16, 2 trials (not comparable with the paper's m = 128; not gated)",
                     _table("v1", rows, gated=False)))
+    verdicts = figure_verdicts(results)
+    if verdicts:
+        out.append(("Figures (§8's claims)", "\n".join(f"- {v}" for v in verdicts)))
     if out:
         out.append(("Not reproduced", "The sct rows of Table IV (the data are not available; `fljax run` with "
                                       "`data.dataset: fedgia_sct_standin` runs a synthetic stand-in, D21)."))
