@@ -444,12 +444,18 @@ def _restore_all(runs: list[Run], sims: _Sims, output: Output) -> None:
                 ck.delete_after(run.start)
 
 
+def completed(summary: dict, cfg: ExperimentConfig) -> bool:
+    """Whether a run's summary says it completed: its ``rounds``, or (a ``stop:`` run) until its rule or cap fired."""
+    return summary.get("status") == "completed" and (summary.get("rounds") == cfg.rounds or
+                                                     (cfg.stop is not None and "stop" in summary))
+
+
 def _reuse(run: Run) -> bool:
-    """A run whose summary says it completed its rounds is kept as it is."""
+    """A run whose summary says it completed is kept as it is."""
     d = run.directory
     if d.holds_summary():
         summary = d.read_summary()
-        if summary.get("status") == "completed" and summary.get("rounds") == run.cfg.rounds:
+        if completed(summary, run.cfg):
             run.status, run.summary = "reused", summary
             run.log = RunLog(history=d.read_metrics())
             return True
