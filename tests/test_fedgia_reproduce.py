@@ -151,7 +151,7 @@ def test_figure_studies_draw_figures_one_to_three_with_their_verdicts(tmp_path):
 
 @pytest.mark.slow
 def test_quick_gated_set_and_figure_one(study, tmp_path):
-    """`--only v1,fig1` (about two minutes): Example V.1's gated rows pass, Figs. 1 and 4 are drawn."""
+    """`--only v1,fig1` (a few minutes): Example V.1's gated rows pass, Figs. 1 and 4 are drawn."""
     out = str(tmp_path / "fedgia")
     results = run_study(study, out, only=["v1", "fig1"])
     verdicts = [v for _, _, v in claims_module.claims(results)]
@@ -162,8 +162,9 @@ def test_quick_gated_set_and_figure_one(study, tmp_path):
 
 @pytest.mark.slow
 def test_full_table4_meets_the_gates(study, tmp_path):
-    """The gated rows of the full reproduction (`--only v1,v2qot,v3qot`, about 25 min on 2 CPU cores): every
-    FedGiA row within 0.03 of the paper's Obj and 1.5 of its CR and below FedAvg's CR, every FedAvg CR within 20%."""
+    """The gated rows of the full reproduction (`--only v1,v2qot,v3qot`; the retired script took about 22 min on 2
+    CPU cores): every FedGiA row within 0.03 of the paper's Obj and 1.5 of its CR and below FedAvg's CR, every FedAvg
+    CR within 20%."""
     results = run_study(study, str(tmp_path / "fedgia"), only=["v1", "v2qot", "v3qot"])
     verdicts = [v for _, _, v in claims_module.claims(results)]
     assert len(verdicts) == 27 and all(v.startswith("passes") for v in verdicts), verdicts
