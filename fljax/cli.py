@@ -302,6 +302,7 @@ def cmd_list(args) -> int:
     from fljax.models.model import model_options
     from fljax.ops.gossip import TOPOLOGIES
     from fljax.options import describe
+    from fljax.runner.study import study_names
 
     common = [o for o in describe(DataConfig) if o[0] != "options"]
     model = {n: [(f.name, f.default, f.metadata.get("doc", "")) for f in model_options(n)] for n in MODELS}
@@ -312,7 +313,7 @@ def cmd_list(args) -> int:
                 ("models", {n: (text, model[n]) for n, text in MODELS.items()}),
                 ("executors", {n: (text, []) for n, text in EXECUTORS.items()}),
                 ("topologies", {n: (text, []) for n, text in TOPOLOGIES.items()}),
-                ("reproductions", {n: (_summary(n), []) for n in _reproductions()})]
+                ("reproductions", {n: (_summary(n), []) for n in study_names()})]
     for title, entries in sections:
         print(f"{title}:")
         for name, (text, options) in entries.items():
@@ -342,42 +343,19 @@ def _value(value) -> str:
 
 
 def _summary(reproduction: str) -> str:
-    from fljax.runner.study import load_study, study_names
+    from fljax.runner.study import load_study
 
-    if reproduction in study_names():
-        return f"{load_study(reproduction).title} (fljax reproduce {reproduction})"
-    import importlib
-
-    doc = importlib.import_module(f"fljax.reproduce.{reproduction}").__doc__ or ""
-    return f"{doc.strip().splitlines()[0] if doc.strip() else ''} (fljax reproduce {reproduction})"
-
-
-def _reproductions() -> list[str]:
-    """Study files (fljax/reproduce/NAME.yaml), and the reproductions still written as a script with ``main``."""
-    import importlib
-    import pkgutil
-
-    import fljax.reproduce
-    from fljax.runner.study import study_names
-
-    scripts = [m.name for m in pkgutil.iter_modules(fljax.reproduce.__path__) if not m.name.startswith("_")
-               and hasattr(importlib.import_module(f"fljax.reproduce.{m.name}"), "main")]
-    return sorted(set(study_names()) | set(scripts))
+    return f"{load_study(reproduction).title} (fljax reproduce {reproduction})"
 
 
 def cmd_reproduce(args) -> int:
-    import importlib
-
     from fljax.runner.study import load_study, render_study, results_from_file, run_study, study_names
 
-    available = _reproductions()
+    available = study_names()
     if args.name not in available:
         close = difflib.get_close_matches(args.name, available, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"unknown reproduction {args.name!r}; available: {available or 'none yet'}.{hint}")
-    if args.name not in study_names():
-        module = importlib.import_module(f"fljax.reproduce.{args.name}")
-        return int(module.main(list(args.script_args)) or 0)
     if args.args:
         raise ConfigError(f"unrecognized arguments: {' '.join(args.args)} (see fljax reproduce --help).")
     study = load_study(args.name)
@@ -548,8 +526,6 @@ def main(argv: list[str] | None = None) -> int:
     if extra and args.command != "reproduce":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.args = extra
-    if args.command == "reproduce":  # a reproduction written as a script takes every argument after its name
-        args.script_args = argv[argv.index(args.name) + 1:]
     debug = bool(os.environ.get("FLJAX_DEBUG"))
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None  # SIGTERM acts as Ctrl-C

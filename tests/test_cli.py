@@ -1,7 +1,6 @@
 """The fljax command line: every wrong input is refused in one line (exit status 2, no traceback) before anything
 runs; --help everywhere; list; reproduce dispatch; example configs for every algorithm."""
 import os
-import textwrap
 
 import pytest
 from bad_inputs import CASES, run_case
@@ -53,23 +52,15 @@ def test_list_shows_every_registry(capsys):
         assert option in out  # each data set's, partitioner's and model's options
 
 
-def test_reproduce_dispatches_by_name(capsys, tmp_path, monkeypatch):
-    import fljax.reproduce
-
-    (tmp_path / "toy.py").write_text(textwrap.dedent("""
-        CALLS = []
-        def main(argv):
-            CALLS.append(argv)
-            return 7
-    """))
-    monkeypatch.setattr(fljax.reproduce, "__path__", [*fljax.reproduce.__path__, str(tmp_path)])
-    assert main(["reproduce", "toy", "--rounds", "3", "x"]) == 7
-    import fljax.reproduce.toy as toy
-
-    assert toy.CALLS == [["--rounds", "3", "x"]]
-    assert main(["reproduce", "tyo"]) == 2
+def test_reproduce_takes_study_files_only(capsys):
+    """Every reproduction is a study file (FedGiA's too): a typo gets the closest name, a script's option (FedGiA's
+    old --quick) one line."""
+    assert main(["reproduce", "fedgai"]) == 2
     err = capsys.readouterr().err
-    assert "unknown reproduction 'tyo'; available: [" in err and "'toy'" in err and "Did you mean 'toy'?" in err
+    assert "unknown reproduction 'fedgai'; available: [" in err and "Did you mean 'fedgia'?" in err
+    assert main(["reproduce", "fedgia", "--quick"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "unrecognized arguments: --quick" in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.parametrize("name", sorted(n for n, c in ALGORITHMS.items() if c.problem == "classification"))

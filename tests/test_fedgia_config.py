@@ -100,3 +100,5 @@ def test_a_stop_section_runs_each_seed_until_the_rule_as_run_until_does(tmp_path
         for k in ("error", "train_loss", "grad_norm_sq"):
             np.testing.assert_array_equal([r[k] for r in run.log.history], want.history[k][i, :s + 1])
         assert run.log.history[-1]["error"] <= 1e-7 < run.log.history[-2]["error"]
+    again = fljax.run(config, out=str(tmp_path / "run"), progress=False, resume=True)  # stopped early, yet complete
+    assert [run.status for run in again.runs] == ["reused", "reused"]

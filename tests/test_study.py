@@ -155,6 +155,27 @@ def test_final_plot_against_a_measured_x_with_a_reference_level(tiny):
     np.testing.assert_allclose(np.asarray(data.get_ydata(), float), [0.805])
 
 
+def test_curves_of_several_studies_in_one_figure(tiny):
+    """``study: [a, b]``: the lines of every study listed, in one figure (``where`` picks the cells of each)."""
+    from fljax.runner.study import StudyResults
+    from fljax.runner.tables import _plot
+
+    cells = tiny.cells(["main", "lr"])
+    runs = {c.key(s): {"summary": {}, "history": [
+        {"round": r, "personal_acc": r + c.config["algo"]["lr"] + (c.config["algorithm"] == "local")}
+        for r in range(3)]} for c in cells for s in c.seeds}
+    spec = {"file": "x.png", "study": ["main", "lr"], "where": {"split": "iid"}, "kind": "curves",
+            "value": "personal_acc", "lines": ["method"], "panels": "algo.lr"}
+    results = StudyResults(tiny, cells, runs, {})
+    fig = _plot(results, spec)  # 'main' has no algo.lr axis: the panels are lr's grid, each with lr's line
+    panels = [ax for ax in fig.axes if ax.lines]
+    assert [[line.get_ydata()[0] for line in ax.lines] for ax in panels] == [[0.1], [0.3]]
+    del spec["panels"]
+    lines = _plot(results, spec).axes[0].lines  # main's two methods, then lr's FedAvg (its first cell)
+    assert [line.get_label() for line in lines] == ["FedAvg", "Local", "FedAvg"]
+    assert [line.get_ydata()[0] for line in lines] == [0.1, 1.1, 0.1]
+
+
 def test_a_saved_config_without_a_section_added_since_is_the_same_settings():
     """A run directory written before a config section or option existed (at its default) is reused; a changed
     value, or a key that no longer parses, is not."""
@@ -202,7 +223,7 @@ def test_every_shipped_study_cell_is_a_valid_config(name):
     for table in study.spec.get("tables", []):
         assert table["study"] in study.studies
     for plot in study.spec.get("plots", []):
-        assert plot["study"] in study.studies
+        assert set(plot["study"] if isinstance(plot["study"], list) else [plot["study"]]) <= set(study.studies)
 
 
 def test_reproduce_cli(tmp_path, capsys):

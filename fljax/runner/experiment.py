@@ -305,8 +305,10 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
         run.privacy = privacy_of(run.exp, run.data)
         check_fits(sim)
         run.steps_per_round = sim.work_per_round()[0]
+        data_facts = getattr(run.data, "facts", None)  # data that report their own preparation (FedGiA's λ_max time)
         run.facts = {"model": getattr(sim.model, "name", None), "num_params": sim.model.num_params() if sim.model
-                     else None, "executor": sim.executor.describe(), **evaluated(sim)}
+                     else None, "executor": sim.executor.describe(), **evaluated(sim),
+                     **(data_facts() if callable(data_facts) else {})}
         run.environment = environment(sim)
         run.setup_seconds = time.perf_counter() - t0
     with lock.hold([d.path for d, _, _ in configs]):
@@ -444,12 +446,18 @@ def _restore_all(runs: list[Run], sims: _Sims, output: Output) -> None:
                 ck.delete_after(run.start)
 
 
+def completed(summary: dict, cfg: ExperimentConfig) -> bool:
+    """Whether a run's summary says it completed: its ``rounds``, or (a ``stop:`` run) until its rule or cap fired."""
+    return summary.get("status") == "completed" and (summary.get("rounds") == cfg.rounds or
+                                                     (cfg.stop is not None and "stop" in summary))
+
+
 def _reuse(run: Run) -> bool:
-    """A run whose summary says it completed its rounds is kept as it is."""
+    """A run whose summary says it completed is kept as it is."""
     d = run.directory
     if d.holds_summary():
         summary = d.read_summary()
-        if summary.get("status") == "completed" and summary.get("rounds") == run.cfg.rounds:
+        if completed(summary, run.cfg):
             run.status, run.summary = "reused", summary
             run.log = RunLog(history=d.read_metrics())
             return True
@@ -545,7 +553,8 @@ def _execute_until(program: Program, sim: Simulation, output: Output, lanes_mode
     ``stop.max_iters`` local iterations) are done: :func:`fljax.engine.run_until`, one compiled loop (no
     checkpoints). Each run's metrics file holds the recorded metrics of rounds 0 … s (s: where it stopped, at the
     state its last record describes) and its summary the outcome (``stop``: rounds, iterations, converged,
-    diverged); a run whose metrics became non-finite is 'stopped'."""
+    diverged) and ``init_seconds``, the compiled initial state's seconds (e.g. FedGiA's precomputation; lanes share
+    them evenly, like ``run_seconds``); a run whose metrics became non-finite is 'stopped'."""
     from fljax.engine.stopping import Stopping, Tolerance, run_until
 
     runs, cfg = program.runs, program.runs[0].cfg
@@ -584,7 +593,8 @@ def _execute_until(program: Program, sim: Simulation, output: Output, lanes_mode
             run.message = (f"converged at round {s}: {cfg.stop.metric} <= tol" if outcome["converged"] else
                            f"reached the cap (rounds: {cfg.rounds}, stop.max_iters: {cfg.stop.max_iters}) at round "
                            f"{s} before {cfg.stop.metric} <= tol")
-        run.summary = {**run.make_summary(run.status, run.message), "stop": outcome}
+        run.summary = {**run.make_summary(run.status, run.message), "init_seconds": res.init_seconds / len(runs),
+                       "stop": outcome}
         run.directory.write_summary(run.summary)
 
 

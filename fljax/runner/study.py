@@ -416,8 +416,10 @@ def _completed(path: str, cfg: ExperimentConfig) -> bool:
 
 
 def _finished(summary: dict, cfg: ExperimentConfig) -> bool:
-    return summary.get("status") in ("completed", "stopped") and (summary.get("status") == "stopped" or
-                                                                  summary.get("rounds") == cfg.rounds)
+    """Completed (its rounds, or until its stopping rule fired) or stopped by a guard."""
+    from fljax.runner.experiment import completed
+
+    return summary.get("status") == "stopped" or completed(summary, cfg)
 
 
 def _recorded_runs(out: str, experiments: dict[str, Experiment]) -> dict[str, dict]:

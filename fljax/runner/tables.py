@@ -26,7 +26,8 @@ A plot (``plots:``, written as PNG and PDF in the style of :mod:`fljax.runner.pl
 ``x_value``, a metric or expression, x is that measured value's mean over seeds with its std as a horizontal error bar
 — accuracy against ε or against MB sent — and ``x`` may then be left out: one point per combination of ``lines``);
 ``value`` may be a list (one panel per metric); ``logy``, ``logx`` for log scales; ``xlabel``, ``ylabel``;
-``reference: {study, value, where, label}`` draws another cell's mean final value as a dashed level.
+``reference: {study, value, where, label}`` draws another cell's mean final value as a dashed level. ``study`` may
+be a list: the lines of every study listed, in one figure (e.g. methods that are studies of their own).
 """
 from __future__ import annotations
 
@@ -206,7 +207,7 @@ def render_plots(results, out: str) -> list[str]:
 
     written = []
     for spec in results.study.spec.get("plots", []):
-        if results.cell(spec["study"]) is None:
+        if all(results.cell(study) is None for study in _as_list(spec["study"])):
             continue
         with plots._rc():
             fig = _plot(results, spec)
@@ -224,11 +225,12 @@ def _plot(results, spec: dict):
     ``lines`` in the styles of :mod:`fljax.runner.plots`, with a ± 1 std band (curves) or error bars (final)."""
     from fljax.runner import plots
 
-    study, where = spec["study"], spec.get("where", {})
+    studies, where = _as_list(spec["study"]), spec.get("where", {})
     metrics = _as_list(spec["value"])
     panel_axis = spec.get("panels")
-    panels = [(None, m) for m in metrics] if panel_axis is None else [
-        (v, metrics[0]) for v in _axis_values(results, study, panel_axis, where)]
+    values = dict.fromkeys(v for s in studies for v in _axis_values(results, s, panel_axis, where)) if panel_axis \
+        else {}
+    panels = [(None, m) for m in metrics] if panel_axis is None else [(v, metrics[0]) for v in values]
     if not panels:
         return None
     fig, axes = plots._figure(len(panels), extra_width=0.0 if plots.current().stacked else 2.2)
@@ -237,8 +239,9 @@ def _plot(results, spec: dict):
     curves = spec.get("kind", "curves") == "curves"
     for ax, (panel_value, metric) in zip(axes, panels):
         sub_where = {**where, **({panel_axis: panel_value} if panel_axis else {})}
-        combos = itertools.product(*[_axis_values(results, study, a, sub_where) for a in line_axes])
-        for i, combo in enumerate(combos):
+        combos = [(study, combo) for study in studies
+                  for combo in itertools.product(*[_axis_values(results, study, a, sub_where) for a in line_axes])]
+        for i, (study, combo) in enumerate(combos):
             labels = {**_fixed(sub_where), **dict(zip(line_axes, combo))}
             name = " ".join(_label(results, a, v) for a, v in zip(line_axes, combo))
             style = plots.style(i)  # the colours, line styles and markers of every fljax plot
@@ -262,7 +265,7 @@ def _plot(results, spec: dict):
                             [scale * sample_std(y) if y.size else np.nan for y in ys], xerr,
                             capsize=3, label=name, **style)
         for ref in _as_list(spec.get("reference", [])):  # a dashed level: e.g. the non-private run's accuracy
-            y = results.final(ref.get("study", study), ref.get("value", metric), **ref.get("where", {}))
+            y = results.final(ref.get("study", studies[0]), ref.get("value", metric), **ref.get("where", {}))
             if y.size:
                 ax.axhline(spec.get("scale", 1.0) * np.mean(y), ls="--", lw=1, color="0.35",
                            label=ref.get("label", "reference"))
@@ -280,7 +283,7 @@ def _plot(results, spec: dict):
                                   else metric), fontsize="medium")
         ax.grid(alpha=0.3)
     plots.legend_outside(fig, *plots._handles(axes))
-    seeds = _seed_count(results, study)
+    seeds = max(_seed_count(results, study) for study in studies)
     fig.suptitle(("line: mean over {n} seeds, band: ± 1 std (sample)" if curves else
                   "mean over {n} seeds, error bar: ± 1 std (sample)").format(n=seeds) if seeds > 1 else "1 seed",
                  fontsize="medium")
