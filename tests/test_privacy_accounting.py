@@ -160,14 +160,17 @@ def test_resolve_calibrates_and_splits_the_noise_for_adaptive_clipping():
 
 def test_compression_options_refusals_and_compressor():
     assert CompressionOptions(kind="top_k", fraction=0.1).compressor() == C.TopK(0.1)
-    assert CompressionOptions(kind="qsgd", bits=4, error_feedback=True).compressor() == C.QSGD(4)
+    assert CompressionOptions(kind="qsgd", bits=4, error_feedback=True).compressor() == C.Contractive(C.QSGD(4))
+    assert CompressionOptions(kind="qsgd", bits=4, error_feedback=True, ef_scaling="none").compressor() == C.QSGD(4)
+    assert CompressionOptions(kind="top_k", fraction=0.1, error_feedback=True).compressor() == C.TopK(0.1)
     cases = [(dict(kind="top_k"), "fraction", "must be set for kind 'top_k'"),
              (dict(kind="qsgd", fraction=0.5, bits=2), "fraction", "not an option of kind 'qsgd'"),
              (dict(kind="sign", bits=2), "bits", "not an option"),
              (dict(kind="random_k", fraction=0.0), "fraction", r"\(0, 1\]"),
              (dict(kind="qsgd", bits=20), "bits", "between 1 and 16"),
              (dict(kind="zip"), "kind", "must be one of"),
-             (dict(error_feedback=True), "error_feedback", "needs a compressor")]
+             (dict(error_feedback=True), "error_feedback", "needs a compressor"),
+             (dict(kind="sign", ef_scaling="none"), "ef_scaling", "applies to error feedback only")]
     for values, key, match in cases:
         _one_line(lambda: CompressionOptions(**values), key, match)
 
