@@ -391,7 +391,7 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
             runs[key] = {"history": d.read_metrics(), "summary": d.read_summary()}
         elif key in recorded:
             runs[key] = recorded[key]
-    previous = _read_meta(out)
+    previous = _read_meta(out) if todo != list(names) else {}  # every run computed now: an earlier file is replaced
     meta = {"study": study.name, "title": study.title, "only": only or study.studies, "seeds": seeds,
             "rounds": rounds, "runs": len(names), "computed": len(todo), "jobs": jobs, "lanes": lanes,
             "wall_seconds": time.perf_counter() - t0 + (previous.get("wall_seconds", 0.0) if todo != list(names)
@@ -467,8 +467,8 @@ def _results_file(path: str) -> dict:
     saved = files.read_json(path, expect=dict)
     if "runs" in saved and "cells" not in saved:
         raise ConfigError(f"{path} was written by an older fljax (results without their study's cells), which "
-                          f"--render cannot read: run the study again (without --render) to rebuild its report, or "
-                          f"keep the committed one.")
+                          f"this one cannot read: run the study again with --fresh to rebuild its report, or keep "
+                          f"the committed one.")
     for key, kind in (("meta", dict), ("runs", dict), ("cells", list)):
         if not isinstance(saved.setdefault(key, kind()), kind):
             raise files.DamagedFile(path, f"its {key!r} is not a {'mapping' if kind is dict else 'list'}")
