@@ -24,6 +24,9 @@ import jax
 import numpy as np
 
 import fljax.data as D
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import time_rounds  # noqa: E402  (benchmarks/machine.py)
 from fljax.algorithms import make_algorithm
 from fljax.engine import Simulation
 from fljax.engine.population import ClientGroup
@@ -44,19 +47,9 @@ def _algo(**kw):
 
 
 def _timed(sim, rounds: int, repeats: int) -> tuple[float, float]:
-    """(median seconds per block of ``rounds`` rounds, compile seconds)."""
-    t0 = time.perf_counter()
-    state = sim.init()
-    state, _ = sim.run_rounds(state, rounds)  # compiles
-    jax.block_until_ready(state)
-    compile_s = time.perf_counter() - t0
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        state, _ = sim.run_rounds(state, rounds)
-        jax.block_until_ready(state)
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times)), compile_s
+    """(median seconds per block of ``rounds`` rounds, compile seconds: the warm-up block's)."""
+    _, compile_s, per_round = time_rounds(sim, sim.init(), rounds, repeats)
+    return per_round * rounds, compile_s
 
 
 def main() -> None:
