@@ -21,7 +21,6 @@ import sys
 import time
 
 import jax
-import numpy as np
 
 import fljax.data as D
 
