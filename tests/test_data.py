@@ -214,6 +214,16 @@ _CASES = [
     dict(dataset="digits", num_clients=20, partition="client_pathological", seed=0, classes_per_client=2,
          samples_per_client=20, on_exhausted="refill", noise=0.5, test_per_client=40, test_rounding="ceil"),
 ]
+# p·T not a whole number (45 test samples after 50 or 20 train samples): floor, ceil and largest remainder differ
+_ROUNDING_CASES = [
+    dict(dataset="digits", num_clients=20, partition="client_dirichlet", seed=1, alpha=0.3, samples_per_client=50,
+         test_per_client=45, test_rounding="floor"),
+    dict(dataset="digits", num_clients=20, partition="client_pathological", seed=2, classes_per_client=2,
+         samples_per_client=20, on_exhausted="redraw", test_per_client=45, test_rounding="ceil"),
+    dict(dataset="digits", num_clients=20, partition="client_pathological", seed=2, classes_per_client=2,
+         samples_per_client=20, on_exhausted="redraw", test_per_client=45),
+]
+_CASES += _ROUNDING_CASES
 
 
 def _multiset(x, y):
@@ -232,17 +242,19 @@ def _client_sets(arrays):
     return [(np.asarray(arrays.x[i, :n]), np.asarray(arrays.y[i, :n])) for i, n in enumerate(count)]
 
 
-def _check_test_counts(test_y, train_y, pool_y, classes: int, total: int, rounding: str):
+def _check_test_counts(test_y, train_y, pool_y, classes: int, total: int, rounding: str) -> bool:
     """Per-class test counts ∝ the client's train label histogram (capped at the pool's class sizes), written out:
     ⌊p·T⌋, ⌈p·T⌉, or largest remainder (⌊p·T⌋ or ⌊p·T⌋ + 1, summing to T, the +1s on the largest fractional
-    parts; ties may go either way)."""
-    raw = np.bincount(train_y, minlength=classes) / len(train_y) * total
+    parts; ties may go either way). Returns whether some p·T is not a whole number (the roundings then differ)."""
+    train_counts = np.bincount(train_y, minlength=classes)
+    raw = train_counts / len(train_y) * total
     cap = np.bincount(pool_y, minlength=classes)
     got = np.bincount(test_y, minlength=classes)
+    fractional = bool(np.any(train_counts * total % len(train_y)))  # in integers: p·T = n_c·T/n
     if rounding in ("floor", "ceil"):
         want = np.floor(raw + 1e-9) if rounding == "floor" else np.ceil(raw - 1e-9)
         np.testing.assert_array_equal(got, np.minimum(want.astype(int), cap))
-        return
+        return fractional
     low = np.floor(raw).astype(int)
     assert np.all(cap >= low + 1) and got.sum() == total  # (never capped in these cases)
     extra = got - low
@@ -250,6 +262,7 @@ def _check_test_counts(test_y, train_y, pool_y, classes: int, total: int, roundi
     frac = raw - low
     if extra.any() and (~extra.astype(bool)).any():
         assert frac[extra == 1].min() >= frac[extra == 0].max() - 1e-9, (got, raw)
+    return fractional
 
 
 @pytest.mark.parametrize("options", _CASES, ids=[f"{o['dataset']}-{o.get('partition')}" for o in _CASES])
@@ -298,10 +311,13 @@ def test_federated_splits_are_what_their_options_specify(options):
     pool_test = _multiset(source.x_test, source.y_test)
     per_client = options.get("test_per_client") or -(-len(source.y_test) // m)
     rounding = options.get("test_rounding", "largest_remainder")
+    fractional = []
     for (_, ytr), (xte, yte) in zip(train, test):
         mine = _multiset(xte, yte)
         assert not mine - pool_test  # drawn from the test pool, without replacement within a client
-        _check_test_counts(yte, ytr, source.y_test, source.num_classes, per_client, rounding)
+        fractional.append(_check_test_counts(yte, ytr, source.y_test, source.num_classes, per_client, rounding))
+    if options in _ROUNDING_CASES:  # most clients' p·T are fractional, so a wrong rounding shows
+        assert np.mean(fractional) >= 0.5, fractional
 
 
 def test_a_config_builds_the_data_of_its_options():

@@ -2,6 +2,7 @@
 own per-client files on files these tests write (cached once, nothing written elsewhere, one-line errors), the
 stand-ins against the real sets' shapes and sizes, and the published configs."""
 import dataclasses
+import glob
 import json
 import os
 import subprocess
@@ -562,8 +563,15 @@ def test_the_published_configs_validate():
                                  ("emnist_fedavg", "femnist62", "emnist_cnn")]:
         cfg = load_config(os.path.join(ROOT, "configs", f"{name}.yaml"))
         assert (cfg.data.dataset, cfg.model.name) == (dataset, model)
-    standin = load_config(os.path.join(ROOT, "configs", "shakespeare_fedavg.yaml"), ["data.source=standin"])
-    assert standin.data.options["source"] == "standin"
+    # each published config reads the real set's files (a run without data_dir stops in one line) and runs offline
+    # on the stand-in with data.source=standin (docs/data.md, configs/README.md)
+    real = {"emnist": "leaf", "shakespeare": "leaf", "stackoverflow": "tff"}
+    for path in sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml"))):
+        prefix = os.path.basename(path).split("_")[0]
+        if prefix in real:
+            options = load_config(path).data.options
+            assert (options["source"], options.get("data_dir")) == (real[prefix], None), path
+            assert load_config(path, ["data.source=standin"]).data.options["source"] == "standin"
     for name in ("fedavg", "fedadam", "fedyogi", "fedadagrad"):  # a fixed sample of 50 speakers; null: all of them
         cfg = load_config(os.path.join(ROOT, "configs", f"shakespeare_{name}.yaml"))
         assert (cfg.eval_clients, cfg.eval_every, cfg.rounds, cfg.data.num_clients) == (50, 10, 1200, 715)
@@ -596,3 +604,20 @@ def test_the_shakespeare_config_runs_from_the_cli_on_the_stand_in(tmp_path):
     # the config evaluates a fixed sample (50 of 715 speakers; here 3 of 6), and the run's table says so
     assert (summary["eval_clients"], summary["num_clients"], len(summary["eval_client_ids"])) == (3, 6, 3)
     assert "3 of 6 clients" in proc.stdout
+
+
+def test_the_stackoverflow_config_runs_on_the_stand_in_and_without_files_stops_in_one_line(tmp_path):
+    config = os.path.join(ROOT, "configs", "stackoverflow_fedavg.yaml")
+    small = ["--set", "data.num_clients=4", "--set", "data.max_samples=3", "--set", "data.vocab=30",
+             "--set", "model.options={embed: 4, hidden: [8], projection: 4}", "--set", "algo.cohort_size=2",
+             "--set", "rounds=1", "--set", "eval_every=1", "--quiet"]
+    run = lambda *args: subprocess.run([sys.executable, "-m", "fljax.cli", "run", config, *small, *args],  # noqa: E731
+                                       capture_output=True, text=True, cwd=tmp_path, timeout=900,
+                                       env={**os.environ, "PYTHONPATH": ROOT, "FLJAX_CACHE": str(tmp_path / "c")})
+    refused = run("--out", str(tmp_path / "refused"))
+    assert refused.returncode == 2 and refused.stderr.startswith("fljax: error: stackoverflow reads TFF's Stack")
+    assert refused.stderr.count("\n") == 1 and sorted(os.listdir(tmp_path)) == []
+    proc = run("--set", "data.source=standin", "--out", str(tmp_path / "run"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["dataset"] == "stackoverflow (stand-in)" and "global_perplexity" in summary["final"]

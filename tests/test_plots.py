@@ -130,22 +130,31 @@ def test_run_plots_draw_the_seed_mean_its_band_and_the_histogram_of_the_clients(
     assert not any(np.allclose(np.asarray(line.get_ydata(), float), 0.0) for line in _lines(metrics))
 
 
+def _look(artist) -> tuple:
+    return artist.get_color(), artist.get_linestyle(), artist.get_marker()
+
+
 def test_compare_plot_draws_each_run_labelled_with_its_own_data(tmp_path, monkeypatch):
-    """In a comparison every run has its own labelled curve of its own accuracies, and a run that communicated
-    nothing has no curve against communication."""
+    """In a comparison every run has its own curve of its own accuracies, labelled with its own name, in the same
+    look against rounds and against communication, and the legend's entry of that name shows that look; a run that
+    communicated nothing has no curve against communication."""
     runs = {f"algo{k}": [[{**r, "personal_acc": 0.1 * k + 0.01 * r["round"]} for r in _history(10.0 ** k)]]
             for k in range(1, 4)}
     runs["local"] = [_history(0.0)]
     saved = _captured(monkeypatch)
     plot_compare(str(tmp_path / "compare.png"), runs, "digits")
     fig = saved["compare.png"]
+    (legend,) = fig.legends
+    entries = {t.get_text(): _look(h) for t, h in zip(legend.get_texts(), legend.legend_handles)}
+    assert sorted(entries) == sorted(runs) and len(set(entries.values())) == len(runs)
     for name, (h,) in runs.items():
         x, y = np.array([r["round"] for r in h]), np.array([r["personal_acc"] for r in h])
         line = _curve(fig, x, y)
-        assert line is not None and name in {line.get_label(), *(t.get_text() for lg in fig.legends
-                                                                  for t in lg.get_texts())}, name
+        assert line is not None and line.get_label() == name and _look(line) == entries[name], name
         mb = np.array([(r["bytes_up"] + r["bytes_down"]) / 1e6 for r in h])
-        assert (_curve(fig, mb[mb > 0], y[mb > 0]) is not None) == (name != "local"), name
+        by_bytes = _curve(fig, mb[mb > 0], y[mb > 0])
+        assert (by_bytes is not None) == (name != "local"), name
+        assert by_bytes is None or (by_bytes.get_label(), _look(by_bytes)) == (name, entries[name]), name
 
 
 def test_heatmap_shows_the_mean_final_value_of_every_grid_point(tmp_path, monkeypatch):

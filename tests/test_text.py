@@ -2,6 +2,11 @@
 LSTM against its equations, every executor (and ragged storage) against the loop on an LSTM and a Transformer FedAvg
 round, the perplexity against a brute-force pass over every test token, and the model/data pairing refused when a
 config is read."""
+import os
+import subprocess
+import sys
+import textwrap
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,6 +23,8 @@ from fljax.models.model import accuracy_stats, auto_model, masked_cross_entropy
 from fljax.models.sequence import LSTM, token_stats
 
 from conftest import assert_trees_close
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _log_softmax(z):
@@ -123,6 +130,35 @@ def test_executors_agree_with_loop_on_a_language_model(words, name, options, exe
         np.testing.assert_allclose(summary[k], ref[k], rtol=1e-5, atol=1e-6)
 
 
+
+def test_sharded_executor_agrees_with_loop_on_a_language_model():
+    """The same rounds as above under `sharded` on 4 forced host devices (a subprocess: the device count is fixed
+    when JAX starts): 5 clients a round over 4 devices (one padded slot), the evaluation's 12 clients likewise."""
+    script = textwrap.dedent("""
+        import jax, numpy as np
+        assert jax.device_count() == 4, jax.devices()
+        import fljax.data as D
+        from fljax.models import make_model
+        from test_text import _round
+        words = D.make_federated("stackoverflow", 12, seed=0, source="standin", max_samples=10, vocab=40, seq_len=6)
+        for name, options in [("lstm", dict(embed=4, hidden=[8, 8], projection=5)),
+                              ("transformer", dict(width=8, layers=1, heads=2))]:
+            model = make_model(name, words.input_shape, words.num_classes, **options)
+            (ref_state, ref_metrics, ref), (state, metrics, summary) = (_round(words, model, ex)
+                                                                        for ex in ("loop", "sharded"))
+            for a, b in zip(jax.tree.leaves(ref_state.server["params"]), jax.tree.leaves(state.server["params"])):
+                np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(metrics["train_loss"], ref_metrics["train_loss"], rtol=1e-5)
+            assert set(summary) == set(ref) and "global_perplexity" in ref
+            for k in ref:
+                np.testing.assert_allclose(summary[k], ref[k], rtol=1e-5, atol=1e-6, err_msg=f"{name} {k}")
+        print("SHARDED-OK")
+    """)
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests")])}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert "SHARDED-OK" in out.stdout, out.stderr[-3000:]
+
 def test_ragged_token_storage_gives_the_padded_numbers(words):
     ragged = D.make_federated("stackoverflow", 12, seed=0, source="standin", max_samples=10, vocab=40, seq_len=6, storage="ragged")
     assert isinstance(ragged.train, D.RaggedArrays) and ragged.train.y.ndim == 2
@@ -178,10 +214,7 @@ def test_text_models_are_paired_with_text_data_when_the_config_is_read():
 
 def test_the_text_benchmark_measures_a_row_in_process():
     """benchmarks/text_workloads.measure(spec), the function benchmarks/gpu.py calls, at toy sizes."""
-    import os
-    import sys
-
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import text_workloads
 
     row = text_workloads.measure({"workload": "stackoverflow-lstm", "cohort": 3, "population": 4, "dry": True})
