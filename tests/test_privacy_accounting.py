@@ -1,7 +1,7 @@
-"""fljax.privacy: ε equals dp-accounting called directly, published reference points (Abadi et al. 2016; TensorFlow Privacy) noise calibration, the
-one-line refusals of the privacy: and compression: sections, and the upload pipeline (clip → compress → clip →
-aggregate → noise) against its definition: vmap = loop, bit-identity with plain weighted averaging, the noise
-convention, the clip bound of every contribution, error feedback's state."""
+"""fljax.privacy: ε equals dp-accounting called directly, published reference points (Abadi et al. 2016; TensorFlow
+Privacy), noise calibration, the one-line refusals of the privacy: and compression: sections, and the upload pipeline
+(clip → compress → clip → aggregate → noise) against its definition: vmap = loop, bit-identity with plain weighted
+averaging, the noise convention, the clip bound of every contribution, error feedback's state."""
 import math
 
 import dp_accounting as dpa
