@@ -68,7 +68,7 @@ __all__ = ["ACCOUNTANTS", "SAMPLINGS", "MIN_NOISE", "Sampling", "dp_event", "mak
            "calibrate_noise_multiplier", "check_accountable", "check_delta", "default_delta", "poisson_capacity",
            "PrivacyOptions", "CompressionOptions", "PrivacyPlan", "resolve_privacy", "AdaptiveClipping",
            "UploadState", "Contribution", "UploadResult", "UploadTransform", "upload_transform", "ExamplePrivacy",
-           "PoissonCohort", "Privacy", "LocalSteps", "resolve_run", "TRACED_NOISE", "WithUploads"]
+           "PoissonCohort", "Privacy", "LocalSteps", "weighting_note", "resolve_run", "TRACED_NOISE", "WithUploads"]
 
 ACCOUNTANTS = ("pld", "rdp")
 SAMPLINGS = ("poisson", "fixed")
@@ -685,14 +685,23 @@ class Privacy:
         return uploads, self.cohort, self.example, self.steps_per_round
 
     def describe(self) -> dict:
-        """What ``summary.json`` records of it (``privacy``): the level, noise multiplier (given or calibrated), δ,
-        clip norm, accountant and sampling; the compressor."""
+        """What ``summary.json`` records of it (``privacy``): the level, noise multiplier z (given or calibrated), δ,
+        clip norm (the initial one under adaptive clipping), clipping (flat or per layer), accountant and sampling;
+        at client level the weight cap ŵ, and with adaptive clipping γ, η_C, the count's noise std σ_b and the
+        updates' noise multiplier z_Δ (z otherwise); the compressor. The clip norm of each round is in the metrics
+        (``clip_norm``)."""
         out = {}
         if self.plan is not None:
             p, o = self.plan, self.plan.options
             out.update(level=o.level, noise_multiplier=p.noise_multiplier, delta=p.delta, clip_norm=o.clip_norm,
-                       accountant=o.accountant, sampling=p.sampling.kind, population=p.sampling.population,
-                       expected_size=p.sampling.size, steps_per_round=self.steps_per_round)
+                       clipping=o.clipping, accountant=o.accountant, sampling=p.sampling.kind,
+                       population=p.sampling.population, expected_size=p.sampling.size,
+                       steps_per_round=self.steps_per_round)
+            if o.level == "client":
+                out.update(weight_cap=o.weight_cap, adaptive=o.adaptive,
+                           update_noise_multiplier=p.update_noise_multiplier)
+            if o.adaptive:
+                out.update(target_quantile=o.target_quantile, clip_lr=o.clip_lr, count_stddev=p.count_stddev)
             if o.target_epsilon is not None:
                 out["target_epsilon"] = o.target_epsilon
         if self.uploads is not None and not isinstance(self.uploads.compressor, Identity):
@@ -710,6 +719,18 @@ class LocalSteps:
     total: int
     batch_size: int
     steps_per_round: int
+
+
+def weighting_note(privacy: PrivacyOptions | None, weighting: str | None) -> str | None:
+    """The note a run prints when client-level privacy replaces the sample weights n_i its algorithm aggregates with
+    (``weighting``: 'samples', given or the algorithm's default) by McMahan et al. 2018's capped weights
+    min(n_i/ŵ, 1), ŵ = ``privacy.weight_cap`` (the sum's sensitivity needs every weight ≤ 1); None otherwise."""
+    if privacy is None or privacy.level != "client" or weighting != "samples":
+        return None
+    cap = privacy.weight_cap
+    uniform = " = 1 for every client with data (uniform weights)" if cap == 1 else ""
+    return (f"privacy: the private aggregate weighs client i by min(n_i/ŵ, 1){uniform}, not by n_i as algo.weighting: "
+            f"samples asks; ŵ is privacy.weight_cap = {cap:g}")
 
 
 def resolve_run(privacy: PrivacyOptions | None, compression: CompressionOptions | None, *, clients: int,

@@ -1,7 +1,7 @@
-"""fljax.privacy: ε equals dp-accounting called directly, a published reference point, noise calibration, the
-one-line refusals of the privacy: and compression: sections, and the upload pipeline (clip → compress → clip →
-aggregate → noise) against its definition: vmap = loop, bit-identity with plain weighted averaging, the noise
-convention, the clip bound of every contribution, error feedback's state."""
+"""fljax.privacy: ε equals dp-accounting called directly, published reference points (Abadi et al. 2016; TensorFlow
+Privacy), noise calibration, the one-line refusals of the privacy: and compression: sections, and the upload pipeline
+(clip → compress → clip → aggregate → noise) against its definition: vmap = loop, bit-identity with plain weighted
+averaging, the noise convention, the clip bound of every contribution, error feedback's state."""
 import math
 
 import dp_accounting as dpa
@@ -14,9 +14,9 @@ from fljax import tree as T
 from fljax.errors import OptionError
 from fljax.ops import compress as C
 from fljax.options import parse
-from fljax.privacy import (AdaptiveClipping, CompressionOptions, PrivacyOptions, Sampling, UploadTransform,
-                           calibrate_noise_multiplier, check_accountable, epsilon, poisson_capacity, resolve_privacy,
-                           upload_transform)
+from fljax.privacy import (AdaptiveClipping, CompressionOptions, LocalSteps, PrivacyOptions, Sampling, UploadTransform,
+                           calibrate_noise_multiplier, check_accountable, dp_event, epsilon, make_accountant,
+                           poisson_capacity, resolve_privacy, resolve_run, upload_transform)
 
 NR = dpa.NeighboringRelation
 
@@ -69,6 +69,50 @@ def test_abadi_et_al_mnist_reference_point():
     s = Sampling("poisson", 60_000, 600)
     rdp, pld = epsilon(4.0, 10_000, 1e-5, s, "rdp"), epsilon(4.0, 10_000, 1e-5, s, "pld")
     assert pld <= rdp <= moments_eps
+
+
+def _dp_sgd(z, n, batch, steps_per_epoch, delta):
+    """fljax's example-level privacy of DP-SGD on one client of n examples (Poisson batches of expected size B,
+    ``steps_per_epoch`` steps a round), resolved from a ``privacy:`` section as a run resolves it."""
+    options = PrivacyOptions(level="example", noise_multiplier=z, clip_norm=1.0, delta=delta, accountant="rdp")
+    return resolve_run(options, None, clients=1, cohort_size=None, rounds=1,
+                       local=LocalSteps(smallest=n, total=n, batch_size=batch, steps_per_round=steps_per_epoch))
+
+
+@pytest.mark.parametrize("z,n,batch,epochs,delta,published", [(1.3, 60_000, 150, 15, 1e-5, 0.7242234026109595),
+                                                              (1.0, 100_000, 100, 30, 1e-7, 1.4154988495444842)])
+def test_tensorflow_privacy_published_epsilon_of_dp_sgd(z, n, batch, epochs, delta, published):
+    """TensorFlow Privacy's published ε of DP-SGD, computed with dp-accounting's RDP accountant (Poisson rate B/n,
+    ⌈epochs·n/B⌉ steps): tensorflow/privacy, tensorflow_privacy/privacy/analysis/compute_dp_sgd_privacy_test.py
+    (commit 2cd46dbb995dfee13162f4e4a7b40c1940c9c6f0), ``test_compute_dp_sgd_privacy`` cases 'Test0' (optimal order
+    19) and 'Test1' (order 13). fljax's ε from the config path (one client of n examples, an epoch a round) matches
+    to the published digits."""
+    steps = math.ceil(n / batch)
+    assert steps * batch == n  # whole epochs: the published step count ⌈epochs·n/B⌉ is epochs × ⌈n/B⌉
+    assert _dp_sgd(z, n, batch, steps, delta).epsilon(epochs) == pytest.approx(published, abs=1e-12)
+
+
+def test_tensorflow_privacy_mnist_tutorial_epsilons_are_the_classic_conversion_of_the_same_renyi_dp():
+    """TensorFlow Privacy's MNIST DP-SGD tutorial (tensorflow/privacy, tutorials/README.md, commit
+    047e1eef0e446daf41a9adbb712c546ebbd38c12: "Expected Output" and "Select Parameters"): n = 60,000, B = 256,
+    ⌊n/B⌋ = 234 steps an epoch, δ = 1e-5; z = 1.12 gives ε = 1.00 after 1 epoch, 1.04 after 2 and 2.92 after 60
+    (also the docstring of compute_dp_sgd_privacy.py, commit 1ce8cd4032b06e8afa475747a105cfcb01c52ebe, with its
+    ⌈60·n/B⌉ = 14,063 steps), z = 1.2 gives 1.20 after 10 epochs. They are the RDP of the Poisson-subsampled Gaussian
+    converted with the classic bound ε = min_α RDP(α) + log(1/δ)/(α − 1) (Mironov 2017, Prop. 3) that TF Privacy then
+    used: fljax's own accountant and event (make_accountant, dp_event of the resolved plan) give that RDP, and its
+    classic conversion is each published value to its two decimals. fljax reports the same RDP's tighter conversion
+    (dp-accounting's, Canonne et al. 2020, Prop. 12), e.g. 2.52 for 2.92. (The README's third row, z = 0.6 for 30
+    epochs, ε = 9.74, comes out as 9.75 and is not asserted.)"""
+    cases = [(1.12, 1 * 234, 1.00), (1.12, 2 * 234, 1.04), (1.12, 60 * 234, 2.92), (1.12, 14_063, 2.92),
+             (1.2, 10 * 234, 1.20)]
+    for z, steps, published in cases:
+        plan = _dp_sgd(z, 60_000, 256, 1, 1e-5).plan
+        acc = make_accountant("rdp", plan.sampling)
+        acc.compose(dp_event(plan.noise_multiplier, plan.sampling, steps))
+        classic = float(np.min(acc.rdp + math.log(1 / plan.delta) / (acc.orders - 1)))
+        assert round(classic, 2) == published, (z, steps)
+        assert plan.epsilon(steps) == acc.get_epsilon(plan.delta) < classic
+    assert round(_dp_sgd(1.12, 60_000, 256, 234, 1e-5).epsilon(60), 2) == 2.52
 
 
 def test_epsilon_edges():

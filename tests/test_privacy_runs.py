@@ -70,10 +70,12 @@ def test_no_noise_and_a_clip_above_every_norm_is_the_non_private_run_bit_for_bit
     plain = fljax.run(_config(name, ALGOS[name], **model), progress=False)
     private = fljax.run(_config(name, ALGOS[name], privacy=NO_NOISE, **model), progress=False)
     assert _bits(_own(private.state), _own(plain.state))
+    private_only = ("epsilon", "clip_norm", "unclipped_fraction")
     for a, b in zip(private.history, plain.history):
-        assert {k: v for k, v in a.items() if k not in ("epsilon", "run_seconds")} == \
+        assert {k: v for k, v in a.items() if k not in (*private_only, "run_seconds")} == \
             {k: v for k, v in b.items() if k != "run_seconds"}
     assert private.history[-1]["epsilon"] == math.inf and private.history[0]["epsilon"] == 0.0
+    assert all(h["clip_norm"] == 1e6 and h["unclipped_fraction"] == 1.0 for h in private.history[1:])
 
 
 def test_compression_none_with_error_feedback_off_is_the_plain_run_and_identity_residuals_stay_zero():
@@ -111,6 +113,61 @@ def test_epsilon_in_metrics_summary_table_and_load_run_is_dp_accounting_and_a_re
     strip = lambda h: [{k: v for k, v in r.items() if k != "run_seconds"} for r in h]  # noqa: E731
     assert strip(resumed.history) == strip(whole.history)
     assert _bits(resumed.state, whole.state)
+
+
+def _notes(capsys) -> list[str]:
+    return [line.strip() for line in capsys.readouterr().err.splitlines() if line.startswith("  privacy:")]
+
+
+def test_a_private_run_with_sample_weighting_says_which_weights_it_uses(capsys):
+    """Client-level DP aggregates with min(n_i/ŵ, 1), not the n_i of ``algo.weighting: samples`` (FedAvg's default):
+    one note line says so, once for a sweep of noise levels; none under uniform weighting or at example level."""
+    private = {"noise_multiplier": 1.0, "clip_norm": 0.5, "delta": 1e-3}
+    cfg = _config(algo={"weighting": "samples"}, privacy=private, rounds=1)
+    del cfg["algo"]["weighting"]  # the algorithm's default
+    fljax.sweep({"privacy.noise_multiplier": [0.7, 1.4]}, cfg, progress=True)
+    assert _notes(capsys) == ["privacy: the private aggregate weighs client i by min(n_i/ŵ, 1) = 1 for every client "
+                              "with data (uniform weights), not by n_i as algo.weighting: samples asks; ŵ is "
+                              "privacy.weight_cap = 1"]
+    fljax.run(_config(algo={"weighting": "samples"}, privacy={**private, "weight_cap": 20}, rounds=1), progress=True)
+    assert _notes(capsys) == ["privacy: the private aggregate weighs client i by min(n_i/ŵ, 1), not by n_i as "
+                              "algo.weighting: samples asks; ŵ is privacy.weight_cap = 20"]
+    fljax.run(_config(privacy=private, rounds=1), progress=True)  # BASE: weighting uniform
+    assert _notes(capsys) == []
+
+
+def test_adaptive_clip_norm_is_recorded_and_follows_the_geometric_update_of_the_recorded_fractions(tmp_path):
+    """Andrew et al. 2021: every evaluation record holds its last round's clip norm C_t and noised fraction b̄_t;
+    consecutive rounds follow C_{t+1} = C_t·exp(−η_C(b̄_t − γ)) (replayed in NumPy from the records, from C_1 = the
+    configured clip), the server's state after the last round is that update of the last record, a coarser evaluation
+    schedule records the same last-round values, and summary.json's privacy block holds every setting."""
+    z, sigma_b, gamma, lr = 1.0, 1.0, 0.3, 0.5
+    private = {"noise_multiplier": z, "clip_norm": 0.5, "delta": 1e-3, "adaptive": True, "count_stddev": sigma_b,
+               "target_quantile": gamma, "clip_lr": lr}
+    cfg = _config(privacy=private, rounds=4, eval_every=1)
+    result = fljax.run(cfg, out=str(tmp_path / "r"), progress=False)
+    h = result.history
+    clips = np.array([r["clip_norm"] for r in h[1:]])
+    fractions = np.array([r["unclipped_fraction"] for r in h[1:]])
+    replay = [0.5]
+    for f in fractions:
+        replay.append(replay[-1] * math.exp(-lr * (f - gamma)))
+    np.testing.assert_allclose(clips, replay[:-1], rtol=2e-6)
+    assert float(result.state.server.uploads.clip_norm) == pytest.approx(replay[-1], rel=2e-6)
+    assert len(set(clips)) == len(clips)  # it moves
+    frame = fljax.load_run(str(tmp_path / "r"))
+    assert list(frame["clip_norm"][1:]) == list(clips) and list(frame["unclipped_fraction"][1:]) == list(fractions)
+    assert result.summary["final"]["clip_norm"] == clips[-1]
+    block = result.summary["privacy"]
+    assert {k: block[k] for k in ("clip_norm", "clipping", "adaptive", "target_quantile", "clip_lr", "count_stddev",
+                                  "weight_cap")} == {"clip_norm": 0.5, "clipping": "flat", "adaptive": True,
+                                                     "target_quantile": gamma, "clip_lr": lr, "count_stddev": sigma_b,
+                                                     "weight_cap": 1.0}
+    # the updates' share of the round's noise: z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2) (Andrew et al. 2021, Section 3.1)
+    assert block["update_noise_multiplier"] == pytest.approx((z ** -2 - (2 * sigma_b) ** -2) ** -0.5, rel=1e-12)
+    coarse = fljax.run({**cfg, "eval_every": 2}, progress=False).history
+    assert [(r["clip_norm"], r["unclipped_fraction"]) for r in coarse[1:]] == \
+        [(h[r]["clip_norm"], h[r]["unclipped_fraction"]) for r in (2, 4)]
 
 
 def test_example_level_epsilon_is_the_smallest_clients_poisson_rate_over_every_local_step():

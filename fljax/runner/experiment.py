@@ -39,6 +39,7 @@ from fljax.engine.loop import drive
 from fljax.engine.processes import agree, lead_only
 from fljax.errors import OptionError
 from fljax.experiment import Experiment, build, compare_points, privacy_of
+from fljax.privacy import weighting_note
 from fljax.runner import files, identity, interrupt, lock
 from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
 from fljax.runner.memory import check_fits
@@ -331,6 +332,9 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
                         + (f" (+{len(points) - 1} more points)" if len(points) > 1 else ""))
             output.note(f"  data: {all_runs[0].data.summary()}{sample_note(all_runs[0].facts)}; results in "
                         f"{root.path or '(not written)'}")
+        for note in sorted({n for run in all_runs
+                            if (n := weighting_note(run.cfg.privacy, getattr(run.exp.algorithm, "weighting", None)))}):
+            output.note(f"  {note}")
         for label, warning in sorted({(run.label or run.cfg.run_name, w) for run in all_runs
                                       for w in sims(run).model_warnings}):
             output.warn(f"{label}: {warning}")
