@@ -217,25 +217,37 @@ def from_dict(cls, values: Mapping) -> ExperimentConfig:
         kwargs[key] = value
     top = [f.name for f in dataclasses.fields(cls) if f.init]
     for key in kwargs:
-        if key not in top and (section := _section_of(str(key), values.get("algorithm"))):
+        if key not in top and (section := _section_of(str(key))):
             raise OptionError(str(key), f"is not a top-level key; did you mean {section}.{key}? (--set "
                                         f"{section}.{key}=..., or under {section}: in a config file)")
     return parse(cls, kwargs)
 
 
-def _section_of(key: str, algorithm) -> str | None:
-    """The section that has option ``key`` (``lr`` → ``algo``: the chosen algorithm's, else any algorithm's;
-    ``num_clients`` → ``data``), for the message on a section key given at the top level. config.py imports no
-    registry (it only parses): the algorithms are the defined subclasses of :class:`~fljax.options.Options` that
-    declare the ``problem`` they solve (:class:`fljax.algorithms.Algorithm`'s)."""
-    algos, todo = [], [Options]
-    while todo:
-        for sub in todo.pop().__subclasses__():
-            todo.append(sub)
-            if isinstance(getattr(sub, "problem", None), str) and isinstance(getattr(sub, "name", None), str):
-                algos.append(sub)
-    algos = [a for a in algos if a.name == algorithm] or algos
-    sections = {"algo": {f.name for a in algos for f in dataclasses.fields(a) if f.init},
+# The hyperparameters of the built-in algorithms, for the hint on one given at the top level (``lr`` → ``algo.lr``).
+# config.py only parses and imports no registry: this is the list of their declared names, which
+# tests/test_config.py checks against the registry (fljax.algorithms.registry.hyperparameter_fields).
+ALGO_KEYS = frozenset("""
+    a adapt_steps adaptive_alpha agg agg_prob alpha alpha_lr anneal_factor anneal_rounds assign_rule b batch_size
+    batch_stats batches beta bits body_epochs center_grad_clip center_granularity center_init center_prox
+    center_prox_sign center_updates chunks_per_epoch clamp_x client_init clip_norm cohort_mode cohort_size
+    conv_reshape coupling delta_schedule density downlink epochs eta eta_g eval_body eval_mode eval_model eval_point
+    fd_delta finetune finetune_epochs finetune_lr finetune_steps fp_doubled fp_quant_grad global_ce_weight global_lr
+    global_prox gossip_form gpgd_threshold gram_solver head_epochs head_lr hvp_mode inner_steps iters k k0 kappa
+    kd_softening kd_temperature kt kt_augment kt_batch_size kt_ce_weight kt_crop_pad kt_dim kt_head_lr
+    kt_head_momentum kt_head_wd kt_momentum kt_negatives kt_tau kt_weight lam lam_clock lam_compensated lam_p
+    layer_density lipschitz local_data local_epochs local_scale local_steps loss lpgd_factor_uplink lr lr_center
+    lr_decay lr_gamma lr_index memory_efficient minibatches momentum mu nuclear_exclude only_kt optimizer p p_init
+    penalty_half penalty_r personal personal_epochs personal_init personal_lr personal_prox personal_weight_decay
+    prox_mode r0 regrow rho rho_per_client sam_on sampling server_beta1 server_beta2 server_bias_correction
+    server_eps server_initial_accumulator server_lr server_momentum server_optimizer soft_sharpness solver t
+    topology torus_rows upload variant weight_decay weighting
+""".split())
+
+
+def _section_of(key: str) -> str | None:
+    """The section that has option ``key`` (``lr`` → ``algo``: a hyperparameter of a built-in algorithm,
+    :data:`ALGO_KEYS`; ``num_clients`` → ``data``), for the message on a section key given at the top level."""
+    sections = {"algo": ALGO_KEYS,
                 "data": {f.name for f in dataclasses.fields(DataConfig) if f.init},
                 "model": {f.name for f in dataclasses.fields(ModelConfig) if f.init},
                 "server": {f.name for f in dataclasses.fields(ServerConfig) if f.init}}

@@ -109,8 +109,8 @@ class Experiment:
 def resolve(cfg: ExperimentConfig) -> Experiment:
     """The :class:`Experiment` of a parsed config: the names checked against the registries (algorithm, executor,
     model, server), the model options against the model, the algorithm constructed from ``cfg.algo`` (unknown keys
-    refused with the closest valid one, every value by its declaration) and validated for ``data.num_clients``,
-    then the client groups. An algorithm of consensus regression (FedGiA's, ``problem``) on a data set posing that
+    refused with the closest valid one, every value by its declaration) and validated for the training clients
+    (``data.num_clients`` less a ``meta_pairs`` split's target clients), then the client groups. An algorithm of consensus regression (FedGiA's, ``problem``) on a data set posing that
     problem (``fedgia_*``) has no model, server or groups: its experiment holds the algorithm alone. Raises
     :class:`~fljax.errors.ConfigError` (one line naming the key)."""
     from fljax.engine.executors import EXECUTORS
@@ -134,19 +134,18 @@ def resolve(cfg: ExperimentConfig) -> Experiment:
             raise OptionError("eval_clients", f"samples the clients of classification data; {cfg.algorithm}'s "
                                               f"evaluation measures every client: set eval_clients to null.")
         _check_regression(cfg)
-        algorithm = _construct(cls, cfg.algo, cfg.data.num_clients, "algo")
-        return Experiment(dataclasses.replace(cfg, algo=_written({k: getattr(algorithm, k) for k in cfg.algo})),
-                          algorithm, cfg.model)
+        algorithm = _construct(cls, cfg.algo, cfg.data.num_train_clients, "algo")
+        return Experiment(dataclasses.replace(cfg, algo=_written(_held(algorithm, cfg.algo))), algorithm, cfg.model)
     input_shape = cfg.data.source.input_shape
     model = _resolve_model(cfg.model, input_shape)
     _check_server(cfg.server, input_shape)
-    algorithm = _construct(cls, cfg.algo, cfg.data.num_clients, "algo")
+    algorithm = _construct(cls, cfg.algo, cfg.data.num_train_clients, "algo")
     groups = _groups(cfg, algorithm, input_shape)
     if groups and cfg.eval_clients is not None:
         raise OptionError("eval_clients", "samples a homogeneous population; client groups (groups) are evaluated on "
                                           "every client: set eval_clients to null.")
     _check_privacy(cfg, algorithm)
-    config = dataclasses.replace(cfg, algo={k: getattr(algorithm, k) for k in cfg.algo})
+    config = dataclasses.replace(cfg, algo=_held(algorithm, cfg.algo))
     return Experiment(config, algorithm, model, groups)
 
 
@@ -160,6 +159,12 @@ def _construct(cls: type[Algorithm], values: dict, num_clients: int, section: st
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{section}: {e}") from None
     return algorithm
+
+
+def _held(algorithm: Algorithm, keys) -> dict:
+    """The values of hyperparameters ``keys`` as ``algorithm`` holds them (checked and converted: ``1`` → ``1.0``)."""
+    hp = algorithm.hyperparameters()
+    return {k: hp[k] for k in keys}
 
 
 def _groups(cfg: ExperimentConfig, algorithm: Algorithm, input_shape: tuple) -> tuple[Group, ...]:
@@ -185,8 +190,8 @@ def _groups(cfg: ExperimentConfig, algorithm: Algorithm, input_shape: tuple) -> 
             except OptionError as e:  # already names model.…
                 raise e.within(f"groups[{i}]") from None
         hp = {**cfg.algo, **g.algo}
-        own = _construct(type(algorithm), hp, cfg.data.num_clients, f"groups[{i}].algo")
-        out.append(Group(g.name, g.size, model, {k: getattr(own, k) for k in g.algo}))
+        own = _construct(type(algorithm), hp, cfg.data.num_train_clients, f"groups[{i}].algo")
+        out.append(Group(g.name, g.size, model, _held(own, g.algo)))
     return tuple(out)
 
 
@@ -205,8 +210,8 @@ def _check_privacy(cfg: ExperimentConfig, algorithm: Algorithm) -> None:
     key = "privacy" if p is not None else "compression"
     if cfg.groups:
         raise OptionError(key, "runs on one homogeneous population; remove groups.")
-    uploads = [n for n, c in sorted(ALGORITHMS.items()) if getattr(c, "upload_model", False)]
-    if (p is None or p.level == "client" or _squeezed(cfg)) and not getattr(algorithm, "upload_model", False):
+    uploads = [n for n, c in sorted(ALGORITHMS.items()) if c.upload_model]
+    if (p is None or p.level == "client" or _squeezed(cfg)) and not algorithm.upload_model:
         what = "client-level privacy" if p is not None and p.level == "client" else "compressing uploads"
         example = p is not None and algorithm.private_steps and not _squeezed(cfg)
         raise OptionError(key, f"applies to an algorithm whose upload is a model trained from the broadcast one and "
@@ -225,13 +230,13 @@ def _check_privacy(cfg: ExperimentConfig, algorithm: Algorithm) -> None:
             raise OptionError("algo.sampling", f"must be 'poisson' under privacy.level: example (each example in a "
                                                f"step with probability batch_size/n_i, the sampling the accountant "
                                                f"models; shuffled or epoch batches it cannot), got "
-                                               f"{show(getattr(algorithm, 'sampling', None))}.")
+                                               f"{show(None if plan is None else plan.sampling)}.")
         return  # the rest needs the clients' sizes: privacy_of
     from fljax.privacy import resolve_run
 
+    clients = cfg.data.num_train_clients
     try:
-        resolve_run(p, cfg.compression, clients=cfg.data.num_clients,
-                    cohort_size=getattr(algorithm, "cohort_size", None), rounds=cfg.rounds)
+        resolve_run(p, cfg.compression, clients=clients, cohort_size=algorithm.participants(clients), rounds=cfg.rounds)
     except OptionError as e:
         raise e.within("privacy") from None
 
@@ -248,7 +253,7 @@ def privacy_of(exp: Experiment, data: "FederatedData"):
     cfg, algorithm = exp.config, exp.algorithm
     if cfg.privacy is None and not _squeezed(cfg):
         return None
-    clients = data.num_clients - getattr(data, "num_target", 0)
+    clients = data.num_train_clients
     counts = np.asarray(data.train.count)[:clients]
     local = None
     if cfg.privacy is not None and cfg.privacy.level == "example":
@@ -256,11 +261,9 @@ def privacy_of(exp: Experiment, data: "FederatedData"):
         if not sizes.size:
             raise OptionError("privacy.level", "'example': no client has training examples.")
         local = LocalSteps(int(sizes.min()), int(sizes.sum()), plan.batch_size, plan.num_steps(data.train.n_max))
-    weights = algorithm.client_weights(counts) if hasattr(algorithm, "client_weights") else None
     try:
-        return resolve_run(cfg.privacy, cfg.compression, clients=clients,
-                           cohort_size=getattr(algorithm, "cohort_size", None), rounds=cfg.rounds, weights=weights,
-                           local=local)
+        return resolve_run(cfg.privacy, cfg.compression, clients=clients, cohort_size=algorithm.participants(clients),
+                           rounds=cfg.rounds, weights=algorithm.client_weights(counts), local=local)
     except OptionError as e:
         raise e.within("privacy") from None
 
@@ -402,7 +405,8 @@ def load_data(exp: Experiment, seed: int | None = None) -> "FederatedData":
 
 def build(exp: Experiment, data: "FederatedData", module=None) -> "Simulation":
     """The :class:`~fljax.engine.Simulation` of ``exp`` on ``data`` (``module``: a Flax module of the user's own,
-    used instead of the experiment's model). The simulation runs ``exp.algorithm`` itself."""
+    used instead of the experiment's model). The simulation runs ``exp.algorithm`` itself, which :func:`resolve`
+    validated: not again unless ``data`` (one of the user's own) has another number of training clients."""
     from fljax.engine import Simulation
     from fljax.engine.population import ClientGroup
     from fljax.models.model import own_model
@@ -410,7 +414,7 @@ def build(exp: Experiment, data: "FederatedData", module=None) -> "Simulation":
     cfg = exp.config
     if exp.algorithm.problem != "classification":  # no model: the data are the clients' rows in size classes
         return Simulation(exp.algorithm, data, executor=cfg.executor, chunk_size=cfg.chunk_size, seed=cfg.seed,
-                          memory_budget=cfg.memory_budget)
+                          memory_budget=cfg.memory_budget, validated_for=cfg.data.num_train_clients)
     model = own_model(module, data.input_shape, data.num_classes) if module is not None else build_model(exp.model,
                                                                                                           data)
     groups = [ClientGroup(g.name, g.size, build_model(g.model, data) if g.model is not None else None, g.hp)
@@ -420,7 +424,7 @@ def build(exp: Experiment, data: "FederatedData", module=None) -> "Simulation":
     return Simulation(exp.algorithm, data, model, executor=cfg.executor, chunk_size=cfg.chunk_size, seed=cfg.seed,
                       conv_impl=cfg.model.conv_impl, groups=groups, precision=cfg.precision,
                       memory_budget=cfg.memory_budget, privacy=privacy_of(exp, data),
-                      eval_clients=cfg.eval_clients)
+                      eval_clients=cfg.eval_clients, validated_for=cfg.data.num_train_clients)
 
 
 # ------------------------------------------------------------------------------------------------------ compare

@@ -124,8 +124,8 @@ def test_compare_shared_keys_apply_to_the_algorithms_that_declare_them():
 @pytest.mark.parametrize("override, section", [("lr=0.1", "algo"), ("mu=0.1", "algo"), ("num_clients=5", "data"),
                                                ("hidden=[8]", None)])
 def test_a_section_key_at_the_top_level_names_its_section(override, section):
-    """``--set lr=0.1`` points at ``algo.lr`` (a key of the chosen algorithm's, or of any algorithm's), a key that no
-    section has gets the usual list of valid keys."""
+    """``--set lr=0.1`` points at ``algo.lr`` (a hyperparameter of a built-in algorithm), a key that no section has
+    gets the usual list of valid keys."""
     with pytest.raises(OptionError) as e:
         load_config(None, [override], base={"algorithm": "fedprox"})
     key = override.split("=")[0]
@@ -133,3 +133,15 @@ def test_a_section_key_at_the_top_level_names_its_section(override, section):
         assert f"did you mean {section}.{key}?" in str(e.value) and "Valid keys" not in str(e.value)
     else:
         assert "Valid keys" in str(e.value)
+
+
+def test_the_top_level_hint_knows_the_hyperparameters_the_algorithms_declare():
+    """config.py lists the algorithms' hyperparameter names without importing their registry (ALGO_KEYS): the list
+    is the registry's declarations, no more, no less."""
+    from fljax.algorithms import ALGORITHMS
+    from fljax.algorithms.registry import hyperparameter_fields
+    from fljax.config import ALGO_KEYS
+
+    declared = set().union(*(hyperparameter_fields(cls) for cls in ALGORITHMS.values()))
+    assert ALGO_KEYS == declared, (f"fljax.config.ALGO_KEYS: add {sorted(declared - ALGO_KEYS)}, remove "
+                                   f"{sorted(ALGO_KEYS - declared)}")

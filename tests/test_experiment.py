@@ -1,6 +1,7 @@
 """The composition root (fljax.experiment): a config is resolved once, below the runner, the API and the command
 line. The import graph read from the source has no arrow from the runner up to the API and no circle among the
-outer modules; along `fljax run` the algorithm object is constructed once and run by every seed's simulation."""
+outer modules; along `fljax run` the algorithm object is constructed and validated once and run by every seed's
+simulation."""
 import ast
 import dataclasses
 import os
@@ -94,22 +95,69 @@ def _count_constructions(monkeypatch, cls) -> list:
     return calls
 
 
-def test_fljax_run_constructs_the_algorithm_once(monkeypatch, tmp_path):
-    """Two seeds, each with its own data and simulation: one algorithm object, constructed once, runs both; a
-    resume of the finished run constructs it once too."""
+def _count_validations(monkeypatch, cls) -> list:
+    """The number of clients of every call of ``cls.validate`` (from outside: a template's ``super().validate``
+    inside it is part of the same call)."""
+    calls = []
+    original = cls.validate
+
+    def counting(self, num_clients):
+        calls.append(num_clients)
+        original(self, num_clients)
+
+    monkeypatch.setattr(cls, "validate", counting)
+    return calls
+
+
+def test_fljax_run_constructs_and_validates_the_algorithm_once(monkeypatch, tmp_path):
+    """Two seeds, each with its own data and simulation: one algorithm object, constructed and validated once, runs
+    both; a resume of the finished run constructs and validates it once too."""
     import fljax.runner.experiment as runner
 
     calls = _count_constructions(monkeypatch, FedProx)
+    validations = _count_validations(monkeypatch, FedProx)
     sims = []
     build = runner.build
     monkeypatch.setattr(runner, "build", lambda exp, data, module=None: sims.append(build(exp, data, module))
                         or sims[-1])
     out = str(tmp_path / "r")
-    assert main(["run", "--algorithm", "fedprox", "--seeds", "2", "--out", out, *TINY]) == 0
-    assert len(calls) == 1 and len(sims) == 2 and all(s.algorithm is calls[0] for s in sims)
-    calls.clear()
+    assert main(["run", "--algorithm", "fedprox", "--seeds", "3", "--out", out, *TINY]) == 0
+    assert len(calls) == 1 and len(sims) == 3 and all(s.algorithm is calls[0] for s in sims)
+    assert validations == [6]
+    calls.clear(), validations.clear()
     assert main(["run", "--resume", "--out", out, "--quiet"]) == 0
-    assert len(calls) == 1
+    assert len(calls) == 1 and validations == [6]
+
+
+def test_a_simulation_built_from_python_validates_its_algorithm(monkeypatch):
+    """A simulation that the user builds validates the algorithm for its data's training clients; one built from an
+    experiment does not again, unless the data (the user's own) has another number of training clients."""
+    from fljax.engine import Simulation
+    from fljax.experiment import build, default_model
+    from fljax.data import make_federated
+
+    data = make_federated("synthetic", num_clients=6, max_samples=40)
+    with pytest.raises(OptionError, match="cohort_size must be between 1 and num_clients=6"):
+        Simulation(FedProx(cohort_size=7), data, default_model(data))
+    validations = _count_validations(monkeypatch, FedProx)
+    exp = resolve(load_config(None, ["algorithm=fedprox", "data.num_clients=6", "data.max_samples=40",
+                                     "algo.cohort_size=3"]))
+    assert validations == [6]
+    build(exp, data)
+    assert validations == [6]
+    build(exp, make_federated("synthetic", num_clients=8, max_samples=40))
+    assert validations == [6, 8]
+
+
+def test_the_algorithm_is_validated_for_the_clients_that_train():
+    """A meta_pairs split's target clients never train: a hyperparameter per client counts the others."""
+    sets = ["algorithm=augfl", "data.dataset=mnist5k", "data.partition=meta_pairs", "data.num_clients=12",
+            "data.target_clients=2", "model.name=mlp", "server.pretrained=mlp"]
+    assert resolve(load_config(None, [*sets, f"algo.rho_per_client={[1.0] * 10}"])).algorithm.rho_per_client
+    with pytest.raises(OptionError, match=r"algo.rho_per_client must list one penalty per training client \(10\)"):
+        resolve(load_config(None, [*sets, f"algo.rho_per_client={[1.0] * 12}"]))
+    with pytest.raises(OptionError, match="data.target_clients must be below num_clients=12"):
+        load_config(None, [*sets, "data.target_clients=12"])
 
 
 def test_resolve_builds_the_experiment_once_and_names_every_key():

@@ -39,9 +39,9 @@ def test_schedule_constants_are_float64_in_a_float64_run():
         assert delta.dtype == f64
         np.testing.assert_allclose(np.asarray(delta), [1 / (10 * i + 100) for i in range(1, 6)], rtol=1e-15)
         counts = jnp.asarray([7, 9, 11, 3], jnp.int32)
-        w = algo.client_weights(counts, 3, f64)
+        w = algo.meta_weights(counts, 3, f64)
         np.testing.assert_allclose(np.asarray(w), [7 / 27, 9 / 27, 11 / 27, 0.0], rtol=1e-15)
-        uniform = AugFL(weighting="uniform").client_weights(counts, 3, f64)
+        uniform = AugFL(weighting="uniform").meta_weights(counts, 3, f64)
         np.testing.assert_allclose(np.asarray(uniform), [1 / 3, 1 / 3, 1 / 3, 0.0], rtol=1e-15)
         rho = algo.penalties(3, 4, f64)
         assert rho.dtype == f64 and float(rho[0]) == 0.7

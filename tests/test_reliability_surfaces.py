@@ -251,6 +251,39 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line(tmp_path):
     _assert_same_run(tmp_path / "cut", tmp_path / "full")
 
 
+def test_the_cause_of_a_failed_checkpoint_is_read_from_the_error_number():
+    """The cause of a failed checkpoint write is the operating system's error, found by its number: on an OSError
+    anywhere along the chain of causes and contexts (orbax's own file operations), else in tensorstore's status
+    (its ValueError names the number only in its text); otherwise the error's first line."""
+    import errno
+
+    from fljax.runner.checkpoint import _cause
+
+    def wrapped(inner: BaseException, explicit: bool) -> BaseException:
+        try:
+            try:
+                raise inner
+            except BaseException as e:
+                if explicit:
+                    raise RuntimeError("the save failed") from e
+                raise RuntimeError("the save failed")
+        except RuntimeError as outer:
+            return outer
+
+    for code, text in [(errno.ENOSPC, "no space left on device"), (errno.EDQUOT, "disk quota exceeded"),
+                       (errno.EROFS, "read-only file system"), (errno.EACCES, "permission denied"),
+                       (errno.EFBIG, "file too large (the file-size limit, ulimit -f)")]:
+        for explicit in (True, False):
+            assert _cause(wrapped(OSError(code, "whatever the message"), explicit)) == text
+        status = ValueError(f"OUT_OF_RANGE: Error writing \"a/0\": Failed to write 10 bytes to file 11: … "
+                            f"[os_error_code='{code}']")
+        assert _cause(wrapped(status, True)) == text
+    # the errno decides, not the words: a message that reads like another error does not mislead it
+    assert _cause(OSError(errno.EROFS, "No space left on device")) == "read-only file system"
+    assert _cause(ValueError("No space left on device\nmore")) == "No space left on device"
+    assert _cause(RuntimeError()) == "RuntimeError"
+
+
 def test_a_result_file_that_cannot_be_written_is_named(tmp_path, monkeypatch):
     """An operating-system error while writing a result file names the file (not only `[Errno 27] File too
     large`), and the file as it was stays."""

@@ -40,3 +40,11 @@ def test_ties_within_one_pooled_std_hold():
     acc = {**PAPERLIKE, "Local (2 bits)": [72, 70, 71.5]}  # 2 bits above FP by less than a pooled std
     assert [v for c, _, v in claims(Results(acc)) if "C3. Local" in c] == ["holds"]
     assert claims(Results({})) == []
+
+
+def test_the_pooled_std_is_the_tables_sample_std():
+    """Seeds 70, 71, 72 and 70.9, 71.9, 72.9 have sample std 1 each (ddof 1, the tables' ±; the population std would
+    be sqrt(2/3) ≈ 0.82): FP 0.9 below 2 bits is within one pooled std, 1.1 below is not."""
+    for below, verdict in [(0.9, "holds"), (1.1, "fails")]:
+        acc = {**PAPERLIKE, "Local (FP)": [70, 71, 72], "Local (2 bits)": [70 + below, 71 + below, 72 + below]}
+        assert [v for c, _, v in claims(Results(acc)) if "C3. Local" in c] == [verdict]

@@ -137,7 +137,7 @@ class AugFL(Centralized):
             rho = jnp.full((num_train,), value, dtype)
         return jnp.concatenate([rho, jnp.ones((num_clients - num_train,), dtype)])
 
-    def client_weights(self, counts, num_train: int, dtype=jnp.float32):
+    def meta_weights(self, counts, num_train: int, dtype=jnp.float32):
         """w_i = D_i/Σ_j D_j over the training clients ('samples') or 1/|𝓘| ('uniform'); 0 for target clients; in
         ``dtype`` (the parameters')."""
         train = jnp.arange(counts.shape[0]) < num_train
@@ -170,7 +170,7 @@ class AugFL(Centralized):
         kt = kt_init(self, jax.random.fold_in(self.init_key(ctx), 1), ctx.model, server) if self.uses_kt() else {}
         n, k, dtype = ctx.num_clients, ctx.num_train_clients, tree.float_dtype(params)
         clients = {"y": tree.broadcast_clients(tree.zeros_like(params), n), "k": jnp.zeros((n,), jnp.int32),
-                   "w": self.client_weights(ctx.data.train.count, k, dtype), "rho": self.penalties(k, n, dtype)}
+                   "w": self.meta_weights(ctx.data.train.count, k, dtype), "rho": self.penalties(k, n, dtype)}
         server = {"params": params, "kt": kt}
         if self.partial(k):  # s_i = ρ_i θ^0 until client i first reports (θ_i^{−1} = θ^0, y_i^{−1} = 0)
             start = tree.broadcast_clients(params, k)

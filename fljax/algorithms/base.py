@@ -71,6 +71,9 @@ class Algorithm(Options):
     # its batch plan (LocalTraining.train, fljax.algorithms.local_training.train_steps), so DP-SGD in every step makes
     # all it sends example-level private, accounted as plan().num_steps local steps per round
     private_steps: ClassVar[bool] = False
+    # its upload is a model trained from the broadcast one and its server update reads the uploads only through their
+    # weighted mean: client-level privacy and compression apply (CohortTemplate.transform_uploads)
+    upload_model: ClassVar[bool] = False
 
     def validate(self, num_clients: int) -> None:
         """Refuse hyperparameters impossible for ``num_clients`` clients with a one-line
@@ -121,6 +124,12 @@ class Algorithm(Options):
         """Local steps a participant runs per round (default: the batch plan's)."""
         plan = self.plan()
         return 0 if plan is None else plan.num_steps(n_max)
+
+    def client_weights(self, counts) -> list[float] | None:
+        """Every client's aggregation weight p_k from its number of training examples n_k, as the server weighs its
+        upload (what the privacy accountant's fixed denominator needs); None (the default): it aggregates no
+        weighted uploads."""
+        return None
 
     def init_key(self, ctx: RoundContext):
         return ctx.stream(INIT)
@@ -254,17 +263,12 @@ class CohortTemplate(Algorithm):
             raise OptionError("cohort_size", f"must be between 1 and num_clients={num_clients} (or null for full "
                                              f"participation), got {self.cohort_size}.")
 
-    # its upload is a model trained from the broadcast one and its server update reads the uploads only through their
-    # weighted mean: client-level privacy and compression apply (transform_uploads)
-    upload_model: ClassVar[bool] = False
-
     def participants(self, num_clients: int) -> int:
         return num_clients if self.cohort_size is None else min(self.cohort_size, num_clients)
 
-    def client_weights(self, counts):
-        """Every client's aggregation weight p_k from its number of training examples n_k (what
-        :meth:`aggregation_weights` gives its results): n_k, or 1 under uniform weighting."""
-        return [1.0] * len(counts) if self.weighting == "uniform" else [float(c) for c in counts]
+    def client_weights(self, counts) -> list[float]:
+        """Every client's aggregation weight p_k (what :meth:`aggregation_weights` gives its results): n_k."""
+        return [float(c) for c in counts]
 
     def sample(self, ctx: RoundContext):
         """This round's cohort: ``(sorted ids, None)``, a uniform fixed-size cohort of ``cohort_size``, or under the
@@ -372,6 +376,10 @@ class Centralized(CohortTemplate):
 
     weighting: str = option("samples", "aggregation weights: 'samples' (n_i) or 'uniform'",
                             one_of(("samples", "uniform")))
+
+    def client_weights(self, counts) -> list[float]:
+        """Every client's aggregation weight p_k: n_k, or 1 with ``weighting='uniform'``."""
+        return [1.0] * len(counts) if self.weighting == "uniform" else super().client_weights(counts)
 
     def aggregation_weights(self, result: ClientResult):
         """Per-entry aggregation weights: n_i, or 1 with ``weighting='uniform'`` (zero for the entries of unsampled

@@ -56,10 +56,10 @@ def untuned(algorithm, rounds: int) -> str | None:
     """The note on ``algorithm`` (an algorithm object) when it runs at a default of :data:`UNTUNED`, else None."""
     from fljax.options import field_default
 
-    entry = UNTUNED.get(getattr(algorithm, "name", ""))
+    entry = UNTUNED.get(algorithm.name)
     if entry is None:
         return None
     key, text = entry
     default = field_default(next(f for f in dataclasses.fields(algorithm) if f.name == key))
-    value = getattr(algorithm, key)
+    value = algorithm.hyperparameters()[key]
     return f"{algorithm.name}: {text.format(value=value, rounds=rounds)}" if value == default else None

@@ -66,6 +66,12 @@ class BatchPlan:
             return self.epochs * ((count + self.batch_size - 1) // self.batch_size)
         return jnp.asarray(self.num_steps(n_max), jnp.int32)
 
+    @property
+    def sampling(self) -> str:
+        """How its batches are drawn, by the local-training option that asks for it (``algo.sampling``): 'poisson',
+        'replacement' or 'shuffle' (shuffled batches, or full batches)."""
+        return "poisson" if self.poisson else "replacement" if self.replacement else "shuffle"
+
     def width(self, n_max: int) -> int:
         return n_max if self.batch_size is None or self.poisson else self.batch_size
 

@@ -82,6 +82,13 @@ class DataConfig(Options):
     def partitioner(self) -> Partitioner:
         return PARTITIONERS[self.partition]
 
+    @property
+    def num_train_clients(self) -> int:
+        """Clients that train: all but the partition's target clients (``meta_pairs``), as
+        :attr:`fljax.data.FederatedData.num_train_clients` of the data this section describes; what an algorithm's
+        hyperparameters are checked against (:meth:`fljax.algorithms.Algorithm.validate`)."""
+        return self.num_clients - self.components()[1].num_target(self.num_clients)
+
     def components(self) -> tuple[Options, PartitionOptions]:
         """The data set's and the partitioner's options."""
         source_keys, partition_keys = _names(self.source.options), _names(self.partitioner.options)
@@ -117,6 +124,7 @@ class DataConfig(Options):
             raise OptionError("num_clients", f"must be at most {most} ({supply}), got {self.num_clients}.")
         if not source.natural:
             partition_options.check_data(most, source.num_classes)
+        partition_options.num_target(self.num_clients)  # refuses target clients that leave none to train
 
     def _foreign(self, key: str) -> str:
         owners = [_listing("data set", [n for n, s in SOURCES.items() if key in _names(s.options)]),

@@ -83,10 +83,7 @@ def meta_pairs(source: Pooled, num_clients: int, seed: int, options: MetaPairsOp
     order = _canonical_order(x, y)
     x, y = x[order], y[order]
     c_num = source.num_classes
-    n_target = o.target_clients if o.target_clients is not None else max(1, int(round(0.2 * num_clients)))
-    if n_target >= num_clients:
-        raise OptionError("target_clients", f"must be below num_clients={num_clients} (some clients must train), "
-                                            f"got {n_target}.")
+    n_target = o.num_target(num_clients)
     rng_s = np.random.default_rng(o.server_seed + 15485863)
     by_class = [np.flatnonzero(y == c) for c in range(c_num)]
     server_idx, pools = [], []

@@ -339,6 +339,11 @@ class PartitionOptions(Options):
         """Refuse options that a data set with ``train_size`` training samples and ``num_classes`` classes cannot
         satisfy (raise :class:`OptionError`)."""
 
+    def num_target(self, num_clients: int) -> int:
+        """How many of the ``num_clients`` clients are *target* clients, which never train
+        (:attr:`fljax.data.FederatedData.num_target`): none, but for ``meta_pairs``."""
+        return 0
+
 
 def _check_classes(classes_per_client: int, num_classes: int) -> None:
     if classes_per_client > num_classes:
@@ -440,6 +445,14 @@ class MetaPairsOptions(PartitionOptions):
     labels: Literal["global", "pair"] = option("global", "client labels: the global C-way classes (the authors' "
                                                          "code), or per client 2-way (its pair's first class 0, "
                                                          "the second 1; the server keeps global labels)")
+
+    def num_target(self, num_clients: int) -> int:
+        """``target_clients`` (null: 20 % of ``num_clients``, at least 1); refused unless some clients train."""
+        n = self.target_clients if self.target_clients is not None else max(1, int(round(0.2 * num_clients)))
+        if n >= num_clients:
+            raise OptionError("target_clients", f"must be below num_clients={num_clients} (some clients must "
+                                                f"train), got {n}.")
+        return n
 
 
 def _meta_pairs(source, num_clients: int, seed: int, options):

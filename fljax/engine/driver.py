@@ -126,6 +126,11 @@ class Simulation:
     :func:`fljax.experiment.privacy_of`; None: none), handed to the algorithm in every round's context. Its traced
     value (the noise multiplier, ``"privacy.noise_multiplier"`` in ``hp``) may differ per lane of one program.
 
+    ``validated_for``: the number of training clients that ``algorithm`` (and each client group's hyperparameters)
+    has already been validated for (:meth:`~fljax.engine.protocol.FederatedAlgorithm.validate`;
+    :func:`fljax.experiment.resolve` does it once per experiment, and :func:`fljax.experiment.build` passes the
+    number on). When it is this data's number of training clients the checks are not repeated; None: they run here.
+
     Every compiled call runs through :func:`fljax.engine.blas.call` (one BLAS thread when the user allowed more).
     """
 
@@ -133,7 +138,7 @@ class Simulation:
                  executor: str | Executor = "auto", chunk_size: int | None = None, seed: int = 0,
                  conv_impl: str = "auto", unroll: int | str = "auto", groups=None,
                  memory_budget: float | None = None, precision: str = "tf32", privacy=None,
-                 eval_clients: int | None = None):
+                 eval_clients: int | None = None, validated_for: int | None = None):
         compile_cache.enable()
         self.privacy = privacy
         if memory_budget is not None and not memory_budget > 0:
@@ -141,7 +146,9 @@ class Simulation:
         self.memory_budget = memory_budget
         # clients that may train: all but a meta-learning split's target clients (FederatedData.num_target)
         self.num_train_clients = data.num_clients - getattr(data, "num_target", 0)
-        algorithm.validate(self.num_train_clients)
+        validate = validated_for != self.num_train_clients
+        if validate:
+            algorithm.validate(self.num_train_clients)
         if model is None and isinstance(data, FederatedData):
             raise ValueError("Simulation needs the model its clients run for classification data: pass one, e.g. "
                              "fljax.models.make_model('mlp', data.input_shape, data.num_classes) or "
@@ -154,6 +161,9 @@ class Simulation:
             population = Population.of_sizes(data.group_sizes)
         elif population is not None:
             self._check_population(algorithm, population, data, model)
+            if validate:
+                for group in population.groups:
+                    algorithm.for_group(group).validate(self.num_train_clients)
             if isinstance(data, FederatedData) and isinstance(data.train, RaggedArrays):
                 raise ValueError("client groups need padded client arrays; build the data with storage='padded'.")
         self.algorithm = algorithm
@@ -199,8 +209,6 @@ class Simulation:
         if population.num_clients != data.num_clients:
             raise ValueError(f"the client groups hold {population.num_clients} clients, the data "
                              f"{data.num_clients}.")
-        for group in population.groups:
-            algorithm.for_group(group).validate(data.num_clients)
 
     @staticmethod
     def _eval_sample(data, population, size):

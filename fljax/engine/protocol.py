@@ -94,7 +94,11 @@ class FederatedAlgorithm(Protocol):
     * ``supports_groups``: it runs a population of client groups (:mod:`fljax.engine.population`);
       ``mixed_architectures``: a group may run another architecture than the global model's;
       ``trains_model_state``: its clients may train a model with BatchNorm or Dropout (the model's variables arrive
-      in :attr:`ClientInput.variables` and leave in :attr:`ClientResult.variables`).
+      in :attr:`ClientInput.variables` and leave in :attr:`ClientResult.variables`);
+    * ``upload_model``: its upload is a model trained from the broadcast one and its server reads the uploads only
+      through their weighted mean (client-level privacy and compressed uploads apply: :mod:`fljax.privacy`);
+      ``private_steps``: its clients touch their training data only through the local steps of its batch plan
+      (example-level privacy applies: DP-SGD in every step).
 
     What it does:
 
@@ -108,7 +112,9 @@ class FederatedAlgorithm(Protocol):
     * ``round(ctx, server, clients) -> (server, clients, metrics)``: one round, traced inside ``jit`` (eagerly under
       the loop executor); ``metrics`` is a dict of scalars with ``train_loss``, ``bytes_up``, ``bytes_down``;
     * ``evaluate(ctx, server, clients) -> (summary, per_client)``: scalar summaries and per-client arrays;
-    * ``participants(num_clients)``: clients that train in a round (the cohort);
+    * ``participants(num_clients)``: clients that train in a round (the cohort; under Poisson sampling its expected
+      size); ``client_weights(counts)``: every client's aggregation weight from its number of training examples
+      (None: it aggregates no weighted uploads);
     * ``plan()``: the batch plan of a client's local steps (None: no minibatch steps);
     * ``steps_per_round(n_max)``: local steps one participant runs per round.
     """
@@ -120,6 +126,8 @@ class FederatedAlgorithm(Protocol):
     supports_groups: ClassVar[bool]
     mixed_architectures: ClassVar[bool]
     trains_model_state: ClassVar[bool]
+    upload_model: ClassVar[bool]
+    private_steps: ClassVar[bool]
 
     def validate(self, num_clients: int) -> None: ...
 
@@ -138,6 +146,8 @@ class FederatedAlgorithm(Protocol):
     def evaluate(self, ctx: "RoundContext", server: Any, clients: Any) -> tuple[dict, dict]: ...
 
     def participants(self, num_clients: int) -> int: ...
+
+    def client_weights(self, counts: Any) -> list[float] | None: ...
 
     def plan(self) -> "BatchPlan | None": ...
 

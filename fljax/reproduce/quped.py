@@ -2,11 +2,14 @@
 
 The studies, tables and plots are data (``quped.yaml``, run by ``fljax reproduce quped``); this module computes the
 claims from them. Means are over seeds; "a ≥ b" tolerates one pooled standard deviation of the two arms,
-sqrt((s_a² + s_b²)/2) (spec §12). Runs whose training collapsed are part of the means (reported, never dropped).
+sqrt((s_a² + s_b²)/2) (spec §12), with s the sample standard deviation over seeds (ddof 1) that the tables show after
+the ±. Runs whose training collapsed are part of the means (reported, never dropped).
 """
 from __future__ import annotations
 
 import numpy as np
+
+from fljax.runner.report import sample_std
 
 __all__ = ["claims"]
 
@@ -20,7 +23,7 @@ def _acc(results, method: str) -> np.ndarray:
 
 def _geq(a: np.ndarray, b: np.ndarray) -> tuple[bool, float]:
     """(mean(a) ≥ mean(b) − pooled std, mean(a) − mean(b))."""
-    pooled = float(np.sqrt((a.std() ** 2 + b.std() ** 2) / 2))
+    pooled = float(np.sqrt((sample_std(a) ** 2 + sample_std(b) ** 2) / 2))
     gap = float(a.mean() - b.mean())
     return gap >= -pooled, gap
 

@@ -16,8 +16,10 @@ boundaries of the same schedule, so a resumed run repeats the uninterrupted one 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import re
 import sys
 import time
 from typing import Callable
@@ -37,17 +39,39 @@ class CheckpointError(OSError):
     renaming its temporary directory once complete)."""
 
 
+# tensorstore, which writes orbax's arrays, reports an operating-system error as a ValueError without errno, cause
+# or context, its status naming the error number only in its text (tensorstore 0.1.86 under orbax-checkpoint 0.12.8:
+# 'OUT_OF_RANGE: Error writing "a/0" in OCDBT database ...: Failed to write 349950 bytes to file 11: File too large
+# [os_error_code='27']'); orbax's own file operations raise OSErrors with an errno.
+_TENSORSTORE_ERRNO = re.compile(r"\[os_error_code='(\d+)'\]")
+_HINTS = {errno.EFBIG: " (the file-size limit, ulimit -f)"}
+
+
+def _errno(e: BaseException) -> int | None:
+    """The operating-system error number behind ``e``: the first :class:`OSError` with one along its chain of causes
+    and contexts, else the number in a tensorstore status (see above); None when there is none."""
+    chain, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    for link in chain:
+        if isinstance(link, OSError) and link.errno is not None:
+            return link.errno
+    for link in chain:
+        if match := _TENSORSTORE_ERRNO.search(str(link)):
+            return int(match.group(1))
+    return None
+
+
 def _cause(e: BaseException) -> str:
-    text = str(e)
-    if "No space left on device" in text or "os_error_code='28'" in text:
-        return "no space left on device"
-    if "Read-only file system" in text or "os_error_code='30'" in text:
-        return "read-only file system"
-    if "Permission denied" in text or "os_error_code='13'" in text:
-        return "permission denied"
-    if "File too large" in text or "os_error_code='27'" in text:
-        return "file too large (the file-size limit, ulimit -f)"
-    return ((text.strip().splitlines() or [type(e).__name__])[0])[:160]
+    """Why a checkpoint write failed, in a few words: the operating system's own (``no space left on device``,
+    ``disk quota exceeded``, ``read-only file system``, ``permission denied``, ``file too large …``), else the first
+    line of the error."""
+    number = _errno(e)
+    if number is not None:
+        return os.strerror(number).lower() + _HINTS.get(number, "")
+    return ((str(e).strip().splitlines() or [type(e).__name__])[0])[:160]
 
 
 _QUIET = {"installed": False}

@@ -90,14 +90,14 @@ def group_runs(runs: list, *, batchable, lanes: str = "vmap", split: set[str] = 
 
 
 def _all_fields(run) -> set[str]:
-    return {f.name for f in dataclasses.fields(run.exp.algorithm)}
+    return set(run.exp.algorithm.hyperparameters())
 
 
 def _value(run, key: str) -> Any:
     """The run's value of hyperparameter ``key`` (the one its algorithm holds: a default when the config leaves it;
     ``privacy.noise_multiplier``: the resolved one)."""
     private = _private(run)
-    return private[key] if key in private else getattr(run.exp.algorithm, key)
+    return private[key] if key in private else run.exp.algorithm.hyperparameters()[key]
 
 
 def _differing(runs: list) -> set[str]:
