@@ -130,6 +130,38 @@ def test_a_signal_in_a_familys_last_block_stops_the_study(tmp_path, monkeypatch)
     assert files.read_json(tmp_path / "out" / "directory.json")["kind"] == "study"
 
 
+def test_a_signal_while_the_checkpointers_close_stops_the_study(tmp_path, monkeypatch, capsys):
+    """(issue: a signal arriving after the run loop's last look at the stop request — while the family's
+    checkpointers were being closed — was recorded and then dropped when the signal handlers were restored: "NOT
+    INTERRUPTED", the next family ran.) The signal is sent from inside the close step of the first family: the study
+    stops there (Interrupted; `fljax reproduce` exits 143), the second family never starts."""
+    from fljax.runner.checkpoint import Checkpointer
+    from fljax.runner.study import load_study, run_study
+
+    path = tmp_path / "two.yaml"
+    path.write_text(STUDY)
+    close, sent = Checkpointer.close, []
+
+    def close_then_signal(self):
+        close(self)
+        if not sent:
+            sent.append(self)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(Checkpointer, "close", close_then_signal)
+    with pytest.raises(Interrupted) as e:
+        run_study(load_study(str(path)), str(tmp_path / "out"), output=Output("quiet"))
+    assert e.value.name == "SIGTERM" and len(sent) == 1
+    runs = tmp_path / "out" / "runs"
+    assert files.read_json(runs / "main.A.s0" / "summary.json")["status"] == "completed"
+    assert not (runs / "main.B.s0").exists()
+    sent.clear()  # the same through `fljax run`: the run completed, the signal still gives 143 and the resume hint
+    status, err = _run(capsys, ["run", *TINY, "--set", "rounds=2", "--checkpoint-every", "1", "--out",
+                                str(tmp_path / "r"), "--quiet"])
+    assert status == 143 and err[-1].startswith("fljax: interrupted by SIGTERM; continue from the last checkpoint")
+    assert files.read_json(tmp_path / "r" / "summary.json")["status"] == "completed"
+
+
 # ------------------------------------------------------------------------------------------------ damaged files
 
 
