@@ -328,6 +328,35 @@ def test_a_missing_tensorboardx_is_one_line(monkeypatch, capsys, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("logdir, message", [
+    ("tb/" + "a" * 300, "is 300 bytes long, more than the 255 the file system allows; choose a shorter one."),
+    ("/".join(["b" * 200] * 25), "bytes long (as an absolute path), more than the 4095 the file system allows"),
+    ("/proc/tb", "--tensorboard '/proc/tb': no file can be created in '/proc' ("),  # os.access passes there for root
+])
+def test_a_tensorboard_directory_that_cannot_be_made_is_refused_before_anything_is_written(capsys, tmp_path,
+                                                                                           monkeypatch, logdir,
+                                                                                           message):
+    """(issue: a name longer than NAME_MAX, or a directory under /proc when root, passed the permission check and
+    failed at the first evaluation — `[Errno 36] File name too long`, not naming --tensorboard, the run directory
+    half-written.) One line naming --tensorboard, exit 2, nothing written (the probe's temporary file included)."""
+    monkeypatch.chdir(tmp_path)
+    status, err = _run(capsys, ["run", *TINY, "--tensorboard", logdir, "--out", "r"])
+    assert status == 2 and len(err) == 1 and err[0].startswith("fljax: error: --tensorboard ") and message in err[0]
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_tensorboard_probe_leaves_no_file_behind(tmp_path):
+    """The check tries the nearest existing parent for real (a temporary file), and removes what it tried."""
+    from fljax.runner.tensorboard import _writable
+
+    assert _writable(str(tmp_path / "a" / "b")) == str(tmp_path / "a" / "b") and os.listdir(tmp_path) == []
+    (tmp_path / "ro").mkdir(mode=0o500)
+    if os.geteuid() != 0:  # root writes into a read-only directory
+        with pytest.raises(fljax.ConfigError, match="no file can be created in"):
+            _writable(str(tmp_path / "ro" / "tb"))
+    assert os.listdir(tmp_path / "ro") == []
+
+
 def test_a_diverged_algorithm_has_a_status_in_the_comparison(tmp_path, capsys):
     """(issue: `acc 0.0500, rounds 0` with no status.) The comparison's table says which algorithm a guard stopped
     and why; the others' rows say completed."""
