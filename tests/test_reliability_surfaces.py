@@ -3,7 +3,7 @@ collections, your own data and models, TFDS data sets, checkpoints on a failing 
 held to the standard of `fljax run`: one line, exit 2 (3 for a guard), nothing written, no library traceback.
 
 (One-line refusals of the command line are in the catalogue, tests/bad_inputs.py; process groups in
-tests/test_processes.py; wrong-kind resumes of real directories in tests/test_reliability.py.)"""
+tests/test_process_groups.py; wrong-kind resumes of real directories in tests/test_reliability.py.)"""
 import dataclasses
 import json
 import math
