@@ -371,6 +371,30 @@ def test_a_diverged_algorithm_has_a_status_in_the_comparison(tmp_path, capsys):
             if line.startswith("| ") and "algorithm" not in line}
     assert rows["fedavg"].startswith("stopped: round 1 diverged") and rows["local"].startswith("stopped: ")
     assert any("stopped (NaN/Inf or divergence): fedavg, local" in line for line in err)
+    assert "same accuracies" not in table  # a stopped row is never called a repeat
+
+
+def test_rows_that_did_not_complete_get_no_same_accuracy_or_untuned_notes():
+    """(issue: under two diverged rows, "[3] fedprox ends with the same accuracies as fedavg" and "[4] μ adds almost
+    nothing".) Those notes are about results; a stopped row's numbers are those of its last good evaluation. A
+    completed row with the same numbers as a stopped one is no repeat either, nor is a stopped row the best."""
+    from fljax.runner.report import distinct_table
+
+    def row(name, acc, status):
+        return {"algorithm": name, "personal acc": acc, "p10 client": acc, "global acc": acc, "status": status}
+
+    hints = {"fedprox": "fedprox: its μ adds almost nothing", "perfedavg": "perfedavg: try beta"}
+    stopped = "stopped: round 1 diverged"
+    text = distinct_table([row("fedavg", "0.1000", stopped), row("fedprox", "0.1000", stopped)], hints)
+    assert "same accuracies" not in text and "μ" not in text and "[" not in text.splitlines()[2] + text.splitlines()[3]
+    text = distinct_table([row("fedavg", "0.9500", stopped), row("fedprox", "0.9500", "completed"),
+                           row("perfedavg", "0.9000", "completed")], hints)
+    assert "same accuracies" not in text and "μ" not in text  # fedprox repeats a stopped row only
+    text = distinct_table([row("fedavg", "0.9500", stopped), row("perfedavg", "0.9000", "completed")], hints)
+    assert "try beta" not in text  # 0.90 lags the stopped row's 0.95 only: it is the best completed row
+    text = distinct_table([row("fedavg", "0.9000", "completed"), row("fedprox", "0.9000", "completed"),
+                           row("local", "0.9000", stopped)], hints)
+    assert "fedprox ends with the same accuracies as fedavg" in text and "local ends" not in text
 
 
 # ------------------------------------------------------------------------------------------------ own data
@@ -424,9 +448,14 @@ def test_a_sweep_over_data_keys_with_your_own_data_is_refused(tmp_path):
     (None, None, True, r"num_classes must be a positive integer"),
     (None, None, 0, r"num_classes must be between 1 and 2147483647, got 0\."),
     (None, None, 1, r"labels must be in \[0, 1\) \(num_classes=1\), got 0 to 1 \(first in train\[1\] \(client 1\)\)"),
+    (None, [(np.ones((1, 2)), [0]), (np.ones((1, 2)), [2 ** 40])], None,  # num_classes not given: not named
+     r"^test\[1\] \(client 1\): label 1099511627776 is larger than 2147483646, the largest label int32 holds"),
+    ([(np.ones((1, 2)), [-1]), (np.ones((1, 2)), [1])], None, None,
+     r"labels must be in \[0, 2\) \(num_classes: 1 \+ the largest label\), got -1 to 1 \(first in train\[0\]"),
 ])
 def test_from_arrays_names_the_argument_and_the_client(train, test, num_classes, match):
-    """(issue: strings, ragged rows, complex values, num_classes="abc" gave numpy's or Python's message.)"""
+    """(issue: strings, ragged rows, complex values, num_classes="abc" gave numpy's or Python's message; a huge label
+    blamed `num_classes=2147483647`, which was never passed.)"""
     ok = [(np.ones((1, 2)), [0]), (np.ones((1, 2)), [1])]
     with pytest.raises(DataError, match=match) as e:
         from_arrays(train if train is not None else ok, test if test is not None else ok[:len(train or ok)],
