@@ -704,15 +704,17 @@ def _snapshot(directory) -> dict:
 
 def test_resuming_a_real_collection_as_another_kind_is_refused_and_changes_nothing(tmp_path, capsys, monkeypatch):
     """(issue: `fljax run --resume --out <a comparison>` trained a single run into its root and replaced its
-    summary.json; `compare --resume` on a run or sweep crashed with KeyError: 'algorithms'.) On real directories:
-    every wrong pairing of command and directory is one line, exit 2, and leaves every file as it was; the right
-    command still continues each directory."""
+    summary.json; `compare --resume` on a run or sweep crashed with KeyError: 'algorithms'; `fljax run --resume
+    --out <a comparison>/fedavg --set rounds=3` extended one algorithm, leaving compare.md out of date.) On real
+    directories: every wrong pairing of command and directory, a part (an algorithm, a point, a seed) continued on
+    its own included, is one line, exit 2, and leaves every file as it was; the right command still continues each
+    directory, and a part written before directories recorded what they are part of still resumes on its own."""
     monkeypatch.chdir(tmp_path)
     small = [f"--set=data.{k}={v}" for k, v in SMALL["data"].items()] + ["--set=model.name=logreg", "--set=rounds=2",
                                                                           "--set=algo.cohort_size=2"]
     assert main(["compare", "--algorithms", "fedavg,fedprox", "--out", "c", *small]) == 0
     assert main(["sweep", "--algorithm", "fedavg", "--grid", "algo.lr=0.01,0.1", "--out", "s", *small]) == 0
-    assert main(["run", "--algorithm", "fedavg", "--out", "r", *small]) == 0
+    assert main(["run", "--algorithm", "fedavg", "--out", "r", "--seeds", "2", *small]) == 0
     capsys.readouterr()
     before = {d: _snapshot(d) for d in ("c", "s", "r")}
     wrong = [(["run", "--resume", "--out", "c"], "'c' holds a comparison, not a run"),
@@ -722,7 +724,14 @@ def test_resuming_a_real_collection_as_another_kind_is_refused_and_changes_nothi
              (["sweep", "--resume", "--out", "r"], "'r' holds a run, not a sweep"),
              (["compare", "--resume", "--out", "r"], "'r' holds a run, not a comparison"),
              (["compare", "--resume", "--out", "s"], "'s' holds a sweep, not a comparison"),
-             (["compare", "--resume", "--out", "c", "--algorithms", "fedavg,ditto"], "drop --algorithms")]
+             (["compare", "--resume", "--out", "c", "--algorithms", "fedavg,ditto"], "drop --algorithms"),
+             (["run", "--resume", "--out", "c/fedavg", "--set", "rounds=3"], "--resume: 'c/fedavg' is part of the "
+              "comparison in 'c', which would be left out of date; continue the comparison with `fljax compare "
+              "--resume --out c`"),
+             (["run", "--resume", "--out", "s/lr=0.1/"], "'s/lr=0.1/' is part of the sweep in 's'"),
+             (["run", "--out", "s/lr=0.1", "--algorithm", "fedavg", *small], "--out: 's/lr=0.1' is part of the sweep"),
+             (["run", "--resume", "--out", "r/seed_1"], "is part of the run in 'r', which would be left out of date; "
+              "continue the run with `fljax run --resume --out r`")]
     for argv, message in wrong:
         status, err = _run(capsys, argv)
         assert status == 2 and len(err) == 1 and err[0].startswith("fljax: error: ") and message in err[0], (argv, err)
@@ -731,6 +740,10 @@ def test_resuming_a_real_collection_as_another_kind_is_refused_and_changes_nothi
                  ["run", "--resume", "--out", "r"]):
         status, err = _run(capsys, argv)
         assert status == 0, (argv, err)
+    old = files.read_json("c/fedprox/directory.json")
+    files.write_json("c/fedprox/directory.json", {k: v for k, v in old.items() if k != "part_of"})
+    status, err = _run(capsys, ["run", "--resume", "--out", "c/fedprox", "--set", "rounds=3"])
+    assert status == 0 and old["part_of"] == "comparison", err
 
 
 def test_a_run_with_your_own_model_is_not_resumed_from_the_command_line(tmp_path, capsys, monkeypatch):
