@@ -360,7 +360,7 @@ def cmd_reproduce(args) -> int:
         raise ConfigError(f"unrecognized arguments: {' '.join(args.args)} (see fljax reproduce --help).")
     study = load_study(args.name)
     out = args.out or study.spec.get("out", os.path.join("runs", f"reproduce-{args.name}"))
-    only = _only(args.only, study.studies)
+    only = _only(args.only, study)
     output = _output(args)
     if args.render:
         text = render_study(results_from_file(study, out), out)
@@ -384,15 +384,16 @@ def cmd_reproduce(args) -> int:
     return 0
 
 
-def _only(text: str | None, studies: list[str]) -> list[str] | None:
-    """``--only a,b``: the studies named (None: all of them, when the option is not given); a value that names
-    none (``--only ,,,``) is refused rather than read as 'all'."""
+def _only(text: str | None, study) -> list[str] | None:
+    """``--only a,b``: the studies named (None: all of them, when the option is not given), checked
+    (:meth:`~fljax.runner.study.Study.chosen`: each a study of the file, named once); a value that names none
+    (``--only ,,,``) is refused rather than read as 'all'."""
     if text is None:
         return None
     only = [s.strip() for s in text.split(",") if s.strip()]
     if not only:
-        raise ConfigError(f"--only {text!r} names no study; give comma-separated names from {studies}.")
-    return only
+        raise ConfigError(f"--only {text!r} names no study; give comma-separated names from {study.studies}.")
+    return study.chosen(only)
 
 
 def make_parser() -> argparse.ArgumentParser:

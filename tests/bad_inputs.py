@@ -1,10 +1,14 @@
 """The bad-input catalogue: what a user may get wrong, and the one line the command line answers with.
 
 Every case runs ``fljax`` (``fljax.cli.main``) in an empty working directory holding only the case's files (and, for
-a ``busy`` case, directories another process holds locked) and must end with exit status 2, one line on stderr
-starting ``fljax: error:`` (no traceback), a message containing the case's ``expect`` fragment, and nothing written
-(no file added, removed or changed). ``tests/test_cli.py`` runs every case; ``docs/errors.md`` is generated
-from them, and a test fails when it differs from the regenerated text. Regenerate it with::
+a ``busy`` case, directories another process holds locked), with the case's environment variables set and its
+``missing`` modules unimportable (a package that is not installed), and must end with exit status 2, one line on
+stderr starting ``fljax: error:`` (no traceback), a message containing the case's ``expect`` fragment, and nothing
+written (no file added, removed or changed). A ``python`` case runs its code instead (with ``fljax``, ``np`` and
+``from_arrays`` in scope), which must raise a ``ValueError`` (``fljax.ConfigError``, ``fljax.data.DataError``) of
+one line, nothing written. ``tests/test_cli.py`` runs every case; ``docs/errors.md`` is generated from them (a
+section per ``section``, in the order of their first case), and a test fails when it differs from the regenerated
+text. Regenerate it with::
 
     python tests/bad_inputs.py
 """
@@ -27,15 +31,22 @@ DOC = os.path.join(ROOT, "docs", "errors.md")
 @dataclasses.dataclass(frozen=True)
 class Case:
     section: str
-    argv: tuple[str, ...]  # after `fljax`
+    argv: tuple[str, ...]  # after `fljax` (a python case: none)
     expect: str  # a fragment the message must contain
     files: tuple[tuple[str, str], ...] = ()  # (name, text) written into the working directory first
     shown: str = ""  # how the catalogue shows a file's content (default: the text itself)
     busy: tuple[str, ...] = ()  # directories another fljax process holds locked during the case
+    env: tuple[tuple[str, str], ...] = ()  # environment variables set during the case
+    missing: tuple[str, ...] = ()  # modules that cannot be imported during the case (a package not installed)
+    python: str = ""  # a python case: the code that must raise
 
 
-def _case(section, command, expect, files=(), shown="", busy=()):
-    return Case(section, tuple(command.split()), expect, tuple(files), shown, tuple(busy))
+def _case(section, command, expect, files=(), shown="", busy=(), env=(), missing=()):
+    return Case(section, tuple(command.split()), expect, tuple(files), shown, tuple(busy), tuple(env), tuple(missing))
+
+
+def _python(section, code, expect):
+    return Case(section, (), expect, python=code)
 
 
 _FILES = "Config files and YAML"
@@ -50,6 +61,10 @@ _MEMORY = "Simulations too large for the memory"
 _OWN_DATA = "Data sets that are not there"
 _OUTPUT = "Output options"
 _PRIVACY = "Privacy and compression"
+_GROUPS = "Process groups (--processes and the FLJAX_* variables)"
+_STUDIES = "Reproductions (fljax reproduce)"
+_DAMAGED = "Damaged files"
+_PYTHON = "Your own data, from Python"
 _RUN = "r/config.yaml", "algorithm: fedavg\n"
 _COMPARE = [("c/config.yaml", "data:\n  dataset: digits\n"),
             ("c/summary.json", '{"algorithms": [{"label": "fedavg", "algorithm": "fedavg", "hyperparameters": {}}]}\n')]
@@ -59,6 +74,12 @@ _OWN = [_RUN, ("r/directory.json", '{"kind": "run", "origin": {"data": {"name": 
 _OWN_MODEL = [_RUN, ("r/directory.json", '{"kind": "run", "origin": {"model": {"class": "Net", '
                                          '"fingerprint": "5be0e1d4f5a7b2c1"}}}\n')]
 _STUDY = [("st/directory.json", '{"kind": "study", "origin": "config", "study": "dfedalt"}\n')]
+_MEMBER = [_COMPARE[0], ("c/directory.json", '{"kind": "comparison", "origin": "config", "algorithms": '
+                                              '[{"label": "fedavg", "algorithm": "fedavg", "hyperparameters": {}}]}\n'),
+           ("c/fedavg/config.yaml", "algorithm: fedavg\n"),
+           ("c/fedavg/directory.json", '{"kind": "run", "origin": "config", "part_of": "comparison"}\n')]
+_GROUP = (("FLJAX_COORDINATOR", "localhost:1"), ("FLJAX_NUM_PROCESSES", "2"), ("FLJAX_PROCESS_ID", "1"))
+_PAIRS = "[(np.ones((2, 3)), [0, 1])] * 4, [(np.ones((1, 3)), [1])] * 4"  # 4 clients of from_arrays
 _SMALL = " --set data.num_clients=4 --set algo.cohort_size=2"
 _MLP = "run --set model.name=mlp "
 _DIGITS = "run --dataset digits "
@@ -220,15 +241,26 @@ CASES = [
     _case(_COMMANDS, "run --resume --out empty", "is not a run directory (no config.yaml)",
           [("empty/.keep", "")]),
     _case(_COMMANDS, "run cfg.yaml --resume --out r", "--resume reads the config from r/config.yaml"),
-    _case(_COMMANDS, "run --processes 0", "--processes must be >= 1, got 0."),
-    _case(_COMMANDS, "run --resume --out r --processes 2", "--resume continues a run in one process; drop --processes.",
+    _case(_GROUPS, "run --processes 0", "--processes must be >= 1, got 0."),
+    _case(_GROUPS, "run --resume --out r --processes 2", "--resume continues a run in one process; drop --processes.",
           [_RUN]),
-    _case(_COMMANDS, "reproduce nosuch", "unknown reproduction 'nosuch'; available: ["),
-    _case(_COMMANDS, "reproduce dfedalt --only ,,,", "--only ',,,' names no study; give comma-separated names from ["),
-    _case(_COMMANDS, "reproduce dfedalt --seeds 100000", "--seeds must be between 1 and 10,000, got 100,000."),
-    _case(_COMMANDS, "reproduce dfedalt --rounds 0", "--rounds must be between 1 and 2,147,483,647, got 0."),
-    _case(_COMMANDS, "reproduce dfedalt --out r", "--out: 'r' holds a run, not a study; continue it with `fljax run "
-                                                  "--resume --out r`", [_RUN]),
+    _case(_GROUPS, "run --processes 3", "--processes 3 disagrees with FLJAX_NUM_PROCESSES=2; give one of them.",
+          env=[("FLJAX_NUM_PROCESSES", "2")]),
+    _case(_GROUPS, "run --out r", "FLJAX_JOIN_TIMEOUT must be a number of seconds in (0, 86400], got 'abc'",
+          env=[*_GROUP, ("FLJAX_JOIN_TIMEOUT", "abc")]),
+    _case(_GROUPS, "run --out r", "FLJAX_COORDINATOR localhost:1 did not answer within 0.5 s (FLJAX_JOIN_TIMEOUT); "
+                                  "start process 0 there first", env=[*_GROUP, ("FLJAX_JOIN_TIMEOUT", "0.5")]),
+    _case(_STUDIES, "reproduce nosuch", "unknown reproduction 'nosuch'; available: ["),
+    _case(_STUDIES, "reproduce dfedalt --only ,,,", "--only ',,,' names no study; give comma-separated names from ["),
+    _case(_STUDIES, "reproduce fedgia --only v11", "--only: fedgia has no study 'v11'; choose from ['v1', 'v2qot', "),
+    _case(_STUDIES, "reproduce fedgia --only v1,v1", "--only names 'v1' twice; name each study once."),
+    _case(_STUDIES, "reproduce dfedalt --seeds 100000", "--seeds must be between 1 and 10,000, got 100,000."),
+    _case(_STUDIES, "reproduce fedgia --seeds 10000 --only smoke", "--seeds/--only: fedgia's smoke has 6 cells × "
+                                                                   "their seeds = 60,000 runs, more than the 10,000"),
+    _case(_STUDIES, "reproduce dfedalt --rounds 0", "--rounds must be between 1 and 2,147,483,647, got 0."),
+    _case(_STUDIES, "reproduce dfedalt --jobs 0", "--jobs must be between 1 and 1,024, got 0."),
+    _case(_STUDIES, "reproduce dfedalt --out r", "--out: 'r' holds a run, not a study; continue it with `fljax run "
+                                                 "--resume --out r`", [_RUN]),
     _case(_RESUME, "run --resume --out c", "--resume: 'c' holds a comparison, not a run; continue it with `fljax "
                                            "compare --resume --out c`", _COMPARE),
     _case(_RESUME, "run --resume --out s", "--resume: 's' holds a sweep, not a run; continue it with `fljax sweep "
@@ -247,12 +279,25 @@ CASES = [
                                            "continue it from Python with the same data: fljax.run(config, data=<the "
                                            "same data>, out='r', resume=True).", _OWN),
     _case(_RESUME, "run --resume --out r", "--resume: 'r' was run from Python with your own model Net", _OWN_MODEL),
-    _case(_RESUME, "run --resume --out r", "r/summary.json is damaged (not valid JSON: Expecting value at line 1 "
-                                           "column 1); fljax writes its files whole",
+    _case(_RESUME, "run --resume --out c/fedavg --set rounds=200", "--resume: 'c/fedavg' is part of the comparison "
+                                                                    "in 'c', which would be left out of date; "
+                                                                    "continue the comparison with `fljax compare "
+                                                                    "--resume --out c`", _MEMBER),
+    _case(_DAMAGED, "run --resume --out r", "r/summary.json is damaged (not valid JSON: Expecting value at line 1 "
+                                            "column 1); fljax writes its files whole",
           [_RUN, ("r/summary.json", "garbage\n")]),
-    _case(_RESUME, "run --resume --out r", "r/metrics.jsonl is damaged (line 2 is cut short:",
+    _case(_DAMAGED, "run --resume --out r", "r/metrics.jsonl is damaged (line 2 is cut short:",
           [_RUN, ("r/summary.json", '{"status": "completed", "rounds": 100}\n'),
            ("r/metrics.jsonl", '{"round": 0}\n{"round": 1')]),
+    _case(_DAMAGED, "run --resume --out r", "config file 'r/config.yaml' is not valid YAML:",
+          [("r/config.yaml", "rounds: [1\n")]),
+    _case(_DAMAGED, "run --resume --out r", "r/directory.json is damaged (not valid JSON: Expecting value at line 1 "
+                                            "column 1)", [_RUN, ("r/directory.json", "garbage\n")]),
+    _case(_DAMAGED, "run --resume --out r", "r/directory.json is damaged (its kind is 'swep', not one of ['run', "
+                                            "'sweep', 'comparison', 'study'])",
+          [_RUN, ("r/directory.json", '{"kind": "swep"}\n')]),
+    _case(_DAMAGED, "reproduce fedgia --render --out st", "st/results.json.gz is damaged (Not a gzipped file",
+          [("st/results.json.gz", "garbage\n")]),
     _case(_PRIVACY, "run --set privacy.noise_multiplier=1 --set privacy.clip_norm=-0.5",
           "privacy.clip_norm must be > 0, got -0.5."),
     _case(_PRIVACY, "run --set privacy.noise_multiplier=1", "privacy.clip_norm must be set: the noise is calibrated to "
@@ -307,8 +352,31 @@ CASES = [
           "TFDS data set 'mnist' is not prepared in nope/tfds/mnist/"),
     _case(_OUTPUT, "run --tensorboard f", "--tensorboard 'f' is a file, not a directory", [("f", "x\n")]),
     _case(_OUTPUT, "run --tensorboard f/logs", "--tensorboard 'f/logs': ", [("f", "x\n")]),
+    _case(_OUTPUT, "run --tensorboard tb/" + "a" * 300, "is 300 bytes long, more than the 255 the file system "
+                                                        "allows; choose a shorter one.", (),
+          "fljax run --tensorboard tb/aaa…a (a name of 300 characters)"),
+    _case(_OUTPUT, "run --tensorboard tb", "--tensorboard needs tensorboardX, which is not installed: pip install "
+                                           "'fljax[explore]'", missing=["tensorboardX"]),
     _case(_RESUME, "sweep --grid algo.lr=0.1,0.2 --out s" + _SMALL, "run directory 's/lr=0.2' is in use by another "
                                                                     "fljax process", busy=["s/lr=0.2"]),
+    _python(_PYTHON, "from_arrays([(np.ones((2, 3)), [0, 2 ** 40])], [(np.ones((1, 3)), [0])])",
+            "train[0] (client 0): label 1099511627776 is larger than 2147483646, the largest label int32 holds"),
+    _python(_PYTHON, "from_arrays([(np.ones((2, 3)), [0, -1])], [(np.ones((1, 3)), [0])])",
+            "labels must be in [0, 1) (num_classes: 1 + the largest label), got -1 to 0 (first in train[0] (client "
+            "0))."),
+    _python(_PYTHON, "from_arrays([(np.ones((2, 3)), [0, 1])], [(np.ones((1, 3)), [0])], num_classes='abc')",
+            "num_classes must be a positive integer (or None: 1 + the largest label), got 'abc'."),
+    _python(_PYTHON, "from_arrays([([[1.0, 2.0], [3.0]], [0, 1])], [(np.ones((1, 2)), [0])])",
+            "train[0] (client 0): x is ragged: its rows differ in length"),
+    _python(_PYTHON, "from_arrays([(np.ones((2, 3)), ['a', 'b'])], [(np.ones((1, 3)), [0])])",
+            "train[0] (client 0): y must hold numbers, got text"),
+    _python(_PYTHON, "from_arrays([(np.ones((2, 3)) * 1j, [0, 1])], [(np.ones((1, 3)), [0])])",
+            "train[0] (client 0): x holds complex numbers"),
+    _python(_PYTHON, "from_arrays([(np.ones((2, 3)), [0, 1])] * 2, [(np.ones((1, 3)), [0])])",
+            "test must have one (x, y) pair per client: 2 train pairs, 1 test pairs."),
+    _python(_PYTHON, "fljax.sweep({'data.num_clients': [2, 4]}, data=from_arrays(" + _PAIRS + "), out='s')",
+            "--grid data.num_clients: the sweep runs on your own data ('arrays', 4 clients), which data.num_clients "
+            "does not change"),
 ]
 
 
@@ -347,31 +415,75 @@ def _held_by_another_process(directories: tuple[str, ...]):
         holder.wait(timeout=60)
 
 
+_ABSENT = object()
+
+
+@contextlib.contextmanager
+def _setting(case: Case):
+    """The case's environment variables set, and its ``missing`` modules unimportable, for the duration."""
+    saved_env = {name: os.environ.get(name) for name, _ in case.env}
+    saved_modules = {name: sys.modules.get(name, _ABSENT) for name in case.missing}
+    os.environ.update(dict(case.env))
+    sys.modules.update({name: None for name in case.missing})  # `import name` raises ImportError
+    try:
+        yield
+    finally:
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        for name, module in saved_modules.items():
+            if module is _ABSENT:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+
+
+def _call(case: Case) -> tuple[int, str]:
+    """Run the case: (exit status, stderr) of ``fljax argv``, or for a python case (2, its error's message as the
+    command line would print it) once its code raised a ValueError."""
+    from fljax.cli import main
+
+    if not case.python:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            status = main(list(case.argv))
+        return status, err.getvalue()
+    import numpy as np
+
+    import fljax
+    from fljax.data import from_arrays
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            exec(compile(case.python, "<case>", "exec"), {"fljax": fljax, "np": np, "from_arrays": from_arrays})
+    except ValueError as e:
+        return 2, f"fljax: error: {e}\n"
+    raise AssertionError(f"{case.python} raised nothing")
+
+
 def run_case(case: Case, workdir: str) -> str:
     """Run ``case`` in the empty directory ``workdir``; check the refusal (status 2, one line, no traceback,
     nothing written) and return its message."""
-    from fljax.cli import main
-
     for name, text in case.files:
         os.makedirs(os.path.dirname(os.path.join(workdir, name)) or workdir, exist_ok=True)
         with open(os.path.join(workdir, name), "w") as f:
             f.write(text)
     if any(a.startswith("configs/") for a in case.argv):
         os.symlink(os.path.join(ROOT, "configs"), os.path.join(workdir, "configs"))
-    err = io.StringIO()
     cwd = os.getcwd()
     os.chdir(workdir)
     try:
-        with _held_by_another_process(case.busy):
+        with _held_by_another_process(case.busy), _setting(case):
             before = _listing(workdir)
-            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-                status = main(list(case.argv))
+            status, err = _call(case)
             after = _listing(workdir)
     finally:
         os.chdir(cwd)
-    lines = [line for line in err.getvalue().splitlines() if line.strip()]
-    assert status == 2, (status, err.getvalue())
-    assert len(lines) == 1 and lines[0].startswith("fljax: error: "), err.getvalue()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert status == 2, (status, err)
+    assert len(lines) == 1 and lines[0].startswith("fljax: error: "), err
     assert after == before, (sorted(after - before), sorted(before - after))
     message = lines[0][len("fljax: error: "):]
     assert case.expect in message, (case.expect, message)
@@ -383,11 +495,16 @@ def _cell(text: str) -> str:
 
 
 def _shown(case: Case) -> str:
+    if case.python:
+        return _cell(case.python)
     if case.shown and not case.files:
-        return _cell(case.shown)
-    command = _cell("fljax " + " ".join(case.argv))
+        command = _cell(case.shown)
+    else:
+        command = _cell("fljax " + " ".join(case.argv))
     files = [f"{name}: {_cell(case.shown or text.rstrip().replace(chr(10), ' ↵ '))}" for name, text in case.files if text]
-    return command + "".join(f"<br>{f}" for f in files)
+    settings = [f"environment: {_cell(' '.join(f'{k}={v}' for k, v in case.env))}"] if case.env else []
+    settings += [f"{name} not installed" for name in case.missing]
+    return command + "".join(f"<br>{f}" for f in files + settings)
 
 
 def _machine_free(message: str) -> str:
@@ -408,13 +525,16 @@ def render(messages: list[str]) -> str:
            "Generated from the test cases in `tests/bad_inputs.py` (`python tests/bad_inputs.py` rewrites this file;",
            "a test fails when it is out of date).",
            ""]
-    section = None
+    by_section: dict[str, list[str]] = {}
     for case, message in zip(CASES, messages):
-        if case.section != section:
-            section = case.section
-            out += ["", f"## {section}", "", "| input | message |", "|---|---|"]
         busy = "".join(f"<br>{d}/ in use by another run" for d in case.busy)
-        out.append(f"| {_shown(case)}{busy} | {_cell(_machine_free(message))} |")
+        by_section.setdefault(case.section, []).append(f"| {_shown(case)}{busy} | {_cell(_machine_free(message))} |")
+    for section, rows in by_section.items():
+        out += ["", f"## {section}", ""]
+        if section == _PYTHON:
+            out += ["From Python the same checks raise `ValueError`s (`fljax.ConfigError`, `fljax.data.DataError`)",
+                    "with the message below; `np` is numpy, `from_arrays` is `fljax.data.from_arrays`.", ""]
+        out += ["| input | message |", "|---|---|", *rows]
     return "\n".join(out) + "\n"
 
 

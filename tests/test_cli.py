@@ -13,7 +13,7 @@ from fljax.experiment import resolve
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("case", CASES, ids=[" ".join(c.argv)[:80] for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[(" ".join(c.argv) or c.python)[:80] for c in CASES])
 def test_wrong_input_is_one_line(case, tmp_path, monkeypatch):
     """Every case of the bad-input catalogue (tests/bad_inputs.py, docs/errors.md): exit status 2, one line naming
     the key, no traceback, nothing written."""

@@ -1,9 +1,10 @@
 """Issue 27, item 3: `--processes N` groups behave as one process. A bad command is refused once, by the launcher,
-before any worker starts; a missing process is refused in one line within FLJAX_JOIN_TIMEOUT (not after
-jax.distributed.initialize's five minutes); SIGTERM to the launcher reaches every worker, which checkpoint and end as
-one interrupted run that resumes; `kill -9` of the launcher takes the workers with it and releases the lock; a dead
-worker ends the group with one line and the last checkpoint intact. (The scenarios with real processes start two
-JAX processes each: they are behind `-m slow`; the refusals run in CI.)"""
+before any worker starts; a process count that disagrees (with --processes, or between the processes) or a missing
+process is refused in one line within FLJAX_JOIN_TIMEOUT (not after jax.distributed.initialize's five minutes);
+SIGTERM to the launcher reaches every worker, which checkpoint and end as one interrupted run that resumes; `kill -9`
+of the launcher takes the workers with it and releases the lock; a dead worker ends the group with one line and the
+last checkpoint intact. (The scenarios with real processes start two JAX processes each, at the smallest size that
+reaches a checkpoint: a few seconds each on an idle machine, in CI.)"""
 import fcntl
 import json
 import os
@@ -12,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -77,14 +79,64 @@ def test_a_missing_process_is_refused_in_one_line_within_the_join_timeout(clean_
     assert not os.path.exists("r/config.yaml")
 
 
-# ------------------------------------------------------------------------------------- real process groups (slow)
+def test_processes_that_disagree_with_fljax_num_processes_are_refused_before_anything(clean_env, monkeypatch, capsys,
+                                                                                       tmp_path):
+    """`--processes 3` where FLJAX_NUM_PROCESSES says 2: one line naming both, before any process starts or joins."""
+    started = []
+    monkeypatch.setattr(launch, "spawn", lambda *a, **k: started.append(a) or 0)
+    monkeypatch.setattr(processes, "rendezvous", lambda *a, **k: started.append(a))
+    monkeypatch.setenv("FLJAX_NUM_PROCESSES", "2")
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--processes", "3", "--out", "r"]) == 2
+    assert capsys.readouterr().err == ("fljax: error: --processes 3 disagrees with FLJAX_NUM_PROCESSES=2; give one "
+                                       "of them.\n")
+    assert started == [] and os.listdir(tmp_path) == []
 
 
-def _launch(tmp_path, out="r") -> subprocess.Popen:
+def test_a_process_count_that_differs_between_the_processes_is_refused_by_both(clean_env, monkeypatch, capsys,
+                                                                               tmp_path):
+    """Process 0 is told the group has 2 processes, process 1 that it has 3: both refuse at the rendezvous, at once
+    and in one line naming FLJAX_NUM_PROCESSES (process 1 here through the command line, exit 2, nothing written)."""
+    port = _free_port()
+    lead_error = []
+
+    def lead():
+        try:
+            processes.rendezvous("localhost", port, 2, 0, timeout=30)
+        except processes.OptionError as e:
+            lead_error.append(str(e))
+
+    thread = threading.Thread(target=lead)
+    thread.start()
+    monkeypatch.setenv("FLJAX_COORDINATOR", f"localhost:{port}")
+    monkeypatch.setenv("FLJAX_NUM_PROCESSES", "3")
+    monkeypatch.setenv("FLJAX_PROCESS_ID", "1")
+    monkeypatch.chdir(tmp_path)
+    t0 = time.monotonic()
+    assert main(["run", "--algorithm", "fedavg", "--set", "data.dataset=synthetic", "--out", "r"]) == 2
+    thread.join(timeout=30)
+    assert time.monotonic() - t0 < 20
+    message = ("FLJAX_NUM_PROCESSES disagrees between processes: process 1 says 3, process 0 says 2; start every "
+               "process with the same FLJAX_NUM_PROCESSES")
+    assert lead_error == [message]
+    assert capsys.readouterr().err == f"fljax: error: {message}\n"
+    assert os.listdir(tmp_path) == []
+
+
+# ------------------------------------------------------------------------------------- real process groups
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One compilation cache for the workers of every scenario: the second and third compile nothing."""
+    return tmp_path_factory.mktemp("compile-cache")
+
+
+def _launch(tmp_path, cache, out="r") -> subprocess.Popen:
     config = tmp_path / "long.yaml"
     config.write_text(yaml.safe_dump(LONG))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "FLJAX_DEBUG": "", "JAX_PLATFORMS": "cpu",
-           "FLJAX_COMPILE_CACHE": str(tmp_path / "cache")}
+    env = {**{k: v for k, v in os.environ.items() if k not in (*processes.ENV.values(), processes.TIMEOUT_ENV)},
+           "PYTHONPATH": str(ROOT), "FLJAX_DEBUG": "", "JAX_PLATFORMS": "cpu", "FLJAX_COMPILE_CACHE": str(cache)}
     return subprocess.Popen([sys.executable, "-m", "fljax.cli", "run", str(config), "--processes", "2", "--quiet",
                              "--out", str(tmp_path / out)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -112,29 +164,30 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _wait_for_checkpoints(directory: pathlib.Path, proc, count: int = 2, timeout: float = 240) -> None:
+def _wait_for_checkpoints(directory: pathlib.Path, proc, timeout: float = 240) -> None:
+    """Until the group has evaluated rounds 0 and 1 and written its first checkpoint (checkpoint_every: 1)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()
         metrics = directory / "metrics.jsonl"
-        if metrics.exists() and len(metrics.read_text().splitlines()) > count and (directory / "checkpoints").exists():
+        if metrics.exists() and len(metrics.read_text().splitlines()) > 1 and (directory / "checkpoints").exists():
             return
-        time.sleep(0.2)
+        time.sleep(0.1)
     raise AssertionError("the group made no progress")
 
 
-def _resume_in_one_process(directory: pathlib.Path) -> dict:
-    done = subprocess.run([sys.executable, "-m", "fljax.cli", "run", "--resume", "--out", str(directory), "--set",
-                           "rounds=" + str(len((directory / "metrics.jsonl").read_text().splitlines()) + 1),
-                           "--quiet"], cwd=directory.parent, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+def _resume_in_one_process(directory: pathlib.Path, capsys) -> dict:
+    """The group's run continued in this process (`fljax run --resume`) for one more round: its last checkpoint
+    reads."""
+    rounds = len((directory / "metrics.jsonl").read_text().splitlines()) + 1
+    capsys.readouterr()
+    status = main(["run", "--resume", "--out", str(directory), "--set", f"rounds={rounds}", "--quiet"])
+    assert status == 0, capsys.readouterr().err[-2000:]
     return json.loads((directory / "summary.json").read_text())
 
 
-@pytest.mark.slow
-def test_sigterm_to_the_launcher_stops_every_worker_at_a_checkpoint(tmp_path):
-    proc = _launch(tmp_path)
+def test_sigterm_to_the_launcher_stops_every_worker_at_a_checkpoint(clean_env, tmp_path, cache, capsys):
+    proc = _launch(tmp_path, cache)
     _wait_for_checkpoints(tmp_path / "r", proc)
     workers = _workers(proc.pid)
     assert len(workers) == 2
@@ -145,12 +198,11 @@ def test_sigterm_to_the_launcher_stops_every_worker_at_a_checkpoint(tmp_path):
     assert "Traceback" not in err
     assert not any(_alive(w) for w in workers)
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["status"] == "interrupted"
-    assert _resume_in_one_process(tmp_path / "r")["status"] == "completed"
+    assert _resume_in_one_process(tmp_path / "r", capsys)["status"] == "completed"
 
 
-@pytest.mark.slow
-def test_kill_9_of_the_launcher_takes_the_workers_and_the_lock_with_it(tmp_path):
-    proc = _launch(tmp_path)
+def test_kill_9_of_the_launcher_takes_the_workers_and_the_lock_with_it(clean_env, tmp_path, cache, capsys):
+    proc = _launch(tmp_path, cache)
     _wait_for_checkpoints(tmp_path / "r", proc)
     workers = _workers(proc.pid)
     assert len(workers) == 2
@@ -163,12 +215,12 @@ def test_kill_9_of_the_launcher_takes_the_workers_and_the_lock_with_it(tmp_path)
     with open(tmp_path / "r" / ".lock", "a") as f:  # nobody holds the run directory any more
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         fcntl.flock(f, fcntl.LOCK_UN)
-    assert _resume_in_one_process(tmp_path / "r")["status"] == "completed"
+    assert _resume_in_one_process(tmp_path / "r", capsys)["status"] == "completed"
 
 
-@pytest.mark.slow
-def test_a_dead_worker_ends_the_group_in_one_line_with_the_last_checkpoint_intact(tmp_path):
-    proc = _launch(tmp_path)
+def test_a_dead_worker_ends_the_group_in_one_line_with_the_last_checkpoint_intact(clean_env, tmp_path, cache,
+                                                                                   capsys):
+    proc = _launch(tmp_path, cache)
     _wait_for_checkpoints(tmp_path / "r", proc)
     workers = _workers(proc.pid)
     assert len(workers) == 2
@@ -179,4 +231,4 @@ def test_a_dead_worker_ends_the_group_in_one_line_with_the_last_checkpoint_intac
     assert lines[-1].startswith("fljax: error: process 1 of 2 ended unexpectedly (killed by SIGKILL"), err
     assert "continue in one process with: fljax run --resume --out" in lines[-1]
     assert "Traceback" not in err and not any(_alive(w) for w in workers)
-    assert _resume_in_one_process(tmp_path / "r")["status"] == "completed"
+    assert _resume_in_one_process(tmp_path / "r", capsys)["status"] == "completed"

@@ -3,7 +3,7 @@ collections, your own data and models, TFDS data sets, checkpoints on a failing 
 held to the standard of `fljax run`: one line, exit 2 (3 for a guard), nothing written, no library traceback.
 
 (One-line refusals of the command line are in the catalogue, tests/bad_inputs.py; process groups in
-tests/test_processes.py; wrong-kind resumes of real directories in tests/test_reliability.py.)"""
+tests/test_process_groups.py; wrong-kind resumes of real directories in tests/test_reliability.py.)"""
 import dataclasses
 import json
 import math
@@ -128,6 +128,38 @@ def test_a_signal_in_a_familys_last_block_stops_the_study(tmp_path, monkeypatch)
     assert files.read_json(runs / "main.A.s0" / "summary.json")["status"] == "completed"
     assert not (runs / "main.B.s0").exists()
     assert files.read_json(tmp_path / "out" / "directory.json")["kind"] == "study"
+
+
+def test_a_signal_while_the_checkpointers_close_stops_the_study(tmp_path, monkeypatch, capsys):
+    """(issue: a signal arriving after the run loop's last look at the stop request — while the family's
+    checkpointers were being closed — was recorded and then dropped when the signal handlers were restored: "NOT
+    INTERRUPTED", the next family ran.) The signal is sent from inside the close step of the first family: the study
+    stops there (Interrupted; `fljax reproduce` exits 143), the second family never starts."""
+    from fljax.runner.checkpoint import Checkpointer
+    from fljax.runner.study import load_study, run_study
+
+    path = tmp_path / "two.yaml"
+    path.write_text(STUDY)
+    close, sent = Checkpointer.close, []
+
+    def close_then_signal(self):
+        close(self)
+        if not sent:
+            sent.append(self)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(Checkpointer, "close", close_then_signal)
+    with pytest.raises(Interrupted) as e:
+        run_study(load_study(str(path)), str(tmp_path / "out"), output=Output("quiet"))
+    assert e.value.name == "SIGTERM" and len(sent) == 1
+    runs = tmp_path / "out" / "runs"
+    assert files.read_json(runs / "main.A.s0" / "summary.json")["status"] == "completed"
+    assert not (runs / "main.B.s0").exists()
+    sent.clear()  # the same through `fljax run`: the run completed, the signal still gives 143 and the resume hint
+    status, err = _run(capsys, ["run", *TINY, "--set", "rounds=2", "--checkpoint-every", "1", "--out",
+                                str(tmp_path / "r"), "--quiet"])
+    assert status == 143 and err[-1].startswith("fljax: interrupted by SIGTERM; continue from the last checkpoint")
+    assert files.read_json(tmp_path / "r" / "summary.json")["status"] == "completed"
 
 
 # ------------------------------------------------------------------------------------------------ damaged files
@@ -329,6 +361,35 @@ def test_a_missing_tensorboardx_is_one_line(monkeypatch, capsys, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("logdir, message", [
+    ("tb/" + "a" * 300, "is 300 bytes long, more than the 255 the file system allows; choose a shorter one."),
+    ("/".join(["b" * 200] * 25), "bytes long (as an absolute path), more than the 4095 the file system allows"),
+    ("/proc/tb", "--tensorboard '/proc/tb': no file can be created in '/proc' ("),  # os.access passes there for root
+])
+def test_a_tensorboard_directory_that_cannot_be_made_is_refused_before_anything_is_written(capsys, tmp_path,
+                                                                                           monkeypatch, logdir,
+                                                                                           message):
+    """(issue: a name longer than NAME_MAX, or a directory under /proc when root, passed the permission check and
+    failed at the first evaluation — `[Errno 36] File name too long`, not naming --tensorboard, the run directory
+    half-written.) One line naming --tensorboard, exit 2, nothing written (the probe's temporary file included)."""
+    monkeypatch.chdir(tmp_path)
+    status, err = _run(capsys, ["run", *TINY, "--tensorboard", logdir, "--out", "r"])
+    assert status == 2 and len(err) == 1 and err[0].startswith("fljax: error: --tensorboard ") and message in err[0]
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_tensorboard_probe_leaves_no_file_behind(tmp_path):
+    """The check tries the nearest existing parent for real (a temporary file), and removes what it tried."""
+    from fljax.runner.tensorboard import _writable
+
+    assert _writable(str(tmp_path / "a" / "b")) == str(tmp_path / "a" / "b") and os.listdir(tmp_path) == []
+    (tmp_path / "ro").mkdir(mode=0o500)
+    if os.geteuid() != 0:  # root writes into a read-only directory
+        with pytest.raises(fljax.ConfigError, match="no file can be created in"):
+            _writable(str(tmp_path / "ro" / "tb"))
+    assert os.listdir(tmp_path / "ro") == []
+
+
 def test_a_diverged_algorithm_has_a_status_in_the_comparison(tmp_path, capsys):
     """(issue: `acc 0.0500, rounds 0` with no status.) The comparison's table says which algorithm a guard stopped
     and why; the others' rows say completed."""
@@ -343,6 +404,30 @@ def test_a_diverged_algorithm_has_a_status_in_the_comparison(tmp_path, capsys):
             if line.startswith("| ") and "algorithm" not in line}
     assert rows["fedavg"].startswith("stopped: round 1 diverged") and rows["local"].startswith("stopped: ")
     assert any("stopped (NaN/Inf or divergence): fedavg, local" in line for line in err)
+    assert "same accuracies" not in table  # a stopped row is never called a repeat
+
+
+def test_rows_that_did_not_complete_get_no_same_accuracy_or_untuned_notes():
+    """(issue: under two diverged rows, "[3] fedprox ends with the same accuracies as fedavg" and "[4] μ adds almost
+    nothing".) Those notes are about results; a stopped row's numbers are those of its last good evaluation. A
+    completed row with the same numbers as a stopped one is no repeat either, nor is a stopped row the best."""
+    from fljax.runner.report import distinct_table
+
+    def row(name, acc, status):
+        return {"algorithm": name, "personal acc": acc, "p10 client": acc, "global acc": acc, "status": status}
+
+    hints = {"fedprox": "fedprox: its μ adds almost nothing", "perfedavg": "perfedavg: try beta"}
+    stopped = "stopped: round 1 diverged"
+    text = distinct_table([row("fedavg", "0.1000", stopped), row("fedprox", "0.1000", stopped)], hints)
+    assert "same accuracies" not in text and "μ" not in text and "[" not in text.splitlines()[2] + text.splitlines()[3]
+    text = distinct_table([row("fedavg", "0.9500", stopped), row("fedprox", "0.9500", "completed"),
+                           row("perfedavg", "0.9000", "completed")], hints)
+    assert "same accuracies" not in text and "μ" not in text  # fedprox repeats a stopped row only
+    text = distinct_table([row("fedavg", "0.9500", stopped), row("perfedavg", "0.9000", "completed")], hints)
+    assert "try beta" not in text  # 0.90 lags the stopped row's 0.95 only: it is the best completed row
+    text = distinct_table([row("fedavg", "0.9000", "completed"), row("fedprox", "0.9000", "completed"),
+                           row("local", "0.9000", stopped)], hints)
+    assert "fedprox ends with the same accuracies as fedavg" in text and "local ends" not in text
 
 
 # ------------------------------------------------------------------------------------------------ own data
@@ -396,9 +481,14 @@ def test_a_sweep_over_data_keys_with_your_own_data_is_refused(tmp_path):
     (None, None, True, r"num_classes must be a positive integer"),
     (None, None, 0, r"num_classes must be between 1 and 2147483647, got 0\."),
     (None, None, 1, r"labels must be in \[0, 1\) \(num_classes=1\), got 0 to 1 \(first in train\[1\] \(client 1\)\)"),
+    (None, [(np.ones((1, 2)), [0]), (np.ones((1, 2)), [2 ** 40])], None,  # num_classes not given: not named
+     r"^test\[1\] \(client 1\): label 1099511627776 is larger than 2147483646, the largest label int32 holds"),
+    ([(np.ones((1, 2)), [-1]), (np.ones((1, 2)), [1])], None, None,
+     r"labels must be in \[0, 2\) \(num_classes: 1 \+ the largest label\), got -1 to 1 \(first in train\[0\]"),
 ])
 def test_from_arrays_names_the_argument_and_the_client(train, test, num_classes, match):
-    """(issue: strings, ragged rows, complex values, num_classes="abc" gave numpy's or Python's message.)"""
+    """(issue: strings, ragged rows, complex values, num_classes="abc" gave numpy's or Python's message; a huge label
+    blamed `num_classes=2147483647`, which was never passed.)"""
     ok = [(np.ones((1, 2)), [0]), (np.ones((1, 2)), [1])]
     with pytest.raises(DataError, match=match) as e:
         from_arrays(train if train is not None else ok, test if test is not None else ok[:len(train or ok)],
@@ -482,35 +572,57 @@ def test_the_from_arrays_fuzzer_reaches_both_outcomes():
 # ------------------------------------------------------------------------------------------------ docs/cli.md
 
 
-def _guard_examples() -> list[tuple[str, list[str]]]:
-    """docs/cli.md's NaN/Inf and divergence examples: each `$ fljax ...` command (continued over lines ending with a
+def _shell_examples() -> list[tuple[str, str, list[str]]]:
+    """Every `$ fljax ...` example of docs/cli.md: its section, the command (continued over lines ending with a
     backslash) and the lines shown after it."""
     text = open(os.path.join(ROOT, "docs", "cli.md")).read()
-    section = text.split("## NaN/Inf and divergence", 1)[1]
-    block = section.split("```", 2)[1]
-    examples, command, shown = [], None, []
-    for line in block.splitlines()[1:]:
-        if line.startswith("$ "):
-            if command:
-                examples.append((command, shown))
-            command, shown = line[2:], []
-        elif command and command.endswith("\\"):
-            command = command[:-1] + " " + line.strip()
-        elif line.strip():
-            shown.append(line)
-    return examples + [(command, shown)]
+    examples, section = [], None
+    for i, part in enumerate(re.split(r"^```.*$", text, flags=re.M)):
+        if i % 2 == 0:  # prose: the section it is in
+            section = ([line[3:] for line in part.splitlines() if line.startswith("## ")] or [section])[-1]
+            continue
+        command, shown = None, []
+        for line in part.splitlines():
+            if line.startswith("$ "):
+                if command:
+                    examples.append((section, command, shown))
+                command, shown = line[2:], []
+            elif command and command.endswith("\\"):
+                command = command[:-1] + " " + line.strip()
+            elif command and line.strip():
+                shown.append(line)
+        if command:
+            examples.append((section, command, shown))
+    return examples
 
 
-def test_the_guard_examples_of_docs_cli_run_as_shown(tmp_path, monkeypatch, capsys):
-    """(issue: docs/cli.md's NaN and divergence examples no longer behaved as shown.)"""
-    examples = _guard_examples()
-    assert len(examples) == 2
+def _as_shown(shown: str) -> re.Pattern:
+    """A shown line as a pattern: `...` stands for any text left out."""
+    return re.compile(".*?".join(re.escape(piece) for piece in shown.split("...")))
+
+
+def test_the_shell_examples_of_docs_cli_run_as_shown(tmp_path, monkeypatch, capsys):
+    """(issue: docs/cli.md's NaN and divergence examples no longer behaved as shown; the resume example showed 100
+    clients where configs/fedavg.yaml has 50, the partitions' list began with another name.) Every `$ fljax`
+    example prints what the page shows (`...` standing for the rest of a list), with the status of its kind: 3 for
+    a guard, 2 for a refusal. The resume example's runs/a is the config.yaml `fljax run configs/fedavg.yaml --out
+    runs/a` writes."""
+    from fljax.config import load_config
+    from fljax.runner.results import RunDir
+
+    examples = _shell_examples()
+    assert [section for section, _, _ in examples] == ["Configs"] * 4 + ["Checkpoints and `--resume`"] + \
+        ["NaN/Inf and divergence"] * 2
     monkeypatch.chdir(tmp_path)
-    for command, shown in examples:
+    os.symlink(os.path.join(ROOT, "configs"), "configs")
+    os.makedirs("runs/a")
+    RunDir("runs/a").write_config(load_config("configs/fedavg.yaml"))
+    for section, command, shown in examples:
         argv = shlex.split(command)
         assert argv[0] == "fljax"
         status, err = _run(capsys, argv[1:])
-        assert status == 3 and err == shown, (command, err)
+        assert status == (3 if section.startswith("NaN") else 2), (command, err)
+        assert len(err) == len(shown) and all(_as_shown(a).fullmatch(b) for a, b in zip(shown, err)), (command, err)
 
 
 # ------------------------------------------------------------------------------------------------ sweep grids
@@ -647,15 +759,17 @@ def _snapshot(directory) -> dict:
 
 def test_resuming_a_real_collection_as_another_kind_is_refused_and_changes_nothing(tmp_path, capsys, monkeypatch):
     """(issue: `fljax run --resume --out <a comparison>` trained a single run into its root and replaced its
-    summary.json; `compare --resume` on a run or sweep crashed with KeyError: 'algorithms'.) On real directories:
-    every wrong pairing of command and directory is one line, exit 2, and leaves every file as it was; the right
-    command still continues each directory."""
+    summary.json; `compare --resume` on a run or sweep crashed with KeyError: 'algorithms'; `fljax run --resume
+    --out <a comparison>/fedavg --set rounds=3` extended one algorithm, leaving compare.md out of date.) On real
+    directories: every wrong pairing of command and directory, a part (an algorithm, a point, a seed) continued on
+    its own included, is one line, exit 2, and leaves every file as it was; the right command still continues each
+    directory, and a part written before directories recorded what they are part of still resumes on its own."""
     monkeypatch.chdir(tmp_path)
     small = [f"--set=data.{k}={v}" for k, v in SMALL["data"].items()] + ["--set=model.name=logreg", "--set=rounds=2",
                                                                           "--set=algo.cohort_size=2"]
     assert main(["compare", "--algorithms", "fedavg,fedprox", "--out", "c", *small]) == 0
     assert main(["sweep", "--algorithm", "fedavg", "--grid", "algo.lr=0.01,0.1", "--out", "s", *small]) == 0
-    assert main(["run", "--algorithm", "fedavg", "--out", "r", *small]) == 0
+    assert main(["run", "--algorithm", "fedavg", "--out", "r", "--seeds", "2", *small]) == 0
     capsys.readouterr()
     before = {d: _snapshot(d) for d in ("c", "s", "r")}
     wrong = [(["run", "--resume", "--out", "c"], "'c' holds a comparison, not a run"),
@@ -665,7 +779,14 @@ def test_resuming_a_real_collection_as_another_kind_is_refused_and_changes_nothi
              (["sweep", "--resume", "--out", "r"], "'r' holds a run, not a sweep"),
              (["compare", "--resume", "--out", "r"], "'r' holds a run, not a comparison"),
              (["compare", "--resume", "--out", "s"], "'s' holds a sweep, not a comparison"),
-             (["compare", "--resume", "--out", "c", "--algorithms", "fedavg,ditto"], "drop --algorithms")]
+             (["compare", "--resume", "--out", "c", "--algorithms", "fedavg,ditto"], "drop --algorithms"),
+             (["run", "--resume", "--out", "c/fedavg", "--set", "rounds=3"], "--resume: 'c/fedavg' is part of the "
+              "comparison in 'c', which would be left out of date; continue the comparison with `fljax compare "
+              "--resume --out c`"),
+             (["run", "--resume", "--out", "s/lr=0.1/"], "'s/lr=0.1/' is part of the sweep in 's'"),
+             (["run", "--out", "s/lr=0.1", "--algorithm", "fedavg", *small], "--out: 's/lr=0.1' is part of the sweep"),
+             (["run", "--resume", "--out", "r/seed_1"], "is part of the run in 'r', which would be left out of date; "
+              "continue the run with `fljax run --resume --out r`")]
     for argv, message in wrong:
         status, err = _run(capsys, argv)
         assert status == 2 and len(err) == 1 and err[0].startswith("fljax: error: ") and message in err[0], (argv, err)
@@ -674,6 +795,10 @@ def test_resuming_a_real_collection_as_another_kind_is_refused_and_changes_nothi
                  ["run", "--resume", "--out", "r"]):
         status, err = _run(capsys, argv)
         assert status == 0, (argv, err)
+    old = files.read_json("c/fedprox/directory.json")
+    files.write_json("c/fedprox/directory.json", {k: v for k, v in old.items() if k != "part_of"})
+    status, err = _run(capsys, ["run", "--resume", "--out", "c/fedprox", "--set", "rounds=3"])
+    assert status == 0 and old["part_of"] == "comparison", err
 
 
 def test_a_run_with_your_own_model_is_not_resumed_from_the_command_line(tmp_path, capsys, monkeypatch):

@@ -69,9 +69,16 @@ def _checked(split: str, pairs) -> tuple[list[np.ndarray], list[np.ndarray]]:
     return xs, ys
 
 
-def _num_classes(num_classes, labels: np.ndarray) -> int:
-    if num_classes is None:  # labels beyond int32 (where labels are stored) are refused below
-        return min(int(labels.max()) + 1, INT32_MAX)
+def _num_classes(num_classes, labels: np.ndarray, ys: list[np.ndarray], yt: list[np.ndarray]) -> int:
+    """``num_classes`` checked, or (None) 1 + the largest label, which must be a label int32 can hold (where labels
+    are stored): a larger one is named with its client."""
+    if num_classes is None:
+        if labels.max() >= INT32_MAX:
+            split, i, y = next((split, i, y) for split, group in (("train", ys), ("test", yt))
+                               for i, y in enumerate(group) if y.max() >= INT32_MAX)
+            raise DataError(f"{split}[{i}] (client {i}): label {y.max()} is larger than {INT32_MAX - 1}, the largest "
+                            f"label int32 holds (labels are stored as int32); number the classes 0, 1, …, C-1.")
+        return int(labels.max()) + 1
     if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)):
         raise DataError(f"num_classes must be a positive integer (or None: 1 + the largest label), got "
                         f"{show(num_classes)}.")
@@ -97,12 +104,13 @@ def from_arrays(train, test, num_classes: int | None = None, name: str = "arrays
     if not isinstance(name, str) or not name.strip():
         raise DataError(f"name must be a non-empty string, got {show(name)}.")
     labels = np.concatenate(ys + yt)
-    classes = _num_classes(num_classes, labels)
+    classes = _num_classes(num_classes, labels, ys, yt)
     if labels.min() < 0 or labels.max() >= classes:
         where = next(f"{split}[{i}] (client {i})" for split, group in (("train", ys), ("test", yt))
                      for i, y in enumerate(group) if y.min() < 0 or y.max() >= classes)
-        raise DataError(f"labels must be in [0, {classes}) (num_classes={classes}), got {labels.min()} to "
-                        f"{labels.max()} (first in {where}).")
+        bound = f"(num_classes={classes})" if num_classes is not None else "(num_classes: 1 + the largest label)"
+        raise DataError(f"labels must be in [0, {classes}) {bound}, got {labels.min()} to {labels.max()} (first in "
+                        f"{where}).")
     return FederatedData(train=pad_clients(xs, ys), test=pad_clients(xt, yt), num_classes=classes,
                          input_shape=tuple(xs[0].shape[1:]), name=name,
                          description=f"your own arrays, {len(xs)} clients")

@@ -265,9 +265,11 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
       directories as they were);
     * every directory a ``config.yaml`` is written into is locked for the whole call (:mod:`fljax.runner.lock`):
       one owner at a time (a root that only holds the run directories, as a study's, is not: its workers share it);
-    * every directory records its kind and origin (``directory.json``, :mod:`fljax.runner.identity`): one that
-      holds another kind (a sweep where a run is asked for) is refused, and so, with ``resume``, is one made with
-      data or a model this call does not have (the user's own, which config.yaml does not describe);
+    * every directory records its kind and origin (``directory.json``, :mod:`fljax.runner.identity`), and what it
+      is part of (a seed of a run, a point of a sweep or comparison): one that holds another kind (a sweep where a
+      run is asked for) is refused, and so is a part written on its own (a comparison's algorithm as a run: the
+      comparison would be out of date), and, with ``resume``, one made with data or a model this call does not
+      have (the user's own, which config.yaml does not describe);
     * without ``resume``, a directory holding results (a checkpoint, a completed or stopped run) is refused; one
       without (a run that died before its first checkpoint) is started afresh;
     * with ``resume``, a config that changes the simulation is refused (:mod:`fljax.runner.resume`); a completed
@@ -290,10 +292,11 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
     cache = data_cache or DataCache()
     made = identity.origin(cache.own, model)
     kinds = {d.path: kind if exp is None else "run" for d, _, exp in configs}
+    part_of = _parts(dirs, runs_by_point, kind if root_config is not None else None)
     if out is not None:
         for d, cfg, _ in reversed(configs):  # the root first
             if os.path.isdir(d.path):
-                identity.check_kind(d.path, kinds[d.path], "--resume" if resume else "--out")
+                identity.check_kind(d.path, kinds[d.path], "--resume" if resume else "--out", part_of.get(d.path))
                 if resume:
                     identity.check_origin(d.path, made)
             if resume:
@@ -321,7 +324,8 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
         for d, cfg, exp in configs:  # the root's config.yaml last: once it exists, the directory can be resumed
             if exp is not None:
                 d.write_resolved(_resolved(exp, model))
-            identity.write(d.path, kinds[d.path], made, **((listing or {}) if exp is None else {}))
+            identity.write(d.path, kinds[d.path], made, part_of.get(d.path),
+                           **((listing or {}) if exp is None else {}))
             d.write_config(cfg)
         for run in all_runs:
             if run.status != "reused":
@@ -385,6 +389,19 @@ def _configs(root: RunDir, root_config, points, dirs, runs_by_point
         configs += [(run.directory, run.cfg, run.exp) for run in runs] if len(runs) > 1 else []
         configs.append((d, exp.config, exp))
     return configs + ([(root, root_config, None)] if root_config is not None else [])
+
+
+def _parts(dirs: list[RunDir], runs_by_point: list[list[Run]], collection: str | None) -> dict[str, str]:
+    """The directories this call writes as parts of another, with that one's kind: every seed's of a point with
+    several seeds (part of a run), every point's of a ``collection`` (a sweep, a comparison; None: the points are
+    not one)."""
+    parts = {}
+    for d, runs in zip(dirs, runs_by_point):
+        if len(runs) > 1:
+            parts.update({run.directory.path: "run" for run in runs})
+        if collection is not None:
+            parts[d.path] = collection
+    return parts
 
 
 def _check_directories(root: RunDir, dirs: list[RunDir], resume: bool, missing_ok: bool) -> None:

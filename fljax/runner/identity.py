@@ -8,7 +8,11 @@ Every directory fljax writes a config into says
   user's own data (``data``: its name, clients and a fingerprint of its arrays) and own Flax module (``model``: its
   class and a fingerprint of its fields), passed to :func:`fljax.run` and friends from Python;
 * for a sweep its ``grid``, for a comparison its ``algorithms``, for a study its ``study`` name (what ``--resume``
-  continues).
+  continues);
+* ``part_of``, for a directory that is a part of the one above it: ``run`` (a seed of a run with several),
+  ``sweep`` (a point) or ``comparison`` (an algorithm). A part is continued through the whole only: extended on its
+  own, it would leave the whole's table and summary out of date. (Directories written before ``part_of`` existed
+  do not have it, and stay usable as they were.)
 
 With it, ``--resume`` refuses the wrong kind of directory (``fljax run --resume`` on a sweep would train a run into
 the sweep's root) and a run it cannot rebuild (own data or model from the command line, or other data from Python),
@@ -56,12 +60,14 @@ def read(path: str) -> dict | None:
     return dict(CONFIG)
 
 
-def write(path: str | None, kind: str, made: dict | str = "config", **extra) -> None:
-    """Write ``directory.json`` into ``path`` (None: nowhere) — ``kind``, ``origin`` (``made``, :func:`origin`)
-    and ``extra`` (a sweep's ``grid``, a comparison's ``algorithms``, a study's ``study``)."""
-    assert kind in KINDS, kind
+def write(path: str | None, kind: str, made: dict | str = "config", part_of: str | None = None, **extra) -> None:
+    """Write ``directory.json`` into ``path`` (None: nowhere) — ``kind``, ``origin`` (``made``, :func:`origin`),
+    ``part_of`` (the kind of the directory above that this one is a part of; None: none) and ``extra`` (a sweep's
+    ``grid``, a comparison's ``algorithms``, a study's ``study``)."""
+    assert kind in KINDS and part_of in (None, *KINDS), (kind, part_of)
     if path is not None:
-        files.write_json(os.path.join(path, FILE), {"kind": kind, "origin": made, **extra})
+        files.write_json(os.path.join(path, FILE), {"kind": kind, "origin": made,
+                                                    **({"part_of": part_of} if part_of else {}), **extra})
 
 
 def kind_of(path: str) -> str | None:
@@ -73,10 +79,17 @@ def _article(kind: str) -> str:
     return "an" if kind[0] in "aeiou" else "a"
 
 
-def check_kind(path: str, kind: str, doing: str = "--resume") -> dict | None:
-    """Refuse ``path`` when it holds a directory of another kind than ``kind`` (one line: what it holds and the
-    command that continues it); returns what it holds (None: nothing yet)."""
+def check_kind(path: str, kind: str, doing: str = "--resume", part_of: str | None = None) -> dict | None:
+    """Refuse ``path`` when it holds a directory of another kind than ``kind``, or a part of another directory
+    where this call writes it on its own (``part_of`` None; else the kind of the whole this call writes it in): one
+    line, what it holds and the command that continues it. Returns what it holds (None: nothing yet)."""
     saved = read(path)
+    whole = _whole(path) if saved is not None and saved.get("part_of") and part_of is None else None
+    if whole is not None:
+        whole, held = whole
+        raise ConfigError(f"{doing}: {path!r} is part of the {held} in {whole!r}, which would be left out of date; "
+                          f"continue the {held} with `fljax {COMMANDS[held]} --resume --out {whole}`, or choose "
+                          f"another --out.")
     if saved is None or saved["kind"] == kind:
         return saved
     held = saved["kind"]
@@ -86,6 +99,21 @@ def check_kind(path: str, kind: str, doing: str = "--resume") -> dict | None:
         how = f"fljax {COMMANDS[held]} --resume --out {path}"
     raise ConfigError(f"{doing}: {path!r} holds {_article(held)} {held}, not {_article(kind)} {kind}; continue it with "
                       f"`{how}`, or choose another --out.")
+
+
+def _whole(path: str) -> tuple[str, str] | None:
+    """The outermost directory that ``path`` is a part of (``part_of``, up the parents) and its kind; None when the
+    directory above is not the whole it records (a part copied elsewhere is a directory of its own)."""
+    path, whole = os.path.normpath(path), None
+    saved = read(path)
+    while saved is not None and saved.get("part_of") in COMMANDS:
+        parent = os.path.dirname(path)
+        above = read(parent) if parent else None
+        if above is None or above["kind"] != saved["part_of"]:
+            break
+        path, saved = parent, above
+        whole = (path, saved["kind"])
+    return whole
 
 
 def fingerprint(values) -> str:

@@ -3,8 +3,10 @@
 Within :func:`graceful` the first of these signals only asks the runs to stop: the run loop finishes the block of
 rounds it is in, checkpoints every running run there, writes their status ('interrupted' in ``summary.json``) and
 :class:`Interrupted` is raised; ``fljax`` then exits with 128 + the signal number (130 for SIGINT, 143 for SIGTERM).
-A second signal raises :class:`Interrupted` at once (the last checkpoint written is the resume point). Outside the
-main thread, where Python cannot handle signals, nothing is installed and the signals keep their usual effect.
+A second signal raises :class:`Interrupted` at once (the last checkpoint written is the resume point). A signal that
+arrives after the run loop's last look at the request (while the checkpointers are closed, say) is not lost: leaving
+:func:`graceful` raises :class:`Interrupted` for it. Outside the main thread, where Python cannot handle signals,
+nothing is installed and the signals keep their usual effect.
 """
 from __future__ import annotations
 
@@ -56,7 +58,9 @@ class StopRequest:
 @contextlib.contextmanager
 def graceful(warn: Callable[[str], None]):
     """Handle SIGINT and SIGTERM as above for the duration of the ``with`` block, which receives the
-    :class:`StopRequest`; ``warn`` tells the person what is happening. The previous handlers are restored after."""
+    :class:`StopRequest`; ``warn`` tells the person what is happening. The previous handlers are restored after,
+    and a block that ends normally with a stop requested raises :class:`Interrupted` (a signal received anywhere in
+    the block is honoured, also one the block did not look for)."""
     request = StopRequest()
     if threading.current_thread() is not threading.main_thread():
         yield request
@@ -77,3 +81,4 @@ def graceful(warn: Callable[[str], None]):
     finally:
         for s, h in previous.items():
             signal.signal(s, h if h is not None else signal.SIG_DFL)
+    request.check()

@@ -151,7 +151,9 @@ def distinct_table(rows: list[dict], hints: dict[str, str] | None = None, names:
     * ``hints`` (label → text): a note on that row when it lags the best personalized accuracy by :data:`LAG` or
       more, or repeats another row — e.g. a hyperparameter left at a value that does not suit the setting, with
       the value to try (:data:`fljax.algorithms.families.UNTUNED`). A row with notes has their numbers after its
-      label: ``perfedavg [2,3]``;
+      label: ``perfedavg [2,3]``. Neither note is given for a row that did not complete (its ``status`` says
+      why: a guard stopped it, and its accuracies are those of its last good evaluation), nor does such a row
+      count as the one repeated or as the best;
     * the ``evaluated`` column of runs evaluated on a fixed sample of their clients (``eval_clients``) is left out
       when every row has the same sample, and a note says it.
 
@@ -160,6 +162,7 @@ def distinct_table(rows: list[dict], hints: dict[str, str] | None = None, names:
         return ""
     key = next(iter(rows[0]))
     names = names or [str(r[key]) for r in rows]
+    completed = [r.get("status", "completed") == "completed" for r in rows]
     notes: list[str] = []
     marks: dict[int, list[int]] = {}
 
@@ -184,8 +187,11 @@ def distinct_table(rows: list[dict], hints: dict[str, str] | None = None, names:
              f"every client.")
         rows = [{k: v for k, v in r.items() if k != "evaluated"} for r in rows]
     seen: dict[tuple, int] = {}
-    best = max((v for r in rows if (v := _mean(r.get("personal acc"))) == v), default=float("nan"))
+    best = max((v for r, done in zip(rows, completed) if done and (v := _mean(r.get("personal acc"))) == v),
+               default=float("nan"))
     for i, r in enumerate(rows):
+        if not completed[i]:
+            continue
         accuracies = tuple(r.get(c) for c in ACCURACIES)
         repeats = any(a not in (None, "-") for a in accuracies) and accuracies in seen
         if repeats:

@@ -38,8 +38,9 @@ from importlib import resources
 import numpy as np
 
 from fljax import yaml_io
-from fljax.config import ConfigError, ExperimentConfig, from_dict, to_dict
+from fljax.config import RUNS_MAX, ConfigError, ExperimentConfig, from_dict, to_dict
 from fljax.experiment import Experiment, resolve
+from fljax.options import suggest
 from fljax.runner import files, identity
 from fljax.runner.report import Output, sample_std
 from fljax.runner.results import RunDir
@@ -84,14 +85,24 @@ class Study:
     def studies(self) -> list[str]:
         return list(self.spec.get("studies", {}))
 
+    def chosen(self, only: list[str] | None = None) -> list[str]:
+        """The studies ``only`` (``--only``) names, checked: each a study of the file and named once (a study named
+        twice would run and count its cells twice); None: every study of the file."""
+        if only is None:
+            return self.studies
+        for study in only:
+            if study not in self.studies:
+                raise ConfigError(f"--only: {self.name} has no study {study!r}; choose from {self.studies}."
+                                  f"{suggest(study, self.studies)}")
+        twice = next((study for i, study in enumerate(only) if study in only[:i]), None)
+        if twice is not None:
+            raise ConfigError(f"--only names {twice!r} twice; name each study once.")
+        return list(only)
+
     def cells(self, only: list[str] | None = None, seeds: int | None = None, rounds: int | None = None) -> list[Cell]:
-        """Every cell of the chosen studies, with the seeds and rounds overrides of the command line."""
-        out = []
-        for study in only or self.studies:
-            if study not in self.spec.get("studies", {}):
-                raise ConfigError(f"study {self.name!r} has no study {study!r}; choose from {self.studies}.")
-            out.extend(self._cells(study, seeds, rounds))
-        return out
+        """Every cell of the chosen studies (:meth:`chosen`), with the seeds and rounds overrides of the command
+        line."""
+        return [cell for study in self.chosen(only) for cell in self._cells(study, seeds, rounds)]
 
     def _cells(self, study: str, seeds: int | None, rounds: int | None) -> list[Cell]:
         spec = self.spec["studies"][study]
@@ -357,6 +368,11 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
     if os.path.isdir(out):  # a run, sweep or comparison is not a study's folder (its runs would land beside them)
         identity.check_kind(out, "study", "--out")
     cells = study.cells(only, seeds, rounds)
+    count = sum(len(c.seeds) for c in cells)
+    if count > RUNS_MAX:  # the cap of `fljax run` and `fljax sweep`
+        raise ConfigError(f"--seeds/--only: {study.name}'s {','.join(study.chosen(only))} has {len(cells):,} cells × "
+                          f"their seeds = {count:,} runs, more than the {RUNS_MAX:,} one command may start; ask for "
+                          f"fewer --seeds, or fewer studies with --only.")
     experiments = _experiments(cells)
     names = _run_dir_names(cells)
     root = os.path.join(out, "runs")

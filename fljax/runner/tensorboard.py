@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 
 from fljax.errors import ConfigError
 from fljax.options import show
@@ -17,9 +18,12 @@ __all__ = ["TensorBoard"]
 
 
 def _writable(logdir) -> str:
-    """``logdir`` as a path, checked before the run starts (nothing is created here: the writers create their
-    directories at their first record): a directory, or a path whose nearest existing parent is a directory this
-    process may write into."""
+    """``logdir`` as a path, checked before the run starts: a directory, or a path whose nearest existing parent is
+    a directory where this process can create files, and whose every name fits the file system (``NAME_MAX``,
+    ``PATH_MAX``). The parent is tried for real — a permission check alone passes for root everywhere, /proc
+    included — by opening a temporary file in it that is removed at once (unnamed, ``O_TMPFILE``, where the file
+    system supports it: then it never appears); nothing else is created here (the writers create their
+    directories at their first record)."""
     try:
         path = os.fspath(logdir)
     except TypeError:
@@ -32,12 +36,35 @@ def _writable(logdir) -> str:
     parent = path
     while parent and not os.path.exists(parent):
         parent = os.path.dirname(parent)
-    if parent and not os.path.isdir(parent):
+    parent = parent or "."
+    if not os.path.isdir(parent):
         raise ConfigError(f"--tensorboard {show(path)}: {show(parent)} is a file, not a directory.")
-    if not os.access(parent or ".", os.W_OK | os.X_OK):
-        raise ConfigError(f"--tensorboard {show(path)}: {show(parent)} is not writable by this user; choose "
-                          f"another directory.")
+    name_max, path_max = (_limit(parent, name, default) for name, default in (("PC_NAME_MAX", 255),
+                                                                              ("PC_PATH_MAX", 4096)))
+    long = next((part for part in path.split(os.sep) if len(os.fsencode(part)) > name_max), None)
+    if long is not None:
+        raise ConfigError(f"--tensorboard {show(path)}: the name {show(long)} is {len(os.fsencode(long)):,} bytes "
+                          f"long, more than the {name_max} the file system allows; choose a shorter one.")
+    if len(os.fsencode(os.path.abspath(path))) >= path_max:
+        raise ConfigError(f"--tensorboard {show(path)} is {len(os.fsencode(os.path.abspath(path))):,} bytes long "
+                          f"(as an absolute path), more than the {path_max - 1} the file system allows; choose a "
+                          f"shorter path.")
+    try:
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as e:
+        raise ConfigError(f"--tensorboard {show(path)}: no file can be created in {show(parent)} "
+                          f"({e.strerror or e}); choose another directory.") from None
     return path
+
+
+def _limit(directory: str, name: str, default: int) -> int:
+    """The file system's ``os.pathconf`` limit ``name`` where ``directory`` is (``default`` where it gives none)."""
+    try:
+        value = os.pathconf(directory, name)
+    except (OSError, ValueError):
+        return default
+    return value if value and value > 0 else default
 
 
 class TensorBoard:
