@@ -12,13 +12,15 @@
    ``precision: bf16``. Target: under 30 s of ``fljax.run`` wall time.
 2. ``cnn`` — the dense matmul peak of the chip measured in this process (float32 as TF32, exact float32, bfloat16),
    then FedAvg rounds (every client, 10 local SGD steps of batch 20) of the issue's CNN (5×5 16-32 SAME, dense 128)
-   at 64 and 1,024 clients for every convolution form under ``vmap`` (native = the grouped convolution vmap
-   makes, patches = im2col + batched matmul, shifts = k² shifted batched matmuls), the best form again in bf16, and
-   the ``peer_torch`` rows (torch.func vmap; the PyTorch loop, timed on 64 clients) when torch imports. The form
+   at 64 clients for every convolution form under ``vmap`` (native = the grouped convolution vmap makes, patches =
+   im2col + batched matmul, shifts = k² shifted batched matmuls) and the fastest form again in bf16, at 1,024
+   clients that form in tf32 and bf16 (the other forms' 1,024-client rows of 2026-11-27 stay in the table), and the
+   ``peer_torch`` rows (torch.func vmap at both sizes; the PyTorch loop at 64 clients) when torch imports. The form
    rows are written into ``fljax/models/conv_forms.json`` (the table ``conv_impl: auto`` reads; commit it).
 3. ``dense`` — logistic regression 60→10 (1,000 clients) and the MLP 784-200-200-10 (64 clients), ``auto``,
    with their PyTorch peers.
-4. ``resnet`` — ResNet-18-GN on 32×32×3, 64 clients, ``auto`` (its form from the table), tf32 and bf16.
+4. ``resnet`` — ResNet-18-GN on 32×32×3, 64 clients, ``auto`` (its form from the table), tf32 (bf16 too was
+   measured on 2026-11-27; the two do not fit in the script's 8 minutes: their compiles alone took 80 s).
 5. ``text`` — the text targets of issue 26 on the offline stand-ins (synthetic text of the real sets' shapes and
    client sizes, :mod:`fljax.data.standins`) through ``benchmarks/text_workloads.measure``, FedAvg in the published
    settings (one local epoch, each member running its own ceil(n_i / batch) steps): Shakespeare, 715 speakers, the
@@ -27,7 +29,12 @@
    sizes), the word LSTM, 50 clients per round, batch 16, lr 10^-0.5 (target: 1,500 rounds in under 20 minutes).
    Each times a block of a fixed number of rounds after a warm-up block (which compiles it) and projects the full
    run (compile + rounds × seconds per round; evaluations not counted), stated in the table; then the throughput rows of
-   ``text_workloads`` (2 local steps) at cohorts of 10, 50 and 500, as time allows.
+   ``text_workloads`` (2 local steps) at cohorts of 10 and 500, as time allows.
+
+Time: ``gpu.sh`` gives each part a limit from the committed figures (its comment says which), the five under
+8 minutes with their kill grace; each part's stamp records its seconds from start to its last saved measurement.
+``python benchmarks/gpu.py`` (no ``--part``) only re-renders ``gpu.md`` from ``gpu.json``; ``--plan`` prints how
+today's memory plan runs the ``cnn`` part's fljax rows under the default cap (lowered here, nothing measured).
 
 ``--dry-run`` runs every part at toy sizes on any backend in seconds and writes ``gpu_dry_run.*`` (the ResNet part
 is left out: its CPU compile alone takes minutes). The GPU machine has no tensorflow-datasets: nothing here imports it.
@@ -45,6 +52,7 @@ import time
 
 import numpy as np
 
+START = time.perf_counter()  # the part's process started (its stamp's seconds count from here)
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
@@ -55,7 +63,8 @@ PARTS = ("emnist", "cnn", "dense", "resnet", "text")
 EMNIST = {"clients": 3400, "train": 671_585, "test": 77_483, "classes": 62, "rounds": 1500, "cohort": 10,
           "batch_size": 20, "local_epochs": 1, "lr": 0.1, "model": "cnn1_s", "sigma": 0.6}
 DRY_EMNIST = {"clients": 34, "train": 680, "test": 340, "rounds": 3, "cohort": 2}
-CNN_CLIENTS, DRY_CLIENTS = (64, 1024), (2,)
+CNN_CLIENTS, DRY_CLIENTS = (64, 1024), (2,)  # every form at the first size, its fastest at the others
+REPEATS = {"cnn": 3, "dense": 3, "resnet": 2}  # timed rounds of a part's fljax rows (after a compiling one)
 FORMS = ("native", "patches", "shifts")
 
 
@@ -135,8 +144,8 @@ def peaks(dry: bool) -> dict:
 
 
 def fljax_row(workload: str, executor: str, conv: str, precision: str, clients: int | None, dry: bool,
-              peak: dict) -> dict:
-    row = throughput.measure(workload, executor, conv, "1" if dry else "auto", 1 if dry else 3, dry,
+              peak: dict, repeats: int = 3) -> dict:
+    row = throughput.measure(workload, executor, conv, "1" if dry else "auto", 1 if dry else repeats, dry,
                              clients=clients, precision=precision)  # a dry run: no unrolled steps (compile time)
     row["peak_key"] = "bf16" if precision == "bf16" else "tf32"
     return row
@@ -157,6 +166,7 @@ def peak_fraction(row: dict, flops: dict, peak: dict) -> float:
 
 
 def torch_row(model: str, style: str, clients: int, dry: bool) -> dict:
+    # 3 timed rounds: an odd count, so that their median is one of them (of 2, torch_peers takes the slower)
     return torch_peers.measure(model, style, clients, repeats=1 if dry else 3,
                                timed_clients=64 if style == "loop" else None)
 
@@ -171,10 +181,16 @@ def measure_rows(part: str, dry: bool, save) -> None:
               "torch": "available" if torch_peers.available() else "not installed: peer_torch rows skipped"}
     jobs = []
     if part == "cnn":
-        for clients in DRY_CLIENTS if dry else CNN_CLIENTS:
-            jobs += [("fljax", ("cnn5-28x28-64", "vmap", form, "tf32", clients)) for form in FORMS]
-            jobs += [("fljax-best-bf16", ("cnn5-28x28-64", "vmap", None, "bf16", clients))]
-            jobs += [("torch", ("cnn5", "vmap", clients)), ("torch", ("cnn5", "loop", clients))]
+        sizes = DRY_CLIENTS if dry else CNN_CLIENTS
+        for clients in sizes:
+            if clients == sizes[0]:
+                jobs += [("fljax", ("cnn5-28x28-64", "vmap", form, "tf32", clients)) for form in FORMS]
+            else:
+                jobs += [("fljax-best", ("cnn5-28x28-64", "vmap", None, "tf32", clients))]
+            jobs += [("fljax-best", ("cnn5-28x28-64", "vmap", None, "bf16", clients))]
+            jobs += [("torch", ("cnn5", "vmap", clients))]
+            if clients == sizes[0]:  # the loop is timed on 64 clients whatever the size: one row
+                jobs += [("torch", ("cnn5", "loop", clients))]
     elif part == "dense":
         for workload, model in (("logreg-synthetic-1k", "logreg"), ("mlp-28x28-64", "mlp")):
             clients = 2 if dry else None
@@ -182,18 +198,21 @@ def measure_rows(part: str, dry: bool, save) -> None:
                      ("torch", (model, "vmap", clients or (1000 if model == "logreg" else 64))),
                      ("torch", (model, "loop", clients or (1000 if model == "logreg" else 64)))]
     elif part == "resnet" and not dry:  # a dry run leaves it out: its CPU compile alone takes minutes
-        jobs += [("fljax", ("resnet18gn-32x32-64", "auto", "auto", p, None)) for p in ("tf32", "bf16")]
+        jobs += [("fljax", ("resnet18gn-32x32-64", "auto", "auto", "tf32", None))]
     save(part, record)
+    repeats = REPEATS.get(part, 3)
     for kind, args in jobs:
         try:
-            if kind == "fljax-best-bf16":  # the fastest tf32 form at this size, again in bfloat16
-                same = [r for r in rows if r["clients"] == args[4] and r["precision"] == "tf32"]
+            if kind == "fljax-best":  # the fastest tf32 form measured at this size, else at the first size
+                tf32 = [r for r in rows if r["precision"] == "tf32"]
+                first = (DRY_CLIENTS if dry else CNN_CLIENTS)[0]
+                same = [r for r in tf32 if r["clients"] == args[4]] or [r for r in tf32 if r["clients"] == first]
                 if not same:
                     continue
                 best = max(same, key=lambda r: r["client_steps_per_s"])["conv"]
-                rows.append(fljax_row(args[0], args[1], best, "bf16", args[4], dry, peak))
+                rows.append(fljax_row(args[0], args[1], best, args[3], args[4], dry, peak, repeats))
             elif kind == "fljax":
-                rows.append(fljax_row(*args, dry=dry, peak=peak))
+                rows.append(fljax_row(*args, dry=dry, peak=peak, repeats=repeats))
             elif torch_peers.available():
                 peers.append(torch_row(*args, dry=dry))
         except Exception as e:  # noqa: BLE001 - one failed measurement must not lose the part's others
@@ -207,16 +226,43 @@ def measure_rows(part: str, dry: bool, save) -> None:
                      jax.default_backend())
 
 
+def cap_plan(row: dict) -> dict:
+    """How today's memory plan runs the round program of a fljax row of parts 2-4 on a large accelerator: its
+    client map planned under :data:`fljax.engine.budget.CAP` (the default budget of any device with more than
+    CAP / FRACTION of memory), traced and lowered on this machine; nothing compiles or runs. XLA's count after
+    compiling can re-plan it smaller (:mod:`fljax.engine.budget`): on the H200 that count was about twice the
+    estimate."""
+    import jax
+
+    from fljax.algorithms import make_algorithm
+    from fljax.engine import Simulation, budget
+    from fljax.models import make_model
+    from fljax.models.model import precision_scope
+
+    spec = dict(throughput.WORKLOADS[row["workload"]], clients=row["clients"])
+    data = throughput._data(spec, False)
+    model = make_model(spec["model"], data.input_shape, data.num_classes, **spec.get("options", {}))
+    algo = make_algorithm("fedavg", lr=0.01, cohort_size=None, local_steps=throughput.STEPS,
+                          batch_size=throughput.BATCH)
+    sim = Simulation(algo, data, model, executor="vmap", conv_impl=row["conv"] if row["conv"] != "-" else "auto",
+                     unroll=1, precision=row["precision"])  # unroll 1: auto's choice off the CPU
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), data)
+    with budget.scope(budget.CAP, "rounds") as maps, precision_scope("fp32"):  # as Simulation.compiled traces it
+        jax.jit(lambda s, d: sim.block_fn(s, d, 1)).lower(sim.state_shapes(), shapes)
+    return {**{k: row[k] for k in ("workload", "clients", "conv", "precision")}, "cap_bytes": budget.CAP,
+            "per_client_bytes": maps[0]["per_client_bytes"], "side_by_side": maps[0]["side_by_side"]}
+
+
 # ---------------------------------------------------------------------------------------------- part 5
 # the published settings (configs/shakespeare_fedavg.yaml, configs/stackoverflow_fedavg.yaml), timed rounds
 TEXT_TARGETS = (
     {"workload": "shakespeare-lstm", "cohort": 10, "local_epochs": 1, "lr": 1.0, "population": 715,
-     "data": {"test_fraction": 0.2}, "rounds": 10, "full_rounds": 1200, "target_seconds": 120},
+     "data": {"test_fraction": 0.2}, "rounds": 5, "full_rounds": 1200, "target_seconds": 120},
     # the config's 10,000 users cut to their first 2,000 (the stand-in's users are i.i.d. in size, so the rounds'
     # cohorts, and their time, have the same law; building 10,000 takes longer than the part's limit allows)
     {"workload": "stackoverflow-lstm", "cohort": 50, "local_epochs": 1, "lr": 0.316227766, "population": 2_000,
-     "data": {"test_fraction": 0.1}, "rounds": 10, "full_rounds": 1500, "target_seconds": 1200})
-TEXT_COHORTS = (10, 50, 500)
+     "data": {"test_fraction": 0.1}, "rounds": 5, "full_rounds": 1500, "target_seconds": 1200})
+TEXT_COHORTS = (10, 500)
 
 
 def part_text(dry: bool, save) -> None:
@@ -225,8 +271,8 @@ def part_text(dry: bool, save) -> None:
     record = {"targets": [], "rows": []}
     save("text", record)
     jobs = [("targets", dict(t, rounds=2, population=4, cohort=2, dry=True) if dry else t) for t in TEXT_TARGETS]
-    jobs += [("rows", {"workload": w, "cohort": 2 if dry else k, "local_steps": 2, "rounds": 1 if dry else 3,
-                       "repeats": 1 if dry else 3, **({"dry": True, "population": 2} if dry else {})})
+    jobs += [("rows", {"workload": w, "cohort": 2 if dry else k, "local_steps": 2, "rounds": 1 if dry else 2,
+                       "repeats": 1 if dry else 2, **({"dry": True, "population": 2} if dry else {})})
              for w in text_workloads.WORKLOADS for k in (TEXT_COHORTS[:1] if dry else TEXT_COHORTS)]
     for kind, spec in jobs:
         try:
@@ -250,8 +296,16 @@ def _fmt(x, spec=",.0f"):
 def _stamp(record: dict) -> str:
     """Where and when a part was measured (absent in records written before parts carried it: see the header)."""
     m = record.get("measured")
-    return "" if not m else (f"Measured on {', '.join(m['devices'])}, jax {m['jax']}, {m['date']}, "
-                             f"`{m['command']}` (run by `bash benchmarks/gpu.sh`).\n")
+    if not m:
+        return ""
+    took = "" if m.get("seconds") is None else f" {m['seconds']:.0f} s from the part's start to its last measurement."
+    return (f"Measured on {', '.join(m['devices'])}, jax {m['jax']}, {m['date']}, `{m['command']}` (run by "
+            f"`bash benchmarks/gpu.sh`).{took}\n")
+
+
+def _medians(rows: list[dict]) -> str:
+    counts = sorted({r["repeats"] for r in rows if "repeats" in r})
+    return "/".join(map(str, counts)) or "3"
 
 
 def markdown(result: dict) -> str:
@@ -259,10 +313,12 @@ def markdown(result: dict) -> str:
     text = ["# Accelerator benchmark" + (" (dry run: toy sizes)" if meta.get("dry_run") else ""), "",
             f"Device {meta.get('devices')}, jax {meta.get('jax')}, backend {meta.get('backend')}; "
             f"command `{meta.get('command')}`; {meta.get('date')}. FedAvg rounds: every client, 10 local SGD steps of "
-            f"batch 20, lr 0.1; client-steps/s are medians of 3 rounds after a compiling one.", ""]
+            f"batch 20, lr 0.1; client-steps/s are medians of timed rounds after a compiling one.", ""]
+    notes = result.get("notes", {})
+    if notes.get("header"):  # about the file as a whole (a fresh run of every part starts without notes)
+        text += [notes["header"], ""]
     em = result.get("emnist")
     text += ["## 1. FedJAX's EMNIST workload (synthetic stand-in), end to end through `fljax.run`", ""]
-    notes = result.get("notes", {})
     if notes.get("emnist"):
         text += [notes["emnist"], ""]
     if not em:
@@ -293,8 +349,11 @@ def markdown(result: dict) -> str:
             text += ["not measured" + (f": {notes[part]}" if notes.get(part) else ""), ""]
             continue
         pk, flops = rec["peaks"], model_flops(rec["rows"])
-        text += [_stamp(rec), f"Dense matmul peak in this process: {pk['tf32'] / 1e12:.1f} TFLOP/s float32 (default precision), "
+        text += [_stamp(rec)] if rec.get("measured") else []
+        text += [notes[part], ""] if notes.get(part) else []
+        text += [f"Dense matmul peak in this process: {pk['tf32'] / 1e12:.1f} TFLOP/s float32 (default precision), "
                  f"{pk['fp32'] / 1e12:.1f} exact float32, {pk['bf16'] / 1e12:.1f} bfloat16. PyTorch: {rec['torch']}.",
+                 f"client-steps/s: the median of {_medians(rec['rows'])} timed rounds after a compiling one. "
                  "% of peak: client-steps/s × the workload's FLOPs per client-step (XLA's largest count over its "
                  "forms: the native grouped convolution is not counted by XLA) ÷ the peak of the row's precision.",
                  "", "| workload | clients | executor | conv | precision | client-steps/s | % of peak | compile s |",
@@ -304,15 +363,19 @@ def markdown(result: dict) -> str:
                         f"{r['client_steps_per_s']:,.0f} | {100 * peak_fraction(r, flops, pk):.1f} | "
                         f"{r['compile_seconds']:.1f} |")
         if rec["peer_torch"]:
-            text += ["", "| peer_torch | model | clients | client-steps/s | fljax best ÷ peer |",
-                     "|---|---|---|---|---|"]
+            text += ["", "PyTorch runs with TF32 allowed (`allow_tf32`, matmuls and cuDNN). *fljax best*: the fastest "
+                     "fljax row of the model at that number of clients, bf16 included; *fljax tf32*: the fastest in "
+                     "TF32, the peer's precision.", "",
+                     "| peer_torch | model | clients | client-steps/s | fljax best ÷ peer | fljax tf32 ÷ peer |",
+                     "|---|---|---|---|---|---|"]
             for p in rec["peer_torch"]:
-                ours = [r["client_steps_per_s"] for r in rec["rows"] if r["clients"] == p["clients"]
+                ours = [r for r in rec["rows"] if r["clients"] == p["clients"]
                         and r["workload"].startswith(p["model"] + "-")]
-                ratio = f"{max(ours) / p['client_steps_per_s']:.1f}×" if ours else "–"
+                ratios = [f"{max(r['client_steps_per_s'] for r in rows) / p['client_steps_per_s']:.1f}×" if rows
+                          else "–" for rows in (ours, [r for r in ours if r["precision"] == "tf32"])]
                 text.append(f"| {p['peer']} ({p['device']}, torch {p['torch']}) | {p['model']} | {p['clients']:,}"
                             + (f" (timed {p['timed_clients']})" if p["timed_clients"] != p["clients"] else "")
-                            + f" | {p['client_steps_per_s']:,.0f} | {ratio} |")
+                            + f" | {p['client_steps_per_s']:,.0f} | {' | '.join(ratios)} |")
         text.append("")
     text += _text_markdown(result.get("text"))
     return "\n".join(text)
@@ -347,11 +410,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dry-run", action="store_true", help="toy sizes on any backend, seconds")
     ap.add_argument("--fresh", action="store_true", help="start a new results file (gpu.sh does, before part 1)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--plan", action="store_true", help="print how today's memory plan runs the cnn part's fljax rows "
+                                                        "(lowered on this machine; nothing measured or written)")
     args = ap.parse_args(argv)
     from fljax.runner.files import write_json, write_text
 
     name = os.path.join(args.out, "gpu_dry_run" if args.dry_run else "gpu")
     result = {} if args.fresh or not os.path.exists(name + ".json") else json.load(open(name + ".json"))
+    if args.plan:
+        for row in result.get("cnn", {}).get("rows", []):
+            print(json.dumps(cap_plan(row)))
+        return
     if args.fresh or "meta" not in result:
         import jax
 
@@ -367,8 +436,8 @@ def main(argv: list[str] | None = None) -> None:
              "date": time.strftime("%Y-%m-%d %H:%M"), "command": f"python benchmarks/gpu.py --part {args.part}"}
 
     def save(part: str, record: dict) -> None:
-        record["measured"] = stamp
-        result.get("notes", {}).pop(part, None)  # a note on an earlier, failed measurement of this part
+        record["measured"] = dict(stamp, seconds=round(time.perf_counter() - START, 1))
+        result.get("notes", {}).pop(part, None)  # a note on an earlier measurement of this part
         result[part] = record
         write_json(name + ".json", result)
         write_text(name + ".md", markdown(result))

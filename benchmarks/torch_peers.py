@@ -109,4 +109,4 @@ def measure(name: str, style: str, clients: int, repeats: int = 3, timed_clients
     return {"peer": "torch.func vmap" if style == "vmap" else "PyTorch loop", "model": name, "clients": clients,
             "timed_clients": n, "client_steps_per_s": clients * STEPS / seconds, "round_seconds": seconds,
             "torch": torch.__version__, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-            "allow_tf32": True}
+            "allow_tf32": True, "repeats": repeats}

@@ -1,7 +1,8 @@
 """Accelerator-facing engine choices tested on CPU: the precision option (fp32 bit-identical to the default on CPU,
-bf16 computes in bfloat16 from float32 master weights and learns), convolutions detected in any model from its
-traced program (a user's Flax CNN gets the executor fljax's own CNN gets), ``conv_impl: auto`` read from the
-committed table, and a block of rounds as one device program (no host round-trip per round)."""
+bf16 computes in bfloat16 from float32 master weights and learns, with the MLP and the CNN), convolutions detected
+in any model from its traced program (a user's Flax CNN gets the executor fljax's own CNN gets), ``conv_impl: auto``
+read from the committed table (its GPU rows: the measured-fastest form), and a block of rounds as one device
+program (no host round-trip per round)."""
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -54,6 +55,36 @@ def test_bf16_computes_in_bfloat16_with_float32_master_weights_and_learns(digits
     assert sim.model.apply(params, x).dtype == jnp.float32
     grads = jax.grad(lambda p: sim.model.apply(p, x).sum())(params)
     assert all(g.dtype == jnp.float32 for g in jax.tree.leaves(grads))
+
+
+def _operand_dtypes(jaxpr, prims=("dot_general", "conv_general_dilated")) -> set:
+    """The dtypes of the operands of every product and convolution in ``jaxpr`` and the jaxprs inside it."""
+    out = set()
+    for e in jaxpr.eqns:
+        if e.primitive.name in prims:
+            out |= {v.aval.dtype for v in e.invars}
+        for value in e.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(sub, (jax.extend.core.ClosedJaxpr, jax.extend.core.Jaxpr)):
+                    out |= _operand_dtypes(getattr(sub, "jaxpr", sub), prims)
+    return out
+
+
+def test_a_bf16_cnn_computes_its_convolutions_in_bfloat16_and_learns(digits):
+    """The CNN in bf16: every form's convolutions and products take bfloat16 operands; trained in the form GPUs
+    run (``shifts``, clients vectorised) it learns as the fp32 run does (15 rounds: 0.76 both, chance 0.1)."""
+    x = jnp.ones((4,) + digits.input_shape)
+    for form in ("native", "patches", "shifts"):
+        model = make_model("cnn_s", digits.input_shape, digits.num_classes, conv_impl=form).with_precision("bf16")
+        params = model.init(jax.random.PRNGKey(0))
+        assert _operand_dtypes(jax.make_jaxpr(model.apply)(params, x).jaxpr) == {jnp.dtype(jnp.bfloat16)}, form
+        assert model.apply(params, x).dtype == jnp.float32
+    _, bf16 = _run(digits, "bf16", rounds=15, model="cnn_s", conv_impl="shifts")
+    _, fp32 = _run(digits, "fp32", rounds=15, model="cnn_s", conv_impl="shifts")
+    assert all(x.dtype == np.float32 for x in _leaves(bf16.state.server))
+    chance = 1 / digits.num_classes
+    assert bf16.final["global_acc"] > chance + 0.4, bf16.final
+    assert abs(bf16.final["global_acc"] - fp32.final["global_acc"]) < 0.05, (bf16.final, fp32.final)
 
 
 def test_precision_from_the_config_and_the_cli_key():
@@ -124,6 +155,30 @@ def test_auto_conv_form_follows_the_committed_table(monkeypatch):
     assert conv_table.choose("gpu", "cnn_s", True) == "patches"
     assert conv_table.choose("gpu", "cnn2", True) == "patches"  # no rows: the form best across the backend's rows
     assert conv_table.choose("tpu", "cnn1", True) == "patches" and conv_table.choose("tpu", "cnn1", False) == "native"
+
+
+def test_auto_picks_the_measured_fastest_form_from_the_committed_gpu_rows(monkeypatch):
+    """The GPU rows committed in fljax/models/conv_forms.json (written by ``bash benchmarks/gpu.sh``): for each model
+    measured, the form fastest at every measured number of clients is the one ``auto`` picks, and a Simulation of
+    that CNN on a GPU backend runs it; a CNN without rows gets the same form (the best across the backend's rows)."""
+    gpu = conv_table.rows("gpu", "vectorised")
+    assert gpu and {r["source"] for r in gpu} == {"benchmarks/results/gpu.json"}
+    for model in sorted({r["model"] for r in gpu}):
+        mine = [r for r in gpu if r["model"] == model]
+        sizes = sorted({r["clients"] for r in mine})
+        fastest = {max((r for r in mine if r["clients"] == c), key=lambda r: r["client_steps_per_s"])["form"]
+                   for c in sizes}
+        assert len(fastest) == 1 and len(sizes) >= 2, (model, fastest, sizes)  # one form wins at every size
+        (form,) = fastest
+        assert conv_table.choose("gpu", model, True) == form
+    assert conv_table.choose("gpu", "cnn_s", True) == "shifts"  # the CNN's rows (benchmarks/results/gpu.md, part 2)
+    assert conv_table.choose("gpu", "cnn1", True) == "shifts"  # no rows of its own
+    assert conv_table.choose("gpu", "cnn_s", False) == conv_table.FALLBACK["loop"]  # no GPU rows one at a time
+    data = D.make_federated("digits", 4, seed=0)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # construction only: nothing is compiled
+    sim = Simulation(make_algorithm("fedavg", cohort_size=2), data,
+                     make_model("cnn_s", data.input_shape, data.num_classes))
+    assert sim.executor.describe() == "vmap" and sim.model.conv_impl == "shifts"
 
 
 def test_a_block_of_rounds_is_one_device_program_without_host_round_trips(digits):

@@ -3,6 +3,7 @@ real run refuses; fljax imports and runs without tensorflow-datasets (the GPU ma
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -48,7 +49,8 @@ def test_dry_run_measures_every_part(tmp_path):
     text = (tmp_path / "gpu_dry_run.md").read_text()
     assert "dry run" in text and "FedJAX's EMNIST workload" in text and "ResNet-18-GN" in text
     assert "1,200 rounds:" in text and "1,500 rounds:" in text
-    assert text.count("Measured on cpu") == 5  # each part stamps its device
+    assert text.count("Measured on cpu") == 5  # each part stamps its device and its seconds
+    assert all(result[p]["measured"]["seconds"] > 0 for p in ("emnist", "cnn", "dense", "resnet", "text"))
 
     # parts named: only those run again, the others' results are kept
     stamps = {p: result[p]["measured"] for p in ("emnist", "cnn", "dense", "resnet", "text")}
@@ -58,6 +60,37 @@ def test_dry_run_measures_every_part(tmp_path):
     after = json.loads((tmp_path / "gpu_dry_run.json").read_text())
     assert after["emnist"] == emnist and after["text"]["targets"] == targets
     assert all(after[p]["measured"] == stamps[p] for p in ("emnist", "cnn", "resnet", "text"))
+
+
+def test_the_parts_time_limits_fit_eight_minutes_with_their_kill_grace():
+    """The whole run stays under 8 minutes: every part's limit plus the grace before its kill add up to at most
+    480 s (a part's limit is the most it can take; the backend check and the final render take seconds)."""
+    script = (ROOT / "benchmarks" / "gpu.sh").read_text()
+    limits = dict(re.findall(r"\[(\w+)\]=(\d+)", re.search(r"declare -A limits=\((.*?)\)", script).group(1)))
+    grace = int(re.search(r"^GRACE=(\d+)$", script, re.M).group(1))
+    assert 'timeout -k "$GRACE" "$limit"' in script
+    parts = re.search(r"parts=\((emnist[\w ]*)\)", script).group(1).split()
+    assert sorted(limits) == sorted(parts) == sorted(("emnist", "cnn", "dense", "resnet", "text"))
+    assert sum(map(int, limits.values())) + grace * len(parts) <= 480, (limits, grace)
+
+
+def test_the_committed_report_is_rendered_from_the_committed_results():
+    """benchmarks/results/gpu.md is what ``python benchmarks/gpu.py`` renders from gpu.json (its notes included), and
+    its peer tables compare the fastest fljax row with each peer twice: any precision, and TF32, the peer's."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    result = json.loads((ROOT / "benchmarks" / "results" / "gpu.json").read_text())
+    text = (ROOT / "benchmarks" / "results" / "gpu.md").read_text()
+    assert text == gpu.markdown(result), "re-render it: python benchmarks/gpu.py"
+    cnn, peer = result["cnn"]["rows"], result["cnn"]["peer_torch"][0]
+    mine = [r for r in cnn if r["clients"] == peer["clients"]]
+    best = max(r["client_steps_per_s"] for r in mine) / peer["client_steps_per_s"]
+    tf32 = max(r["client_steps_per_s"] for r in mine if r["precision"] == "tf32") / peer["client_steps_per_s"]
+    assert f"| {peer['client_steps_per_s']:,.0f} | {best:.1f}× | {tf32:.1f}× |" in text and best > tf32
+    assert all(note in text for note in result["notes"].values())
 
 
 def test_an_unknown_argument_is_refused_in_one_line():

@@ -163,7 +163,8 @@ class Decentralized(Algorithm):
         if self.client_init == "shared":
             params = tree.broadcast_clients(ctx.model.init(ctx.stream(INIT)), m)
         else:
-            params = jax.vmap(ctx.model.init)(ctx.client_keys(jnp.arange(m), INIT))
+            # every client's draw, planned against the initialisation's memory budget
+            params = ctx.map_init(lambda _, key: ctx.model.init(key), None, ctx.client_keys(jnp.arange(m), INIT))
         clients = self.init_clients(ctx, params)
         if self.eval_point == "local":
             clients["z"] = self.shared_part(clients["params"])

@@ -59,8 +59,11 @@ class DisPFL(Decentralized, local_options(*EVERY, **BASELINE)):
 
     def init_clients(self, ctx, params) -> dict:
         densities = sparsity.layer_densities(jax.tree.map(lambda x: x[0], params), self.density, self.layer_density)
-        keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(ctx.client_keys(jnp.arange(ctx.num_clients), INIT))
-        masks = jax.jit(jax.vmap(lambda k, p: sparsity.random_masks(k, p, densities)))(keys, params)  # one compile
+        # every client's masks, planned against the initialisation's memory budget (jitted: one compile when the
+        # initialisation runs eagerly, under the loop executor)
+        draw = lambda _, kp: sparsity.random_masks(jax.random.fold_in(kp[0], 1), kp[1], densities)  # noqa: E731
+        masks = jax.jit(lambda k, p: ctx.map_init(draw, None, (k, p)))(
+            ctx.client_keys(jnp.arange(ctx.num_clients), INIT), params)
         return {"params": _apply_mask(params, masks), "mask": masks}
 
     def client_update(self, inp: ClientInput) -> ClientResult:

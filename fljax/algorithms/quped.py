@@ -223,13 +223,15 @@ class QuantizedClients(CohortTemplate):
         w0 = ctx.server_model.init(key)
         n = ctx.num_clients
         model = ctx.model
+        # the per-client maps, planned against the initialisation's memory budget
         if self.personal_init == "independent":
-            ids = jnp.asarray(ctx.client_ids)
-            x0 = jax.vmap(lambda i: model.init(jax.random.fold_in(jax.random.fold_in(key, 1), i)))(ids)
+            x0 = ctx.map_init(lambda base, i: model.init(jax.random.fold_in(base, i)), jax.random.fold_in(key, 1),
+                              jnp.asarray(ctx.client_ids))
         else:
             same = jax.eval_shape(model.init, key) == jax.eval_shape(ctx.server_model.init, key)
             x0 = tree.broadcast_clients(w0 if same else model.init(jax.random.fold_in(key, 1)), n)
-        clients = jax.vmap(functools.partial(self.client_init, model, ctx.data.train.n_max))(x0)
+        n_max = ctx.data.train.n_max
+        clients = ctx.map_init(lambda _, x: self.client_init(model, n_max, x), None, x0)
         return ({"params": w0} if self.uses_server else None), clients
 
     def client_init(self, model, n_max: int, x0):

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fljax.data.ragged import join_rows, split_rows
-from fljax.engine.executors import Executor
+from fljax.engine.executors import Executor, planned_vmap
 from fljax.engine.population import GroupedData
 from fljax.engine.protocol import ClientInput
 from fljax.engine.sampling import poisson_cohort, sample_cohort
@@ -134,6 +134,13 @@ class RoundContext:
     def map_clients(self, fn, shared, per_client):
         """``fn(shared, per_client[i])`` for every client i, stacked (see :mod:`fljax.engine.executors`)."""
         return self.executor.map_clients(fn, shared, per_client)
+
+    def map_init(self, fn, shared, per_client):
+        """``fn(shared, per_client[i])`` for every client i, stacked: an initialisation's per-client draws, as one
+        ``vmap`` planned against the program's memory budget (chunked when the clients do not all fit,
+        :func:`fljax.engine.executors.planned_vmap`) whatever the cohort's executor, so that every executor starts
+        from the same bits (the loop executor's per-client calls can round a reduction differently)."""
+        return planned_vmap(fn, shared, per_client)
 
     def run_clients(self, update: Callable, down, states, train, keys, test=None, clock_keys=None, ids=None):
         """``update(ClientInput)`` for every client whose stacked ``states``, ``train`` split, ``keys`` (and

@@ -2,8 +2,9 @@
 
 :class:`Simulation` binds an algorithm, a model and federated data to an executor. ``round(state)`` runs one round;
 ``run_rounds(state, n)`` runs n rounds as one compiled ``lax.scan`` (metrics stay on device inside the block);
-``evaluate(state)`` scores every client (or a fixed sample of them, ``eval_clients``); ``run(rounds, eval_every)`` alternates the two and reports progress. Under
-the loop executor rounds run eagerly in Python, one jitted per-client call at a time (the reference).
+``evaluate(state)`` scores every client (or a fixed sample of them, ``eval_clients``); ``run(rounds, eval_every)``
+alternates the two and reports progress. Under the loop executor rounds run eagerly in Python, one jitted per-client
+call at a time (the reference).
 
 Those methods run programs built from the simulation's pure functions, which are public for the drivers that build
 programs of their own (lanes, :mod:`fljax.engine.lanes`; the stopping-rule loop, :mod:`fljax.engine.stopping`; the
@@ -374,9 +375,15 @@ class Simulation:
         return self._compiled[key]
 
     def _compile(self, name: str, fn: Callable, args, budget_bytes: float, source: str):
-        """(compiled program, its client maps' plans) of ``fn`` traced under ``budget_bytes``."""
+        """(compiled program, its client maps' plans) of ``fn`` traced under ``budget_bytes``. Traced afresh every
+        time: ``jax.jit`` of the same function object reuses its earlier trace, whose plan was made under another
+        budget (a re-plan would then compile the same program again)."""
+        def program(*a):
+            return fn(*a)
+
+        program.__name__ = name  # the compiled module's name: jit_init, jit_block, ...
         with budget.scope(budget_bytes, _PROGRAMS.get(name, name), source) as maps, precision_scope("fp32"):
-            lowered = jax.jit(fn, **processes.program_shardings()).lower(*args)
+            lowered = jax.jit(program, **processes.program_shardings()).lower(*args)
         return lowered.compile(_compiler_options(name)), maps
 
     def program_budget(self, args, lanes: int = 1) -> tuple[float, str]:

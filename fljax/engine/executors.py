@@ -15,7 +15,9 @@ the results along a new leading axis. ``shared`` is broadcast (the global model,
 Memory: inside a compiled program of :class:`~fljax.engine.Simulation` the vmap, chunked and sharded (per device,
 against its share) executors run at most as many clients side by side as the program's memory budget holds
 (:func:`fljax.engine.budget.clients_that_fit`): a map over more runs as ``lax.map`` over chunks that fit, so
-evaluating a population of thousands of clients fits the device whichever executor the cohort uses.
+evaluating a population of thousands of clients fits the device whichever executor the cohort uses. An
+initialisation's per-client draws run as that planned vmap (:func:`planned_vmap`) whatever the executor
+(:meth:`fljax.engine.context.RoundContext.map_init`).
 """
 from __future__ import annotations
 
@@ -31,8 +33,8 @@ from jax.sharding import Mesh, PartitionSpec as P
 from fljax import tree
 from fljax.engine import budget
 
-__all__ = ["Executor", "VmapExecutor", "ChunkedExecutor", "ShardedExecutor", "LoopExecutor", "EXECUTORS",
-           "make_executor", "choose_executor"]
+__all__ = ["Executor", "planned_vmap", "VmapExecutor", "ChunkedExecutor", "ShardedExecutor", "LoopExecutor",
+           "EXECUTORS", "make_executor", "choose_executor"]
 
 
 class Executor:
@@ -47,16 +49,23 @@ class Executor:
         return self.name
 
 
+def planned_vmap(fn, shared, per_client):
+    """``jax.vmap(fn, in_axes=(None, 0))(shared, per_client)`` when the current program's memory plan holds every
+    client side by side (and outside a planned program), else ``lax.map`` over chunks of the clients that fit
+    (:func:`fljax.engine.budget.clients_that_fit`), vmapped inside."""
+    n = tree.num_clients(per_client)
+    fit = budget.clients_that_fit(fn, shared, per_client, n)
+    if fit is None or fit >= n:
+        return jax.vmap(fn, in_axes=(None, 0))(shared, per_client)
+    return jax.lax.map(lambda pc: fn(shared, pc), per_client, batch_size=fit)  # planned: chunks that fit
+
+
 @dataclasses.dataclass(frozen=True)
 class VmapExecutor(Executor):
     name = "vmap"
 
     def map_clients(self, fn, shared, per_client):
-        n = tree.num_clients(per_client)
-        fit = budget.clients_that_fit(fn, shared, per_client, n)
-        if fit is None or fit >= n:
-            return jax.vmap(fn, in_axes=(None, 0))(shared, per_client)
-        return jax.lax.map(lambda pc: fn(shared, pc), per_client, batch_size=fit)  # planned: chunks that fit
+        return planned_vmap(fn, shared, per_client)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +109,7 @@ class ShardedExecutor(Executor):
         # check_vma=False: with it on, jax 0.10 gave silently wrong results for a scan whose carry starts from a
         # replicated value inside vmap (seen on local SGD; the sharded-vs-loop test catches it).
         # each device maps its shard of the clients, planned against its share of the memory budget
-        mapped = jax.shard_map(lambda s, pc: VmapExecutor().map_clients(fn, s, pc), mesh=mesh,
+        mapped = jax.shard_map(lambda s, pc: planned_vmap(fn, s, pc), mesh=mesh,
                                in_specs=(P(), P("clients")), out_specs=P("clients"), check_vma=False)
         with budget.divided(d, f"per device of {d}"):
             out = mapped(shared, per_client)
