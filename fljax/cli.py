@@ -225,7 +225,7 @@ def _setup_sweep(args, check: bool = False):
 
 def cmd_run(args) -> int:
     from fljax.runner import run_experiment
-    from fljax.runner.report import markdown_table
+    from fljax.runner.report import distinct_table
 
     exp, out = _setup_run(args)
     output = _output(args)
@@ -233,7 +233,7 @@ def cmd_run(args) -> int:
         result = run_experiment(exp, out, resume=args.resume, output=output)
     except KeyboardInterrupt as e:
         return _interrupted("run", out, e)
-    output.result(markdown_table([result.row()]))
+    output.result(distinct_table([result.row()]))
     output.note(f"results: {out}")
     return 0
 
