@@ -230,8 +230,8 @@ def log_axis(ax, which: str = "x") -> None:
 
 def _log_ticks(lo: float, hi: float) -> list[float]:
     """Ticks of a log axis over [lo, hi]: the decades when at least three fall inside (every n-th of many, at most
-    8), else 1-2-5 per decade, else 1…9 per decade (left to right, leaving out a tick closer than a seventh of the
-    span to the last one kept), else four evenly spaced round values."""
+    8), else 1-2-5 per decade, else 1…9 per decade (the roundest first: 1, then 2 and 5, 3, 4, 6 and 8, 7 and 9,
+    each kept unless closer than a seventh of the span to one kept), else four evenly spaced round values."""
     from matplotlib.ticker import MaxNLocator
 
     lo, hi = sorted((lo, hi))
@@ -240,18 +240,20 @@ def _log_ticks(lo: float, hi: float) -> list[float]:
     lo = lo if lo > 0 else hi / 10
     k0, k1 = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
     inside = lambda ticks: [t for t in ticks if lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9)]  # noqa: E731
-    decades = inside([10.0 ** k for k in range(k0, k1 + 1)])
+    decades = inside([float(f"1e{k}") for k in range(k0, k1 + 1)])
     if len(decades) >= 3:
         return decades[::math.ceil(len(decades) / 8)]
+    onetwofive = inside([float(f"{s}e{k}") for k in range(k0, k1 + 1) for s in (1, 2, 5)])
+    if len(onetwofive) >= 3:
+        return onetwofive
     gap = math.log10(hi / lo) / 7  # labels closer than this on the axis would crowd
-    for subs in ((1, 2, 5), range(1, 10)):
-        ticks = inside([s * 10.0 ** k for k in range(k0, k1 + 1) for s in subs])
-        if len(ticks) >= 3:
-            spread = ticks[:1]
-            for t in ticks[1:]:
-                if math.log10(t / spread[-1]) >= gap:
-                    spread.append(t)
-            return spread if len(spread) >= 3 else ticks
+    chosen: list[float] = []
+    for subs in ((1,), (2, 5), (3,), (4, 6, 8), (7, 9)):  # the roundest values first
+        for t in inside([float(f"{s}e{k}") for k in range(k0, k1 + 1) for s in subs]):
+            if all(abs(math.log10(t / c)) >= gap for c in chosen):
+                chosen.append(t)
+    if len(chosen) >= 3:
+        return sorted(chosen)
     return [float(f"{t:.12g}") for t in MaxNLocator(4, steps=[1, 2, 5, 10]).tick_values(lo, hi) if lo <= t <= hi]
 
 
@@ -604,8 +606,8 @@ def plot_heatmap(path: str, grid: dict[str, list], finals: dict[tuple[int, int],
         s = current()
         fig, (ax,) = _figure(1)
         fig.set_size_inches(s.panel[0] * (1.0 if s.stacked else 1.4), s.panel[1] * (1.2 if s.stacked else 1.3))
-        heatmap(ax, values, v1, v2, "final " + metric_label(key).replace("\n", " "))
+        heatmap(ax, values, v1, v2, "final " + metric_label(key))
         ax.set_xlabel(f"{names[k2]} ({k2})")
         ax.set_ylabel(f"{names[k1]} ({k1})")
-        _title(fig, title, f"final evaluation, {f'mean over {seeds} seeds' if seeds > 1 else '1 seed'}")
+        _title(fig, title, "final evaluation" + (f", mean over {seeds} seeds" if seeds > 1 else ""))
         return _save(fig, path)
