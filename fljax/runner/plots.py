@@ -8,7 +8,8 @@ more than :data:`MAX_LINES` algorithms is drawn as small multiples, one row of p
 (:mod:`fljax.algorithms.families`), each row with its own styles; a sweep's points are grouped by the value of its
 first grid key. Legends sit outside the data. With several seeds a curve is the mean over seeds and the shaded band
 ± 1 sample standard deviation (ddof 1, the tables' convention); the figure's title says so. Every axis names its
-quantity and unit (:func:`metric_label`). A logged quantity that is constant throughout (zero, or a fixed parameter
+quantity and unit (:func:`metric_label`); rounds are ticked in whole numbers (:func:`integer_axis`) and a log axis
+labels at least three values whatever it spans (:func:`log_axis`). A logged quantity that is constant throughout (zero, or a fixed parameter
 count) is not drawn; the figure's title lists it with its value.
 
 **Figures.** A run: ``accuracy_vs_round``, ``accuracy_vs_bytes`` (communication up + down so far, log scale; not
@@ -21,8 +22,8 @@ the final personalized accuracy of every grid point as a heatmap. Every curve st
 markers show every evaluation when there are at most :data:`MARK_ALL` of them.
 
 **Styles.** ``screen`` (the default: PNG to look at, and PDF) or ``paper`` (single-column width of 3.3 in, serif
-fonts at 8 pt, panels stacked with the legend below, vector PDF with embedded TrueType fonts, and a PNG preview):
-``fljax run|compare|sweep|reproduce --style paper``, or ``with fljax.runner.plots.use("paper"):`` around any call
+fonts at 8 pt, panels stacked with the legend below the x label, vector PDF with embedded TrueType fonts, and a PNG
+preview): ``fljax run|compare|sweep|reproduce --style paper``, or ``with fljax.runner.plots.use("paper"):`` around any call
 that writes figures. Notebooks take the same look with ``plt.rcParams.update(plots.rc())``.
 """
 from __future__ import annotations
@@ -401,7 +402,10 @@ def _own_global(histories) -> bool:
 
 
 def _axes_labels(ax, key: str, x_bytes: bool) -> None:
-    log_axis(ax) if x_bytes else integer_axis(ax.xaxis)
+    if x_bytes:
+        log_axis(ax)
+    else:
+        integer_axis(ax.xaxis)
     ax.set_xlabel(MB if x_bytes else ROUND)
     ax.set_ylabel(metric_label(key))
     ax.grid(alpha=0.3, which="both" if x_bytes else "major")
