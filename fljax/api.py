@@ -1,6 +1,7 @@
 """The public entry points, a facade over :mod:`fljax.experiment` and :mod:`fljax.runner`: a config (an object or a
-nested dict, with keyword overrides) is parsed (:mod:`fljax.config`), resolved once into an
-:class:`~fljax.experiment.Experiment` and handed to the runner, the path the command line takes.
+nested dict, with keyword overrides; none: the quick-start preset, as the command line without ``--config``) is
+parsed (:mod:`fljax.config`), resolved once into an :class:`~fljax.experiment.Experiment` and handed to the runner,
+the path the command line takes.
 
     import fljax
     result = fljax.run(algorithm="fedprox", algo={"mu": 0.01}, data={"dataset": "digits", "alpha": 0.1},
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 from fljax.config import ExperimentConfig, from_dict, to_dict
 from fljax.data import FederatedData
 from fljax.engine import Simulation
-from fljax.experiment import Experiment, resolve
+from fljax.experiment import Experiment, quickstart, resolve
 
 __all__ = ["make_config", "load_data", "build", "run", "compare", "sweep", "load_run", "load_compare", "load_sweep"]
 
@@ -25,16 +26,23 @@ if TYPE_CHECKING:
 
 
 def make_config(config: ExperimentConfig | dict | None = None, **overrides) -> ExperimentConfig:
-    """An :class:`ExperimentConfig` from a config object or nested dict, with keyword overrides of top-level keys
-    (sections given as dicts are merged key by key), checked through :func:`fljax.experiment.resolve` (its ``algo``
-    values as the algorithm holds them)."""
+    """An :class:`ExperimentConfig` from a config object or nested dict (None: the quick-start preset, as the
+    command line without ``--config``), with keyword overrides of top-level keys (sections given as dicts are
+    merged key by key), checked through :func:`fljax.experiment.resolve` (its ``algo`` values as the algorithm
+    holds them)."""
     return resolve(_parse(config, overrides)).config
 
 
-def _parse(config, overrides: dict) -> ExperimentConfig:
-    values = to_dict(config) if isinstance(config, ExperimentConfig) else dict(config or {})
+def _parse(config, overrides: dict, algorithm_keys: bool = True, grid: dict | None = None) -> ExperimentConfig:
+    """``config`` with ``overrides`` over it; no config: the quick-start preset for the experiment the overrides
+    describe (:func:`fljax.experiment.quickstart`; a comparison keeps every preset ``algo`` key, not
+    ``algorithm_keys``), as ``fljax run|compare|sweep`` without ``--config`` start from it."""
+    if config is None:
+        values = quickstart(overrides, algorithm_keys=algorithm_keys, grid=grid)
+    else:
+        values = to_dict(config) if isinstance(config, ExperimentConfig) else dict(config)
     for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(values.get(key), dict) and key != "algo":
+        if isinstance(value, dict) and isinstance(values.get(key), dict):
             values[key] = {**values[key], **value}
         else:
             values[key] = value
@@ -92,7 +100,7 @@ def compare(algorithms: list[str | tuple[str, dict]], config: ExperimentConfig |
 
     overrides, cache = _own_data(overrides)
     overrides, module = _own_model(overrides)
-    cfg = _parse(config, overrides)
+    cfg = _parse(config, overrides, algorithm_keys=False)
     with _output(progress, tensorboard) as output:
         return compare_experiments(cfg, algorithms, out, resume=resume, output=output, data_cache=cache,
                                    model=module)[1]
@@ -109,7 +117,7 @@ def sweep(grid: dict[str, list], config: ExperimentConfig | dict | None = None, 
 
     overrides, cache = _own_data(overrides)
     overrides, module = _own_model(overrides)
-    cfg = _parse(config, overrides)
+    cfg = _parse(config, overrides, grid=grid)
     with _output(progress, tensorboard) as output:
         return sweep_experiments(cfg, grid, out, resume=resume, output=output, lanes=lanes, data_cache=cache,
                                  model=module)[1]

@@ -17,11 +17,10 @@ import signal
 import sys
 import textwrap
 import threading
-from importlib import resources
 
 from fljax.algorithms.families import QUICKSTART, QUICKSTART_WHY
-from fljax.config import INT32_MAX, RUNS_MAX, ConfigError, load_config
-from fljax.experiment import preset, resolve
+from fljax.config import INT32_MAX, RUNS_MAX, ConfigError, apply_overrides, load_config
+from fljax.experiment import quickstart, resolve
 
 EXAMPLES_RUN = """examples:
   fljax run configs/fedavg.yaml                              # one experiment from a config file
@@ -60,10 +59,6 @@ EXAMPLES_REPRODUCE = """examples:
 JOBS_MAX = 1024  # fljax reproduce --jobs: worker processes (each holds its own JAX runtime)
 
 
-def _quickstart_path() -> str:
-    return str(resources.files("fljax").joinpath("configs/quickstart.yaml"))
-
-
 def _overrides(args) -> list[str]:
     overrides = list(args.set or [])
     if getattr(args, "algorithm", None):
@@ -80,10 +75,10 @@ def _overrides(args) -> list[str]:
 def _parse(args, algorithm_keys: bool = True, grid: dict | None = None):
     """The parsed config file with the command line's overrides; without a file, the quick-start preset (the one
     ``fljax compare`` uses; with ``algorithm_keys``, only those of its ``algo`` keys that the algorithm declares),
-    which yields to the overrides and to a sweep's ``grid`` (:func:`fljax.experiment.preset`)."""
+    which yields to the overrides and to a sweep's ``grid`` (:func:`fljax.experiment.quickstart`)."""
     overrides = _overrides(args)
     return load_config(args.config, overrides, base=None if args.config else
-                       preset(_quickstart_path(), overrides, algorithm_keys=algorithm_keys, grid=grid))
+                       quickstart(apply_overrides({}, overrides), algorithm_keys=algorithm_keys, grid=grid))
 
 
 def _load(args):
@@ -225,7 +220,7 @@ def _setup_sweep(args, check: bool = False):
 
 def cmd_run(args) -> int:
     from fljax.runner import run_experiment
-    from fljax.runner.report import markdown_table
+    from fljax.runner.report import distinct_table
 
     exp, out = _setup_run(args)
     output = _output(args)
@@ -233,7 +228,7 @@ def cmd_run(args) -> int:
         result = run_experiment(exp, out, resume=args.resume, output=output)
     except KeyboardInterrupt as e:
         return _interrupted("run", out, e)
-    output.result(markdown_table([result.row()]))
+    output.result(distinct_table([result.row()]))
     output.note(f"results: {out}")
     return 0
 

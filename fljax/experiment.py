@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from fljax.algorithms import ALGORITHMS
 from fljax.algorithms.base import Algorithm
 from fljax.algorithms.registry import check_model_support, get_algorithm, hyperparameter_fields, make_algorithm
-from fljax.config import (ConfigError, ExperimentConfig, GroupConfig, ModelConfig, ServerConfig, apply_overrides,
+from fljax.config import (ConfigError, ExperimentConfig, GroupConfig, ModelConfig, ServerConfig,
                           group_configs, read_yaml)
 from fljax.errors import OptionError
 from fljax.options import field_default, parse, show, suggest
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from fljax.engine import Simulation
 
 __all__ = ["Experiment", "Group", "resolve", "load_data", "build", "build_model", "default_model", "privacy_of",
-           "compare_points", "label", "preset"]
+           "compare_points", "label", "preset", "quickstart"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -415,8 +415,8 @@ def build(exp: Experiment, data: "FederatedData", module=None) -> "Simulation":
     if exp.algorithm.problem != "classification":  # no model: the data are the clients' rows in size classes
         return Simulation(exp.algorithm, data, executor=cfg.executor, chunk_size=cfg.chunk_size, seed=cfg.seed,
                           memory_budget=cfg.memory_budget, validated_for=cfg.data.num_train_clients)
-    model = own_model(module, data.input_shape, data.num_classes) if module is not None else build_model(exp.model,
-                                                                                                          data)
+    model = own_model(module, data.input_shape, data.num_classes, f"data set {data.name!r}") if module is not None \
+        else build_model(exp.model, data)
     groups = [ClientGroup(g.name, g.size, build_model(g.model, data) if g.model is not None else None, g.hp)
               for g in exp.groups] or None
     check_model_support(cfg.algorithm, model, groups=groups is not None)
@@ -461,21 +461,32 @@ def compare_points(cfg: ExperimentConfig, algorithms: list[str | tuple[str, dict
     return points
 
 
-def preset(path: str, overrides: list[str] | None = None, algorithm_keys: bool = True,
+def quickstart(user: dict | None = None, algorithm_keys: bool = True, grid: dict[str, list] | None = None) -> dict:
+    """The values of the packaged quick-start preset (``fljax/configs/quickstart.yaml``: digits, 50 clients,
+    Dirichlet 0.3, an MLP) for the experiment ``user`` describes (:func:`preset`): where every experiment without a
+    config starts, ``fljax run|compare|sweep`` without ``--config`` and ``fljax.run|compare|sweep`` without
+    ``config``."""
+    from importlib import resources
+
+    return preset(str(resources.files("fljax").joinpath("configs/quickstart.yaml")), user, algorithm_keys, grid)
+
+
+def preset(path: str, user: dict | None = None, algorithm_keys: bool = True,
            grid: dict[str, list] | None = None) -> dict:
-    """The values of preset file ``path`` (like ``fljax compare``'s quick start) for the experiment that
-    ``overrides`` describe. A preset key yields to the user's choice of the component that owns it: another
-    ``data.dataset`` keeps only the preset's ``num_clients`` of its data section, another ``data.partition``
-    drops the preset partitioner's options, another ``model.name`` the preset's model options, an
-    ``algo.local_steps`` the preset's ``local_epochs`` (which would win over it); with ``algorithm_keys`` only the
-    ``algo`` keys that the chosen algorithm declares are kept. Pass the result to
+    """The values of preset file ``path`` (like ``fljax compare``'s quick start) for the experiment that the
+    user's values ``user`` (a nested dict: ``--set`` overrides as :func:`fljax.config.apply_overrides` makes them,
+    or the Python API's keywords) describe. A preset key yields to the user's choice of the component that owns
+    it: another ``data.dataset`` keeps only the preset's ``num_clients`` of its data section, another
+    ``data.partition`` drops the preset partitioner's options, another ``model.name`` the preset's model options,
+    an ``algo.local_steps`` the preset's ``local_epochs`` (which would win over it); with ``algorithm_keys`` only
+    the ``algo`` keys that the chosen algorithm declares are kept. Pass the result to
     :func:`fljax.config.load_config` as ``base``. ``grid``: a sweep's axes (dotted key → values); a key it sweeps
     is the user's choice where any of its values differs from the preset's (so ``--grid model.name=logreg,mlp``
     drops the preset's MLP options), and the ``algo`` keys kept are those every swept algorithm declares."""
     from fljax.data import PARTITIONERS
 
     values = read_yaml(path)
-    user = apply_overrides({}, overrides or [])
+    user = user or {}
     grid = grid or {}
     changed = lambda section, key: (isinstance(user.get(section), dict) and key in user[section]  # noqa: E731
                                     and user[section][key] != values.get(section, {}).get(key)

@@ -94,3 +94,37 @@ def test_the_quick_start_takes_one_algorithm_per_family_and_all_takes_every_gene
         main(["compare", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "Why these:" in help_text and ", ".join(QUICKSTART) in help_text and "'all'" in help_text
+
+
+def test_a_comparison_notes_a_model_caveat_under_the_row_and_warns_nothing(tmp_path, capsys):
+    """QuPeD on the preset's two-layer MLP quantizes no layer (its first and last stay full precision): no warning
+    on the way, a numbered note under its row in the printed table and in compare.md."""
+    from fljax.experiment import build_model, load_data, resolve
+
+    small = ["--set", "rounds=1", "--set", "eval_every=1", "--set", "data.num_clients=4", "--set",
+             "algo.cohort_size=2"]
+    out = tmp_path / "cmp"
+    assert main(["compare", "--algorithms", "quped,fedavg", *small, "--out", str(out)]) == 0
+    printed, err = capsys.readouterr()
+    assert "warning" not in err.lower()
+    exp = resolve(load_config(str(out / "quped" / "config.yaml")))
+    caveat = exp.algorithm.model_warning(build_model(exp.model, load_data(exp)))
+    assert caveat and "full precision" in caveat
+    for text in (printed, (out / "compare.md").read_text()):
+        rows = {line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ")}
+        mark = next(r for r in rows if r.startswith("quped ["))[len("quped ["):-1]
+        assert f"[{mark}] quped: {caveat}" in text and "fedavg" in rows  # fedavg: no note
+
+
+def test_the_run_table_has_only_columns_that_say_something(tmp_path, capsys):
+    """`fljax run` prints the comparison's kind of table: no `weighted` column equal to `personal acc` (every
+    client's test split has one size in the preset), `seeds` and `rounds` in a note rather than as columns."""
+    small = ["--set", "rounds=2", "--set", "eval_every=2", "--set", "data.num_clients=4", "--set",
+             "algo.cohort_size=2"]
+    assert main(["run", "--algorithm", "fedavg", *small, "--out", str(tmp_path / "r"), "--quiet"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = [c.strip() for c in lines[0].split("|")[1:-1]]
+    assert header == ["algorithm", "personal acc", "p10 client", "global acc", "MB up+down", "run s", "compile s",
+                      "client-steps/s"]
+    assert lines[3] == "" and lines[4].startswith("[1] the sample-weighted personalized accuracy equals")
+    assert lines[5] == "[2] 1 seed, 2 rounds."

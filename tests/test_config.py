@@ -84,7 +84,7 @@ def test_a_resolved_data_section_holds_exactly_the_chosen_components_keys():
     common = ["dataset", "num_clients", "partition", "seed", "test_per_client", "test_fraction", "test_rounding",
               "storage", "test_rows"]
     assert list(data) == [*common, "noise", "test_per_class", "classes_per_client", "samples_per_client", "on_exhausted"]
-    assert to_dict(fljax.make_config())["data"]["partition"] == "natural"  # null resolved to the default
+    assert to_dict(fljax.make_config({}))["data"]["partition"] == "natural"  # null resolved to the default
 
 
 def test_null_unsets_a_key_of_another_component():

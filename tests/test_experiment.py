@@ -184,11 +184,11 @@ def test_the_quick_start_preset_keeps_the_algo_keys_an_algorithm_declares():
     path = os.path.join(PACKAGE, "configs", "quickstart.yaml")
     declared = lambda name: {f.name for f in dataclasses.fields(ALGORITHMS[name])}  # noqa: E731
     for name in ALGORITHMS:
-        algo = preset(path, [f"algorithm={name}"])["algo"]
+        algo = preset(path, {"algorithm": name})["algo"]
         assert set(algo) <= declared(name)
-        assert set(algo) == set(preset(path, [f"algorithm={name}"], algorithm_keys=False)["algo"]) & declared(name)
-    assert preset(path, ["algorithm=quped"])["algo"] == {"cohort_size": 10, "lr": 0.1, "batch_size": 10}  # τ: no epochs
-    assert FedAvg().lr == preset(path, ["algorithm=fedavg"])["algo"]["lr"]
+        assert set(algo) == set(preset(path, {"algorithm": name}, algorithm_keys=False)["algo"]) & declared(name)
+    assert preset(path, {"algorithm": "quped"})["algo"] == {"cohort_size": 10, "lr": 0.1, "batch_size": 10}  # no epochs
+    assert FedAvg().lr == preset(path, {"algorithm": "fedavg"})["algo"]["lr"]
 
 
 @pytest.mark.parametrize("name,key,value", [("local", "weighting", "uniform"), ("quped_local", "weighting", "samples"),

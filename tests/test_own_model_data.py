@@ -72,3 +72,41 @@ def test_own_model_accepts_a_plain_module_and_refuses_what_it_cannot_run():
         own_model(nn.Dense(5), (4,), 3)
     with pytest.raises(OptionError, match="must be a flax.linen Module, got str"):
         own_model("mlp", (4,), 3)
+
+
+class _ImageCNN(nn.Module):
+    """A user's small CNN for [batch, H, W, C] images."""
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.relu(nn.Conv(4, (3, 3))(x))
+        return nn.Dense(10)(x.reshape((x.shape[0], -1)))
+
+
+def test_a_model_for_inputs_of_another_rank_is_refused_in_one_line_naming_both_shapes():
+    """A CNN on vector data: one line naming the model, the inputs its convolution takes and the data's shape
+    (not numpy's broadcasting error from inside the module)."""
+    import fljax
+
+    config = {"data": {"dataset": "synthetic", "num_clients": 4}, "algo": {"cohort_size": 2}, "rounds": 1}
+    shape = fljax.api.load_data(config).input_shape
+    assert len(shape) == 1  # vectors: the rank the CNN cannot take
+    with pytest.raises(OptionError) as e:
+        fljax.run(config, model=_ImageCNN(), progress=False)
+    text = str(e.value)
+    assert "\n" not in text and "broadcast" not in text
+    assert "_ImageCNN takes inputs [batch, H, W, channels] (its first Conv, kernel (3, 3))" in text
+    assert f"inputs of shape {tuple(shape)}" in text and "'synthetic" in text
+
+
+def test_without_a_config_the_api_starts_where_the_command_line_does():
+    """``fljax.run(model=MyCNN())`` with no config: the command line's quick-start preset (digits images), the
+    same config as ``fljax run`` with the same choices, on which a user's CNN trains."""
+    import fljax
+    from fljax.cli import _load, make_parser
+
+    cli = _load(make_parser().parse_args(["run", "--algorithm", "fedprox", "--set", "rounds=1"])).config
+    assert fljax.make_config(algorithm="fedprox", rounds=1) == cli
+    assert cli.data.dataset == "digits"
+    result = fljax.run(model=_ImageCNN(), rounds=1, eval_every=1, progress=False)
+    assert result.runs[0].data.input_shape == (8, 8, 1) and 0 <= result.final["personal_acc"] <= 1

@@ -200,3 +200,65 @@ def test_paper_style_writes_a_vector_pdf_in_a_single_column(tmp_path, monkeypatc
     assert "serif" in fig.axes[0].xaxis.label.get_fontfamily()
     assert "2 seeds" in fig._suptitle.get_text() and "std" in fig._suptitle.get_text()
     assert plots.current().name == "screen"  # only inside use()
+
+
+def _labelled_ticks(ax, which: str = "x") -> dict[float, str]:
+    """The ticks inside the axis's view with a written label: position → text (the figure drawn first)."""
+    ax.figure.draw_without_rendering()
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    lo, hi = sorted(axis.get_view_interval())
+    return {float(t.get_position()[0 if which == "x" else 1]): t.get_text() for t in axis.get_majorticklabels()
+            if t.get_text() and lo <= t.get_position()[0 if which == "x" else 1] <= hi}
+
+
+def test_a_short_run_has_whole_round_ticks_and_a_narrow_log_axis_several_labels(tmp_path, monkeypatch):
+    """Three rounds: the round axis ticks 0, 1, 2, 3 only (no 0.5); communication from 0.8 to 2.4 MB (less than
+    a decade) on a log axis: at least three labelled ticks, each label the value at its tick."""
+    saved = _captured(monkeypatch)
+    plot_run(str(tmp_path), [_history(4e5)], [], "fedavg")  # MB after round r: 2 × 0.4 r = 0.8, 1.6, 2.4
+    rounds = _labelled_ticks(saved["accuracy_vs_round.png"].axes[0])
+    assert sorted(rounds) == [0, 1, 2, 3], rounds
+    mb = _labelled_ticks(saved["accuracy_vs_bytes.png"].axes[0])
+    assert len(mb) >= 3, mb
+    assert all(np.isclose(float(text), x) for x, text in mb.items()), mb
+
+
+def test_log_ticks_label_at_least_three_round_values_over_any_span():
+    """Whatever a log axis spans (a fiftieth of a decade to sixteen decades), 3 to 9 ticks fall inside it, in
+    order, each a round value (at most three significant digits)."""
+    for lo, hi in [(3.1, 3.9), (0.77, 2.5), (0.33, 5.0), (0.9, 35), (1, 1000), (2e-3, 40), (1e-13, 1e2), (7, 7.5),
+                   (7, 7.05)]:
+        ticks = plots._log_ticks(lo, hi)
+        assert 3 <= len(ticks) <= 9 and all(lo <= t <= hi * (1 + 1e-9) for t in ticks), (lo, hi, ticks)
+        mantissas = [t / 10.0 ** np.floor(np.log10(t) + 1e-9) for t in ticks]
+        assert all(np.isclose(m * 100, round(m * 100)) for m in mantissas), ticks
+        assert np.all(np.diff(ticks) > 0)
+
+
+def _boxes_overlap(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def test_in_the_paper_style_legends_clear_every_axis_label_and_panel(tmp_path, monkeypatch):
+    """Stacked panels (paper style), legends below the data: no legend overlaps any panel, x label or tick label
+    — a run of three rounds and a comparison drawn as small multiples."""
+    saved = _captured(monkeypatch)
+    runs = {f"a{k}": [[{**r, "personal_acc": 0.05 * k + 0.01 * r["round"]} for r in _history(10.0 ** k)]]
+            for k in range(12)}
+    with plots.use("paper"):
+        plot_run(str(tmp_path), [_history(4e5)], [], "fedavg")
+        plot_compare(str(tmp_path / "compare.png"), runs, "digits", groups={k: k[:2] for k in runs})
+    for name in ("accuracy_vs_round.pdf", "accuracy_vs_bytes.pdf", "compare.pdf"):
+        fig = saved[name]
+        fig.draw_without_rendering()
+        renderer = fig.canvas.get_renderer()
+        axes = [ax for ax in fig.axes if ax.get_visible()]
+        legends = [lg for lg in [*fig.legends, *(ax.get_legend() for ax in axes)] if lg is not None]
+        assert legends, name
+        for legend in legends:
+            box = legend.get_window_extent(renderer)
+            for ax in axes:
+                texts = [ax.xaxis.label, *ax.get_xticklabels()]
+                others = [ax.get_window_extent(renderer)] + [t.get_window_extent(renderer) for t in texts
+                                                              if t.get_text()]
+                assert not any(_boxes_overlap(box, other) for other in others), (name, ax.get_xlabel())

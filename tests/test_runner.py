@@ -317,3 +317,20 @@ def test_json_round_trips_plain_and_gzipped(tmp_path):
         assert read_json(str(tmp_path / name)) == value
     assert (tmp_path / "r.json.gz").read_bytes()[:2] == b"\x1f\x8b"  # gzip magic: really compressed
     assert sorted(os.listdir(tmp_path)) == ["r.json", "r.json.gz"]  # no temporary file left
+
+
+def test_progress_bars_of_programs_are_named_apart():
+    """A sweep of 4 points × 2 seeds whose seeds draw their own data runs as one program per seed: the two bars
+    get different names (the first point, the others counted, and the seed); one seed: the label alone."""
+    from types import SimpleNamespace as Run
+
+    from fljax.runner.experiment import _bar_name
+
+    points = ["lr=0.05,mu=0", "lr=0.05,mu=0.1", "lr=0.1,mu=0", "lr=0.1,mu=0.1"]
+    two = Run(seeds=2, run_name="fedprox")
+    names = [_bar_name([Run(label=p, seed=s, cfg=two) for p in points]) for s in (0, 1)]
+    assert names == ["lr=0.05,mu=0 +3 more, seed 0", "lr=0.05,mu=0 +3 more, seed 1"]
+    assert _bar_name([Run(label=None, seed=0, cfg=Run(seeds=1, run_name="fedavg"))]) == "fedavg"
+    three = Run(seeds=3, run_name="fedavg")
+    assert _bar_name([Run(label="fedavg", seed=s, cfg=three) for s in range(3)]) == "fedavg, 3 seeds"
+    assert _bar_name([Run(label="fedavg", seed=s, cfg=three) for s in (1, 2)]) == "fedavg, seeds 1, 2"

@@ -176,6 +176,46 @@ def test_curves_of_several_studies_in_one_figure(tiny):
     assert [line.get_ydata()[0] for line in lines] == [0.1, 1.1, 0.1]
 
 
+def test_study_figures_share_a_metric_s_range_name_numeric_lines_and_label_axes_readably(tiny):
+    """The panels of one metric (``panels``) share one y range covering every panel's data; a line of a numeric
+    value names its key (``lr = 0.1``, or the plot's ``symbols``); rounds are ticked in whole numbers; a log axis
+    over less than a decade labels at least three values."""
+    from fljax.runner.study import StudyResults
+    from fljax.runner.tables import _plot
+
+    cells = tiny.cells(["rules", "lr"])
+    runs = {c.key(s): {"summary": {}, "history": [
+        {"round": r, "personal_acc": (0.1 if c.labels.get("split") == "iid" else 0.6) + 0.1 * r + 0.01 * s,
+         "bytes_up": 1e6 * (1 + c.config["algo"]["lr"] + 0.1 * s)} for r in range(3)]}
+            for c in cells for s in c.seeds}
+    results = StudyResults(tiny, cells, runs, {})
+    for kind in ("curves", "final"):  # lines with bands; points with error bars against a measured x
+        fig = _plot(results, {"file": "x.png", "study": "rules", "kind": kind, "value": "personal_acc",
+                              "lines": ["method"], "panels": "split", "x_value": "bytes_up / 1e6",
+                              "logx": kind == "final"})
+        panels = [ax for ax in fig.axes if ax.lines]
+        fig.draw_without_rendering()
+        assert len(panels) == 2 and panels[0].get_ylim() == panels[1].get_ylim()
+        lo, hi = panels[0].get_ylim()
+        low = 0.1 if kind == "curves" else 0.3  # the iid panel's lowest point (final: round 2), the dir's highest
+        assert lo <= low and hi >= 0.6 + 0.2 + 0.01, (kind, lo, hi)
+        for ax in panels if kind == "curves" else ():
+            ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+            assert ticks == [0, 1, 2], ticks
+    lines = [line.get_label() for line in _plot(results, {"file": "x.png", "study": "lr", "kind": "curves",
+                                                          "value": "personal_acc", "lines": ["algo.lr"]}).axes[0].lines]
+    assert lines == ["lr = 0.1", "lr = 0.3"]
+    named = _plot(results, {"file": "x.png", "study": "lr", "kind": "curves", "value": "personal_acc",
+                            "lines": ["algo.lr"], "symbols": {"algo.lr": "η"}}).axes[0].lines
+    assert [line.get_label() for line in named] == ["η = 0.1", "η = 0.3"]
+    ax = _plot(results, {"file": "x.png", "study": "lr", "kind": "final", "x": "algo.lr", "x_value": "bytes_up / 1e6",
+                         "value": "personal_acc", "lines": ["method"], "logx": True}).axes[0]
+    ax.figure.draw_without_rendering()
+    lo, hi = ax.get_xlim()
+    labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text() and lo <= t.get_position()[0] <= hi]
+    assert hi / lo < 10 and len(labels) >= 3, labels
+
+
 def test_a_saved_config_without_a_section_added_since_is_the_same_settings():
     """A run directory written before a config section or option existed (at its default) is reused; a changed
     value, or a key that no longer parses, is not."""

@@ -409,13 +409,34 @@ def make_model(name: str, input_shape, num_classes: int, conv_impl: str = "nativ
                  stochastic=name in _STOCHASTIC)
 
 
-def own_model(module: nn.Module, input_shape, num_classes: int) -> Model:
+def _first_conv(module: nn.Module, takes_train: bool, x):
+    """The first submodule with a ``kernel_size`` (a convolution) that ``module`` calls on ``x`` (None: none
+    before it fails)."""
+    seen = []
+
+    def record(next_fun, args, kwargs, context):
+        if context.method_name == "__call__" and hasattr(context.module, "kernel_size") and not seen:
+            seen.append(context.module)
+        return next_fun(*args, **kwargs)
+
+    init = functools.partial(module.init, train=False) if takes_train else module.init
+    with nn.intercept_methods(record):
+        try:
+            jax.eval_shape(init, jax.random.PRNGKey(0), x)
+        except Exception:  # noqa: BLE001 - the failure is what the caller reports; only the layer is wanted here
+            pass
+    return seen[0] if seen else None
+
+
+def own_model(module: nn.Module, input_shape, num_classes: int, data: str = "the data") -> Model:
     """The user's own Flax module as a :class:`Model` (its ``__call__(x)`` maps a batch ``[B, *input_shape]`` to
     logits ``[B, num_classes]``). A module with BatchNorm (``batch_stats``) or Dropout is called as
     ``__call__(x, train)``: ``train=True`` while a client trains, ``train=False`` at evaluation (BatchNorm's
     ``use_running_average=not train``, Dropout's ``deterministic=not train``). Refused in one line: a module whose
     output is not such logits, one with variables other than ``params`` and ``batch_stats``, and one with BatchNorm
-    or Dropout whose ``__call__`` takes no ``train``."""
+    or Dropout whose ``__call__`` takes no ``train``, and one that cannot take the inputs of ``data`` (its name):
+    the message gives the data's input shape and, when a convolution received inputs of another rank than its
+    kernel needs, the inputs that convolution takes."""
     if not isinstance(module, nn.Module):
         raise OptionError("model", f"must be a flax.linen Module, got {type(module).__name__}.")
     x = jnp.zeros((2,) + tuple(input_shape), jnp.float32)
@@ -439,7 +460,16 @@ def own_model(module: nn.Module, input_shape, num_classes: int) -> Model:
     except OptionError:
         raise
     except (TypeError, ValueError, flax.errors.FlaxError) as e:
-        raise OptionError("model", f"{what} cannot take inputs of shape {tuple(input_shape)}: "
+        conv = _first_conv(module, takes_train, x)
+        spatial = len(getattr(conv, "kernel_size", ()))
+        if conv is not None and spatial + 1 != len(input_shape):
+            needs = ", ".join(["H", "W", "D"][:spatial] if spatial <= 3 else [f"S{i}" for i in range(spatial)])
+            raise OptionError("model", f"{what} takes inputs [batch, {needs}, channels] (its first "
+                                       f"{type(conv).__name__}, kernel {tuple(conv.kernel_size)}), but {data} has "
+                                       f"inputs of shape {tuple(input_shape)}: pass data of that rank (e.g. "
+                                       f"data={{'dataset': 'digits'}}, images (8, 8, 1)) or a model for "
+                                       f"{tuple(input_shape)} inputs.") from None
+        raise OptionError("model", f"{what} cannot take the inputs of {data}, of shape {tuple(input_shape)}: "
                                    f"{str(e).splitlines()[0]}") from None
     if (collections or stochastic) and not takes_train:
         raise OptionError("model", f"{what} has {'BatchNorm' if collections else 'Dropout'}: its __call__ must take "

@@ -106,13 +106,15 @@ class Run:
 @dataclasses.dataclass
 class ExperimentResult:
     """One point (all its seeds): ``runs`` per seed, ``summary`` (summary.json at the point's top), ``vectorised``
-    (every run was a lane of a program with other runs: its seeds, or other points of a grid)."""
+    (every run was a lane of a program with other runs: its seeds, or other points of a grid), ``warnings`` (the
+    algorithm's caveats about the models it trained: ``Algorithm.model_warning``)."""
 
     cfg: ExperimentConfig
     directory: RunDir
     runs: list[Run]
     summary: dict
     vectorised: bool
+    warnings: tuple[str, ...] = ()
 
     @property
     def histories(self) -> list[list[dict]]:
@@ -336,12 +338,14 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
                         + (f" (+{len(points) - 1} more points)" if len(points) > 1 else ""))
             output.note(f"  data: {all_runs[0].data.summary()}{sample_note(all_runs[0].facts)}; results in "
                         f"{root.path or '(not written)'}")
-        for note in sorted({n for run in all_runs
-                            if (n := weighting_note(run.cfg.privacy, getattr(run.exp.algorithm, "weighting", None)))}):
+        for note in sorted({n for run in all_runs if (n := weighting_note(
+                run.cfg.privacy, run.exp.algorithm.hyperparameters().get("weighting")))}):
             output.note(f"  {note}")
-        for label, warning in sorted({(run.label or run.cfg.run_name, w) for run in all_runs
-                                      for w in sims(run).model_warnings}):
-            output.warn(f"{label}: {warning}")
+        warnings = [sorted({w for run in runs for w in sims(run).model_warnings}) for runs in runs_by_point]
+        if kind != "comparison":  # a comparison's table notes them under their rows (distinct_table's caveats)
+            for (label, exp), point_warnings in zip(points, warnings):
+                for warning in point_warnings:
+                    output.warn(f"{label or exp.config.run_name}: {warning}")
         with interrupt.graceful(output.warn) as stop:
             try:
                 for run in all_runs:
@@ -350,8 +354,8 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
                 _run_all(all_runs, sims, output, lanes, trace, stop)
             finally:
                 _close_checkpointers(all_runs)
-        return [_finish(label, exp.config, d, runs, output, plot_formats if plots else ()) for (label, exp), d, runs
-                in zip(points, dirs, runs_by_point)]
+        return [_finish(label, exp.config, d, runs, output, plot_formats if plots else (), w)
+                for (label, exp), d, runs, w in zip(points, dirs, runs_by_point, warnings)]
 
 
 def _close_checkpointers(runs: list[Run]) -> None:
@@ -620,12 +624,16 @@ def _execute_until(program: Program, sim: Simulation, output: Output, lanes_mode
 
 
 def _bar_name(runs: list[Run]) -> str:
-    """The name in front of a program's progress bar: its run's label ('fedavg', 'lr=0.1,mu=0'), with the number
-    of seeds or of the other points that run as its lanes."""
+    """The name in front of a program's progress bar: its first run's label ('fedavg', 'lr=0.1,mu=0') with the
+    number of the other points that run as its lanes, and its seeds when the experiment has several — 'lr=0.05,mu=0
+    +3 more, seed 1': programs that split a sweep's seeds (each seed its own data) get names of their own."""
     labels = list(dict.fromkeys(run.label or run.cfg.run_name for run in runs))
-    if len(labels) > 1:
-        return f"{labels[0]} +{len(labels) - 1} more"
-    return labels[0] + (f" ({len(runs)} seeds)" if len(runs) > 1 else "")
+    seeds = list(dict.fromkeys(run.seed for run in runs))
+    name = labels[0] + (f" +{len(labels) - 1} more" if len(labels) > 1 else "")
+    if runs[0].cfg.seeds == 1:
+        return name
+    return name + (f", seed {seeds[0]}" if len(seeds) == 1 else f", {len(seeds)} seeds" if len(seeds) ==
+                   runs[0].cfg.seeds else f", seeds {', '.join(map(str, seeds))}")
 
 
 def _initial(runs: list[Run], sim: Simulation, make):
@@ -639,10 +647,10 @@ def _initial(runs: list[Run], sim: Simulation, make):
     return state
 
 
-def _finish(label, cfg: ExperimentConfig, d: RunDir, runs: list[Run], output: Output, plots: tuple[str, ...]
-            ) -> ExperimentResult:
+def _finish(label, cfg: ExperimentConfig, d: RunDir, runs: list[Run], output: Output, plots: tuple[str, ...],
+            warnings: list[str]) -> ExperimentResult:
     """Events, plots (in the formats ``plots`` names; none if empty) and the point's summary once all its runs are
-    done."""
+    done; ``warnings``: the algorithm's caveats about the models it trained."""
     for run in runs:
         output.event("summary", run=label or cfg.run_name, **run.summary)
     vectorised = all(r.vectorised for r in runs)
@@ -653,7 +661,7 @@ def _finish(label, cfg: ExperimentConfig, d: RunDir, runs: list[Run], output: Ou
         title = f"{label or cfg.run_name}: {setting(cfg, runs[0].data)}"
         plot_run(d.path, [r.log.history for r in runs], [r.result.per_client if r.result else {} for r in runs],
                  title if len(runs) == 1 else f"{title}, {len(runs)} seeds", plots)
-    return ExperimentResult(cfg, d, runs, top, vectorised)
+    return ExperimentResult(cfg, d, runs, top, vectorised, tuple(warnings))
 
 
 def run_experiment(exp: Experiment, out: str | None, *, resume: bool = False, output: Output | None = None,
@@ -722,7 +730,8 @@ def _compare_table(cfg, points, results, listing, root: RunDir, plots: bool):
     title = (f"{setting(cfg, results[0].runs[0].data)}, {cfg.rounds} rounds, "
              f"{cfg.seeds} seed{'s' if cfg.seeds > 1 else ''}")
     hints = {lbl: text for lbl, exp in points if (text := untuned(exp.algorithm, cfg.rounds))}
-    table = distinct_table(rows, hints)
+    caveats = {lbl: f"{lbl}: {' '.join(r.warnings)}" for lbl, r in by_label.items() if r.warnings}
+    table = distinct_table(rows, hints, caveats=caveats)
     root.write_text("compare.md", f"# {title}\n\n{table}\n")
     if plots and root.path is not None:
         plot_compare(root.file("compare.png"), {lbl: r.histories for lbl, r in by_label.items()}, title,

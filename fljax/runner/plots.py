@@ -8,7 +8,8 @@ more than :data:`MAX_LINES` algorithms is drawn as small multiples, one row of p
 (:mod:`fljax.algorithms.families`), each row with its own styles; a sweep's points are grouped by the value of its
 first grid key. Legends sit outside the data. With several seeds a curve is the mean over seeds and the shaded band
 ± 1 sample standard deviation (ddof 1, the tables' convention); the figure's title says so. Every axis names its
-quantity and unit (:func:`metric_label`). A logged quantity that is constant throughout (zero, or a fixed parameter
+quantity and unit (:func:`metric_label`); rounds are ticked in whole numbers (:func:`integer_axis`) and a log axis
+labels at least three values whatever it spans (:func:`log_axis`). A logged quantity that is constant throughout (zero, or a fixed parameter
 count) is not drawn; the figure's title lists it with its value.
 
 **Figures.** A run: ``accuracy_vs_round``, ``accuracy_vs_bytes`` (communication up + down so far, log scale; not
@@ -21,8 +22,8 @@ the final personalized accuracy of every grid point as a heatmap. Every curve st
 markers show every evaluation when there are at most :data:`MARK_ALL` of them.
 
 **Styles.** ``screen`` (the default: PNG to look at, and PDF) or ``paper`` (single-column width of 3.3 in, serif
-fonts at 8 pt, panels stacked with the legend below, vector PDF with embedded TrueType fonts, and a PNG preview):
-``fljax run|compare|sweep|reproduce --style paper``, or ``with fljax.runner.plots.use("paper"):`` around any call
+fonts at 8 pt, panels stacked with the legend below the x label, vector PDF with embedded TrueType fonts, and a PNG
+preview): ``fljax run|compare|sweep|reproduce --style paper``, or ``with fljax.runner.plots.use("paper"):`` around any call
 that writes figures. Notebooks take the same look with ``plt.rcParams.update(plots.rc())``.
 """
 from __future__ import annotations
@@ -38,7 +39,8 @@ from fljax.runner.files import write_figure
 from fljax.runner.report import sample_std
 
 __all__ = ["plot_run", "plot_compare", "plot_heatmap", "setting", "style", "extras", "constants", "metric_label",
-           "use", "current", "rc", "legend_outside", "heatmap", "FORMATS", "STYLES", "PALETTE", "MAX_LINES"]
+           "use", "current", "rc", "legend_outside", "heatmap", "integer_axis", "log_axis", "FORMATS", "STYLES",
+           "PALETTE", "MAX_LINES"]
 
 FORMATS = ("png", "pdf")
 # Okabe & Ito (2008), "Color Universal Design": blue, orange, bluish green, vermillion, reddish purple, sky blue,
@@ -156,7 +158,7 @@ def metric_label(key: str, scale: float = 1.0) -> str:
             label = f"{_MODELS[key[:-len(suffix)]]} {what}"
     label = label or key
     first, *rest = label.split("\n")
-    if current().stacked and rest and rest[0].startswith("(") and rest[0].endswith(")"):  # a paper's short panels: the unit only
+    if current().stacked and rest and rest[0].startswith("(") and rest[0].endswith(")"):  # short panels: the unit only
         label = f"{first}\n{rest[0].split(',')[0].rstrip(')')})"
     return label.replace("fraction correct", "% correct").replace("(fraction)", "(%)") if scale == 100 else label
 
@@ -173,9 +175,87 @@ def legend_outside(target, handles=None, labels=None, **kwargs):
     if isinstance(target, Figure):
         loc = "outside lower center" if stacked else "outside right center"
         return target.legend(handles, labels, loc=loc, ncols=2 if stacked else 1 + len(handles) // 26, **kwargs)
-    if stacked:
-        return target.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncols=2, **kwargs)
+    if stacked:  # below the x axis's tick labels and label, however many lines they take
+        from matplotlib.transforms import ScaledTranslation
+
+        fig = target.figure
+        renderer = fig.canvas.get_renderer()
+        drop = (target.get_window_extent(renderer).y0 - target.xaxis.get_tightbbox(renderer).y0) / fig.dpi
+        below = target.transAxes + ScaledTranslation(0, -drop - 0.03, fig.dpi_scale_trans)
+        return target.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=below,
+                             ncols=2, **kwargs)
     return target.legend(handles, labels, loc="center left", bbox_to_anchor=(1.02, 0.5), **kwargs)
+
+
+def integer_axis(axis) -> None:
+    """Whole-number ticks on ``axis`` (``ax.xaxis``, ``ax.yaxis``): rounds, counts of clients, ranks (a short run
+    gets no round 0.5, 1.5, …)."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
+
+
+def log_axis(ax, which: str = "x") -> None:
+    """Log scale on axis ``which`` ('x' or 'y') of ``ax`` with at least three labelled ticks over whatever it
+    spans (:func:`_log_ticks`: a span of less than two decades gets 1-2-5 or 1…9 ticks, not one lone 10⁰), written
+    as plain numbers (``0.5``, ``2``, ``100``), or all as powers 10ᵏ when the ticks are decades over three or
+    more."""
+    from matplotlib.ticker import Formatter, Locator, LogLocator, NullFormatter
+
+    class LogTicks(Locator):
+        def __call__(self):
+            return self.tick_values(*self.axis.get_view_interval())
+
+        def tick_values(self, vmin, vmax):
+            return _log_ticks(vmin, vmax)
+
+    class LogLabels(Formatter):
+        ticks: list = []
+
+        def set_locs(self, locs):  # the axis hands over its ticks before it asks for their labels
+            self.ticks = list(locs)
+
+        def __call__(self, value, pos=None):
+            locs = [v for v in self.ticks if v > 0]
+            decades = len(locs) >= 3 and max(locs) / min(locs) >= 1e3 and all(
+                math.isclose(math.log10(v), round(math.log10(v)), abs_tol=1e-9) for v in locs)
+            return "" if value <= 0 else f"$10^{{{round(math.log10(value))}}}$" if decades else f"{value:g}"
+
+    (ax.set_xscale if which == "x" else ax.set_yscale)("log")
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    axis.set_major_locator(LogTicks())
+    axis.set_major_formatter(LogLabels())
+    axis.set_minor_locator(LogLocator(subs="auto"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _log_ticks(lo: float, hi: float) -> list[float]:
+    """Ticks of a log axis over [lo, hi]: the decades when at least three fall inside (every n-th of many, at most
+    8), else 1-2-5 per decade, else 1…9 per decade (the roundest first: 1, then 2 and 5, 3, 4, 6 and 8, 7 and 9,
+    each kept unless closer than a seventh of the span to one kept), else four evenly spaced round values."""
+    from matplotlib.ticker import MaxNLocator
+
+    lo, hi = sorted((lo, hi))
+    if not (hi > 0 and math.isfinite(hi)):
+        return []
+    lo = lo if lo > 0 else hi / 10
+    k0, k1 = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    inside = lambda ticks: [t for t in ticks if lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9)]  # noqa: E731
+    decades = inside([float(f"1e{k}") for k in range(k0, k1 + 1)])
+    if len(decades) >= 3:
+        return decades[::math.ceil(len(decades) / 8)]
+    onetwofive = inside([float(f"{s}e{k}") for k in range(k0, k1 + 1) for s in (1, 2, 5)])
+    if len(onetwofive) >= 3:
+        return onetwofive
+    gap = math.log10(hi / lo) / 7  # labels closer than this on the axis would crowd
+    chosen: list[float] = []
+    for subs in ((1,), (2, 5), (3,), (4, 6, 8), (7, 9)):  # the roundest values first
+        for t in inside([float(f"{s}e{k}") for k in range(k0, k1 + 1) for s in subs]):
+            if all(abs(math.log10(t / c)) >= gap for c in chosen):
+                chosen.append(t)
+    if len(chosen) >= 3:
+        return sorted(chosen)
+    return [float(f"{t:.12g}") for t in MaxNLocator(4, steps=[1, 2, 5, 10]).tick_values(lo, hi) if lo <= t <= hi]
 
 
 def heatmap(ax, values, rows: list, columns: list, label: str, fmt: str = "{:.3f}", cmap: str = "viridis"):
@@ -211,6 +291,7 @@ def _figure(panels: int, extra_width: float = 0.0, rows: int | None = None, cols
     """A figure of ``panels`` axes (side by side, or stacked in the paper style; or ``rows`` × ``cols``) on the Agg
     canvas. matplotlib is imported here, on the first plot, not with this module: its second of imports then never
     delays the start of a run."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     s = current()
@@ -218,6 +299,7 @@ def _figure(panels: int, extra_width: float = 0.0, rows: int | None = None, cols
         rows, cols = (panels, 1) if s.stacked else (1, panels)
     width, height = s.panel
     fig = Figure(figsize=(width * cols + extra_width, height * rows), layout="constrained")
+    FigureCanvasAgg(fig)  # a renderer to measure text with (legend_outside), and the canvas that writes the files
     axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
     for ax in axes[panels:]:
         ax.set_visible(False)
@@ -321,12 +403,9 @@ def _own_global(histories) -> bool:
 
 def _axes_labels(ax, key: str, x_bytes: bool) -> None:
     if x_bytes:
-        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-        ax.set_xscale("log")
-        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.xaxis.set_minor_formatter(NullFormatter())
+        log_axis(ax)
+    else:
+        integer_axis(ax.xaxis)
     ax.set_xlabel(MB if x_bytes else ROUND)
     ax.set_ylabel(metric_label(key))
     ax.grid(alpha=0.3, which="both" if x_bytes else "major")
@@ -385,9 +464,7 @@ def _metrics_figure(runs: dict[str, list[list[dict]]], title: str, labelled: boo
         if len(members) == 1 and "/" in members[0]:
             ax.set_ylabel(f"{metric_label(members[0])}\n{members[0].split('/', 1)[1]}")
         if members[0].split("/")[0] in COUNTS:
-            from matplotlib.ticker import MaxNLocator
-
-            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            integer_axis(ax.yaxis)
         if len(members) > 1 and not labelled:
             legend_outside(ax, title=panel.split("/")[0] + " of", fontsize="x-small")
     if labelled:
@@ -419,13 +496,11 @@ def plot_run(directory: str, histories: list[list[dict]], per_client: list[dict]
             paths += _save(fig, f"{directory}/{name}.png", formats)
         accs = [np.asarray(p[k]) for p in per_client for k in ("personal_acc",) if k in p]
         if accs:
-            from matplotlib.ticker import MaxNLocator
-
             fig, (ax,) = _figure(1)
             ax.hist(np.concatenate(accs), bins=np.linspace(0, 1, 21), color=PALETTE[0], edgecolor="white")
             ax.set_xlabel("personalized test accuracy of a client (fraction correct)")
             ax.set_ylabel("clients (count" + (f", all {len(accs)} seeds)" if len(accs) > 1 else ")"))
-            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            integer_axis(ax.yaxis)
             _title(fig, title, "clients at the last evaluation")
             paths += _save(fig, f"{directory}/client_accuracy.png", formats)
         fig = _metrics_figure({"run": histories}, title, labelled=False, seeds=seeds)
@@ -535,8 +610,8 @@ def plot_heatmap(path: str, grid: dict[str, list], finals: dict[tuple[int, int],
         s = current()
         fig, (ax,) = _figure(1)
         fig.set_size_inches(s.panel[0] * (1.0 if s.stacked else 1.4), s.panel[1] * (1.2 if s.stacked else 1.3))
-        heatmap(ax, values, v1, v2, "final " + metric_label(key).replace("\n", " "))
+        heatmap(ax, values, v1, v2, "final " + metric_label(key))
         ax.set_xlabel(f"{names[k2]} ({k2})")
         ax.set_ylabel(f"{names[k1]} ({k1})")
-        _title(fig, title, f"final evaluation, {f'mean over {seeds} seeds' if seeds > 1 else '1 seed'}")
+        _title(fig, title, "final evaluation" + (f", mean over {seeds} seeds" if seeds > 1 else ""))
         return _save(fig, path)

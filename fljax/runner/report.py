@@ -138,14 +138,16 @@ def _mean(cell) -> float:
         return float("nan")
 
 
-def distinct_table(rows: list[dict], hints: dict[str, str] | None = None, names: list[str] | None = None) -> str:
-    """A comparison's or sweep's rows (:func:`summary_row`) as a Markdown table in which every column says
+def distinct_table(rows: list[dict], hints: dict[str, str] | None = None, names: list[str] | None = None,
+                   caveats: dict[str, str] | None = None) -> str:
+    """A run's, comparison's or sweep's rows (:func:`summary_row`) as a Markdown table in which every column says
     something of its own, with numbered notes under it:
 
     * the ``weighted`` column (sample-weighted over clients) is left out when it equals ``personal acc`` in every
       row — the clients' test splits then have one size — and a note says so;
     * the ``seeds`` and ``rounds`` columns, and ``status`` when every row completed, are left out when every row
-      has the same (a note gives them: "every row: 1 seed, 100 rounds, completed.");
+      has the same (a note gives them: "every row: 1 seed, 100 rounds, completed."; one row: "1 seed, 100
+      rounds.");
     * a row whose accuracies all equal an earlier row's gets a note naming that row (e.g. FedProx with a μ too
       small to matter);
     * ``hints`` (label → text): a note on that row when it lags the best personalized accuracy by :data:`LAG` or
@@ -154,10 +156,14 @@ def distinct_table(rows: list[dict], hints: dict[str, str] | None = None, names:
       label: ``perfedavg [2,3]``. Neither note is given for a row that did not complete (its ``status`` says
       why: a guard stopped it, and its accuracies are those of its last good evaluation), nor does such a row
       count as the one repeated or as the best;
+    * ``caveats`` (label → text): a note on that row whatever its numbers — e.g. a model the algorithm cannot
+      train as intended (``Algorithm.model_warning``: QuPeD quantizing no layer of a two-layer MLP trains at full
+      precision);
     * the ``evaluated`` column of runs evaluated on a fixed sample of their clients (``eval_clients``) is left out
       when every row has the same sample, and a note says it.
 
-    ``names``: what the notes call each row (default: its first column, the algorithm's label)."""
+    A row with notes has their numbers after its label: ``perfedavg [2,3]``. ``names``: what the notes call each
+    row (default: its first column, the algorithm's label)."""
     if not rows:
         return ""
     key = next(iter(rows[0]))
@@ -171,14 +177,15 @@ def distinct_table(rows: list[dict], hints: dict[str, str] | None = None, names:
         if row is not None:
             marks.setdefault(row, []).append(len(notes))
 
+    every = " in every row" if len(rows) > 1 else ""
     if "weighted" in rows[0] and all(r["weighted"] == r["personal acc"] for r in rows):
         rows = [{k: v for k, v in r.items() if k != "weighted"} for r in rows]
-        note("the sample-weighted personalized accuracy equals the unweighted mean over clients in every row "
-             "(every client's test split has the same size): its column is left out.")
+        note(f"the sample-weighted personalized accuracy equals the unweighted mean over clients{every} (every "
+             f"client's test split has the same size): its column is left out.")
     same = [c for c in ("seeds", "rounds", "status") if c in rows[0] and len({str(r[c]) for r in rows}) == 1
             and (c != "status" or rows[0][c] == "completed")]  # a stop keeps its column, in every row
-    if same and len(rows) > 1:
-        note("every row: " + ", ".join(str(rows[0][c]) if c == "status" else
+    if same:
+        note(("every row: " if every else "") + ", ".join(str(rows[0][c]) if c == "status" else
                                        f"{rows[0][c]} {c[:-1] if str(rows[0][c]) == '1' else c}" for c in same)
              + ".")
         rows = [{k: v for k, v in r.items() if k not in same} for r in rows]
@@ -199,6 +206,8 @@ def distinct_table(rows: list[dict], hints: dict[str, str] | None = None, names:
         seen.setdefault(accuracies, i)
         if hints and names[i] in hints and (repeats or not _mean(r.get("personal acc")) > best - LAG):
             note(hints[names[i]], i)
+        if caveats and names[i] in caveats:
+            note(caveats[names[i]], i)
     rows = [{**r, key: f"{r[key]} [{','.join(map(str, marks[i]))}]"} if i in marks else r
             for i, r in enumerate(rows)]
     return "\n".join([markdown_table(rows)] + ([""] + [f"[{n}] {t}" for n, t in enumerate(notes, 1)]

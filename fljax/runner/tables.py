@@ -25,7 +25,10 @@ A plot (``plots:``, written as PNG and PDF in the style of :mod:`fljax.runner.pl
 ``kind: final`` (the final value against the numeric axis ``x``, one line per combination of ``lines``; with
 ``x_value``, a metric or expression, x is that measured value's mean over seeds with its std as a horizontal error bar
 — accuracy against ε or against MB sent — and ``x`` may then be left out: one point per combination of ``lines``);
-``value`` may be a list (one panel per metric); ``logy``, ``logx`` for log scales; ``xlabel``, ``ylabel``;
+``value`` may be a list (one panel per metric); the panels of one metric (``panels``) share one y range; ``logy``,
+``logx`` for log scales (at least three labelled ticks, :func:`fljax.runner.plots.log_axis`); ``xlabel``,
+``ylabel``; a line of a numeric value is named with its key (``z = 0.5``: ``symbols: {privacy.noise_multiplier:
+z}``, else the key's last part);
 ``reference: {study, value, where, label}`` draws another cell's mean final value as a dashed level. ``study`` may
 be a list: the lines of every study listed, in one figure (e.g. methods that are studies of their own).
 """
@@ -216,6 +219,17 @@ def render_plots(results, out: str) -> list[str]:
     return written
 
 
+def _line_label(results, spec: dict, axis: str, value) -> str:
+    """A line's name for ``axis`` = ``value`` in a plot's legend: the display name of a named value ('DFedAlt'),
+    a number with its key (``z = 0.5``: the plot's ``symbols: {privacy.noise_multiplier: z}``, else the key's last
+    part, ``k = 5``)."""
+    if isinstance(value, str):
+        return _label(results, axis, value)
+    symbol = spec.get("symbols", {}).get(axis, axis.split(".")[-1])
+    return f"{symbol} = {value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else f"{symbol} = {value}"
+
+
 def _seed_count(results, study: str) -> int:
     return max((len(c.seeds) for c in results.cells if c.study == study), default=1)
 
@@ -243,7 +257,7 @@ def _plot(results, spec: dict):
                   for combo in itertools.product(*[_axis_values(results, study, a, sub_where) for a in line_axes])]
         for i, (study, combo) in enumerate(combos):
             labels = {**_fixed(sub_where), **dict(zip(line_axes, combo))}
-            name = " ".join(_label(results, a, v) for a, v in zip(line_axes, combo))
+            name = " ".join(_line_label(results, spec, a, v) for a, v in zip(line_axes, combo))
             style = plots.style(i)  # the colours, line styles and markers of every fljax plot
             if curves:
                 x, mean, std = results.curve(study, metric, **labels)
@@ -270,18 +284,23 @@ def _plot(results, spec: dict):
                 ax.axhline(spec.get("scale", 1.0) * np.mean(y), ls="--", lw=1, color="0.35",
                            label=ref.get("label", "reference"))
         if spec.get("logy"):
-            ax.set_yscale("log")
+            plots.log_axis(ax, "y")
         if spec.get("logx"):
-            from matplotlib.ticker import NullFormatter
-
-            ax.set_xscale("log")
-            ax.xaxis.set_minor_formatter(NullFormatter())  # decades only: minor labels overlap
-        ax.set_xlabel(spec.get("xlabel") or (plots.ROUND if curves else spec.get("x_value") or spec["x"].split(".")[-1]))
+            plots.log_axis(ax, "x")
+        elif curves or "x_value" not in spec and all(isinstance(x, int) and not isinstance(x, bool)
+                                                     for x in _axis_values(results, studies[0], spec["x"], where)):
+            plots.integer_axis(ax.xaxis)  # rounds, k neighbours, clients: no 0.5
+        ax.set_xlabel(spec.get("xlabel") or (plots.ROUND if curves else
+                                             spec.get("x_value") or spec["x"].split(".")[-1]))
         ax.set_ylabel(spec.get("ylabel") or plots.metric_label(metric, scale))
         title = spec.get("title", "{value}")
         ax.set_title(title.format(value=metric, panel=_label(results, panel_axis, panel_value) if panel_axis
                                   else metric), fontsize="medium")
         ax.grid(alpha=0.3)
+    if panel_axis:  # one metric in every panel: one y range, so that the panels compare at a glance
+        for ax in axes[1:]:
+            ax.sharey(axes[0])
+        axes[0].autoscale_view()  # the union of every panel's data (sharey alone keeps the first panel's range)
     plots.legend_outside(fig, *plots._handles(axes))
     seeds = max(_seed_count(results, study) for study in studies)
     fig.suptitle(("line: mean over {n} seeds, band: ± 1 std (sample)" if curves else
