@@ -344,6 +344,8 @@ CASES = [
                                   "continue it with --resume", [_RUN, ("r/summary.json", '{"status": "completed"}\n')]),
     _case(_RESUME, "run --out r" + _SMALL, "run directory 'r' is in use by another fljax process (pid", busy=["r"]),
     _case(_RESUME, "run --out f/r" + _SMALL, "is a file, not a directory; choose another --out.", [("f", "x\n")]),
+    _case(_DATA, "run --set data.partition=meta_pairs --set data.num_clients=20 --set data.target_clients=20",
+          "data.target_clients must be below num_clients=20 (some clients must train), got 20."),
     _case(_OWN_DATA, "run --dataset cifar10 --set data.data_dir=nope/tfds",
           "TFDS data set 'cifar10' is not prepared in nope/tfds/cifar10/"),
     _case(_OWN_DATA, "run --dataset digits --set data.partition=meta_pairs --set data.num_clients=20 "
@@ -374,6 +376,14 @@ CASES = [
             "train[0] (client 0): x holds complex numbers"),
     _python(_PYTHON, "from_arrays([(np.ones((2, 3)), [0, 1])] * 2, [(np.ones((1, 3)), [0])])",
             "test must have one (x, y) pair per client: 2 train pairs, 1 test pairs."),
+    _python(_PYTHON, "import flax.linen as nn\n"
+                     "class CNN(nn.Module):\n"
+                     "    @nn.compact\n"
+                     "    def __call__(self, x):\n"
+                     "        return nn.Dense(2)(nn.Conv(4, (3, 3))(x).reshape(x.shape[0], -1))\n"
+                     "fljax.run({'data': {'dataset': 'synthetic'}}, model=CNN())",
+            "model CNN takes inputs [batch, H, W, channels] (its first Conv, kernel (3, 3)), but data set "
+            "'synthetic(1,1)' has inputs of shape (60,)"),
     _python(_PYTHON, "fljax.sweep({'data.num_clients': [2, 4]}, data=from_arrays(" + _PAIRS + "), out='s')",
             "--grid data.num_clients: the sweep runs on your own data ('arrays', 4 clients), which data.num_clients "
             "does not change"),
