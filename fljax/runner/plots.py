@@ -73,6 +73,9 @@ LABELS = {
     "teacher_max_prob": "teacher confidence\n(mean max probability)",
     "meta_loss": "meta-objective (cross-entropy, nats)",
     "kt_loss": "knowledge-transfer loss",
+    "epsilon": "privacy loss ε\n(at the run's δ)",
+    "clip_norm": "clip norm C (L2)",
+    "unclipped_fraction": "unclipped fraction b̄ of the\ncohort's updates (noised estimate)",
 }
 _MODELS = {"personal": "personalized", "global": "global-model", "target_personal": "target-client",
            "post_gossip": "post-gossip"}
