@@ -263,7 +263,7 @@ def privacy_of(exp: Experiment, data: "FederatedData"):
         local = LocalSteps(int(sizes.min()), int(sizes.sum()), plan.batch_size, plan.num_steps(data.train.n_max))
     try:
         return resolve_run(cfg.privacy, cfg.compression, clients=clients, cohort_size=algorithm.participants(clients),
-                           rounds=cfg.rounds, weights=algorithm.client_weights(counts), local=local)
+                           rounds=cfg.rounds, weights=algorithm.client_weights(data.train)[:clients], local=local)
     except OptionError as e:
         raise e.within("privacy") from None
 

@@ -722,15 +722,16 @@ class LocalSteps:
 
 
 def weighting_note(privacy: PrivacyOptions | None, weighting: str | None) -> str | None:
-    """The note a run prints when client-level privacy replaces the sample weights n_i its algorithm aggregates with
-    (``weighting``: 'samples', given or the algorithm's default) by McMahan et al. 2018's capped weights
-    min(n_i/ŵ, 1), ŵ = ``privacy.weight_cap`` (the sum's sensitivity needs every weight ≤ 1); None otherwise."""
-    if privacy is None or privacy.level != "client" or weighting != "samples":
+    """The note a run prints when client-level privacy replaces the weights its algorithm aggregates with
+    (``weighting``, given or the algorithm's default: 'samples' n_i, or 'tokens' t_i, the client's target tokens) by
+    McMahan et al. 2018's capped weights min(n_i/ŵ, 1) (t_i for tokens), ŵ = ``privacy.weight_cap`` (the sum's
+    sensitivity needs every weight ≤ 1); None otherwise."""
+    if privacy is None or privacy.level != "client" or weighting not in ("samples", "tokens"):
         return None
-    cap = privacy.weight_cap
+    cap, n = privacy.weight_cap, "n_i" if weighting == "samples" else "t_i"
     uniform = " = 1 for every client with data (uniform weights)" if cap == 1 else ""
-    return (f"privacy: the private aggregate weighs client i by min(n_i/ŵ, 1){uniform}, not by n_i as algo.weighting: "
-            f"samples asks; ŵ is privacy.weight_cap = {cap:g}")
+    return (f"privacy: the private aggregate weighs client i by min({n}/ŵ, 1){uniform}, not by {n} as algo.weighting: "
+            f"{weighting} asks; ŵ is privacy.weight_cap = {cap:g}")
 
 
 def resolve_run(privacy: PrivacyOptions | None, compression: CompressionOptions | None, *, clients: int,

@@ -321,3 +321,23 @@ def test_error_feedback_with_an_unbiased_compressor_sends_the_contractive_form_u
     assert runs["none"].summary["privacy"]["compressor"].startswith("RandomK")
     assert runs["contractive"].final["bytes_up"] == runs["none"].final["bytes_up"]
     assert runs["contractive"].final["train_loss"] != runs["none"].final["train_loss"]
+
+
+@pytest.mark.parametrize("storage", ["padded", "ragged"])
+def test_token_weighting_sets_the_fixed_denominator_from_the_clients_target_tokens(storage):
+    """FedAvg with ``weighting: tokens`` aggregates with min(t_i/ŵ, 1), t_i the client's non-padding targets: the
+    fixed denominator is W = m·mean_i min(t_i/ŵ, 1) over the training clients (not their example counts n_i),
+    t_i counted here from the arrays, in either storage."""
+    cfg = from_dict(ExperimentConfig, {
+        "algorithm": "fedavg", "rounds": 2,
+        "data": {"dataset": "shakespeare", "source": "standin", "num_clients": 10, "storage": storage},
+        "algo": {"weighting": "tokens", "cohort_size": 4},
+        "privacy": {"noise_multiplier": 1.0, "clip_norm": 1.0, "delta": 1e-3, "weight_cap": 400.0}})
+    exp = resolve(cfg)
+    data = load_data(exp)
+    padded = data.train if storage == "padded" else data.train.to_padded()
+    y, mask = np.asarray(padded.y), np.asarray(padded.mask)
+    tokens = ((y != 0) & mask[..., None]).sum(axis=(1, 2))[:10]
+    assert not np.allclose(tokens, np.asarray(padded.count)[:10])  # the two weightings differ on this data
+    np.testing.assert_allclose(privacy_of(exp, data).uploads.expected_weight,
+                               4 * np.minimum(tokens / 400.0, 1.0).mean(), rtol=1e-12)

@@ -23,6 +23,7 @@ from typing import ClassVar
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fljax import tree
 from fljax.algorithms import model_state
@@ -125,10 +126,10 @@ class Algorithm(Options):
         plan = self.plan()
         return 0 if plan is None else plan.num_steps(n_max)
 
-    def client_weights(self, counts) -> list[float] | None:
-        """Every client's aggregation weight p_k from its number of training examples n_k, as the server weighs its
-        upload (what the privacy accountant's fixed denominator needs); None (the default): it aggregates no
-        weighted uploads."""
+    def client_weights(self, train) -> list[float] | None:
+        """Every client's aggregation weight p_k from its training data ``train`` (the population's arrays), as the
+        server weighs its upload (what the privacy accountant's fixed denominator needs); None (the default): it
+        aggregates no weighted uploads."""
         return None
 
     def init_key(self, ctx: RoundContext):
@@ -266,9 +267,9 @@ class CohortTemplate(Algorithm):
     def participants(self, num_clients: int) -> int:
         return num_clients if self.cohort_size is None else min(self.cohort_size, num_clients)
 
-    def client_weights(self, counts) -> list[float]:
+    def client_weights(self, train) -> list[float]:
         """Every client's aggregation weight p_k (what :meth:`aggregation_weights` gives its results): n_k."""
-        return [float(c) for c in counts]
+        return [float(c) for c in np.asarray(train.count)]
 
     def sample(self, ctx: RoundContext):
         """This round's cohort: ``(sorted ids, None)``, a uniform fixed-size cohort of ``cohort_size``, or under the
@@ -377,9 +378,9 @@ class Centralized(CohortTemplate):
     weighting: str = option("samples", "aggregation weights: 'samples' (n_i) or 'uniform'",
                             one_of(("samples", "uniform")))
 
-    def client_weights(self, counts) -> list[float]:
+    def client_weights(self, train) -> list[float]:
         """Every client's aggregation weight p_k: n_k, or 1 with ``weighting='uniform'``."""
-        return [1.0] * len(counts) if self.weighting == "uniform" else super().client_weights(counts)
+        return [1.0] * train.num_clients if self.weighting == "uniform" else super().client_weights(train)
 
     def aggregation_weights(self, result: ClientResult):
         """Per-entry aggregation weights: n_i, or 1 with ``weighting='uniform'`` (zero for the entries of unsampled

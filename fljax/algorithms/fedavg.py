@@ -28,6 +28,7 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from fljax import tree
@@ -174,6 +175,12 @@ class FedAvgBase(BatchStatsOption, ServerOpt, local_options(*EVERY)):
                                        "train targets: TFF's and Reddi et al.'s weighting of next-token data) or "
                                        "'uniform'", one_of(("samples", "tokens", "uniform")))
     private_steps = True  # its clients train only through LocalTraining.train: DP-SGD applies
+
+    def client_weights(self, train) -> list[float]:
+        """Every client's aggregation weight p_k: n_k, its target tokens (``weighting='tokens'``) or 1."""
+        if self.weighting == "tokens":
+            return [float(t) for t in np.asarray(train.tokens())]
+        return super().client_weights(train)
 
     def local_loss(self, model, params, batch, variables, key, anchor):
         """The local objective f_i on ``batch`` in the model's training mode, with the model's ``variables`` and

@@ -76,6 +76,15 @@ class RaggedArrays:
         count = np.asarray(self.count)
         return np.repeat(np.asarray(self.offset) - np.cumsum(count) + count, count) + np.arange(count.sum())
 
+    def tokens(self):
+        """Target tokens per client (``[C]``), as :meth:`fljax.data.ClientArrays.tokens`: the non-padding targets of
+        next-token data (y ``[S + N_max, T]``; PAD = 0), else the count."""
+        if np.ndim(self.y) == 1:
+            return self.count
+        per_row = np.concatenate([[0], np.cumsum((np.asarray(self.y) != 0).sum(axis=-1))])
+        start, count = np.asarray(self.offset), np.asarray(self.count)
+        return jnp.asarray(per_row[start + count] - per_row[start], self.count.dtype)
+
     def owners_and_labels(self) -> tuple[np.ndarray, np.ndarray]:
         """(client id, label) of every stored sample (host numpy)."""
         count = np.asarray(self.count)

@@ -113,8 +113,8 @@ class FederatedAlgorithm(Protocol):
       the loop executor); ``metrics`` is a dict of scalars with ``train_loss``, ``bytes_up``, ``bytes_down``;
     * ``evaluate(ctx, server, clients) -> (summary, per_client)``: scalar summaries and per-client arrays;
     * ``participants(num_clients)``: clients that train in a round (the cohort; under Poisson sampling its expected
-      size); ``client_weights(counts)``: every client's aggregation weight from its number of training examples
-      (None: it aggregates no weighted uploads);
+      size); ``client_weights(train)``: every client's aggregation weight from its training data (the
+      population's ``ClientArrays``/``RaggedArrays``; None: it aggregates no weighted uploads);
     * ``plan()``: the batch plan of a client's local steps (None: no minibatch steps);
     * ``steps_per_round(n_max)``: local steps one participant runs per round.
     """
@@ -147,7 +147,7 @@ class FederatedAlgorithm(Protocol):
 
     def participants(self, num_clients: int) -> int: ...
 
-    def client_weights(self, counts: Any) -> list[float] | None: ...
+    def client_weights(self, train: Any) -> list[float] | None: ...
 
     def plan(self) -> "BatchPlan | None": ...
 
