@@ -478,7 +478,9 @@ def preset(path: str, user: dict | None = None, algorithm_keys: bool = True,
     or the Python API's keywords) describe. A preset key yields to the user's choice of the component that owns
     it: another ``data.dataset`` keeps only the preset's ``num_clients`` of its data section, another
     ``data.partition`` drops the preset partitioner's options, another ``model.name`` the preset's model options,
-    an ``algo.local_steps`` the preset's ``local_epochs`` (which would win over it); with ``algorithm_keys`` only
+    an ``algo.local_steps`` the preset's ``local_epochs`` (which would win over it), another ``data.num_clients``
+    or ``data.partition`` the preset's ``algo.cohort_size`` (10 of its 50 clients; the user's population trains
+    in full unless they set a cohort); with ``algorithm_keys`` only
     the ``algo`` keys that the chosen algorithm declares are kept. Pass the result to
     :func:`fljax.config.load_config` as ``base``. ``grid``: a sweep's axes (dotted key → values); a key it sweeps
     is the user's choice where any of its values differs from the preset's (so ``--grid model.name=logreg,mlp``
@@ -502,6 +504,8 @@ def preset(path: str, user: dict | None = None, algorithm_keys: bool = True,
         values["model"] = {k: v for k, v in model.items() if k != "options"}
     if changed("algo", "local_steps") and isinstance(values.get("algo"), dict):  # local_epochs would win over it
         values["algo"] = {k: v for k, v in values["algo"].items() if k != "local_epochs"}
+    if (changed("data", "num_clients") or changed("data", "partition")) and isinstance(values.get("algo"), dict):
+        values["algo"] = {k: v for k, v in values["algo"].items() if k != "cohort_size"}  # its population's 10 of 50
     names: Any = grid.get("algorithm") or [{**values, **user}.get("algorithm", ExperimentConfig.algorithm)]
     if algorithm_keys and all(isinstance(n, str) and n in ALGORITHMS for n in names) \
             and isinstance(values.get("algo"), dict):

@@ -11,9 +11,9 @@ import pytest
 import fljax
 from fljax.algorithms import ALGORITHMS, Algorithm, FedAvg, FedProx
 from fljax.cli import main
-from fljax.config import load_config
+from fljax.config import apply_overrides, load_config
 from fljax.errors import ConfigError, OptionError
-from fljax.experiment import Experiment, preset, resolve
+from fljax.experiment import Experiment, preset, quickstart, resolve
 
 PACKAGE = os.path.dirname(os.path.abspath(fljax.__file__))
 OUTER = ("fljax.api", "fljax.cli", "fljax.config", "fljax.experiment", "fljax.runner")
@@ -189,6 +189,22 @@ def test_the_quick_start_preset_keeps_the_algo_keys_an_algorithm_declares():
         assert set(algo) == set(preset(path, {"algorithm": name}, algorithm_keys=False)["algo"]) & declared(name)
     assert preset(path, {"algorithm": "quped"})["algo"] == {"cohort_size": 10, "lr": 0.1, "batch_size": 10}  # no epochs
     assert FedAvg().lr == preset(path, {"algorithm": "fedavg"})["algo"]["lr"]
+
+
+def test_the_quick_start_cohort_belongs_to_its_population():
+    """The preset's 10 clients per round are 10 of its 50: a user's own population (``data.num_clients`` or a
+    partition) trains in full unless they choose a cohort, so ``num_clients=8`` is not refused for a cohort the user
+    never set (the algorithm's own default applies); their own cohort and the preset's population keep it."""
+    path = os.path.join(PACKAGE, "configs", "quickstart.yaml")
+    cohort = lambda user: preset(path, user)["algo"].get("cohort_size")  # noqa: E731
+    assert cohort({}) == 10 and cohort({"data": {"num_clients": 50}}) == 10
+    assert cohort({"data": {"num_clients": 8}}) is None and cohort({"data": {"partition": "meta_pairs"}}) is None
+    assert preset(path, {}, grid={"data.num_clients": [20, 50]})["algo"].get("cohort_size") is None
+    for sets, expected in ((["algorithm=augfl", "data.num_clients=8"], None),  # AugFL's own default: all
+                           (["algorithm=augfl", "data.num_clients=8", "algo.cohort_size=4"], 4),
+                           (["data.num_clients=80"], FedAvg().cohort_size)):
+        base = quickstart(apply_overrides({}, sets))  # as `fljax run --set ...` without a config
+        assert resolve(load_config(None, sets, base=base)).algorithm.cohort_size == expected
 
 
 @pytest.mark.parametrize("name,key,value", [("local", "weighting", "uniform"), ("quped_local", "weighting", "samples"),

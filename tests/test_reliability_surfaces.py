@@ -54,6 +54,9 @@ def _lines(text: str) -> list[str]:
 class _Hyper:
     lr: float
 
+    def hyperparameters(self) -> dict:
+        return dataclasses.asdict(self)
+
 
 class _FakeRun:
     """What group_runs reads of a run: its config, its algorithm's hyperparameters, its data and start round."""
