@@ -358,7 +358,7 @@ def cmd_reproduce(args) -> int:
     only = _only(args.only, study)
     output = _output(args)
     if args.render:
-        text = render_study(results_from_file(study, out), out)
+        text = render_study(results_from_file(study, out, only), out)
     else:
         for key, most in (("seeds", RUNS_MAX), ("rounds", INT32_MAX), ("jobs", JOBS_MAX)):
             value = getattr(args, key)
@@ -471,7 +471,8 @@ def make_parser() -> argparse.ArgumentParser:
     rp.add_argument("--rounds", type=int, metavar="T", help="rounds per run (default: the file's; a quick look)")
     rp.add_argument("--jobs", type=int, metavar="N", help="worker processes (default 1)")
     rp.add_argument("--out", metavar="DIR", help="output folder (default: the file's, benchmarks/results/NAME)")
-    rp.add_argument("--render", action="store_true", help="only rebuild README.md and plots from results.json.gz")
+    rp.add_argument("--render", action="store_true", help="only rebuild README.md and plots from results.json.gz "
+                    "(without it: from the runs finished in DIR/runs)")
     rp.add_argument("--fresh", action="store_true", help="ignore the runs already in DIR/runs")
     rp.add_argument("--lanes", choices=("vmap", "map", "off"), default=None,
                     help="how runs that can share a program run (default: the study file's, else vmap; see fljax "

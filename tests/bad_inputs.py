@@ -259,6 +259,8 @@ CASES = [
                                                                    "their seeds = 60,000 runs, more than the 10,000"),
     _case(_STUDIES, "reproduce dfedalt --rounds 0", "--rounds must be between 1 and 2,147,483,647, got 0."),
     _case(_STUDIES, "reproduce dfedalt --jobs 0", "--jobs must be between 1 and 1,024, got 0."),
+    _case(_STUDIES, "reproduce dfedalt --render --only table --out st", "st/results.json.gz does not exist and "
+                    "st/runs holds no finished run of table; run the study first (without --render)."),
     _case(_STUDIES, "reproduce dfedalt --out r", "--out: 'r' holds a run, not a study; continue it with `fljax run "
                                                  "--resume --out r`", [_RUN]),
     _case(_RESUME, "run --resume --out c", "--resume: 'c' holds a comparison, not a run; continue it with `fljax "

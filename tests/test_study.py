@@ -10,8 +10,9 @@ import pytest
 from fljax.cli import main
 from fljax.errors import ConfigError
 from fljax.runner import files
-from fljax.runner.study import _experiments, evaluate, load_study, results_from_file, run_study, study_names
-from fljax.runner.tables import value_text
+from fljax.runner.study import (StudyResults, _experiments, evaluate, load_study, results_from_file, run_study,
+                                study_names)
+from fljax.runner.tables import render_report, value_text
 
 STUDY = textwrap.dedent("""
     title: A tiny study
@@ -99,6 +100,13 @@ def test_run_report_reuse_and_render(tiny, tmp_path, monkeypatch):
     assert results.meta["runs"] == 8 and results.meta["computed"] == 8
     readme = open(os.path.join(out, "README.md")).read()
     assert "## Main" in readme and "| FedAvg" in readme and "90.0" in readme and "## LR" in readme
+    assert "Not run" not in readme
+    # a report rendered before every run finished names the cells it lacks (a run shared by two cells: both)
+    shared = next(c for c in results.cells if c.study == "lr" and c.labels["algo.lr"] == 0.1).key(1)
+    partial = render_report(StudyResults(tiny, results.cells, {k: v for k, v in results.runs.items() if k != shared},
+                                         results.meta))
+    assert ("**Not run**: 1 run of 2 cells, whose rows are missing or hold fewer seeds: main method = FedAvg, "
+            "split = iid; lr method = FedAvg, split = iid, algo.lr = 0.1.") in partial
     acc = results.final("main", "personal_acc", method="FedAvg", split="iid")
     assert acc.shape == (2,) and value_text(acc) in readme
     assert sorted(os.listdir(out)) == ["README.md", "curves.pdf", "curves.png", "directory.json", "lr.pdf", "lr.png",
@@ -126,6 +134,30 @@ def test_run_report_reuse_and_render(tiny, tmp_path, monkeypatch):
     changed.spec["base"]["rounds"] = 3
     with pytest.raises(ConfigError, match="other settings"):
         run_study(changed, out)
+
+
+def test_render_of_an_interrupted_study_reads_its_finished_runs(tiny, tmp_path):
+    """Without results.json.gz (a study stopped before its end), ``--render`` reports the chosen studies' runs that
+    finished in runs/ (of the study's settings) and names the cells it lacks; with none finished it refuses."""
+    import shutil
+
+    out = str(tmp_path / "out")
+    full = run_study(tiny, out, only=["main"])
+    os.remove(os.path.join(out, "results.json.gz"))
+    root = os.path.join(out, "runs")
+    shutil.rmtree(os.path.join(root, "main.Local.iid.s1"))  # interrupted before Local's seed 1
+    lost = next(c for c in full.cells if c.labels["method"] == "Local").key(1)
+    results = results_from_file(tiny, out, ["main"])
+    assert set(results.runs) == set(full.runs) - {lost} and results.meta["computed"] == 3
+    np.testing.assert_array_equal(results.final("main", "personal_acc", method="FedAvg", split="iid"),
+                                  full.final("main", "personal_acc", method="FedAvg", split="iid"))
+    assert "**Not run**: 1 run of 1 cell" in render_report(results)
+    config = os.path.join(root, "main.FedAvg.iid.s0", "config.yaml")  # a run of other settings is not the cell's
+    files.write_text(config, open(config).read().replace("rounds: 2", "rounds: 3"))
+    assert len(results_from_file(tiny, out, ["main"]).runs) == 2
+    shutil.rmtree(root)
+    with pytest.raises(ConfigError, match="holds no finished run of main; run the study first"):
+        results_from_file(tiny, out, ["main"])
 
 
 def test_final_plot_against_a_measured_x_with_a_reference_level(tiny):

@@ -417,6 +417,25 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
     return results
 
 
+def _results_from_runs(study: Study, out: str, only: list[str] | None, path: str) -> StudyResults:
+    cells = study.cells(only)
+    experiments, names = _experiments(cells), _run_dir_names(cells)
+    runs = {}
+    for key, name in names.items():
+        d = RunDir(os.path.join(out, "runs", name))
+        saved = d.file("config.yaml")
+        if (os.path.exists(saved) and _same_settings(yaml_io.load(open(saved, "rb")), experiments[key].config)
+                and _completed(d.path, experiments[key].config)):  # a run of other settings is not this cell's
+            runs[key] = {"history": d.read_metrics(), "summary": d.read_summary()}
+    if not runs:
+        raise ConfigError(f"{path} does not exist and {os.path.join(out, 'runs')} holds no finished run of "
+                          f"{','.join(study.chosen(only))}; run the study first (without --render).")
+    meta = {"study": study.name, "title": study.title, "only": only or study.studies, "seeds": None,
+            "rounds": None, "runs": len(names), "computed": len(runs), "jobs": 1,
+            "lanes": study.spec.get("lanes", "vmap"), "wall_seconds": 0.0}
+    return StudyResults(study, cells, runs, meta)
+
+
 def _same_settings(saved: dict, cfg: ExperimentConfig) -> bool:
     """Whether a run directory's ``config.yaml`` asks for ``cfg``: read back through the config layer, so a section
     or option added since (at its default) does not count as a change, and one that no longer parses does."""
@@ -517,11 +536,12 @@ def claims_of(study: Study, results: StudyResults) -> list[tuple[str, str, str]]
     return getattr(importlib.import_module(module), function)(results)
 
 
-def results_from_file(study: Study, out: str) -> StudyResults:
-    """The results saved in ``out/results.json.gz`` (``--render``)."""
+def results_from_file(study: Study, out: str, only: list[str] | None = None) -> StudyResults:
+    """The results saved in ``out/results.json.gz`` (``--render``); without that file, the chosen studies' runs
+    that have finished in ``out/runs/`` (a report of an interrupted study, naming what was not run)."""
     path = os.path.join(out, "results.json.gz")
     if not os.path.exists(path):
-        raise ConfigError(f"{path} does not exist; run the study first (without --render).")
+        return _results_from_runs(study, out, only, path)
     saved = _results_file(path)
     try:
         cells = [Cell(**c) for c in saved["cells"]]

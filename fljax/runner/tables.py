@@ -148,6 +148,13 @@ def render_report(results) -> str:
              f"{wall / 60:.1f} min of wall time in the invocations that computed them). "
              + spec.get("values_note", "Values: final evaluation, unweighted mean over clients, mean ± std over seeds "
                                        "(sample std, ddof 1).")]
+    missing = [c for c in results.cells if any(c.key(seed) not in results.runs for seed in c.seeds)]
+    if missing:  # a report rendered before every run finished says which rows it lacks
+        count = len({c.key(s) for c in missing for s in c.seeds if c.key(s) not in results.runs})
+        parts += ["", f"**Not run**: {count} run{'s' * (count != 1)} of {len(missing)} "
+                      f"cell{'s' * (len(missing) != 1)}, whose rows are missing or hold fewer seeds: "
+                  + "; ".join(f"{c.study} " + ", ".join(f"{k} = {v}" for k, v in c.labels.items()) for c in missing)
+                  + "."]
     for t in spec.get("tables", []):
         if results.cell(t["study"]) is None:
             continue
