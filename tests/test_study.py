@@ -10,8 +10,8 @@ import pytest
 from fljax.cli import main
 from fljax.errors import ConfigError
 from fljax.runner import files
-from fljax.runner.study import (StudyResults, _experiments, evaluate, load_study, results_from_file, run_study,
-                                study_names)
+from fljax.runner.study import (StudyResults, _experiments, evaluate, load_study, render_study, results_from_file,
+                                run_study, study_names)
 from fljax.runner.tables import render_report, value_text
 
 STUDY = textwrap.dedent("""
@@ -151,10 +151,16 @@ def test_render_of_an_interrupted_study_reads_its_finished_runs(tiny, tmp_path):
     assert set(results.runs) == set(full.runs) - {lost} and results.meta["computed"] == 3
     np.testing.assert_array_equal(results.final("main", "personal_acc", method="FedAvg", split="iid"),
                                   full.final("main", "personal_acc", method="FedAvg", split="iid"))
-    assert "**Not run**: 1 run of 1 cell" in render_report(results)
+    report = render_report(results)
+    assert "**Not run**: 1 run of 1 cell" in report and "Runs: 4 (3 finished, read from the run directories" in report
+    render_study(results, out)  # its results.json.gz, then the rest run: the earlier invocations' time stays unknown
+    finished = run_study(tiny, out, only=["main"])
+    assert finished.meta["computed"] == 1 and finished.meta["wall_seconds"] is None and "Not run" not in open(
+        os.path.join(out, "README.md")).read()
+    os.remove(os.path.join(out, "results.json.gz"))
     config = os.path.join(root, "main.FedAvg.iid.s0", "config.yaml")  # a run of other settings is not the cell's
     files.write_text(config, open(config).read().replace("rounds: 2", "rounds: 3"))
-    assert len(results_from_file(tiny, out, ["main"]).runs) == 2
+    assert len(results_from_file(tiny, out, ["main"]).runs) == 3
     shutil.rmtree(root)
     with pytest.raises(ConfigError, match="holds no finished run of main; run the study first"):
         results_from_file(tiny, out, ["main"])

@@ -408,10 +408,10 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
         elif key in recorded:
             runs[key] = recorded[key]
     previous = _read_meta(out) if todo != list(names) else {}  # every run computed now: an earlier file is replaced
+    earlier = previous.get("wall_seconds", 0.0)  # None: a report rendered from run directories did not time them
     meta = {"study": study.name, "title": study.title, "only": only or study.studies, "seeds": seeds,
             "rounds": rounds, "runs": len(names), "computed": len(todo), "jobs": jobs, "lanes": lanes,
-            "wall_seconds": time.perf_counter() - t0 + (previous.get("wall_seconds", 0.0) if todo != list(names)
-                                                       else 0.0)}
+            "wall_seconds": None if earlier is None else time.perf_counter() - t0 + earlier}
     results = StudyResults(study, cells, runs, meta)
     render_study(results, out)
     return results
@@ -432,7 +432,7 @@ def _results_from_runs(study: Study, out: str, only: list[str] | None, path: str
                           f"{','.join(study.chosen(only))}; run the study first (without --render).")
     meta = {"study": study.name, "title": study.title, "only": only or study.studies, "seeds": None,
             "rounds": None, "runs": len(names), "computed": len(runs), "jobs": 1,
-            "lanes": study.spec.get("lanes", "vmap"), "wall_seconds": 0.0}
+            "lanes": study.spec.get("lanes", "vmap"), "wall_seconds": None}  # the runs' own times are in them
     return StudyResults(study, cells, runs, meta)
 
 

@@ -142,10 +142,13 @@ def render_report(results) -> str:
 
     spec, meta = results.study.spec, results.meta
     wall = meta.get("wall_seconds", 0.0)
+    made = (f"{meta.get('computed')} computed in this invocation, {meta.get('jobs')} job(s), {wall / 60:.1f} min of "
+            f"wall time in the invocations that computed them" if wall is not None else
+            f"{meta.get('computed')} finished, read from the run directories; the invocations' wall time was not "
+            f"recorded")
     parts = [f"# {results.study.title}", "",
              f"Command: `{_command(results)}`  ",
-             f"Runs: {meta.get('runs')} ({meta.get('computed')} computed in this invocation, {meta.get('jobs')} job(s), "
-             f"{wall / 60:.1f} min of wall time in the invocations that computed them). "
+             f"Runs: {meta.get('runs')} ({made}). "
              + spec.get("values_note", "Values: final evaluation, unweighted mean over clients, mean ± std over seeds "
                                        "(sample std, ddof 1).")]
     missing = [c for c in results.cells if any(c.key(seed) not in results.runs for seed in c.seeds)]
