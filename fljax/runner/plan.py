@@ -20,6 +20,7 @@ import json
 from typing import Any
 
 from fljax.config import to_dict
+from fljax.aggregation import traced
 from fljax.privacy import TRACED_NOISE
 
 __all__ = ["Program", "group_runs", "numeric", "traceable"]
@@ -34,19 +35,29 @@ def numeric(value) -> bool:
 
 def _key(cfg, drop_algo: set[str]) -> str:
     """The config as a program sees it: the per-lane keys and the traced ones (``drop_algo``: algorithm keys, and
-    ``privacy.noise_multiplier``, whose resolved value a grid of noise levels traces) left out."""
+    dotted keys of other sections — ``privacy.noise_multiplier``, whose resolved value a grid of noise levels traces,
+    ``attack.fraction``, ``aggregator.beta`` — ) left out."""
     values = {k: v for k, v in to_dict(cfg).items() if k not in NOT_IN_PROGRAM}
     values["algo"] = {k: v for k, v in values["algo"].items() if k not in drop_algo}
     if TRACED_NOISE in drop_algo and values.get("privacy"):  # given or calibrated from a target ε
         values["privacy"] = {k: v for k, v in values["privacy"].items()
                              if k not in ("noise_multiplier", "target_epsilon")}
+    for section in ("aggregator", "attack"):
+        if values.get(section):
+            values[section] = {k: v for k, v in values[section].items() if f"{section}.{k}" not in drop_algo}
     return json.dumps(values, sort_keys=True, default=str)
 
 
 def _private(run) -> dict:
-    """The privacy values the run may trace (:meth:`fljax.privacy.Privacy.traced`; empty without privacy)."""
+    """The values of other sections than ``algo`` the run may trace, by dotted key: client-level privacy's noise
+    multiplier (:meth:`fljax.privacy.Privacy.traced`), the aggregator's and the attack's numeric options
+    (:func:`fljax.aggregation.traced`)."""
     privacy = getattr(run, "privacy", None)
-    return {} if privacy is None else privacy.traced()
+    out = {} if privacy is None else dict(privacy.traced())
+    exp = getattr(run, "exp", None)
+    if exp is not None:
+        out.update(traced("aggregator", exp.aggregator), **traced("attack", exp.attack))
+    return out
 
 
 @dataclasses.dataclass
