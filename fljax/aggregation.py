@@ -114,8 +114,15 @@ class Attack(Options):
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
+    plants_trigger: ClassVar[bool] = False  # a backdoor: evaluation reports its attack success rate (triggered)
     fraction: float = option(0.2, "the share of the population that is malicious, drawn once per run (R4)",
                              between(0, 1))
+
+    def triggered(self, test):
+        """A backdoor's view of one client's test split (:attr:`plants_trigger`): every row stamped with the trigger
+        and labelled with the target, the mask keeping the rows whose true label is not the target; its accuracy is
+        the attack success rate."""
+        raise NotImplementedError
 
     def poison(self, train, malicious, key):
         """One client's train split as it trains on it (``malicious``: a traced bool; default: unchanged)."""

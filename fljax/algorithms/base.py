@@ -219,7 +219,34 @@ class Algorithm(Options):
             raise ValueError(f"{type(self).__name__}.eval_metrics returns {clash}, which clash with the accuracy "
                              f"summaries; rename them.")
         summary.update(extra)
+        attack = None if ctx.aggregator is None else ctx.aggregator.attack
+        if attack is not None:
+            summary.update(self._attacked(ctx, scored, states, shared, evaluate_client, stats, attack))
         return summary, per_client
+
+    def _attacked(self, ctx, scored, states, shared, evaluate_client, stats, attack) -> dict:
+        """Under an attack (robust spec): ``honest_{global,personal}_acc``, the mean accuracy of the honest clients
+        (the malicious ones' own test splits left out: clean accuracy), and for an attack that plants a trigger
+        (:meth:`fljax.aggregation.Attack.triggered`) ``{global,personal}_asr``, its attack success rate: the share
+        of the honest clients' triggered test rows whose true label is not the target that the model classifies as
+        the target (pooled over those rows)."""
+        from fljax.aggregation import malicious_mask
+
+        malicious = malicious_mask(ctx.malicious_key, ctx.num_clients, attack.fraction)[jnp.asarray(scored.client_ids)]
+        honest = ~malicious
+        out = {f"honest_{kind}_acc": summarize(s.replace(count=jnp.where(honest, s.count, 0)), kind)[f"{kind}_acc"]
+               for kind, s in stats.items()}
+        if attack.plants_trigger:
+            def triggered(g):
+                fn = evaluate_client(g)
+                return lambda inp: fn(inp.replace(test=attack.triggered(inp.test)))
+
+            hit = run_all(scored, triggered, shared, states, EVAL)
+            hit.pop("scalars", None)
+            for kind, s in hit.items():
+                hits, rows = jnp.sum(jnp.where(honest, s.correct, 0)), jnp.sum(jnp.where(honest, s.count, 0))
+                out[f"{kind}_asr"] = hits / jnp.maximum(rows, 1)
+        return out
 
 
 def _summaries(stats: TestStats, prefix: str) -> dict:
