@@ -166,6 +166,17 @@ def test_min_max_and_min_sum_follow_the_papers_search(perturbation, objective, k
         assert gamma > 0  # the search found a passing γ: the check above is not μ against μ
 
 
+@pytest.mark.parametrize("start,tol", [(1.0, 0.1), (10.0, 0.01)])
+def test_a_short_search_stops_where_the_papers_loop_stops(start, tol):
+    """A coarse search (4 and 10 halvings) whose last step passes: one step more or less moves γ visibly."""
+    valid, malicious = _masks(N, 3, 11)
+    d = _deltas(11, valid)
+    B = _flat(d)[np.asarray(valid & ~malicious)]
+    for attack, objective in ((A.min_max, "max"), (A.min_sum, "sum")):
+        want, _ = ref_min_max(B, "std", objective, start, tol)
+        _check_rows(attack(d, malicious, valid, perturbation="std", start=start, tol=tol), d, valid & malicious, want)
+
+
 def test_search_steps_match_the_while_loop():
     for start, tol in ((10.0, 1e-5), (1.0, 0.25), (5.0, 1e-3)):
         gamma, step, good, t = start, start, 0.0, 0

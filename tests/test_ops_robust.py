@@ -166,11 +166,11 @@ def test_median_and_trimmed_mean_follow_their_definitions_over_the_valid_slots(k
 
 
 def test_trimmed_mean_counts_a_decimal_beta_exactly():
-    """β = 0.35 of k = 20 trims 7 (0.35·20 is 6.99999988 in float32): a 20-slot cohort whose 7 largest values per
-    coordinate are far out."""
-    x = np.concatenate([np.arange(13, dtype=np.float32), np.full(7, 1e6, np.float32)])[:, None]
-    got, _ = J.trimmed_mean({"w": jnp.asarray(x)}, None, beta=0.35)
-    assert float(got["w"][0]) == pytest.approx(np.mean(np.arange(7, 13)))  # 9.5; trimming 6 keeps a 1e6
+    """β = 0.21 of k = 300 trims 63 (0.21·300 is 62.999996 in float32): a 300-slot cohort whose 63 largest values
+    are far out; trimming 62 would keep one of them."""
+    x = np.concatenate([np.arange(237, dtype=np.float32), np.full(63, 1e6, np.float32)])[:, None]
+    got, _ = J.trimmed_mean({"w": jnp.asarray(x)}, None, beta=0.21)
+    assert float(got["w"][0]) == pytest.approx(np.mean(np.arange(63, 237)))
 
 
 @pytest.mark.parametrize("k", [6, 5])
@@ -191,10 +191,11 @@ def test_mean_is_the_weighted_mean_bit_for_bit():
                       (jax.jit(R.mean)(u, None, w)[0], jitted), (jax.jit(R.mean)(u, valid, w)[0], jitted)):
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
             assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
-    junk = _uploads(3, valid)  # NaN in invalid rows never enters
-    _close(J.mean(junk, valid, w)[0], _unflat(np.asarray(w)[np.asarray(valid)] @ _flat(junk)[np.asarray(valid)]
-                                             / float(jnp.sum(w)), junk))
-    np.testing.assert_array_equal(J.mean(junk, valid, w)[1], np.asarray(valid, np.float32))
+    junk = _uploads(3, valid)  # NaN in invalid rows never enters, nor does a weight given to an invalid slot
+    w_all = w + jnp.where(valid, 0.0, 5.0)
+    idx = np.asarray(valid)
+    _close(J.mean(junk, valid, w_all)[0], _unflat(np.asarray(w)[idx] @ _flat(junk)[idx] / float(jnp.sum(w)), junk))
+    np.testing.assert_array_equal(J.mean(junk, valid, w_all)[1], np.asarray(valid, np.float32))
 
 
 # --------------------------------------------------------------------------------------------- Krum family

@@ -13,8 +13,8 @@ formulas are the cohort's counts of valid and of valid malicious rows (traced). 
 * :func:`gaussian`: N(0, σ²I), each malicious client its own draw (per-client keys ``[n]``; a common baseline).
 * :func:`alie` (Baruch et al. 2019, "A Little Is Enough", Algorithm 1): μ_j − z_max·σ_j per coordinate, μ and σ the
   mean and standard deviation of the benign uploads, s = ⌊n/2 + 1⌋ − f, z_max = Φ⁻¹((n − s)/n). σ is the sample
-  standard deviation (ddof 1, as the attacks' reference code, PyTorch's ``std``, computes it; ``ddof=0`` for the
-  population one). With a malicious majority (s ≤ 0, where Φ⁻¹ would be +∞) s is taken as 1. Some implementations
+  standard deviation (ddof 1, PyTorch's ``std``, which Blades' ALIE uses; ``ddof=0`` for the population one, as
+  FLPoison's). With a malicious majority (s ≤ 0, where Φ⁻¹ would be +∞) s is taken as 1. Some implementations
   (Blades, FLPoison) use (n − f − s)/(n − f) and μ + z·σ; fljax follows the paper and the spec.
 * :func:`ipm` (Xie et al. 2020, "Fall of Empires: Breaking Byzantine-tolerant SGD by Inner Product Manipulation",
   Section 3): −ε·μ (ε = 0.1 defeats median-type rules, ε = 100 the mean).
@@ -214,13 +214,13 @@ def _rows(fn: Callable, *trees) -> jax.Array:
     return sum(parts[1:], parts[0])
 
 
-def _min_max_or_sum(deltas, malicious, valid, perturbation, start, tol, ddof, objective):
+def _min_max_or_sum(deltas, malicious, valid, perturbation, start, tol, objective):
     if perturbation not in PERTURBATIONS:
         raise OptionError("perturbation", f"must be one of {', '.join(PERTURBATIONS)}, got {perturbation!r}.")
     from fljax.ops.robust import pairwise_sq_dists
 
     def crafted(benign):
-        mu, sigma, _ = _stats(deltas, benign, ddof)
+        mu, sigma, _ = _stats(deltas, benign, 1)
         if perturbation == "unit":
             norm = T.norm(mu)
             p = jax.tree.map(lambda m: -m / jnp.where(norm > 0, norm, 1.0), mu)
@@ -246,17 +246,18 @@ def _min_max_or_sum(deltas, malicious, valid, perturbation, start, tol, ddof, ob
     return _craft(deltas, malicious, valid, crafted)
 
 
-def min_max(deltas: PyTree, malicious, valid=None, *, perturbation="unit", start=10.0, tol=1e-5, ddof=1) -> PyTree:
+def min_max(deltas: PyTree, malicious, valid=None, *, perturbation="unit", start=10.0, tol=1e-5) -> PyTree:
     """Min-Max (Shejwalkar & Houmansadr 2021, Eq. 5): μ + γp with the largest γ (halving search, R6) such that the
     crafted upload's largest distance to a benign upload is at most the largest benign pairwise distance.
-    ``perturbation`` (static) picks p; ``start`` and ``tol`` (Python floats) fix the search; ``ddof`` is σ's."""
-    return _min_max_or_sum(deltas, malicious, valid, perturbation, start, tol, ddof, "max")
+    ``perturbation`` (static) picks p; ``start`` and ``tol`` (Python floats) fix the search. σ is the sample std; its
+    scale is immaterial here, as γ absorbs it."""
+    return _min_max_or_sum(deltas, malicious, valid, perturbation, start, tol, "max")
 
 
-def min_sum(deltas: PyTree, malicious, valid=None, *, perturbation="unit", start=10.0, tol=1e-5, ddof=1) -> PyTree:
+def min_sum(deltas: PyTree, malicious, valid=None, *, perturbation="unit", start=10.0, tol=1e-5) -> PyTree:
     """Min-Sum (Shejwalkar & Houmansadr 2021, Eq. 6): as :func:`min_max` with the condition
     Σ_j ‖m − b_j‖² ≤ max_i Σ_j ‖b_i − b_j‖² over the benign uploads."""
-    return _min_max_or_sum(deltas, malicious, valid, perturbation, start, tol, ddof, "sum")
+    return _min_max_or_sum(deltas, malicious, valid, perturbation, start, tol, "sum")
 
 
 MODEL_ATTACKS: dict[str, Callable] = {"sign_flip": sign_flip, "scale": scale, "gaussian": gaussian, "alie": alie,

@@ -213,7 +213,7 @@ def median(uploads: PyTree, valid=None, weights=None) -> tuple[PyTree, jax.Array
 
 def _trim_count(beta, k):
     """b = ⌊β·k⌋, with β·k evaluated in float32 plus 1e-4 so that a decimal β trims what its decimal says
-    (0.35·20 is 6.99999988 in float32), and at most ⌊(k − 1)/2⌋ so that one value (odd k) or two (even k) are
+    (0.21·300 is 62.999996 in float32), and at most ⌊(k − 1)/2⌋ so that one value (odd k) or two (even k) are
     left: a β that would trim every valid value at run time gives the median."""
     b = jnp.floor(jnp.asarray(beta, jnp.float32) * k + 1e-4).astype(jnp.int32)
     return jnp.maximum(jnp.minimum(b, (k - 1) // 2), 0)
