@@ -369,7 +369,8 @@ def test_checks_refuse_impossible_options_with_one_line_errors():
              (("multi_krum", 7), {"f": 2, "m": 6}, "m", "n − f = 5"), (("krum", 7), {"f": -1}, "f", "non-negative"),
              (("trimmed_mean", 10), {"beta": 0.5}, "beta", "leaving none"),
              (("trimmed_mean", 4), {"beta": 0.5}, "beta", "leaving none"),
-             (("norm_bound", 3), {"bound": 0}, "bound", "positive"), (("centered_clip", 3), {"tau": -1}, "tau", "positive"),
+             (("norm_bound", 3), {"bound": 0}, "bound", "positive"),
+             (("centered_clip", 3), {"tau": -1}, "tau", "positive"),
              (("geometric_median", 3), {"iters": 0}, "iters", "≥ 1"), (("median", 3), {"beta": 0.1}, "beta", "not an"),
              (("krum", 7), {}, "f", "required"), (("kurm", 7), {}, "rule", "krum")]
     for (rule, n), options, key, text in cases:

@@ -59,6 +59,7 @@ import numpy as np
 
 from fljax import tree as T
 from fljax.errors import OptionError
+from fljax.ops.robust import pairwise_sq_dists, row_dots, row_sq_norms
 
 PyTree = Any
 
@@ -207,17 +208,9 @@ def _halving_search(ok: Callable, start: float, tol: float):
     return jax.lax.fori_loop(0, search_steps(start, tol), step, init)[2]
 
 
-def _rows(fn: Callable, *trees) -> jax.Array:
-    """Σ over leaves of ``fn(*leaves as [n, d_l])`` → ``[n]``."""
-    parts = [fn(*(x.reshape(x.shape[0], -1).astype(_acc(x)) for x in leaves))
-             for leaves in zip(*(jax.tree.leaves(t) for t in trees))]
-    return sum(parts[1:], parts[0])
-
-
 def _min_max_or_sum(deltas, malicious, valid, perturbation, start, tol, objective):
     if perturbation not in PERTURBATIONS:
         raise OptionError("perturbation", f"must be one of {', '.join(PERTURBATIONS)}, got {perturbation!r}.")
-    from fljax.ops.robust import pairwise_sq_dists
 
     def crafted(benign):
         mu, sigma, _ = _stats(deltas, benign, 1)
@@ -229,8 +222,7 @@ def _min_max_or_sum(deltas, malicious, valid, perturbation, start, tol, objectiv
         else:
             p = jax.tree.map(lambda m: -jnp.sign(m), mu)
         gap = jax.tree.map(lambda x, m: m[None] - x, deltas, mu)          # μ − b_j
-        a = _rows(lambda g: jnp.sum(g * g, axis=1), gap)                  # ‖μ − b_j‖²
-        c = _rows(lambda g, q: g @ q.reshape(-1), gap, jax.tree.map(lambda q: q[None], p))  # ⟨p, μ − b_j⟩
+        a, c = row_sq_norms(gap), row_dots(gap, p)                         # ‖μ − b_j‖², ⟨p, μ − b_j⟩
         q = T.sq_norm(p)
         d2 = pairwise_sq_dists(deltas, benign)
         pair = benign[:, None] & benign[None, :]

@@ -86,9 +86,9 @@ from fljax.errors import OptionError
 PyTree = Any
 
 __all__ = ["mean", "median", "trimmed_mean", "krum_scores", "krum", "multi_krum", "bulyan", "geometric_median",
-           "centered_clip", "norm_bound", "fltrust", "pairwise_sq_dists", "RULES", "check_rule", "check_trimmed_mean",
-           "check_krum", "check_multi_krum", "check_bulyan", "check_geometric_median", "check_centered_clip",
-           "check_norm_bound"]
+           "centered_clip", "norm_bound", "fltrust", "pairwise_sq_dists", "row_sq_norms", "row_dots", "RULES",
+           "check_rule", "check_trimmed_mean", "check_krum", "check_multi_krum", "check_bulyan",
+           "check_geometric_median", "check_centered_clip", "check_norm_bound"]
 
 HIGHEST = jax.lax.Precision.HIGHEST  # float32 products on accelerators (no TF32/bf16 passes)
 
@@ -117,13 +117,13 @@ def _rows(fn: Callable, uploads: PyTree) -> jax.Array:
     return sum(leaves[1:], leaves[0])
 
 
-def _row_sq_norms(uploads: PyTree) -> jax.Array:
-    """‖u_i‖² of every upload, ``[n]``."""
+def row_sq_norms(uploads: PyTree) -> jax.Array:
+    """``[n]``: ‖u_i‖² of every upload over all its leaves (float32 or wider)."""
     return _rows(lambda x: jnp.sum(x * x, axis=1), uploads)
 
 
-def _row_dots(uploads: PyTree, g: PyTree) -> jax.Array:
-    """⟨u_i, g⟩ of every upload, ``[n]``."""
+def row_dots(uploads: PyTree, g: PyTree) -> jax.Array:
+    """``[n]``: ⟨u_i, g⟩ of every upload with one tree ``g`` (no client axis), over all leaves."""
     leaves = [jnp.dot(x.reshape(x.shape[0], -1).astype(_acc(x)), y.reshape(-1).astype(_acc(x)), precision=HIGHEST)
               for x, y in zip(jax.tree.leaves(uploads), jax.tree.leaves(g))]
     return sum(leaves[1:], leaves[0])
@@ -331,7 +331,7 @@ def geometric_median(uploads: PyTree, valid=None, weights=None, *, iters=3, nu=1
     z, _ = mean(clean, None, p)
     share = p / jnp.maximum(jnp.sum(p), jnp.finfo(jnp.float32).tiny)
     for _ in range(iters):
-        dist = jnp.sqrt(_row_sq_norms(jax.tree.map(lambda x, c: x - c[None], clean, z)))
+        dist = jnp.sqrt(row_sq_norms(jax.tree.map(lambda x, c: x - c[None], clean, z)))
         beta = p / jnp.maximum(nu, dist)
         share = beta / jnp.maximum(jnp.sum(beta), jnp.finfo(jnp.float32).tiny)
         z = _combine(clean, share)
@@ -350,7 +350,7 @@ def centered_clip(uploads: PyTree, valid=None, weights=None, *, v0: PyTree, tau,
     z = jax.tree.map(lambda x, c: jnp.asarray(c).astype(x.dtype), clean, v0)
     for _ in range(iters):
         diff = jax.tree.map(lambda x, c: x - c[None], clean, z)
-        norm = jnp.sqrt(_row_sq_norms(diff))
+        norm = jnp.sqrt(row_sq_norms(diff))
         scale = jnp.where(norm > tau, tau / jnp.where(norm > 0, norm, 1.0), 1.0)
         step = _combine(diff, _share(v, k) * scale)
         z = jax.tree.map(lambda c, s: (c + s).astype(c.dtype), z, step)
@@ -363,7 +363,7 @@ def norm_bound(uploads: PyTree, valid=None, weights=None, *, bound) -> tuple[PyT
     may be traced. ``selected``: 1/k on the valid slots."""
     v = _valid(uploads, valid)
     clean = _clean(uploads, v)
-    norm = jnp.sqrt(_row_sq_norms(clean))
+    norm = jnp.sqrt(row_sq_norms(clean))
     scale = jnp.where(norm > bound, bound / jnp.where(norm > 0, norm, 1.0), 1.0)
     clipped = jax.tree.map(lambda x: jnp.where(
         (scale < 1).reshape((-1,) + (1,) * (x.ndim - 1)),
@@ -379,9 +379,9 @@ def fltrust(uploads: PyTree, valid=None, weights=None, *, g0: PyTree) -> tuple[P
     is 0/0; g₀ is the one update the server trusts). ``selected``: TS_i / Σ_j TS_j (all zero when Σ TS = 0)."""
     v = _valid(uploads, valid)
     clean = _clean(uploads, v)
-    norms = jnp.sqrt(_row_sq_norms(clean))
+    norms = jnp.sqrt(row_sq_norms(clean))
     g0_norm = T.norm(jax.tree.map(lambda x: x.astype(_acc(x)), g0))
-    cos = _row_dots(clean, g0) / jnp.where((norms > 0) & (g0_norm > 0), norms * g0_norm, 1.0)
+    cos = row_dots(clean, g0) / jnp.where((norms > 0) & (g0_norm > 0), norms * g0_norm, 1.0)
     ts = jnp.where(v, jnp.maximum(cos, 0.0), 0.0)
     total = jnp.sum(ts)
     share = ts / jnp.where(total > 0, total, 1.0)
