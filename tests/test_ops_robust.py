@@ -243,15 +243,14 @@ def test_bulyan_is_recursive_krum_then_the_beta_closest_to_the_median(k, f):
 
 
 def test_krum_family_selects_the_honest_cluster_against_outliers():
-    """A sanity check of the geometry: 8 uploads near 0, 3 far away; Krum and Bulyan with f = 3 pick from the
-    cluster."""
+    """The geometry the rules exist for: 8 uploads near 0 and 3 colluding ones near 50. Krum and Multi-Krum with
+    f = 3 (n = 11 ≥ 2f + 3), and Bulyan with f = 2 (n ≥ 4f + 3) although 3 are bad, pick only from the cluster."""
     rng = np.random.default_rng(5)
     x = np.concatenate([rng.normal(size=(8, 6)) * 0.1, 50 + rng.normal(size=(3, 6))])
     u = {"w": jnp.asarray(x, jnp.float32)}
     assert int(np.argmax(J.krum(u, None, f=3)[1])) < 8
     assert np.all(np.asarray(J.multi_krum(u, None, f=3)[1])[8:] == 0)
-    assert np.all(np.asarray(J.bulyan({"w": jnp.asarray(np.tile(x, (2, 1)), jnp.float32)[:11]}, None, f=2)[1])[8:]
-                  == 0)
+    assert np.all(np.asarray(J.bulyan(u, None, f=2)[1])[8:] == 0)
 
 
 # --------------------------------------------------------------------------------------------- norm-based
