@@ -89,7 +89,7 @@ def ref_median(V):
 
 def ref_trimmed(V, beta):
     k, d = V.shape
-    b = math.floor(beta * k + 1e-9)  # β as a decimal: 0.35·20 = 7
+    b = math.floor(beta * k + 1e-9)  # β as a decimal: 0.21·300 = 63
     return np.array([np.mean(sorted(V[:, c])[b:k - b]) for c in range(d)])
 
 
