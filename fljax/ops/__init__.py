@@ -1,13 +1,17 @@
 """fljax.ops: composable pytree transformations (prox, gossip, ADMM, SAM, partitions, sparse masks, quantizers,
-schedules, distillation, meta-gradients, differential privacy, compressed uploads). Each operator is a small pure
+schedules, distillation, meta-gradients, differential privacy, compressed uploads, robust aggregation rules and
+attacks). Each operator is a small pure
 function on pytrees, safe under ``jit`` and ``vmap`` over a leading client axis; see ``docs/ops.md`` for the API
 reference with formulas and paper equations (``docs/privacy.md`` for privacy and compression).
 
 The submodules are the primary namespaces (``ops.prox.L1``, ``ops.gossip.Ring``); the most used names are
 re-exported here. ``ops.gossip`` is the submodule, so the operator of the same name is called
 ``ops.gossip.gossip(W, tree)``; ``Identity`` exists in ``prox``, ``gossip`` and ``compress`` and is not re-exported.
+``ops.robust`` and ``ops.attacks`` re-export nothing (their ``mean``, ``median``, ``scale`` would shadow other names):
+call ``ops.robust.krum``, ``ops.attacks.alie``.
 """
-from fljax.ops import admm, compress, distill, gossip, meta, partition, privacy, prox, quant, sam, schedule, sparsity
+from fljax.ops import (admm, attacks, compress, distill, gossip, meta, partition, privacy, prox, quant, robust, sam,
+                       schedule, sparsity)
 from fljax.ops.admm import (admm_consensus, augmented_lagrangian, augmented_lagrangian_grad, cg_solver,
                             cholesky_solver, consensus_from_z, dual_ascent, gd_branch, inverse_solver, linearised_prox,
                             linearized_primal, woodbury_inverse_solver, woodbury_solver, z_form)
