@@ -32,7 +32,9 @@ import jax.numpy as jnp
 
 from fljax import tree
 from fljax.errors import OptionError
-from fljax.options import Options, Registry, between, option
+from fljax.ops import attacks as A
+from fljax.ops import robust as R
+from fljax.options import Options, Registry, at_least, between, greater_than, interval, one_of, option
 
 __all__ = ["RULES", "ATTACKS", "Rule", "Mean", "Attack", "Aggregator", "AggregatorState", "ServerState", "Keys",
            "WithAggregator",
@@ -51,12 +53,13 @@ class Rule(Options):
     ``name``. Robust rules (every rule but ``mean``) reduce the deltas Δ_i = u_i − w_t, unweighted over the valid
     uploads (R2); invalid slots never enter a median, a distance or a count (R1).
 
-    ``uses_f``: the rule's option ``f`` (the number of malicious uploads it tolerates) defaults to ⌈fraction·n⌉ of
-    the ``attack:`` section (R3)."""
+    ``selects``: the rule picks or weighs whole uploads (Krum, Multi-Krum, Bulyan, the geometric median), so the
+    share of its output taken by malicious uploads (``malicious_share``) says how often it picked one; coordinate-wise
+    and clipping rules mix every valid upload."""
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
-    uses_f: ClassVar[bool] = False
+    selects: ClassVar[bool] = False
 
     def init(self, delta_like) -> Any:
         """The rule's server state (``delta_like``: one upload's pytree; default: none, ``()``)."""
@@ -89,6 +92,143 @@ class Mean(Rule):
     def reduce(self, deltas, weights, valid, state, key):
         selected = weights / jnp.maximum(jnp.sum(weights), jnp.finfo(weights.dtype).tiny)
         return tree.weighted_mean_clients(deltas, weights), state, selected.astype(jnp.float32)
+
+
+def _f_for(rule: str, f, cohort: int, malicious: float | None) -> int:
+    """R3: the f a rule is told: the given one, else ⌈fraction·n⌉ of the attack section, else refused."""
+    if f is not None:
+        return f
+    if malicious is None:
+        raise OptionError("f", f"{rule} needs f, the number of malicious uploads it tolerates: set aggregator.f, or "
+                               f"an attack: section whose fraction gives it (R3: f = ⌈fraction·n⌉).")
+    return int(math.ceil(malicious * cohort - 1e-9))
+
+
+@dataclasses.dataclass(frozen=True)
+class Robust(Rule):
+    """A robust rule of :mod:`fljax.ops.robust` (``name`` is its key there): :meth:`reduce` calls it with the rule's
+    options, :meth:`with_cohort` checks them for the cohort (``check_<name>``)."""
+
+    def options(self, state) -> dict:
+        """The keyword options the op takes (its fields; run-time values from ``state``)."""
+        return {k: v for k, v in self.to_dict().items() if k != "name"}
+
+    def reduce(self, deltas, weights, valid, state, key):
+        delta, selected = R.RULES[self.name](deltas, valid, weights, **self.options(state))
+        return delta, state, selected
+
+    def with_cohort(self, cohort, malicious):
+        rule = self
+        if "f" in self.to_dict():
+            rule = dataclasses.replace(self, f=_f_for(self.name, self.f, cohort, malicious))
+        R.check_rule(self.name, cohort, **rule.options(()))
+        return rule
+
+
+@RULES.register
+@dataclasses.dataclass(frozen=True)
+class Median(Robust):
+    """Coordinate-wise median of the valid deltas (mean of the two middle values for an even count; Yin et al.
+    2018)."""
+
+    name = "median"
+    summary = "coordinate-wise median (Yin et al. 2018)"
+
+
+@RULES.register
+@dataclasses.dataclass(frozen=True)
+class TrimmedMean(Robust):
+    """Per coordinate, the mean of the valid values left after dropping the ⌊βk⌋ largest and ⌊βk⌋ smallest (Yin et
+    al. 2018, Definition 2)."""
+
+    name = "trimmed_mean"
+    summary = "coordinate-wise trimmed mean: drop the ⌊βk⌋ largest and smallest (Yin et al. 2018)"
+    beta: float = option(0.1, "β: the share trimmed from each end, in [0, 0.5)", interval(0, 0.5, "[)"))
+
+
+@RULES.register
+@dataclasses.dataclass(frozen=True)
+class Krum(Robust):
+    """The delta of least Krum score, score(i) = Σ of its squared distances to its k − f − 2 nearest other valid
+    deltas (Blanchard et al. 2017); needs n ≥ 2f + 3."""
+
+    name = "krum"
+    selects = True
+    summary = "Krum: the upload closest to its n − f − 2 nearest others (Blanchard et al. 2017)"
+    f: int | None = option(None, "malicious uploads tolerated (null: ⌈attack.fraction·n⌉, R3)", at_least(0))
+
+
+@RULES.register
+@dataclasses.dataclass(frozen=True)
+class MultiKrum(Robust):
+    """The mean of the m deltas of least Krum score (Blanchard et al. 2017; m = n − f by default)."""
+
+    name = "multi_krum"
+    selects = True
+    summary = "Multi-Krum: the mean of the m uploads of least Krum score (Blanchard et al. 2017)"
+    f: int | None = option(None, "malicious uploads tolerated (null: ⌈attack.fraction·n⌉, R3)", at_least(0))
+    m: int | None = option(None, "uploads averaged (null: n − f)", at_least(1))
+
+
+@RULES.register
+@dataclasses.dataclass(frozen=True)
+class Bulyan(Robust):
+    """θ = n − 2f deltas picked by recursive Krum, then per coordinate the mean of the β = θ − 2f picked values
+    closest to their median (El Mhamdi et al. 2018); needs n ≥ 4f + 3."""
+
+    name = "bulyan"
+    selects = True
+    summary = "Bulyan: recursive Krum, then a trimmed mean around the median (El Mhamdi et al. 2018)"
+    f: int | None = option(None, "malicious uploads tolerated (null: ⌈attack.fraction·n⌉, R3)", at_least(0))
+
+
+@RULES.register
+@dataclasses.dataclass(frozen=True)
+class GeometricMedian(Robust):
+    """RFA's smoothed Weiszfeld (Pillutla et al. 2022, Algorithm 2): T iterations of v ← Σ α_i u_i / Σ α_i,
+    α_i = p_i / max(ν, ‖v − u_i‖), from the weighted mean."""
+
+    name = "geometric_median"
+    selects = True
+    summary = "geometric median by RFA's smoothed Weiszfeld iterations (Pillutla et al. 2022)"
+    iters: int = option(3, "T: Weiszfeld iterations", at_least(1))
+    nu: float = option(1e-6, "ν: the smoothing of the weights α_i = p_i / max(ν, ‖v − u_i‖)", greater_than(0))
+
+
+@RULES.register
+@dataclasses.dataclass(frozen=True)
+class CenteredClip(Robust):
+    """Centered clipping (Karimireddy et al. 2021, Eq. 2): L times v ← v + (1/k) Σ (u_i − v)·min(1, τ/‖u_i − v‖),
+    v starting from the previous round's aggregate delta (the rule's state; zero at the start)."""
+
+    name = "centered_clip"
+    summary = "centered clipping around the previous aggregate (Karimireddy et al. 2021)"
+    tau: float = option(1.0, "τ: the clipping radius around the previous aggregate", greater_than(0))
+    iters: int = option(1, "L: clipping iterations per round", at_least(1))
+
+    def init(self, delta_like):
+        return tree.zeros_like(delta_like)
+
+    def options(self, state):
+        return {"tau": self.tau, "iters": self.iters, "v0": state}
+
+    def reduce(self, deltas, weights, valid, state, key):
+        delta, selected = R.centered_clip(deltas, valid, weights, **self.options(state))
+        return delta, delta, selected
+
+    def with_cohort(self, cohort, malicious):
+        R.check_centered_clip(cohort, self.tau, self.iters)
+        return self
+
+
+@RULES.register
+@dataclasses.dataclass(frozen=True)
+class NormBound(Robust):
+    """Norm bounding (Sun et al. 2019): every delta clipped to L2 norm M, then the weighted mean."""
+
+    name = "norm_bound"
+    summary = "norm bounding: clip every update to norm M, then the weighted mean (Sun et al. 2019)"
+    bound: float = option(1.0, "M: the L2 norm every update is clipped to", greater_than(0))
 
 
 # --------------------------------------------------------------------------------------------------------- attacks
@@ -145,6 +285,169 @@ class Attack(Options):
 
     def to_dict(self) -> dict:
         return {"name": self.name, **super().to_dict()}
+
+    def with_data(self, data) -> "Attack":
+        """This attack with what it needs of the run's data (its classes, a trigger's value), checked."""
+        return self
+
+    def with_cohort(self, cohort: int, server_lr: float) -> "Attack":
+        """This attack with the options that default from the cohort (``cohort`` n) and the server learning rate
+        η filled in."""
+        return self
+
+
+@ATTACKS.register
+@dataclasses.dataclass(frozen=True)
+class LabelFlip(Attack):
+    """Each malicious client trains honestly on flipped labels y → C − 1 − y (Tolpegin et al. 2020)."""
+
+    name = "label_flip"
+    summary = "malicious clients train on labels y → C − 1 − y (Tolpegin et al. 2020)"
+    num_classes: int = dataclasses.field(default=0, init=False)  # the data's classes C (with_data)
+
+    def with_data(self, data) -> "LabelFlip":
+        return _bound(self, num_classes=data.num_classes)
+
+    def poison(self, train, malicious, key):
+        y = A.flip_labels(train.y, self.num_classes, train.mask)
+        return train.replace(y=jnp.where(malicious, y, train.y))
+
+
+@ATTACKS.register
+@dataclasses.dataclass(frozen=True)
+class Backdoor(Attack):
+    """BadNets (Gu et al. 2017; Bagdasaryan et al. 2020): each malicious client stamps a trigger on a share of its
+    training rows and relabels them to the target class; the trigger is a 3×3 patch of the data's maximum in the
+    bottom-right corner of images, the last 3 features of feature vectors (:func:`fljax.ops.attacks.make_trigger`).
+    Evaluation reports the attack success rate (``global_asr``, ``personal_asr``)."""
+
+    name = "backdoor"
+    summary = "malicious clients plant a trigger relabelled to a target class (BadNets; ASR reported)"
+    plants_trigger = True
+    target: int = option(0, "the class triggered rows are relabelled to", at_least(0))
+    poison_fraction: float = option(0.5, "the share of a malicious client's training rows it stamps",
+                                    between(0, 1))
+    trigger: Any = dataclasses.field(default=None, init=False)  # the data's Trigger (with_data)
+
+    def with_data(self, data) -> "Backdoor":
+        A.check_backdoor(data.num_classes, self.target, self.poison_fraction)
+        if data.train.x.dtype.kind in "iu":
+            raise OptionError("attack.name", "'backdoor' on token sequences is not supported (its ASR would need the "
+                                             "trigger position's next-token prediction); use images or feature "
+                                             "vectors.")
+        return _bound(self, trigger=A.make_trigger(data.train.x, data.input_shape))
+
+    def poison(self, train, malicious, key):
+        x, y, rows = A.backdoor(key, train.x, train.y, train.mask, self.trigger, self.target, self.poison_fraction)
+        return train.replace(x=jnp.where(malicious, x, train.x), y=jnp.where(malicious, y, train.y))
+
+    def triggered(self, test):
+        return test.replace(x=self.trigger.stamp(test.x, test.mask), y=jnp.full_like(test.y, self.target),
+                            mask=test.mask & (test.y != self.target))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelPoisoning(Attack):
+    """An attack of :mod:`fljax.ops.attacks` on the uploads (``name`` is its key there), called with its options."""
+
+    def craft(self, deltas, malicious, valid, keys, key):
+        return A.MODEL_ATTACKS[self.name](deltas, malicious, valid, **self.crafting(keys))
+
+    def crafting(self, keys) -> dict:
+        return {k: v for k, v in self.to_dict().items() if k not in ("name", "fraction")}
+
+
+@ATTACKS.register
+@dataclasses.dataclass(frozen=True)
+class SignFlip(ModelPoisoning):
+    """−s·Δ_i: its honest update negated and scaled."""
+
+    name = "sign_flip"
+    summary = "send −s times the honest update"
+    s: float = option(4.0, "s: the scale of the negated update (4: at a 30 % share the mean steps against the honest "
+                           "update, 0.7 − 0.3·4 < 0; 1 only slows it)", at_least(0))
+
+
+@ATTACKS.register
+@dataclasses.dataclass(frozen=True)
+class Scale(ModelPoisoning):
+    """γ·Δ_i; γ = n/η is model replacement (Bagdasaryan et al. 2020, Eq. 3)."""
+
+    name = "scale"
+    summary = "send γ times the honest update (γ = n/η: model replacement, Bagdasaryan et al. 2020)"
+    gamma: float | None = option(None, "γ (null: n/η, the cohort over the server learning rate: model replacement)",
+                                 at_least(0))
+
+    def with_cohort(self, cohort: int, server_lr: float) -> "Scale":
+        return self if self.gamma is not None else dataclasses.replace(
+            self, gamma=A.replacement_scale(cohort, server_lr))
+
+
+@ATTACKS.register
+@dataclasses.dataclass(frozen=True)
+class Gaussian(ModelPoisoning):
+    """N(0, σ²I), each malicious client its own draw."""
+
+    name = "gaussian"
+    summary = "send Gaussian noise N(0, σ²I)"
+    sigma: float = option(1.0, "σ: the noise's standard deviation", at_least(0))
+
+    def crafting(self, keys):
+        return {"sigma": self.sigma, "keys": keys}
+
+
+@ATTACKS.register
+@dataclasses.dataclass(frozen=True)
+class ALIE(ModelPoisoning):
+    """A Little Is Enough (Baruch et al. 2019): μ − z_max·σ per coordinate over the cohort's benign uploads,
+    z_max = Φ⁻¹((n − s)/n), s = ⌊n/2 + 1⌋ − f (R5: omniscient, one crafted vector)."""
+
+    name = "alie"
+    summary = "A Little Is Enough: μ − z_max·σ of the benign uploads (Baruch et al. 2019)"
+
+
+@ATTACKS.register
+@dataclasses.dataclass(frozen=True)
+class IPM(ModelPoisoning):
+    """Inner product manipulation (Xie et al. 2020): −ε·μ of the benign uploads."""
+
+    name = "ipm"
+    summary = "inner product manipulation: −ε times the benign mean (Xie et al. 2020)"
+    eps: float = option(0.1, "ε (0.1 defeats median-type rules, 100 the mean)", at_least(0))
+
+
+@ATTACKS.register
+@dataclasses.dataclass(frozen=True)
+class MinMax(ModelPoisoning):
+    """Min-Max (Shejwalkar & Houmansadr 2021): μ + γp with the largest γ (halving search, R6) whose maximal distance
+    to a benign upload stays within the benign uploads' largest pairwise distance."""
+
+    name = "min_max"
+    summary = "Min-Max: the farthest μ + γp within the benign uploads' spread (Shejwalkar & Houmansadr 2021)"
+    perturbation: str = option("unit", "p: 'unit' (−μ/‖μ‖), 'std' (−σ) or 'sign' (−sign μ)",
+                               one_of(A.PERTURBATIONS))
+
+
+@ATTACKS.register
+@dataclasses.dataclass(frozen=True)
+class MinSum(ModelPoisoning):
+    """Min-Sum (Shejwalkar & Houmansadr 2021): as Min-Max with the sum of squared distances to the benign uploads
+    bounded by the largest such sum of a benign upload."""
+
+    name = "min_sum"
+    summary = "Min-Sum: μ + γp within the benign uploads' largest sum of squared distances (Shejwalkar & Houmansadr)"
+    perturbation: str = option("unit", "p: 'unit' (−μ/‖μ‖), 'std' (−σ) or 'sign' (−sign μ)",
+                               one_of(A.PERTURBATIONS))
+
+
+def _bound(attack: Attack, **facts) -> Attack:
+    """A copy of ``attack`` with its data facts (``init=False`` fields) set."""
+    import copy
+
+    out = copy.copy(attack)
+    for k, v in facts.items():
+        object.__setattr__(out, k, v)
+    return out
 
 
 # --------------------------------------------------------------------------------------------------- the value
@@ -232,8 +535,8 @@ class Aggregator:
         the round's :class:`Keys` (None for the default mean, which draws nothing).
 
         Metrics: the encoder's (``clip_norm``, ``unclipped_fraction``), and under an attack ``malicious_uploads``
-        (the malicious valid uploads of the round) and ``malicious_share`` (their share of the rule's output:
-        how often a selecting rule picked a malicious upload)."""
+        (the malicious valid uploads of the round) and, for a rule that :attr:`~Rule.selects`, ``malicious_share``
+        (their share of the rule's output: how often it picked a malicious upload)."""
         if self.is_default:
             return tree.weighted_mean_clients(uploads, weights), state, {}
         if ids is None:
@@ -279,9 +582,10 @@ class Aggregator:
                                                                    state.clients)
         if mal is not None:
             m = mal.astype(jnp.float32)
-            s = jnp.asarray(selected, jnp.float32)
-            metrics.update(malicious_uploads=jnp.sum(m),
-                           malicious_share=jnp.sum(s * m) / jnp.maximum(jnp.sum(s), 1e-30))
+            metrics["malicious_uploads"] = jnp.sum(m)
+            if self.rule.selects:
+                s = jnp.asarray(selected, jnp.float32)
+                metrics["malicious_share"] = jnp.sum(s * m) / jnp.maximum(jnp.sum(s), 1e-30)
         return aggregate, new_state, metrics
 
     def _robust(self, uploads, weights, valid, state, reference, key):
@@ -318,13 +622,16 @@ def check_combination(aggregator: Aggregator, algorithm, *, private: bool) -> No
     if aggregator.is_default:
         return
     if not algorithm.reads_aggregate:
-        what = ("an attack" if aggregator.attack is not None and isinstance(aggregator.rule, Mean)
-                else f"aggregator {aggregator.rule.name!r}")
-        raise OptionError("aggregator" if what.startswith("aggregator") else "attack",
-                          f"{what} needs a server that reads the uploads only through their aggregate; "
-                          f"{algorithm.name}'s server reads them otherwise ({algorithm.aggregate_note()}), so the "
-                          f"rule cannot replace its mean. Use an algorithm that averages models (e.g. fedavg, "
-                          f"fedprox, ditto, fedrep).")
+        attack_only = aggregator.attack is not None and isinstance(aggregator.rule, Mean)
+        key, what = ("attack", "an attack") if attack_only else ("aggregator", f"aggregator {aggregator.rule.name!r}")
+        if not algorithm.samples_cohorts:
+            raise OptionError(key, f"{what} needs a server; {algorithm.name}'s clients all take part every round and "
+                                   f"share their models by gossip (or solve a consensus problem), and robust gossip "
+                                   f"is not supported: use a server-based algorithm (e.g. fedavg, fedprox, ditto).")
+        raise OptionError(key, f"{what} needs a server that reads the uploads only through their aggregate; "
+                               f"{algorithm.name}'s server reads the stacked uploads themselves (sums, control "
+                               f"variates), so no rule can replace its mean: use an algorithm that averages models "
+                               f"(e.g. fedavg, fedprox, ditto, fedrep).")
     if private and not isinstance(aggregator.rule, Mean):
         raise OptionError("aggregator.name", f"{aggregator.rule.name!r} under client-level privacy is refused: the "
                                              f"Gaussian mechanism is calibrated to the sensitivity C/W of a clipped "

@@ -245,10 +245,13 @@ def _aggregation(cfg: ExperimentConfig, algorithm: Algorithm):
     if cfg.groups:
         raise OptionError(key, "runs on one homogeneous population; remove groups.")
     clients = cfg.data.num_train_clients
+    cohort = algorithm.participants(clients)
     try:
-        rule = rule.with_cohort(algorithm.participants(clients), None if attack is None else attack.fraction)
+        rule = rule.with_cohort(cohort, None if attack is None else attack.fraction)
     except OptionError as e:
         raise e.within("aggregator") from None
+    if attack is not None:
+        attack = attack.with_cohort(cohort, float(algorithm.hyperparameters().get("server_lr", 1.0)))
     check_combination(Aggregator(rule, attack=attack), algorithm,
                       private=cfg.privacy is not None and cfg.privacy.level == "client")
     return rule, attack
@@ -327,6 +330,16 @@ def privacy_of(exp: Experiment, data: "FederatedData"):
 def _in_privacy(e: OptionError) -> OptionError:
     """A privacy resolution's error with its key in the config: ``privacy.…``, but the participation's own keys."""
     return e if e.key.startswith("participation") else e.within("privacy")
+
+
+def _attack_on(attack, data):
+    """The attack with what it needs of ``data`` (:meth:`fljax.aggregation.Attack.with_data`), its key named."""
+    if attack is None:
+        return None
+    try:
+        return attack.with_data(data)
+    except OptionError as e:
+        raise (e if e.key.startswith("attack") else e.within("attack")) from None
 
 
 def _check_model_privacy(cfg: ExperimentConfig, model) -> None:
@@ -486,7 +499,8 @@ def build(exp: Experiment, data: "FederatedData", module=None) -> "Simulation":
                       conv_impl=cfg.model.conv_impl, groups=groups, precision=cfg.precision,
                       memory_budget=cfg.memory_budget, privacy=privacy_of(exp, data),
                       eval_clients=cfg.eval_clients, validated_for=cfg.data.num_train_clients,
-                      aggregator=exp.aggregator, attack=exp.attack, participation=exp.participation)
+                      aggregator=exp.aggregator, attack=_attack_on(exp.attack, data),
+                      participation=exp.participation)
 
 
 # ------------------------------------------------------------------------------------------------------ compare

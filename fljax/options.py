@@ -74,7 +74,8 @@ class Options:
         """Checks across fields (override; raise :class:`OptionError`)."""
 
     def to_dict(self) -> dict:
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        """The options by name (fields declared ``init=False`` are derived values, not options: left out)."""
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self) if f.init}
 
 
 def _is_array(value) -> bool:

@@ -56,7 +56,7 @@ def test_participation_and_aggregation_refusals_are_one_line():
 
     refused("participation", "clients all take part in every round", algorithm="dfedavg", algo={},
             participation={"name": "poisson"})
-    refused("attack", "reads the uploads only through their aggregate", algorithm="scaffold", algo={},
+    refused("attack", "reads the stacked uploads themselves", algorithm="scaffold", algo={},
             attack={"name": "sign_flip"})
     refused("privacy.sampling", "moved to participation.name", privacy={"noise_multiplier": 1.0, "clip_norm": 1.0,
                                                                          "sampling": "fixed"})

@@ -22,6 +22,9 @@ DEFAULT_DIVERGE_FACTOR = 1e3
 # per-round metrics an evaluation record reports as of its last round (a state, not a mean over the block): the upload
 # pipeline's clip norm C_t of that round and the fraction of its updates within C_t (fljax.privacy)
 LAST_ROUND = ("clip_norm", "unclipped_fraction")
+# per-round metrics an evaluation record reports as their mean over the block's rounds: under an attack the malicious
+# uploads of a round and their share of the aggregate (fljax.aggregation)
+BLOCK_MEAN = ("malicious_uploads", "malicious_share")
 
 
 class NonFiniteError(FloatingPointError):
@@ -60,13 +63,14 @@ class RunLog:
 
     def add_record(self, round_: int, metrics: dict, summary: dict) -> dict:
         """The evaluation record after round ``round_`` (``metrics``: the last block's per-round arrays): the
-        evaluation, the block's mean training loss, the :data:`LAST_ROUND` metrics of its last round, the cumulative
-        bytes and seconds."""
+        evaluation, the block's mean training loss and :data:`BLOCK_MEAN` metrics, the :data:`LAST_ROUND` metrics of
+        its last round, the cumulative bytes and seconds."""
         order = sorted(summary, key=lambda k: (not k.startswith("personal"), k))  # personalized first
         record = {"round": round_, **{k: float(summary[k]) for k in order}}
         if metrics.get("train_loss") is not None:
             record["train_loss"] = float(np.mean(metrics["train_loss"]))
         record.update({k: float(np.ravel(metrics[k])[-1]) for k in LAST_ROUND if k in metrics})
+        record.update({k: float(np.mean(metrics[k])) for k in BLOCK_MEAN if k in metrics})
         record.update(bytes_up=self.bytes_up, bytes_down=self.bytes_down, run_seconds=self.run_seconds)
         self.history.append(record)
         return record
