@@ -60,15 +60,17 @@ class Rule(Options):
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
     selects: ClassVar[bool] = False
+    needs_root: ClassVar[bool] = False  # it reads the server's own update on its root data (FLTrust)
 
     def init(self, delta_like) -> Any:
         """The rule's server state (``delta_like``: one upload's pytree; default: none, ``()``)."""
         return ()
 
-    def reduce(self, deltas, weights, valid, state, key) -> tuple[Any, Any, jax.Array]:
+    def reduce(self, deltas, weights, valid, state, key, root=None) -> tuple[Any, Any, jax.Array]:
         """``(aggregate delta, new state, selected)`` of the stacked ``deltas`` ``[n, …]`` (``weights`` [n],
-        ``valid`` [n] or None); ``selected`` [n]: each upload's share of the output (which the engine compares with
-        the malicious mask)."""
+        ``valid`` [n] or None; ``root``: the server's own delta on its root data, for a rule that
+        :attr:`needs_root`); ``selected`` [n]: each upload's share of the output (which the engine compares with the
+        malicious mask)."""
         raise NotImplementedError
 
     def with_cohort(self, cohort: int, malicious: float | None) -> "Rule":
@@ -89,7 +91,7 @@ class Mean(Rule):
     name = "mean"
     summary = "the weighted mean of the uploads (McMahan et al. 2017; the default)"
 
-    def reduce(self, deltas, weights, valid, state, key):
+    def reduce(self, deltas, weights, valid, state, key, root=None):
         selected = weights / jnp.maximum(jnp.sum(weights), jnp.finfo(weights.dtype).tiny)
         return tree.weighted_mean_clients(deltas, weights), state, selected.astype(jnp.float32)
 
@@ -113,7 +115,7 @@ class Robust(Rule):
         """The keyword options the op takes (its fields; run-time values from ``state``)."""
         return {k: v for k, v in self.to_dict().items() if k != "name"}
 
-    def reduce(self, deltas, weights, valid, state, key):
+    def reduce(self, deltas, weights, valid, state, key, root=None):
         delta, selected = R.RULES[self.name](deltas, valid, weights, **self.options(state))
         return delta, state, selected
 
@@ -212,7 +214,7 @@ class CenteredClip(Robust):
     def options(self, state):
         return {"tau": self.tau, "iters": self.iters, "v0": state}
 
-    def reduce(self, deltas, weights, valid, state, key):
+    def reduce(self, deltas, weights, valid, state, key, root=None):
         delta, selected = R.centered_clip(deltas, valid, weights, **self.options(state))
         return delta, delta, selected
 
@@ -229,6 +231,32 @@ class NormBound(Robust):
     name = "norm_bound"
     summary = "norm bounding: clip every update to norm M, then the weighted mean (Sun et al. 2019)"
     bound: float = option(1.0, "M: the L2 norm every update is clipped to", greater_than(0))
+
+
+@RULES.register
+@dataclasses.dataclass(frozen=True)
+class FLTrust(Robust):
+    """FLTrust (Cao et al. 2021, Eqs. 2–4): the server trains its own update g₀ from w_t on a small root set (the
+    data's server set, else ``root_size`` training rows drawn once, uniformly, from all clients' — the paper's
+    setting), TS_i = ReLU(cos(Δ_i, g₀)), Δ̄_i = Δ_i‖g₀‖/‖Δ_i‖, and the output Σ TS_i Δ̄_i / Σ TS_i (g₀ when every
+    TS_i is 0)."""
+
+    name = "fltrust"
+    summary = "FLTrust: uploads weighted by their cosine with the server's own update on root data (Cao et al. 2021)"
+    selects = True
+    needs_root = True
+    root_size: int = option(100, "rows of the server's root set when the data has no server set of its own",
+                            at_least(1))
+
+    def options(self, state):
+        return {}
+
+    def reduce(self, deltas, weights, valid, state, key, root=None):
+        delta, selected = R.fltrust(deltas, valid, weights, g0=root)
+        return delta, state, selected
+
+    def with_cohort(self, cohort, malicious):
+        return self
 
 
 # --------------------------------------------------------------------------------------------------------- attacks
@@ -528,11 +556,12 @@ class Aggregator:
 
     # ----------------------------------------------------------------------------------------------- round
     def apply(self, uploads, weights, valid, ids, state: AggregatorState | None, reference, keys: Keys | None,
-              num_clients: int):
+              num_clients: int, root=None):
         """``(aggregate, new state, metrics)`` of the cohort's stacked ``uploads`` ``[n, …]`` with ``weights`` [n]
         (zero on invalid slots), ``valid`` [n] (None: all valid), the slots' client ``ids`` [n] (``num_clients`` on
         an empty slot), the aggregator ``state`` (None when it has none), the broadcast model ``reference`` w_t and
-        the round's :class:`Keys` (None for the default mean, which draws nothing).
+        the round's :class:`Keys` (None for the default mean, which draws nothing); ``root``: the server's own delta
+        on its root data, for a rule that :attr:`~Rule.needs_root` (FLTrust's g₀).
 
         Metrics: the encoder's (``clip_norm``, ``unclipped_fraction``), and under an attack ``malicious_uploads``
         (the malicious valid uploads of the round) and, for a rule that :attr:`~Rule.selects`, ``malicious_share``
@@ -568,7 +597,7 @@ class Aggregator:
                 selected = weights / jnp.maximum(jnp.sum(weights), 1e-30)
             else:  # compressed uploads (no privacy: check_combination), reduced by the robust rule
                 aggregate, rule_state, selected = self._robust(contributions.value, weights, valid, rule_state,
-                                                               reference, keys.server)
+                                                               reference, keys.server, root)
             new_state = AggregatorState(ServerState(enc_state, rule_state), clients)
         elif isinstance(self.rule, Mean):
             aggregate = tree.weighted_mean_clients(uploads, weights)
@@ -577,7 +606,7 @@ class Aggregator:
         else:
             rule_state = None if server_state is None else server_state.rule
             aggregate, rule_state, selected = self._robust(uploads, weights, valid, rule_state, reference,
-                                                           keys.server)
+                                                           keys.server, root)
             new_state = None if state is None else AggregatorState(server_state.replace(rule=rule_state),
                                                                    state.clients)
         if mal is not None:
@@ -588,11 +617,11 @@ class Aggregator:
                 metrics["malicious_share"] = jnp.sum(s * m) / jnp.maximum(jnp.sum(s), 1e-30)
         return aggregate, new_state, metrics
 
-    def _robust(self, uploads, weights, valid, state, reference, key):
+    def _robust(self, uploads, weights, valid, state, reference, key, root):
         """A robust rule on the deltas relative to ``reference``: ``(reference + rule(Δ), state, selected)``."""
         n = tree.num_clients(uploads)
         deltas = tree.sub(uploads, tree.broadcast_clients(reference, n))
-        delta, state, selected = self.rule.reduce(deltas, weights, valid, state, key)
+        delta, state, selected = self.rule.reduce(deltas, weights, valid, state, key, root)
         return tree.add(reference, delta), state, selected
 
     # ------------------------------------------------------------------------------------------------ lanes

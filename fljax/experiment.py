@@ -332,6 +332,38 @@ def _in_privacy(e: OptionError) -> OptionError:
     return e if e.key.startswith("participation") else e.within("privacy")
 
 
+def _with_root(exp: Experiment, data: "FederatedData", model) -> "FederatedData":
+    """``data`` with the server's root set a rule that needs one reads (FLTrust): the data's own server set, else
+    ``root_size`` training rows drawn once, uniformly without replacement, from all clients' (seeded by the run
+    seed; Cao et al. 2021 sample the root set from the training data)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from fljax.data.federated import ServerData
+    from fljax.data.ragged import RaggedArrays
+
+    rule = exp.aggregator
+    if rule is None or not rule.needs_root:
+        return data
+    if model.has_mode:
+        raise OptionError("aggregator.name", f"{rule.name!r} trains the server's own update with the clients' update, "
+                                             f"which a model with BatchNorm or Dropout ({model.name}) runs with "
+                                             f"per-client statistics and masks; use a model without them.")
+    if data.server is not None:
+        return data
+    train = data.train
+    if isinstance(train, RaggedArrays):
+        total = int(np.sum(np.asarray(train.count)))
+        x, y = np.asarray(train.x)[:total], np.asarray(train.y)[:total]
+    else:
+        mask = np.asarray(train.mask, bool)
+        x, y = np.asarray(train.x)[mask], np.asarray(train.y)[mask]
+    if rule.root_size > len(y):
+        raise OptionError("aggregator.root_size", f"must be at most the {len(y)} training rows, got {rule.root_size}.")
+    rows = np.sort(np.random.default_rng([exp.seed, 0xF17]).choice(len(y), rule.root_size, replace=False))
+    return data.replace(server=ServerData(x=jnp.asarray(x[rows]), y=jnp.asarray(y[rows])))
+
+
 def _attack_on(attack, data):
     """The attack with what it needs of ``data`` (:meth:`fljax.aggregation.Attack.with_data`), its key named."""
     if attack is None:
@@ -495,6 +527,7 @@ def build(exp: Experiment, data: "FederatedData", module=None) -> "Simulation":
               for g in exp.groups] or None
     check_model_support(cfg.algorithm, model, groups=groups is not None)
     _check_model_privacy(cfg, model)
+    data = _with_root(exp, data, model)
     return Simulation(exp.algorithm, data, model, executor=cfg.executor, chunk_size=cfg.chunk_size, seed=cfg.seed,
                       conv_impl=cfg.model.conv_impl, groups=groups, precision=cfg.precision,
                       memory_budget=cfg.memory_budget, privacy=privacy_of(exp, data),

@@ -196,3 +196,31 @@ def test_impossible_combinations_are_refused_in_one_line():
             attack={"name": "sign_flip"})
     refused("attack.name", "must be one of", attack={"name": "sign_flp"})
     refused("attack.fraction", r"between 0 and 1", attack={"name": "alie", "fraction": 1.5})
+
+
+def test_fltrust_weighs_uploads_by_their_cosine_with_the_servers_own_update_on_root_data():
+    """FLTrust: the server's g₀ is its own client update from w_t on the root set (root_size training rows drawn from
+    the clients'), and the new model is w_t + fltrust(Δ; g₀) with Δ the clients' trained models' deltas."""
+    from fljax.algorithms.base import ClientInput
+    from fljax.data import ClientArrays
+
+    sim = _sim(aggregator={"name": "fltrust", "root_size": 20}, attack={"name": "sign_flip", "fraction": 0.25})
+    state = sim.init()
+    new, metrics = sim.run_rounds(state, 1, stack=False)
+    sim_root = sim.data.server
+    assert sim_root.y.shape == (20,)
+    rows = {tuple(np.asarray(r)) for r in np.asarray(sim.data.train.x)[np.asarray(sim.data.train.mask)]}
+    assert all(tuple(np.asarray(r)) in rows for r in np.asarray(sim_root.x))  # drawn from the clients' rows
+    w_t = state.server["params"]
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(state.key, 1), 0), 6)  # round 0's SERVER stream
+    root = ClientArrays(x=sim_root.x, y=sim_root.y, mask=jnp.ones(20, bool), count=jnp.int32(20), n_min=20, n_max=20)
+    inp = ClientInput(state={"params": jax.tree.map(jnp.zeros_like, w_t)}, train=root, key=key,
+                      round=jnp.int32(0), down=w_t, model=sim.model)
+    g0 = jax.tree.map(lambda a, b: a - b, sim.algorithm.client_update(inp).upload, w_t)
+    deltas = jax.tree.map(lambda w, s: s - w[None], w_t, new.clients["params"])
+    mal = malicious_mask(jax.random.fold_in(state.key, 9), 12, 0.25)
+    deltas = A.sign_flip(deltas, mal, None, s=4.0)
+    want, selected = R.fltrust(deltas, None, None, g0=g0)
+    for got, exp in zip(_leaves(new.server["params"]), _leaves(jax.tree.map(jnp.add, w_t, want))):
+        np.testing.assert_allclose(got, exp, rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(metrics["malicious_share"], float(jnp.sum(selected * mal)), rtol=1e-5, atol=1e-7)

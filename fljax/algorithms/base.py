@@ -29,7 +29,8 @@ from fljax import tree
 from fljax.aggregation import AggregatorState, Keys, WithAggregator
 from fljax.algorithms import model_state
 from fljax.engine.cohort import COHORT_MODES, entry_ids, run_all, run_cohort
-from fljax.engine.context import ATTACK, EVAL, INIT, NOISE, UPLOAD, RoundContext
+from fljax.data.federated import ClientArrays
+from fljax.engine.context import ATTACK, EVAL, INIT, NOISE, SERVER, UPLOAD, RoundContext
 from fljax.engine.evaluation import summarize
 from fljax.engine.protocol import ClientInput, ClientResult
 from fljax.errors import OptionError
@@ -413,12 +414,27 @@ class Aggregating(Centralized):
         raise NotImplementedError
 
     def server_round(self, ctx, server, clients, cohort, valid, result, state, down):
-        aggregator, ids, keys = ctx.aggregator, None, None
+        aggregator, ids, keys, root = ctx.aggregator, None, None, None
         if not aggregator.is_default:
             ids = entry_ids(ctx, cohort, self.cohort_mode, valid)
             safe = jnp.minimum(ids, ctx.num_clients - 1)
             keys = Keys(server=ctx.stream(NOISE), clients=ctx.client_keys(safe, UPLOAD), attack=ctx.stream(ATTACK),
                         attack_clients=ctx.client_keys(safe, ATTACK), malicious=ctx.malicious_key)
+        reference = self.upload_reference(down)
+        if aggregator.rule.needs_root:
+            root = tree.sub(self.root_update(ctx, clients, down), reference)
         aggregate, state, metrics = aggregator.apply(result.upload, self.aggregation_weights(result), result.valid,
-                                                     ids, state, self.upload_reference(down), keys, ctx.num_clients)
+                                                     ids, state, reference, keys, ctx.num_clients, root)
         return self.server_step(ctx, server, aggregate), state, metrics
+
+    def root_update(self, ctx: RoundContext, clients, down):
+        """FLTrust's server model update (Cao et al. 2021, Algorithm 1, ModelUpdate): the upload a client holding the
+        server's root set (``ctx.server``) would send from ``down``, by this algorithm's own client update, with a
+        fresh client's state (zeros shaped like a client's) and the server's stream of keys."""
+        root = ctx.server
+        n = root.y.shape[0]
+        train = ClientArrays(x=root.x, y=root.y, mask=jnp.ones((n,), bool), count=jnp.int32(n), n_min=n, n_max=n)
+        state = jax.tree.map(lambda a: jnp.zeros(a.shape[1:], a.dtype), clients)
+        inp = ClientInput(state=state, train=train, key=ctx.stream(SERVER), round=ctx.round, down=down,
+                          model=ctx.model, unroll=ctx.unroll, global_model=ctx.server_model)
+        return self.client_update(inp).upload
