@@ -50,7 +50,7 @@ EXAMPLES_COMPARE = """examples:
 {why}
 """
 EXAMPLES_TUNE = """examples:
-  fljax tune --algorithm fedavg --hp algo.lr --hp algo.server_lr --steps 0      # the hypergradient at the start
+  fljax tune --algorithm fedavg --hp algo.lr --hp algo.server_lr --steps 0 --set rounds=20   # the hypergradient
   fljax tune configs/fedavg.yaml --hp algo.lr --hp algo.server_lr --steps 20 --set rounds=30
   fljax tune --algorithm fedprox --hp algo.mu --mode forward --split test --keys fixed
 """
@@ -294,10 +294,15 @@ def cmd_tune(args) -> int:
     """Hypergradient descent on ``--hp`` (docs/tuning.md): the trajectory's table, ``tune.json``, ``tune.md`` and
     ``tune.png`` in the output directory (with ``--steps 0``: the hypergradient at the start)."""
     from fljax import api, hypergrad
+    from fljax.errors import OptionError
     from fljax.runner import files
 
     if not args.hp:
         raise ConfigError("fljax tune needs at least one --hp KEY (a continuous hyperparameter, e.g. --hp algo.lr).")
+    try:
+        hypergrad.check_tuning(args.steps, args.hyper_lr, args.keys)
+    except OptionError as e:
+        raise ConfigError(f"--{e.key.replace('_', '-')} {e.message}") from None
     cfg = _parse(args)
     exp = resolve(cfg)
     out = args.out or _default_out(f"tune-{exp.name}")

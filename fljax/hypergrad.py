@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fljax.algorithms.local_training import scanned_steps
 from fljax.data.federated import ClientArrays, FederatedData, pad_clients
 from fljax.data.ragged import RaggedArrays
 from fljax.engine.driver import Simulation
@@ -56,7 +57,7 @@ from fljax.options import suggest, type_hints
 
 __all__ = ["REMAT", "MODES", "SPLITS", "SPACES", "holdout", "traced_key", "config_key", "space_of", "RunObjective",
            "Hypergradient", "TuneStep", "TuneResult", "tune", "grid_search", "client_steps", "zero_note",
-           "objective_of", "trajectory_table", "plot_trajectory", "plot_surface", "continuous_keys"]
+           "objective_of", "check_tuning", "trajectory_table", "plot_trajectory", "plot_surface", "continuous_keys"]
 
 REMAT = ("none", "round", "block")  # what reverse mode stores (module docstring)
 MODES = ("reverse", "forward")
@@ -318,11 +319,15 @@ class RunObjective:
         state = jax.lax.scan(lambda s, _: (block(s), None), state, None, length=blocks)[0]
         return rounds(state, rest) if rest else state
 
-    def _static(self, what: str) -> tuple:
-        return (what, self.keys, self.rounds, self.last, self.remat, self.block, self.metric)
+    def _static(self, what: str, lanes: int = 1) -> tuple:
+        return (what, self.keys, self.rounds, self.last, self.remat, self.block, self.metric, lanes)
 
     def _program(self, what: str, fn, args, lanes: int = 1):
-        return self.sim.compiled(f"hypergrad_{what}", fn, args, self._static(what), lanes)
+        """``fn`` compiled through the simulation's cache, the clients' local steps traced as scans in every
+        program (:func:`fljax.algorithms.local_training.scanned_steps`: epochs over clients of different sizes are
+        otherwise a while loop, which reverse mode cannot go through), so that all of them compute one function."""
+        with scanned_steps():
+            return self.sim.compiled(f"hypergrad_{what}", fn, args, self._static(what, lanes), lanes)
 
     def _args(self, hp: dict, seed: int):
         return self.as_arrays({k: hp[k] for k in self.keys}), jax.random.PRNGKey(seed), self.sim.data, self.eval_data
@@ -352,15 +357,7 @@ class RunObjective:
         hp = self._check_hp(hp)
         args = self._args(hp, self.sim.seed if seed is None else seed)
         fn = jax.value_and_grad(self.loss) if mode == "reverse" else self._forward
-        try:
-            program = self._program(mode, fn, args)
-        except ValueError as e:  # JAX's refusal to transpose a while loop, at trace time
-            if mode != "reverse" or "while_loop" not in str(e):
-                raise
-            raise ConfigError("reverse mode cannot differentiate a loop whose length depends on the data: local "
-                              "epochs over clients of different sizes (algo.local_epochs) run each client's own "
-                              "number of steps in a while loop; use forward mode (--mode forward), or a fixed number "
-                              "of local steps (algo.local_steps, algo.local_epochs: null).") from None
+        program = self._program(mode, fn, args)
         t0 = time.perf_counter()
         value, grad = jax.block_until_ready(program(*args))
         seconds = time.perf_counter() - t0
@@ -380,7 +377,7 @@ class RunObjective:
         """XLA's count of the temporary bytes of this objective's compiled program ``what`` ('value', 'reverse',
         'forward', 'lanes'; None before it was compiled): its peak working memory beyond arguments and outputs."""
         plans = [plan for (name, static), plan in self.sim.memory_plans.items()
-                 if name == f"hypergrad_{what}" and static[:len(self._static(what))] == self._static(what)]
+                 if name == f"hypergrad_{what}" and static[:-1] == self._static(what)[:-1]]
         return plans[-1]["xla_temp_bytes"] if plans else None
 
     def values(self, points: list[dict], seed: int | None = None) -> np.ndarray:
@@ -390,8 +387,7 @@ class RunObjective:
         hp = self.as_arrays({k: np.array([p[k] for p in points]) for k in self.keys})
         _, key, data, eval_data = self._args(points[0], self.sim.seed if seed is None else seed)
         fn = jax.vmap(self.loss, in_axes=(0, None, None, None))
-        program = self.sim.compiled("hypergrad_lanes", fn, (hp, key, data, eval_data),
-                                    self._static("lanes") + (len(points),), len(points))
+        program = self._program("lanes", fn, (hp, key, data, eval_data), len(points))
         return np.asarray(program(hp, key, data, eval_data), float)
 
 
@@ -456,6 +452,17 @@ class TuneResult:
                 "trajectory": [dataclasses.asdict(s) for s in self.trajectory]}
 
 
+def check_tuning(steps: int, hyper_lr: float, keys: str) -> None:
+    """Refuse, in one line, impossible settings of :func:`tune`."""
+    if keys not in KEYS:
+        raise OptionError("keys", f"must be one of {list(KEYS)}, got {keys!r}.{suggest(str(keys), KEYS)}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise OptionError("steps", f"must be an integer >= 0 (hypergradient steps; 0: the hypergradient at the "
+                                   f"start), got {steps!r}.")
+    if not (isinstance(hyper_lr, (int, float)) and not isinstance(hyper_lr, bool) and hyper_lr > 0):
+        raise OptionError("hyper_lr", f"must be a number > 0 (the Adam step on log h), got {hyper_lr!r}.")
+
+
 def tune(objective: RunObjective, steps: int, *, hyper_lr: float = 0.1, keys: str = "redraw", seed: int = 0,
          start: dict | None = None, spaces: dict | None = None, mode: str = "reverse",
          callback=None) -> TuneResult:
@@ -465,12 +472,7 @@ def tune(objective: RunObjective, steps: int, *, hyper_lr: float = 0.1, keys: st
     ``steps + 1`` points of the trajectory each have their value and gradient (``steps=0``: the hypergradient at the
     start). A point whose loss or gradient is not finite is undone: the last finite point's step is taken again,
     half as long, and so is every later step. ``callback(TuneStep)`` sees every point."""
-    if keys not in KEYS:
-        raise OptionError("keys", f"must be one of {list(KEYS)}, got {keys!r}.{suggest(str(keys), KEYS)}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise OptionError("steps", f"must be an integer >= 0, got {steps!r}.")
-    if not (isinstance(hyper_lr, (int, float)) and not isinstance(hyper_lr, bool) and hyper_lr > 0):
-        raise OptionError("hyper_lr", f"must be a number > 0 (the Adam step on log h), got {hyper_lr!r}.")
+    check_tuning(steps, hyper_lr, keys)
     algo = objective.sim.algorithm
     spaces = {k: (spaces or {}).get(config_key(k)) or space_of(algo, k) for k in objective.keys}
     for k, s in spaces.items():

@@ -137,6 +137,28 @@ def test_every_rematerialisation_gives_the_same_value_and_gradient_and_the_lanes
         assert results["none"].value == pytest.approx(np.mean(scores), rel=1e-12)
 
 
+def test_local_epochs_over_clients_of_different_sizes_are_differentiated_through_their_scanned_steps(small):
+    """Epochs over clients of 16 and 17 rows (4 and 5 batches of 4) run a while loop over each client's own steps,
+    which reverse mode cannot transpose; the objective traces them as the masked scan over the schedule
+    (``scanned_steps``): its value is the run the driver computes with the while loop (Lanes, the same traced
+    values), and reverse mode, forward mode and the finite difference agree."""
+    from fljax.engine import Lanes
+
+    with jax.enable_x64(True):
+        uneven, val = H.holdout(_f64(small), 0.3, seed=0)
+        assert not make_algorithm("fedavg", local_epochs=1, batch_size=4).plan().every_step_active(
+            uneven.train.n_min, uneven.train.n_max)
+        sim = Simulation(make_algorithm("fedavg", lr=0.05, cohort_size=3, local_epochs=1, batch_size=4), uneven,
+                         _model("logreg", uneven), executor="vmap")
+        objective = H.RunObjective(sim, ["lr"], 3, eval_data=uneven.replace(test=val))
+        reverse, forward = objective.value_and_grad(seed=2), objective.value_and_grad(seed=2, mode="forward")
+        assert reverse.grad["algo.lr"] == pytest.approx(forward.grad["algo.lr"], rel=1e-10)
+        assert reverse.grad["algo.lr"] == pytest.approx(_finite_differences(objective, ["lr"], 2)["lr"], rel=1e-6)
+        lanes = Lanes(sim, [2], [uneven.replace(test=val)], hps=[objective.start], mode="map")
+        states, _ = lanes.run_rounds(lanes.init(), 3)
+        assert reverse.value == pytest.approx(float(lanes.evaluate(states)[0]["global_loss"][0]), rel=1e-12)
+
+
 def test_a_clip_norm_no_gradient_reaches_has_an_exactly_zero_hypergradient_and_an_active_one_agrees(tiny):
     """LocalTraining's clip_norm: above every local gradient's norm it never acts, and its hypergradient is exactly
     zero (named in ``zero`` and in a note); low enough to clip, it agrees with the finite difference."""
@@ -176,13 +198,6 @@ def test_what_has_no_gradient_is_refused_in_one_line(small):
         H.RunObjective(sim, ["lr"], 2, metric="global_los")
     with pytest.raises(OptionError, match="executor 'loop'"):
         H.RunObjective(Simulation(sim.algorithm, data, model, executor="loop"), ["lr"], 2)
-    uneven = H.holdout(data, 0.3)[0]  # clients of 16 and 17 rows: 4 and 5 batches of 4
-    epochs = Simulation(make_algorithm("fedavg", lr=0.05, cohort_size=3, local_epochs=1, batch_size=4), uneven,
-                        model, executor="vmap")
-    objective = H.RunObjective(epochs, ["lr"], 2)
-    with pytest.raises(ConfigError, match="reverse mode cannot differentiate a loop"):
-        objective.value_and_grad()
-    assert math.isfinite(objective.value_and_grad(mode="forward").grad["algo.lr"])  # forward mode goes through
 
 
 def test_holdout_moves_round_fraction_of_every_clients_rows_to_the_validation_split(small):
@@ -265,3 +280,60 @@ def test_a_diverged_step_is_redone_at_half_the_step(small):
         assert lrs[i] == pytest.approx(lrs[1] * math.exp(float(redo[0])), rel=1e-4)  # float32 Adam
     with pytest.raises(FloatingPointError, match="starting point"):
         H.tune(_Bowl(sim, ["lr"], 1), 1, start={"algo.lr": 20.0})
+
+
+def test_fljax_tune_writes_the_trajectory_fljax_tune_returns(tmp_path, capsys):
+    """``fljax tune`` and ``fljax.tune`` take the same path: the same trajectory (points, values, gradients), written
+    to tune.json and tune.md; a clip norm no gradient reaches gets its one warning line."""
+    import json
+
+    import fljax
+    from fljax.cli import main
+
+    sets = ["rounds=2", "data.num_clients=6", "algo.cohort_size=3", "algo.local_epochs=null", "algo.local_steps=2",
+            "algo.clip_norm=1e6", "model.options.hidden=[8]"]
+    argv = ["tune", "--algorithm", "fedavg", "--hp", "algo.lr", "--hp", "algo.clip_norm", "--steps", "1",
+            "--out", str(tmp_path / "t")] + [a for s in sets for a in ("--set", s)]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert err.count("fljax: warning: algo.clip_norm: its gradient is exactly zero") == 1
+    saved = json.loads((tmp_path / "t" / "tune.json").read_text())
+    assert [s["seed"] for s in saved["trajectory"]] == [0, 1] and saved["spaces"]["algo.lr"] == "log"
+    assert (tmp_path / "t" / "tune.png").exists() and "| step |" in (tmp_path / "t" / "tune.md").read_text()
+    algo = {"cohort_size": 3, "local_epochs": None, "local_steps": 2, "clip_norm": 1e6}
+    result = fljax.tune(hp=["algo.lr", "algo.clip_norm"], steps=1, rounds=2, algo=algo, algorithm="fedavg",
+                        data={"num_clients": 6}, model={"options": {"hidden": [8]}})
+    for point, step in zip(saved["trajectory"], result.trajectory):
+        assert point["hp"] == pytest.approx(step.hp, rel=1e-6) and point["value"] == pytest.approx(step.value,
+                                                                                                   rel=1e-6)
+        assert point["grad"]["algo.lr"] == pytest.approx(step.grad["algo.lr"], rel=1e-5)
+        assert step.grad["algo.clip_norm"] == 0.0
+    g = fljax.hypergradient(hp=["algo.lr"], rounds=2, algo=algo, algorithm="fedavg", data={"num_clients": 6},
+                            model={"options": {"hidden": [8]}}, mode="forward")
+    assert g.grad["algo.lr"] == pytest.approx(result.trajectory[0].grad["algo.lr"], rel=1e-4)
+
+
+def test_the_dp_noise_multiplier_has_the_finite_difference_hypergradient_under_a_fixed_key(tiny):
+    """DP-FedAvg's noise multiplier z is traced (``privacy.noise_multiplier``): with the key fixed, the noise z·C·ξ/W
+    is a smooth function of z and its hypergradient agrees with the finite difference, in both modes. The upload
+    pipeline computes its clip factors and weights in float32 (fljax.ops.privacy), so here the modes agree to
+    float32's precision, not float64's."""
+    from fljax.experiment import privacy_of, resolve
+    from fljax.config import ExperimentConfig, from_dict
+
+    with jax.enable_x64(True):
+        data = tiny[0]
+        exp = resolve(from_dict(ExperimentConfig, {
+            "algorithm": "fedavg", "data": {"dataset": "synthetic", "num_clients": data.num_clients},
+            "algo": {"lr": 0.05, "local_epochs": None, **LOCAL}, "rounds": 3,
+            "privacy": {"clip_norm": 0.5, "noise_multiplier": 0.3}}))
+        train, val = H.holdout(data, 0.25, seed=0)
+        sim = Simulation(exp.algorithm, train, _model("logreg", data), executor="vmap",
+                         privacy=privacy_of(exp, train))
+        objective = H.RunObjective(sim, ["privacy.noise_multiplier", "lr"], 3, eval_data=train.replace(test=val))
+        reverse, forward = objective.value_and_grad(seed=1), objective.value_and_grad(seed=1, mode="forward")
+        differences = _finite_differences(objective, ["privacy.noise_multiplier", "lr"], seed=1, rel=1e-2)  # float32 parts
+        for key, name in (("privacy.noise_multiplier", "privacy.noise_multiplier"), ("lr", "algo.lr")):
+            assert abs(reverse.grad[name]) > 1e-6
+            assert reverse.grad[name] == pytest.approx(forward.grad[name], rel=1e-6)
+            assert reverse.grad[name] == pytest.approx(differences[key], rel=1e-5)
