@@ -27,14 +27,12 @@ in MiB. Writes ``benchmarks/results/hypergrad.{json,md,png}``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
 import time
 
 import jax
-import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)

@@ -141,14 +141,15 @@ def hypergradient(config: ExperimentConfig | dict | None = None, *, hp: list[str
     return objective.value_and_grad(mode=mode)
 
 
-def tune(config: ExperimentConfig | dict | None = None, *, hp: list[str], steps: int = 10, hyper_lr: float = 0.1,
+def tune(config: ExperimentConfig | dict | None = None, *, hp: list[str], steps: int = 10, hyper_lr: float = 0.2,
          keys: str = "redraw", metric: str = "global_loss", split: str = "val", val_fraction: float = 0.2,
          last: int = 1, mode: str = "reverse", remat: str = "round", spaces: dict | None = None,
          **overrides) -> "TuneResult":
     """Hypergradient descent on the hyperparameters ``hp`` (config keys) of the run a config describes, as ``fljax
-    tune``: ``steps`` Adam steps of size ``hyper_lr`` on log h for positive hyperparameters (logit h in (0, 1),
-    ``spaces`` to choose), from the config's values, the run's key re-drawn every step (``keys='redraw'``: seed,
-    seed + 1, …) or ``'fixed'``; the objective as :func:`hypergradient`. Returns the trajectory
+    tune``: ``steps`` steps of length up to ``hyper_lr`` in log h for positive hyperparameters (logit h in (0, 1),
+    ``spaces`` to choose) along the negative hypergradient, each kept only where the run of the same key is better
+    (:func:`fljax.hypergrad.tune`), from the config's values, the run's key re-drawn every step (``keys='redraw'``:
+    seed, seed + 1, …) or ``'fixed'``; the objective as :func:`hypergradient`. Returns the trajectory
     (:class:`fljax.hypergrad.TuneResult`)."""
     from fljax.hypergrad import tune as descend
 

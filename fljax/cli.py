@@ -316,7 +316,7 @@ def cmd_tune(args) -> int:
         output.event("step", **dataclasses.asdict(step))
         output.note(f"step {step.step:>3}  " + "  ".join(f"{k} {v:.4g}" for k, v in step.hp.items())
                     + f"  {args.metric} {step.value:.5g}  " + "  ".join(f"d/d{k} {g:.4g}" for k, g in step.grad.items())
-                    + ("  (a redone step: the one before diverged)" if step.undone else ""))
+                    + f"  ({step.tries} tries, step length {step.hyper_lr:.3g})")
         for key in sorted(k for k, g in step.grad.items() if g == 0.0 and k not in noted):
             noted.add(key)
             output.warn(hypergrad.zero_note(key))
@@ -518,8 +518,9 @@ def make_parser() -> argparse.ArgumentParser:
     tn = sub.add_parser("tune", help="tune continuous hyperparameters by hypergradient descent through whole runs",
                         description="Differentiate a run's held-out loss with respect to continuous hyperparameters "
                         "(client and server learning rates, FedProx's mu, Ditto's lambda, the server optimizer's "
-                        "betas, ...) through every round, and descend on them: Adam steps on log h (logit h for "
-                        "values in (0, 1)), the run's key re-drawn every step. Writes tune.md, tune.json and "
+                        "betas, ...) through every round, and descend on them: steps on log h (logit h for values in "
+                        "(0, 1)) along the negative hypergradient, each kept only where the run of the same key is "
+                        "better, the run's key re-drawn every step. Writes tune.md, tune.json and "
                         "tune.png into --out. See docs/tuning.md.", epilog=EXAMPLES_TUNE, formatter_class=raw)
     tn.add_argument("config", nargs="?", help="YAML config file (optional; keys: see configs/README.md)")
     tn.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
@@ -530,7 +531,8 @@ def make_parser() -> argparse.ArgumentParser:
                     "--hp algo.lr (repeatable)")
     tn.add_argument("--steps", type=int, default=10, metavar="S", help="hypergradient steps (default 10; 0: only "
                     "the value and gradient at the start)")
-    tn.add_argument("--hyper-lr", type=float, default=0.1, metavar="A", help="Adam step size on log h (default 0.1)")
+    tn.add_argument("--hyper-lr", type=float, default=0.2, metavar="A", help="the longest step in log h (default "
+                    "0.2: a factor of 1.22); a step not better on its run is halved and tried again")
     tn.add_argument("--keys", choices=hypergrad_choices("KEYS"), default="redraw",
                     help="redraw: the run of seed + step at every step (default); fixed: the config's seed")
     tn.add_argument("--metric", default="global_loss", help="the evaluation loss to minimise (default global_loss; "

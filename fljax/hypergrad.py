@@ -28,10 +28,10 @@ accuracy). A hyperparameter whose gradient comes out exactly zero does not enter
 run (a clip norm no gradient reaches, a median, a value the algorithm ignores here): :attr:`Hypergradient.zero`
 names it.
 
-Tuning (:func:`tune`): hypergradient descent, Adam steps on u = log h for positive hyperparameters (rates, μ, λ,
-clip norms), u = logit h for those in (0, 1) (the server optimizer's β's), u = h otherwise (:func:`space_of`); the
-run's key re-drawn every step (``keys='redraw'``, so the values do not fit one draw of cohorts and batches) or
-``'fixed'``. A step whose run diverged (a non-finite loss or gradient) is undone and the step size halved.
+Tuning (:func:`tune`): hypergradient descent in u = log h for positive hyperparameters (rates, μ, λ, clip norms),
+u = logit h for those in (0, 1) (the server optimizer's β's), u = h otherwise (:func:`space_of`): steps of length α
+along −∇_u L, each accepted only where the run of the same key is better (backtracking), the key re-drawn every step
+(``keys='redraw'``, so the values do not fit one draw of cohorts and batches) or ``'fixed'``.
 :func:`grid_search` evaluates a grid of points as lanes of one compiled program (vmap over the traced values, as
 :class:`fljax.engine.Lanes` runs a sweep), for comparisons at equal cost (fljax/reproduce/tuning.py).
 """
@@ -46,7 +46,6 @@ import typing
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from fljax.algorithms.local_training import scanned_steps
 from fljax.data.federated import ClientArrays, FederatedData, pad_clients
@@ -409,24 +408,24 @@ def client_steps(sim: Simulation, rounds: int) -> int:
 
 @dataclasses.dataclass
 class TuneStep:
-    """One point of a tuning trajectory: ``hp`` (config keys), the run's ``seed``, ``value`` L(hp) and ``grad``,
-    the step size ``hyper_lr`` in force, the gradient's wall ``seconds``; ``undone`` when the step that led here
-    was the redo of a step that diverged."""
+    """One point of a tuning trajectory: ``hp`` (config keys), the run's ``seed``, ``value`` L(hp) and ``grad`` on
+    that run; then the step from it: ``tries`` runs of the same seed at proposed points (0 after the last point),
+    the step length ``hyper_lr`` after them, and the wall ``seconds`` of the gradient and the tries."""
 
     step: int
     hp: dict
     seed: int
     value: float
     grad: dict
+    tries: int
     hyper_lr: float
     seconds: float
-    undone: bool = False
 
 
 @dataclasses.dataclass
 class TuneResult:
-    """Hypergradient descent: the ``trajectory`` (:class:`TuneStep` per step, the last one evaluated only), the
-    ``spaces`` stepped in, and the cost: ``gradients`` (hypergradient evaluations, one per point), ``client_steps``
+    """Hypergradient descent: the ``trajectory`` (:class:`TuneStep` per point), the ``spaces`` stepped in, and the
+    cost: ``gradients`` (hypergradients, one per point) and ``runs`` (runs at proposed points), ``client_steps``
     of one run, wall ``seconds`` and ``compile_seconds``."""
 
     trajectory: list
@@ -434,6 +433,7 @@ class TuneResult:
     mode: str
     keys: str
     gradients: int
+    runs: int
     client_steps: int
     seconds: float
     compile_seconds: float
@@ -442,17 +442,12 @@ class TuneResult:
     def final(self) -> TuneStep:
         return self.trajectory[-1]
 
-    def best(self) -> TuneStep:
-        """The point of the lowest finite value."""
-        finite = [s for s in self.trajectory if math.isfinite(s.value)]
-        return min(finite, key=lambda s: s.value) if finite else self.trajectory[-1]
-
     def to_dict(self) -> dict:
         return {**{k: v for k, v in dataclasses.asdict(self).items() if k != "trajectory"},
                 "trajectory": [dataclasses.asdict(s) for s in self.trajectory]}
 
 
-def check_tuning(steps: int, hyper_lr: float, keys: str) -> None:
+def check_tuning(steps: int, hyper_lr: float, keys: str, tries: int = 6) -> None:
     """Refuse, in one line, impossible settings of :func:`tune`."""
     if keys not in KEYS:
         raise OptionError("keys", f"must be one of {list(KEYS)}, got {keys!r}.{suggest(str(keys), KEYS)}")
@@ -460,19 +455,29 @@ def check_tuning(steps: int, hyper_lr: float, keys: str) -> None:
         raise OptionError("steps", f"must be an integer >= 0 (hypergradient steps; 0: the hypergradient at the "
                                    f"start), got {steps!r}.")
     if not (isinstance(hyper_lr, (int, float)) and not isinstance(hyper_lr, bool) and hyper_lr > 0):
-        raise OptionError("hyper_lr", f"must be a number > 0 (the Adam step on log h), got {hyper_lr!r}.")
+        raise OptionError("hyper_lr", f"must be a number > 0 (the longest step in u = log h), got {hyper_lr!r}.")
+    if isinstance(tries, bool) or not isinstance(tries, int) or tries < 1:
+        raise OptionError("tries", f"must be an integer >= 1 (proposals per step), got {tries!r}.")
 
 
-def tune(objective: RunObjective, steps: int, *, hyper_lr: float = 0.1, keys: str = "redraw", seed: int = 0,
-         start: dict | None = None, spaces: dict | None = None, mode: str = "reverse",
+def tune(objective: RunObjective, steps: int, *, hyper_lr: float = 0.2, keys: str = "redraw", seed: int = 0,
+         start: dict | None = None, spaces: dict | None = None, mode: str = "reverse", tries: int = 6,
          callback=None) -> TuneResult:
-    """Hypergradient descent on ``objective``'s hyperparameters from ``start`` (None: the simulation's values):
-    ``steps`` Adam steps of size ``hyper_lr`` on u = space(h) (:func:`space_of`; ``spaces`` overrides per key),
-    each from the gradient of the run of seed ``seed + step`` (``keys='redraw'``) or ``seed`` (``'fixed'``); the
-    ``steps + 1`` points of the trajectory each have their value and gradient (``steps=0``: the hypergradient at the
-    start). A point whose loss or gradient is not finite is undone: the last finite point's step is taken again,
-    half as long, and so is every later step. ``callback(TuneStep)`` sees every point."""
-    check_tuning(steps, hyper_lr, keys)
+    """Hypergradient descent with backtracking on ``objective``'s hyperparameters, from ``start`` (None: the
+    simulation's values), in u = space(h) (:func:`space_of`: log h for positive ones; ``spaces`` overrides per
+    key). At point s, the run of seed r_s (``seed + s`` with ``keys='redraw'``, ``seed`` with ``'fixed'``) gives
+    L_s(h_s) and its gradient g in u, and the step proposes
+
+        u' = u_s − α · g / ‖g‖        (a step of length α in u),
+
+    accepted when the run of the *same* seed is better there, L_s(h') < L_s(h_s) (the comparison sees the step, not
+    another draw of cohorts and batches); α then doubles, up to ``hyper_lr``. A proposal that is not better (or not
+    finite: a diverged run) halves α and is made again, at most ``tries`` times; then the point stays. The step's
+    length never depends on the gradient's size: where training turns chaotic (the edge of stability of large
+    rates), the hypergradient of a long run grows by orders of magnitude (Metz et al. 2019), and a step of length
+    ∝ g, or an optimizer's momentum of it, would throw the point far past the edge. ``steps + 1`` points, each with
+    its value and gradient (``steps=0``: the hypergradient at the start); ``callback(TuneStep)`` sees each."""
+    check_tuning(steps, hyper_lr, keys, tries)
     algo = objective.sim.algorithm
     spaces = {k: (spaces or {}).get(config_key(k)) or space_of(algo, k) for k in objective.keys}
     for k, s in spaces.items():
@@ -484,36 +489,35 @@ def tune(objective: RunObjective, steps: int, *, hyper_lr: float = 0.1, keys: st
             raise OptionError(config_key(k), f"= {hp[k]} cannot start a tuning in {s} space (it needs "
                                              f"{'h > 0' if s == 'log' else '0 < h < 1'}); start elsewhere or pass "
                                              f"another space.")
-    u = np.array([_to_u(hp[k], spaces[k]) for k in objective.keys])
-    opt = optax.inject_hyperparams(optax.adam)(learning_rate=hyper_lr)
-    opt_state = opt.init(jnp.asarray(u))
-    rate, trajectory, undone, good = float(hyper_lr), [], False, None
+
+    def point(u):
+        return {k: _from_u(float(u[i]), spaces[k])[0] for i, k in enumerate(objective.keys)}
+
+    u, rate, trajectory, runs = np.array([_to_u(hp[k], spaces[k]) for k in objective.keys]), float(hyper_lr), [], 0
     compile0, t0 = objective.sim.compile_seconds, time.perf_counter()
     for step in range(steps + 1):
         run_seed = seed + step if keys == "redraw" else seed
-        point = {k: _from_u(float(u[i]), spaces[k])[0] for i, k in enumerate(objective.keys)}
-        g = objective.value_and_grad(point, run_seed, mode)
-        record = TuneStep(step, g.hp, run_seed, g.value, g.grad, rate, g.seconds, undone)
+        s0 = time.perf_counter()
+        g = objective.value_and_grad(point(u), run_seed, mode)
+        if not g.finite and step == 0:
+            raise FloatingPointError(f"the run at the starting point {g.hp} is not finite (loss {g.value}); start "
+                                     f"from smaller rates.")
+        du = np.array([g.grad[config_key(k)] * _from_u(float(u[i]), spaces[k])[1]
+                       for i, k in enumerate(objective.keys)])  # dL/du = dL/dh · dh/du
+        norm, made = float(np.linalg.norm(du)), 0
+        while step < steps and norm > 0 and made < tries:
+            proposal = u - rate * du / norm
+            made += 1
+            if objective.value(point(proposal), run_seed) < g.value:  # False for a non-finite value
+                u, rate = proposal, min(2 * rate, float(hyper_lr))
+                break
+            rate /= 2
+        runs += made
+        record = TuneStep(step, g.hp, run_seed, g.value, g.grad, made, rate, time.perf_counter() - s0)
         trajectory.append(record)
         if callback:
             callback(record)
-        if step == steps:
-            break
-        if g.finite:  # an Adam step on u: du = dL/dh · dh/du
-            undone = False
-            du = np.array([g.grad[config_key(k)] * _from_u(float(u[i]), spaces[k])[1]
-                           for i, k in enumerate(objective.keys)])
-            good = (u, opt_state, du)
-        elif good is None:
-            raise FloatingPointError(f"the run at the starting point {record.hp} is not finite (loss {g.value}); "
-                                     f"start from smaller rates.")
-        else:  # undo the step that led here: the last finite point's step again, half as long
-            undone, rate = True, rate / 2
-        u, opt_state, du = good
-        opt_state.hyperparams["learning_rate"] = jnp.asarray(rate, opt_state.hyperparams["learning_rate"].dtype)
-        updates, opt_state = opt.update(jnp.asarray(du), opt_state)
-        u = np.asarray(u + np.asarray(updates), float)
-    return TuneResult(trajectory, {config_key(k): s for k, s in spaces.items()}, mode, keys, len(trajectory),
+    return TuneResult(trajectory, {config_key(k): s for k, s in spaces.items()}, mode, keys, len(trajectory), runs,
                       client_steps(objective.sim, objective.rounds), time.perf_counter() - t0,
                       objective.sim.compile_seconds - compile0)
 
@@ -562,13 +566,15 @@ def objective_of(exp, data: FederatedData, keys, *, metric: str = "global_loss",
 
 
 def trajectory_table(result: TuneResult) -> str:
-    """The trajectory as a markdown table: step, seed, every hyperparameter, the loss and every gradient."""
+    """The trajectory as a markdown table: step, seed, every hyperparameter, the loss, every gradient, the runs tried
+    for the step from it and the step length after them."""
     from fljax.runner.report import markdown_table
 
     names = list(result.trajectory[0].hp)
-    rows = [[str(s.step) + (" (redone)" if s.undone else ""), str(s.seed), *(f"{s.hp[k]:.4g}" for k in names),
-             f"{s.value:.5g}", *(f"{s.grad[k]:.4g}" for k in names)] for s in result.trajectory]
-    return markdown_table(rows, ["step", "seed", *names, "loss", *(f"d loss/d {k}" for k in names)])
+    rows = [[str(s.step), str(s.seed), *(f"{s.hp[k]:.4g}" for k in names), f"{s.value:.5g}",
+             *(f"{s.grad[k]:.4g}" for k in names), str(s.tries), f"{s.hyper_lr:.3g}"] for s in result.trajectory]
+    return markdown_table(rows, ["step", "seed", *names, "loss", *(f"d loss/d {k}" for k in names), "tries",
+                                 "step length"])
 
 
 def plot_trajectory(result: TuneResult, path: str, metric: str = "loss") -> None:

@@ -1,24 +1,7 @@
-"""Tuning by gradient against grid search at the same cost (issue 39; docs/tuning.md).
+"""Tuning by gradient against grid search at the same cost (issue 39; docs/tuning.md): :data:`PROTOCOL` says what
+runs, :data:`STUDY` holds the settings, the report goes to ``benchmarks/results/tuning/README.md``.
 
-For each data set of :data:`STUDY` (digits, MNIST-5k, Synthetic(1,1)), FedAvg's client and server learning rates are
-tuned on the clients' validation split (20 % of every client's training rows, held out with the run seed:
-:func:`fljax.hypergrad.holdout`; the metric is the global model's validation loss after the last round) in two ways:
-
-* **hypergradient descent** (:func:`fljax.hypergrad.tune`): ``steps`` Adam steps of size ``hyper_lr`` on (log lr,
-  log server_lr) from the geometric centre of the grid's box, each from the reverse-mode hypergradient of the run of
-  seed ``seed + step`` (keys re-drawn), and the same with the key fixed at ``seed``; ``steps + 1`` hypergradients;
-* **grid search**: the points a log-spaced n × n grid over the box holds, all lanes of one compiled program
-  (:func:`fljax.hypergrad.grid_search`), the run of ``seed`` each, the point of the lowest validation loss chosen.
-  Wall times are of compiled programs (compilation is not counted for either method).
-  Its n is what the budget of the hypergradient descent buys: (steps + 1) hypergradients cost (steps + 1) · c runs,
-  c the measured time of one hypergradient over one run of the same program size (medians of ``repeats`` calls),
-  so n = ⌊√((steps + 1) · c)⌋, and both spend the same client-steps in run-equivalents.
-
-Every chosen point (and the start) is then scored on ``eval_seeds`` runs that neither method saw: the validation loss
-(what both minimised), the test loss and the test accuracy (the clients' own test splits), mean ± sample std over
-those seeds. The report says which method reaches the better validation loss for the cost.
-
-    python -m fljax.reproduce.tuning                       # the committed report (benchmarks/results/tuning)
+    python -m fljax.reproduce.tuning                       # the committed report (about 1 min on 2 cores)
     python -m fljax.reproduce.tuning --only digits --steps 4 --out /tmp/look   # a quick look
     python -m fljax.reproduce.tuning --render              # rebuild the report and figures from results.json
 """
@@ -34,7 +17,7 @@ import time
 
 import numpy as np
 
-__all__ = ["STUDY", "run_dataset", "verdict", "render", "write_report", "main"]
+__all__ = ["PROTOCOL", "STUDY", "run_dataset", "verdict", "render", "write_report", "main"]
 
 STUDY = {
     "title": "Tuning FedAvg's client and server learning rates: hypergradient descent vs grid search",
@@ -54,23 +37,49 @@ STUDY = {
     "val_fraction": 0.2,
     "steps": 20,
     "hyper_lr": 0.2,
-    "repeats": 10,
+    "repeats": 21,
     "eval_seeds": [100, 101, 102, 103, 104],
 }
+
+
+PROTOCOL = """\
+For each data set, FedAvg's client and server learning rates are tuned on the clients' validation split (20 % of
+every client's training rows, held out with the run seed, `fljax.hypergrad.holdout`; the metric is the global
+model's validation loss after the last round) in two ways:
+
+* **hypergradient descent** (`fljax.hypergrad.tune`): steps in (log lr, log server_lr) from the geometric centre
+  of the grid's box along the negative reverse-mode hypergradient (per-round rematerialisation) of the run of seed
+  0 + step (keys re-drawn), and again with the key fixed at seed 0, each step kept only where the run of the same
+  seed is better (else halved and tried again); steps + 1 hypergradients and the runs at proposed points; its answer
+  is the last point;
+* **grid search** (`fljax.hypergrad.grid_search`): a log-spaced n × n grid over the box, all points lanes of one
+  compiled program, the run of seed 0 each; its answer is the point of the lowest validation loss. n is what the
+  descents' budget buys: g hypergradients and r runs cost g · c + r runs, c the measured time of one hypergradient
+  over one run (medians of calls taken in turn), so n = ⌊√(g · c + r)⌋ (the mean over the two descents) and all
+  spend the same client-steps in run-equivalents.
+
+Wall times are of compiled programs (compilation is counted for neither). Every answer (and the start) is then
+scored on five runs that neither method saw (seeds 100-104): the validation loss (what both minimise), the test loss
+and the test accuracy (the clients' own test splits), mean ± sample std (ddof 1) over those seeds. The verdict
+compares grid search with the better of the two descents."""
 
 
 def _centre(box: dict) -> dict:
     return {k: math.sqrt(lo * hi) for k, (lo, hi) in box.items()}
 
 
-def _median_seconds(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+def _median_seconds(fns: list, repeats: int) -> list[float]:
+    """Median wall seconds of each callable after a warm-up call of each (it compiles), the callables timed in turn
+    within every repeat so that load changes on a shared machine hit them alike."""
+    for fn in fns:
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, spent in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            spent.append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
 
 
 def _scores(objective, lanes_of, point: dict, seeds: list[int]) -> dict:
@@ -106,19 +115,20 @@ def run_dataset(name: str, study: dict = STUDY, steps: int | None = None, output
     out = {"dataset": name, "data": data.summary(), "client_steps": client_steps(sim, objective.rounds),
            "rounds": objective.rounds, "start": start}
     # c: one hypergradient over one run (both programs compiled here, outside every arm's wall time)
-    run_s = _median_seconds(lambda: objective.value(seed=seed), study["repeats"])
-    grad_s = _median_seconds(lambda: objective.value_and_grad(seed=seed), study["repeats"])
+    run_s, grad_s = _median_seconds([lambda: objective.value(seed=seed), lambda: objective.value_and_grad(seed=seed)],
+                                    study["repeats"])
     ratio = grad_s / run_s
-    tune(objective, 1, hyper_lr=study["hyper_lr"], seed=seed)  # warms up the optimizer's eager operations
     arms = {}
     for keys in ("redraw", "fixed"):
         t0 = time.perf_counter()
         result = tune(objective, steps, hyper_lr=study["hyper_lr"], keys=keys, seed=seed)
         arms[f"hypergradient ({keys} keys)"] = {"wall_seconds": time.perf_counter() - t0, "result": result.to_dict(),
-                                               "point": result.final.hp, "gradients": result.gradients}
+                                               "point": result.final.hp, "gradients": result.gradients,
+                                               "runs": result.runs}
         output(f"{name}: hypergradient descent, {keys} keys: {result.final.hp} (validation loss "
                f"{result.final.value:.4f})")
-    n = max(2, math.isqrt(int((steps + 1) * ratio)))
+    spent = statistics.mean(_cost_runs({"ratio": ratio}, arm) for arm in arms.values())
+    n = max(2, math.isqrt(int(spent)))
     grid = {k: list(np.geomspace(lo, hi, n)) for k, (lo, hi) in box.items()}
     grid_search(objective, grid, seed)  # compiles the grid's program, outside its wall time
     t0 = time.perf_counter()
@@ -152,8 +162,9 @@ def _mean_std(values) -> str:
 
 
 def _cost_runs(r: dict, arm: dict) -> float:
-    """An arm's cost in run-equivalents: gradients × the measured ratio, or grid points."""
-    return arm["gradients"] * r["ratio"] if "gradients" in arm else arm["points"]
+    """An arm's cost in run-equivalents: hypergradients × the measured ratio + the runs at proposed points, or the
+    grid's points."""
+    return arm["gradients"] * r["ratio"] + arm["runs"] if "gradients" in arm else arm["points"]
 
 
 def verdict(r: dict) -> str:
@@ -181,19 +192,19 @@ def render(results: list[dict], study: dict, command: str, wall: float) -> str:
 
     parts = [f"# {study['title']}", "", f"Command: `{command}` ({wall / 60:.1f} min on this machine's 2 shared CPU "
              f"cores, {study.get('date', '')}, load average {study.get('load', float('nan')):.1f} at the end).", "",
-             "## Summary", "", *[f"* **{r['dataset']}**: {verdict(r)}" for r in results], "",
-             __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0], "",
+             "## Summary", "", *[f"* **{r['dataset']}**: {verdict(r)}" for r in results], "", "## Protocol", "",
+             PROTOCOL, "",
              f"Settings: {study['base']['rounds']} rounds of FedAvg, cohorts of {study['base']['algo']['cohort_size']} "
              f"of 20 clients, {study['base']['algo']['local_steps']} local steps of batch "
              f"{study['base']['algo']['batch_size']}; box lr ∈ {study['box']['algo.lr']}, server_lr ∈ "
-             f"{study['box']['algo.server_lr']}; {study['steps']} hypergradient steps of size {study['hyper_lr']} "
-             f"(Adam on the logs); scores over seeds {study['eval_seeds']}."]
+             f"{study['box']['algo.server_lr']}; {study['steps']} hypergradient steps of length up to "
+             f"{study['hyper_lr']} in the logs; scores over seeds {study['eval_seeds']}."]
     for r in results:
         rows = [["start (the box's centre)", "0", "—", f"{r['start']['algo.lr']:.4g}",
                  f"{r['start']['algo.server_lr']:.4g}", _mean_std(r["start_scores"]["val_loss"]),
                  _mean_std(r["start_scores"]["test_loss"]), _mean_std(r["start_scores"]["test_acc"])]]
         for name, arm in r["arms"].items():
-            what = f"{arm['gradients']} hypergradients" if "gradients" in arm else (
+            what = f"{arm['gradients']} hypergradients + {arm['runs']} runs" if "gradients" in arm else (
                 f"{arm['points']} runs ({r['n']} × {r['n']} lanes)")
             rows.append([name, f"{_cost_runs(r, arm):.0f} ({what})", f"{arm['wall_seconds']:.1f}",
                          f"{arm['point']['algo.lr']:.4g}", f"{arm['point']['algo.server_lr']:.4g}",
@@ -243,7 +254,7 @@ def figure(r: dict, path: str) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fljax.reproduce.tuning", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m fljax.reproduce.tuning", description=__doc__.split(":data:")[0])
     p.add_argument("--only", help="comma-separated data sets (default: all of STUDY's)")
     p.add_argument("--steps", type=int, help="hypergradient steps (default: STUDY's)")
     p.add_argument("--out", default=STUDY["out"])
