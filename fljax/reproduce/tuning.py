@@ -3,7 +3,7 @@ runs, :data:`STUDY` holds the settings, the report goes to ``benchmarks/results/
 
     python -m fljax.reproduce.tuning                       # the committed report (about 1 min on 2 cores)
     python -m fljax.reproduce.tuning --only digits --steps 4 --out /tmp/look   # a quick look
-    python -m fljax.reproduce.tuning --render              # rebuild the report and figures from results.json
+    python -m fljax.reproduce.tuning --render              # rebuild the report and figures from results.json.gz
 """
 from __future__ import annotations
 
@@ -258,12 +258,12 @@ def main(argv=None) -> int:
     p.add_argument("--only", help="comma-separated data sets (default: all of STUDY's)")
     p.add_argument("--steps", type=int, help="hypergradient steps (default: STUDY's)")
     p.add_argument("--out", default=STUDY["out"])
-    p.add_argument("--render", action="store_true", help="only rebuild README.md and the figures from results.json")
+    p.add_argument("--render", action="store_true", help="only rebuild README.md and the figures from results.json.gz")
     args = p.parse_args(argv)
     from fljax.runner import files
 
     if args.render:
-        saved = files.read_json(os.path.join(args.out, "results.json"), expect=dict)
+        saved = files.read_json(os.path.join(args.out, "results.json.gz"), expect=dict)
         write_report(saved["results"], saved["study"], saved["command"], saved["wall_seconds"], args.out)
         return 0
 
@@ -278,7 +278,7 @@ def main(argv=None) -> int:
     study["load"] = os.getloadavg()[0]
     command = "python -m fljax.reproduce.tuning" + ("" if not argv else " " + " ".join(argv))
     os.makedirs(args.out, exist_ok=True)
-    files.write_json(os.path.join(args.out, "results.json"), {"study": study, "command": command,
+    files.write_json(os.path.join(args.out, "results.json.gz"), {"study": study, "command": command,
                                                               "wall_seconds": wall, "results": results})
     print(write_report(results, study, command, wall, args.out))
     return 0
