@@ -17,13 +17,14 @@ if "OPENBLAS_NUM_THREADS" not in _os.environ:
 
     _threadpoolctl.threadpool_limits(1, user_api="blas")  # libraries already loaded (numpy's)
 
-from fljax.api import (build, compare, load_compare, load_data, load_run, load_sweep, make_config, run,  # noqa: E402
-                       sweep)
+from fljax.api import (build, compare, hypergradient, load_compare, load_data, load_run, load_sweep,  # noqa: E402
+                       make_config, run, sweep, tune)
 from fljax.config import ConfigError, DataConfig, ExperimentConfig, ModelConfig  # noqa: E402
 from fljax.engine import Simulation, State  # noqa: E402
 from fljax.experiment import Experiment, resolve  # noqa: E402
 
-__all__ = ["build", "compare", "load_compare", "load_data", "load_run", "load_sweep", "make_config", "run", "sweep",
+__all__ = ["build", "compare", "hypergradient", "load_compare", "load_data", "load_run", "load_sweep", "make_config",
+           "run", "sweep", "tune",
            "resolve",
            "ConfigError", "DataConfig", "Experiment", "ExperimentConfig", "ModelConfig", "Simulation", "State",
            "__version__"]

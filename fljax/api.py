@@ -17,11 +17,13 @@ from fljax.data import FederatedData
 from fljax.engine import Simulation
 from fljax.experiment import Experiment, quickstart, resolve
 
-__all__ = ["make_config", "load_data", "build", "run", "compare", "sweep", "load_run", "load_compare", "load_sweep"]
+__all__ = ["make_config", "load_data", "build", "run", "compare", "sweep", "hypergradient", "tune", "load_run",
+           "load_compare", "load_sweep"]
 
 if TYPE_CHECKING:
     import pandas
 
+    from fljax.hypergrad import Hypergradient, TuneResult
     from fljax.runner import ExperimentResult
 
 
@@ -121,6 +123,51 @@ def sweep(grid: dict[str, list], config: ExperimentConfig | dict | None = None, 
     with _output(progress, tensorboard) as output:
         return sweep_experiments(cfg, grid, out, resume=resume, output=output, lanes=lanes, data_cache=cache,
                                  model=module)[1]
+
+
+def hypergradient(config: ExperimentConfig | dict | None = None, *, hp: list[str], metric: str = "global_loss",
+                  split: str = "val", val_fraction: float = 0.2, last: int = 1, mode: str = "reverse",
+                  remat: str = "round", **overrides) -> "Hypergradient":
+    """The value and the gradient of a run's ``metric`` with respect to the continuous hyperparameters ``hp``
+    (config keys: ``["algo.lr", "algo.server_lr"]``) for the run of the config's ``seed``
+    (:mod:`fljax.hypergrad`; docs/tuning.md): the run's ``rounds`` rounds on the clients' training rows, the metric
+    an evaluation loss (``global_loss``, ``personal_loss``, …) of the validation split (``split='val'``:
+    ``val_fraction`` of every client's training rows held out), the test or the training split, averaged over the
+    evaluations after each of the ``last`` rounds; ``mode`` 'reverse' (``remat``: 'round', 'block' or 'none') or
+    'forward'. Discrete, null or untraceable hyperparameters and accuracies are refused in one line; the result's
+    ``zero`` names those whose gradient is exactly zero in this run."""
+    objective = _objective(config, hp, overrides, metric=metric, split=split, val_fraction=val_fraction, last=last,
+                           remat=remat)
+    return objective.value_and_grad(mode=mode)
+
+
+def tune(config: ExperimentConfig | dict | None = None, *, hp: list[str], steps: int = 10, hyper_lr: float = 0.2,
+         keys: str = "redraw", metric: str = "global_loss", split: str = "val", val_fraction: float = 0.2,
+         last: int = 1, mode: str = "reverse", remat: str = "round", spaces: dict | None = None,
+         **overrides) -> "TuneResult":
+    """Hypergradient descent on the hyperparameters ``hp`` (config keys) of the run a config describes, as ``fljax
+    tune``: ``steps`` steps of length up to ``hyper_lr`` in log h for positive hyperparameters (logit h in (0, 1),
+    ``spaces`` to choose) along the negative hypergradient, each kept only where the run of the same key is better
+    (:func:`fljax.hypergrad.tune`), from the config's values, the run's key re-drawn every step (``keys='redraw'``:
+    seed, seed + 1, …) or ``'fixed'``; the objective as :func:`hypergradient`. Returns the trajectory
+    (:class:`fljax.hypergrad.TuneResult`)."""
+    from fljax.hypergrad import tune as descend
+
+    objective = _objective(config, hp, overrides, metric=metric, split=split, val_fraction=val_fraction, last=last,
+                           remat=remat)
+    return descend(objective, steps, hyper_lr=hyper_lr, keys=keys, seed=objective.sim.seed, spaces=spaces, mode=mode)
+
+
+def _objective(config, hp, overrides: dict, **options):
+    """The :class:`fljax.hypergrad.RunObjective` of a config with keyword overrides (own data or model accepted as
+    in :func:`run`)."""
+    from fljax.hypergrad import objective_of
+    from fljax.runner.sweep import DataCache
+
+    overrides, cache = _own_data(overrides)
+    overrides, module = _own_model(overrides)
+    exp = resolve(_parse(config, overrides))
+    return objective_of(exp, (cache or DataCache())(exp, exp.seed), hp, module=module, **options)
 
 
 def load_run(directory) -> "pandas.DataFrame":

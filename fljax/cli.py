@@ -1,4 +1,4 @@
-"""The ``fljax`` command line: run, compare, list, reproduce.
+"""The ``fljax`` command line: run, compare, sweep, tune, list, reproduce.
 
 Every error a user can cause (unknown names, wrong types, impossible values, bad partitions, a missing or broken
 config file, nothing to resume) is printed as one line starting with ``fljax: error:`` and exit status 2, never as
@@ -9,6 +9,7 @@ Full documentation: ``docs/cli.md``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import difflib
 import io
@@ -19,7 +20,7 @@ import textwrap
 import threading
 
 from fljax.algorithms.families import QUICKSTART, QUICKSTART_WHY
-from fljax.config import INT32_MAX, RUNS_MAX, ConfigError, apply_overrides, load_config
+from fljax.config import INT32_MAX, RUNS_MAX, ConfigError, apply_overrides, load_config, to_dict
 from fljax.experiment import quickstart, resolve
 
 EXAMPLES_RUN = """examples:
@@ -47,6 +48,11 @@ EXAMPLES_COMPARE = """examples:
   fljax compare --resume --out runs/cmp           # continue an interrupted comparison
 
 {why}
+"""
+EXAMPLES_TUNE = """examples:
+  fljax tune --algorithm fedavg --hp algo.lr --hp algo.server_lr --steps 0 --set rounds=20   # the hypergradient
+  fljax tune configs/fedavg.yaml --hp algo.lr --hp algo.server_lr --steps 20 --set rounds=30
+  fljax tune --algorithm fedprox --hp algo.mu --mode forward --split test --keys fixed
 """
 EXAMPLES_REPRODUCE = """examples:
   fljax reproduce dfedalt                         # every study, the file's seeds (about 16 min on 2 cores)
@@ -284,6 +290,49 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def cmd_tune(args) -> int:
+    """Hypergradient descent on ``--hp`` (docs/tuning.md): the trajectory's table, ``tune.json``, ``tune.md`` and
+    ``tune.png`` in the output directory (with ``--steps 0``: the hypergradient at the start)."""
+    from fljax import api, hypergrad
+    from fljax.errors import OptionError
+    from fljax.runner import files
+
+    if not args.hp:
+        raise ConfigError("fljax tune needs at least one --hp KEY (a continuous hyperparameter, e.g. --hp algo.lr).")
+    try:
+        hypergrad.check_tuning(args.steps, args.hyper_lr, args.keys)
+    except OptionError as e:
+        raise ConfigError(f"--{e.key.replace('_', '-')} {e.message}") from None
+    cfg = _parse(args)
+    exp = resolve(cfg)
+    out = args.out or _default_out(f"tune-{exp.name}")
+    output = _output(args)
+    objective = hypergrad.objective_of(exp, api.load_data(exp), args.hp, metric=args.metric, split=args.split,
+                                       val_fraction=args.val_fraction, last=args.last, remat=args.remat)
+
+    noted: set[str] = set()
+
+    def show(step):
+        output.event("step", **dataclasses.asdict(step))
+        output.note(f"step {step.step:>3}  " + "  ".join(f"{k} {v:.4g}" for k, v in step.hp.items())
+                    + f"  {args.metric} {step.value:.5g}  " + "  ".join(f"d/d{k} {g:.4g}" for k, g in step.grad.items())
+                    + f"  ({step.tries} tries, step length {step.hyper_lr:.3g})")
+        for key in sorted(k for k, g in step.grad.items() if g == 0.0 and k not in noted):
+            noted.add(key)
+            output.warn(hypergrad.zero_note(key))
+
+    result = hypergrad.tune(objective, args.steps, hyper_lr=args.hyper_lr, keys=args.keys, seed=exp.seed,
+                            mode=args.mode, callback=show)
+    files.write_yaml(os.path.join(out, "config.yaml"), to_dict(cfg))
+    files.write_json(os.path.join(out, "tune.json"), {"metric": args.metric, "split": args.split, **result.to_dict()})
+    table = hypergrad.trajectory_table(result)
+    files.write_text(os.path.join(out, "tune.md"), table + "\n")
+    hypergrad.plot_trajectory(result, os.path.join(out, "tune.png"), f"{args.split} {args.metric}")
+    output.result(table)
+    output.note(f"results: {out} (tune.md, tune.json, tune.png)")
+    return 0
+
+
 _SETUP = {"run": _setup_run, "compare": _setup_compare, "sweep": _setup_sweep}
 
 
@@ -391,6 +440,13 @@ def _only(text: str | None, study) -> list[str] | None:
     return study.chosen(only)
 
 
+def hypergrad_choices(name: str) -> tuple[str, ...]:
+    """The choices of a ``fljax tune`` option (:mod:`fljax.hypergrad`'s constants)."""
+    from fljax import hypergrad
+
+    return getattr(hypergrad, name)
+
+
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fljax", description="Vectorised federated learning simulation in JAX. "
                                 "See docs/cli.md.", epilog="run `fljax COMMAND --help` for a command's options")
@@ -459,6 +515,44 @@ def make_parser() -> argparse.ArgumentParser:
                         "hyperparameters with their types, defaults and one line each.")
     ls.add_argument("name", nargs="?", help="an algorithm: list its hyperparameters")
     ls.set_defaults(func=cmd_list)
+    tn = sub.add_parser("tune", help="tune continuous hyperparameters by hypergradient descent through whole runs",
+                        description="Differentiate a run's held-out loss with respect to continuous hyperparameters "
+                        "(client and server learning rates, FedProx's mu, Ditto's lambda, the server optimizer's "
+                        "betas, ...) through every round, and descend on them: steps on log h (logit h for values in "
+                        "(0, 1)) along the negative hypergradient, each kept only where the run of the same key is "
+                        "better, the run's key re-drawn every step. Writes tune.md, tune.json and "
+                        "tune.png into --out. See docs/tuning.md.", epilog=EXAMPLES_TUNE, formatter_class=raw)
+    tn.add_argument("config", nargs="?", help="YAML config file (optional; keys: see configs/README.md)")
+    tn.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    tn.add_argument("--algorithm", help="algorithm name (see fljax list)")
+    tn.add_argument("--dataset", help="data set name (see fljax list)")
+    tn.add_argument("--out", metavar="DIR", help="output directory (default: runs/tune-<name>-<date>-<time>)")
+    tn.add_argument("--hp", action="append", metavar="KEY", help="a continuous hyperparameter to tune, e.g. "
+                    "--hp algo.lr (repeatable)")
+    tn.add_argument("--steps", type=int, default=10, metavar="S", help="hypergradient steps (default 10; 0: only "
+                    "the value and gradient at the start)")
+    tn.add_argument("--hyper-lr", type=float, default=0.2, metavar="A", help="the longest step in log h (default "
+                    "0.2: a factor of 1.22); a step not better on its run is halved and tried again")
+    tn.add_argument("--keys", choices=hypergrad_choices("KEYS"), default="redraw",
+                    help="redraw: the run of seed + step at every step (default); fixed: the config's seed")
+    tn.add_argument("--metric", default="global_loss", help="the evaluation loss to minimise (default global_loss; "
+                    "personal_loss for personalized models)")
+    tn.add_argument("--split", choices=hypergrad_choices("SPLITS"), default="val", help="where the metric is "
+                    "scored: val (rows held out of each client's training split; default), test or train")
+    tn.add_argument("--val-fraction", type=float, default=0.2, metavar="F",
+                    help="share of each client's training rows held out for validation (default 0.2)")
+    tn.add_argument("--last", type=int, default=1, metavar="M", help="average the metric over the evaluations "
+                    "after each of the last M rounds (default 1: the final one)")
+    tn.add_argument("--mode", choices=hypergrad_choices("MODES"), default="reverse",
+                    help="reverse (one backward sweep; default) or forward (jvp per hyperparameter, memory "
+                    "independent of the rounds)")
+    tn.add_argument("--remat", choices=hypergrad_choices("REMAT"), default="round",
+                    help="reverse mode: recompute each round (round; default), blocks of sqrt(T) rounds (block), or "
+                    "store everything (none)")
+    mode = tn.add_mutually_exclusive_group()
+    mode.add_argument("--quiet", action="store_true", help="no progress lines, only the final table")
+    mode.add_argument("--json", action="store_true", help="one JSON object per step on stdout")
+    tn.set_defaults(func=cmd_tune, seeds=None, checkpoint_every=None)
     rp = sub.add_parser("reproduce", help="run a paper reproduction (fljax/reproduce/NAME.yaml)",
                         description="Run the studies of a paper reproduction (a study file: base config, axes of "
                         "overrides, seeds, the paper's numbers) through the path of `fljax run`; runs finished "

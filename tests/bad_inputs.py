@@ -63,6 +63,7 @@ _OUTPUT = "Output options"
 _PRIVACY = "Privacy and compression"
 _GROUPS = "Process groups (--processes and the FLJAX_* variables)"
 _STUDIES = "Reproductions (fljax reproduce)"
+_TUNE = "Tuning by gradient (fljax tune)"
 _DAMAGED = "Damaged files"
 _PYTHON = "Your own data, from Python"
 _RUN = "r/config.yaml", "algorithm: fedavg\n"
@@ -367,6 +368,17 @@ CASES = [
                                            "'fljax[explore]'", missing=["tensorboardX"]),
     _case(_RESUME, "sweep --grid algo.lr=0.1,0.2 --out s" + _SMALL, "run directory 's/lr=0.2' is in use by another "
                                                                     "fljax process", busy=["s/lr=0.2"]),
+    _case(_TUNE, "tune --algorithm fedavg", "fljax tune needs at least one --hp KEY"),
+    _case(_TUNE, "tune --algorithm fedavg --hp algo.lr --steps -1", "--steps must be an integer >= 0"),
+    _case(_TUNE, "tune --algorithm fedavg --hp algo.local_steps", "algo.local_steps is discrete (int): it has no "
+                                                                   "gradient; compare its values with fljax sweep"),
+    _case(_TUNE, "tune --algorithm fedavg --hp algo.lrr", "algo.lrr is not a hyperparameter of fedavg. Did you mean "
+                                                          "'lr'?"),
+    _case(_TUNE, "tune --algorithm fedavg --hp algo.momentum", "algo.momentum cannot be traced: Python control flow "
+                                                               "reads its value"),
+    _case(_TUNE, "tune --algorithm fedavg --hp algo.lr --metric global_acc", "metric 'global_acc' counts correct "
+                                                                             "predictions: it is piecewise constant"),
+    _case(_TUNE, "tune --algorithm fedavg --hp algo.lr --val-fraction 1.5", "val_fraction must be in (0, 1)"),
     _python(_PYTHON, "from_arrays([(np.ones((2, 3)), [0, 2 ** 40])], [(np.ones((1, 3)), [0])])",
             "train[0] (client 0): label 1099511627776 is larger than 2147483646, the largest label int32 holds"),
     _python(_PYTHON, "from_arrays([(np.ones((2, 3)), [0, -1])], [(np.ones((1, 3)), [0])])",

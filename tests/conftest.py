@@ -107,6 +107,9 @@ SMOKE = (
     "tests/test_sweep.py::test_grid_parsing_and_points",
     "tests/test_plots.py::test_run_plots_draw_the_seed_mean_its_band_and_the_histogram_of_the_clients",
     "tests/test_reliability.py::test_graceful_installs_its_handler_and_restores_the_previous_ones",
+    # fljax.hypergrad
+    "tests/test_hypergrad.py::test_holdout_moves_round_fraction_of_every_clients_rows_to_the_validation_split",
+    "tests/test_hypergrad.py::test_a_step_into_a_diverging_run_is_halved_until_the_run_is_better",
     # fljax.config, fljax.api, fljax.cli
     "tests/test_config.py::test_errors_carry_their_key",
     "tests/test_config.py::test_overrides_refuse_malformed_keys_and_values",

@@ -30,13 +30,14 @@ def test_compare_algo_keys_apply_to_the_algorithms_that_have_them(tmp_path):
 
 
 def test_help_everywhere(capsys):
-    for argv in (["--help"], ["run", "--help"], ["compare", "--help"], ["list", "--help"], ["reproduce", "--help"]):
+    for argv in (["--help"], ["run", "--help"], ["compare", "--help"], ["list", "--help"], ["reproduce", "--help"],
+                 ["tune", "--help"]):
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert e.value.code == 0
         out = capsys.readouterr().out
         assert "usage: fljax" in out
-        if argv[0] in ("run", "compare", "reproduce"):
+        if argv[0] in ("run", "compare", "reproduce", "tune"):
             assert "examples:" in out and "fljax " + argv[0] in out
 
 

@@ -16,7 +16,8 @@ EXPECTED = {"quickstart": (["fedavg  personalized accuracy", "local   personaliz
             "throughput": (["float32 matmul peak here", "command: python benchmarks/throughput.py"], 2),
             "fedgia": (["Example V.1: 1 instance(s)"], 2), "quped": (["mixed population:"], 4),
             "augfl": (["server's pretrained model:"], 2),
-            "privacy": (["non-private FedAvg", "ε =", "MB up"], 2)}
+            "privacy": (["non-private FedAvg", "ε =", "MB up"], 2),
+            "tuning": (["hypergradient (reverse mode", "hypergradient (forward mode", "grid's best"], 2)}
 
 
 def _outputs(nb):

@@ -25,6 +25,8 @@ keys.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 from typing import Callable, ClassVar, Literal
 
@@ -39,7 +41,7 @@ from fljax.errors import OptionError
 from fljax.ops.sam import sam_value_and_grad
 from fljax.options import Options, at_least, greater_than, interval, option, type_hints, with_default
 
-__all__ = ["run_steps", "train_steps", "train_steps_with_state", "sgd_step", "LocalTraining", "LocalOptions",
+__all__ = ["run_steps", "scanned_steps", "train_steps", "train_steps_with_state", "sgd_step", "LocalTraining", "LocalOptions",
            "local_options", "EVERY"]
 
 
@@ -58,7 +60,8 @@ def run_steps(step: Callable, carry, train, plan: BatchPlan, key, unroll: int = 
     loop runs until its last member is done, so a cohort runs as many steps as its largest member needs (not the
     population's largest), the members already done keeping their carry; one client at a time (the ``loop``
     executor, or chunks of one) runs exactly its own. ``unroll`` > 1 runs that many steps per trip, the ones past
-    n_i leaving the carry unchanged.
+    n_i leaving the carry unchanged. Inside :func:`scanned_steps` every schedule runs as the scan (reverse-mode
+    differentiation cannot go through the while loop).
     """
     k_sched, k_steps = jax.random.split(key)
     idx, mask, active = plan.schedule(k_sched, train.count, train.n_min, train.n_max)
@@ -67,7 +70,7 @@ def run_steps(step: Callable, carry, train, plan: BatchPlan, key, unroll: int = 
     k = idx.shape[0]
     keys = jax.random.split(k_steps, k)
     unroll = max(1, min(int(unroll), k)) if k else 1
-    if k == 0 or plan.every_step_active(train.n_min, train.n_max):
+    if k == 0 or plan.every_step_active(train.n_min, train.n_max) or _SCANNED.get():
         def body(c, inputs):
             i, m, a, kk = inputs
             new_c, loss = step(c, gather_batch(train.x, train.y, i, m), kk)
@@ -77,6 +80,22 @@ def run_steps(step: Callable, carry, train, plan: BatchPlan, key, unroll: int = 
         act = act.astype(jnp.float32)
         return carry, jnp.sum(losses * act) / jnp.maximum(jnp.sum(act), 1.0)
     return _bounded_steps(step, carry, train, idx, mask, active, keys, unroll)
+
+
+_SCANNED = contextvars.ContextVar("fljax_scanned_steps", default=False)
+
+
+@contextlib.contextmanager
+def scanned_steps():
+    """Trace :func:`run_steps` inside as the scan over the whole schedule also where clients of different sizes
+    would run a while loop over their own active steps (``epochs`` mode): the same steps in the same order, the
+    inactive ones leaving the carry unchanged, so the same values, but differentiable in reverse mode (JAX cannot
+    transpose a while loop whose trip count is a traced value). :mod:`fljax.hypergrad` traces its programs here."""
+    token = _SCANNED.set(True)
+    try:
+        yield
+    finally:
+        _SCANNED.reset(token)
 
 
 def _f32_loss(out):
