@@ -415,6 +415,10 @@ class Aggregating(Centralized):
 
     def server_round(self, ctx, server, clients, cohort, valid, result, state, down):
         aggregator, ids, keys, root = ctx.aggregator, None, None, None
+        weights = self.aggregation_weights(result)
+        if aggregator.client_weights is not None:  # a hypergradient's per-client multipliers p_i·s_i
+            ids = entry_ids(ctx, cohort, self.cohort_mode, valid)
+            weights = weights * aggregator.client_weights[jnp.minimum(ids, ctx.num_clients - 1)].astype(weights.dtype)
         if not aggregator.is_default:
             ids = entry_ids(ctx, cohort, self.cohort_mode, valid)
             safe = jnp.minimum(ids, ctx.num_clients - 1)
@@ -423,8 +427,8 @@ class Aggregating(Centralized):
         reference = self.upload_reference(down)
         if aggregator.rule.needs_root:
             root = tree.sub(self.root_update(ctx, clients, down), reference)
-        aggregate, state, metrics = aggregator.apply(result.upload, self.aggregation_weights(result), result.valid,
-                                                     ids, state, reference, keys, ctx.num_clients, root)
+        aggregate, state, metrics = aggregator.apply(result.upload, weights, result.valid, ids, state, reference, keys,
+                                                     ctx.num_clients, root)
         return self.server_step(ctx, server, aggregate), state, metrics
 
     def root_update(self, ctx: RoundContext, clients, down):
