@@ -78,6 +78,8 @@ class Algorithm(Options):
     reads_aggregate: ClassVar[bool] = False
     # set by the CohortTemplate (never by an algorithm): a participation draws its cohorts (fljax.participation)
     samples_cohorts: ClassVar[bool] = False
+    # set by the asynchronous template (fljax.algorithms.asynchronous): it runs on the participation's virtual clock
+    asynchronous: ClassVar[bool] = False
 
     def validate(self, num_clients: int) -> None:
         """Refuse hyperparameters impossible for ``num_clients`` clients with a one-line

@@ -156,7 +156,8 @@ class Simulation:
         self.aggregator = Mean() if aggregator is None else aggregator
         self.attack = attack
         self.participation = participation if participation is not None else default_participation(
-            privacy is not None and privacy.plan is not None and privacy.plan.options.level == "client")
+            privacy is not None and privacy.plan is not None and privacy.plan.options.level == "client",
+            clocked=algorithm.asynchronous)
         if memory_budget is not None and not memory_budget > 0:
             raise ValueError(f"memory_budget must be > 0 GiB (or None: from the device), got {memory_budget}.")
         self.memory_budget = memory_budget

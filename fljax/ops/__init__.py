@@ -1,13 +1,14 @@
 """fljax.ops: composable pytree transformations (prox, gossip, ADMM, SAM, partitions, sparse masks, quantizers,
-schedules, distillation, meta-gradients, differential privacy, compressed uploads). Each operator is a small pure
-function on pytrees, safe under ``jit`` and ``vmap`` over a leading client axis; see ``docs/ops.md`` for the API
+schedules, distillation, meta-gradients, differential privacy, compressed uploads, heterogeneous local work and
+staleness). Each operator is a small pure function on pytrees, safe under ``jit`` and ``vmap`` over a leading client axis; see ``docs/ops.md`` for the API
 reference with formulas and paper equations (``docs/privacy.md`` for privacy and compression).
 
 The submodules are the primary namespaces (``ops.prox.L1``, ``ops.gossip.Ring``); the most used names are
 re-exported here. ``ops.gossip`` is the submodule, so the operator of the same name is called
 ``ops.gossip.gossip(W, tree)``; ``Identity`` exists in ``prox``, ``gossip`` and ``compress`` and is not re-exported.
 """
-from fljax.ops import admm, compress, distill, gossip, meta, partition, privacy, prox, quant, sam, schedule, sparsity
+from fljax.ops import (admm, compress, distill, gossip, heterogeneity, meta, partition, privacy, prox, quant, sam,
+                       schedule, sparsity)
 from fljax.ops.admm import (admm_consensus, augmented_lagrangian, augmented_lagrangian_grad, cg_solver,
                             cholesky_solver, consensus_from_z, dual_ascent, gd_branch, inverse_solver, linearised_prox,
                             linearized_primal, woodbury_inverse_solver, woodbury_solver, z_form)
@@ -16,6 +17,7 @@ from fljax.ops.distill import ProjectionHead, crd_critic, crd_loss, feature_l2, 
 from fljax.ops.gossip import (Mixing, check_mixing, consensus_distance, contraction, gossip_gather, is_connected,
                               is_doubly_stochastic, is_row_stochastic, is_symmetric, make_topology,
                               metropolis_hastings, spectral_gap)
+from fljax.ops.heterogeneity import local_steps_norm, staleness_weight
 from fljax.ops.meta import adapt, hvp, meta_grad
 from fljax.ops.partition import count, mask_from_paths, mask_not, masked_average, merge, split
 from fljax.ops.privacy import (clip_by_norm, clip_per_layer, poisson_cohort, private_mean,
