@@ -19,7 +19,7 @@ round lasts (heterogeneity spec; docs/heterogeneity.md). In order, for the round
 The round's duration (H4): the m-th report when over-selection got its m; else the last event of a selected client —
 its report, its failure, its dropped partial work, or the deadline T for a late one. A round that selected nobody
 (nobody available) waits until the next moment a client becomes available. A round in which nobody reports is
-skipped (the template keeps the model: ``round_skipped`` = 1).
+skipped (the template keeps the model: ``round_skipped`` = 1) and moves the clock by at least one float32 step.
 """
 from __future__ import annotations
 
@@ -106,8 +106,12 @@ def draw(p, ctx, cohort_size: int | None, work):
     wait = dev.next_start(now) - now
     count = jnp.sum(selected.astype(jnp.int32))
     duration = jnp.where(count == 0, wait, jnp.where(enough, first_m, last)).astype(jnp.float32)
-
     reported = jnp.sum(reports.astype(jnp.float32))
+    # a skipped round moves the clock at least to the next float32 time: one whose clients all failed at once (an
+    # availability ending as the round starts) cannot repeat itself forever
+    duration = jnp.where(reported == 0, jnp.maximum(duration, jnp.nextafter(now, jnp.float32(jnp.inf)) - now),
+                         duration)
+
     metrics = {"clients_reported": reported, "clients_selected": count.astype(jnp.float32),
                "round_skipped": (reported == 0).astype(jnp.float32)}
     if dev.clocked:
