@@ -185,6 +185,13 @@ class Simulation:
                 raise ValueError("client groups need padded client arrays; build the data with storage='padded'.")
         self.algorithm = algorithm
         self.data = data
+        if isinstance(data, FederatedData) and algorithm.samples_cohorts:  # a deadline nobody meets: refused now
+            from fljax.participation import Work
+
+            try:
+                self.participation.check_deadline(self.num_train_clients, Work.of(algorithm.plan(), data.train, 0.0))
+            except OptionError as e:
+                raise e.within("participation") from None
         self.eval_ids = self._eval_sample(data, population, eval_clients)
         self.seed = int(seed)
         models = [m for m in [model] + ([] if population is None else [g.model for g in population.groups])

@@ -237,6 +237,24 @@ class Participation(Options):
                 raise OptionError(key, f"is not supported by the asynchronous {algorithm} (its clients always finish "
                                        f"their work); remove it.")
 
+    def check_deadline(self, population: int, work: "Work") -> None:
+        """Refuse a ``deadline`` that no client of ``population`` can meet with its ``work`` (a :class:`Work`): its
+        whole local steps under ``policy: drop``, one step under ``partial``, counting the computation only (a lower
+        bound of its round time)."""
+        if self.deadline is None or not self.clocked:
+            return
+        dev = self.devices(population)
+        steps = np.asarray(work.steps)[:population]
+        steps = steps if self.policy == "drop" else np.minimum(steps, 1)
+        need = steps * np.asarray(work.samples, np.float64)[:population] * dev.ms_per_sample / 1000
+        fastest = int(np.argmin(need))
+        if need[fastest] > self.deadline:
+            what = f"{int(steps[fastest])} local step{'s' if steps[fastest] != 1 else ''}"
+            raise OptionError("deadline", f"{self.deadline:g} s is shorter than every client's work: the fastest "
+                                          f"(client {fastest}) needs {need[fastest]:.3g} s for its {what} "
+                                          f"(policy: {self.policy}), before any communication; raise the deadline "
+                                          f"or lower the local work.")
+
     # ------------------------------------------------------------------------------------------------ devices
     def devices(self, population: int) -> Devices:
         """The :class:`~fljax.participation.devices.Devices` of ``population`` training clients (host arrays, made
