@@ -200,6 +200,11 @@ class RoundContext:
         base = jax.random.fold_in(self.run_key, CLOCK)
         return jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.asarray(ids))
 
+    def sample_stream(self):
+        """The key of the round's cohort draws (the SAMPLE stream): whom a participation selects, and its systems'
+        draws folded from it (:mod:`fljax.participation`)."""
+        return self.stream(SAMPLE)
+
     def sample_cohort(self, size: int | None):
         """Sorted ids of a uniform cohort of ``size`` training clients without replacement (all of them when
         None); target clients are never sampled."""

@@ -339,13 +339,11 @@ class Uniform(Participation):
     summary = "m = algo.cohort_size clients uniformly without replacement each round (the default)"
 
     def sample(self, ctx, size, available=None):
-        from fljax.engine.context import SAMPLE
-
         if available is None:
             return Cohort(ids=ctx.sample_cohort(size))
         n = ctx.num_train_clients
         size = n if size is None else min(size, n)
-        u = jnp.where(available, jax.random.uniform(ctx.stream(SAMPLE), (n,)), 2.0)
+        u = jnp.where(available, jax.random.uniform(ctx.sample_stream(), (n,)), 2.0)
         chosen = jax.lax.top_k(-u, size)[1]  # the `size` smallest keys among the available: a uniform subset
         ids = jnp.sort(jnp.where(u[chosen] < 2.0, chosen, n)).astype(jnp.int32)
         return Cohort(ids=ids, valid=ids < n)

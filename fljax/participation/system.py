@@ -50,7 +50,6 @@ def stragglers(share: float, key, selected, full, epoch):
 def draw(p, ctx, cohort_size: int | None, work):
     """The round's :class:`~fljax.participation.Cohort` of participation ``p`` (module docstring) for the round's
     :class:`~fljax.participation.Work` ``work`` (from virtual time ``work.now``)."""
-    from fljax.engine.context import SAMPLE
     from fljax.participation import Cohort
 
     n = ctx.num_train_clients
@@ -61,7 +60,7 @@ def draw(p, ctx, cohort_size: int | None, work):
     ids = base.ids
     selected = jnp.ones(ids.shape, bool) if base.valid is None else base.valid
     safe = jnp.minimum(ids, n - 1)
-    k_straggle, k_jitter, k_fail, k_when = jax.random.split(jax.random.fold_in(ctx.stream(SAMPLE), 1), 4)
+    k_straggle, k_jitter, k_fail, k_when = jax.random.split(jax.random.fold_in(ctx.sample_stream(), 1), 4)
     full = work.steps[safe]
     steps, short = stragglers(p.stragglers, k_straggle, selected, full, work.epoch[safe])
 
