@@ -80,7 +80,7 @@ class Asynchronous(local_options(*EVERY)):
     samples_cohorts = True  # the participation draws whom it dispatches and when each one arrives
     supports_groups = False
 
-    concurrency: int = option(100, "C: clients training at once", at_least(1))
+    concurrency: int = option(20, "C: clients training at once", at_least(1))
     dispatch: Literal["step", "arrival"] = option(
         "step", "when replacements start: 'step' (all K at the server step, from the new model) or 'arrival' (each "
                 "at its predecessor's arrival, from the model current then: FLSim, the FedBuff paper)")
@@ -279,7 +279,7 @@ class FedBuff(Asynchronous):
 
     name = "fedbuff"
     summary = "FedBuff: buffered asynchronous aggregation of K staleness-weighted updates (Nguyen et al. 2022)"
-    buffer_size: int = option(10, "K: arrivals per server step", at_least(1))
+    buffer_size: int = option(5, "K: arrivals per server step", at_least(1))
     server_lr: float = option(1.0, "global step size η_g: w ← w + η_g·(1/K)·Σ s(τ_i)Δ_i", greater_than(0))
 
     def buffer(self) -> int:
