@@ -3,9 +3,7 @@ asynchrony: a heap of arrival times, one client at a time, each client trained w
 current then, the server stepping every K arrivals. Both dispatch rules, devices of three speeds (so that arrivals
 tie: ties go to the lower client id), the same events in the same order, the same arrival times and the same models.
 The staleness functions against their definitions; the options' refusals."""
-import dataclasses
 import heapq
-import os
 
 import jax
 import jax.numpy as jnp
@@ -50,63 +48,76 @@ def _sim(name, capacity, **hp):
                       participation=participation)
 
 
-def event_loop(sim, rounds):
-    """The reference: FLSim's and FedScale's simulation of asynchrony, one event at a time (module docstring).
-    Returns, per server step, the (client, arrival time, start version) of its K arrivals in order, and the model
-    after it."""
-    alg, data = sim.algorithm, sim.data
-    k, rule = alg.buffer(), alg.dispatch
-    devices = sim.participation.devices(N)
-    w = jax.device_get(sim.init().server["params"])  # the initial model (what init trains from)
-    nbytes = 2 * sum(np.asarray(x).nbytes for x in jax.tree.leaves(w))
-    base = jax.random.fold_in(jax.random.PRNGKey(sim.seed), DISPATCH)
+class EventLoop:
+    """The reference: FLSim's and FedScale's simulation of asynchrony, one event at a time (module docstring): a heap
+    of (arrival time, client id, …), each client trained when it is dispatched from the model current then, the server
+    stepping every K arrivals. :meth:`step` runs one server step and returns the (client, arrival time, start
+    version) of its K arrivals in order; ``w`` is the model after it. (``benchmarks/asynchrony.py`` times it.)"""
 
-    f32 = np.float32
+    def __init__(self, sim):
+        alg, data = sim.algorithm, sim.data
+        self.alg, self.k, self.rule = alg, alg.buffer(), alg.dispatch
+        self.n = data.num_clients
+        self.devices = sim.participation.devices(self.n)
+        self.w = jax.device_get(sim.init().server["params"])  # the initial model (what init trains from)
+        self.nbytes = 2 * sum(np.asarray(x).nbytes for x in jax.tree.leaves(self.w))
+        self.base = jax.random.fold_in(jax.random.PRNGKey(sim.seed), DISPATCH)
+        self.plan, self.count = alg.plan(), np.asarray(data.train.count)
+        self.heap, self.busy, self.dispatched, self.version = [], set(), 0, 0
 
-    def seconds(c):  # 2 steps of min(5, n_c) samples at ms_c, then the model down and the update up over kbps_c
-        step = f32(min(5, int(data.train.count[c]))) * f32(devices.ms_per_sample[c]) / f32(1000)
-        return f32(2) * step + f32(8 * nbytes) / (f32(1000) * f32(devices.kbps[c]))  # float32 seconds, as fljax's
+        @jax.jit
+        def train(c, key, w, version):
+            inp = ClientInput(state={}, train=jax.tree.map(lambda a: a[c], data.train), key=key, round=version,
+                              down=w, model=sim.model, unroll=sim.unroll, id=c)
+            return alg.client_update(inp).upload
 
-    @jax.jit
-    def train(c, key, w, version):
-        inp = ClientInput(state={}, train=jax.tree.map(lambda a: a[c], data.train), key=key, round=version, down=w,
-                          model=sim.model, unroll=sim.unroll, id=c)
-        return alg.client_update(inp).upload
+        self.train = train
+        for _ in range(alg.concurrency):
+            self.dispatch(np.float32(0), 0)
 
-    heap, busy, dispatched = [], set(), [0]
+    def seconds(self, c):
+        """Client c's time, float32 seconds as fljax's clock: K local steps of min(B, n_c) samples at its ms per
+        sample, then the model down and the update up over its bandwidth."""
+        f32 = np.float32
+        step = f32(min(self.plan.batch_size, int(self.count[c]))) * f32(self.devices.ms_per_sample[c]) / f32(1000)
+        return f32(self.plan.steps) * step + f32(8 * self.nbytes) / (f32(1000) * f32(self.devices.kbps[c]))
 
-    def dispatch(now, w, version):  # (now: float32, the clock's)
-        key = jax.random.fold_in(base, dispatched[0])
-        u = np.array(jax.random.uniform(jax.random.fold_in(key, 0), (N,)))
-        u[list(busy)] = 2.0
+    def dispatch(self, now, version):
+        key = jax.random.fold_in(self.base, self.dispatched)
+        u = np.array(jax.random.uniform(jax.random.fold_in(key, 0), (self.n,)))
+        u[list(self.busy)] = 2.0
         c = int(np.argmin(u))
-        busy.add(c)
-        update = jax.device_get(train(c, jax.random.fold_in(key, 2), w, jnp.int32(version)))
-        heapq.heappush(heap, (now + seconds(c), c, dispatched[0], version, update))  # ties: the lower client id
-        dispatched[0] += 1
+        self.busy.add(c)
+        update = jax.device_get(self.train(c, jax.random.fold_in(key, 2), self.w, jnp.int32(version)))
+        heapq.heappush(self.heap, (now + self.seconds(c), c, self.dispatched, version, update))  # ties: lower id
+        self.dispatched += 1
 
-    for _ in range(alg.concurrency):
-        dispatch(f32(0), w, 0)
-    steps = []
-    for t in range(rounds):
+    def step(self):
+        alg, k, t = self.alg, self.k, self.version
         buffer = []
         while len(buffer) < k:
-            now, c, _, version, update = heapq.heappop(heap)
-            busy.discard(c)
+            now, c, _, version, update = heapq.heappop(self.heap)
+            self.busy.discard(c)
             buffer.append((c, now, version, update))
-            if rule == "arrival" and len(buffer) < k:
-                dispatch(now, w, t)
+            if self.rule == "arrival" and len(buffer) < k:
+                self.dispatch(now, t)
         if alg.name == "fedbuff":  # w ← w + η_g/K Σ (1 + τ_i)^(−a) Δ_i
-            w = jax.tree.map(lambda x, *u: x + alg.server_lr / k * sum(
-                (1 + t - v) ** -alg.staleness_a * ui for (_, _, v, _), ui in zip(buffer, u)), w,
+            self.w = jax.tree.map(lambda x, *u: x + alg.server_lr / k * sum(
+                (1 + t - v) ** -alg.staleness_a * ui for (_, _, v, _), ui in zip(buffer, u)), self.w,
                 *[b[3] for b in buffer])
         else:  # FedAsync: w ← (1 − α_t) w + α_t w_i, α_t = α (1 + τ)^(−a)
             alpha = alg.alpha * (1 + t - buffer[0][2]) ** -alg.staleness_a
-            w = jax.tree.map(lambda x, u: (1 - alpha) * x + alpha * u, w, buffer[0][3])
-        steps.append(([(c, a, v) for c, a, v, _ in buffer], w))
-        for _ in range(1 if rule == "arrival" else k):
-            dispatch(now, w, t + 1)
-    return steps
+            self.w = jax.tree.map(lambda x, u: (1 - alpha) * x + alpha * u, self.w, buffer[0][3])
+        self.version += 1
+        for _ in range(1 if self.rule == "arrival" else k):
+            self.dispatch(now, t + 1)
+        return [(c, a, v) for c, a, v, _ in buffer]
+
+
+def event_loop(sim, rounds):
+    """Every server step's arrivals and the model after it, by the reference (:class:`EventLoop`)."""
+    loop = EventLoop(sim)
+    return [(loop.step(), loop.w) for _ in range(rounds)]
 
 
 CASES = [("fedbuff", dict(concurrency=6, buffer_size=3, dispatch="step")),

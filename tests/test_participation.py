@@ -229,7 +229,7 @@ def test_a_round_is_the_loop_over_its_clients(options, traces, tmp_path):
 
 
 def test_stragglers_are_fedprox_s_protocol():
-    """FedProx §5: of the m selected, round(m(1 − s)) do all E epochs and the rest x ~ U{1..E} epochs; the same
+    """FedProx Section 5: of the m selected, round(m(1 − s)) do all E epochs and the rest x ~ U{1..E} epochs; the same
     stragglers for 'drop' (FedAvg: those short of E are dropped) and 'partial' (FedProx: kept with x epochs)."""
     data = _data()
     counts = np.asarray(data.train.count)

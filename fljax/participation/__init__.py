@@ -27,7 +27,7 @@ path is today's bit for bit):
 * **deadline** T with a ``policy``: 'drop' a client slower than T (H2, the default: FedAvg as deployed) or keep its
   'partial' work, the steps that fit by T;
 * **over-selection** (Bonawitz et al. 2019): select ⌈(1 + r)·m⌉ and keep the first m to report;
-* **stragglers** (FedProx §5): a share of the selected clients do x ~ U{1, …, E} epochs instead of E; ``policy``
+* **stragglers** (FedProx Section 5): a share of the selected clients do x ~ U{1, …, E} epochs instead of E; ``policy``
   'drop' drops them (FedAvg), 'partial' keeps their partial work (FedProx).
 
 A round of a participation with any of them (:attr:`Participation.system`) is drawn by
@@ -170,7 +170,7 @@ class Participation(Options):
                 "FedAvg as deployed) or keep its 'partial' work, the steps that fit (FedProx's γ-inexact clients)")
     over_selection: float = option(0.0, "select ⌈(1 + r)·m⌉ and keep the first m to report (Bonawitz et al. 2019; "
                                         "0: none)", at_least(0))
-    stragglers: float = option(0.0, "FedProx §5: the share of the selected clients that do x ~ U{1, …, E} epochs "
+    stragglers: float = option(0.0, "FedProx Section 5: the share of the selected clients that do x ~ U{1, …, E} epochs "
                                     "instead of E (0: none)", between(0, 1))
     dropout: float = option(0.0, "probability that a selected client fails mid-round, at a uniform moment of its "
                                  "work (H1: its work is lost)", interval(0, 1, "[)"))

@@ -4,14 +4,14 @@ round lasts (heterogeneity spec; docs/heterogeneity.md). In order, for the round
 
 1. **availability** at t₀ (:class:`~fljax.participation.devices.Devices`); the participation selects ⌈(1 + r)·m⌉
    (over-selection r, else m) among the available clients (:meth:`~fljax.participation.Participation.sample`);
-2. **stragglers** (FedProx §5, Li et al. 2020): of the n selected, round(n·(1 − s)) do their whole work and the rest
+2. **stragglers** (FedProx Section 5, Li et al. 2020): of the n selected, round(n·(1 − s)) do their whole work and the rest
    x ~ U{1, …, E} epochs (E the plan's epochs; with a plan of K steps, x ~ U{1, …, K} steps), drawn like the FedProx
    code (the same stragglers for every algorithm: the round's SAMPLE stream);
 3. **time**: client i's report time τ_i = (steps_i · b_i · ms_i/1000 + 8·(D + U)/(1000·kbps_i)) · j_i, j_i a
    log-normal jitter (σ = ``jitter``);
 4. **deadline** T: with ``policy: drop`` (H2) a client with τ_i > T is late and dropped; with ``partial`` it does the
    ⌊(T/j_i − comm_i)/step_i⌋ steps that fit (dropped when none fits); a straggler with fewer than its whole steps is
-   dropped under ``drop`` (FedAvg in FedProx §5), kept with its budget under ``partial`` (FedProx);
+   dropped under ``drop`` (FedAvg in FedProx Section 5), kept with its budget under ``partial`` (FedProx);
 5. **failures** (H1): a client whose availability ends before τ_i fails then; with ``dropout`` p each selected client
    also fails with probability p at a uniform moment u·τ_i; a failed client's work is lost;
 6. **over-selection** (Bonawitz et al. 2019): of the clients that report, the m earliest (ties: lower id) are kept.
@@ -30,7 +30,7 @@ __all__ = ["draw", "stragglers"]
 
 
 def stragglers(share: float, key, selected, full, epoch):
-    """FedProx §5's stragglers among the ``selected`` slots: ``(steps, short)`` — each slot's local steps (its
+    """FedProx Section 5's stragglers among the ``selected`` slots: ``(steps, short)`` — each slot's local steps (its
     ``full`` steps, or x·``epoch`` with x ~ U{1, …, full/epoch} for the stragglers) and whether a straggler got fewer
     than its full steps. Exactly count − round(count·(1 − share)) of the count selected are stragglers (FedProx's
     code draws round(m·(1 − drop)) active clients)."""

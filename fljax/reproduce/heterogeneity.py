@@ -2,7 +2,7 @@
 ``fljax reproduce heterogeneity``) and the check that is not a run: FedAvg's and FedNova's fixed points on quadratics
 against their closed forms.
 
-* claim 1 (FedProx §5): FedAvg that drops stragglers degrades as they grow; FedProx with their partial work (μ = 0)
+* claim 1 (FedProx Section 5): FedAvg that drops stragglers degrades as they grow; FedProx with their partial work (μ = 0)
   does better; μ > 0 better still and more stable (a smaller swing of the global loss over the last half);
 * claim 2 (FedNova): on f_i(x) = ½‖x − e_i‖² with local GD of step η and τ_i ∈ {2, …, 20}, FedAvg's fixed point is
   Σ p_i c_i e_i / Σ p_i c_i (c_i = 1 − (1 − η)^{τ_i}), FedNova's Σ p_i (c_i/τ_i) e_i / Σ p_i (c_i/τ_i), the
@@ -118,7 +118,7 @@ def claims(results) -> list[tuple[str, str, str]]:
         acc = {(m, s): 100 * _mean(results.final("stragglers", "global_acc", method=m, stragglers=s))
                for m in (FEDAVG, PROX0, PROX1) for s in STRAGGLERS}
         row = lambda m: " / ".join(f"{acc[m, s]:.1f}" for s in STRAGGLERS)  # noqa: E731
-        out.append(("1a. FedProx §5: FedAvg dropping stragglers degrades as they grow (0 / 50 / 90 %)",
+        out.append(("1a. FedProx Section 5: FedAvg dropping stragglers degrades as they grow (0 / 50 / 90 %)",
                     f"FedAvg (drop) {row(FEDAVG)} %", "holds" if acc[FEDAVG, "90%"] < acc[FEDAVG, "0%"] - 2 and
                     acc[FEDAVG, "50%"] <= acc[FEDAVG, "0%"] else "fails"))
         better = all(acc[PROX0, s] >= acc[FEDAVG, s] for s in ("50%", "90%"))
