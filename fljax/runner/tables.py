@@ -285,6 +285,8 @@ def _plot(results, spec: dict):
             style = plots.style(i)  # the colours, line styles and markers of every fljax plot
             if curves:
                 x, mean, std = results.curve(study, metric, spec.get("x", "round"), **labels)
+                if spec.get("logx"):  # a log axis has no place for x <= 0 (the initial model at 0 s)
+                    x, mean, std = x[x > 0], mean[x > 0], std[x > 0]
                 if x.size:
                     ax.plot(x, scale * mean, label=name, markevery=max(1, x.size // 10), **style)
                     if len(results.seeds(study, **labels)) > 1:
