@@ -72,25 +72,27 @@ class EventLoop:
             return alg.client_update(inp).upload
 
         self.train = train
-        for _ in range(alg.concurrency):
-            self.dispatch(np.float32(0), 0)
+        self.dispatch(np.float32(0), 0, alg.concurrency)
 
     def seconds(self, c):
-        """Client c's time, float32 seconds as fljax's clock: K local steps of min(B, n_c) samples at its ms per
-        sample, then the model down and the update up over its bandwidth."""
+        """Client c's time, float32 seconds as fljax's clock: K local steps of min(B, n_c) samples at its
+        ms/1000 seconds per sample, then the model down and the update up at its 1000·kbps/8 bytes per second."""
         f32 = np.float32
-        step = f32(min(self.plan.batch_size, int(self.count[c]))) * f32(self.devices.ms_per_sample[c]) / f32(1000)
-        return f32(self.plan.steps) * step + f32(8 * self.nbytes) / (f32(1000) * f32(self.devices.kbps[c]))
+        per_sample = f32(np.float64(self.devices.ms_per_sample[c]) / 1000)
+        step = f32(min(self.plan.batch_size, int(self.count[c]))) * per_sample
+        return f32(self.plan.steps) * step + f32(self.nbytes) / f32(np.float64(self.devices.kbps[c]) * 125)
 
-    def dispatch(self, now, version):
-        key = jax.random.fold_in(self.base, self.dispatched)
-        u = np.array(jax.random.uniform(jax.random.fold_in(key, 0), (self.n,)))
+    def dispatch(self, now, version, count=1):
+        """``count`` clients at once: the idle ones of smallest key in the first dispatch's draw, in that order."""
+        u = np.array(jax.random.uniform(jax.random.fold_in(jax.random.fold_in(self.base, self.dispatched), 0),
+                                        (self.n,)))
         u[list(self.busy)] = 2.0
-        c = int(np.argmin(u))
-        self.busy.add(c)
-        update = jax.device_get(self.train(c, jax.random.fold_in(key, 2), self.w, jnp.int32(version)))
-        heapq.heappush(self.heap, (now + self.seconds(c), c, self.dispatched, version, update))  # ties: lower id
-        self.dispatched += 1
+        for c in np.argsort(u, kind="stable")[:count]:
+            c, key = int(c), jax.random.fold_in(self.base, self.dispatched)
+            self.busy.add(c)
+            update = jax.device_get(self.train(c, jax.random.fold_in(key, 2), self.w, jnp.int32(version)))
+            heapq.heappush(self.heap, (now + self.seconds(c), c, self.dispatched, version, update))  # ties: lower id
+            self.dispatched += 1
 
     def step(self):
         alg, k, t = self.alg, self.k, self.version
@@ -109,8 +111,7 @@ class EventLoop:
             alpha = alg.alpha * (1 + t - buffer[0][2]) ** -alg.staleness_a
             self.w = jax.tree.map(lambda x, u: (1 - alpha) * x + alpha * u, self.w, buffer[0][3])
         self.version += 1
-        for _ in range(1 if self.rule == "arrival" else k):
-            self.dispatch(now, t + 1)
+        self.dispatch(now, t + 1, 1 if self.rule == "arrival" else k)
         return [(c, a, v) for c, a, v, _ in buffer]
 
 

@@ -19,14 +19,18 @@ Two dispatch rules (``dispatch``):
 
 Either way every client that trains from w_t is known once step t's arrivals are: the clients dispatched at the end
 of step t − 1 (K under ``step``, 1 under ``arrival``) and those dispatched during step t (0, or K − 1). So each step
-is: (1) the event phase, K pops of the earliest arrival (a ``fori_loop`` over the pool; under ``arrival`` each pop
-dispatches a replacement into the freed slot), (2) the K clients that start from w_t train as one vmapped cohort,
-(3) the server steps on the K popped updates, (4) the pool keeps the updates of the trained clients still in flight,
-and the end-of-step replacements are dispatched. Initialisation dispatches C clients at time 0 and trains all but
-those the first step trains (the last K, or 1). The d-th dispatch of a run (counting from 0) draws its client, its
-jitter and its training randomness from ``fold_in(fold_in(run_key, DISPATCH), d)``, so a plain event loop (a heap of
-arrival times, one client at a time, as FLSim and FedScale run: ``tests/test_asynchrony.py``) sees the same events
-in the same order with the same numbers.
+is: (1) the event phase — under ``step`` the K earliest arrivals of the pool at once (ties: lower id), under
+``arrival`` K pops of the earliest one in a ``fori_loop``, each dispatching a replacement into the freed slot; (2) the
+K clients that start from w_t train as one vmapped cohort; (3) the server steps on the K popped updates; (4) the pool
+keeps the updates of the trained clients still in flight, and the end-of-step replacements are dispatched.
+Initialisation dispatches C clients at time 0 and trains all but those the first step trains (the last K, or 1).
+
+Dispatches are numbered from 0 over the run; dispatch d draws its jitter and its training randomness from
+``fold_in(fold_in(run_key, DISPATCH), d)``. Clients dispatched at one moment (the C at time 0, the K after a ``step``
+server step, each single one under ``arrival``) are a batch whose first dispatch's draw picks them: the idle training
+clients of smallest uniform key, in that order (a uniformly random ordered subset of the idle). A plain event loop (a
+heap of arrival times, one client at a time, as FLSim and FedScale run: ``tests/test_asynchrony.py``) drawing by the
+same rule sees the same events in the same order with the same numbers.
 
 The server state holds, beside the model: the version t, the virtual clock, the pool (client ids, arrival times,
 start versions, dispatch numbers, stored updates) and ``last``, the events of the latest step (popped client ids,
@@ -52,6 +56,7 @@ from fljax.ops import prox
 from fljax.ops.heterogeneity import STALENESS, staleness_weight
 from fljax.options import at_least, greater_than, interval, option
 from fljax.participation import Work
+from fljax.participation.devices import add
 
 __all__ = ["Asynchronous", "FedBuff", "FedAsync", "Pool"]
 
@@ -138,18 +143,21 @@ class Asynchronous(local_options(*EVERY)):
         nbytes = 2.0 * tree.nbytes(params)
         return Work.of(self.plan(), ctx.data.train, nbytes)
 
-    def _dispatch(self, ctx, devices, work, busy, number, now):
-        """Dispatch number ``number`` at time ``now``: (client, arrival time, busy with it marked) — the client
-        uniformly among the idle training clients, its time from its device, jittered."""
+    def _dispatch(self, ctx, devices, work, busy, first, count: int, now):
+        """Dispatch ``count`` clients at once at time ``now``, as dispatches ``first``, ``first`` + 1, …: (clients,
+        arrival times, busy with them marked). The batch takes the ``count`` idle training clients of smallest
+        uniform key from dispatch ``first``'s draw, in that order (a uniformly random ordered subset of the idle);
+        each one's time from its device, jittered by its own dispatch's draw."""
         n = ctx.num_train_clients
-        key = jax.random.fold_in(jax.random.fold_in(ctx.run_key, DISPATCH), number)
-        u = jax.random.uniform(jax.random.fold_in(key, 0), (n,))
-        client = jnp.argmin(jnp.where(busy, 2.0, u)).astype(jnp.int32)
-        seconds = devices.seconds(client, work.steps[client], work.samples[client], work.nbytes)
+        base = jax.random.fold_in(ctx.run_key, DISPATCH)
+        u = jnp.where(busy, 2.0, jax.random.uniform(jax.random.fold_in(jax.random.fold_in(base, first), 0), (n,)))
+        clients = jax.lax.top_k(-u, count)[1].astype(jnp.int32)
+        seconds = devices.seconds(clients, work.steps[clients], work.samples[clients], work.nbytes)
         jitter = ctx.participation.jitter
         if jitter:
-            seconds = seconds * jnp.exp(jitter * jax.random.normal(jax.random.fold_in(key, 1)))
-        return client, now + seconds, busy.at[client].set(True)
+            keys = jax.vmap(lambda d: jax.random.fold_in(jax.random.fold_in(base, d), 1))(first + jnp.arange(count))
+            seconds = seconds * jnp.exp(jitter * jax.vmap(jax.random.normal)(keys))
+        return clients, add(now, seconds), busy.at[clients].set(True)
 
     def _train(self, ctx, ids, numbers, params, version):
         """The clients ``ids`` (dispatch ``numbers``) trained from ``params`` of server ``version``: one cohort."""
@@ -164,13 +172,8 @@ class Asynchronous(local_options(*EVERY)):
         c, ends = self.concurrency, self.ends()
         devices, work = ctx.participation.devices(ctx.num_train_clients), self.work(ctx, params)
 
-        def launch(i, carry):
-            ids, arrival, busy = carry
-            client, at, busy = self._dispatch(ctx, devices, work, busy, i, jnp.float32(0))
-            return ids.at[i].set(client), arrival.at[i].set(at), busy
-
-        ids, arrival, _ = jax.lax.fori_loop(0, c, launch, (jnp.zeros(c, jnp.int32), jnp.zeros(c, jnp.float32),
-                                                           jnp.zeros(ctx.num_train_clients, bool)))
+        ids, arrival, _ = self._dispatch(ctx, devices, work, jnp.zeros(ctx.num_train_clients, bool), 0, c,
+                                         jnp.float32(0))
         numbers = jnp.arange(c, dtype=jnp.int32)
         update = tree.broadcast_clients(tree.zeros_like(params), c)  # the last `ends` train in the first step
         if c > ends:
@@ -196,19 +199,18 @@ class Asynchronous(local_options(*EVERY)):
         cohort_numbers = jnp.zeros(k, jnp.int32).at[carried].set(pool.dispatch, mode="drop")
         cohort_slots = jnp.zeros(k, jnp.int32).at[carried].set(jnp.arange(self.concurrency), mode="drop")
 
-        def pop(j, carry):
-            pool, busy, number, now, popped, cohort = carry
-            first = jnp.min(pool.arrival)
-            slot = jnp.argmin(jnp.where(pool.arrival == first, pool.ids, jnp.iinfo(jnp.int32).max))
-            popped = jax.tree.map(lambda a, v: a.at[j].set(v), popped,
-                                  (pool.ids[slot], first, pool.version[slot], pool.pending[slot], slot))
-            busy = busy.at[pool.ids[slot]].set(False)
-            pool = pool.replace(arrival=pool.arrival.at[slot].set(jnp.inf))
-            if middle:  # `arrival`: the replacement starts now, from w_t (the last pop's starts after the step)
-                refill = j < middle
-                client, at, refilled = self._dispatch(ctx, devices, work, busy, number, first)
-                pool = pool.replace(ids=pool.ids.at[slot].set(jnp.where(refill, client, pool.ids[slot])),
-                                    arrival=pool.arrival.at[slot].set(jnp.where(refill, at, jnp.inf)),
+        if middle:  # `arrival`: one arrival at a time, each replacement starting then, from w_t
+            def pop(j, carry):
+                pool, busy, number, now, popped, cohort = carry
+                first = jnp.min(pool.arrival)
+                slot = jnp.argmin(jnp.where(pool.arrival == first, pool.ids, jnp.iinfo(jnp.int32).max))
+                popped = jax.tree.map(lambda a, v: a.at[j].set(v), popped,
+                                      (pool.ids[slot], first, pool.version[slot], pool.pending[slot], slot))
+                busy = busy.at[pool.ids[slot]].set(False)
+                refill = j < middle  # (the last pop's replacement starts after the step)
+                client, at, refilled = self._dispatch(ctx, devices, work, busy, number, 1, first)
+                pool = pool.replace(ids=pool.ids.at[slot].set(jnp.where(refill, client[0], pool.ids[slot])),
+                                    arrival=pool.arrival.at[slot].set(jnp.where(refill, at[0], jnp.inf)),
                                     version=pool.version.at[slot].set(jnp.where(refill, t, pool.version[slot])),
                                     dispatch=pool.dispatch.at[slot].set(jnp.where(refill, number,
                                                                                   pool.dispatch[slot])),
@@ -216,18 +218,24 @@ class Asynchronous(local_options(*EVERY)):
                                                                                 pool.pending[slot])))
                 at_j = jnp.minimum(ends + j, k - 1)
                 cohort = jax.tree.map(lambda a, v: a.at[at_j].set(jnp.where(refill, v, a[at_j])), cohort,
-                                      (client, number, slot))
+                                      (client[0], number, slot))
                 busy = jnp.where(refill, refilled, busy)
-                number = number + refill.astype(jnp.int32)
-            return pool, busy, number, first, popped, cohort
+                return pool, busy, number + refill.astype(jnp.int32), first, popped, cohort
 
-        popped0 = (jnp.zeros(k, jnp.int32), jnp.zeros(k, jnp.float32), jnp.zeros(k, jnp.int32),
-                   jnp.zeros(k, jnp.int32), jnp.zeros(k, jnp.int32))
-        pool, busy, number, now, popped, cohort = jax.lax.fori_loop(
-            0, k, pop, (pool, busy, server["dispatched"], server["now"], popped0,
-                        (cohort_ids, cohort_numbers, cohort_slots)))
-        pop_ids, pop_arrival, pop_version, pop_pending, pop_slot = popped
-        cohort_ids, cohort_numbers, cohort_slots = cohort
+            popped0 = (jnp.zeros(k, jnp.int32), jnp.zeros(k, jnp.float32), jnp.zeros(k, jnp.int32),
+                       jnp.zeros(k, jnp.int32), jnp.zeros(k, jnp.int32))
+            pool, busy, number, now, popped, cohort = jax.lax.fori_loop(
+                0, k, pop, (pool, busy, server["dispatched"], server["now"], popped0,
+                            (cohort_ids, cohort_numbers, cohort_slots)))
+            pop_ids, pop_arrival, pop_version, pop_pending, pop_slot = popped
+            cohort_ids, cohort_numbers, cohort_slots = cohort
+        else:  # `step`: nobody starts during the step, so its arrivals are the K earliest, ties by lower id
+            pop_slot = jnp.lexsort((pool.ids, pool.arrival))[:k].astype(jnp.int32)
+            pop_ids, pop_arrival = pool.ids[pop_slot], pool.arrival[pop_slot]
+            pop_version, pop_pending = pool.version[pop_slot], pool.pending[pop_slot]
+            busy = busy.at[pop_ids].set(False)
+            pool = pool.replace(arrival=pool.arrival.at[pop_slot].set(jnp.inf))
+            number, now = server["dispatched"], pop_arrival[-1]
 
         # the K clients that start from w_t train as one cohort; the popped updates come from it or from the pool
         result = self._train(ctx, cohort_ids, cohort_numbers, params, t)
@@ -245,16 +253,12 @@ class Asynchronous(local_options(*EVERY)):
         pool = pool.replace(update=stored, pending=pending)
         free = pop_slot[middle:]  # the slots the last `ends` pops freed (all K under `step`)
 
-        def launch(i, carry):
-            pool, busy, number = carry
-            client, at, busy = self._dispatch(ctx, devices, work, busy, number, now)
-            slot = free[i]
-            pool = pool.replace(ids=pool.ids.at[slot].set(client), arrival=pool.arrival.at[slot].set(at),
-                                version=pool.version.at[slot].set(t + 1), dispatch=pool.dispatch.at[slot].set(number),
-                                pending=pool.pending.at[slot].set(i))
-            return pool, busy, number + 1
-
-        pool, busy, number = jax.lax.fori_loop(0, ends, launch, (pool, busy, number))
+        fresh, at, busy = self._dispatch(ctx, devices, work, busy, number, ends, now)
+        pool = pool.replace(ids=pool.ids.at[free].set(fresh), arrival=pool.arrival.at[free].set(at),
+                            version=pool.version.at[free].set(t + 1),
+                            dispatch=pool.dispatch.at[free].set(number + jnp.arange(ends, dtype=jnp.int32)),
+                            pending=pool.pending.at[free].set(jnp.arange(ends, dtype=jnp.int32)))
+        number = number + ends
         last = {"ids": pop_ids, "arrival": pop_arrival, "version": pop_version}
         new_server = {"params": new_params, "version": t + 1, "now": now, "dispatched": number, "pool": pool,
                       "last": last}

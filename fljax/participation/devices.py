@@ -23,10 +23,18 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Devices"]
+__all__ = ["Devices", "add"]
+
+
+def add(a, b):
+    """a + b with both rounded first: XLA may otherwise fuse a product into the sum (a fused multiply-add rounds
+    once), and clocks computed in two places would differ in the last bit."""
+    a, b = jax.lax.optimization_barrier((a, b))
+    return a + b
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -50,22 +58,34 @@ class Devices:
     def clocked(self) -> bool:
         return self.kbps is not None
 
+    @property
+    def seconds_per_sample(self) -> np.ndarray:
+        """[n] float32: ms_i/1000, computed on the host."""
+        return (np.asarray(self.ms_per_sample, np.float64) / 1000).astype(np.float32)
+
+    @property
+    def bytes_per_second(self) -> np.ndarray:
+        """[n] float32: 1000·kbps_i/8, computed on the host."""
+        return (np.asarray(self.kbps, np.float64) * 125).astype(np.float32)
+
     # ------------------------------------------------------------------------------------------------ time
     def step_seconds(self, ids, samples_per_step):
         """Seconds of one local step of ``samples_per_step`` samples on each of the devices ``ids``."""
-        return jnp.asarray(samples_per_step, jnp.float32) * jnp.asarray(self.ms_per_sample, jnp.float32)[ids] / 1000
+        return jnp.asarray(samples_per_step, jnp.float32) * jnp.asarray(self.seconds_per_sample)[ids]
 
     def comm_seconds(self, ids, nbytes):
         """Seconds to download and upload ``nbytes`` bytes in all on each of the devices ``ids``."""
-        return 8 * jnp.asarray(nbytes, jnp.float32) / (1000 * jnp.asarray(self.kbps, jnp.float32)[ids])
+        return jnp.asarray(nbytes, jnp.float32) / jnp.asarray(self.bytes_per_second)[ids]
 
     def seconds(self, ids, steps, samples_per_step, nbytes):
         """A round's time on each device ``ids``: ``steps`` local steps of ``samples_per_step`` samples, then
-        ``nbytes`` bytes down and up (module docstring); zeros without a clock."""
+        ``nbytes`` bytes down and up (module docstring); zeros without a clock. Float32, every operation rounded
+        on its own (no fused multiply-add), so that a plain loop computing the same products and sums in float32
+        gets the same times, ties included."""
         if not self.clocked:
             return jnp.zeros(jnp.shape(ids), jnp.float32)
-        return jnp.asarray(steps, jnp.float32) * self.step_seconds(ids, samples_per_step) + self.comm_seconds(ids,
-                                                                                                             nbytes)
+        compute = jnp.asarray(steps, jnp.float32) * self.step_seconds(ids, samples_per_step)
+        return add(compute, self.comm_seconds(ids, nbytes))
 
     # ------------------------------------------------------------------------------------------------ availability
     def _diurnal_position(self, t):

@@ -51,6 +51,7 @@ def draw(p, ctx, cohort_size: int | None, work):
     """The round's :class:`~fljax.participation.Cohort` of participation ``p`` (module docstring) for the round's
     :class:`~fljax.participation.Work` ``work`` (from virtual time ``work.now``)."""
     from fljax.participation import Cohort
+    from fljax.participation.devices import add
 
     n = ctx.num_train_clients
     dev = p.devices(n)
@@ -80,7 +81,7 @@ def draw(p, ctx, cohort_size: int | None, work):
             late = (comm_s > limit) | ((steps < 1) & (full > 0))
         else:
             late = steps * step_s + comm_s > limit
-    time = steps * step_s + comm_s
+    time = add(steps * step_s, comm_s)
     if p.deadline is not None and p.policy == "partial":
         time = jnp.minimum(time, p.deadline)
     dropped = short if p.policy == "drop" else jnp.zeros(ids.shape, bool)
