@@ -237,20 +237,24 @@ class Asynchronous(local_options(*EVERY)):
             pool = pool.replace(arrival=pool.arrival.at[pop_slot].set(jnp.inf))
             number, now = server["dispatched"], pop_arrival[-1]
 
-        # the K clients that start from w_t train as one cohort; the popped updates come from it or from the pool
+        # the K clients that start from w_t train as one cohort; the ones still in flight keep their update in the
+        # pool, and the popped updates come from the cohort or from the pool
         result = self._train(ctx, cohort_ids, cohort_numbers, params, t)
-        from_cohort = jax.tree.map(lambda a: a[jnp.maximum(pop_pending, 0)], result.upload)
-        from_pool = jax.tree.map(lambda a: a[pop_slot], pool.update)
-        updates = tree.where(pop_pending >= 0, from_cohort, from_pool)
-        staleness = (t - pop_version).astype(jnp.float32)
-        new_params = self.server_step(params, updates, staleness)
-
-        # the trained clients still in flight keep their update; the end-of-step replacements start from w_{t+1}
         in_flight = ~jnp.any(jnp.arange(k)[:, None] == jnp.where(pop_pending >= 0, pop_pending, -1)[None, :], axis=1)
         keep = jnp.where(in_flight, cohort_slots, self.concurrency)
-        stored = jax.tree.map(lambda s, u: s.at[keep].set(u, mode="drop"), pool.update, result.upload)
-        pending = pool.pending.at[keep].set(-1, mode="drop")
-        pool = pool.replace(update=stored, pending=pending)
+        read = lambda update: jax.tree.map(lambda a: a[pop_slot], update)  # noqa: E731
+        if middle:  # `arrival`: a popped slot may have been refilled by a client still in flight: read, then write
+            from_pool = read(pool.update)
+            stored = jax.tree.map(lambda s, u: s.at[keep].set(u, mode="drop"), pool.update, result.upload)
+        else:  # `step`: the in-flight clients' slots are not popped ones: write first, and the pool is not copied
+            stored = jax.tree.map(lambda s, u: s.at[keep].set(u, mode="drop"), pool.update, result.upload)
+            from_pool = read(stored)
+        updates = tree.where(pop_pending >= 0, jax.tree.map(lambda a: a[jnp.maximum(pop_pending, 0)], result.upload),
+                             from_pool)
+        staleness = (t - pop_version).astype(jnp.float32)
+        new_params = self.server_step(params, updates, staleness)
+        pool = pool.replace(update=stored, pending=pool.pending.at[keep].set(-1, mode="drop"))
+        # the end-of-step replacements start from w_{t+1}
         free = pop_slot[middle:]  # the slots the last `ends` pops freed (all K under `step`)
 
         fresh, at, busy = self._dispatch(ctx, devices, work, busy, number, ends, now)
