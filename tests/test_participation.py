@@ -228,6 +228,18 @@ def test_a_round_is_the_loop_over_its_clients(options, traces, tmp_path):
     assert seen_late > 0, "the settings should drop some client"
 
 
+def test_poisson_cohorts_keep_only_available_clients():
+    """Poisson draws every client with probability m/N and keeps the available ones: sorted ids, empties last."""
+    data = _data()
+    p = Poisson(speed="synthetic", availability="diurnal", period=100.0, on_fraction=0.4, seed=1)
+    for r, now in enumerate([0.0, 31.0, 77.0]):
+        cohort = p.draw(_ctx(p, data, r), 15, Work.of(PLAN, data.train, 100.0, now))
+        ids, selected = np.asarray(cohort.ids), np.asarray(cohort.ids) < N
+        available = np.asarray(p.devices(N).available(now))
+        assert selected.any() and available[ids[selected]].all() and np.all(np.diff(ids) >= 0)
+        assert not selected[selected.sum():].any()  # empty slots after the clients
+
+
 def test_stragglers_are_fedprox_s_protocol():
     """FedProx Section 5: of the m selected, round(m(1 − s)) do all E epochs and the rest x ~ U{1..E} epochs; the same
     stragglers for 'drop' (FedAvg: those short of E are dropped) and 'partial' (FedProx: kept with x epochs)."""
