@@ -405,7 +405,7 @@ CASES = [
     _case(_HETERO, "run --set participation.speed=synthetic --set participation.ms_per_sample=-5",
           "participation.ms_per_sample must be > 0, got -5.0."),
     _case(_HETERO, "run --set participation.speed=synthetic --set participation.deadline=0.001",
-          "participation.deadline 0.001 s is shorter than every client's work"),
+          "participation.deadline 0.001 s is shorter than every client's round"),
     _case(_HETERO, "run --set participation.deadline=30", "participation.deadline needs device speeds, the virtual "
                                                           "clock (speed: synthetic or trace)."),
     _case(_HETERO, "run --algorithm fedbuff --set algo.concurrency=10 --set algo.buffer_size=20",

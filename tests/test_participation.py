@@ -337,6 +337,23 @@ def test_rounds_in_which_nobody_reports_are_skipped_and_the_clock_moves_on(tmp_p
     assert times[3:] == pytest.approx([1000.0, 1150.0], abs=1e-2)
 
 
+def test_a_deadline_nobody_meets_is_refused_when_the_simulation_is_built():
+    """The fastest client's round — its computation and the logreg model's 60 bytes down and 60 up — against the
+    deadline: at 0.5 kbit/s the bytes alone take 1.92 s > 1 s; at 2 kbit/s, 0.48 s."""
+    alg = make_algorithm("fedavg", lr=0.1, batch_size=5, local_steps=2, cohort_size=4)
+    for kbps, refused in ((0.5, True), (2.0, False)):
+        p = Uniform(speed="synthetic", ms_per_sample=0.01, compute_sigma=0.0, kbps=kbps, bandwidth_sigma=0.0,
+                    deadline=1.0, policy="partial")
+        build = lambda: Simulation(alg, _data(), make_model("logreg", (4,), 3), executor="vmap",  # noqa: E731
+                                   participation=p)
+        if refused:
+            with pytest.raises(OptionError, match="participation.deadline 1 s is shorter than every client's round: "
+                                                  "the fastest .* needs 1.92 s .* to send 120 bytes"):
+                build()
+        else:
+            build()
+
+
 def test_privacy_refuses_a_participation_without_amplification():
     assert Uniform().sampling(50, 10) is not None and Poisson().sampling(50, 10) is not None
     assert Uniform(stragglers=0.5, policy="partial").sampling(50, 10) is not None  # nobody dropped

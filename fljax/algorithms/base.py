@@ -330,6 +330,15 @@ class CohortTemplate(Algorithm):
         encoder = None if ctx.aggregator is None else ctx.aggregator.uploads
         return float(tree.nbytes(down)) + float(tree.nbytes(one) if encoder is None else encoder.bytes_up(one))
 
+    def bytes_per_client(self, ctx: RoundContext, server) -> float:
+        """:meth:`client_bytes` of the broadcast of ``server`` (the state's server, as :meth:`round` receives it;
+        shapes suffice)."""
+        if isinstance(server, WithClock):
+            server = server.state
+        if isinstance(server, WithAggregator):
+            server = server.state
+        return self.client_bytes(ctx, model_state.attach(server, self.broadcast(model_state.unwrap(server))))
+
     def round(self, ctx: RoundContext, server, clients):
         now = None
         if isinstance(server, WithClock):

@@ -185,13 +185,6 @@ class Simulation:
                 raise ValueError("client groups need padded client arrays; build the data with storage='padded'.")
         self.algorithm = algorithm
         self.data = data
-        if isinstance(data, FederatedData) and algorithm.samples_cohorts:  # a deadline nobody meets: refused now
-            from fljax.participation import Work
-
-            try:
-                self.participation.check_deadline(self.num_train_clients, Work.of(algorithm.plan(), data.train, 0.0))
-            except OptionError as e:
-                raise e.within("participation") from None
         self.eval_ids = self._eval_sample(data, population, eval_clients)
         self.seed = int(seed)
         models = [m for m in [model] + ([] if population is None else [g.model for g in population.groups])
@@ -218,6 +211,23 @@ class Simulation:
         self._compiled: dict = {}
         self._executables: dict = {}
         self.memory_plans: dict = {}
+        self._check_deadline()
+
+    def _check_deadline(self) -> None:
+        """Refuse, before anything runs, a participation deadline that no client meets with its whole work (one step
+        under ``policy: partial``) and its bytes (the state's shapes, traced without computing anything)."""
+        bytes_of = getattr(self.algorithm, "bytes_per_client", None)  # the cohort template's
+        if self.participation.deadline is None or not isinstance(self.data, FederatedData) or bytes_of is None:
+            return
+        from fljax.participation import Work
+
+        key = jax.random.PRNGKey(self.seed)
+        nbytes = bytes_of(self.context(self.data, jnp.int32(0), key, key), self.state_shapes().server)
+        try:
+            self.participation.check_deadline(self.num_train_clients,
+                                              Work.of(self.algorithm.plan(), self.data.train, nbytes))
+        except OptionError as e:
+            raise e.within("participation") from None
 
     @staticmethod
     def _check_population(algorithm, population: Population, data: FederatedData, model: Model) -> None:

@@ -239,21 +239,22 @@ class Participation(Options):
 
     def check_deadline(self, population: int, work: "Work") -> None:
         """Refuse a ``deadline`` that no client of ``population`` can meet with its ``work`` (a :class:`Work`): its
-        whole local steps under ``policy: drop``, one step under ``partial``, counting the computation only (a lower
-        bound of its round time)."""
+        whole local steps under ``policy: drop``, one step under ``partial``, and its bytes down and up (without
+        jitter)."""
         if self.deadline is None or not self.clocked:
             return
         dev = self.devices(population)
         steps = np.asarray(work.steps)[:population]
         steps = steps if self.policy == "drop" else np.minimum(steps, 1)
-        need = steps * np.asarray(work.samples, np.float64)[:population] * dev.ms_per_sample / 1000
+        compute = steps * np.asarray(work.samples, np.float64)[:population] * dev.ms_per_sample / 1000
+        need = compute + 8 * float(work.nbytes) / (1000 * dev.kbps.astype(np.float64))
         fastest = int(np.argmin(need))
         if need[fastest] > self.deadline:
             what = f"{int(steps[fastest])} local step{'s' if steps[fastest] != 1 else ''}"
-            raise OptionError("deadline", f"{self.deadline:g} s is shorter than every client's work: the fastest "
-                                          f"(client {fastest}) needs {need[fastest]:.3g} s for its {what} "
-                                          f"(policy: {self.policy}), before any communication; raise the deadline "
-                                          f"or lower the local work.")
+            raise OptionError("deadline", f"{self.deadline:g} s is shorter than every client's round: the fastest "
+                                          f"(client {fastest}) needs {need[fastest]:.3g} s ({compute[fastest]:.3g} s "
+                                          f"for its {what} (policy: {self.policy}), the rest to send "
+                                          f"{float(work.nbytes):,.0f} bytes); raise the deadline or lower the work.")
 
     # ------------------------------------------------------------------------------------------------ devices
     def devices(self, population: int) -> Devices:
