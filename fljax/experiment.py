@@ -218,15 +218,19 @@ def _participation(cfg: ExperimentConfig, algorithm: Algorithm):
 
     p = cfg.participation
     if p is None:
-        return default_participation(cfg.privacy is not None and cfg.privacy.level == "client")
+        return default_participation(cfg.privacy is not None and cfg.privacy.level == "client",
+                                     clocked=algorithm.asynchronous)
     if not algorithm.samples_cohorts:
         raise OptionError("participation", f"draws the cohorts of a server-based algorithm; {cfg.algorithm}'s "
                                            f"clients all take part in every round (decentralized gossip or "
                                            f"consensus regression): remove the participation section.")
-    if cfg.groups and p.name != "uniform":
-        raise OptionError("participation", "other than uniform runs on one homogeneous population; remove groups.")
+    if cfg.groups and (p.name != "uniform" or p.system):
+        raise OptionError("participation", "other than uniform cohorts of whole work runs on one homogeneous "
+                                           "population; remove groups.")
     clients = cfg.data.num_train_clients
     try:
+        if algorithm.asynchronous:
+            p.validate_asynchronous(cfg.algorithm)
         p.validate(clients, algorithm.participants(clients))
     except OptionError as e:
         raise e.within("participation") from None

@@ -13,7 +13,8 @@ import dataclasses
 __all__ = ["FAMILIES", "QUICKSTART", "QUICKSTART_WHY", "UNTUNED", "family", "untuned"]
 
 FAMILIES: dict[str, tuple[str, ...]] = {
-    "one global model": ("fedavg", "fedprox", "scaffold", "feddyn", "fedavg_ft"),
+    "one global model": ("fedavg", "fedprox", "scaffold", "feddyn", "fedavg_ft", "fednova"),
+    "asynchronous (buffered, staleness-weighted)": ("fedbuff", "fedasync"),
     "personal models, regularised or meta-learned": ("ditto", "apfl", "pfedme", "perfedavg", "fml"),
     "personal models, split or decomposed": ("fedrep", "fedper", "lg_fedavg", "fedbabu", "fedrod", "fedslr"),
     "decentralized (gossip, no server)": ("dfedalt", "dfedsalt", "dfedavg", "dfedavgm", "dfedsam", "dispfl"),

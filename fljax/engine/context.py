@@ -15,7 +15,7 @@ from fljax.engine.protocol import ClientInput
 from fljax.engine.sampling import poisson_cohort, sample_cohort
 
 __all__ = ["RoundContext", "ClientCall", "TRAIN", "EVAL", "SAMPLE", "INIT", "MIXING", "CLOCK", "SERVER", "UPLOAD",
-           "NOISE", "ATTACK"]
+           "NOISE", "ATTACK", "DISPATCH"]
 
 # Stream tags: every random choice derives from fold_in(fold_in(run_key, round), tag) and then the client id, so
 # results never depend on the executor, the cohort's order or the batch position of a client.
@@ -26,6 +26,7 @@ SERVER = 6  # the server's own draws on its data (e.g. AugFL's knowledge-transfe
 UPLOAD = 7  # a client's draws while encoding its upload (random-k's subset, QSGD's rounding: fljax.privacy)
 NOISE = 8  # the server's privacy noise and adaptive clipping's count noise (fljax.privacy)
 ATTACK = 9  # the malicious clients' draws: fold_in(run_key, ATTACK) who they are, the round's stream what they send
+DISPATCH = 10  # an asynchronous run's d-th dispatch: fold_in(fold_in(run_key, DISPATCH), d) (fljax.algorithms.asynchronous)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,6 +199,11 @@ class RoundContext:
             return None
         base = jax.random.fold_in(self.run_key, CLOCK)
         return jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.asarray(ids))
+
+    def sample_stream(self):
+        """The key of the round's cohort draws (the SAMPLE stream): whom a participation selects, and its systems'
+        draws folded from it (:mod:`fljax.participation`)."""
+        return self.stream(SAMPLE)
 
     def sample_cohort(self, size: int | None):
         """Sorted ids of a uniform cohort of ``size`` training clients without replacement (all of them when

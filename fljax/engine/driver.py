@@ -156,7 +156,8 @@ class Simulation:
         self.aggregator = Mean() if aggregator is None else aggregator
         self.attack = attack
         self.participation = participation if participation is not None else default_participation(
-            privacy is not None and privacy.plan is not None and privacy.plan.options.level == "client")
+            privacy is not None and privacy.plan is not None and privacy.plan.options.level == "client",
+            clocked=algorithm.asynchronous)
         if memory_budget is not None and not memory_budget > 0:
             raise ValueError(f"memory_budget must be > 0 GiB (or None: from the device), got {memory_budget}.")
         self.memory_budget = memory_budget
@@ -210,6 +211,23 @@ class Simulation:
         self._compiled: dict = {}
         self._executables: dict = {}
         self.memory_plans: dict = {}
+        self._check_deadline()
+
+    def _check_deadline(self) -> None:
+        """Refuse, before anything runs, a participation deadline that no client meets with its whole work (one step
+        under ``policy: partial``) and its bytes (the state's shapes, traced without computing anything)."""
+        bytes_of = getattr(self.algorithm, "bytes_per_client", None)  # the cohort template's
+        if self.participation.deadline is None or not isinstance(self.data, FederatedData) or bytes_of is None:
+            return
+        from fljax.participation import Work
+
+        key = jax.random.PRNGKey(self.seed)
+        nbytes = bytes_of(self.context(self.data, jnp.int32(0), key, key), self.state_shapes().server)
+        try:
+            self.participation.check_deadline(self.num_train_clients,
+                                              Work.of(self.algorithm.plan(), self.data.train, nbytes))
+        except OptionError as e:
+            raise e.within("participation") from None
 
     @staticmethod
     def _check_population(algorithm, population: Population, data: FederatedData, model: Model) -> None:

@@ -102,7 +102,9 @@ class FederatedAlgorithm(Protocol):
     * ``reads_aggregate``: its server reads the uploads only through their aggregate (set by the
       :class:`fljax.algorithms.base.Aggregating` template: every aggregator of :mod:`fljax.aggregation` applies,
       robust rules, attacks, client-level privacy and compressed uploads included); ``samples_cohorts``: a
-      participation draws its cohorts (set by the cohort template; :mod:`fljax.participation`);
+      participation draws its cohorts (set by the cohort template; :mod:`fljax.participation`); ``asynchronous``: it
+      runs on the participation's virtual clock, one server step a round (set by the asynchronous template,
+      :mod:`fljax.algorithms.asynchronous`);
       ``private_steps``: its clients touch their training data only through the local steps of its batch plan
       (example-level privacy applies: DP-SGD in every step).
 
@@ -134,6 +136,7 @@ class FederatedAlgorithm(Protocol):
     trains_model_state: ClassVar[bool]
     reads_aggregate: ClassVar[bool]
     samples_cohorts: ClassVar[bool]
+    asynchronous: ClassVar[bool]
     private_steps: ClassVar[bool]
 
     def validate(self, num_clients: int) -> None: ...

@@ -13,11 +13,12 @@ labels at least three values whatever it spans (:func:`log_axis`). A logged quan
 count) is not drawn; the figure's title lists it with its value.
 
 **Figures.** A run: ``accuracy_vs_round``, ``accuracy_vs_bytes`` (communication up + down so far, log scale; not
-drawn when nothing was communicated), ``client_accuracy`` (histogram of the clients' personalized accuracies at the
+drawn when nothing was communicated), ``accuracy_vs_virtual_time`` (the participation's virtual clock,
+:mod:`fljax.participation`; drawn when the run kept one), ``client_accuracy`` (histogram of the clients' personalized accuracies at the
 last evaluation) and ``metrics`` (one panel per other logged quantity: training loss, FedSLR's ranks and sparsity,
 DFedAlt's consensus distance, …). A comparison or sweep (:func:`plot_compare`): personalized accuracy against rounds
-and against communicated MB, and the global model's accuracy where an algorithm's global model differs from its
-personalized one; ``*_metrics`` with the other logged quantities. A sweep over two grid keys (:func:`plot_heatmap`):
+and against communicated MB, the global model's accuracy where an algorithm's global model differs from its
+personalized one, and personalized accuracy against virtual time where runs kept a clock; ``*_metrics`` with the other logged quantities. A sweep over two grid keys (:func:`plot_heatmap`):
 the final personalized accuracy of every grid point as a heatmap. Every curve starts at round 0 (the initial model);
 markers show every evaluation when there are at most :data:`MARK_ALL` of them.
 
@@ -51,10 +52,11 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h")  # 11: coprime
 MAX_LINES = 8  # more lines than this in one panel: small multiples
 MARK_ALL = 25
 # record keys that are not extra quantities: the accuracy/loss summaries, communication, time
-_STANDARD = ("round", "bytes_up", "bytes_down", "run_seconds")
+_STANDARD = ("round", "bytes_up", "bytes_down", "run_seconds", "virtual_time")
 _SUMMARY_SUFFIXES = ("_acc", "_acc_p10", "_acc_weighted", "_loss", "_loss_weighted")
 ROUND = "communication round"
 MB = "communicated MB (up + down, cumulative; log scale)"
+VIRTUAL = "virtual time (s, cumulative)"  # the participation's clock (fljax.participation)
 # what a logged quantity is, with its unit (the y label of its panel); a key 'a/b' is looked up as 'a'; the
 # accuracy and loss summaries (personal_acc, global_acc_p10, target_personal_loss_weighted, ...) are composed from
 # _MODELS and _SUMMARIES
@@ -76,6 +78,9 @@ LABELS = {
     "epsilon": "privacy loss ε\n(at the run's δ)",
     "clip_norm": "clip norm C (L2)",
     "unclipped_fraction": "unclipped fraction b̄ of the\ncohort's updates (noised estimate)",
+    "clients_reported": "clients whose update counted\n(per round, mean over rounds)",
+    "skipped_rounds": "rounds in which nobody\nreported (cumulative)",
+    "staleness": "staleness of the server step's\nupdates (versions, mean)",
 }
 _MODELS = {"personal": "personalized", "global": "global-model", "target_personal": "target-client",
            "post_gossip": "post-gossip"}
@@ -365,26 +370,27 @@ def _constants_note(histories) -> str:
 
 
 def _series(histories: list[list[dict]], key: str):
-    """(x rounds, mean, std, mean MB) over seeds at the evaluations that have ``key``, truncated to the
-    evaluations every seed has."""
+    """(x rounds, mean, std, mean MB, mean virtual seconds (NaN without a clock)) over seeds at the evaluations that
+    have ``key``, truncated to the evaluations every seed has."""
     n = min(len(h) for h in histories)
     rows = [i for i in range(n) if all(key in h[i] for h in histories)]
     if not rows:
         return None
     values = np.array([[h[i][key] for i in rows] for h in histories], dtype=float)
     mb = np.array([[(h[i]["bytes_up"] + h[i]["bytes_down"]) / 1e6 for i in rows] for h in histories]).mean(0)
-    return np.array([histories[0][i]["round"] for i in rows]), values.mean(0), sample_std(values, axis=0), mb
+    clock = np.array([[h[i].get("virtual_time", np.nan) for i in rows] for h in histories], dtype=float).mean(0)
+    return np.array([histories[0][i]["round"] for i in rows]), values.mean(0), sample_std(values, axis=0), mb, clock
 
 
-def _line(ax, histories, key: str, x_bytes: bool, fmt: dict, label: str | None) -> bool:
-    """One quantity's curve (mean over seeds, ±1 std band); against MB only where MB > 0 (log axis). Returns
-    whether anything was drawn."""
+def _line(ax, histories, key: str, x: str, fmt: dict, label: str | None) -> bool:
+    """One quantity's curve (mean over seeds, ±1 std band) against ``x``: 'round', 'bytes' (MB, only where MB > 0:
+    log axis) or 'virtual_time' (the participation's clock, where recorded). Returns whether anything was drawn."""
     s = _series(histories, key)
     if s is None:
         return False
-    rounds, mean, std, mb = s
-    x = mb if x_bytes else rounds
-    keep = mb > 0 if x_bytes else np.ones_like(mean, bool)
+    rounds, mean, std, mb, clock = s
+    x, keep = {"round": (rounds, np.ones_like(mean, bool)), "bytes": (mb, mb > 0),
+               "virtual_time": (clock, np.isfinite(clock))}[x]
     if not keep.any():
         return False
     x, mean, std = x[keep], mean[keep], std[keep]
@@ -398,20 +404,25 @@ def _communicates(histories) -> bool:
     return any(r.get("bytes_up", 0) + r.get("bytes_down", 0) > 0 for h in histories for r in h)
 
 
+def _clocked(histories) -> bool:
+    """Whether the run kept a virtual clock (its participation had device speeds)."""
+    return any("virtual_time" in r for h in histories for r in h)
+
+
 def _own_global(histories) -> bool:
     """Whether the run reports a global model whose accuracy differs from the personalized one somewhere."""
     return any("global_acc" in r and not np.isclose(r["global_acc"], r.get("personal_acc", np.nan))
                for h in histories for r in h)
 
 
-def _axes_labels(ax, key: str, x_bytes: bool) -> None:
-    if x_bytes:
+def _axes_labels(ax, key: str, x: str) -> None:
+    if x == "bytes":
         log_axis(ax)
-    else:
+    elif x == "round":
         integer_axis(ax.xaxis)
-    ax.set_xlabel(MB if x_bytes else ROUND)
+    ax.set_xlabel({"round": ROUND, "bytes": MB, "virtual_time": VIRTUAL}[x])
     ax.set_ylabel(metric_label(key))
-    ax.grid(alpha=0.3, which="both" if x_bytes else "major")
+    ax.grid(alpha=0.3, which="both" if x == "bytes" else "major")
 
 
 def _handles(axes) -> tuple[list, list[str]]:
@@ -462,8 +473,8 @@ def _metrics_figure(runs: dict[str, list[list[dict]]], title: str, labelled: boo
                 fmt = style(indices[label]) if labelled else style(j)
                 name = (label if j == 0 else None) if labelled else (key.split("/", 1)[-1] if len(members) > 1
                                                                       else None)
-                _line(ax, histories, key, False, fmt, name)
-        _axes_labels(ax, members[0], False)
+                _line(ax, histories, key, "round", fmt, name)
+        _axes_labels(ax, members[0], "round")
         if len(members) == 1 and "/" in members[0]:
             ax.set_ylabel(f"{metric_label(members[0])}\n{members[0].split('/', 1)[1]}")
         if members[0].split("/")[0] in COUNTS:
@@ -483,14 +494,15 @@ def plot_run(directory: str, histories: list[list[dict]], per_client: list[dict]
     paths = []
     seeds = len(histories)
     with _rc():
-        for name, x_bytes in (("accuracy_vs_round", False), ("accuracy_vs_bytes", True)):
-            if x_bytes and not _communicates(histories):
-                continue  # nothing communicated (Local): no bytes plot
+        for name, x in (("accuracy_vs_round", "round"), ("accuracy_vs_bytes", "bytes"),
+                        ("accuracy_vs_virtual_time", "virtual_time")):
+            if x == "bytes" and not _communicates(histories) or x == "virtual_time" and not _clocked(histories):
+                continue  # nothing communicated (Local): no bytes plot; no clock: no virtual time plot
             fig, (ax,) = _figure(1, extra_width=0.0 if current().stacked else 1.6)
-            _line(ax, histories, "personal_acc", x_bytes, style(0), "personalized model")
+            _line(ax, histories, "personal_acc", x, style(0), "personalized model")
             if _own_global(histories):
-                _line(ax, histories, "global_acc", x_bytes, style(1), "global model")
-            _axes_labels(ax, "personal_acc", x_bytes)
+                _line(ax, histories, "global_acc", x, style(1), "global model")
+            _axes_labels(ax, "personal_acc", x)
             ax.set_ylabel(metric_label("personal_acc").replace("personalized ", ""))
             legend_outside(ax)
             one = "" if _own_global(histories) or not any("global_acc" in r for h in histories for r in h) else \
@@ -550,23 +562,33 @@ def plot_compare(path: str, runs: dict[str, list[list[dict]]], title: str,
 
 
 def _compare_panels(runs, indices, silent):
-    """Up to MAX_LINES runs: personalized accuracy vs round and vs MB, global accuracy where it differs."""
+    """Up to MAX_LINES runs: personalized accuracy vs round and vs MB, global accuracy where it differs, and
+    personalized accuracy against virtual time when runs kept a clock."""
     own_global = [k for k, h in runs.items() if _own_global(h)]
-    fig, axes = _figure(2 + bool(own_global))
+    clocked = [k for k, h in runs.items() if _clocked(h)]
+    fig, axes = _figure(2 + bool(own_global) + bool(clocked))
     for label, histories in runs.items():
-        _line(axes[0], histories, "personal_acc", False, style(indices[label]), label)
-        _line(axes[1], histories, "personal_acc", True, style(indices[label]), label)
+        _line(axes[0], histories, "personal_acc", "round", style(indices[label]), label)
+        _line(axes[1], histories, "personal_acc", "bytes", style(indices[label]), label)
         if label in own_global:
-            _line(axes[2], histories, "global_acc", False, style(indices[label]), label)
-    _axes_labels(axes[0], "personal_acc", False)
-    _axes_labels(axes[1], "personal_acc", True)
+            _line(axes[2], histories, "global_acc", "round", style(indices[label]), label)
+        if label in clocked:
+            _line(axes[-1], histories, "personal_acc", "virtual_time", style(indices[label]), label)
+    _axes_labels(axes[0], "personal_acc", "round")
+    _axes_labels(axes[1], "personal_acc", "bytes")
     axes[0].set_title("(a) personalized model", fontsize="medium")
     axes[1].set_title("(b) the same against communication" + (f"\nnothing communicated: {', '.join(silent)}"
                                                                if silent else ""), fontsize="medium")
     if own_global:
-        _axes_labels(axes[2], "global_acc", False)
+        _axes_labels(axes[2], "global_acc", "round")
         axes[2].set_title("(c) global model, where it differs\nfrom the personalized one", fontsize="medium")
         axes[2].sharey(axes[0])
+    if clocked:
+        _axes_labels(axes[-1], "personal_acc", "virtual_time")
+        axes[-1].set_title(f"({'abcd'[len(axes) - 1]}) against virtual time" + (
+            f"\nno clock: {', '.join(k for k in runs if k not in clocked)}" if len(clocked) < len(runs) else ""),
+            fontsize="medium")
+        axes[-1].sharey(axes[0])
     legend_outside(fig, *_handles(axes))
     return fig
 
@@ -580,10 +602,10 @@ def _compare_small_multiples(runs, groups: dict[str, list[str]], silent):
     for row, (name, labels) in enumerate(groups.items()):
         row_axes = axes[row * cols:(row + 1) * cols]
         for i, label in enumerate(labels):
-            for ax, x_bytes in zip(row_axes, (False, True)):
-                _line(ax, runs[label], "personal_acc", x_bytes, style(i), label)
-        for ax, x_bytes in zip(row_axes, (False, True)):
-            _axes_labels(ax, "personal_acc", x_bytes)
+            for ax, x in zip(row_axes, ("round", "bytes")):
+                _line(ax, runs[label], "personal_acc", x, style(i), label)
+        for ax, x in zip(row_axes, ("round", "bytes")):
+            _axes_labels(ax, "personal_acc", x)
             if ax is not axes[0]:
                 ax.sharey(axes[0])
         row_axes[0].set_title(name, fontsize="medium", loc="left")

@@ -247,14 +247,25 @@ class StudyResults:
             out.append(evaluate(metric, rec[0]) if rec else np.nan)
         return np.array(out, float)
 
-    def curve(self, study: str, metric: str, **labels) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(rounds, mean, sample std over seeds) of ``metric`` at every evaluation the seeds share."""
+    def curve(self, study: str, metric: str, x: str = "round", **labels) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(x, mean, sample std over seeds) of ``metric`` at every evaluation the seeds share; x the rounds, or the
+        mean over seeds of another recorded quantity (``x='virtual_time'``: the participation's clock)."""
         runs = [r["history"] for r in self.seeds(study, **labels) if r["history"]]
         if not runs:
             return np.array([]), np.array([]), np.array([])
         n = min(len(h) for h in runs)
         values = np.array([[evaluate(metric, rec) for rec in h[:n]] for h in runs], float)
-        return np.array([rec["round"] for rec in runs[0][:n]]), values.mean(0), sample_std(values, axis=0)
+        xs = np.array([[evaluate(x, rec) for rec in h[:n]] for h in runs], float).mean(0)
+        return xs, values.mean(0), sample_std(values, axis=0)
+
+    def first(self, study: str, value: str, metric: str, at_least: float, **labels) -> np.ndarray:
+        """Per seed, ``value`` (e.g. ``virtual_time``) at the first evaluation whose ``metric`` is at least
+        ``at_least`` (time to a target accuracy); NaN for a seed that never reaches it."""
+        out = []
+        for r in self.seeds(study, **labels):
+            hit = [rec for rec in r["history"] if evaluate(metric, rec) >= at_least]
+            out.append(evaluate(value, hit[0]) if hit else np.nan)
+        return np.array(out, float)
 
 
 def _numbers(summary: dict) -> dict:

@@ -14,14 +14,18 @@ A table (``tables:`` in the study file)::
         - {title: "DFedAlt − method", value: personal_acc, minus: {method: DFedAlt}, scale: 100}  # paired
         - {title: "seeds DFedAlt ahead", value: personal_acc, wins: {method: DFedAlt}}
         - {title: "reported model", tag: reported}                   # a tag of the row's cell
+        - {title: "time to 80% (s)", value: virtual_time, first: {metric: global_acc, at_least: 0.8}}
 
 A cell is the mean ± std over seeds (:func:`fljax.runner.report.mean_std`: the sample std, ddof 1) of ``value`` (a
 metric name or an expression of names, see :func:`fljax.runner.study.evaluate`; ``{tag}`` is replaced by the row's
-tag, e.g. ``"{reported}_acc"``) at the final evaluation, or at round ``at``; ``format: mean`` drops the std,
+tag, e.g. ``"{reported}_acc"``) at the final evaluation, or at round ``at``, or at the first evaluation where
+``first``'s metric reaches its ``at_least`` (time to a target: the seeds that never reach it are counted beside the
+mean, "(2 of 3 seeds)", and the cell is "not reached" when none does); ``format: mean`` drops the std,
 ``format: g`` prints 3 significant digits.
 
 A plot (``plots:``, written as PNG and PDF in the style of :mod:`fljax.runner.plots`):
-``kind: curves`` (value vs round, one line per value of ``lines``, one panel per value of ``panels``) or
+``kind: curves`` (value vs round, or vs the recorded quantity ``x`` — ``x: virtual_time``, the participation's
+clock —, one line per value of ``lines``, one panel per value of ``panels``) or
 ``kind: final`` (the final value against the numeric axis ``x``, one line per combination of ``lines``; with
 ``x_value``, a metric or expression, x is that measured value's mean over seeds with its std as a horizontal error bar
 — accuracy against ε or against MB sent — and ``x`` may then be left out: one point per combination of ``lines``);
@@ -124,6 +128,16 @@ def _column_cell(results, study: str, col: dict, labels: dict) -> str:
         key = next(iter(labels.values())) if len(labels) == 1 else "/".join(str(v) for v in labels.values())
         value = col["paper"].get(key, col["paper"].get(str(key)))
         return "-" if value is None else str(value)
+    if "first" in col:  # time to a target: the value at the first evaluation that reaches it
+        target = col["first"]
+        values = results.first(study, col["value"], target["metric"], target["at_least"], **labels)
+        if not values.size:
+            return "-"
+        reached = ~np.isnan(values)
+        if not reached.any():
+            return "not reached"
+        text = value_text(values, scale, digits, form)
+        return text if reached.all() else f"{text} ({reached.sum()} of {values.size} seeds)"
     values = _values(results, study, col, labels)
     reference = col.get("minus") or col.get("wins")
     if reference is None:
@@ -270,7 +284,9 @@ def _plot(results, spec: dict):
             name = " ".join(_line_label(results, spec, a, v) for a, v in zip(line_axes, combo))
             style = plots.style(i)  # the colours, line styles and markers of every fljax plot
             if curves:
-                x, mean, std = results.curve(study, metric, **labels)
+                x, mean, std = results.curve(study, metric, spec.get("x", "round"), **labels)
+                if spec.get("logx"):  # a log axis has no place for x <= 0 (the initial model at 0 s)
+                    x, mean, std = x[x > 0], mean[x > 0], std[x > 0]
                 if x.size:
                     ax.plot(x, scale * mean, label=name, markevery=max(1, x.size // 10), **style)
                     if len(results.seeds(study, **labels)) > 1:
@@ -297,10 +313,12 @@ def _plot(results, spec: dict):
             plots.log_axis(ax, "y")
         if spec.get("logx"):
             plots.log_axis(ax, "x")
-        elif curves or "x_value" not in spec and all(isinstance(x, int) and not isinstance(x, bool)
-                                                     for x in _axis_values(results, studies[0], spec["x"], where)):
+        elif curves and spec.get("x", "round") == "round" or not curves and "x_value" not in spec and all(
+                isinstance(x, int) and not isinstance(x, bool) for x in _axis_values(results, studies[0], spec["x"],
+                                                                                     where)):
             plots.integer_axis(ax.xaxis)  # rounds, k neighbours, clients: no 0.5
-        ax.set_xlabel(spec.get("xlabel") or (plots.ROUND if curves else
+        along = {"round": plots.ROUND, "virtual_time": plots.VIRTUAL}
+        ax.set_xlabel(spec.get("xlabel") or (along.get(spec.get("x", "round"), spec.get("x")) if curves else
                                              spec.get("x_value") or spec["x"].split(".")[-1]))
         ax.set_ylabel(spec.get("ylabel") or plots.metric_label(metric, scale))
         title = spec.get("title", "{value}")
