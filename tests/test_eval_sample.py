@@ -116,8 +116,8 @@ def test_a_sampled_run_says_so_in_its_table_and_summary(tmp_path):
     assert "fixed sample of 5 of 12 clients (eval_clients)" in distinct_table([row, {**row, "algorithm": "x"}])
     every = fljax.run({"data": DATA, "model": {"name": "logreg"}}, rounds=1,
                       progress=False)
-    assert "evaluated" not in summary_row("fedavg", [every.runs[0].summary])
-    assert every.runs[0].summary["eval_clients"] == 12 and "eval_client_ids" not in every.runs[0].summary
+    assert "evaluated" not in summary_row("fedavg", [every.runs[0].progress.summary])
+    assert every.runs[0].progress.summary["eval_clients"] == 12 and "eval_client_ids" not in every.runs[0].progress.summary
     assert res.history[-1]["round"] == 1
 
 

@@ -112,7 +112,7 @@ def _count_validations(monkeypatch, cls) -> list:
 def test_fljax_run_constructs_and_validates_the_algorithm_once(monkeypatch, tmp_path):
     """Two seeds, each with its own data and simulation: one algorithm object, constructed and validated once, runs
     both; a resume of the finished run constructs and validates it once too."""
-    import fljax.runner.experiment as runner
+    import fljax.runner.schedule as runner
 
     calls = _count_constructions(monkeypatch, FedProx)
     validations = _count_validations(monkeypatch, FedProx)

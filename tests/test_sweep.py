@@ -19,7 +19,7 @@ COMMON = dict(algorithm="fedprox", data={"dataset": "digits", "num_clients": 8, 
 
 
 def _records(result):
-    return [[{k: v for k, v in r.items() if k != "run_seconds"} for r in run.log.history] for run in result.runs]
+    return [[{k: v for k, v in r.items() if k != "run_seconds"} for r in run.progress.log.history] for run in result.runs]
 
 
 def test_grid_parsing_and_points():

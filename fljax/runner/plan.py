@@ -22,7 +22,7 @@ from typing import Any
 from fljax.config import to_dict
 from fljax.privacy import TRACED_NOISE
 
-__all__ = ["Program", "group_runs", "numeric", "traceable"]
+__all__ = ["Program", "group_runs", "numeric", "traceable", "lane_data"]
 
 NOT_IN_PROGRAM = ("seed", "seeds", "name")  # per-lane or cosmetic keys
 
@@ -66,8 +66,9 @@ class Program:
 
 def group_runs(runs: list, *, batchable, lanes: str = "vmap", split: set[str] = frozenset(),
                trace: set[str] = frozenset()) -> list[Program]:
-    """Programs for ``runs`` (objects with ``.exp``, a resolved :class:`~fljax.experiment.Experiment`, its ``.cfg``
-    and ``.start``, the round they resume from). ``batchable(runs)`` says whether a set of runs can share a program
+    """Programs for ``runs`` (:class:`~fljax.runner.runs.Run`: a resolved experiment ``.exp``, its ``.cfg``, and
+    ``.progress.start``, the round it resumes from).
+    ``batchable(runs)`` says whether a set of runs can share a program
     (executor, data shapes). ``lanes='off'``: every run alone.
     ``split``: algorithm keys that must not be traced (found untraceable); ``trace``: keys traced even where every
     run has the same value (a sweep's grid keys, so that a one-point sweep runs the very program of a larger one)."""
@@ -75,8 +76,8 @@ def group_runs(runs: list, *, batchable, lanes: str = "vmap", split: set[str] = 
         return [Program([r]) for r in runs]
     groups: dict[tuple, list] = {}
     for run in runs:  # same algorithm, same everything but the algorithm's hyperparameters, same start round
-        groups.setdefault((_key(run.cfg, set(run.cfg.algo) | _all_fields(run) | set(_private(run))), run.start),
-                          []).append(run)
+        key = _key(run.cfg, set(run.cfg.algo) | _all_fields(run) | set(_private(run)))
+        groups.setdefault((key, run.progress.start), []).append(run)
     programs = []
     for members in groups.values():
         candidates = _differing(members) | set(trace)
@@ -103,6 +104,13 @@ def _value(run, key: str) -> Any:
 def _differing(runs: list) -> set[str]:
     keys = set().union(*(r.cfg.algo for r in runs), *(_private(r) for r in runs))
     return {k for k in keys if len({json.dumps(_value(r, k), default=str) for r in runs}) > 1}
+
+
+def lane_data(runs: list) -> list | None:
+    """The runs' data as lanes take it (:class:`fljax.engine.Lanes`): None when they share one data set, else each
+    run's own."""
+    datas = [r.data for r in runs]
+    return None if all(d is datas[0] for d in datas) else datas
 
 
 def _by_data(runs: list, traced: tuple, batchable) -> list[Program]:
