@@ -66,7 +66,7 @@ class _FakeRun:
         from fljax.config import ExperimentConfig
 
         self.cfg = ExperimentConfig(algo={"lr": lr})
-        self.exp = types.SimpleNamespace(algorithm=_Hyper(lr), config=self.cfg)
+        self.exp = types.SimpleNamespace(algorithm=_Hyper(lr), config=self.cfg, model=self.cfg.model, groups=())
         self.data, self.progress = data, types.SimpleNamespace(start=0)
 
 
@@ -76,9 +76,9 @@ def test_runs_that_share_data_but_cannot_batch_run_one_program_each():
     grid's keys only where it can batch."""
     shared = object()
     runs = [_FakeRun(lr, shared) for lr in (0.1, 0.2, 0.3)]
-    programs = group_runs(runs, batchable=lambda rs: False, trace={"lr"})
+    programs = group_runs(runs, batchable=lambda rs, traced: False, trace={"lr"})
     assert [p.runs for p in programs] == [[r] for r in runs] and all(p.traced == () for p in programs)
-    alone = group_runs(runs, batchable=lambda rs: len(rs) == 1, trace={"lr"})
+    alone = group_runs(runs, batchable=lambda rs, traced: len(rs) == 1, trace={"lr"})
     assert all(isinstance(p, Program) and p.traced == ("lr",) for p in alone) and len(alone) == 3
 
 

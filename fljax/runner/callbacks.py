@@ -9,7 +9,7 @@ import dataclasses
 
 from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
 from fljax.runner.report import Output
-from fljax.runner.runs import Run
+from fljax.runner.runs import Built, Run
 
 __all__ = ["Checkpoints", "RecordEvaluation", "SaveCheckpoint", "RecordStop"]
 
@@ -86,12 +86,13 @@ class RecordEvaluation:
 @dataclasses.dataclass
 class RecordStop:
     """``(lane, message)``: a guard stopped the lane (NaN/Inf, divergence): its status 'stopped' with the message,
-    and its summary written (its metrics end at the last good evaluation)."""
+    and its summary written (its metrics end at the last good evaluation; ``built``: the program's simulation)."""
 
     runs: list[Run]
+    built: Built
 
     def __call__(self, i: int, message: str) -> None:
         run = self.runs[i]
         run.progress.status, run.progress.message = "stopped", message
-        run.progress.summary = run.make_summary("stopped", message)
+        run.progress.summary = run.make_summary(self.built, len(self.runs), "stopped", message)
         run.directory.write_summary(run.progress.summary)

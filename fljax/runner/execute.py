@@ -25,18 +25,20 @@ from fljax.runner.callbacks import Checkpoints, RecordEvaluation, RecordStop, Sa
 from fljax.runner.checkpoint import CheckpointTimer
 from fljax.runner.plan import Program, lane_data
 from fljax.runner.report import Output
-from fljax.runner.runs import Run
+from fljax.runner.runs import Built, Run
 
 __all__ = ["execute", "strategy", "FixedRounds", "UntilStopped", "lanes_of", "bar_name"]
 
 
-def execute(program: Program, sim: Simulation, output: Output, lanes_mode: str, checkpoints: Checkpoints,
+def execute(program: Program, built: Built, output: Output, lanes_mode: str, checkpoints: Checkpoints,
             stop) -> None:
-    """Run the program's runs to the end their experiment's stopping rule sets (:func:`strategy`), or until
-    ``stop`` (a :class:`~fljax.runner.interrupt.StopRequest`) is set, and write their summaries."""
+    """Run the program's runs with its simulation (``built``) to the end their experiment's stopping rule sets
+    (:func:`strategy`), or until ``stop`` (a :class:`~fljax.runner.interrupt.StopRequest`) is set, and write their
+    summaries."""
     for run in program.runs:
         run.progress.status = "running"
-    strategy(program.runs[0].cfg).run(program, sim, lanes_of(program, sim, lanes_mode), output, checkpoints, stop)
+    lanes = lanes_of(program, built.sim, lanes_mode)
+    strategy(program.runs[0].cfg).run(program, built, lanes, output, checkpoints, stop)
 
 
 def strategy(cfg: ExperimentConfig):
@@ -57,15 +59,15 @@ class FixedRounds:
     """Drive the lanes to their config's ``rounds`` (:func:`fljax.engine.loop.drive`, blocks of rounds between
     evaluations and checkpoints); a run ends 'completed', 'stopped' (a guard) or 'interrupted' (``stop``)."""
 
-    def run(self, program: Program, sim: Simulation, lanes: Lanes | None, output: Output, checkpoints: Checkpoints,
+    def run(self, program: Program, built: Built, lanes: Lanes | None, output: Output, checkpoints: Checkpoints,
             stop) -> None:
-        runs = program.runs
+        runs, sim = program.runs, built.sim
         cfg = runs[0].cfg
         checkpoint = SaveCheckpoint(runs, checkpoints)
         on_eval = RecordEvaluation(runs, output, checkpoint, CheckpointTimer() if cfg.checkpoint_every is None
                                    else None)
         common = dict(checkpoint_every=cfg.checkpoint_every or 0, callback=on_eval, on_checkpoint=checkpoint,
-                      on_stop=RecordStop(runs), guards=_guards(cfg), progress=output.progress and bar_name(runs),
+                      on_stop=RecordStop(runs, built), guards=_guards(cfg), progress=output.progress and bar_name(runs),
                       should_stop=stop.agreed)
         if lanes is None:
             run = runs[0]
@@ -90,7 +92,7 @@ class FixedRounds:
                 progress.status, progress.message = "completed", None
             else:
                 progress.status, progress.message = "interrupted", f"stopped by {stop.name} after round {reached}"
-            progress.summary = run.make_summary(progress.status, progress.message)
+            progress.summary = run.make_summary(built, len(runs), progress.status, progress.message)
             run.directory.write_summary(progress.summary)
 
 
@@ -104,11 +106,11 @@ class UntilStopped:
 
     SENT = ("bytes_up", "bytes_down")  # per round; the records hold them summed up to their round, as drive's do
 
-    def run(self, program: Program, sim: Simulation, lanes: Lanes | None, output: Output, checkpoints: Checkpoints,
+    def run(self, program: Program, built: Built, lanes: Lanes | None, output: Output, checkpoints: Checkpoints,
             stop) -> None:
         from fljax.engine.stopping import Stopping, Tolerance, run_until
 
-        runs, cfg = program.runs, program.runs[0].cfg
+        runs, cfg, sim = program.runs, program.runs[0].cfg, built.sim
         rule = Tolerance(tol0=cfg.stop.tol, relative=cfg.stop.relative, metric=cfg.stop.metric,
                          strict=cfg.stop.strict)
         stopping = Stopping(rule, max_rounds=cfg.rounds, max_iters=cfg.stop.max_iters,
@@ -119,9 +121,9 @@ class UntilStopped:
             res = run_until(lanes, stopping)
             lane = lambda value, i: jax.tree.map(lambda x: x[i], value)  # noqa: E731
         for i, run in enumerate(runs):
-            self._record(run, stopping, res, lambda value: lane(value, i), len(runs), sim, output)
+            self._record(run, stopping, res, lambda value: lane(value, i), len(runs), built, output)
 
-    def _record(self, run: Run, stopping, res, lane, count: int, sim: Simulation, output: Output) -> None:
+    def _record(self, run: Run, stopping, res, lane, count: int, built: Built, output: Output) -> None:
         """One lane's history, outcome, status and summary from ``run_until``'s result ``res`` (``lane``: its
         part of a value; ``count`` lanes share the seconds)."""
         cfg, log, progress = run.cfg, run.progress.log, run.progress
@@ -134,7 +136,7 @@ class UntilStopped:
         log.run_seconds, log.compile_seconds = res.seconds / count, res.compile_seconds / count
         outcome = {"rounds": s, "iters": int(lane(res.iters)), "converged": bool(lane(res.converged)),
                    "diverged": bool(lane(res.diverged))}
-        progress.result = RunResult(lane(res.state), log.history, {}, sim.compile_seconds, log.run_seconds)
+        progress.result = RunResult(lane(res.state), log.history, {}, built.sim.compile_seconds, log.run_seconds)
         progress.vectorised = count > 1
         run.directory.write_metrics(log.history)
         output.event("eval", run=run.name, seed=run.seed, **log.history[-1])
@@ -146,7 +148,7 @@ class UntilStopped:
             progress.message = (f"converged at round {s}: {cfg.stop.metric} <= tol" if outcome["converged"] else
                                 f"reached the cap (rounds: {cfg.rounds}, stop.max_iters: {cfg.stop.max_iters}) at "
                                 f"round {s} before {cfg.stop.metric} <= tol")
-        progress.summary = {**run.make_summary(progress.status, progress.message),
+        progress.summary = {**run.make_summary(built, count, progress.status, progress.message),
                             "init_seconds": res.init_seconds / count, "stop": outcome}
         run.directory.write_summary(progress.summary)
 

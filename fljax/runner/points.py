@@ -6,11 +6,12 @@ its seeds: ``fljax run`` and :func:`fljax.run` (one point, :func:`run_experiment
 come here. The call is made of named parts:
 
 * the directories (:mod:`fljax.runner.directories`): where each run is written, checked before anything is written;
-* the set-up (:func:`set_up`): each run's data, simulation checks and facts, once, into an immutable
+* the set-up (:func:`set_up`): each run's data (built once per data set) and privacy on it, into an immutable
   :class:`~fljax.runner.runs.Run`;
-* resume (:mod:`fljax.runner.resume`): completed runs reused, the others restored from their checkpoints;
 * scheduling (:mod:`fljax.runner.schedule`): runs that can share a compiled program do (seeds, trials and grid
-  points as lanes of one vmapped program, :mod:`fljax.runner.plan`);
+  points as lanes of one vmapped program, :mod:`fljax.runner.plan`), each program run by one simulation, built
+  and checked to fit in memory before anything is written;
+* resume (:mod:`fljax.runner.resume`): completed runs reused, the others restored from their checkpoints;
 * execution (:mod:`fljax.runner.execute`): each program driven by its stopping rule, its evaluations, checkpoints
   and stops recorded by the callbacks of :mod:`fljax.runner.callbacks`; a guard (NaN/Inf, divergence) stops one
   run while its lanes' neighbours go on.
@@ -38,14 +39,13 @@ from fljax.runner import identity, interrupt, lock
 from fljax.runner.callbacks import Checkpoints
 from fljax.runner.checkpoint import Checkpointer
 from fljax.runner.directories import Layout
-from fljax.runner.memory import check_fits
 from fljax.runner.plots import FORMATS
 from fljax.runner.report import Output
-from fljax.runner.results import RunDir, aggregate_summaries, environment, evaluated, sample_note
+from fljax.runner.results import RunDir, aggregate_summaries, sample_note
 from fljax.runner.resume import restore_all
 from fljax.runner.run_plots import plot_run, setting
-from fljax.runner.runs import ExperimentResult, Run
-from fljax.runner.schedule import Simulations, run_programs
+from fljax.runner.runs import Built, ExperimentResult, Run
+from fljax.runner.schedule import Schedule, Simulations
 from fljax.runner.sweep import DataCache
 
 __all__ = ["run_points", "run_experiment", "set_up", "LANE_MODES"]
@@ -115,55 +115,53 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
     cache = data_cache or DataCache()
     made = identity.origin(cache.own, model)
     layout.check(resume, made)
-    sims = Simulations(model)
-    runs_by_point = [[set_up(label, exp, d, cache, sims) for exp, d in layout.seeds(i)]
+    runs_by_point = [[set_up(label, exp, d, cache) for exp, d in layout.seeds(i)]
                      for i, (label, _) in enumerate(points)]
     runs = [run for point_runs in runs_by_point for run in point_runs]
+    schedule = Schedule(Simulations(model), lanes, trace, output)
+    schedule.plan(runs)  # every program's simulation built and checked to fit, before anything is written
     with lock.hold(layout.paths):
         layout.check_results(resume, missing_ok)
         if resume:
-            restore_all(runs, lambda run: sims.of(run).state_shapes(), output.warn)
+            restore_all(runs, lambda run: schedule.of(run).sim.state_shapes(), output.warn)
         if root_summary is not None:
             layout.root.write_summary(root_summary)
         layout.write(made, listing, model)
         for run in runs:
             if run.progress.status != "reused":
                 run.directory.write_metrics(run.progress.log.history)  # resumed: cut back to the checkpoint's
-        warnings = [sorted({w for run in point_runs for w in sims.of(run).model_warnings})
+        warnings = [sorted({w for run in point_runs for w in schedule.of(run).sim.model_warnings})
                     for point_runs in runs_by_point]
-        _notes(points, runs, warnings, layout.root, output, warn_models=kind != "comparison")
+        _notes(points, runs, schedule.of(runs[0]) if runs else None, warnings, layout.root, output,
+               warn_models=kind != "comparison")
         with interrupt.graceful(output.warn) as stop, Checkpoints(runs) as checkpoints:
-            run_programs(runs, sims, output, lanes, trace, checkpoints, stop)
+            schedule.run(runs, output, checkpoints, stop)
         return [_finish(label, exp.config, d, point_runs, output, plot_formats if plots else (), w)
                 for (label, exp), d, point_runs, w in zip(points, layout.dirs, runs_by_point, warnings)]
 
 
-def set_up(label: str | None, exp: Experiment, directory: RunDir, cache: DataCache, sims: Simulations) -> Run:
-    """The :class:`~fljax.runner.runs.Run` of ``exp`` (one seed) in ``directory``: its data (``cache``), its privacy
-    on that data, its simulation (``sims``) checked to fit in memory, and the facts its summary reports. Refuses a
-    bad split, a model that does not fit the data, or the memory, before anything is written."""
+def set_up(label: str | None, exp: Experiment, directory: RunDir, cache: DataCache) -> Run:
+    """The :class:`~fljax.runner.runs.Run` of ``exp`` (one seed) in ``directory``: its data (``cache``: built once
+    per data set) and its privacy on that data. Refuses a bad split, or privacy the data cannot give, before
+    anything is written."""
     t0 = time.perf_counter()
     data = cache(exp, exp.seed)
-    sim = sims(exp, data)
     privacy = privacy_of(exp, data)
-    check_fits(sim)
-    data_facts = getattr(data, "facts", None)  # data that report their own preparation (FedGiA's λ_max time)
-    facts = {"model": getattr(sim.model, "name", None), "num_params": sim.model.num_params() if sim.model else None,
-             "executor": sim.executor.describe(), **evaluated(sim), **(data_facts() if callable(data_facts) else {})}
-    return Run(label, exp, directory, data, privacy, facts, environment(sim), sim.work_per_round()[0],
-               time.perf_counter() - t0)
+    facts = getattr(data, "facts", None)  # data that report their own preparation (FedGiA's λ_max time)
+    return Run(label, exp, directory, data, privacy, facts() if callable(facts) else {}, time.perf_counter() - t0)
 
 
-def _notes(points, runs: list[Run], warnings: list[list[str]], root: RunDir, output: Output,
+def _notes(points, runs: list[Run], first: Built | None, warnings: list[list[str]], root: RunDir, output: Output,
            warn_models: bool) -> None:
-    """What the person sees before the runs start: the first point's algorithm and data, where the results go, the
-    privacy's weighting notes and (``warn_models``; a comparison notes them under its table's rows instead) the
-    algorithm's caveats about the models it trains."""
+    """What the person sees before the runs start: the first point's algorithm and data (``first``: the simulation
+    of the first run, whose evaluation sample it notes), where the results go, the privacy's weighting notes and
+    (``warn_models``; a comparison notes them under its table's rows instead) the algorithm's caveats about the
+    models it trains."""
     if points:
         label, exp = points[0]
         output.note(f"{label or exp.name}: {exp.algorithm.summary or exp.config.algorithm}"
                     + (f" (+{len(points) - 1} more points)" if len(points) > 1 else ""))
-        output.note(f"  data: {runs[0].data.summary()}{sample_note(runs[0].facts)}; results in "
+        output.note(f"  data: {runs[0].data.summary()}{sample_note(first.facts)}; results in "
                     f"{root.path or '(not written)'}")
     for note in sorted({n for run in runs if (n := weighting_note(
             run.cfg.privacy, run.exp.algorithm.hyperparameters().get("weighting")))}):

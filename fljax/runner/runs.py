@@ -2,8 +2,9 @@
 the one record that changes) and a point's runs as the caller gets them back (:class:`ExperimentResult`).
 
 A run is one lane of the run layer: a point's resolved experiment for one seed, its directory, and what its set-up
-built once — the data, the privacy on that data, the facts its summary reports (:func:`fljax.runner.points.set_up`).
-Scheduling, execution and resume read runs and write only their :class:`Progress`.
+built once — the data and the privacy on that data (:func:`fljax.runner.points.set_up`). The simulation that runs
+it is its program's (:class:`Built`, one per compiled program). Scheduling, execution and resume read runs and write
+only their :class:`Progress`.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from fljax.experiment import Experiment
 from fljax.runner.report import summary_row
 from fljax.runner.results import RunDir, make_summary
 
-__all__ = ["Run", "Progress", "ExperimentResult"]
+__all__ = ["Run", "Progress", "Built", "ExperimentResult"]
 
 
 @dataclasses.dataclass
@@ -37,24 +38,34 @@ class Progress:
     vectorised: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """A program's simulation (:class:`~fljax.engine.Simulation`, built once by
+    :class:`fljax.runner.schedule.Simulations`) and what the summaries of its runs report of it: ``facts`` (model,
+    parameter count, executor, the clients evaluated), ``environment`` (:func:`~fljax.runner.results.environment`),
+    ``steps_per_round`` (client-steps of local training per round) and ``seconds`` (building and checking it)."""
+
+    sim: Any
+    facts: dict
+    environment: dict
+    steps_per_round: int
+    seconds: float
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Run:
     """One run: the experiment ``exp`` of point ``label`` for one seed (``exp.seed``; ``seeds`` = 1) in
-    ``directory``, with what its set-up built: ``data``; ``privacy``, its :class:`fljax.privacy.Privacy` on that
-    data (None: none; ε is reported after every evaluation); ``facts``, what ``summary.json`` reports it was made of
-    (model, parameter count, executor, the clients evaluated, the data's own facts); ``environment``
-    (:func:`~fljax.runner.results.environment`); ``steps_per_round``, client-steps of local training per round;
-    ``setup_seconds``, building its data and simulation in this process. Compared by identity; its ``progress`` is
-    the only part that changes."""
+    ``directory``, with what its set-up built: ``data`` and its own ``data_facts`` (e.g. FedGiA's λ_max seconds);
+    ``privacy``, its :class:`fljax.privacy.Privacy` on that data (None: none; ε is reported after every evaluation);
+    ``setup_seconds``, loading its data in this process. Compared by identity; its ``progress`` is the only part
+    that changes."""
 
     label: str | None
     exp: Experiment
     directory: RunDir
     data: Any
     privacy: Any = None
-    facts: dict = dataclasses.field(default_factory=dict)
-    environment: dict = dataclasses.field(default_factory=dict)
-    steps_per_round: int = 0
+    data_facts: dict = dataclasses.field(default_factory=dict)
     setup_seconds: float = 0.0
     progress: Progress = dataclasses.field(default_factory=Progress)
 
@@ -71,10 +82,12 @@ class Run:
         """How events and progress bars name it: its point's label, else the run name."""
         return self.label or self.cfg.run_name
 
-    def make_summary(self, status: str = "completed", message: str | None = None) -> dict:
-        """``summary.json`` of the run as its progress stands (:func:`~fljax.runner.results.make_summary`)."""
-        summary = make_summary(self.cfg, self.seed, self.progress.log, self.steps_per_round, status, message,
-                               self.facts, setup_seconds=self.setup_seconds, env=self.environment)
+    def make_summary(self, built: Built, lanes: int, status: str = "completed", message: str | None = None) -> dict:
+        """``summary.json`` of the run as its progress stands (:func:`~fljax.runner.results.make_summary`), run by
+        ``built`` as one of ``lanes`` lanes (which share its set-up seconds)."""
+        summary = make_summary(self.cfg, self.seed, self.progress.log, built.steps_per_round, status, message,
+                               {**built.facts, **self.data_facts}, env=built.environment,
+                               setup_seconds=self.setup_seconds + built.seconds / lanes)
         summary["dataset"] = getattr(self.data, "name", None) or summary["dataset"]  # the user's own data's name
         if self.privacy is not None:
             summary["privacy"] = self.privacy.describe()
