@@ -4,8 +4,9 @@ This module only *parses*: every key is checked against the section that declare
 closest valid name for a misspelt one), in one line that names the key. The run settings are declared here, the
 ``data:`` keys by :class:`fljax.data.DataConfig` (and the data set and partitioner it names), ``model:``,
 ``server:`` and ``groups:`` by their sections below, ``privacy:`` and ``compression:`` by
-:class:`fljax.privacy.PrivacyOptions` and :class:`fljax.privacy.CompressionOptions`; the ``algo:`` mapping is kept
-as given. Turning a parsed config
+:class:`fljax.privacy.PrivacyOptions` and :class:`fljax.privacy.CompressionOptions`, ``aggregator:``, ``attack:``
+and ``participation:`` by the rule, attack or participation their ``name`` chooses (:mod:`fljax.aggregation`,
+:mod:`fljax.participation`); the ``algo:`` mapping is kept as given. Turning a parsed config
 into the objects it describes — the algorithm constructed and checked, the model's options checked against the
 model, the population — is :func:`fljax.experiment.resolve`, the one composition root. :func:`load_config` reads
 YAML (:mod:`fljax.yaml_io`: numbers as a person writes them, ``1e-3`` is a float); :func:`apply_overrides` applies
@@ -24,6 +25,8 @@ from fljax import yaml_io
 from fljax.data.config import DataConfig
 from fljax.errors import ConfigError, OptionError
 from fljax.options import SEED_MAX, Options, at_least, between, greater_than, option, parse, seed_check, show
+from fljax.aggregation import ATTACKS, RULES, Attack, Rule
+from fljax.participation import PARTICIPATIONS, Participation
 from fljax.privacy import CompressionOptions, PrivacyOptions
 
 __all__ = ["ConfigError", "DataConfig", "ModelConfig", "GroupConfig", "group_configs", "ServerConfig", "StopConfig",
@@ -173,11 +176,19 @@ class ExperimentConfig(Options):
                                                   "(docs/privacy.md; null: none)")
     compression: CompressionOptions | None = option(None, "compression of the clients' uploads (docs/privacy.md; "
                                                           "null: none)")
+    aggregator: Rule | None = option(None, "how a centralized server reduces its cohort's uploads: {name: median}, "
+                                           "{name: krum, f: 2}, … (docs/robust.md; null: the weighted mean)")
+    attack: Attack | None = option(None, "malicious clients: {name: sign_flip, fraction: 0.2}, … (docs/robust.md; "
+                                         "null: every client honest)")
+    participation: Participation | None = option(None, "who takes part in a round: {name: poisson}, … "
+                                                       "(docs/heterogeneity.md; null: uniform cohorts, Poisson ones "
+                                                       "under client-level privacy)")
 
     def check(self) -> None:
         for key, cls in (("data", DataConfig), ("model", ModelConfig), ("server", ServerConfig),
-                         ("privacy", PrivacyOptions), ("compression", CompressionOptions)):
-            if getattr(self, key) is None and key in ("privacy", "compression"):
+                         ("privacy", PrivacyOptions), ("compression", CompressionOptions), ("aggregator", Rule),
+                         ("attack", Attack), ("participation", Participation)):
+            if getattr(self, key) is None and key in NULLABLE:
                 continue
             if not isinstance(getattr(self, key), cls):
                 raise OptionError(key, f"must be a {cls.__name__} (from_dict builds one from a mapping), got "
@@ -203,11 +214,13 @@ def from_dict(cls, values: Mapping) -> ExperimentConfig:
     if not isinstance(values, Mapping):
         raise ConfigError(f"a config must be a mapping of keys to values, got {show(values)}.")
     sections = {"data": DataConfig.from_dict, "model": lambda v: parse(ModelConfig, v),
-                "server": lambda v: parse(ServerConfig, v), "privacy": lambda v: parse(PrivacyOptions, v),
-                "compression": lambda v: parse(CompressionOptions, v), "stop": lambda v: parse(StopConfig, v)}
+                "server": lambda v: parse(ServerConfig, v), "privacy": _privacy_section,
+                "compression": lambda v: parse(CompressionOptions, v), "stop": lambda v: parse(StopConfig, v),
+                "aggregator": lambda v: RULES.parse(v, "mean"), "attack": lambda v: ATTACKS.parse(v),
+                "participation": lambda v: PARTICIPATIONS.parse(v, "uniform")}
     kwargs = {}
     for key, value in values.items():
-        if key in sections and not (value is None and key in ("privacy", "compression", "stop")):  # null: none
+        if key in sections and not (value is None and key in NULLABLE):  # null: none
             if not isinstance(value, Mapping):
                 raise OptionError(key, f"must be a mapping of keys to values, got {show(value)}.")
             try:
@@ -221,6 +234,19 @@ def from_dict(cls, values: Mapping) -> ExperimentConfig:
             raise OptionError(str(key), f"is not a top-level key; did you mean {section}.{key}? (--set "
                                         f"{section}.{key}=..., or under {section}: in a config file)")
     return parse(cls, kwargs)
+
+
+NULLABLE = ("privacy", "compression", "stop", "aggregator", "attack", "participation")  # sections that may be null
+
+
+def _privacy_section(values: Mapping) -> PrivacyOptions:
+    """The ``privacy:`` section; its former ``sampling`` and ``capacity`` keys are refused with where they moved."""
+    for key, moved in (("sampling", "participation.name (poisson or uniform)"),
+                       ("capacity", "participation.capacity (with participation.name: poisson)")):
+        if key in values:
+            raise OptionError(key, f"moved to {moved}: the participation draws the cohorts, and the accountant asks "
+                                   f"it for its sampling (docs/privacy.md).")
+    return parse(PrivacyOptions, values)
 
 
 # The hyperparameters of the built-in algorithms, for the hint on one given at the top level (``lr`` → ``algo.lr``).

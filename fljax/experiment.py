@@ -63,13 +63,21 @@ class Experiment:
     * ``algorithm``: the algorithm object, constructed and validated once; every simulation of the experiment runs
       this object (traced hyperparameters of a sweep are its fields replaced inside the compiled program);
     * ``model``: the model section with ``name: auto`` resolved to the model it picks;
-    * ``groups``: the client population (empty: every client runs ``model`` with ``algorithm``).
+    * ``groups``: the client population (empty: every client runs ``model`` with ``algorithm``);
+    * ``aggregator``: how a centralized server reduces its uploads (a :class:`fljax.aggregation.Rule`, its
+      cohort-dependent options filled in; the weighted mean by default) and ``attack``: the malicious clients' (None:
+      every client is honest);
+    * ``participation``: who takes part in a round (a :class:`fljax.participation.Participation`: the config's, else
+      uniform cohorts, or Poisson ones under client-level privacy).
     """
 
     config: ExperimentConfig
     algorithm: Algorithm
     model: ModelConfig
     groups: tuple[Group, ...] = ()
+    aggregator: Any = None
+    attack: Any = None
+    participation: Any = None
 
     @property
     def name(self) -> str:
@@ -144,9 +152,11 @@ def resolve(cfg: ExperimentConfig) -> Experiment:
     if groups and cfg.eval_clients is not None:
         raise OptionError("eval_clients", "samples a homogeneous population; client groups (groups) are evaluated on "
                                           "every client: set eval_clients to null.")
-    _check_privacy(cfg, algorithm)
+    participation = _participation(cfg, algorithm)
+    _check_privacy(cfg, algorithm, participation)
+    rule, attack = _aggregation(cfg, algorithm)
     config = dataclasses.replace(cfg, algo=_held(algorithm, cfg.algo))
-    return Experiment(config, algorithm, model, groups)
+    return Experiment(config, algorithm, model, groups, rule, attack, participation)
 
 
 def _construct(cls: type[Algorithm], values: dict, num_clients: int, section: str) -> Algorithm:
@@ -201,7 +211,50 @@ def _squeezed(cfg: ExperimentConfig) -> bool:
     return c is not None and (c.kind != "none" or c.error_feedback)
 
 
-def _check_privacy(cfg: ExperimentConfig, algorithm: Algorithm) -> None:
+def _participation(cfg: ExperimentConfig, algorithm: Algorithm):
+    """The run's participation (:mod:`fljax.participation`): the config's, checked against the algorithm and the
+    population, else the default (uniform, Poisson under client-level privacy)."""
+    from fljax.participation import default_participation
+
+    p = cfg.participation
+    if p is None:
+        return default_participation(cfg.privacy is not None and cfg.privacy.level == "client")
+    if not algorithm.samples_cohorts:
+        raise OptionError("participation", f"draws the cohorts of a server-based algorithm; {cfg.algorithm}'s "
+                                           f"clients all take part in every round (decentralized gossip or "
+                                           f"consensus regression): remove the participation section.")
+    if cfg.groups and p.name != "uniform":
+        raise OptionError("participation", "other than uniform runs on one homogeneous population; remove groups.")
+    clients = cfg.data.num_train_clients
+    try:
+        p.validate(clients, algorithm.participants(clients))
+    except OptionError as e:
+        raise e.within("participation") from None
+    return p
+
+
+def _aggregation(cfg: ExperimentConfig, algorithm: Algorithm):
+    """The run's rule and attack (:mod:`fljax.aggregation`), the rule's cohort-dependent options filled in (R3), and
+    the combination checked against the algorithm, privacy and the population (one line, naming the key)."""
+    from fljax.aggregation import Aggregator, Mean, check_combination
+
+    rule, attack = cfg.aggregator or Mean(), cfg.attack
+    if isinstance(rule, Mean) and attack is None:
+        return rule, None
+    key = "attack" if attack is not None else "aggregator"
+    if cfg.groups:
+        raise OptionError(key, "runs on one homogeneous population; remove groups.")
+    clients = cfg.data.num_train_clients
+    try:
+        rule = rule.with_cohort(algorithm.participants(clients), None if attack is None else attack.fraction)
+    except OptionError as e:
+        raise e.within("aggregator") from None
+    check_combination(Aggregator(rule, attack=attack), algorithm,
+                      private=cfg.privacy is not None and cfg.privacy.level == "client")
+    return rule, attack
+
+
+def _check_privacy(cfg: ExperimentConfig, algorithm: Algorithm, participation) -> None:
     """Refuse, in one line naming the key, privacy or compression the algorithm cannot take or the accountant cannot
     model, as far as the config shows (the data's part: :func:`privacy_of`); calibrates a target ε (cached)."""
     p = cfg.privacy
@@ -210,13 +263,14 @@ def _check_privacy(cfg: ExperimentConfig, algorithm: Algorithm) -> None:
     key = "privacy" if p is not None else "compression"
     if cfg.groups:
         raise OptionError(key, "runs on one homogeneous population; remove groups.")
-    uploads = [n for n, c in sorted(ALGORITHMS.items()) if c.upload_model]
-    if (p is None or p.level == "client" or _squeezed(cfg)) and not algorithm.upload_model:
+    uploads = [n for n, c in sorted(ALGORITHMS.items()) if c.reads_aggregate]
+    if (p is None or p.level == "client" or _squeezed(cfg)) and not algorithm.reads_aggregate:
         what = "client-level privacy" if p is not None and p.level == "client" else "compressing uploads"
         example = p is not None and algorithm.private_steps and not _squeezed(cfg)
         raise OptionError(key, f"applies to an algorithm whose upload is a model trained from the broadcast one and "
-                               f"averaged by the server (the delta w_i − w_t is what is clipped, noised or "
-                               f"compressed); {cfg.algorithm}'s is not, so {what} is refused. Use one of {uploads}"
+                               f"read by the server only through its aggregate (the delta w_i − w_t is what is "
+                               f"clipped, noised or compressed); {cfg.algorithm}'s is not, so {what} is refused. Use "
+                               f"one of {uploads}"
                                f"{' (or privacy.level: example)' if example else ''}.")
     if p is not None and p.level == "example":
         steps = [n for n, c in sorted(ALGORITHMS.items()) if c.private_steps]
@@ -236,9 +290,10 @@ def _check_privacy(cfg: ExperimentConfig, algorithm: Algorithm) -> None:
 
     clients = cfg.data.num_train_clients
     try:
-        resolve_run(p, cfg.compression, clients=clients, cohort_size=algorithm.participants(clients), rounds=cfg.rounds)
+        resolve_run(p, cfg.compression, clients=clients, cohort_size=algorithm.participants(clients), rounds=cfg.rounds,
+                    participation=participation)
     except OptionError as e:
-        raise e.within("privacy") from None
+        raise _in_privacy(e) from None
 
 
 def privacy_of(exp: Experiment, data: "FederatedData"):
@@ -263,9 +318,15 @@ def privacy_of(exp: Experiment, data: "FederatedData"):
         local = LocalSteps(int(sizes.min()), int(sizes.sum()), plan.batch_size, plan.num_steps(data.train.n_max))
     try:
         return resolve_run(cfg.privacy, cfg.compression, clients=clients, cohort_size=algorithm.participants(clients),
-                           rounds=cfg.rounds, weights=algorithm.client_weights(data.train)[:clients], local=local)
+                           rounds=cfg.rounds, participation=exp.participation,
+                           weights=algorithm.client_weights(data.train)[:clients], local=local)
     except OptionError as e:
-        raise e.within("privacy") from None
+        raise _in_privacy(e) from None
+
+
+def _in_privacy(e: OptionError) -> OptionError:
+    """A privacy resolution's error with its key in the config: ``privacy.…``, but the participation's own keys."""
+    return e if e.key.startswith("participation") else e.within("privacy")
 
 
 def _check_model_privacy(cfg: ExperimentConfig, model) -> None:
@@ -424,7 +485,8 @@ def build(exp: Experiment, data: "FederatedData", module=None) -> "Simulation":
     return Simulation(exp.algorithm, data, model, executor=cfg.executor, chunk_size=cfg.chunk_size, seed=cfg.seed,
                       conv_impl=cfg.model.conv_impl, groups=groups, precision=cfg.precision,
                       memory_budget=cfg.memory_budget, privacy=privacy_of(exp, data),
-                      eval_clients=cfg.eval_clients, validated_for=cfg.data.num_train_clients)
+                      eval_clients=cfg.eval_clients, validated_for=cfg.data.num_train_clients,
+                      aggregator=exp.aggregator, attack=exp.attack, participation=exp.participation)
 
 
 # ------------------------------------------------------------------------------------------------------ compare

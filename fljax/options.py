@@ -19,7 +19,8 @@ from typing import Any, Callable, Mapping
 
 from fljax.errors import OptionError
 
-__all__ = ["Options", "NoOptions", "option", "with_default", "field_default", "parse", "check_value", "describe", "suggest", "show",
+__all__ = ["Options", "NoOptions", "Registry", "option", "with_default", "field_default", "parse", "check_value", "describe",
+           "suggest", "show",
            "greater_than", "at_least", "between", "interval", "one_of", "each", "seed_check", "type_hints", "INT64",
            "SEED_MAX"]
 
@@ -105,6 +106,32 @@ def parse(cls: type, values: Mapping, where: str = ""):
             raise OptionError(str(key), f"is not a valid key{where}.{suggest(str(key), names)} Valid keys: "
                                         f"{sorted(names)}.")
     return cls(**values)
+
+
+class Registry(dict):
+    """Components of one kind by name (``aggregator``, ``attack``, ``participation``): each is an :class:`Options`
+    dataclass with a ``name`` class attribute that registers itself where it is defined (``@REGISTRY.register``). A
+    config section names one and gives its options flat (``{name: krum, f: 2}``), parsed by :meth:`parse`."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+
+    def register(self, cls: type) -> type:
+        """Class decorator: make ``cls`` available as ``<kind>.name: cls.name``."""
+        if cls.name in self:
+            raise ValueError(f"{self.kind} {cls.name!r} is registered twice.")
+        self[cls.name] = cls
+        return cls
+
+    def parse(self, values: Mapping, default: str | None = None):
+        """The component a section names (``name``, else ``default``) built from the section's other keys, every
+        problem refused in one line naming the key."""
+        values = dict(values)
+        name = values.pop("name", default)
+        if name not in self:
+            raise OptionError("name", f"must be one of {sorted(self)}, got {show(name)}.{suggest(str(name), self)}")
+        return parse(self[name], values, f" of {self.kind} {name!r}")
 
 
 def describe(cls: type) -> list[tuple[str, Any, str]]:

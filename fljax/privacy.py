@@ -68,7 +68,7 @@ __all__ = ["ACCOUNTANTS", "SAMPLINGS", "MIN_NOISE", "Sampling", "dp_event", "mak
            "calibrate_noise_multiplier", "check_accountable", "check_delta", "default_delta", "poisson_capacity",
            "PrivacyOptions", "CompressionOptions", "PrivacyPlan", "resolve_privacy", "AdaptiveClipping",
            "UploadState", "Contribution", "UploadResult", "UploadTransform", "upload_transform", "ExamplePrivacy",
-           "PoissonCohort", "Privacy", "LocalSteps", "weighting_note", "resolve_run", "TRACED_NOISE", "WithUploads"]
+           "Privacy", "LocalSteps", "weighting_note", "resolve_run", "TRACED_NOISE"]
 
 ACCOUNTANTS = ("pld", "rdp")
 SAMPLINGS = ("poisson", "fixed")
@@ -137,10 +137,10 @@ def _check_kind(kind: str, accountant: str, capacity: int | None) -> None:
         raise OptionError("sampling", f"must be one of {list(SAMPLINGS)}, got {kind!r}.")
     if kind == "fixed" and accountant == "pld":
         raise OptionError("accountant", "'pld' cannot account fixed-size sampling without replacement (dp-accounting "
-                                        "has no PLD for it); use accountant: rdp, or sampling: poisson.")
+                                        "has no PLD for it; the run's participation is uniform); use accountant: rdp, "
+                                        "or participation.name: poisson.")
     if kind == "fixed" and capacity is not None:
-        raise OptionError("capacity", "is the buffer of Poisson sampling; fixed-size sampling has none (set it to "
-                                      "null or use sampling: poisson).")
+        raise OptionError("capacity", "is the buffer of Poisson sampling; fixed-size sampling has none.")
 
 
 def check_accountable(sampling: Sampling, accountant: str) -> None:
@@ -150,11 +150,12 @@ def check_accountable(sampling: Sampling, accountant: str) -> None:
         raise OptionError("sampling", f"size must be in (0, {sampling.population}] (the population), got "
                                       f"{sampling.size}.")
     if sampling.capacity is not None and not 1 <= sampling.capacity <= sampling.population:
-        raise OptionError("capacity", f"must be between 1 and the population {sampling.population}, got "
+        raise OptionError("participation.capacity", f"must be between 1 and the population {sampling.population}, got "
                                       f"{sampling.capacity}.")
     if sampling.truncated and accountant == "rdp":
-        raise OptionError("capacity", f"{sampling.capacity} < {sampling.population} truncates Poisson sampling, which "
-                                      f"only the PLD accountant models; use accountant: pld, or capacity: null (the "
+        raise OptionError("participation.capacity", f"{sampling.capacity} < {sampling.population} truncates Poisson sampling, which "
+                                      f"only the PLD accountant models; use accountant: pld, or participation.capacity: "
+                                      f"null (the "
                                       f"whole population, never truncated).")
 
 
@@ -283,11 +284,6 @@ class PrivacyOptions(Options):
                                                       "distributions, tight) or 'rdp' (Rényi DP)")
     level: Literal["client", "example"] = option("client", "whose privacy: a client's whole data (DP-FedAvg) or one "
                                                            "training example (DP-SGD in local training)")
-    sampling: Literal["poisson", "fixed"] = option("poisson", "'poisson': each record independently (add-or-remove "
-                                                              "adjacency); 'fixed': a fixed number without "
-                                                              "replacement (replace-one adjacency, accountant rdp)")
-    capacity: int | None = option(None, "slots of the Poisson cohort buffer; fewer than the population truncates "
-                                        "(needs accountant pld) (null: the whole population)", at_least(1))
     weight_cap: float = option(1.0, "ŵ: client i's aggregation weight is min(n_i/ŵ, 1) (1: uniform weights)",
                                greater_than(0))
     clipping: Literal["flat", "per_layer"] = option("flat", "'flat': one L2 norm over the whole update; "
@@ -311,19 +307,11 @@ class PrivacyOptions(Options):
         if self.clip_norm is None:
             raise OptionError("clip_norm", "must be set: the noise is calibrated to the clip norm, and noise without "
                                            "clipping bounds nothing (set e.g. privacy.clip_norm=1.0).")
-        _check_kind(self.sampling, self.accountant, self.capacity)
         if self.adaptive and self.clipping == "per_layer":
             raise OptionError("adaptive", "clipping tracks one norm; use clipping: flat with it.")
         if self.adaptive and self.level == "example":
             raise OptionError("adaptive", "clipping is for client updates (level: client); DP-SGD clips examples "
                                           "to a fixed clip_norm.")
-        if self.level == "example" and self.sampling != "poisson":
-            raise OptionError("sampling", "at level example is the batches' sampling: Poisson (each example of a "
-                                          "client in a step with probability batch_size/n_i), which the accountant "
-                                          "models; use sampling: poisson.")
-        if self.level == "example" and self.capacity is not None:
-            raise OptionError("capacity", "is the Poisson buffer of client cohorts (level client); at level example "
-                                          "a step's batch is buffered in the client's whole data; remove it.")
 
 
 @dataclasses.dataclass
@@ -386,15 +374,16 @@ class PrivacyPlan:
                        self.options.accountant)
 
 
-def resolve_privacy(options: PrivacyOptions, *, population: int, size: float, steps: int,
+def resolve_privacy(options: PrivacyOptions, *, sampling: Sampling, steps: int,
                     num_records: int | None = None) -> PrivacyPlan:
-    """Resolve ``options`` before anything runs: ``population`` N records sampled per step (clients; at example
-    level a client's examples, the smallest client's for the worst case), ``size`` the expected (Poisson) or fixed
-    number drawn, ``steps`` the mechanism's steps in the whole run, ``num_records`` the records δ must be below 1/N
-    of (default: the population). Refuses in one line what cannot be accounted; calibrates z from a target ε."""
-    sampling = Sampling(options.sampling, population, size, options.capacity)
+    """Resolve ``options`` before anything runs: ``sampling`` how the records of one step are drawn (clients, by the
+    run's participation, :meth:`fljax.participation.Participation.sampling`; at example level a client's examples,
+    Poisson with the smallest client's rate for the worst case), ``steps`` the mechanism's steps in the whole run,
+    ``num_records`` the records δ must be below 1/N of (default: the sampling's population). Refuses in one line
+    what cannot be accounted; calibrates z from a target ε."""
     check_accountable(sampling, options.accountant)
-    records = population if num_records is None else num_records
+    size = sampling.size
+    records = sampling.population if num_records is None else num_records
     delta = default_delta(records) if options.delta is None else options.delta
     check_delta(delta, records)
     if options.noise_multiplier is not None:
@@ -558,19 +547,25 @@ class UploadTransform:
         return agg, new, {"clip_norm": state.clip_norm, "unclipped_fraction": fraction}
 
     # -------------------------------------------------------------------------------------------- stacked
-    def apply(self, uploads: PyTree, weights, residuals: PyTree, state: UploadState, key,
-              reference: PyTree | None = None, valid=None, client_keys=None) -> UploadResult:
-        """:meth:`encode` of every client of a stacked cohort (``vmap``) then :meth:`aggregate`. Each client's key is
-        ``client_keys[i]`` (the engine derives them from the client ids, so that nothing depends on a client's slot)
-        and ``key`` is the server's; without ``client_keys`` both are split from ``key``, the clients' by position.
-        Residuals of unsampled slots (``valid`` False) are returned unchanged."""
-        if client_keys is None:
-            k_clients, key = jax.random.split(key)
-            client_keys = jax.random.split(k_clients, T.num_clients(uploads))
+    def encode_cohort(self, uploads: PyTree, residuals: PyTree, state: UploadState, client_keys,
+                      reference: PyTree | None = None, valid=None) -> tuple[Contribution, PyTree]:
+        """:meth:`encode` of every client of a stacked cohort (``vmap``): ``(contributions, residuals)``, client i
+        with key ``client_keys[i]`` (the engine derives them from the client ids, so that nothing depends on a
+        client's slot). Residuals of unsampled slots (``valid`` False) are returned unchanged."""
         contributions, new_res = jax.vmap(lambda u, e, k: self.encode(u, e, state, k, reference))(uploads, residuals,
                                                                                                  client_keys)
         if valid is not None:
             new_res = T.where(valid, new_res, residuals)
+        return contributions, new_res
+
+    def apply(self, uploads: PyTree, weights, residuals: PyTree, state: UploadState, key,
+              reference: PyTree | None = None, valid=None, client_keys=None) -> UploadResult:
+        """:meth:`encode_cohort` then :meth:`aggregate` (without ``client_keys`` both the clients' keys, by position,
+        and the server's are split from ``key``)."""
+        if client_keys is None:
+            k_clients, key = jax.random.split(key)
+            client_keys = jax.random.split(k_clients, T.num_clients(uploads))
+        contributions, new_res = self.encode_cohort(uploads, residuals, state, client_keys, reference, valid)
         agg, new_state, metrics = self.aggregate(contributions, weights, state, key, reference, valid)
         return UploadResult(agg, new_res, new_state, metrics)
 
@@ -624,15 +619,6 @@ class ExamplePrivacy:
                                         self.per_layer)
 
 
-@dataclasses.dataclass(frozen=True)
-class PoissonCohort:
-    """Client-level Poisson sampling: every training client independently with probability ``rate`` q, into a buffer
-    of ``capacity`` slots (:func:`fljax.ops.privacy.poisson_cohort`)."""
-
-    rate: float
-    capacity: int
-
-
 TRACED_NOISE = "privacy.noise_multiplier"  # the key a grid of runs traces (one program for every noise level)
 
 
@@ -643,15 +629,14 @@ class Privacy:
 
     * ``plan``: the resolved privacy (noise multiplier, δ, sampling, accountant; None: no privacy, compression only);
     * ``uploads``: the :class:`UploadTransform` a centralized algorithm's uploads go through between its clients and
-      its server update (client-level DP and/or compression; None: the uploads are averaged as they are);
-    * ``cohort``: client-level Poisson sampling (None: the algorithm's fixed-size cohorts);
+      its server's aggregate, the encoder of its :class:`fljax.aggregation.Aggregator` (client-level DP and/or
+      compression; None: the uploads are aggregated as they are);
     * ``example``: DP-SGD in every local step (level example; None: plain gradients);
     * ``steps_per_round``: the accountant's steps per round (1 at client level; a round's local steps at example
       level, as if a client took part in every round: the worst case)."""
 
     plan: PrivacyPlan | None = None
     uploads: UploadTransform | None = None
-    cohort: PoissonCohort | None = None
     example: ExamplePrivacy | None = None
     steps_per_round: int = 1
 
@@ -682,7 +667,7 @@ class Privacy:
         uploads = self.uploads
         if self.traced():
             uploads = dataclasses.replace(uploads, noise_multiplier=0.0)
-        return uploads, self.cohort, self.example, self.steps_per_round
+        return uploads, self.example, self.steps_per_round
 
     def describe(self) -> dict:
         """What ``summary.json`` records of it (``privacy``): the level, noise multiplier z (given or calibrated), δ,
@@ -735,14 +720,17 @@ def weighting_note(privacy: PrivacyOptions | None, weighting: str | None) -> str
 
 
 def resolve_run(privacy: PrivacyOptions | None, compression: CompressionOptions | None, *, clients: int,
-                cohort_size: int | None, rounds: int, weights=None, local: LocalSteps | None = None
-                ) -> Privacy | None:
+                cohort_size: int | None, rounds: int, participation=None, weights=None,
+                local: LocalSteps | None = None) -> Privacy | None:
     """The :class:`Privacy` of a run (None when it has neither privacy nor compression): ``clients`` N training
     clients, ``cohort_size`` m (expected under Poisson sampling: q = m/N; None: every client), ``rounds`` T,
-    ``weights`` the clients' aggregation weights p_k (None: all ≥ 1), ``local`` the example-level facts (needed at
-    level example).
+    ``participation`` how the cohorts are drawn (a :class:`fljax.participation.Participation`, asked for its
+    :meth:`~fljax.participation.Participation.sampling`; None: the default of a private run, Poisson), ``weights``
+    the clients' aggregation weights p_k (None: all ≥ 1), ``local`` the example-level facts (needed at level
+    example).
 
-    Client level: one round is one step of the subsampled Gaussian mechanism over the N clients; the fixed
+    Client level: one round is one step of the subsampled Gaussian mechanism over the N clients, drawn by the
+    participation (a participation without an amplification result is refused); the fixed
     denominator is W = m·mean_k min(p_k/ŵ, 1), the expected total weight (= m with ŵ = 1). Example level: one local
     step is one step over a client's examples, drawn Poisson with rate B/n_i; the accounted client is the smallest
     (n_min: the largest rate), δ is checked against the total number of examples, and the steps are T × the local
@@ -755,30 +743,27 @@ def resolve_run(privacy: PrivacyOptions | None, compression: CompressionOptions 
         if local is None:
             raise ValueError("example-level privacy needs the clients' LocalSteps.")
         batch = min(local.batch_size, local.smallest)
-        plan = resolve_privacy(privacy, population=local.smallest, size=batch,
+        plan = resolve_privacy(privacy, sampling=Sampling("poisson", local.smallest, batch),
                                steps=rounds * local.steps_per_round, num_records=local.total)
         example = ExamplePrivacy(privacy.clip_norm, plan.noise_multiplier, local.batch_size,
                                  privacy.clipping == "per_layer")
-        return Privacy(plan, upload_transform(None, compression) if squeezed else None, None, example,
+        return Privacy(plan, upload_transform(None, compression) if squeezed else None, example,
                        local.steps_per_round)
-    plan = resolve_privacy(privacy, population=clients, size=size, steps=rounds)
+    if participation is None:
+        from fljax.participation import default_participation
+
+        participation = default_participation(client_privacy=True)
+    sampling = participation.sampling(clients, cohort_size)
+    if sampling is None:
+        raise OptionError("participation.name", f"{participation.name!r} draws cohorts that no dp-accounting event "
+                                                f"describes (no amplification-by-sampling result), so client-level "
+                                                f"privacy cannot be accounted; use participation.name: poisson or "
+                                                f"uniform.")
+    plan = resolve_privacy(privacy, sampling=sampling, steps=rounds)
     expected = float(size)
     if weights is not None and privacy.weight_cap != 1.0:
         capped = [min(float(w) / privacy.weight_cap, 1.0) for w in weights]
         expected = size * sum(capped) / len(capped)
     if not expected > 0:
         raise OptionError("weight_cap", f"gives every client weight 0 (W = {expected:g}); lower it.")
-    cohort = None
-    if privacy.sampling == "poisson":
-        cohort = PoissonCohort(size / clients, clients if privacy.capacity is None else privacy.capacity)
-    return Privacy(plan, upload_transform(plan, compression, expected_weight=expected), cohort)
-
-
-@flax.struct.dataclass
-class WithUploads:
-    """An algorithm's own pytree ``state`` with the upload pipeline's ``uploads`` beside it: the server's
-    :class:`UploadState` (the clip norm C_t), or every client's error-feedback residual (leading client axis; ``()``
-    without error feedback). :class:`fljax.algorithms.base.Centralized` wraps and unwraps it."""
-
-    state: Any
-    uploads: Any
+    return Privacy(plan, upload_transform(plan, compression, expected_weight=expected))

@@ -307,11 +307,15 @@ CASES = [
     _case(_PRIVACY, _DP + "--set privacy.delta=0.05", "privacy.delta must be in (0, 1/N) = (0, 0.02) for N = 50 "
                                                       "protected records"),
     _case(_PRIVACY, _DP + "--algorithm scaffold", "privacy applies to an algorithm whose upload is a model trained "
-                                                  "from the broadcast one and averaged by the server"),
-    _case(_PRIVACY, "run --set privacy.target_epsilon=2 --set privacy.clip_norm=1 --set privacy.sampling=fixed",
+                                                  "from the broadcast one and read by the server only through its "
+                                                  "aggregate"),
+    _case(_PRIVACY, "run --set privacy.target_epsilon=2 --set privacy.clip_norm=1 --set participation.name=uniform",
           "privacy.accountant 'pld' cannot account fixed-size sampling without replacement"),
-    _case(_PRIVACY, _DP + "--set privacy.capacity=20 --set privacy.accountant=rdp",
-          "privacy.capacity 20 < 50 truncates Poisson sampling, which only the PLD accountant models"),
+    _case(_PRIVACY, _DP + "--set participation.name=poisson --set participation.capacity=20 "
+                          "--set privacy.accountant=rdp",
+          "participation.capacity 20 < 50 truncates Poisson sampling, which only the PLD accountant models"),
+    _case(_PRIVACY, _DP + "--set privacy.sampling=fixed", "privacy.sampling moved to participation.name (poisson or "
+                                                          "uniform)"),
     _case(_PRIVACY, _EXAMPLE, "algo.sampling must be 'poisson' under privacy.level: example"),
     _case(_PRIVACY, _EXAMPLE + "--algorithm apfl", "privacy.level 'example' needs an algorithm whose clients touch "
                                                    "their data only through the local steps of its batch plan"),

@@ -211,7 +211,7 @@ def test_pfedme_local_round():
     assert_trees_close(theta, th, rtol=1e-5, atol=1e-6)
     assert_trees_close(w_i, w, rtol=1e-5, atol=1e-6)
     ups = tree.stack([w_i, _rand_like(w_t, 4, 1.0)])
-    out = algo.server_update(_ctx(5), {"params": w_t}, None, jnp.arange(2), ClientResult(None, ups, jnp.ones(2), {}))
+    out = algo.server_step(_ctx(5), {"params": w_t}, tree.mean_clients(ups))
     assert_trees_close(out["params"], jax.tree.map(lambda x, u: 0.3 * x + 0.7 * u.mean(0), w_t, ups), rtol=1e-5,
                        atol=1e-6)
 

@@ -84,3 +84,41 @@ def test_every_step_active_keeps_the_scan():
     assert int(n) == 3
     np.testing.assert_array_equal(w, w_want)
     np.testing.assert_array_equal(loss, loss_want)
+
+
+def _first_steps(carry, train, plan, key, budget):
+    """A straggler's budget by its definition: walk the schedule and run its active steps until ``budget`` of them
+    have run (a plain Python loop)."""
+    k_sched, k_steps = jax.random.split(key)
+    idx, mask, active = plan.schedule(k_sched, train.count, train.n_min, train.n_max)
+    keys = jax.random.split(k_steps, idx.shape[0])
+    done = 0
+    for j in range(idx.shape[0]):
+        if bool(active[j]) and done < budget:
+            carry, _ = _step(carry, gather_batch(train.x, train.y, idx[j], mask[j]), keys[j])
+            done += 1
+    return carry
+
+
+@pytest.mark.parametrize("plan", [BatchPlan(batch_size=4, epochs=2), BatchPlan(batch_size=4, steps=3)])
+@pytest.mark.parametrize("unroll", [1, 2])
+def test_a_step_budget_runs_the_first_active_steps_only(plan, unroll):
+    """ClientInput.steps (a participation's straggler budget) reaches run_steps as ``budget``: exactly the first
+    ``budget`` active steps of the schedule run, on the scan path (local steps) and the bounded one (local epochs),
+    one client at a time and under vmap with a budget per client."""
+    data = _clients()
+    keys = jax.random.split(jax.random.PRNGKey(5), len(SIZES))
+    carry0 = (jnp.zeros(5), jnp.int32(0))
+    budgets = jnp.asarray([0, 1, 2, 5], jnp.int32)
+    got = jax.jit(jax.vmap(lambda t, k, b: run_steps(_step, carry0, t, plan, k, unroll, budget=b)))(data, keys,
+                                                                                                   budgets)
+    (w_v, n_v), _ = got
+    for i in range(len(SIZES)):
+        train = jax.tree.map(lambda a: a[i], data)
+        w_want, n_want = _first_steps(carry0, train, plan, keys[i], int(budgets[i]))
+        (w_one, n_one), _ = jax.jit(lambda t, k: run_steps(_step, carry0, t, plan, k, unroll,
+                                                           budget=budgets[i]))(train, keys[i])
+        assert int(n_v[i]) == int(n_one) == int(n_want)
+        np.testing.assert_allclose(w_v[i], w_want, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(w_one, w_want, rtol=1e-6, atol=1e-7)
+    assert int(n_v[0]) == 0 and int(n_v[3]) < 5  # a zero budget trains nothing; a large one is capped by the plan

@@ -11,7 +11,6 @@ import pytest
 
 import fljax
 from fljax.algorithms import make_algorithm
-from fljax.algorithms.base import ClientResult
 from fljax.errors import OptionError
 from fljax.ops.fedopt import fedopt
 
@@ -87,9 +86,9 @@ def test_fedopt_with_bias_correction_is_optax_adam_and_yogi():
 
 
 @pytest.mark.parametrize("kind", ["adagrad", "yogi", "adam"])
-def test_fedavg_server_update_steps_the_clients_mean_change(kind):
-    """Two rounds of FedAvg's server: Δ_t is the weighted mean of the uploads minus the global model, and the new
-    global model is Algorithm 2's x_{t+1}."""
+def test_fedavg_server_step_steps_the_clients_mean_change(kind):
+    """Two rounds of FedAvg's server step given the weighted mean of the uploads (its aggregate): Δ_t is the mean
+    minus the global model, and the new global model is Algorithm 2's x_{t+1}."""
     kw = dict(server_optimizer=kind, server_lr=0.05, server_beta1=0.8, server_eps=1e-2,
               server_initial_accumulator=0.3)
     if kind != "adagrad":
@@ -104,10 +103,9 @@ def test_fedavg_server_update_steps_the_clients_mean_change(kind):
         ups = {k: jnp.asarray(np.asarray(v)[None] + rng.normal(size=(4,) + v.shape), jnp.float32)
                for k, v in server["params"].items()}
         weights = jnp.asarray([1.0, 3.0, 2.0, 4.0])
-        result = ClientResult(None, ups, weights, {})
         mean = {k: np.tensordot(np.asarray(weights) / 10.0, np.asarray(u), 1) for k, u in ups.items()}
         deltas.append(flat(mean) - flat(server["params"]))
-        server = algo.server_update(None, server, None, jnp.arange(4), result)
+        server = algo.server_step(None, server, {k: jnp.asarray(v, jnp.float32) for k, v in mean.items()})
         iterates.append(flat(server["params"]))
     want = algorithm_2(kind, deltas, 0.05, 0.8, 0.95, 1e-2, 0.3)
     start = flat(x)

@@ -160,8 +160,6 @@ def test_privacy_options_refusals_are_one_line_naming_the_key():
         (dict(noise_multiplier=1.0), "clip_norm", "noise without clipping"),
         (dict(ok, clip_norm=-1.0), "clip_norm", "must be > 0"),
         (dict(ok, delta=1.5), "delta", r"in \(0, 1\)"),
-        (dict(ok, sampling="fixed"), "accountant", "'pld' cannot account fixed-size"),
-        (dict(ok, sampling="fixed", accountant="rdp", capacity=5), "capacity", "buffer of Poisson"),
         (dict(ok, accountant="moments"), "accountant", "must be one of"),
         (dict(ok, adaptive=True, clipping="per_layer"), "adaptive", "clipping: flat"),
         (dict(ok, adaptive=True, level="example"), "adaptive", "level: client"),
@@ -175,27 +173,29 @@ def test_privacy_options_refusals_are_one_line_naming_the_key():
 
 def test_resolve_refuses_what_cannot_be_accounted():
     o = PrivacyOptions(noise_multiplier=1.0, clip_norm=0.5)
-    _one_line(lambda: resolve_privacy(PrivacyOptions(noise_multiplier=1.0, clip_norm=0.5, delta=0.02), population=100,
-                                      size=10, steps=10), "delta", r"\(0, 1/N\)")
-    _one_line(lambda: resolve_privacy(PrivacyOptions(noise_multiplier=1.0, clip_norm=0.5, accountant="rdp",
-                                                     capacity=20), population=100, size=10, steps=10),
-              "capacity", "only the PLD accountant")
+    _one_line(lambda: resolve_privacy(PrivacyOptions(noise_multiplier=1.0, clip_norm=0.5, delta=0.02),
+                                      sampling=Sampling("poisson", 100, 10), steps=10), "delta", r"\(0, 1/N\)")
+    _one_line(lambda: resolve_privacy(PrivacyOptions(noise_multiplier=1.0, clip_norm=0.5, accountant="rdp"),
+                                      sampling=Sampling("poisson", 100, 10, capacity=20), steps=10),
+              "participation.capacity", "only the PLD accountant")
+    _one_line(lambda: resolve_privacy(o, sampling=Sampling("fixed", 100, 10), steps=10), "accountant",
+              "'pld' cannot account fixed-size")
     _one_line(lambda: resolve_privacy(PrivacyOptions(noise_multiplier=1.0, clip_norm=0.5, adaptive=True),
-                                      population=100, size=10, steps=10), "count_stddev", "must exceed z/2")
+                                      sampling=Sampling("poisson", 100, 10), steps=10), "count_stddev", "must exceed z/2")
     _one_line(lambda: check_accountable(Sampling("poisson", 100, 200), "pld"), "sampling", "size must be in")
-    _one_line(lambda: resolve_privacy(PrivacyOptions(noise_multiplier=0.05, clip_norm=0.5), population=100, size=10,
+    _one_line(lambda: resolve_privacy(PrivacyOptions(noise_multiplier=0.05, clip_norm=0.5), sampling=Sampling("poisson", 100, 10),
                                       steps=10), "noise_multiplier", "below 0.1")
-    plan = resolve_privacy(o, population=100, size=10, steps=10)
+    plan = resolve_privacy(o, sampling=Sampling("poisson", 100, 10), steps=10)
     assert plan.delta == pytest.approx(100 ** -1.1) and plan.update_noise_multiplier == 1.0
     assert plan.epsilon() == epsilon(1.0, 10, plan.delta, Sampling("poisson", 100, 10), "pld")
     _one_line(lambda: upload_transform(resolve_privacy(PrivacyOptions(noise_multiplier=1.0, clip_norm=0.5,
                                                                       level="example"),
-                                                       population=100, size=10, steps=10)), "level", "local steps")
+                                                       sampling=Sampling("poisson", 100, 10), steps=10)), "level", "local steps")
 
 
 def test_resolve_calibrates_and_splits_the_noise_for_adaptive_clipping():
     o = PrivacyOptions(target_epsilon=3.0, clip_norm=0.5, adaptive=True, delta=1e-5)
-    plan = resolve_privacy(o, population=1_000, size=100, steps=50)
+    plan = resolve_privacy(o, sampling=Sampling("poisson", 1_000, 100), steps=50)
     assert plan.epsilon() <= 3.0 and plan.count_stddev == 5.0  # cohort / 20
     assert plan.update_noise_multiplier ** -2 + (2 * 5.0) ** -2 == pytest.approx(plan.noise_multiplier ** -2)
     t = upload_transform(plan)

@@ -26,14 +26,16 @@ from fljax.engine.protocol import ClientInput
 from fljax.errors import OptionError
 from fljax.experiment import build, load_data, privacy_of, resolve
 from fljax.config import from_dict, ExperimentConfig
-from fljax.privacy import ExamplePrivacy, WithUploads
+from fljax.aggregation import WithAggregator
+from fljax.privacy import ExamplePrivacy
 
 from conftest import assert_trees_close
 
 BASE = {"data": {"dataset": "synthetic", "num_clients": 12, "max_samples": 40},
         "model": {"name": "logreg"}, "rounds": 3, "eval_every": 1,
         "algo": {"cohort_size": 4, "local_steps": 3, "batch_size": 8, "weighting": "uniform"}}
-NO_NOISE = {"noise_multiplier": 0.0, "clip_norm": 1e6, "sampling": "fixed", "accountant": "rdp"}
+NO_NOISE = {"noise_multiplier": 0.0, "clip_norm": 1e6, "accountant": "rdp"}
+UNIFORM = {"name": "uniform"}  # the engine's fixed-size cohorts (replace-one adjacency, accountant rdp)
 ALGOS = {"fedavg": {}, "fedprox": {"mu": 0.1}, "ditto": {}, "apfl": {}, "fedper": {}, "fedrep": {}, "lg_fedavg": {},
          "perfedavg": {}, "pfedme": {}, "fml": {}, "fedrod": {}}
 HEAD = {"name": "mlp", "options": {"hidden": [8]}}  # a model with a 'head' layer (partial models, FedRoD)
@@ -49,7 +51,7 @@ def _config(algorithm="fedavg", algo=None, **sections) -> dict:
 def _own(state):
     """The algorithm's own pytrees of a state (the upload pipeline's beside them peeled)."""
     server, clients = state.server, state.clients
-    if isinstance(server, WithUploads):
+    if isinstance(server, WithAggregator):
         server, clients = server.state, clients.state
     return server, clients
 
@@ -59,16 +61,17 @@ def _bits(a, b):
     return len(la) == len(lb) and all(np.asarray(x).tobytes() == np.asarray(y).tobytes() for x, y in zip(la, lb))
 
 
-def test_every_upload_model_algorithm_is_covered_here():
-    declared = {n for n, c in ALGORITHMS.items() if c.upload_model}
-    assert declared - {"fedavg_ft", "fedlp"} == set(ALGOS)
+def test_every_algorithm_that_reads_an_aggregate_is_covered_here():
+    declared = {n for n, c in ALGORITHMS.items() if c.reads_aggregate}
+    assert declared - {"fedavg_ft", "fedlp", "fedbabu", "quped", "qupel"} == set(ALGOS)
 
 
 @pytest.mark.parametrize("name", sorted(ALGOS))
 def test_no_noise_and_a_clip_above_every_norm_is_the_non_private_run_bit_for_bit(name):
     model = {"model": HEAD} if name in ("fedper", "fedrep", "lg_fedavg", "fedrod") else {}
     plain = fljax.run(_config(name, ALGOS[name], **model), progress=False)
-    private = fljax.run(_config(name, ALGOS[name], privacy=NO_NOISE, **model), progress=False)
+    private = fljax.run(_config(name, ALGOS[name], privacy=NO_NOISE, participation=UNIFORM, **model),
+                        progress=False)
     assert _bits(_own(private.state), _own(plain.state))
     private_only = ("epsilon", "clip_norm", "unclipped_fraction")
     for a, b in zip(private.history, plain.history):
@@ -153,7 +156,7 @@ def test_adaptive_clip_norm_is_recorded_and_follows_the_geometric_update_of_the_
     for f in fractions:
         replay.append(replay[-1] * math.exp(-lr * (f - gamma)))
     np.testing.assert_allclose(clips, replay[:-1], rtol=2e-6)
-    assert float(result.state.server.uploads.clip_norm) == pytest.approx(replay[-1], rel=2e-6)
+    assert float(result.state.server.aggregator.encoder.clip_norm) == pytest.approx(replay[-1], rel=2e-6)
     assert len(set(clips)) == len(clips)  # it moves
     frame = fljax.load_run(str(tmp_path / "r"))
     assert list(frame["clip_norm"][1:]) == list(clips) and list(frame["unclipped_fraction"][1:]) == list(fractions)
@@ -211,10 +214,10 @@ def test_error_feedback_keeps_an_unsampled_clients_residual_bit_for_bit(mode):
     state = sim.init()
     before = state
     for r in range(3):
-        cohort = np.asarray(sim.algorithm.sample(_cohort(sim, state, r))[0])
+        cohort = np.asarray(sim.participation.draw(_cohort(sim, state, r), sim.algorithm.cohort_size).ids)
         after, metrics = sim.run_rounds(state, 1, stack=False)
         out = np.setdiff1d(np.arange(12), cohort)
-        res_before, res_after = state.clients.uploads, after.clients.uploads
+        res_before, res_after = state.clients.aggregator, after.clients.aggregator
         assert _bits(T.take_clients(res_after, out), T.take_clients(res_before, out))
         # a sampled client's residual is what its compressed upload left out: nonzero under top-25%
         assert all(float(T.norm(T.take_clients(res_after, cohort[i:i + 1]))) > 0 for i in range(len(cohort)))
@@ -226,14 +229,15 @@ def test_error_feedback_keeps_an_unsampled_clients_residual_bit_for_bit(mode):
 
 
 def test_poisson_cohorts_run_in_a_static_buffer_whose_empty_slots_change_nothing():
-    cfg = _config(privacy={"noise_multiplier": 0.0, "clip_norm": 1e6, "capacity": 8})
+    cfg = _config(privacy={"noise_multiplier": 0.0, "clip_norm": 1e6}, participation={"name": "poisson", "capacity": 8})
     exp = resolve(from_dict(ExperimentConfig, cfg))
     sim = build(exp, load_data(exp))
     state = sim.init()
     sizes = set()
     for r in range(6):
         ctx = _cohort(sim, state, r)
-        ids, valid = sim.algorithm.sample(ctx)
+        draw = sim.participation.draw(ctx, sim.algorithm.cohort_size)
+        ids, valid = draw.ids, draw.valid
         assert ids.shape == (8,)
         sampled = np.asarray(ids)[np.asarray(valid)]
         sizes.add(len(sampled))

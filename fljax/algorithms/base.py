@@ -26,18 +26,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from fljax import tree
+from fljax.aggregation import AggregatorState, Keys, WithAggregator
 from fljax.algorithms import model_state
 from fljax.engine.cohort import COHORT_MODES, entry_ids, run_all, run_cohort
-from fljax.engine.context import EVAL, INIT, NOISE, UPLOAD, RoundContext
+from fljax.engine.context import ATTACK, EVAL, INIT, NOISE, UPLOAD, RoundContext
 from fljax.engine.evaluation import summarize
 from fljax.engine.protocol import ClientInput, ClientResult
 from fljax.errors import OptionError
 from fljax.models.model import accuracy_stats, masked_cross_entropy
 from fljax.models.sequence import token_stats, token_summary
 from fljax.options import Options, at_least, one_of, option
-from fljax.privacy import WithUploads
 
-__all__ = ["Algorithm", "CohortTemplate", "Centralized", "ClientInput", "ClientResult", "TestStats"]
+__all__ = ["Algorithm", "CohortTemplate", "Centralized", "Aggregating", "ClientInput", "ClientResult", "TestStats"]
 
 
 @flax.struct.dataclass
@@ -72,9 +72,11 @@ class Algorithm(Options):
     # its batch plan (LocalTraining.train, fljax.algorithms.local_training.train_steps), so DP-SGD in every step makes
     # all it sends example-level private, accounted as plan().num_steps local steps per round
     private_steps: ClassVar[bool] = False
-    # its upload is a model trained from the broadcast one and its server update reads the uploads only through their
-    # weighted mean: client-level privacy and compression apply (CohortTemplate.transform_uploads)
-    upload_model: ClassVar[bool] = False
+    # set by the Aggregating template (never by an algorithm): its server reads the uploads only through their
+    # aggregate, so every aggregator of fljax.aggregation applies (robust rules, attacks, privacy, compression)
+    reads_aggregate: ClassVar[bool] = False
+    # set by the CohortTemplate (never by an algorithm): a participation draws its cohorts (fljax.participation)
+    samples_cohorts: ClassVar[bool] = False
 
     def validate(self, num_clients: int) -> None:
         """Refuse hyperparameters impossible for ``num_clients`` clients with a one-line
@@ -217,7 +219,34 @@ class Algorithm(Options):
             raise ValueError(f"{type(self).__name__}.eval_metrics returns {clash}, which clash with the accuracy "
                              f"summaries; rename them.")
         summary.update(extra)
+        attack = None if ctx.aggregator is None else ctx.aggregator.attack
+        if attack is not None:
+            summary.update(self._attacked(ctx, scored, states, shared, evaluate_client, stats, attack))
         return summary, per_client
+
+    def _attacked(self, ctx, scored, states, shared, evaluate_client, stats, attack) -> dict:
+        """Under an attack (robust spec): ``honest_{global,personal}_acc``, the mean accuracy of the honest clients
+        (the malicious ones' own test splits left out: clean accuracy), and for an attack that plants a trigger
+        (:meth:`fljax.aggregation.Attack.triggered`) ``{global,personal}_asr``, its attack success rate: the share
+        of the honest clients' triggered test rows whose true label is not the target that the model classifies as
+        the target (pooled over those rows)."""
+        from fljax.aggregation import malicious_mask
+
+        malicious = malicious_mask(ctx.malicious_key, ctx.num_clients, attack.fraction)[jnp.asarray(scored.client_ids)]
+        honest = ~malicious
+        out = {f"honest_{kind}_acc": summarize(s.replace(count=jnp.where(honest, s.count, 0)), kind)[f"{kind}_acc"]
+               for kind, s in stats.items()}
+        if attack.plants_trigger:
+            def triggered(g):
+                fn = evaluate_client(g)
+                return lambda inp: fn(inp.replace(test=attack.triggered(inp.test)))
+
+            hit = run_all(scored, triggered, shared, states, EVAL)
+            hit.pop("scalars", None)
+            for kind, s in hit.items():
+                hits, rows = jnp.sum(jnp.where(honest, s.correct, 0)), jnp.sum(jnp.where(honest, s.count, 0))
+                out[f"{kind}_asr"] = hits / jnp.maximum(rows, 1)
+        return out
 
 
 def _summaries(stats: TestStats, prefix: str) -> dict:
@@ -227,33 +256,28 @@ def _summaries(stats: TestStats, prefix: str) -> dict:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CohortTemplate(Algorithm):
-    """Template for server-based algorithms (:class:`Centralized` adds the aggregation weights; this base serves
-    the algorithms that aggregate nothing: Local, QuPeD's Local Training).
+    """Template for server-based algorithms (:class:`Centralized` adds the aggregation weights, :class:`Aggregating`
+    a server that reads only the aggregate of its uploads; this base serves the algorithms that aggregate nothing:
+    Local, QuPeD's Local Training).
 
     Hyperparameters: ``cohort_size`` (clients per round; None = full participation) and ``cohort_mode`` (how the
     cohort runs, :mod:`fljax.engine.cohort`: 'gather' its clients, or compute every client and commit with a 'mask';
     equal up to float reassociation). Subclasses implement ``init``, ``broadcast``, ``client_update`` and
     ``server_update``; non-sampled clients' state is untouched. One round::
 
-        S_t ← cohort;  down ← broadcast(server)
+        S_t ← participation.draw();  down ← broadcast(server)
         result_i ← client_update(ClientInput(state_i, train_i, key_i, round, down))    every i ∈ S_t at once
-        clients[S_t] ← result.state;  server ← server_update(server, result)           (weighted mean of uploads)
+        clients[S_t] ← result.state;  server ← server_update(server, result)
 
-    Privacy and compressed uploads (``ctx.privacy``, :class:`fljax.privacy.Privacy`; docs/privacy.md) compose with
-    every algorithm that declares ``upload_model``: its upload is a model w_i trained from the broadcast model w_t
-    (Δ_i = w_i − w_t) and its ``server_update`` reads the uploads only through their weighted mean. Between the
-    clients' results and the server update the upload pipeline (:meth:`transform_uploads`) encodes every upload
-    (clip Δ_i, compress it with the client's error-feedback residual) and aggregates them (the weighted sum, noised,
-    over the fixed denominator W); the aggregate replaces the weighted mean: ``server_update`` receives it as a
-    cohort of one upload of weight 1, whose weighted mean it is, bit for bit. The residuals live beside the
-    per-client state and the clip norm C_t beside the server's (:class:`fljax.privacy.WithUploads`). Under Poisson
-    sampling (``privacy.sampling: poisson``) the cohort is a buffer with empty slots (:meth:`sample`), of expected
-    size ``cohort_size``.
+    Who takes part is the run's participation (``ctx.participation``, :mod:`fljax.participation`: uniform cohorts of
+    ``cohort_size`` by default, Poisson ones with empty slots in a buffer, each client's step budget and virtual
+    time); what the server makes of the uploads is :class:`Aggregating`'s.
 
     Over a population of client groups (:mod:`fljax.engine.population`) the cohort is drawn over all clients, each
     group runs its members with its own model and hyperparameters, and the server aggregates across groups.
     """
 
+    samples_cohorts = True
     cohort_size: int | None = option(10, "clients per round (null: every client, full participation)", at_least(1))
     cohort_mode: str = option("gather", "how the cohort runs: 'gather' its clients, or compute every client and "
                                         "commit with a 'mask' (equal up to float reassociation)",
@@ -271,32 +295,28 @@ class CohortTemplate(Algorithm):
         """Every client's aggregation weight p_k (what :meth:`aggregation_weights` gives its results): n_k."""
         return [float(c) for c in np.asarray(train.count)]
 
-    def sample(self, ctx: RoundContext):
-        """This round's cohort: ``(sorted ids, None)``, a uniform fixed-size cohort of ``cohort_size``, or under the
-        run's Poisson sampling ``(buffer of ids, validity mask)``, every training client drawn independently with
-        probability q = cohort_size / N (:meth:`~fljax.engine.context.RoundContext.sample_poisson`)."""
-        poisson = None if ctx.privacy is None else ctx.privacy.cohort
-        if poisson is None:
-            return ctx.sample_cohort(self.cohort_size), None
-        return ctx.sample_poisson(poisson.rate, poisson.capacity)
-
     def init_population(self, ctx: RoundContext):
         server, clients = super().init_population(ctx)
-        uploads = None if ctx.privacy is None else ctx.privacy.uploads
-        if uploads is None:
+        aggregator = ctx.aggregator
+        if aggregator is None or not aggregator.has_state:
             return server, clients
-        upload = model_state.unwrap(self.broadcast(model_state.unwrap(server)))  # an upload's shapes: the model's
-        residuals = tree.broadcast_clients(uploads.init_client(upload), ctx.num_clients)
-        return WithUploads(server, uploads.init_server()), WithUploads(clients, residuals)
+        upload = model_state.unwrap(self.upload_reference(self.broadcast(model_state.unwrap(server))))
+        state = aggregator.init(upload, ctx.num_clients)
+        return WithAggregator(server, state.server), WithAggregator(clients, state.clients)
 
     def evaluate(self, ctx: RoundContext, server, clients):
-        if isinstance(server, WithUploads):
+        if isinstance(server, WithAggregator):
             server, clients = server.state, clients.state
         return super().evaluate(ctx, server, clients)
 
     def broadcast(self, server):
         """What the server sends to the cohort (default: the server pytree's ``params``)."""
         return server["params"]
+
+    def upload_reference(self, down):
+        """The model a client's upload is trained from, shaped like the upload (default: what the server sent,
+        ``down``): the w_t of its delta Δ_i = u_i − w_t."""
+        return down
 
     def client_update(self, inp: ClientInput) -> ClientResult:
         raise NotImplementedError
@@ -305,68 +325,55 @@ class CohortTemplate(Algorithm):
         """New server pytree from the cohort's stacked results (``clients`` is already updated)."""
         raise NotImplementedError
 
+    def server_round(self, ctx: RoundContext, server, clients, cohort, valid, result: ClientResult, state, down):
+        """``(new server, aggregator state, metrics)`` from the cohort's stacked results: :meth:`server_update`
+        here (:class:`Aggregating` aggregates first)."""
+        return self.server_update(ctx, server, clients, cohort, result), state, {}
+
     def aggregation_weights(self, result: ClientResult):
         """Per-entry aggregation weights n_i (zero for the entries of unsampled clients, ``result.valid``), in the
         uploads' floating dtype (float64 in a float64 run: the 1/K of a mean is then float64's)."""
         return result.weight.astype(tree.float_dtype(result.upload))
 
-    def comm_bytes(self, down, result: ClientResult, cohort_size: int) -> tuple:
-        """(bytes up, bytes down) this round; default: every cohort member downloads ``down`` and uploads its
-        ``upload`` densely."""
+    def comm_bytes(self, down, result: ClientResult, cohort_size) -> tuple:
+        """(bytes up, bytes down) this round; default: every cohort member (``cohort_size``, traced under a
+        participation with empty slots) downloads ``down`` and uploads its ``upload`` densely."""
         leaves = jax.tree.leaves(result.upload)
         per_client = tree.nbytes(result.upload) / leaves[0].shape[0] if leaves else 0.0
-        return float(per_client * cohort_size), float(tree.nbytes(down) * cohort_size)
-
-    def transform_uploads(self, ctx: RoundContext, result: ClientResult, residuals, state, cohort, valid, reference):
-        """The upload pipeline of ``ctx.privacy.uploads`` (:class:`fljax.privacy.UploadTransform`) on the cohort's
-        stacked results: every entry's upload encoded with its client's residual and key (clip, compress, clip), the
-        weighted sum of the contributions with weights min(p_i/ŵ, 1) noised and divided by W (without privacy: the
-        weighted mean of the decoded uploads), the reference the broadcast model. Returns ``(result for the server:
-        the aggregate as a cohort of one upload of weight 1, residuals, the pipeline's server state, metrics)``."""
-        uploads = ctx.privacy.uploads
-        ids = entry_ids(ctx, cohort, self.cohort_mode, valid)
-        safe = jnp.minimum(ids, ctx.num_clients - 1)
-        out = uploads.apply(result.upload, self.aggregation_weights(result), tree.take_clients(residuals, safe), state,
-                            ctx.stream(NOISE), reference=reference, valid=result.valid,
-                            client_keys=ctx.client_keys(safe, UPLOAD))
-        residuals = jax.tree.map(lambda x, v: x.at[ids].set(v.astype(x.dtype), mode="drop"), residuals, out.residuals)
-        one = ClientResult(state=None, upload=jax.tree.map(lambda a: a[None], out.aggregate),
-                           weight=jnp.ones((1,), result.weight.dtype), metrics={})
-        return one, residuals, out.state, out.metrics
+        return per_client * cohort_size, tree.nbytes(down) * cohort_size
 
     def round(self, ctx: RoundContext, server, clients):
-        uploads = None if ctx.privacy is None else ctx.privacy.uploads
-        if uploads is not None:
-            (server, upload_state), (clients, residuals) = (server.state, server.uploads), (clients.state,
-                                                                                          clients.uploads)
-        cohort, valid = self.sample(ctx)
+        state = None
+        if isinstance(server, WithAggregator):
+            state = AggregatorState(server.aggregator, clients.aggregator)
+            server, clients = server.state, clients.state
+        draw = ctx.participation.draw(ctx, self.cohort_size)
+        cohort, valid = draw.ids, draw.valid
         down = model_state.attach(server, self.broadcast(model_state.unwrap(server)))
 
         def update(g):
             return model_state.client_fn(ctx.model, self.group_algorithm(ctx, g).client_update, train=True)
 
-        clients, result = run_cohort(ctx, update, down, clients, cohort, self.cohort_mode, valid)
+        clients, result = run_cohort(ctx, update, down, clients, cohort, self.cohort_mode, valid, steps=draw.steps)
         own_result = result.replace(upload=model_state.unwrap(result.upload))
-        upload_metrics = {}
-        if uploads is not None:
-            own_result, residuals, upload_state, upload_metrics = self.transform_uploads(
-                ctx, own_result, residuals, upload_state, cohort, valid, model_state.unwrap(down))
-        own = self.server_update(ctx, model_state.unwrap(server), model_state.unwrap(clients), cohort, own_result)
+        own, state, metrics = self.server_round(ctx, model_state.unwrap(server), model_state.unwrap(clients), cohort,
+                                                valid, own_result, state, model_state.unwrap(down))
         server = model_state.aggregate(server, own, result, self.aggregation_weights(result))
-        if uploads is None:
-            up, dn = self.comm_bytes(down, result, cohort.shape[0])
+        senders = cohort.shape[0] if valid is None else jnp.sum(valid).astype(jnp.float32)
+        encoder = None if ctx.aggregator is None else ctx.aggregator.uploads
+        if encoder is None:
+            up, dn = self.comm_bytes(down, result, senders)
         else:  # what is sent: the encoder's bytes of one upload, by every participant
-            senders = cohort.shape[0] if valid is None else jnp.sum(valid)
             one = jax.tree.map(lambda a: a[0], own_result.upload)
-            up, dn = uploads.bytes_up(one) * senders, tree.nbytes(down) * senders
+            up, dn = encoder.bytes_up(one) * senders, tree.nbytes(down) * senders
         if result.valid is None:
-            metrics = {k: jnp.mean(v) for k, v in result.metrics.items()}
+            client_metrics = {k: jnp.mean(v) for k, v in result.metrics.items()}
         else:
             w = result.valid.astype(jnp.float32)
-            metrics = {k: jnp.sum(v * w) / jnp.maximum(jnp.sum(w), 1.0) for k, v in result.metrics.items()}
-        metrics.update(bytes_up=jnp.float32(up), bytes_down=jnp.float32(dn), **upload_metrics)
-        if uploads is not None:
-            server, clients = WithUploads(server, upload_state), WithUploads(clients, residuals)
+            client_metrics = {k: jnp.sum(v * w) / jnp.maximum(jnp.sum(w), 1.0) for k, v in result.metrics.items()}
+        metrics = {**client_metrics, "bytes_up": jnp.float32(up), "bytes_down": jnp.float32(dn), **metrics}
+        if state is not None:
+            server, clients = WithAggregator(server, state.server), WithAggregator(clients, state.clients)
         return server, clients, metrics
 
 
@@ -389,3 +396,29 @@ class Centralized(CohortTemplate):
             ones = jnp.ones_like(result.weight, dtype=tree.float_dtype(result.upload))
             return ones if result.valid is None else ones * result.valid
         return super().aggregation_weights(result)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Aggregating(Centralized):
+    """The template of the algorithms whose server reads its cohort's uploads only through their aggregate: each
+    upload u_i is a model trained from what the server sent (its :meth:`upload_reference` w_t), and the server steps
+    from A_t, the run's aggregator of the uploads (:class:`fljax.aggregation.Aggregator`: the weighted mean
+    Σ p_i u_i / Σ p_i by default; a robust rule, the malicious clients' attack, clipping, compression and privacy
+    noise apply to every such algorithm with no code of its own). Subclasses implement :meth:`server_step`."""
+
+    reads_aggregate = True
+
+    def server_step(self, ctx: RoundContext, server, aggregate):
+        """The new server pytree from the aggregate A_t of the cohort's uploads."""
+        raise NotImplementedError
+
+    def server_round(self, ctx, server, clients, cohort, valid, result, state, down):
+        aggregator, ids, keys = ctx.aggregator, None, None
+        if not aggregator.is_default:
+            ids = entry_ids(ctx, cohort, self.cohort_mode, valid)
+            safe = jnp.minimum(ids, ctx.num_clients - 1)
+            keys = Keys(server=ctx.stream(NOISE), clients=ctx.client_keys(safe, UPLOAD), attack=ctx.stream(ATTACK),
+                        attack_clients=ctx.client_keys(safe, ATTACK), malicious=ctx.malicious_key)
+        aggregate, state, metrics = aggregator.apply(result.upload, self.aggregation_weights(result), result.valid,
+                                                     ids, state, self.upload_reference(down), keys, ctx.num_clients)
+        return self.server_step(ctx, server, aggregate), state, metrics

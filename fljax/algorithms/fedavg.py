@@ -32,7 +32,7 @@ import numpy as np
 import optax
 
 from fljax import tree
-from fljax.algorithms.base import Centralized, ClientInput, ClientResult
+from fljax.algorithms.base import Aggregating, ClientInput, ClientResult
 from fljax.algorithms.local_training import EVERY, local_options
 from fljax.algorithms.model_state import BatchStatsOption
 from fljax.data.batching import BatchPlan
@@ -45,14 +45,11 @@ __all__ = ["ModelAveraging", "ServerOptimizer", "ServerOpt", "SERVER_OPTIONS", "
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ModelAveraging(Centralized):
+class ModelAveraging(Aggregating):
     """The FedAvg server, for the algorithms that average one global model: w_{t+1} = ServerOpt(w_t, Δ_t) with the
-    pseudo-gradient Δ_t = w_t − Σ_{i∈S_t} p_i w_i. Here the server optimizer is SGD with step 1, so w_{t+1} is the
-    weighted mean; :class:`ServerOpt` makes it the user's (:class:`ServerOptimizer`). Its upload is a model trained
-    from w_t and the server reads the uploads only through their mean: privacy and compression apply
-    (``upload_model``)."""
-
-    upload_model = True
+    pseudo-gradient Δ_t = w_t − A_t, A_t the aggregate of the uploads (by default the weighted mean
+    Σ_{i∈S_t} p_i w_i; the run's aggregator, :class:`~fljax.algorithms.base.Aggregating`). Here the server optimizer
+    is SGD with step 1, so w_{t+1} = A_t; :class:`ServerOpt` makes it the user's (:class:`ServerOptimizer`)."""
 
     def server_transform(self) -> optax.GradientTransformation:
         """The server optimizer, an optax transformation of the pseudo-gradient."""
@@ -62,9 +59,8 @@ class ModelAveraging(Centralized):
         params = ctx.model.init(self.init_key(ctx))
         return {"params": params, "opt_state": self.server_transform().init(params)}, {}
 
-    def server_update(self, ctx, server, clients, cohort, result):
-        mean = tree.weighted_mean_clients(result.upload, self.aggregation_weights(result))
-        pseudo_grad = tree.sub(server["params"], mean)
+    def server_step(self, ctx, server, aggregate):
+        pseudo_grad = tree.sub(server["params"], aggregate)
         updates, opt_state = self.server_transform().update(pseudo_grad, server["opt_state"], server["params"])
         return {"params": optax.apply_updates(server["params"], updates), "opt_state": opt_state}
 

@@ -31,7 +31,6 @@ class FedBABU(PartialModel, local_options(*EVERY)):
 
     name = "fedbabu"
     summary = "FedBABU: body trained under a fixed random head, fine-tuned per client at evaluation (Oh et al. 2022)"
-    upload_model = False  # it broadcasts the whole model and uploads the body
     finetune_epochs: int = option(5,
                                   "epochs of fine-tuning of the received model on the client's train split before "
                                   "evaluation", at_least(0))
@@ -44,7 +43,11 @@ class FedBABU(PartialModel, local_options(*EVERY)):
     def broadcast(self, server):
         return server["params"]  # the body, plus the fixed head every client already holds (not counted)
 
-    def comm_bytes(self, down, result, cohort_size: int) -> tuple:
+    def upload_reference(self, down):
+        """The body u_t of the whole model it broadcasts: the model its upload (a body) is trained from."""
+        return self.split(down)[0]
+
+    def comm_bytes(self, down, result, cohort_size) -> tuple:
         body = self.split(down)[0]
         return float(tree.nbytes(result.upload)), float(tree.nbytes(body) * cohort_size)
 

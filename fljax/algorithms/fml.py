@@ -19,7 +19,7 @@ import dataclasses
 import jax
 
 from fljax import tree
-from fljax.algorithms.base import Centralized, ClientInput, ClientResult
+from fljax.algorithms.base import Aggregating, ClientInput, ClientResult
 from fljax.algorithms.local_training import EVERY, local_options
 from fljax.models.model import masked_cross_entropy
 from fljax.ops.distill import kl_divergence
@@ -29,19 +29,18 @@ __all__ = ["FML"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FML(Centralized, local_options(*EVERY)):
+class FML(Aggregating, local_options(*EVERY)):
     """``a``, ``b``: the KD weights of the local model and of the meme; both models step with the client's local
     training (``lr`` η decayed per round by ``lr_decay``, ``weight_decay`` on both models)."""
 
     name = "fml"
     summary = "Federated Mutual Learning: local model and global meme distil each other on every batch (Shen et al.)"
-    upload_model = True  # a model trained from the broadcast one; the server reads the mean of the uploads
     mixed_architectures = True
 
     a: float = option(0.25, "KD weight a of the local model: (1 − a) CE(x) + a KL(sg p_w ‖ p_x)", between(0, 1))
     b: float = option(0.25, "KD weight b of the meme: (1 − b) CE(w) + b KL(sg p_x ‖ p_w)", between(0, 1))
-    cohort_size: int | None = with_default(Centralized, "cohort_size", None)
-    weighting: str = with_default(Centralized, "weighting", "uniform")
+    cohort_size: int | None = with_default(Aggregating, "cohort_size", None)
+    weighting: str = with_default(Aggregating, "weighting", "uniform")
 
     def init(self, ctx):
         """w⁰ = init(global model); local models start as copies of w⁰ when they share its architecture, else one
@@ -70,8 +69,8 @@ class FML(Centralized, local_options(*EVERY)):
     def broadcast(self, server):
         return server["params"]
 
-    def server_update(self, ctx, server, clients, cohort, result):
-        return {"params": tree.weighted_mean_clients(result.upload, self.aggregation_weights(result))}
+    def server_step(self, ctx, server, aggregate):
+        return {"params": aggregate}
 
     def eval_shared(self, server):
         return server["params"]

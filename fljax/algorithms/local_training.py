@@ -43,11 +43,12 @@ __all__ = ["run_steps", "train_steps", "train_steps_with_state", "sgd_step", "Lo
            "local_options", "EVERY"]
 
 
-def run_steps(step: Callable, carry, train, plan: BatchPlan, key, unroll: int = 1):
+def run_steps(step: Callable, carry, train, plan: BatchPlan, key, unroll: int = 1, budget=None):
     """Run ``carry, loss = step(carry, batch, key)`` over the batch schedule of one client.
 
     ``train`` is one client's :class:`fljax.data.ClientArrays` slice (no client axis). Returns the final carry and
-    the mean loss over active steps.
+    the mean loss over active steps. ``budget`` (a traced int, None: no limit): only the first ``budget`` active
+    steps run, the rest leave the carry unchanged (a straggler's partial work, :class:`fljax.participation.Cohort`).
 
     When every client runs every scheduled step (``steps`` mode, full batches, or ``epochs`` over clients whose
     sizes give the same number of batches, :meth:`~fljax.data.BatchPlan.every_step_active`) the steps are one
@@ -61,6 +62,8 @@ def run_steps(step: Callable, carry, train, plan: BatchPlan, key, unroll: int = 
     """
     k_sched, k_steps = jax.random.split(key)
     idx, mask, active = plan.schedule(k_sched, train.count, train.n_min, train.n_max)
+    if budget is not None:
+        active = active & (jnp.cumsum(active.astype(jnp.int32)) <= budget)
     k = idx.shape[0]
     keys = jax.random.split(k_steps, k)
     unroll = max(1, min(int(unroll), k)) if k else 1
@@ -172,11 +175,11 @@ class LocalTraining(Options):
     def train(self, loss_fn: Callable, params, inp, *, key=None, plan: BatchPlan | None = None, lr=None,
               extra_grad: Callable | None = None, sam_rho: float = 0.0):
         """Local training of ``params`` on client ``inp``'s train split with this optimizer at ``lr`` (default: the
-        round's ``lr_at(inp.round)``), ``plan`` (default: :meth:`plan`) and ``key`` (default: ``inp.key``);
-        returns (new params, mean loss)."""
+        round's ``lr_at(inp.round)``), ``plan`` (default: :meth:`plan`, the round's local work, of which the client
+        completes its budget ``inp.steps``) and ``key`` (default: ``inp.key``); returns (new params, mean loss)."""
         opt = self.client_optimizer(self.lr_at(inp.round) if lr is None else lr)
         return train_steps(loss_fn, params, inp, plan or self.plan(), opt, key=key, extra_grad=extra_grad,
-                           sam_rho=sam_rho)
+                           sam_rho=sam_rho, budget=inp.steps if plan is None else None)
 
     def train_with_state(self, loss_fn: Callable, params, inp, *, key=None, plan: BatchPlan | None = None,
                          lr=None, extra_grad: Callable | None = None, sam_rho: float = 0.0):
@@ -185,7 +188,8 @@ class LocalTraining(Options):
         ``inp.variables``); returns (new params, trained variables, mean loss)."""
         opt = self.client_optimizer(self.lr_at(inp.round) if lr is None else lr)
         return train_steps_with_state(loss_fn, params, inp, plan or self.plan(), opt, key=key,
-                                      extra_grad=extra_grad, sam_rho=sam_rho)
+                                      extra_grad=extra_grad, sam_rho=sam_rho,
+                                      budget=inp.steps if plan is None else None)
 
     def personal_phase(self, loss_fn: Callable, v, inp, key, *, epochs: int, lr=None, optimizer=None,
                        extra_grad: Callable | None = None, prox: Callable | None = None, sam_rho: float = 0.0):
@@ -303,21 +307,22 @@ def sgd_step(loss_fn: Callable, opt: optax.GradientTransformation, extra_grad: C
 
 
 def train_steps(loss_fn: Callable, params, inp, plan: BatchPlan, opt: optax.GradientTransformation, *, key=None,
-                extra_grad: Callable | None = None, post: Callable | None = None, sam_rho: float = 0.0):
+                extra_grad: Callable | None = None, post: Callable | None = None, sam_rho: float = 0.0,
+                budget=None):
     """The one local-training loop: :func:`sgd_step` scanned over ``plan``'s batches of client ``inp``'s train split
     (key ``key``, default ``inp.key``); returns (params, mean loss over active steps). The optimizer state is fresh.
     ``loss_fn(params, batch)`` applies a model without BatchNorm or Dropout (one with them trains through
     :func:`train_steps_with_state`). Under example-level privacy (``inp.privacy``) every step is a DP-SGD step
-    (:func:`sgd_step`)."""
+    (:func:`sgd_step`). ``budget``: the active steps the client completes (:func:`run_steps`; None: all)."""
     step = sgd_step(loss_fn, opt, extra_grad, sam_rho, post, None, inp.privacy)
     (params, _), loss = run_steps(step, (params, opt.init(params)), inp.train, plan,
-                                  inp.key if key is None else key, inp.unroll)
+                                  inp.key if key is None else key, inp.unroll, budget)
     return params, loss
 
 
 def train_steps_with_state(loss_fn: Callable, params, inp, plan: BatchPlan, opt: optax.GradientTransformation, *,
                            key=None, extra_grad: Callable | None = None, post: Callable | None = None,
-                           sam_rho: float = 0.0):
+                           sam_rho: float = 0.0, budget=None):
     """:func:`train_steps` for a loss of the model-state form ``loss_fn(params, batch, variables, key) -> (loss,
     variables)`` (e.g. :meth:`fljax.models.Model.train_loss`). With a model that has BatchNorm or Dropout the loop
     carries its variables, from ``inp.variables`` (the client's ``batch_stats``), beside the parameters, with a
@@ -326,9 +331,9 @@ def train_steps_with_state(loss_fn: Callable, params, inp, plan: BatchPlan, opt:
     (params, the trained variables (None without BatchNorm or Dropout), mean loss)."""
     if inp.model is None or not inp.model.has_mode:
         params, loss = train_steps(lambda p, b: loss_fn(p, b, None, None)[0], params, inp, plan, opt, key=key,
-                                   extra_grad=extra_grad, post=post, sam_rho=sam_rho)
+                                   extra_grad=extra_grad, post=post, sam_rho=sam_rho, budget=budget)
         return params, None, loss
     step = sgd_step(loss_fn, opt, extra_grad, sam_rho, post, inp.model)
     (params, _, variables), loss = run_steps(step, (params, opt.init(params), inp.variables), inp.train, plan,
-                                             inp.key if key is None else key, inp.unroll)
+                                             inp.key if key is None else key, inp.unroll, budget)
     return params, variables, loss

@@ -23,7 +23,7 @@ from typing import Literal
 import jax
 
 from fljax import tree
-from fljax.algorithms.base import Centralized, ClientInput, ClientResult
+from fljax.algorithms.base import Aggregating, ClientInput, ClientResult
 from fljax.algorithms.local_training import EVERY, local_options
 from fljax.data.batching import BatchPlan
 from fljax.errors import OptionError
@@ -36,13 +36,12 @@ NOT_HEAD = "^(?!.*head)"  # every leaf whose path does not contain 'head'
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PartialModel(Centralized):
+class PartialModel(Aggregating):
     """A model split by ``personal`` into a shared part u, averaged by the server, and a personal part v (the
     server keeps its initial v); the client update, evaluation and local-training options are the subclass's."""
 
     personal: str = option("head", "path regex of the parameters that stay with the client, never averaged "
                                    "('head': the last Dense layer)")
-    upload_model = True  # the shared part trained from the broadcast one, averaged
 
     def shared_mask(self, params):
         """Leaf mask of the shared part u (the complement of ``personal``)."""
@@ -60,9 +59,8 @@ class PartialModel(Centralized):
                                                                       "no" if all(shared) else "every"))
         return {"params": params}, {"params": tree.broadcast_clients(params, ctx.num_clients)}
 
-    def server_update(self, ctx, server, clients, cohort, result):
-        mean = tree.weighted_mean_clients(result.upload, self.aggregation_weights(result))
-        return {"params": partition.merge(mean, server["params"])}
+    def server_step(self, ctx, server, aggregate):
+        return {"params": partition.merge(aggregate, server["params"])}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from fljax import tree
-from fljax.algorithms.base import Centralized, ClientInput, ClientResult
+from fljax.algorithms.base import Aggregating, ClientInput, ClientResult
 from fljax.algorithms.local_training import run_steps
 from fljax.data.batching import Batch, BatchPlan, gather_batch
 from fljax.ops import meta
@@ -37,10 +37,9 @@ __all__ = ["PerFedAvg"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PerFedAvg(Centralized):
+class PerFedAvg(Aggregating):
     name = "perfedavg"
     summary = "Per-FedAvg: FedAvg on the one-step MAML objective, FO or Hessian-free (Fallah et al. 2020)"
-    upload_model = True  # a model trained from the broadcast one; the server reads the mean of the uploads
     alpha: float = option(0.01,
                           "inner (adaptation) step size α of w̃ = w − α∇f_i(w; D), also the evaluation's one "
                           "fine-tuning step", greater_than(0))
@@ -104,8 +103,8 @@ class PerFedAvg(Centralized):
         w, loss = run_steps(step, inp.down, inp.train, self.plan(), inp.key, inp.unroll)
         return ClientResult(state=inp.state, upload=w, weight=inp.train.count, metrics={"train_loss": loss})
 
-    def server_update(self, ctx, server, clients, cohort, result):
-        return {"params": tree.weighted_mean_clients(result.upload, self.aggregation_weights(result))}
+    def server_step(self, ctx, server, aggregate):
+        return {"params": aggregate}
 
     def eval_shared(self, server):
         return server["params"]

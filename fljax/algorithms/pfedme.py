@@ -19,7 +19,7 @@ from typing import Literal
 import jax
 
 from fljax import tree
-from fljax.algorithms.base import Centralized, ClientInput, ClientResult
+from fljax.algorithms.base import Aggregating, ClientInput, ClientResult
 from fljax.algorithms.local_training import local_options, run_steps
 from fljax.ops import admm
 from fljax.options import at_least, greater_than, option
@@ -28,13 +28,12 @@ __all__ = ["PFedMe"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PFedMe(Centralized, local_options("lr", "lr_decay", "weight_decay", "batch_size", "local_epochs",
+class PFedMe(Aggregating, local_options("lr", "lr_decay", "weight_decay", "batch_size", "local_epochs",
                                          "local_steps", "sampling", lr=0.005, local_steps=20)):
     """Its steps are plain SGD (η on w_i, η_p on θ): pFedMe takes no client optimizer, momentum or clipping."""
 
     name = "pfedme"
     summary = "pFedMe: personalized models via Moreau envelopes, K inner prox steps per batch (Dinh et al. 2020)"
-    upload_model = True  # a model trained from the broadcast one; the server reads the mean of the uploads
     lam: float = option(15.0, "λ of the Moreau envelope (λ/2)‖θ − w‖² pulling the personal θ_i towards the local w_i",
                         greater_than(0))
     personal_lr: float = option(0.1, "step size η_p of the K inner steps on the personal θ", greater_than(0))
@@ -78,9 +77,8 @@ class PFedMe(Centralized, local_options("lr", "lr_decay", "weight_decay", "batch
         w, theta, loss = self.local_round(inp.down, inp, inp.round)
         return ClientResult(state={"theta": theta}, upload=w, weight=inp.train.count, metrics={"train_loss": loss})
 
-    def server_update(self, ctx, server, clients, cohort, result):
-        mean = tree.weighted_mean_clients(result.upload, self.aggregation_weights(result))
-        return {"params": tree.lerp(self.beta, server["params"], mean)}
+    def server_step(self, ctx, server, aggregate):
+        return {"params": tree.lerp(self.beta, server["params"], aggregate)}
 
     def eval_shared(self, server):
         return server["params"]

@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fljax import tree
-from fljax.algorithms.base import Centralized, ClientInput, ClientResult, CohortTemplate
+from fljax.algorithms.base import Aggregating, Centralized, ClientInput, ClientResult, CohortTemplate
 from fljax.algorithms.local_training import run_steps
 from fljax.data.batching import ClockPlan, random_batch
 from fljax.errors import OptionError
@@ -421,9 +421,7 @@ class QuantizedClients(CohortTemplate):
         return ClientResult(state=state, upload=w, weight=inp.train.count, metrics={"train_loss": loss})
 
     def server_update(self, ctx, server, clients, cohort, result):
-        if not self.uses_server:
-            return server
-        return {"params": tree.weighted_mean_clients(result.upload, self.aggregation_weights(result))}
+        return server  # Local Training has no server (QuantizedAveraging's server_step averages the w_i)
 
     def eval_shared(self, server):
         return self.broadcast(server)
@@ -462,11 +460,14 @@ class QuantizedClients(CohortTemplate):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class QuantizedAveraging(QuantizedClients, Centralized):
+class QuantizedAveraging(QuantizedClients, Aggregating):
     """:class:`QuantizedClients` whose server averages the clients' copies w_i of the global model, unweighted by
     default (D12: ``weighting: uniform``)."""
 
     weighting: str = with_default(Centralized, "weighting", "uniform")  # D12
+
+    def server_step(self, ctx, server, aggregate):
+        return {"params": aggregate}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -54,22 +54,26 @@ def _masked(result, valid):
     return result.replace(upload=upload, weight=weight, valid=valid)
 
 
-def run_cohort(ctx: RoundContext, update_for: Callable, down, clients, cohort, mode: str = "gather", valid=None):
+def run_cohort(ctx: RoundContext, update_for: Callable, down, clients, cohort, mode: str = "gather", valid=None,
+               steps=None):
     """Run the cohort's clients (``update_for(g)`` is group g's client update; g = None without groups); returns the
     new per-client state (a pytree, or a tuple per group) and the stacked :class:`ClientResult`. ``valid``: the
-    cohort is a buffer whose slots where it is False are empty (a Poisson cohort; homogeneous populations only)."""
+    cohort is a buffer whose slots where it is False are empty (a Poisson cohort; homogeneous populations only).
+    ``steps``: each cohort member's local-step budget (``ClientInput.steps``; None: every one runs its whole
+    plan)."""
     if mode not in COHORT_MODES:
         raise ValueError(f"cohort mode must be one of {COHORT_MODES}, got {mode!r}.")
+    budget = _Budget(ctx.num_clients, cohort if valid is None else jnp.where(valid, cohort, ctx.num_clients), steps)
     if valid is not None:
         if ctx.population is not None:
             raise ValueError("a cohort buffer with empty slots (Poisson sampling) runs on one homogeneous "
                              "population, not on client groups.")
-        return _run_buffer(ctx, update_for(None), down, clients, cohort, valid, mode)
+        return _run_buffer(ctx, update_for(None), down, clients, cohort, valid, mode, budget)
     if ctx.population is None:
-        return _run_homogeneous(ctx, update_for(None), down, clients, cohort, mode)
+        return _run_homogeneous(ctx, update_for(None), down, clients, cohort, mode, budget)
     sampled = jnp.zeros(ctx.num_clients, bool).at[cohort].set(True)
     runs = each_group(_sizes(ctx), lambda g, lo, hi: _run_group(ctx.for_group(g), update_for(g), down, clients[g],
-                                                                   sampled[lo:hi], lo, cohort.shape[0], mode),
+                                                                   sampled[lo:hi], lo, cohort.shape[0], mode, budget),
                       concat=False)
     # each group keeps its own state; the rest is stacked
     return (tuple(state for state, _ in runs),
@@ -80,22 +84,34 @@ def _sizes(ctx) -> list[int]:
     return [g.size for g in ctx.population.groups]
 
 
-def _run_homogeneous(ctx, update, down, clients, cohort, mode):
+class _Budget:
+    """The cohort's local-step budgets by client id (``steps`` [k] of the cohort's ``ids`` [k]; an id past the last
+    client is an empty slot): :meth:`of` gives the budgets of the clients a call runs (None without budgets)."""
+
+    def __init__(self, num_clients: int, ids, steps):
+        self.by_id = None if steps is None else jnp.full(num_clients, jnp.iinfo(jnp.int32).max, jnp.int32).at[
+            ids].set(jnp.asarray(steps, jnp.int32), mode="drop")
+
+    def of(self, ids):
+        return None if self.by_id is None else self.by_id[jnp.asarray(ids)]
+
+
+def _run_homogeneous(ctx, update, down, clients, cohort, mode, budget):
     n, k = ctx.num_clients, cohort.shape[0]
     if mode == "mask" and k < n:
         ids = jnp.arange(n)
         result = ctx.run_clients(update, down, clients, ctx.data.train, ctx.client_keys(ids, TRAIN),
-                                 clock_keys=ctx.clock_keys(ids), ids=ids)
+                                 clock_keys=ctx.clock_keys(ids), ids=ids, steps=budget.of(ids))
         sampled = jnp.zeros(n, bool).at[cohort].set(True)
         return tree.where(sampled, result.state, clients), _masked(result, sampled)
     full = k == n
     result = ctx.run_clients(update, down, clients if full else tree.take_clients(clients, cohort),
                              ctx.data.train if full else ctx.data.train.take(cohort), ctx.client_keys(cohort, TRAIN),
-                             clock_keys=ctx.clock_keys(cohort), ids=cohort)
+                             clock_keys=ctx.clock_keys(cohort), ids=cohort, steps=budget.of(cohort))
     return (result.state if full else tree.put_clients(clients, cohort, result.state)), result
 
 
-def _run_buffer(ctx, update, down, clients, cohort, valid, mode):
+def _run_buffer(ctx, update, down, clients, cohort, valid, mode, budget):
     """A cohort buffer with empty slots (``valid`` False): ``mask`` runs every client and commits the valid ids';
     ``gather`` runs the buffer's slots (empty ones on a copy of the last client) and scatters the valid ones back."""
     n = ctx.num_clients
@@ -103,12 +119,13 @@ def _run_buffer(ctx, update, down, clients, cohort, valid, mode):
     if mode == "mask":
         every = jnp.arange(n)
         result = ctx.run_clients(update, down, clients, ctx.data.train, ctx.client_keys(every, TRAIN),
-                                 clock_keys=ctx.clock_keys(every))
+                                 clock_keys=ctx.clock_keys(every), ids=every, steps=budget.of(every))
         sampled = jnp.zeros(n, bool).at[ids].set(True, mode="drop")
         return tree.where(sampled, result.state, clients), _masked(result, sampled)
     safe = jnp.minimum(ids, n - 1)
     result = ctx.run_clients(update, down, tree.take_clients(clients, safe), ctx.data.train.take(safe),
-                             ctx.client_keys(safe, TRAIN), clock_keys=ctx.clock_keys(safe))
+                             ctx.client_keys(safe, TRAIN), clock_keys=ctx.clock_keys(safe), ids=ids,
+                             steps=budget.of(safe))
     new = jax.tree.map(lambda x, v: x.at[ids].set(v.astype(x.dtype), mode="drop"), clients, result.state)
     return new, _masked(result, valid)
 
@@ -123,13 +140,13 @@ def entry_ids(ctx: RoundContext, cohort, mode: str = "gather", valid=None):
     return cohort if valid is None else jnp.where(valid, cohort, n)
 
 
-def _run_group(gctx, update, down, states, sampled, lo: int, k: int, mode: str):
+def _run_group(gctx, update, down, states, sampled, lo: int, k: int, mode: str, budget):
     """One group's share of the cohort (``sampled``: its members' mask; ``lo``: its first client id)."""
     n = gctx.num_clients
     if mode == "mask":
         ids = jnp.arange(lo, lo + n)
         result = gctx.run_clients(update, down, states, gctx.data.train, gctx.client_keys(ids, TRAIN),
-                                  clock_keys=gctx.clock_keys(ids), ids=ids)
+                                  clock_keys=gctx.clock_keys(ids), ids=ids, steps=budget.of(ids))
         return tree.where(sampled, result.state, states), _masked(result, sampled)
     cap = min(k, n)
     pos = jnp.nonzero(sampled, size=cap, fill_value=n)[0]  # sampled members, ascending; n marks an empty slot
@@ -137,7 +154,7 @@ def _run_group(gctx, update, down, states, sampled, lo: int, k: int, mode: str):
     safe = jnp.minimum(pos, n - 1)
     result = gctx.run_clients(update, down, tree.take_clients(states, safe), gctx.data.train.take(safe),
                               gctx.client_keys(lo + safe, TRAIN), clock_keys=gctx.clock_keys(lo + safe),
-                              ids=lo + safe)
+                              ids=lo + safe, steps=budget.of(lo + safe))
     new = jax.tree.map(lambda x, v: x.at[pos].set(v.astype(x.dtype), mode="drop"), states, result.state)
     return new, _masked(result, valid)
 

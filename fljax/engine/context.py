@@ -15,7 +15,7 @@ from fljax.engine.protocol import ClientInput
 from fljax.engine.sampling import poisson_cohort, sample_cohort
 
 __all__ = ["RoundContext", "ClientCall", "TRAIN", "EVAL", "SAMPLE", "INIT", "MIXING", "CLOCK", "SERVER", "UPLOAD",
-           "NOISE"]
+           "NOISE", "ATTACK"]
 
 # Stream tags: every random choice derives from fold_in(fold_in(run_key, round), tag) and then the client id, so
 # results never depend on the executor, the cohort's order or the batch position of a client.
@@ -25,30 +25,37 @@ CLOCK = 5  # round-independent per-client streams: fold_in(fold_in(run_key, CLOC
 SERVER = 6  # the server's own draws on its data (e.g. AugFL's knowledge-transfer minibatches and negatives)
 UPLOAD = 7  # a client's draws while encoding its upload (random-k's subset, QSGD's rounding: fljax.privacy)
 NOISE = 8  # the server's privacy noise and adaptive clipping's count noise (fljax.privacy)
+ATTACK = 9  # the malicious clients' draws: fold_in(run_key, ATTACK) who they are, the round's stream what they send
 
 
 @dataclasses.dataclass(frozen=True)
 class ClientCall:
     """``update(ClientInput(...))`` for one client, as the executor's ``fn(shared, per_client)``: ``shared`` =
-    (down, round, train rows, test rows), ``per_client`` = (state, train, key, test, clock_key, id). With ragged
-    storage the rows are the flat samples and the per-client train/test the client's (offset, count), joined into
-    its padded window here (:func:`fljax.data.ragged.join_rows`); with padded data the rows are None. Hashable (a
-    bound method of a frozen algorithm, hashable models), so the loop executor compiles it once."""
+    (down, round, train rows, test rows, malicious mask), ``per_client`` = (state, train, key, test, clock_key, id,
+    steps). With ragged storage the rows are the flat samples and the per-client train/test the client's (offset,
+    count), joined into its padded window here (:func:`fljax.data.ragged.join_rows`); with padded data the rows are
+    None. A data-poisoning ``attack`` (:class:`fljax.aggregation.Attack`) changes the train split of a client the
+    malicious mask ``[num_clients]`` marks before it trains. Hashable (a bound method of a frozen algorithm, hashable
+    models), so the loop executor compiles it once."""
 
     update: Callable
     model: Any
     unroll: int
     global_model: Any = None
     privacy: Any = None
+    attack: Any = None
 
     def __call__(self, shared, per_client):
-        down, round_, train_rows, test_rows = shared
-        state, train, key, test, clock_key, id_ = per_client
+        down, round_, train_rows, test_rows, malicious = shared
+        state, train, key, test, clock_key, id_, steps = per_client
         train, test = join_rows(train_rows, train), join_rows(test_rows, test)
+        if self.attack is not None and train is not None:
+            flag = malicious[jnp.minimum(id_, malicious.shape[0] - 1)] & (id_ < malicious.shape[0])
+            train = self.attack.poison(train, flag, jax.random.fold_in(key, ATTACK))
         return self.update(ClientInput(state=state, train=train, key=key, round=round_, down=down, test=test,
                                        clock_key=clock_key, model=self.model, unroll=self.unroll,
                                        global_model=self.global_model or self.model, id=id_,
-                                       privacy=self.privacy))
+                                       privacy=self.privacy, steps=steps))
 
 
 @dataclasses.dataclass
@@ -64,7 +71,10 @@ class RoundContext:
     steps (``ClientInput.privacy``), the rest is the centralized template's
     (:class:`fljax.algorithms.base.Centralized`). ``eval_ids``: the clients an evaluation scores (sorted ids, host
     numpy, :func:`fljax.engine.sampling.evaluation_sample`; None: every client), set in evaluation contexts only
-    (:meth:`evaluated`).
+    (:meth:`evaluated`). ``aggregator``: what a centralized server makes of its uploads
+    (:class:`fljax.aggregation.Aggregator`: the weighted mean by default; its attack's data poisoning reaches the
+    malicious clients' training here, :meth:`run_clients`); ``participation``: who takes part in a round
+    (:class:`fljax.participation.Participation`: uniform cohorts by default).
 
     Server-side inputs: :attr:`server` is what the server holds (``data.server``, a
     :class:`~fljax.data.ServerData`: its own labelled set and frozen pretrained models), an argument of the compiled
@@ -83,6 +93,8 @@ class RoundContext:
     ids: Any = None
     privacy: Any = None
     eval_ids: Any = None
+    aggregator: Any = None
+    participation: Any = None
 
     @property
     def num_clients(self) -> int:
@@ -142,16 +154,34 @@ class RoundContext:
         from the same bits (the loop executor's per-client calls can round a reduction differently)."""
         return planned_vmap(fn, shared, per_client)
 
-    def run_clients(self, update: Callable, down, states, train, keys, test=None, clock_keys=None, ids=None):
+    def run_clients(self, update: Callable, down, states, train, keys, test=None, clock_keys=None, ids=None,
+                    steps=None):
         """``update(ClientInput)`` for every client whose stacked ``states``, ``train`` split, ``keys`` (and
-        ``test`` split, round-independent ``clock_keys``, client ``ids``) are given, all receiving ``down``; the
-        results stacked along the client axis."""
+        ``test`` split, round-independent ``clock_keys``, client ``ids``, local-step budgets ``steps``) are given,
+        all receiving ``down``; the results stacked along the client axis. The malicious clients of a
+        data-poisoning attack (:attr:`aggregator`) train on their poisoned split (training only: ``test`` None)."""
+        attack = None if self.aggregator is None or test is not None else self.aggregator.attack
+        attack = attack if attack is not None and attack.poisons else None
+        malicious = None
+        if attack is not None:
+            if ids is None:
+                raise ValueError("a data-poisoning attack needs the training clients' ids.")
+            from fljax.aggregation import malicious_mask
+
+            malicious = malicious_mask(self.malicious_key, self.num_clients, attack.fraction)
         call = ClientCall(update, self.model, self.unroll, self.global_model,
-                          None if self.privacy is None else self.privacy.example)
+                          None if self.privacy is None else self.privacy.example, attack)
         train_rows, train = split_rows(train)
         test_rows, test = split_rows(test)
-        return self.map_clients(call, (down, self.round, train_rows, test_rows),
-                                (states, train, keys, test, clock_keys, None if ids is None else jnp.asarray(ids)))
+        return self.map_clients(call, (down, self.round, train_rows, test_rows, malicious),
+                                (states, train, keys, test, clock_keys, None if ids is None else jnp.asarray(ids),
+                                 steps))
+
+    @property
+    def malicious_key(self):
+        """The key of the run's one draw of its malicious clients (:func:`fljax.aggregation.malicious_mask`):
+        ``fold_in(run_key, ATTACK)``, the same in every round."""
+        return jax.random.fold_in(self.run_key, ATTACK)
 
     def stream(self, tag: int):
         return jax.random.fold_in(self.key, tag)

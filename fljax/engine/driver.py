@@ -127,6 +127,13 @@ class Simulation:
     :func:`fljax.experiment.privacy_of`; None: none), handed to the algorithm in every round's context. Its traced
     value (the noise multiplier, ``"privacy.noise_multiplier"`` in ``hp``) may differ per lane of one program.
 
+    ``aggregator`` (a :class:`fljax.aggregation.Rule`; None: the weighted mean) and ``attack`` (a
+    :class:`fljax.aggregation.Attack`; None: every client honest) make, with the privacy's encoder, the
+    :class:`fljax.aggregation.Aggregator` a centralized server reduces its uploads with; ``participation`` (a
+    :class:`fljax.participation.Participation`; None: uniform cohorts, Poisson ones under client-level privacy)
+    draws every round's cohort. Their numeric options may be traced per lane (``"attack.fraction"``,
+    ``"aggregator.beta"`` in ``hp``).
+
     ``validated_for``: the number of training clients that ``algorithm`` (and each client group's hyperparameters)
     has already been validated for (:meth:`~fljax.engine.protocol.FederatedAlgorithm.validate`;
     :func:`fljax.experiment.resolve` does it once per experiment, and :func:`fljax.experiment.build` passes the
@@ -139,9 +146,17 @@ class Simulation:
                  executor: str | Executor = "auto", chunk_size: int | None = None, seed: int = 0,
                  conv_impl: str = "auto", unroll: int | str = "auto", groups=None,
                  memory_budget: float | None = None, precision: str = "tf32", privacy=None,
-                 eval_clients: int | None = None, validated_for: int | None = None):
+                 eval_clients: int | None = None, validated_for: int | None = None, aggregator=None, attack=None,
+                 participation=None):
+        from fljax.aggregation import Mean
+        from fljax.participation import default_participation
+
         compile_cache.enable()
         self.privacy = privacy
+        self.aggregator = Mean() if aggregator is None else aggregator
+        self.attack = attack
+        self.participation = participation if participation is not None else default_participation(
+            privacy is not None and privacy.plan is not None and privacy.plan.options.level == "client")
         if memory_budget is not None and not memory_budget > 0:
             raise ValueError(f"memory_budget must be > 0 GiB (or None: from the device), got {memory_budget}.")
         self.memory_budget = memory_budget
@@ -283,11 +298,16 @@ class Simulation:
         return cohort * steps, cohort * steps * plan.width(n_max)
 
     def context(self, data, round_, key, run_key=None, hp: dict | None = None) -> RoundContext:
-        """The round context the algorithm sees (the model, unroll factor, population and privacy bound here; the
-        privacy's traced values from ``hp``)."""
+        """The round context the algorithm sees (the model, unroll factor, population, privacy, aggregator and
+        participation bound here; their traced values from ``hp``)."""
+        from fljax.aggregation import Aggregator
+
         privacy = None if self.privacy is None else self.privacy.at(hp)
+        aggregator = Aggregator(self.aggregator, None if privacy is None else privacy.uploads,
+                                self.attack).at(hp)
         return RoundContext(self.executor, data, round_, key, self.model, self.unroll, run_key=run_key,
-                            population=self.population, privacy=privacy)
+                            population=self.population, privacy=privacy, aggregator=aggregator,
+                            participation=self.participation)
 
     def algorithm_at(self, hp: dict | None):
         """The algorithm with the hyperparameters in ``hp`` replaced: inside a compiled program their values are

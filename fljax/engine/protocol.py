@@ -44,6 +44,9 @@ class ClientInput:
       (:func:`fljax.algorithms.model_state.client_fn` places them).
     * ``id`` — its client id (None where the caller passes none): what the server broadcasts about individual
       clients is indexed by it (FedGiA's selection ``down.selected[inp.id]``).
+    * ``steps`` — the local steps it completes this round (traced int32; None: its whole batch plan): a straggler's
+      budget drawn by the run's participation (:mod:`fljax.participation`), which the round's local training honours
+      (:meth:`fljax.algorithms.local_training.LocalTraining.train`: the steps past it leave the model unchanged).
     """
 
     state: Any
@@ -59,6 +62,7 @@ class ClientInput:
     variables: Any = None
     id: Any = None
     privacy: Any = flax.struct.field(pytree_node=False, default=None)
+    steps: Any = None
 
 
 @flax.struct.dataclass
@@ -95,8 +99,10 @@ class FederatedAlgorithm(Protocol):
       ``mixed_architectures``: a group may run another architecture than the global model's;
       ``trains_model_state``: its clients may train a model with BatchNorm or Dropout (the model's variables arrive
       in :attr:`ClientInput.variables` and leave in :attr:`ClientResult.variables`);
-    * ``upload_model``: its upload is a model trained from the broadcast one and its server reads the uploads only
-      through their weighted mean (client-level privacy and compressed uploads apply: :mod:`fljax.privacy`);
+    * ``reads_aggregate``: its server reads the uploads only through their aggregate (set by the
+      :class:`fljax.algorithms.base.Aggregating` template: every aggregator of :mod:`fljax.aggregation` applies,
+      robust rules, attacks, client-level privacy and compressed uploads included); ``samples_cohorts``: a
+      participation draws its cohorts (set by the cohort template; :mod:`fljax.participation`);
       ``private_steps``: its clients touch their training data only through the local steps of its batch plan
       (example-level privacy applies: DP-SGD in every step).
 
@@ -126,7 +132,8 @@ class FederatedAlgorithm(Protocol):
     supports_groups: ClassVar[bool]
     mixed_architectures: ClassVar[bool]
     trains_model_state: ClassVar[bool]
-    upload_model: ClassVar[bool]
+    reads_aggregate: ClassVar[bool]
+    samples_cohorts: ClassVar[bool]
     private_steps: ClassVar[bool]
 
     def validate(self, num_clients: int) -> None: ...

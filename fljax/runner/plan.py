@@ -19,6 +19,7 @@ import dataclasses
 import json
 from typing import Any
 
+from fljax.aggregation import traced as traced_options
 from fljax.config import to_dict
 from fljax.privacy import TRACED_NOISE
 
@@ -36,7 +37,8 @@ def program_key(exp, traced: set[str] = frozenset()) -> str:
     """What a compiled program is made of, read off the resolved experiment (:class:`fljax.experiment.Experiment`):
     the algorithm's hyperparameters as it holds them, the model and client groups as resolved, and the rest of its
     config — the per-lane keys (:data:`NOT_IN_PROGRAM`) and the traced ones (``traced``: hyperparameter names, and
-    ``privacy.noise_multiplier``, whose resolved value a grid of noise levels traces) left out."""
+    dotted keys of other sections — ``privacy.noise_multiplier``, whose resolved value a grid of noise levels traces,
+    ``attack.fraction``, ``aggregator.beta`` — ) left out."""
     values = {k: v for k, v in to_dict(exp.config).items() if k not in (*NOT_IN_PROGRAM, "algo", "model", "groups")}
     values["hyperparameters"] = {k: v for k, v in exp.algorithm.hyperparameters().items() if k not in traced}
     values["model"] = to_dict(exp.model)
@@ -44,6 +46,9 @@ def program_key(exp, traced: set[str] = frozenset()) -> str:
     if TRACED_NOISE in traced and values.get("privacy"):  # given or calibrated from a target ε
         values["privacy"] = {k: v for k, v in values["privacy"].items()
                              if k not in ("noise_multiplier", "target_epsilon")}
+    for section in ("aggregator", "attack"):
+        if values.get(section):
+            values[section] = {k: v for k, v in values[section].items() if f"{section}.{k}" not in traced}
     return json.dumps(values, sort_keys=True, default=_written)
 
 
@@ -53,9 +58,15 @@ def _written(value) -> str:
 
 
 def _private(run) -> dict:
-    """The privacy values the run may trace (:meth:`fljax.privacy.Privacy.traced`; empty without privacy)."""
+    """The values of other sections than ``algo`` the run may trace, by dotted key: client-level privacy's noise
+    multiplier (:meth:`fljax.privacy.Privacy.traced`), the aggregator's and the attack's numeric options
+    (:func:`fljax.aggregation.traced`)."""
     privacy = getattr(run, "privacy", None)
-    return {} if privacy is None else privacy.traced()
+    out = {} if privacy is None else dict(privacy.traced())
+    exp = getattr(run, "exp", None)
+    if exp is not None:
+        out.update(traced_options("aggregator", exp.aggregator), **traced_options("attack", exp.attack))
+    return out
 
 
 @dataclasses.dataclass
