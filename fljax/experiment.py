@@ -296,11 +296,16 @@ def _check_privacy(cfg: ExperimentConfig, algorithm: Algorithm, participation) -
         raise _in_privacy(e) from None
 
 
-def privacy_of(exp: Experiment, data: "FederatedData"):
+def privacy_of(exp: Experiment, data: "FederatedData", resolved: dict | None = None):
     """The :class:`fljax.privacy.Privacy` of ``exp`` on ``data`` (None without privacy and compression): the
     population is the data's training clients, their counts weigh the fixed denominator, and at example level the
     smallest client sets the sampling rate B/n_min and the total number of examples bounds δ. Refuses in one line
-    naming the key (before anything is written: the runner asks for it when it builds the run)."""
+    naming the key (before anything is written: the runner asks for it when it sets up the run). ``resolved``: the
+    privacies resolved so far (this function adds to it), by all the accountant is given — the sections, the
+    population, cohort, rounds, participation, the clients' weights: the runs of one data set that differ in nothing
+    else (the points of a learning-rate sweep) share one resolution."""
+    import hashlib
+
     import numpy as np
 
     from fljax.privacy import LocalSteps, resolve_run
@@ -316,12 +321,19 @@ def privacy_of(exp: Experiment, data: "FederatedData"):
         if not sizes.size:
             raise OptionError("privacy.level", "'example': no client has training examples.")
         local = LocalSteps(int(sizes.min()), int(sizes.sum()), plan.batch_size, plan.num_steps(data.train.n_max))
+    given = dict(clients=clients, cohort_size=algorithm.participants(clients), rounds=cfg.rounds,
+                 participation=exp.participation, weights=algorithm.client_weights(data.train)[:clients], local=local)
+    key = repr((cfg.privacy, cfg.compression, {**given, "weights": hashlib.sha256(
+        np.ascontiguousarray(given["weights"])).hexdigest()}))
+    if resolved is not None and key in resolved:
+        return resolved[key]
     try:
-        return resolve_run(cfg.privacy, cfg.compression, clients=clients, cohort_size=algorithm.participants(clients),
-                           rounds=cfg.rounds, participation=exp.participation,
-                           weights=algorithm.client_weights(data.train)[:clients], local=local)
+        privacy = resolve_run(cfg.privacy, cfg.compression, **given)
     except OptionError as e:
         raise _in_privacy(e) from None
+    if resolved is not None:
+        resolved[key] = privacy
+    return privacy
 
 
 def _in_privacy(e: OptionError) -> OptionError:
@@ -464,10 +476,11 @@ def load_data(exp: Experiment, seed: int | None = None) -> "FederatedData":
         raise e.within("data") from None
 
 
-def build(exp: Experiment, data: "FederatedData", module=None) -> "Simulation":
-    """The :class:`~fljax.engine.Simulation` of ``exp`` on ``data`` (``module``: a Flax module of the user's own,
-    used instead of the experiment's model). The simulation runs ``exp.algorithm`` itself, which :func:`resolve`
-    validated: not again unless ``data`` (one of the user's own) has another number of training clients."""
+def build(exp: Experiment, data: "FederatedData", module=None, *, privacy) -> "Simulation":
+    """The :class:`~fljax.engine.Simulation` of ``exp`` on ``data`` with ``privacy``, its privacy on that data
+    (:func:`privacy_of`, resolved once by the caller) (``module``: a Flax module of the user's own, used instead of
+    the experiment's model). The simulation runs ``exp.algorithm`` itself, which :func:`resolve` validated: not again
+    unless ``data`` (one of the user's own) has another number of training clients."""
     from fljax.engine import Simulation
     from fljax.engine.population import ClientGroup
     from fljax.models.model import own_model
@@ -484,7 +497,7 @@ def build(exp: Experiment, data: "FederatedData", module=None) -> "Simulation":
     _check_model_privacy(cfg, model)
     return Simulation(exp.algorithm, data, model, executor=cfg.executor, chunk_size=cfg.chunk_size, seed=cfg.seed,
                       conv_impl=cfg.model.conv_impl, groups=groups, precision=cfg.precision,
-                      memory_budget=cfg.memory_budget, privacy=privacy_of(exp, data),
+                      memory_budget=cfg.memory_budget, privacy=privacy,
                       eval_clients=cfg.eval_clients, validated_for=cfg.data.num_train_clients,
                       aggregator=exp.aggregator, attack=exp.attack, participation=exp.participation)
 

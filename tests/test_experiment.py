@@ -118,8 +118,8 @@ def test_fljax_run_constructs_and_validates_the_algorithm_once(monkeypatch, tmp_
     validations = _count_validations(monkeypatch, FedProx)
     sims = []
     build = runner.build
-    monkeypatch.setattr(runner, "build", lambda exp, data, module=None: sims.append(build(exp, data, module))
-                        or sims[-1])
+    monkeypatch.setattr(runner, "build", lambda exp, data, module=None, **kw: sims.append(
+        build(exp, data, module, **kw)) or sims[-1])
     out = str(tmp_path / "r")
     assert main(["run", "--algorithm", "fedprox", "--seeds", "3", "--out", out, *TINY]) == 0
     assert len(calls) == 1 and len(sims) == 3 and all(s.algorithm is calls[0] for s in sims)
@@ -143,9 +143,9 @@ def test_a_simulation_built_from_python_validates_its_algorithm(monkeypatch):
     exp = resolve(load_config(None, ["algorithm=fedprox", "data.num_clients=6", "data.max_samples=40",
                                      "algo.cohort_size=3"]))
     assert validations == [6]
-    build(exp, data)
+    build(exp, data, privacy=None)
     assert validations == [6]
-    build(exp, make_federated("synthetic", num_clients=8, max_samples=40))
+    build(exp, make_federated("synthetic", num_clients=8, max_samples=40), privacy=None)
     assert validations == [6, 8]
 
 

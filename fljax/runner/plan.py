@@ -26,6 +26,7 @@ from fljax.privacy import TRACED_NOISE
 __all__ = ["Program", "group_runs", "program_key", "numeric", "traceable", "lane_data"]
 
 NOT_IN_PROGRAM = ("seed", "seeds", "name")  # per-lane or cosmetic keys
+COMPONENTS = ("aggregator", "attack", "participation")  # resolved components of an Experiment
 
 
 def numeric(value) -> bool:
@@ -35,20 +36,22 @@ def numeric(value) -> bool:
 
 def program_key(exp, traced: set[str] = frozenset()) -> str:
     """What a compiled program is made of, read off the resolved experiment (:class:`fljax.experiment.Experiment`):
-    the algorithm's hyperparameters as it holds them, the model and client groups as resolved, and the rest of its
-    config — the per-lane keys (:data:`NOT_IN_PROGRAM`) and the traced ones (``traced``: hyperparameter names, and
-    dotted keys of other sections — ``privacy.noise_multiplier``, whose resolved value a grid of noise levels traces,
-    ``attack.fraction``, ``aggregator.beta`` — ) left out."""
-    values = {k: v for k, v in to_dict(exp.config).items() if k not in (*NOT_IN_PROGRAM, "algo", "model", "groups")}
+    the algorithm's hyperparameters as it holds them, the model, client groups, aggregator, attack and
+    participation as resolved, and the rest of its config — the per-lane keys (:data:`NOT_IN_PROGRAM`) and the
+    traced ones (``traced``: hyperparameter names, and dotted keys of other sections — ``privacy.noise_multiplier``,
+    whose resolved value a grid of noise levels traces, ``attack.fraction``, ``aggregator.beta`` — ) left out."""
+    resolved = ("algo", "model", "groups", *COMPONENTS)
+    values = {k: v for k, v in to_dict(exp.config).items() if k not in (*NOT_IN_PROGRAM, *resolved)}
     values["hyperparameters"] = {k: v for k, v in exp.algorithm.hyperparameters().items() if k not in traced}
     values["model"] = to_dict(exp.model)
     values["groups"] = [dataclasses.asdict(g) for g in exp.groups]
+    for section in COMPONENTS:  # by name and options, the traced ones left out
+        value = getattr(exp, section)
+        values[section] = None if value is None else {"name": value.name, **{
+            k: v for k, v in to_dict(value).items() if f"{section}.{k}" not in traced}}
     if TRACED_NOISE in traced and values.get("privacy"):  # given or calibrated from a target ε
         values["privacy"] = {k: v for k, v in values["privacy"].items()
                              if k not in ("noise_multiplier", "target_epsilon")}
-    for section in ("aggregator", "attack"):
-        if values.get(section):
-            values[section] = {k: v for k, v in values[section].items() if f"{section}.{k}" not in traced}
     return json.dumps(values, sort_keys=True, default=_written)
 
 

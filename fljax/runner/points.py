@@ -115,7 +115,8 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
     cache = data_cache or DataCache()
     made = identity.origin(cache.own, model)
     layout.check(resume, made)
-    runs_by_point = [[set_up(label, exp, d, cache) for exp, d in layout.seeds(i)]
+    privacies: dict = {}  # resolved once per data set (and what else the accountant is given)
+    runs_by_point = [[set_up(label, exp, d, cache, privacies) for exp, d in layout.seeds(i)]
                      for i, (label, _) in enumerate(points)]
     runs = [run for point_runs in runs_by_point for run in point_runs]
     schedule = Schedule(Simulations(model), lanes, trace, output)
@@ -140,13 +141,14 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
                 for (label, exp), d, point_runs, w in zip(points, layout.dirs, runs_by_point, warnings)]
 
 
-def set_up(label: str | None, exp: Experiment, directory: RunDir, cache: DataCache) -> Run:
+def set_up(label: str | None, exp: Experiment, directory: RunDir, cache: DataCache, privacies: dict) -> Run:
     """The :class:`~fljax.runner.runs.Run` of ``exp`` (one seed) in ``directory``: its data (``cache``: built once
-    per data set) and its privacy on that data. Refuses a bad split, or privacy the data cannot give, before
-    anything is written."""
+    per data set) and its privacy on that data (``privacies``: resolved once per data set,
+    :func:`fljax.experiment.privacy_of`). Refuses a bad split, or privacy the data cannot give, before anything is
+    written."""
     t0 = time.perf_counter()
     data = cache(exp, exp.seed)
-    privacy = privacy_of(exp, data)
+    privacy = privacy_of(exp, data, privacies)
     facts = getattr(data, "facts", None)  # data that report their own preparation (FedGiA's λ_max time)
     return Run(label, exp, directory, data, privacy, facts() if callable(facts) else {}, time.perf_counter() - t0)
 

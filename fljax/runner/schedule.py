@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 from fljax.engine.lanes import can_batch
-from fljax.experiment import Experiment, build
+from fljax.experiment import build
 from fljax.runner.execute import execute
 from fljax.runner.memory import check_fits
 from fljax.runner.plan import Program, group_runs, lane_data, program_key, traceable
@@ -39,18 +39,19 @@ class Simulations:
         self._built: dict = {}
         self.module = module
 
-    def __call__(self, exp: Experiment, data, traced: tuple = ()) -> Built:
-        """The simulation, with its facts, of ``exp`` on ``data`` in a program tracing ``traced``."""
-        key, alone = (program_key(exp, set(traced)), id(data)), (program_key(exp), id(data))
+    def __call__(self, run: Run, traced: tuple = ()) -> Built:
+        """The simulation, with its facts, of ``run``'s experiment on its data with its privacy, in a program tracing
+        ``traced``."""
+        key, alone = (program_key(run.exp, set(traced)), id(run.data)), (program_key(run.exp), id(run.data))
         if key not in self._built:
             if alone not in self._built:  # (a simulation of this very experiment serves it traced too)
-                self._built[alone] = self._build(exp, data)
+                self._built[alone] = self._build(run)
             self._built[key] = self._built[alone]
         return self._built[key]
 
-    def _build(self, exp: Experiment, data) -> Built:
+    def _build(self, run: Run) -> Built:
         t0 = time.perf_counter()
-        sim = build(exp, data, self.module)
+        sim = build(run.exp, run.data, self.module, privacy=run.privacy)
         check_fits(sim)
         facts = {"model": getattr(sim.model, "name", None), "num_params": sim.model.num_params() if sim.model else None,
                  "executor": sim.executor.describe(), **evaluated(sim)}
@@ -86,7 +87,7 @@ class Schedule:
 
     def built(self, program: Program) -> Built:
         """The simulation that runs ``program``."""
-        return self.sims(program.runs[0].exp, program.runs[0].data, program.traced)
+        return self.sims(program.runs[0], program.traced)
 
     def of(self, run: Run) -> Built:
         """The simulation of ``run``'s program in the last plan."""
@@ -96,7 +97,7 @@ class Schedule:
         """Whether ``runs`` can be lanes of one program tracing ``traced``: one privacy program (equal but for traced
         values) and a simulation whose executor batches their data (:func:`fljax.engine.lanes.can_batch`)."""
         private = {None if r.privacy is None else r.privacy.program() for r in runs}
-        sim = self.sims(runs[0].exp, runs[0].data, traced).sim
+        sim = self.sims(runs[0], traced).sim
         return len(private) == 1 and can_batch(sim, lane_data(runs))
 
     def _untraceable(self, program: Program) -> set[str]:
