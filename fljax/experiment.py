@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from fljax.algorithms import ALGORITHMS
 from fljax.algorithms.base import Algorithm
 from fljax.algorithms.registry import check_model_support, get_algorithm, hyperparameter_fields, make_algorithm
-from fljax.config import (ConfigError, ExperimentConfig, GroupConfig, ModelConfig, ServerConfig,
+from fljax.config import (ConfigError, ExperimentConfig, GroupConfig, ModelConfig, ServerConfig, StopConfig,
                           group_configs, read_yaml)
 from fljax.errors import OptionError
 from fljax.options import field_default, parse, show, suggest
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from fljax.data import FederatedData
     from fljax.engine import Simulation
 
-__all__ = ["Experiment", "Group", "resolve", "load_data", "build", "build_model", "default_model", "privacy_of",
+__all__ = ["Experiment", "Group", "RunSettings", "resolve", "load_data", "build", "build_model", "default_model", "privacy_of",
            "compare_points", "label", "preset", "quickstart"]
 
 
@@ -55,11 +55,45 @@ class Group:
 
 
 @dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """How an experiment's runs go, resolved from the config's run keys (configs/README.md): ``rounds``;
+    ``eval_every`` (and after the last round); ``eval_clients`` (a fixed evaluation sample; None: every client);
+    ``checkpoint_every`` (None: timed; 0: never); ``seed`` and ``seeds`` (the runs seed … seed + seeds − 1);
+    ``executor``, ``chunk_size``, ``precision``, ``memory_budget`` and ``conv_impl`` (how a simulation computes);
+    ``diverge_factor`` (the divergence guard; None: none); ``stop`` (a stopping rule: at most ``rounds`` rounds;
+    None: exactly ``rounds``); ``x64`` (float64; the config's null resolved: for consensus-regression problems)."""
+
+    rounds: int
+    eval_every: int
+    eval_clients: int | None
+    checkpoint_every: int | None
+    seed: int
+    seeds: int
+    executor: str
+    chunk_size: int | None
+    precision: str
+    memory_budget: float | None
+    conv_impl: str
+    diverge_factor: float | None
+    stop: StopConfig | None
+    x64: bool
+
+    PER_LANE = ("seed", "seeds")  # a run's own, not its program's
+
+    @classmethod
+    def of(cls, cfg: ExperimentConfig, problem: str) -> "RunSettings":
+        """The settings of config ``cfg`` for an algorithm solving ``problem``."""
+        return cls(cfg.rounds, cfg.eval_every, cfg.eval_clients, cfg.checkpoint_every, cfg.seed, cfg.seeds,
+                   cfg.executor, cfg.chunk_size, cfg.precision, cfg.memory_budget, cfg.model.conv_impl,
+                   cfg.diverge_factor, cfg.stop, problem != "classification" if cfg.x64 is None else cfg.x64)
+
+
+@dataclasses.dataclass(frozen=True)
 class Experiment:
     """What one experiment is made of, built once from a config by :func:`resolve`.
 
-    * ``config``: the parsed config (its ``algo`` values as the algorithm holds them); what ``config.yaml``
-      records and the run settings (rounds, seeds, evaluation, executor) are read from;
+    * ``config``: the parsed config (its ``algo`` values as the algorithm holds them), what ``config.yaml`` records;
+    * ``settings``: how its runs go (:class:`RunSettings`: rounds, evaluation, seeds, executor, …), resolved;
     * ``algorithm``: the algorithm object, constructed and validated once; every simulation of the experiment runs
       this object (traced hyperparameters of a sweep are its fields replaced inside the compiled program);
     * ``model``: the model section with ``name: auto`` resolved to the model it picks;
@@ -72,6 +106,7 @@ class Experiment:
     """
 
     config: ExperimentConfig
+    settings: RunSettings
     algorithm: Algorithm
     model: ModelConfig
     groups: tuple[Group, ...] = ()
@@ -85,17 +120,12 @@ class Experiment:
 
     @property
     def seed(self) -> int:
-        return self.config.seed
-
-    @property
-    def x64(self) -> bool:
-        """Whether its runs compute in float64 (``x64``; null: for consensus-regression problems)."""
-        x64 = self.config.x64
-        return self.algorithm.problem != "classification" if x64 is None else x64
+        return self.settings.seed
 
     def with_seed(self, seed: int) -> "Experiment":
         """The same experiment for one run seed (``seeds: 1``); nothing is rebuilt."""
-        return dataclasses.replace(self, config=dataclasses.replace(self.config, seed=seed, seeds=1))
+        return dataclasses.replace(self, config=dataclasses.replace(self.config, seed=seed, seeds=1),
+                                   settings=dataclasses.replace(self.settings, seed=seed, seeds=1))
 
     def resolved(self) -> ExperimentConfig:
         """The config with every default made explicit, as a run directory's ``resolved.yaml`` records it: all of
@@ -143,7 +173,8 @@ def resolve(cfg: ExperimentConfig) -> Experiment:
                                               f"evaluation measures every client: set eval_clients to null.")
         _check_regression(cfg)
         algorithm = _construct(cls, cfg.algo, cfg.data.num_train_clients, "algo")
-        return Experiment(dataclasses.replace(cfg, algo=_written(_held(algorithm, cfg.algo))), algorithm, cfg.model)
+        return Experiment(dataclasses.replace(cfg, algo=_written(_held(algorithm, cfg.algo))),
+                          RunSettings.of(cfg, cls.problem), algorithm, cfg.model)
     input_shape = cfg.data.source.input_shape
     model = _resolve_model(cfg.model, input_shape)
     _check_server(cfg.server, input_shape)
@@ -156,7 +187,7 @@ def resolve(cfg: ExperimentConfig) -> Experiment:
     _check_privacy(cfg, algorithm, participation)
     rule, attack = _aggregation(cfg, algorithm)
     config = dataclasses.replace(cfg, algo=_held(algorithm, cfg.algo))
-    return Experiment(config, algorithm, model, groups, rule, attack, participation)
+    return Experiment(config, RunSettings.of(cfg, cls.problem), algorithm, model, groups, rule, attack, participation)
 
 
 def _construct(cls: type[Algorithm], values: dict, num_clients: int, section: str) -> Algorithm:
@@ -321,7 +352,7 @@ def privacy_of(exp: Experiment, data: "FederatedData", resolved: dict | None = N
         if not sizes.size:
             raise OptionError("privacy.level", "'example': no client has training examples.")
         local = LocalSteps(int(sizes.min()), int(sizes.sum()), plan.batch_size, plan.num_steps(data.train.n_max))
-    given = dict(clients=clients, cohort_size=algorithm.participants(clients), rounds=cfg.rounds,
+    given = dict(clients=clients, cohort_size=algorithm.participants(clients), rounds=exp.settings.rounds,
                  participation=exp.participation, weights=algorithm.client_weights(data.train)[:clients], local=local)
     key = repr((cfg.privacy, cfg.compression, {**given, "weights": hashlib.sha256(
         np.ascontiguousarray(given["weights"])).hexdigest()}))
@@ -469,9 +500,8 @@ def load_data(exp: Experiment, seed: int | None = None) -> "FederatedData":
     artifact: the runner attaches it (:func:`fljax.runner.pretrained.with_server_model`)."""
     from fljax.data import load_federated
 
-    cfg = exp.config
     try:
-        return load_federated(cfg.data, cfg.seed if seed is None else seed)
+        return load_federated(exp.config.data, exp.settings.seed if seed is None else seed)
     except OptionError as e:
         raise e.within("data") from None
 
@@ -485,20 +515,20 @@ def build(exp: Experiment, data: "FederatedData", module=None, *, privacy) -> "S
     from fljax.engine.population import ClientGroup
     from fljax.models.model import own_model
 
-    cfg = exp.config
+    cfg, run = exp.config, exp.settings
     if exp.algorithm.problem != "classification":  # no model: the data are the clients' rows in size classes
-        return Simulation(exp.algorithm, data, executor=cfg.executor, chunk_size=cfg.chunk_size, seed=cfg.seed,
-                          memory_budget=cfg.memory_budget, validated_for=cfg.data.num_train_clients)
+        return Simulation(exp.algorithm, data, executor=run.executor, chunk_size=run.chunk_size, seed=run.seed,
+                          memory_budget=run.memory_budget, validated_for=cfg.data.num_train_clients)
     model = own_model(module, data.input_shape, data.num_classes, f"data set {data.name!r}") if module is not None \
         else build_model(exp.model, data)
     groups = [ClientGroup(g.name, g.size, build_model(g.model, data) if g.model is not None else None, g.hp)
               for g in exp.groups] or None
     check_model_support(cfg.algorithm, model, groups=groups is not None)
     _check_model_privacy(cfg, model)
-    return Simulation(exp.algorithm, data, model, executor=cfg.executor, chunk_size=cfg.chunk_size, seed=cfg.seed,
-                      conv_impl=cfg.model.conv_impl, groups=groups, precision=cfg.precision,
-                      memory_budget=cfg.memory_budget, privacy=privacy,
-                      eval_clients=cfg.eval_clients, validated_for=cfg.data.num_train_clients,
+    return Simulation(exp.algorithm, data, model, executor=run.executor, chunk_size=run.chunk_size, seed=run.seed,
+                      conv_impl=run.conv_impl, groups=groups, precision=run.precision,
+                      memory_budget=run.memory_budget, privacy=privacy,
+                      eval_clients=run.eval_clients, validated_for=cfg.data.num_train_clients,
                       aggregator=exp.aggregator, attack=exp.attack, participation=exp.participation)
 
 

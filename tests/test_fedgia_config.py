@@ -26,7 +26,7 @@ def cfg(**changes):
 def test_resolve_a_regression_experiment_and_its_resolved_config_round_trips():
     exp = resolve(cfg(algo={"loss": {"name": "logistic", "h_shift_rule": "code"}, "variant": "G"}))
     assert isinstance(exp.algorithm, FedGiA) and exp.algorithm.loss == Logistic(h_shift_rule="code")
-    assert exp.x64 and exp.config.algo["loss"] == {"name": "logistic", "h_shift_rule": "code"}
+    assert exp.settings.x64 and exp.config.algo["loss"] == {"name": "logistic", "h_shift_rule": "code"}
     again = resolve(from_dict(ExperimentConfig, to_dict(exp.resolved())))
     assert again.algorithm == exp.algorithm and again.config.algo["variant"] == "G"
 

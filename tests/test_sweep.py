@@ -169,7 +169,7 @@ def test_a_sweep_builds_one_simulation_per_program_and_resolves_privacy_once_per
                         or execute(program, built, *a))
     results = run_points(points, None, trace=("lr",), output=Output("quiet"))
     runs = [run for r in results for run in r.runs]
-    assert len(runs) == 6 and all(run.progress.status == "completed" for run in runs)
+    assert len(runs) == 6 and all(run.progress.status == "completed" and run.point_seeds == 2 for run in runs)
     assert sorted(id(run) for program, _ in executed for run in program.runs) == sorted(map(id, runs))
     datas = {id(run.data) for run in runs}
     assert len(datas) == (1 if data_seed is not None else 2)
@@ -180,3 +180,31 @@ def test_a_sweep_builds_one_simulation_per_program_and_resolves_privacy_once_per
         assert len(executed) == len(compiled) == 1
     assert len(sims) == len(compiled)
     assert len(resolutions) == len({id(run.privacy) for run in runs}) == len(datas)
+
+
+def test_the_program_key_is_read_off_the_resolved_experiment():
+    """Runs share a compiled program only when their resolved experiments agree (:func:`program_key`): every config
+    key reaches the key — through the algorithm as it holds its hyperparameters, the resolved model, groups and
+    components, the run settings, or the sections a simulation is built from — but the run's name and its seed;
+    equal resolved values give one key however the config spells them (a default written out), and a traced key
+    leaves it."""
+    import dataclasses
+
+    from fljax.config import load_config
+    from fljax.experiment import RunSettings, resolve
+    from fljax.runner.plan import COMPONENTS, SECTIONS, program_key
+
+    read = {"algorithm", "algo", "model", "groups", *COMPONENTS, *SECTIONS, *(f.name for f in
+                                                                          dataclasses.fields(RunSettings))}
+    assert {f.name for f in dataclasses.fields(fljax.ExperimentConfig)} - read == {"name"}
+
+    base = ["algorithm=fedavg", "data.num_clients=6", "data.max_samples=40", "model.name=logreg", "algo.cohort_size=3"]
+    key = lambda *sets: program_key(resolve(load_config(None, [*base, *sets])))  # noqa: E731
+    same = key()
+    for sets in (["name=other"], ["seed=3"], ["seeds=2"], ["algo.lr=0.1"], ["model.name=logreg"]):  # lr: its default
+        assert key(*sets) == same, sets
+    for sets in (["algo.lr=0.2"], ["rounds=7"], ["eval_every=3"], ["executor=loop"], ["data.num_clients=7"],
+                 ["model.name=mlp"], ["precision=fp32"], ["participation.name=poisson"], ["diverge_factor=null"]):
+        assert key(*sets) != same, sets
+    lr = resolve(load_config(None, [*base, "algo.lr=0.2"]))
+    assert program_key(lr, {"lr"}) == program_key(resolve(load_config(None, base)), {"lr"})

@@ -22,7 +22,7 @@ class Checkpoints:
 
     def __init__(self, runs: list[Run]):
         self._open = {run: Checkpointer(run.directory.checkpoints) for run in runs
-                      if run.progress.status != "reused" and run.cfg.checkpoint_every != 0
+                      if run.progress.status != "reused" and run.settings.checkpoint_every != 0
                       and run.directory.path is not None}
 
     def save(self, run: Run, state, log) -> None:
@@ -79,7 +79,7 @@ class RecordEvaluation:
         run.account(record)
         run.directory.write_metrics(run.progress.log.history)
         self.output.event("eval", run=run.name, seed=run.seed, **record)
-        if self.timer is not None and record["round"] < run.cfg.rounds and self.timer.due(record["round"]):
+        if self.timer is not None and record["round"] < run.settings.rounds and self.timer.due(record["round"]):
             self.checkpoint(i, state, run.progress.log)
 
 

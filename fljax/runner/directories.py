@@ -66,7 +66,7 @@ class Layout:
         """Point ``i``'s runs: its experiment for each seed with that run's directory (the point's own with one
         seed, ``seed_<s>/`` inside it with several)."""
         exp, d = self.points[i][1], self.dirs[i]
-        seeds = seed_list(exp.config)
+        seeds = seed_list(exp.settings)
         return [(exp.with_seed(s), d if len(seeds) == 1 else d.seed_dir(s)) for s in seeds]
 
     def configs(self) -> list[tuple[RunDir, ExperimentConfig, Experiment | None]]:

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from fljax import tree
-from fljax.config import ExperimentConfig
+from fljax.experiment import RunSettings
 from fljax.engine import DivergenceGuard, Lanes, NonFiniteGuard, RunResult, Simulation
 from fljax.engine.loop import drive
 from fljax.runner.callbacks import Checkpoints, RecordEvaluation, RecordStop, SaveCheckpoint
@@ -38,12 +38,12 @@ def execute(program: Program, built: Built, output: Output, lanes_mode: str, che
     for run in program.runs:
         run.progress.status = "running"
     lanes = lanes_of(program, built.sim, lanes_mode)
-    strategy(program.runs[0].cfg).run(program, built, lanes, output, checkpoints, stop)
+    strategy(program.runs[0].settings).run(program, built, lanes, output, checkpoints, stop)
 
 
-def strategy(cfg: ExperimentConfig):
+def strategy(settings: RunSettings):
     """How far a program's runs go: :class:`UntilStopped` with a ``stop:`` rule, else :class:`FixedRounds`."""
-    return FixedRounds() if cfg.stop is None else UntilStopped()
+    return FixedRounds() if settings.stop is None else UntilStopped()
 
 
 def lanes_of(program: Program, sim: Simulation, mode: str) -> Lanes | None:
@@ -62,7 +62,7 @@ class FixedRounds:
     def run(self, program: Program, built: Built, lanes: Lanes | None, output: Output, checkpoints: Checkpoints,
             stop) -> None:
         runs, sim = program.runs, built.sim
-        cfg = runs[0].cfg
+        cfg = runs[0].settings
         checkpoint = SaveCheckpoint(runs, checkpoints)
         on_eval = RecordEvaluation(runs, output, checkpoint, CheckpointTimer() if cfg.checkpoint_every is None
                                    else None)
@@ -88,7 +88,7 @@ class FixedRounds:
             if progress.status == "stopped":
                 continue
             reached = int(res.state.round)
-            if reached == run.cfg.rounds:
+            if reached == run.settings.rounds:
                 progress.status, progress.message = "completed", None
             else:
                 progress.status, progress.message = "interrupted", f"stopped by {stop.name} after round {reached}"
@@ -110,7 +110,7 @@ class UntilStopped:
             stop) -> None:
         from fljax.engine.stopping import Stopping, Tolerance, run_until
 
-        runs, cfg, sim = program.runs, program.runs[0].cfg, built.sim
+        runs, cfg, sim = program.runs, program.runs[0].settings, built.sim
         rule = Tolerance(tol0=cfg.stop.tol, relative=cfg.stop.relative, metric=cfg.stop.metric,
                          strict=cfg.stop.strict)
         stopping = Stopping(rule, max_rounds=cfg.rounds, max_iters=cfg.stop.max_iters,
@@ -126,7 +126,7 @@ class UntilStopped:
     def _record(self, run: Run, stopping, res, lane, count: int, built: Built, output: Output) -> None:
         """One lane's history, outcome, status and summary from ``run_until``'s result ``res`` (``lane``: its
         part of a value; ``count`` lanes share the seconds)."""
-        cfg, log, progress = run.cfg, run.progress.log, run.progress
+        cfg, log, progress = run.settings, run.progress.log, run.progress
         s = int(lane(res.rounds))
         history = {k: np.asarray(lane(res.history[k]))[:s + 1] for k in stopping.recorded}
         for k in self.SENT:  # the bytes of rounds 0 … r − 1 at record r
@@ -153,8 +153,8 @@ class UntilStopped:
         run.directory.write_summary(progress.summary)
 
 
-def _guards(cfg: ExperimentConfig) -> tuple:
-    return (NonFiniteGuard(),) + ((DivergenceGuard(cfg.diverge_factor),) if cfg.diverge_factor else ())
+def _guards(settings: RunSettings) -> tuple:
+    return (NonFiniteGuard(),) + ((DivergenceGuard(settings.diverge_factor),) if settings.diverge_factor else ())
 
 
 def _initial(runs: list[Run], sim: Simulation, make):
@@ -175,7 +175,8 @@ def bar_name(runs: list[Run]) -> str:
     labels = list(dict.fromkeys(run.name for run in runs))
     seeds = list(dict.fromkeys(run.seed for run in runs))
     name = labels[0] + (f" +{len(labels) - 1} more" if len(labels) > 1 else "")
-    if runs[0].cfg.seeds == 1:
+    every = runs[0].point_seeds  # (each run's own experiment has one seed)
+    if every == 1:
         return name
-    return name + (f", seed {seeds[0]}" if len(seeds) == 1 else f", {len(seeds)} seeds" if len(seeds) ==
-                   runs[0].cfg.seeds else f", seeds {', '.join(map(str, seeds))}")
+    return name + (f", seed {seeds[0]}" if len(seeds) == 1 else f", {len(seeds)} seeds" if len(seeds) == every
+                   else f", seeds {', '.join(map(str, seeds))}")

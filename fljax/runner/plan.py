@@ -23,10 +23,10 @@ from fljax.aggregation import traced as traced_options
 from fljax.config import to_dict
 from fljax.privacy import TRACED_NOISE
 
-__all__ = ["Program", "group_runs", "program_key", "numeric", "traceable", "lane_data"]
+__all__ = ["Program", "group_runs", "program_key", "numeric", "traceable", "lane_data", "COMPONENTS", "SECTIONS"]
 
-NOT_IN_PROGRAM = ("seed", "seeds", "name")  # per-lane or cosmetic keys
 COMPONENTS = ("aggregator", "attack", "participation")  # resolved components of an Experiment
+SECTIONS = ("data", "server", "privacy", "compression")  # config sections a program is built from as given
 
 
 def numeric(value) -> bool:
@@ -36,15 +36,17 @@ def numeric(value) -> bool:
 
 def program_key(exp, traced: set[str] = frozenset()) -> str:
     """What a compiled program is made of, read off the resolved experiment (:class:`fljax.experiment.Experiment`):
-    the algorithm's hyperparameters as it holds them, the model, client groups, aggregator, attack and
-    participation as resolved, and the rest of its config — the per-lane keys (:data:`NOT_IN_PROGRAM`) and the
-    traced ones (``traced``: hyperparameter names, and dotted keys of other sections — ``privacy.noise_multiplier``,
-    whose resolved value a grid of noise levels traces, ``attack.fraction``, ``aggregator.beta`` — ) left out."""
-    resolved = ("algo", "model", "groups", *COMPONENTS)
-    values = {k: v for k, v in to_dict(exp.config).items() if k not in (*NOT_IN_PROGRAM, *resolved)}
-    values["hyperparameters"] = {k: v for k, v in exp.algorithm.hyperparameters().items() if k not in traced}
-    values["model"] = to_dict(exp.model)
-    values["groups"] = [dataclasses.asdict(g) for g in exp.groups]
+    the algorithm with its hyperparameters as it holds them, the model, client groups, aggregator, attack and
+    participation as resolved, the run settings (:class:`fljax.experiment.RunSettings`) but the per-lane seeds, and
+    the data, server, privacy and compression sections — the traced values (``traced``: hyperparameter names, and
+    dotted keys of other sections — ``privacy.noise_multiplier``, whose resolved value a grid of noise levels traces,
+    ``attack.fraction``, ``aggregator.beta`` — ) left out. (The run's name is not part of it.)"""
+    cfg = exp.config
+    values = {"algorithm": cfg.algorithm,
+              "hyperparameters": {k: v for k, v in exp.algorithm.hyperparameters().items() if k not in traced},
+              "model": to_dict(exp.model), "groups": [dataclasses.asdict(g) for g in exp.groups],
+              "settings": {k: v for k, v in dataclasses.asdict(exp.settings).items() if k not in exp.settings.PER_LANE},
+              **{section: to_dict(getattr(cfg, section)) for section in SECTIONS}}
     for section in COMPONENTS:  # by name and options, the traced ones left out
         value = getattr(exp, section)
         values[section] = None if value is None else {"name": value.name, **{

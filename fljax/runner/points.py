@@ -54,9 +54,9 @@ LANE_MODES = ("vmap", "map", "off")
 
 
 def _x64(run):
-    """``run`` in float64 when every point asks for it (:attr:`fljax.experiment.Experiment.x64`)."""
+    """``run`` in float64 when every point asks for it (:attr:`fljax.experiment.RunSettings.x64`)."""
     def wrapped(points, *args, **kwargs):
-        asked = {exp.x64 for _, exp in points}
+        asked = {exp.settings.x64 for _, exp in points}
         if len(asked) > 1:
             raise ConfigError("x64: the points of one command must all run in float64 or all not.")
         with jax.enable_x64(True) if asked == {True} else contextlib.nullcontext():  # else as the user set jax
@@ -116,8 +116,8 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
     made = identity.origin(cache.own, model)
     layout.check(resume, made)
     privacies: dict = {}  # resolved once per data set (and what else the accountant is given)
-    runs_by_point = [[set_up(label, exp, d, cache, privacies) for exp, d in layout.seeds(i)]
-                     for i, (label, _) in enumerate(points)]
+    runs_by_point = [[set_up(label, exp, d, len(seeds), cache, privacies) for exp, d in seeds]
+                     for (label, _), seeds in zip(points, map(layout.seeds, range(len(points))))]
     runs = [run for point_runs in runs_by_point for run in point_runs]
     schedule = Schedule(Simulations(model), lanes, trace, output)
     schedule.plan(runs)  # every program's simulation built and checked to fit, before anything is written
@@ -141,8 +141,10 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
                 for (label, exp), d, point_runs, w in zip(points, layout.dirs, runs_by_point, warnings)]
 
 
-def set_up(label: str | None, exp: Experiment, directory: RunDir, cache: DataCache, privacies: dict) -> Run:
-    """The :class:`~fljax.runner.runs.Run` of ``exp`` (one seed) in ``directory``: its data (``cache``: built once
+def set_up(label: str | None, exp: Experiment, directory: RunDir, point_seeds: int, cache: DataCache,
+           privacies: dict) -> Run:
+    """The :class:`~fljax.runner.runs.Run` of ``exp`` (one of its point's ``point_seeds`` seeds) in ``directory``:
+    its data (``cache``: built once
     per data set) and its privacy on that data (``privacies``: resolved once per data set,
     :func:`fljax.experiment.privacy_of`). Refuses a bad split, or privacy the data cannot give, before anything is
     written."""
@@ -150,7 +152,8 @@ def set_up(label: str | None, exp: Experiment, directory: RunDir, cache: DataCac
     data = cache(exp, exp.seed)
     privacy = privacy_of(exp, data, privacies)
     facts = getattr(data, "facts", None)  # data that report their own preparation (FedGiA's λ_max time)
-    return Run(label, exp, directory, data, privacy, facts() if callable(facts) else {}, time.perf_counter() - t0)
+    return Run(label, exp, directory, point_seeds, data, privacy, facts() if callable(facts) else {},
+               time.perf_counter() - t0)
 
 
 def _notes(points, runs: list[Run], first: Built | None, warnings: list[list[str]], root: RunDir, output: Output,

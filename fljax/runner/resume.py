@@ -78,10 +78,11 @@ def _shown(values: dict, key: str) -> str:
     return show(values[key]) if key in values else "unset"
 
 
-def completed(summary: dict, cfg: ExperimentConfig) -> bool:
-    """Whether a run's summary says it completed: its ``rounds``, or (a ``stop:`` run) until its rule or cap fired."""
-    return summary.get("status") == "completed" and (summary.get("rounds") == cfg.rounds or
-                                                     (cfg.stop is not None and "stop" in summary))
+def completed(summary: dict, settings) -> bool:
+    """Whether a run's summary says it completed: its ``rounds``, or (a ``stop:`` run) until its rule or cap fired
+    (``settings``: the run's :class:`~fljax.experiment.RunSettings`)."""
+    return summary.get("status") == "completed" and (summary.get("rounds") == settings.rounds or
+                                                     (settings.stop is not None and "stop" in summary))
 
 
 def restore_all(runs: list, state_shapes, warn) -> None:
@@ -106,7 +107,7 @@ def _reuse(run) -> bool:
     d = run.directory
     if d.holds_summary():
         summary = d.read_summary()
-        if completed(summary, run.cfg):
+        if completed(summary, run.settings):
             run.progress.status, run.progress.summary = "reused", summary
             run.progress.log = RunLog(history=d.read_metrics())
             return True
@@ -130,7 +131,7 @@ def _restore(run, state_shapes, warn, at_most: int | None = None) -> int:
         return 0
     progress.state, progress.log = restored
     progress.start = int(progress.state.round)
-    if progress.start > run.cfg.rounds:
+    if progress.start > run.settings.rounds:
         raise OptionError("rounds", f"must be at least {progress.start} to resume {d.path!r} (its checkpoint is of "
-                                    f"round {progress.start}), got {run.cfg.rounds}.")
+                                    f"round {progress.start}), got {run.settings.rounds}.")
     return progress.start

@@ -13,7 +13,7 @@ from typing import Any
 
 from fljax.config import ExperimentConfig
 from fljax.engine import RunLog, RunResult
-from fljax.experiment import Experiment
+from fljax.experiment import Experiment, RunSettings
 from fljax.runner.report import summary_row
 from fljax.runner.results import RunDir, make_summary
 
@@ -55,14 +55,15 @@ class Built:
 @dataclasses.dataclass(frozen=True, eq=False)
 class Run:
     """One run: the experiment ``exp`` of point ``label`` for one seed (``exp.seed``; ``seeds`` = 1) in
-    ``directory``, with what its set-up built: ``data`` and its own ``data_facts`` (e.g. FedGiA's λ_max seconds);
-    ``privacy``, its :class:`fljax.privacy.Privacy` on that data (None: none; ε is reported after every evaluation);
-    ``setup_seconds``, loading its data in this process. Compared by identity; its ``progress`` is the only part
-    that changes."""
+    ``directory``, one of its point's ``point_seeds`` seeds, with what its set-up built: ``data`` and its own
+    ``data_facts`` (e.g. FedGiA's λ_max seconds); ``privacy``, its :class:`fljax.privacy.Privacy` on that data
+    (None: none; ε is reported after every evaluation); ``setup_seconds``, loading its data in this process.
+    Compared by identity; its ``progress`` is the only part that changes."""
 
     label: str | None
     exp: Experiment
     directory: RunDir
+    point_seeds: int
     data: Any
     privacy: Any = None
     data_facts: dict = dataclasses.field(default_factory=dict)
@@ -72,6 +73,10 @@ class Run:
     @property
     def cfg(self) -> ExperimentConfig:
         return self.exp.config
+
+    @property
+    def settings(self) -> RunSettings:
+        return self.exp.settings
 
     @property
     def seed(self) -> int:

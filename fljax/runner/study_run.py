@@ -16,7 +16,7 @@ import time
 
 from fljax import yaml_io
 from fljax.config import RUNS_MAX, ConfigError, ExperimentConfig, from_dict, to_dict
-from fljax.experiment import Experiment, resolve
+from fljax.experiment import Experiment, RunSettings, resolve
 from fljax.runner import files, identity
 from fljax.runner.directories import dir_name
 from fljax.runner.points import run_points
@@ -111,7 +111,7 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
                                   f"for; rerun with --fresh (or another --out).")
     recorded = {} if fresh else _recorded_runs(out, experiments)
     todo = [key for key in names
-            if key not in recorded and not _completed(os.path.join(root, names[key]), experiments[key].config)]
+            if key not in recorded and not _completed(os.path.join(root, names[key]), experiments[key].settings)]
     output.note(f"{study.title}: {len(cells)} cells, {len(names)} runs ({len(names) - len(todo)} already done), "
                 f"{jobs} job(s); results in {out}")
     t0 = time.perf_counter()
@@ -148,7 +148,7 @@ def _results_from_runs(study: Study, out: str, only: list[str] | None, path: str
         d = RunDir(os.path.join(out, "runs", name))
         saved = d.file("config.yaml")
         if (os.path.exists(saved) and _same_settings(yaml_io.load(open(saved, "rb")), experiments[key].config)
-                and _completed(d.path, experiments[key].config)):  # a run of other settings is not this cell's
+                and _completed(d.path, experiments[key].settings)):  # a run of other settings is not this cell's
             runs[key] = {"history": d.read_metrics(), "summary": d.read_summary()}
     if not runs:
         raise ConfigError(f"{path} does not exist and {os.path.join(out, 'runs')} holds no finished run of "
@@ -168,14 +168,14 @@ def _same_settings(saved: dict, cfg: ExperimentConfig) -> bool:
         return False
 
 
-def _completed(path: str, cfg: ExperimentConfig) -> bool:
+def _completed(path: str, settings: RunSettings) -> bool:
     d = RunDir(path)
-    return d.holds_summary() and _finished(d.read_summary(), cfg)
+    return d.holds_summary() and _finished(d.read_summary(), settings)
 
 
-def _finished(summary: dict, cfg: ExperimentConfig) -> bool:
+def _finished(summary: dict, settings: RunSettings) -> bool:
     """Completed (its rounds, or until its stopping rule fired) or stopped by a guard."""
-    return summary.get("status") == "stopped" or completed(summary, cfg)
+    return summary.get("status") == "stopped" or completed(summary, settings)
 
 
 def _recorded_runs(out: str, experiments: dict[str, Experiment]) -> dict[str, dict]:
@@ -186,7 +186,7 @@ def _recorded_runs(out: str, experiments: dict[str, Experiment]) -> dict[str, di
         return {}
     saved = _results_file(path)["runs"]
     return {key: run for key, run in saved.items()
-            if key in experiments and _finished(run["summary"], experiments[key].config)}
+            if key in experiments and _finished(run["summary"], experiments[key].settings)}
 
 
 TASKS_PER_WORKER = 4  # families a worker process runs before it is replaced (frees its compiled programs)
