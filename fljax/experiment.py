@@ -168,9 +168,7 @@ def resolve(cfg: ExperimentConfig) -> Experiment:
     if cls.problem != cfg.data.source.problem:
         raise _mismatch(cfg.algorithm, cls.problem, cfg.data.dataset, cfg.data.source.problem)
     if cls.problem != "classification":  # no model: the algorithm solves the data's problem itself
-        if cfg.eval_clients is not None:
-            raise OptionError("eval_clients", f"samples the clients of classification data; {cfg.algorithm}'s "
-                                              f"evaluation measures every client: set eval_clients to null.")
+        _check_sample(cfg, labelled=False, grouped=False)
         _check_regression(cfg)
         algorithm = _construct(cls, cfg.algo, cfg.data.num_train_clients, "algo")
         return Experiment(dataclasses.replace(cfg, algo=_written(_held(algorithm, cfg.algo))),
@@ -180,9 +178,7 @@ def resolve(cfg: ExperimentConfig) -> Experiment:
     _check_server(cfg.server, input_shape)
     algorithm = _construct(cls, cfg.algo, cfg.data.num_train_clients, "algo")
     groups = _groups(cfg, algorithm, input_shape)
-    if groups and cfg.eval_clients is not None:
-        raise OptionError("eval_clients", "samples a homogeneous population; client groups (groups) are evaluated on "
-                                          "every client: set eval_clients to null.")
+    _check_sample(cfg, labelled=True, grouped=bool(groups))
     participation = _participation(cfg, algorithm)
     _check_privacy(cfg, algorithm, participation)
     rule, attack = _aggregation(cfg, algorithm)
@@ -209,12 +205,12 @@ def _held(algorithm: Algorithm, keys) -> dict:
 
 
 def _groups(cfg: ExperimentConfig, algorithm: Algorithm, input_shape: tuple) -> tuple[Group, ...]:
+    from fljax.engine.population import check_groups
+
     groups: list[GroupConfig] = group_configs(cfg)
     if not groups:
         return ()
-    total = sum(g.size for g in groups)
-    if total != cfg.data.num_clients:
-        raise OptionError("groups", f"sizes must add up to data.num_clients={cfg.data.num_clients}, got {total}.")
+    check_groups(algorithm, [g.size for g in groups], cfg.data.num_clients, stacked=cfg.data.storage == "padded")
     names = [g.name for g in groups]
     if len(set(names)) < len(names):
         raise OptionError("groups", f"names must be distinct, got {names}.")
@@ -234,6 +230,15 @@ def _groups(cfg: ExperimentConfig, algorithm: Algorithm, input_shape: tuple) -> 
         own = _construct(type(algorithm), hp, cfg.data.num_train_clients, f"groups[{i}].algo")
         out.append(Group(g.name, g.size, model, _held(own, g.algo)))
     return tuple(out)
+
+
+def _check_sample(cfg: ExperimentConfig, *, labelled: bool, grouped: bool) -> None:
+    """The config's evaluation sample (``eval_clients``) checked by the rule a simulation asks of its arguments
+    (:func:`fljax.engine.sampling.check_sample`): ``labelled`` data, a ``grouped`` population, target clients."""
+    from fljax.engine.sampling import check_sample
+
+    check_sample(cfg.eval_clients, clients=cfg.data.num_clients, train_clients=cfg.data.num_train_clients,
+                 labelled=labelled, grouped=grouped)
 
 
 def _squeezed(cfg: ExperimentConfig) -> bool:

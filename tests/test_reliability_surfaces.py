@@ -64,9 +64,12 @@ class _FakeRun:
 
     def __init__(self, lr, data):
         from fljax.config import ExperimentConfig
+        from fljax.experiment import RunSettings
 
         self.cfg = ExperimentConfig(algo={"lr": lr})
-        self.exp = types.SimpleNamespace(algorithm=_Hyper(lr), config=self.cfg, model=self.cfg.model, groups=())
+        self.exp = types.SimpleNamespace(algorithm=_Hyper(lr), config=self.cfg, model=self.cfg.model, groups=(),
+                                         settings=RunSettings.of(self.cfg, "classification"), aggregator=None,
+                                         attack=None, participation=None)
         self.data, self.progress = data, types.SimpleNamespace(start=0)
 
 
@@ -685,15 +688,14 @@ class _Planned(Exception):
 
 def _plan_only(monkeypatch, seen: list):
     """Replace running by planning: every run of the sweep, checked, with its data and simulation built and its
-    directory written, is grouped into programs (:func:`fljax.runner.plan.group_runs` with the runner's own test of
-    what can share a program); each run must be in exactly one program, the lanes of a program share its
-    algorithm and executor, and the traced keys are numeric. Then the call stops (nothing is trained)."""
-    from fljax.runner import points
+    directory written, is grouped into programs (:meth:`fljax.runner.schedule.Schedule.plan`, the runner's own
+    grouping); each run must be in exactly one program, the lanes of a program share its algorithm and executor, and
+    the traced keys are numeric. Then the call stops (nothing is trained)."""
     from fljax.runner.plan import numeric
-    from fljax.runner.schedule import batchable
+    from fljax.runner.schedule import Schedule
 
-    def plan(all_runs, sims, output, lanes, trace, checkpoints, stop):
-        programs = group_runs(all_runs, batchable=batchable(sims), lanes=lanes, trace=set(trace))
+    def plan(schedule, all_runs, output, checkpoints, stop):
+        programs = schedule.plan(all_runs)
         placed = [id(r) for p in programs for r in p.runs]
         assert sorted(placed) == sorted(id(r) for r in all_runs)
         for p in programs:
@@ -702,7 +704,7 @@ def _plan_only(monkeypatch, seen: list):
         seen.append(len(all_runs))
         raise _Planned
 
-    monkeypatch.setattr(points, "run_programs", plan)
+    monkeypatch.setattr(Schedule, "run", plan)
 
 
 def _sweep_outcome(monkeypatch, capsys, tmp_path, argv: list[str]) -> str:
