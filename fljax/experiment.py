@@ -3,10 +3,14 @@
 Data flows one way: :mod:`fljax.config` parses (YAML, overrides, typed sections); :func:`resolve` checks the parsed
 config against the registries and builds what it names, once — the algorithm constructed (every hyperparameter
 checked by its declaration) and validated against the population, the model's name resolved and its options
-checked, the server's section checked, the client groups with their own hyperparameters — into a frozen
-:class:`Experiment`. Every layer above consumes Experiments and never re-validates or rebuilds them: the runner
-(:mod:`fljax.runner`) loads their data (:func:`load_data`) and builds their simulations (:func:`build`); the API
-(:mod:`fljax.api`) and the command line (:mod:`fljax.cli`) are facades that parse, resolve and hand over to it.
+checked, the server's section checked, the client groups with their own hyperparameters, the aggregator, attack
+and participation, the run settings (:class:`RunSettings`) — into a frozen :class:`Experiment`. The rules a
+simulation asks of its arguments (its evaluation sample and its client groups:
+:func:`fljax.engine.sampling.check_sample`, :func:`fljax.engine.population.check_groups`) are asked of the config
+here, before any data is loaded. Every layer above consumes Experiments and never re-validates or rebuilds them:
+the runner (:mod:`fljax.runner`) loads their data (:func:`load_data`), resolves their privacy once per data set
+(:func:`privacy_of`) and builds one simulation per compiled program (:func:`build`); the API (:mod:`fljax.api`) and
+the command line (:mod:`fljax.cli`) are facades that parse, resolve and hand over to it.
 
 A comparison runs several algorithms on one config: :func:`compare_points` gives each algorithm the config's shared
 ``algo`` keys that it *declares* (read from its declarations, :func:`fljax.algorithms.registry.hyperparameter_fields`;
@@ -17,7 +21,7 @@ Privacy and compression (``privacy:``, ``compression:``; docs/privacy.md) are re
 refuses what the config alone shows cannot be done or accounted (an algorithm whose upload is not a model, a batch
 plan the accountant cannot model, δ ≥ 1/N, …) and calibrates the noise to a target ε; :func:`privacy_of` completes
 it with the data (the clients' counts, at example level the smallest client), before anything is written, into the
-:class:`fljax.privacy.Privacy` a simulation applies and the runner reports ε from.
+:class:`fljax.privacy.Privacy` a simulation applies (:func:`build` takes it) and the runner reports ε from.
 
 Every refusal is one line naming the key (``algo.lr must be > 0, got -0.1.``), raised before anything is loaded,
 built or written.
