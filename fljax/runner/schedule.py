@@ -67,6 +67,7 @@ class Schedule:
         self.sims, self.lanes, self.trace, self.output = sims, lanes, set(trace), output
         self.split: set[str] = set()
         self._of: dict[Run, Built] = {}
+        self._untraced: dict = {}  # (simulation, traced keys) -> the keys found untraceable (traced once each)
 
     def plan(self, runs: list[Run]) -> list[Program]:
         """The programs of ``runs``, every traced key checked traceable (else split and planned again), every
@@ -105,9 +106,11 @@ class Schedule:
         if not program.traced:
             return set()
         sim, hp = self.built(program).sim, program.hps()[0]
-        if not traceable(sim, hp):
-            return set()
-        return {k for k in program.traced if traceable(sim, {k: hp[k]})} or set(program.traced)
+        key = (id(sim), program.traced)
+        if key not in self._untraced:
+            self._untraced[key] = set() if not traceable(sim, hp) else (
+                {k for k in program.traced if traceable(sim, {k: hp[k]})} or set(program.traced))
+        return self._untraced[key]
 
     def run(self, runs: list[Run], output: Output, checkpoints, stop) -> None:
         """Run every run that is not reused, program by program. A stop request (``stop``: SIGINT/SIGTERM) raises
