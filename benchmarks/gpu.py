@@ -107,7 +107,7 @@ def emnist_end_to_end(spec: dict, data, precision: str, executor: str = "auto") 
     t0 = time.perf_counter()
     result = fljax.run(config, data=data, model=module, progress=False)
     wall = time.perf_counter() - t0
-    summary = result.runs[0].summary
+    summary = result.runs[0].progress.summary
     return {"precision": precision, "run_wall_seconds": wall, "executor": summary["executor"],
             **{k: summary.get(k) for k in ("setup_seconds", "compile_seconds", "run_seconds", "other_seconds",
                                            "client_steps_per_second")},

@@ -164,7 +164,7 @@ CASES = [
     _case(_VALUES, "run --set eval_clients=51", "eval_clients must be at most data.num_clients=50 (the clients it "
                                                 "samples; null: every client), got 51."),
     _case(_VALUES, "run --algorithm fedgia --dataset fedgia_v1 --set eval_clients=5",
-          "eval_clients samples the clients of classification data; fedgia's evaluation measures every client"),
+          "eval_clients samples the clients of classification data; this problem's evaluation measures every client"),
     _case(_VALUES, "run --set seed=-1", "seed must be between 0 and 4294967295 (a uint32 PRNG seed), got -1."),
     _case(_VALUES, "run --set seed=4294967296", "seed must be between 0 and 4294967295"),
     _case(_VALUES, "run --set data.seed=-3", "data.seed must be between 0 and 4294967295"),
@@ -219,7 +219,7 @@ CASES = [
                                                                   "precision), got 0."),
     _case(_VALUES, 'run --set data.storage=ragged --set data.num_clients=4 --set algo.cohort_size=null '
                    '--set groups=[{"name":"a","size":2},{"name":"b","size":2}]',
-          "client groups need padded client arrays; build the data with storage='padded'."),
+          "groups need padded client arrays (data.storage: padded), which groups slice; the data is stored ragged."),
     _case(_DATA, _DIGITS + "--set data.num_clients=500 --set data.alpha=0.001 --set algo.cohort_size=5",
           "dirichlet(alpha=0.001) left a client with fewer than 1 samples"),
     _case(_DATA, _DIGITS + "--set data.partition=client_dirichlet --set data.test_per_client=1 "

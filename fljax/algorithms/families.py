@@ -1,5 +1,5 @@
 """The algorithms grouped by what they share with the client, for people: the quick-start comparison takes its
-representatives from here, a comparison of more than :data:`fljax.runner.plots.MAX_LINES` algorithms is drawn as
+representatives from here, a comparison of more than :data:`fljax.runner.run_plots.MAX_LINES` algorithms is drawn as
 small multiples, one panel per family, and a comparison's table says under an algorithm's row when one of its
 defaults (its paper's value) is the likely reason the row lags (:data:`UNTUNED`).
 

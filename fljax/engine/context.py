@@ -10,7 +10,6 @@ import numpy as np
 
 from fljax.data.ragged import join_rows, split_rows
 from fljax.engine.executors import Executor, planned_vmap
-from fljax.engine.population import GroupedData
 from fljax.engine.protocol import ClientInput
 from fljax.engine.sampling import poisson_cohort, sample_cohort
 
@@ -61,7 +60,8 @@ class ClientCall:
 
 @dataclasses.dataclass
 class RoundContext:
-    """``executor``: how the client axis runs; ``data``: the federated data (device arrays); ``round``: the round
+    """``executor``: how the client axis runs; ``data``: the federated data (device arrays, read through
+    :class:`~fljax.engine.protocol.SimulationData`); ``round``: the round
     index (traced int); ``key``: this round's key; ``model``: the model clients run (static; None for problems
     without one); ``unroll``: the unroll factor of local-step loops (static). ``run_key``: the run's base key (for
     round-independent streams, :meth:`clock_keys`); ``population``: the client groups
@@ -116,8 +116,8 @@ class RoundContext:
         slice of the data), its model and client ids."""
         group = self.population.groups[g]
         lo, hi = self.population.bounds(g)
-        data = self.data.group(g) if isinstance(self.data, GroupedData) else jax.tree.map(lambda a: a[lo:hi],
-                                                                                            self.data)
+        data = self.data.group(g) if self.data.group_sizes is not None else jax.tree.map(lambda a: a[lo:hi],
+                                                                                           self.data)
         return dataclasses.replace(self, data=data, model=group.model or self.model, population=None,
                                    global_model=self.server_model, ids=np.arange(lo, hi))
 
@@ -137,12 +137,12 @@ class RoundContext:
     @property
     def num_train_clients(self) -> int:
         """Clients that may train: all but the data's target clients (ids ``0 … num_train_clients − 1``)."""
-        return self.data.num_clients - getattr(self.data, "num_target", 0)
+        return self.data.num_train_clients
 
     @property
     def server(self):
         """The server's own data and frozen models (``data.server``), or None."""
-        return getattr(self.data, "server", None)
+        return self.data.server
 
     def map_clients(self, fn, shared, per_client):
         """``fn(shared, per_client[i])`` for every client i, stacked (see :mod:`fljax.engine.executors`)."""

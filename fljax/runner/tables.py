@@ -38,6 +38,7 @@ be a list: the lines of every study listed, in one figure (e.g. methods that are
 """
 from __future__ import annotations
 
+import importlib
 import itertools
 import os
 
@@ -45,7 +46,7 @@ import numpy as np
 
 from fljax.runner.report import markdown_table, mean_std, sample_std
 
-__all__ = ["render_report", "render_plots", "table", "value_text"]
+__all__ = ["render_report", "render_plots", "table", "value_text", "claims_of"]
 
 
 def value_text(values: np.ndarray, scale: float = 100.0, digits: int = 2, form: str = "mean_std") -> str:
@@ -152,8 +153,6 @@ def _column_cell(results, study: str, col: dict, labels: dict) -> str:
 
 def render_report(results) -> str:
     """The reproduction's README.md: provenance, every table of the study file, the claims, the time spent."""
-    from fljax.runner.study import claims_of
-
     spec, meta = results.study.spec, results.meta
     wall = meta.get("wall_seconds", 0.0)
     made = (f"{meta.get('computed')} computed in this invocation, {meta.get('jobs')} job(s), {wall / 60:.1f} min of "
@@ -178,7 +177,7 @@ def render_report(results) -> str:
         body = table(results, t)
         if body:
             parts += ["", f"## {t['title']}", ""] + ([t["note"], ""] if t.get("note") else []) + [body]
-    claims = claims_of(results.study, results)
+    claims = claims_of(results)
     if claims:
         parts += ["", f"## {spec.get('claims_title', 'Claims')}", "",
                   markdown_table([list(c) for c in claims], ["claim", "measured", "verdict"])]
@@ -186,6 +185,20 @@ def render_report(results) -> str:
         parts += ["", f"## {title}", "", body]
     parts += ["", "## Time per run (this machine)", "", _timing(results)]
     return "\n".join(parts) + "\n"
+
+
+def claims_of(results) -> list[tuple[str, str, str]]:
+    """(claim, measured, verdict) rows from the study's ``claims: module:function`` applied to ``results``."""
+    return _hook(results, "claims")
+
+
+def _hook(results, key: str) -> list:
+    """What the study file's ``key: module:function`` (``claims``, ``sections``) computes from ``results``."""
+    target = results.study.spec.get(key)
+    if not target:
+        return []
+    module, function = target.split(":")
+    return getattr(importlib.import_module(module), function)(results)
 
 
 def _command(results) -> str:
@@ -205,13 +218,7 @@ def _command(results) -> str:
 
 def _sections(results) -> list[tuple[str, str]]:
     """Extra sections from the study's ``sections: module:function`` (checks that are not runs)."""
-    import importlib
-
-    target = results.study.spec.get("sections")
-    if not target:
-        return []
-    module, function = target.split(":")
-    return getattr(importlib.import_module(module), function)(results)
+    return _hook(results, "sections")
 
 
 def _timing(results) -> str:
@@ -236,10 +243,10 @@ def render_plots(results, out: str) -> list[str]:
     for spec in results.study.spec.get("plots", []):
         if all(results.cell(study) is None for study in _as_list(spec["study"])):
             continue
-        with plots._rc():
+        with plots.rc_context():
             fig = _plot(results, spec)
             if fig is not None:  # PNG to show, PDF to print, like every other fljax plot
-                written += plots._save(fig, os.path.join(out, spec["file"]))
+                written += plots.save(fig, os.path.join(out, spec["file"]))
     return written
 
 
@@ -271,7 +278,7 @@ def _plot(results, spec: dict):
     panels = [(None, m) for m in metrics] if panel_axis is None else [(v, metrics[0]) for v in values]
     if not panels:
         return None
-    fig, axes = plots._figure(len(panels), extra_width=0.0 if plots.current().stacked else 2.2)
+    fig, axes = plots.figure(len(panels), extra_width=0.0 if plots.current().stacked else 2.2)
     line_axes = _as_list(spec.get("lines", []))
     scale = spec.get("scale", 1.0)
     curves = spec.get("kind", "curves") == "curves"
@@ -329,7 +336,7 @@ def _plot(results, spec: dict):
         for ax in axes[1:]:
             ax.sharey(axes[0])
         axes[0].autoscale_view()  # the union of every panel's data (sharey alone keeps the first panel's range)
-    plots.legend_outside(fig, *plots._handles(axes))
+    plots.legend_outside(fig, *plots.handles_of(axes))
     seeds = max(_seed_count(results, study) for study in studies)
     fig.suptitle(("line: mean over {n} seeds, band: ± 1 std (sample)" if curves else
                   "mean over {n} seeds, error bar: ± 1 std (sample)").format(n=seeds) if seeds > 1 else "1 seed",
