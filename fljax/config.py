@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import os
 from typing import Any, Literal, Mapping
 
@@ -28,7 +29,7 @@ from fljax.privacy import CompressionOptions, PrivacyOptions
 
 __all__ = ["ConfigError", "DataConfig", "ModelConfig", "GroupConfig", "group_configs", "ServerConfig", "StopConfig",
            "ExperimentConfig", "from_dict", "to_dict", "load_config", "read_yaml", "apply_overrides",
-           "parse_override"]
+           "parse_override", "nullable_sections"]
 
 INT32_MAX = 2 ** 31 - 1  # the engine counts rounds in int32
 RUNS_MAX = 10_000  # the most runs (seeds × points) one command starts: each has its own directory and open lock
@@ -177,7 +178,7 @@ class ExperimentConfig(Options):
     def check(self) -> None:
         for key, cls in (("data", DataConfig), ("model", ModelConfig), ("server", ServerConfig),
                          ("privacy", PrivacyOptions), ("compression", CompressionOptions)):
-            if getattr(self, key) is None and key in ("privacy", "compression"):
+            if getattr(self, key) is None and key in nullable_sections():
                 continue
             if not isinstance(getattr(self, key), cls):
                 raise OptionError(key, f"must be a {cls.__name__} (from_dict builds one from a mapping), got "
@@ -207,7 +208,7 @@ def from_dict(cls, values: Mapping) -> ExperimentConfig:
                 "compression": lambda v: parse(CompressionOptions, v), "stop": lambda v: parse(StopConfig, v)}
     kwargs = {}
     for key, value in values.items():
-        if key in sections and not (value is None and key in ("privacy", "compression", "stop")):  # null: none
+        if key in sections and not (value is None and key in nullable_sections()):  # null: none
             if not isinstance(value, Mapping):
                 raise OptionError(key, f"must be a mapping of keys to values, got {show(value)}.")
             try:
@@ -284,13 +285,31 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return path, value
 
 
+@functools.cache
+def nullable_sections() -> frozenset[str]:
+    """The top-level keys of :class:`ExperimentConfig` that are sections which may be null (none): the fields typed
+    ``<an Options section> | None`` (``privacy``, ``compression``, ``stop``, …). A saved ``config.yaml`` writes such
+    a section as ``null``; an override of one of its keys starts it from empty (:func:`apply_overrides`)."""
+    import typing
+
+    hints = typing.get_type_hints(ExperimentConfig)
+    return frozenset(f.name for f in dataclasses.fields(ExperimentConfig)
+                     if type(None) in typing.get_args(hints[f.name])
+                     and any(isinstance(a, type) and issubclass(a, Options) for a in typing.get_args(hints[f.name])))
+
+
 def apply_overrides(values: dict, overrides: list[str]) -> dict:
-    """Apply dotted ``key=value`` overrides to a nested dict (a copy)."""
+    """Apply dotted ``key=value`` overrides to a nested dict (a copy). A section that may be null
+    (:func:`nullable_sections`) and is null is an empty section to an override of one of its keys:
+    ``--set privacy.noise_multiplier=1`` over ``privacy: null`` gives ``privacy: {noise_multiplier: 1}``."""
     out = copy.deepcopy(values)
+    nullable = nullable_sections()
     for text in overrides:
         path, value = parse_override(text)
         node = out
-        for part in path[:-1]:
+        for depth, part in enumerate(path[:-1]):
+            if depth == 0 and part in nullable and node.get(part) is None:
+                node[part] = {}
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {show(text)}: {part!r} is not a section.")
