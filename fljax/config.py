@@ -17,6 +17,7 @@ import copy
 import dataclasses
 import functools
 import os
+import unicodedata
 from typing import Any, Literal, Mapping
 
 import yaml
@@ -126,6 +127,11 @@ def _run_name(name: str) -> str | None:
     bad = [c for c in (os.sep, "\0") if c in name]
     if bad:
         return f"must not contain {bad[0]!r} (it names the run directory), got {show(name)}."
+    hidden = next((c for c in name if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")), None)
+    if hidden is not None:  # a newline splits the lines that name the run; U+202E reverses the text shown after it
+        return (f"must not contain control or formatting characters ({ascii(hidden)}, "
+                f"{unicodedata.name(hidden, 'a control character')}: it names the run directory, which listings "
+                f"and messages would show split or reordered), got {ascii(name)}.")
     size = len(name.encode("utf-8", "surrogatepass"))
     if size > NAME_MAX_BYTES:
         return (f"must be at most {NAME_MAX_BYTES} bytes long (it names the run directory), got {size:,} bytes: "
