@@ -601,13 +601,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fljax: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 - unexpected; a worker of --processes N reports it to its launcher
+        from fljax.engine import processes
         from fljax.runner.launch import REPORT_ENV, UNEXPECTED_EXIT
 
         report = os.environ.get(REPORT_ENV)
-        if debug or not report:
+        if debug:
             raise
-        with open(report, "w") as f:  # the launcher says it in one line (the others' errors follow from it)
-            f.write(f"{type(e).__name__}: {_one_line(e)}\n")
+        if report:
+            with open(report, "w") as f:  # the launcher says it in one line (the others' errors follow from it)
+                f.write(f"{type(e).__name__}: {_one_line(e)}\n")
+            return UNEXPECTED_EXIT
+        lost = processes.lost_group(e)
+        if lost is None:
+            raise
+        print(f"fljax: error: {lost}", file=sys.stderr)  # a process of a group started by hand: no launcher
         return UNEXPECTED_EXIT
     finally:
         _release_claims()

@@ -105,7 +105,12 @@ def current():
 
 
 def gib(n: float) -> str:
-    return f"{n / 2 ** 30:,.2f} GiB"
+    """``n`` bytes for a message: GiB with two decimals, or, below 0.01 GiB, the largest of MiB, KiB and bytes in
+    which it is at least 1 (a budget of 1e-12 GiB is '1 byte', not '0.00 GiB')."""
+    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= (0.01 if unit == "GiB" else 1) * size:
+            return f"{n / size:,.2f} {unit}"
+    return f"{n:,.0f} byte{'s' * (round(n) != 1)}" if n >= 1 else f"{n:.2g} bytes"
 
 
 # ---------------------------------------------------------------------------------------------- the estimate

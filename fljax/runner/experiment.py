@@ -411,6 +411,8 @@ def _parts(dirs: list[RunDir], runs_by_point: list[list[Run]], collection: str |
 def _check_directories(root: RunDir, dirs: list[RunDir], resume: bool, missing_ok: bool) -> None:
     if root.path is None:
         return
+    for d in dirs:
+        d.check_inside(inner=d.path != root.path)
     if resume and not missing_ok and not root.holds_config():
         raise ConfigError(f"--resume: {root.path!r} holds no run to continue (no config.yaml); start it without "
                           f"--resume.")
@@ -736,7 +738,7 @@ def _compare_table(cfg, points, results, listing, root: RunDir, plots: bool):
     if plots and root.path is not None:
         plot_compare(root.file("compare.png"), {lbl: r.histories for lbl, r in by_label.items()}, title,
                      groups={a["label"]: family(a["algorithm"]) for a in listing})
-    root.write_summary({"status": "completed", "algorithms": listing,
+    root.write_summary({**_collection_status(by_label), "algorithms": listing,
                         "results": {lbl: r.summary for lbl, r in by_label.items()}})
     return table, by_label
 
@@ -805,9 +807,17 @@ def _sweep_table(cfg, grid, points, results, root: RunDir, plots: bool):
                                             if run.log.history and "personal_acc" in run.log.history[-1]]
                       for i, r in enumerate(by_label.values())}
             plot_heatmap(root.file("sweep_heatmap.png"), grid, finals, title)
-    root.write_summary({"status": "completed", "grid": grid, "programs": _program_count(results),
+    root.write_summary({**_collection_status(by_label), "grid": grid, "programs": _program_count(results),
                         "results": {lbl: r.summary for lbl, r in by_label.items()}})
     return table, by_label
+
+
+def _collection_status(by_label: dict[str, ExperimentResult]) -> dict:
+    """A collection's status in its summary.json, as a point's is of its seeds (:func:`~fljax.runner.results.
+    aggregate_summaries`): 'completed' when every point completed, else 'stopped', with ``stopped`` listing the
+    points a guard stopped (a comparison whose every run diverged said 'completed')."""
+    stopped = [lbl for lbl, r in by_label.items() if r.stopped]
+    return {"status": "stopped", "stopped": stopped} if stopped else {"status": "completed"}
 
 
 def _status(result: ExperimentResult) -> str:

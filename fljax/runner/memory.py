@@ -12,7 +12,8 @@ whose int32 minibatch indices are materialised at once (:class:`~fljax.data.batc
 held whatever the executor, so a run refused here could never have run. What a run computes on the way (the
 activations of the clients running side by side, in training and evaluation, lanes) is planned per compiled
 program by :mod:`fljax.engine.budget`: client maps run in chunks that fit the device, and a program that cannot fit
-even one client at a time is refused in one line before it is compiled.
+even one client at a time is refused in one line; :func:`check_fits` traces the run's programs under their budgets
+first (:meth:`~fljax.engine.Simulation.plan`), so that refusal too comes before anything is written.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ INDEX_BYTES = 4  # one int32 minibatch index per sample drawn
 def check_fits(sim) -> None:
     """Raise :class:`~fljax.errors.ConfigError` naming the keys to change when one run of ``sim`` (a
     :class:`~fljax.engine.Simulation`) needs more memory than :func:`device_memory`."""
+    sim.plan()  # a program that cannot fit one client at a time (fljax.engine.budget), refused now
     state = tree.nbytes(sim.state_shapes())
     _, samples = sim.work_per_round()
     cohort = max(1, sim.algorithm.participants(sim.data.num_clients))
