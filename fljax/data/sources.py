@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from fljax.data import standins, text
+from fljax.data import memory, standins, text
 from fljax.data.files import FilesOptions, load_files
 from fljax.data.leaf import (LEAF_FEMNIST_WRITERS, LEAF_SENT140_USERS, LEAF_SHAKESPEARE_USERS, SHAKESPEARE_VOCAB,
                              LeafOptions, Sent140Options, ShakespeareOptions, femnist, sent140, shakespeare)
@@ -109,9 +109,14 @@ def synthetic(num_clients: int, alpha: float = 1.0, beta: float = 1.0, seed: int
     if alpha < 0 or beta < 0:
         raise DataError(f"synthetic: alpha and beta must be >= 0, got alpha={alpha}, beta={beta}.")
     rng = np.random.default_rng(seed)
-    sizes = rng.lognormal(size_log_mean, size_log_std, num_clients).astype(np.int64) + min_samples
+    sizes = np.floor(rng.lognormal(size_log_mean, size_log_std, num_clients)) + min_samples  # float: no overflow
     if max_samples is not None:
         sizes = np.minimum(sizes, max_samples)
+    total = float(np.sum(sizes))
+    memory.check_bytes(total * (dim + 1) * 4, "lower data.max_samples (null: no cap), data.min_samples, "
+                                              "data.size_log_mean or data.size_log_std",
+                       f"synthetic's {total:,.0f} samples")
+    sizes = sizes.astype(np.int64)
     scale = np.sqrt(np.arange(1, dim + 1, dtype=np.float64) ** -1.2)
     w_shared, b_shared = rng.normal(0, 1, (num_classes, dim)), rng.normal(0, 1, num_classes)
     head = 0 if iid else 2 + num_classes * dim + num_classes + dim  # draws of a client before its samples

@@ -39,7 +39,7 @@ from fljax.engine.loop import drive
 from fljax.engine.processes import agree, lead_only
 from fljax.errors import OptionError
 from fljax.experiment import Experiment, build, compare_points, privacy_of
-from fljax.privacy import weighting_note
+from fljax.privacy import delta_warning, weighting_note
 from fljax.runner import files, identity, interrupt, lock
 from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
 from fljax.runner.memory import check_fits
@@ -341,6 +341,8 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
         for note in sorted({n for run in all_runs if (n := weighting_note(
                 run.cfg.privacy, run.exp.algorithm.hyperparameters().get("weighting")))}):
             output.note(f"  {note}")
+        for warning in sorted({w for run in all_runs if run.privacy and (w := delta_warning(run.privacy.plan))}):
+            output.warn(warning)
         warnings = [sorted({w for run in runs for w in sims(run).model_warnings}) for runs in runs_by_point]
         if kind != "comparison":  # a comparison's table notes them under their rows (distinct_table's caveats)
             for (label, exp), point_warnings in zip(points, warnings):
