@@ -611,10 +611,12 @@ def main(argv: list[str] | None = None) -> int:
             with open(report, "w") as f:  # the launcher says it in one line (the others' errors follow from it)
                 f.write(f"{type(e).__name__}: {_one_line(e)}\n")
             return UNEXPECTED_EXIT
-        lost = processes.lost_group(e)
-        if lost is None:
+        from fljax.engine.budget import out_of_memory
+
+        line = processes.lost_group(e) or out_of_memory(e)  # a group started by hand (no launcher); no memory left
+        if line is None:
             raise
-        print(f"fljax: error: {lost}", file=sys.stderr)  # a process of a group started by hand: no launcher
+        print(f"fljax: error: {line}", file=sys.stderr)
         return UNEXPECTED_EXIT
     finally:
         _release_claims()

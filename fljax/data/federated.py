@@ -240,9 +240,9 @@ def pad_flat(x: np.ndarray, y: np.ndarray, count, n_max: int | None = None, x_dt
     rank = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
     xp = np.zeros((len(count), n_max) + np.shape(x)[1:], x_dtype)
     yp = np.zeros((len(count), n_max) + np.shape(y)[1:], np.int32)
-    rows = np.arange(total) if rows is None else np.asarray(rows)
-    xp[owner, rank] = np.asarray(x)[rows]
-    yp[owner, rank] = np.asarray(y)[rows]
+    take = (lambda a: np.asarray(a)[:total]) if rows is None else (lambda a: np.asarray(a)[np.asarray(rows)])
+    xp[owner, rank] = take(x)  # the leading rows as a view, not a copy of every sample
+    yp[owner, rank] = take(y)
     mask = np.arange(n_max)[None, :] < count[:, None]
     return ClientArrays(x=jnp.asarray(xp), y=jnp.asarray(yp), mask=jnp.asarray(mask), count=jnp.asarray(count),
                         n_min=int(count.min()), n_max=n_max)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import resource
 
-__all__ = ["host_memory", "check_bytes", "size_text"]
+__all__ = ["host_memory", "check_bytes", "size_text", "sizes_apart"]
 
 
 def _cgroup_limit() -> int | None:
@@ -51,10 +51,19 @@ def size_text(n: float) -> str:
     """``n`` bytes as a message gives them: '13.4 TiB', '512.0 MiB', '200 bytes'."""
     if not n < float("inf"):
         return "more bytes than any machine has"
+    if n >= 2 ** 60:
+        return f"{n / 2 ** 40:.3g} TiB"
     for unit, size in (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
         if n >= size:
             return f"{n / size:,.1f} {unit}"
-    return f"{n:,.0f} bytes"
+    return f"{n:,.0f} bytes" if n >= 1 or n == 0 else f"{n:.2g} bytes"
+
+
+def sizes_apart(need: float, have: float) -> tuple[str, str]:
+    """:func:`size_text` of both, or of both in bytes where they would read the same (a message never says it
+    needs '0.0 GiB', more than '0.0 GiB')."""
+    a, b = size_text(need), size_text(have)
+    return (a, b) if a != b or not need < float("inf") else (f"{need:,.0f} bytes", f"{have:,.0f} bytes")
 
 
 def check_bytes(nbytes: float, advice: str, what: str) -> None:
@@ -64,5 +73,5 @@ def check_bytes(nbytes: float, advice: str, what: str) -> None:
     if nbytes > have:
         from fljax.data.sources import DataError
 
-        raise DataError(f"{what} would take {size_text(nbytes)}, more than the {size_text(have)} of {where}; "
-                        f"{advice}.")
+        need, has = sizes_apart(nbytes, have)
+        raise DataError(f"{what} would take {need}, more than the {has} of {where}; {advice}.")

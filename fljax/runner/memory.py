@@ -20,6 +20,7 @@ from __future__ import annotations
 import jax  # noqa: F401  (device_memory reads jax.local_devices; tests replace it here)
 
 from fljax import tree
+from fljax.data.memory import size_text, sizes_apart
 from fljax.engine.budget import device_memory
 from fljax.errors import ConfigError
 
@@ -31,23 +32,19 @@ INDEX_BYTES = 4  # one int32 minibatch index per sample drawn
 def check_fits(sim) -> None:
     """Raise :class:`~fljax.errors.ConfigError` naming the keys to change when one run of ``sim`` (a
     :class:`~fljax.engine.Simulation`) needs more memory than :func:`device_memory`."""
-    sim.plan()  # a program that cannot fit one client at a time (fljax.engine.budget), refused now
     state = tree.nbytes(sim.state_shapes())
     _, samples = sim.work_per_round()
     cohort = max(1, sim.algorithm.participants(sim.data.num_clients))
     indices = INDEX_BYTES * (samples // cohort)
     where, have = device_memory()
     if state + indices <= have:
+        sim.plan()  # a program that cannot fit one client at a time (fljax.engine.budget), refused now
         return
     if indices > state:
-        what = (f"one client's round draws {samples // cohort:,} samples ({_gib(indices)} of minibatch indices); "
-                f"lower algo.batch_size or the local steps (algo.local_steps, algo.local_epochs)")
+        what = (f"one client's round draws {samples // cohort:,} samples ({size_text(indices)} of minibatch "
+                f"indices); lower algo.batch_size or the local steps (algo.local_steps, algo.local_epochs)")
     else:
-        what = (f"the server's and clients' states take {_gib(state)}; choose a smaller model (model.name, "
+        what = (f"the server's and clients' states take {size_text(state)}; choose a smaller model (model.name, "
                 f"model.options) or fewer clients (data.num_clients)")
-    raise ConfigError(f"the simulation needs at least {_gib(state + indices)} of memory, more than the {_gib(have)} "
-                      f"of {where}: {what}.")
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2 ** 30:,.1f} GiB"
+    need, has = sizes_apart(state + indices, have)
+    raise ConfigError(f"the simulation needs at least {need} of memory, more than the {has} of {where}: {what}.")
