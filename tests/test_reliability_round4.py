@@ -130,3 +130,29 @@ def test_a_private_run_with_a_weak_delta_warns_once_and_one_with_a_small_delta_d
     status, err = _run(capsys, ["run", *TINY, *private, "--set", "privacy.delta=1e-5", "--out", "b"])
     assert status == 0 and not [line for line in err if "δ" in line], err
     assert json.load(open("b/summary.json"))["privacy"]["delta"] == 1e-5
+
+
+def test_a_run_that_runs_out_of_memory_ends_in_one_line_naming_the_knob(tmp_path, monkeypatch, capsys):
+    """Issue 41 items 1 and 7: under an address-space limit, NumPy's _ArrayMemoryError (a MemoryError) and XLA:CPU's
+    'YNNPACK operation failed' ended in 40-50-line tracebacks. Such an error, wherever it comes from, is one line
+    naming the memory the process may use and memory_budget; any other error is left alone."""
+    import jax
+
+    import fljax.runner as runner
+    from fljax.engine.budget import out_of_memory
+
+    assert out_of_memory(ValueError("RESOURCE_EXHAUSTED")) is None and out_of_memory(KeyError("x")) is None
+    ynn = jax.errors.JaxRuntimeError("INTERNAL: YNNPACK operation failed")
+    assert out_of_memory(ynn).startswith("out of memory while running (JaxRuntimeError: INTERNAL: YNNPACK operation "
+                                         "failed): ")
+    assert out_of_memory(jax.errors.JaxRuntimeError("INTERNAL: something else")) is None
+    monkeypatch.chdir(tmp_path)
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError("Unable to allocate 13.4 TiB for an array with shape (251181, 100000000)")
+
+    monkeypatch.setattr(runner, "run_experiment", exhausted)
+    status, err = _run(capsys, ["run", *TINY, "--out", "r"])
+    assert status == 1 and len(err) == 1, err
+    assert err[0].startswith("fljax: error: out of memory while running (MemoryError: Unable to allocate 13.4 TiB")
+    assert "can be used; lower memory_budget (GiB of temporaries per program)" in err[0]

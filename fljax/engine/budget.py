@@ -31,9 +31,9 @@ the second count above the budget too, and a budget scaled below one client's es
 On the CPU the budget bounds what the process holds, not only XLA's count: XLA:CPU's runtime keeps buffers of its
 own beside the temporaries its buffer assignment counts (the dots' and convolutions' operands packed by its kernel
 libraries, scratch). Measured for the EMNIST-shaped evaluation of ``cnn1_s`` (``benchmarks/host_memory.py``, this
-2-core CPU, jax 0.10.2), each client run side by side added 2.1–2.4× its estimate to the resident memory in both
-convolution forms (33.8 MiB against an estimate of 16.2 MiB with ``patches``, while XLA counted 3.6 MiB): with the
-4 GiB cap, 252 clients side by side held 11.8 GB. So on the CPU a client counts :data:`CPU_RESIDENT` (2.5) times its
+2-core CPU, jax 0.10.2), each client run side by side added 2.0–2.4× its estimate to the resident memory in both
+convolution forms (33.1–39.4 MiB against an estimate of 16.2 MiB with ``patches``, while XLA counted 3.6 MiB): with
+the 4 GiB cap, 252 clients side by side held 11.8 GB. So on the CPU a client counts :data:`CPU_RESIDENT` (2.5) times its
 estimate, and the resident memory of a program's client maps stays within its budget.
 
 The budget (:func:`default_budget`): a fraction of the device's memory (:func:`device_memory`) after the program's
