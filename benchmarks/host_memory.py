@@ -149,11 +149,11 @@ def render(record: dict) -> str:
              f"evaluation above the resident memory after initialisation, per client run side by side; 'factor' is "
              f"fljax.engine.budget.CPU_RESIDENT (1: the plan before issue 41).", "",
              "| factor | budget GiB | clients | side by side | estimate MiB/client | XLA temp GiB | data | init | "
-             "evaluate | evaluate again | per client MiB | evaluate s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "evaluate | evaluate again | per client MiB | evaluate s |", "|---" * 12 + "|"]
     for r in record["rows"]:
         if "phases" not in r:
-            lines.append(f"| {r['resident_factor']} | {r['asked']} | | | | | {r.get('killed') or r.get('error')} | | | | "
-                         f"| |")
+            why = r.get("killed") or r.get("error")
+            lines.append(f"| {r['resident_factor']} | {r['asked']} | | | | | {why} | | | | | |")
             continue
         ph = r["phases"]
         per = (ph["evaluate again"]["peak_gib"] - ph["init"]["rss_gib"]) * 1024 / r["side_by_side"]

@@ -133,7 +133,8 @@ def _read(name: str, path: str) -> dict:
         if key not in blob:
             raise refuse(f"has no {key!r} (LEAF's files hold users, num_samples and user_data)")
         if not isinstance(blob[key], kind):
-            raise refuse(f"has {key!r} of type {type(blob[key]).__name__}, not a {'list' if kind is list else 'mapping'}")
+            raise refuse(f"has {key!r} of type {type(blob[key]).__name__}, not a "
+                         f"{'list' if kind is list else 'mapping'}")
     return blob
 
 

@@ -36,7 +36,8 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 __all__ = ["PAD", "BOS", "EOS", "NUM_RESERVED", "TokenShape", "vocab_size", "oov_id", "SHAKESPEARE_CHARS",
-           "char_table", "chunk_snippets", "chunk_count", "sequence_bytes", "pad_rows", "sentence_rows", "words", "word_vocabulary", "cache_root",
+           "char_table", "chunk_snippets", "chunk_count", "sequence_bytes",
+           "pad_rows", "sentence_rows", "words", "word_vocabulary", "cache_root",
            "cached_arrays"]
 
 PAD, BOS, EOS = 0, 1, 2
