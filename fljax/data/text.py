@@ -199,9 +199,13 @@ def cached_arrays(kind: str, paths: Sequence[str], settings: dict, build: Callab
             return _read_cached(path, keys)
         except ValueError as e:
             aside = f"{path}.damaged-{uuid.uuid4().hex[:8]}"
-            os.replace(path, aside)
-            warn(f"the tokenised-data cache entry {path} is damaged ({e}); moved it to {os.path.basename(aside)} and "
-                 f"tokenised the files again")
+            try:
+                os.replace(path, aside)
+            except FileNotFoundError:  # another process moved it aside first
+                pass
+            else:
+                warn(f"the tokenised-data cache entry {path} is damaged ({e}); moved it to {os.path.basename(aside)} "
+                     f"and tokenised the files again")
     arrays = build()
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".npz", dir=directory)

@@ -414,7 +414,7 @@ class Simulation:
         self.compiled("evaluate", self.evaluate_fn, (state, data))
         return self.memory_plans
 
-    def plan(self) -> None:
+    def plan_memory(self) -> None:
         """Trace the programs of a run under their memory budgets — initialisation, one round and evaluation —
         without compiling or running anything, so that one whose client maps cannot fit even one client at a time is
         refused (:class:`~fljax.engine.budget.MemoryPlanError`) before a run directory is written (the run plans

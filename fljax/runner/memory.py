@@ -13,7 +13,7 @@ held whatever the executor, so a run refused here could never have run. What a r
 activations of the clients running side by side, in training and evaluation, lanes) is planned per compiled
 program by :mod:`fljax.engine.budget`: client maps run in chunks that fit the device, and a program that cannot fit
 even one client at a time is refused in one line; :func:`check_fits` traces the run's programs under their budgets
-first (:meth:`~fljax.engine.Simulation.plan`), so that refusal too comes before anything is written.
+first (:meth:`~fljax.engine.Simulation.plan_memory`), so that refusal too comes before anything is written.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def check_fits(sim) -> None:
     indices = INDEX_BYTES * (samples // cohort)
     where, have = device_memory()
     if state + indices <= have:
-        sim.plan()  # a program that cannot fit one client at a time (fljax.engine.budget), refused now
+        sim.plan_memory()  # a program that cannot fit one client at a time (fljax.engine.budget), refused now
         return
     if indices > state:
         what = (f"one client's round draws {samples // cohort:,} samples ({size_text(indices)} of minibatch "
