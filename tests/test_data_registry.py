@@ -16,7 +16,7 @@ import fljax
 import fljax.data as D
 from fljax.algorithms import ALGORITHMS
 from fljax.cli import main
-from fljax.config import ExperimentConfig, from_dict
+from fljax.config import ExperimentConfig, from_dict, load_config
 from fljax.errors import OptionError
 from fljax.experiment import PROBLEM_KINDS, build, load_data, resolve
 from fljax.options import Options, at_least, option
@@ -148,7 +148,7 @@ def _same(a, b) -> None:
     assert jax.tree.structure(a) == jax.tree.structure(b)
 
 
-def test_a_reader_defined_here_is_a_data_set_like_any_other(sensors, capsys):
+def test_a_reader_defined_here_is_a_data_set_like_any_other(sensors, capsys, tmp_path):
     loaded = load_sensors(SensorOptions(sensors=4), 6, 3)
     _same(vars(D.load_source("sensors", num_clients=6, seed=3, sensors=4)), vars(loaded))
     data = D.make_federated("sensors", 6, seed=3, sensors=4, test_fraction=0.25)
@@ -171,6 +171,12 @@ def test_a_reader_defined_here_is_a_data_set_like_any_other(sensors, capsys):
     assert main(["list"]) == 0
     listing = capsys.readouterr().out
     assert "sensors        sensor readings, one client per device" in listing and "readings per sample" in listing
+    # the command line of a script that imported the reader first (docs/data.md): `run --dataset sensors`
+    out = tmp_path / "run"
+    assert main(["run", "--dataset", "sensors", "--set", "data.num_clients=6", "--set", "data.sensors=4", "--set",
+                 "rounds=1", "--set", "algo.cohort_size=3", "--quiet", "--out", str(out)]) == 0
+    written = load_config(str(out / "config.yaml"))
+    assert written.data.dataset == "sensors" and written.data.options == {"sensors": 4}
 
 
 def test_registration_is_refused_in_one_line_and_changes_nothing(registries):
