@@ -142,6 +142,10 @@ def resolve(cfg: ExperimentConfig) -> Experiment:
             raise OptionError("eval_clients", f"samples the clients of classification data; {cfg.algorithm}'s "
                                               f"evaluation measures every client: set eval_clients to null.")
         _check_regression(cfg)
+        if cfg.state_store != "device":
+            raise OptionError("state_store", f"{cfg.state_store} keeps the clients of classification runs; "
+                                             f"{cfg.algorithm} solves a consensus problem over every client every "
+                                             f"round: use state_store: device.")
         algorithm = _construct(cls, cfg.algo, cfg.data.num_train_clients, "algo")
         return Experiment(dataclasses.replace(cfg, algo=_written(_held(algorithm, cfg.algo))), algorithm, cfg.model)
     input_shape = cfg.data.source.input_shape
@@ -533,7 +537,7 @@ def build(exp: Experiment, data: "FederatedData", module=None) -> "Simulation":
                       memory_budget=cfg.memory_budget, privacy=privacy_of(exp, data),
                       eval_clients=cfg.eval_clients, validated_for=cfg.data.num_train_clients,
                       aggregator=exp.aggregator, attack=_attack_on(exp.attack, data),
-                      participation=exp.participation)
+                      participation=exp.participation, state_store=cfg.state_store)
 
 
 # ------------------------------------------------------------------------------------------------------ compare

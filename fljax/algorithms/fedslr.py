@@ -267,8 +267,8 @@ class FedSLR(Centralized, local_options(*EVERY, lr_decay=0.998, weight_decay=1e-
 
     def whole_population(self) -> str | None:
         if self.uses_dual and not self.memory_efficient:
-            return ("its server averages every client's dual γ_i each round (Algorithm 2); algo.memory_efficient: "
-                    "true keeps their mean on the server (Algorithm 3, the same iterates)")
+            return ("its server averages every client's dual γ_i each round (Algorithm 2; algo.memory_efficient: "
+                    "true keeps their mean on the server, Algorithm 3, the same iterates)")
         return None
 
     def client_values(self, state) -> dict:

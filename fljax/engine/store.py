@@ -305,7 +305,8 @@ class DiskStore(ClientStore):
         self.journaling = True
 
     def checkpoint_tree(self):
-        return {}
+        """The count of clients written so far (for inspection; the rows stay in the store)."""
+        return {"clients_written": np.asarray(int(np.count_nonzero(self.written)), np.int64)}
 
     def restore(self, round_: int, saved) -> None:
         """Undo every block after round ``round_``: their journals applied newest first, each deleted once its rows
@@ -438,7 +439,7 @@ def refusal(sim) -> str | None:
     if (why := algo.whole_population()) is not None:
         return f"{algo.name}: {why}"
     if getattr(algo, "cohort_mode", "gather") != "gather":
-        return "algo.cohort_mode: mask computes every client every round; use cohort_mode: gather"
+        return "algo.cohort_mode: mask computes every client every round, a store runs cohort_mode: gather"
     if sim.population is not None:
         return "client groups (groups, or data in groups of its own) run on the device"
     if getattr(sim.data, "num_target", 0):
@@ -446,7 +447,7 @@ def refusal(sim) -> str | None:
     participation = sim.participation
     if type(participation) not in (Uniform, Poisson) or getattr(participation, "system", False):
         return (f"participation {participation.name!r} draws its cohorts from state the rounds carry, so a block's "
-                f"cohorts are not known before it runs; use participation uniform or poisson")
+                f"cohorts are not known before it runs (participation uniform and poisson draw from the keys alone)")
     if jax.process_count() > 1:
         return "a simulation over several processes (--processes) keeps its clients on the devices"
     return None
@@ -457,7 +458,8 @@ def check(sim, kind: str) -> None:
     if kind not in STORES:
         raise OptionError("state_store", f"must be one of {list(STORES)}, got {kind!r}.")
     if kind != "device" and (why := refusal(sim)) is not None:
-        raise OptionError("state_store", f"{kind} cannot hold this run's clients: {why}; use state_store: device.")
+        raise OptionError("state_store", f"{kind} cannot hold this run's clients: {why} (state_store: device keeps "
+                                         f"them on the device).")
 
 
 # ------------------------------------------------------------------------------------------------------ engine

@@ -40,7 +40,7 @@ from fljax.engine.processes import agree, lead_only
 from fljax.errors import OptionError
 from fljax.experiment import Experiment, build, compare_points, privacy_of
 from fljax.privacy import weighting_note
-from fljax.runner import files, identity, interrupt, lock
+from fljax.runner import files, identity, interrupt, lock, stores
 from fljax.runner.checkpoint import Checkpointer, CheckpointTimer
 from fljax.runner.memory import check_fits
 from fljax.runner.plan import Program, group_runs, traceable
@@ -310,6 +310,7 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
         sim = sims(run)
         run.privacy = privacy_of(run.exp, run.data)
         check_fits(sim)
+        stores.check(run, sim, resume)
         run.steps_per_round = sim.work_per_round()[0]
         data_facts = getattr(run.data, "facts", None)  # data that report their own preparation (FedGiA's λ_max time)
         run.facts = {"model": getattr(sim.model, "name", None), "num_params": sim.model.num_params() if sim.model
@@ -497,7 +498,7 @@ def _restore(run: Run, sim: Simulation, output: Output, at_most: int | None = No
     if not d.has_checkpoint():
         return 0
     with Checkpointer(d.checkpoints) as ck:
-        restored = ck.restore_newest(sim.state_shapes(), output.warn, at_most)
+        restored = ck.restore_newest(stores.template(run, sim), output.warn, at_most)
     if restored is None and at_most is None:
         raise ConfigError(f"--resume: no checkpoint in {d.checkpoints!r} can be read; move that directory away to "
                           f"start the run afresh.")
@@ -546,7 +547,7 @@ def _execute(program: Program, sims: _Sims, output: Output, lanes_mode: str, sto
         run.status = "running"
     if len(runs) == 1 and not program.traced:
         run = runs[0]
-        state = _initial(runs, sim, lambda: run.state if run.state is not None else sim.init(run.seed))
+        state = _initial(runs, sim, lambda: run.state if run.state is not None else stores.initial_state(run, sim))
         state, per_client, _ = drive(sim, state, [run.log], cfg.rounds, cfg.eval_every, lanes=False, **common)
         results = [RunResult(state, run.log.history, jax.device_get(per_client), sim.compile_seconds,
                              run.log.run_seconds)]

@@ -1,0 +1,171 @@
+"""The client-state store (issue 38, fljax.engine.store): a run whose clients live in host memory or on disk equals the
+run with every client's state on the device, bit for bit — the server, every round's metrics, every evaluation and
+every client's state — for every algorithm family with per-client state; unsampled clients are never touched; the
+disk store's undo journal returns it to any checkpoint; what cannot run with a store is refused in one line."""
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from test_reliability import _assert_same_run
+from test_runner import TINY, _metrics, _without_time
+
+import fljax.data as D
+from fljax.algorithms import make_algorithm
+from fljax.cli import main
+from fljax.engine import Lanes, Simulation
+from fljax.engine.store import DiskStore, StoredClients, client_states
+from fljax.errors import OptionError
+from fljax.models import make_model
+from fljax.runner.checkpoint import Checkpointer
+from fljax.participation import Poisson
+
+# 40 ragged Synthetic clients of 11–30 samples: small, and sizes that differ (padding, budgets, weights)
+DATA = D.make_federated("synthetic", 40, seed=0, storage="ragged", max_samples=30, min_samples=11)
+LOGREG = make_model("logreg", DATA.input_shape, DATA.num_classes)
+MLP = make_model("mlp", DATA.input_shape, DATA.num_classes, hidden=[8])
+FAST = dict(cohort_size=6, local_steps=2, batch_size=5)
+
+
+def _run(sim, blocks=(3, 2), state=None):
+    """(state, the last block's metrics, the evaluation) after blocks of rounds of these lengths."""
+    state = sim.init() if state is None else state
+    metrics = None
+    for n in blocks:
+        state, metrics = sim.run_rounds(state, n)
+    return state, metrics, sim.evaluate(state)
+
+
+def _assert_identical(a, b):
+    leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    assert len(leaves_a) == len(leaves_b) > 0
+    for x, y in zip(leaves_a, leaves_b):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def _compare(algo, model=LOGREG, stores=("disk",), executor="vmap", data=DATA, blocks=(3, 2), **kwargs):
+    """Run ``algo`` with the state on the device and in each store; everything must agree bit for bit."""
+    device = Simulation(algo, data, model, executor=executor, **kwargs)
+    want_state, want_metrics, want_eval = _run(device, blocks)
+    want = (jax.device_get(want_state.server), jax.device_get(want_metrics), jax.device_get(want_eval),
+            client_states(device, want_state))
+    for kind in stores:
+        sim = Simulation(algo, data, model, executor=executor, state_store=kind, **kwargs)
+        state, metrics, ev = _run(sim, blocks)
+        assert isinstance(state.clients, StoredClients)
+        got = (jax.device_get(state.server), jax.device_get(metrics), jax.device_get(ev), client_states(sim, state))
+        _assert_identical(want, got)
+    return want_state
+
+
+# ------------------------------------------------------------------------------------------ bit for bit, per family
+
+FAMILIES = {  # each family's hyperparameters (with FAST's cohort and local steps where it takes them)
+    "ditto": dict(**FAST, lam=0.5),  # a personal model pulled towards the global one
+    "fedrep": dict(cohort_size=6, batch_size=5, head_epochs=1, body_epochs=1),  # a personal head, a shared body
+    "fedper": dict(**FAST),
+    "pfedme": dict(**FAST, inner_steps=2),  # personal θ_i of the Moreau envelope
+    "apfl": dict(**FAST, adaptive_alpha=True),  # a personal model and a learned mixing weight α_i
+    "fedslr": dict(**FAST, memory_efficient=True),  # sparse personal part p_i and dual γ_i (Algorithm 3)
+    "scaffold": dict(**FAST),  # control variates c_i
+    "feddyn": dict(**FAST),  # dynamic-regulariser gradients g_i
+    "fedrod": dict(**FAST),  # a personal head and the stored body
+    "fml": dict(**FAST),  # a personal model distilled with the meme
+    "local": dict(**FAST),  # every client's own model
+    "quped": dict(**FAST, bits=2, cohort_mode="gather"),  # quantized personal models with their centers
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_family_with_per_client_state_runs_bit_identically_on_disk(name):
+    model = MLP if name in ("fedrep", "fedper", "fedrod", "quped") else LOGREG  # a body and a head
+    _compare(make_algorithm(name, **FAMILIES[name]), model, blocks=(2, 1))
+
+
+def test_ditto_in_host_memory_and_on_disk_equals_the_device():
+    _compare(make_algorithm("ditto", **FAST, lam=0.5), stores=("host", "disk"))
+
+
+def _experiment(**keys):
+    """The resolved experiment of a config (tiny Synthetic, Ditto) with ``keys`` set."""
+    from fljax.config import ExperimentConfig, from_dict
+    from fljax.experiment import resolve
+
+    base = {"algorithm": "ditto", "algo": FAST, "data": {"dataset": "synthetic", "num_clients": 40,
+                                                         "storage": "ragged", "max_samples": 30, "min_samples": 11},
+            "model": {"name": "logreg"}, "executor": "vmap"}
+    return resolve(from_dict(ExperimentConfig, {**base, **keys}))
+
+
+def test_error_feedback_residuals_beside_the_clients_are_stored_too():
+    """Compressed uploads with error feedback: every client's residual e_i lives beside its state
+    (fljax.aggregation.WithAggregator) and is gathered and scattered through the block's rows."""
+    from fljax.experiment import build, load_data
+
+    compression = {"kind": "top_k", "fraction": 0.2, "error_feedback": True}
+    runs = {}
+    for kind in ("device", "host", "disk"):
+        exp = _experiment(compression=compression, state_store=kind)
+        sim = build(exp, load_data(exp))
+        state, metrics, ev = _run(sim)
+        runs[kind] = (jax.device_get(state.server), jax.device_get(metrics), jax.device_get(ev),
+                      client_states(sim, state))
+    for kind in ("host", "disk"):
+        _assert_identical(runs["device"], runs[kind])
+    residuals = runs["disk"][3].aggregator
+    assert any(np.abs(np.asarray(x)).max() > 0 for x in jax.tree.leaves(residuals))  # the feedback is live
+
+
+def test_poisson_cohorts_with_empty_slots_and_the_chunked_and_loop_executors():
+    algo = make_algorithm("ditto", **FAST)
+    _compare(algo, participation=Poisson(capacity=12), executor="chunked", chunk_size=4)
+    _compare(algo, executor="loop", blocks=(2,))
+
+
+def test_an_evaluation_sample_and_full_participation():
+    _compare(make_algorithm("ditto", **FAST), eval_clients=9)
+    _compare(make_algorithm("ditto", local_steps=2, batch_size=5, cohort_size=None), blocks=(2, 1))
+
+
+# ------------------------------------------------------------------------------------------ runs, checkpoints, resume
+
+TINY_DITTO = [*TINY, "--algorithm", "ditto"]
+
+
+def _store_files(run_dir) -> dict:
+    """Every file of a run's disk store but its journals (the rows, the written flags, meta.json): name -> bytes."""
+    root = os.path.join(run_dir, "store")
+    return {name: open(os.path.join(root, name), "rb").read() for name in sorted(os.listdir(root))
+            if os.path.isfile(os.path.join(root, name))}
+
+
+def _assert_same_store_run(a, b):
+    _assert_same_run(a, b)
+    assert _store_files(a) == _store_files(b)
+
+
+def test_a_disk_store_run_records_the_device_runs_numbers_and_resumes_bit_identically(tmp_path, monkeypatch):
+    """fljax run with state_store: disk writes the metrics of the same run with the state on the device; a run that
+    dies at the checkpoint of round 6 before writing it (its store a block past the checkpoint of round 4) resumes
+    to the uninterrupted run: the same metrics, final checkpoint and store files, byte for byte."""
+    args = [*TINY_DITTO, "--set", "rounds=8", "--set", "eval_every=2", "--checkpoint-every", "2", "--quiet"]
+    device, full, cut = (str(tmp_path / n) for n in ("device", "full", "cut"))
+    assert main(["run", *args, "--out", device]) == 0
+    assert main(["run", *args, "--set", "state_store=disk", "--out", full]) == 0
+    assert _without_time(_metrics(full)) == _without_time(_metrics(device))
+    save = Checkpointer.save
+
+    def save_until_6(self, state, log):
+        if int(state.round) == 6:
+            raise KeyboardInterrupt  # as if the process were killed here, its store a block past round 4
+        save(self, state, log)
+
+    monkeypatch.setattr(Checkpointer, "save", save_until_6)
+    assert main(["run", *args, "--set", "state_store=disk", "--out", cut]) == 130
+    assert sorted(os.listdir(os.path.join(cut, "store", "undo"))) == ["0000000002-0000000004.npz",
+                                                                    "0000000004-0000000006.npz"]
+    monkeypatch.undo()
+    assert main(["run", "--resume", "--out", cut, "--quiet"]) == 0
+    _assert_same_store_run(cut, full)
