@@ -141,11 +141,11 @@ def resolve(cfg: ExperimentConfig) -> Experiment:
         if cfg.eval_clients is not None:
             raise OptionError("eval_clients", f"samples the clients of classification data; {cfg.algorithm}'s "
                                               f"evaluation measures every client: set eval_clients to null.")
-        _check_regression(cfg)
         if cfg.state_store != "device":
             raise OptionError("state_store", f"{cfg.state_store} keeps the clients of classification runs; "
                                              f"{cfg.algorithm} solves a consensus problem over every client every "
                                              f"round: use state_store: device.")
+        _check_regression(cfg)
         algorithm = _construct(cls, cfg.algo, cfg.data.num_train_clients, "algo")
         return Experiment(dataclasses.replace(cfg, algo=_written(_held(algorithm, cfg.algo))), algorithm, cfg.model)
     input_shape = cfg.data.source.input_shape
