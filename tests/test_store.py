@@ -2,7 +2,11 @@
 run with every client's state on the device, bit for bit — the server, every round's metrics, every evaluation and
 every client's state — for every algorithm family with per-client state; unsampled clients are never touched; the
 disk store's undo journal returns it to any checkpoint; what cannot run with a store is refused in one line."""
+import errno
 import os
+import shutil
+import signal
+import time
 
 import jax
 import numpy as np
@@ -169,3 +173,98 @@ def test_a_disk_store_run_records_the_device_runs_numbers_and_resumes_bit_identi
     monkeypatch.undo()
     assert main(["run", "--resume", "--out", cut, "--quiet"]) == 0
     _assert_same_store_run(cut, full)
+
+
+def test_a_full_disk_mid_run_stops_in_one_line_and_loses_nothing(tmp_path, monkeypatch, capsys):
+    """The journal of rounds 5–6 cannot be written (no space left on device): the run stops at once with one line,
+    its store unchanged past the checkpoint of round 4 and no later block written; after making room, --resume
+    ends at the uninterrupted run."""
+    args = [*TINY_DITTO, "--set", "rounds=8", "--set", "eval_every=2", "--checkpoint-every", "2", "--set",
+            "state_store=disk", "--quiet"]
+    full, cut = str(tmp_path / "full"), str(tmp_path / "cut")
+    assert main(["run", *args, "--out", full]) == 0
+    savez = np.savez
+
+    def full_disk(file, **arrays):
+        if os.path.basename(os.path.dirname(getattr(file, "name", ""))) == "undo" and len(os.listdir(
+                os.path.dirname(file.name))) >= 2:  # the journal of 2–4 is there: no room for 4–6's
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return savez(file, **arrays)
+
+    monkeypatch.setattr(np, "savez", full_disk)
+    capsys.readouterr()
+    assert main(["run", *args, "--out", cut]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("fljax: error: could not write the store's journal of rounds 5–6 "), err
+    assert "no space left on device; the store was not changed, the last checkpoint is intact" in err[0]
+    monkeypatch.undo()
+    assert main(["run", "--resume", "--out", cut, "--quiet"]) == 0
+    _assert_same_store_run(cut, full)
+
+
+def _journaling(out: str) -> bool:
+    undo = os.path.join(out, "store", "undo")
+    return os.path.isdir(undo) and any(n.startswith(".") for n in os.listdir(undo))
+
+
+def _kill_during(tmp_path, moments, tries: int = 6):
+    """``kill -9`` of ``fljax run`` with a disk store at each of ``moments`` ((name, condition on the run directory
+    and the seconds since it started), e.g. while a checkpoint or a block's journal is written), then ``--resume``:
+    the uninterrupted run's metrics, final checkpoint and store files, byte for byte (the harness of
+    tests/test_kill.py). Returns the moments where a kill landed."""
+    from test_kill import _env, _fljax, _started, _wait
+
+    argv = ["run", *TINY_DITTO, "--set", "rounds=10", "--set", "eval_every=1", "--checkpoint-every", "1", "--set",
+            "state_store=disk", "--quiet"]
+    env = _env(str(tmp_path / "jax-cache"))
+    full = str(tmp_path / "full")
+    proc = _fljax([*argv, "--out", full], env, full + ".log")  # also fills the compilation cache
+    assert proc.wait(timeout=900) == 0, open(full + ".log").read()
+    landed = []
+    for name, during in moments:
+        for attempt in range(tries):
+            out = str(tmp_path / f"{name}{attempt}")
+            proc = _fljax([*argv, "--out", out], env, out + ".log")
+            assert _wait(proc, lambda: _started(out), time.monotonic() + 900), open(out + ".log").read()
+            t0 = time.monotonic()
+            if _wait(proc, lambda: during(out, time.monotonic() - t0), time.monotonic() + 600):
+                proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=900)
+            if proc.returncode == -signal.SIGKILL and during(out, time.monotonic() - t0):
+                break
+            shutil.rmtree(out)
+        else:
+            raise AssertionError(f"no kill landed while {name} in {tries} tries")
+        resumed = _fljax(["run", "--resume", "--out", out, "--quiet"], env, out + ".log")
+        assert resumed.wait(timeout=900) == 0, open(out + ".log").read()
+        _assert_same_store_run(out, full)
+        landed.append(name)
+    return landed
+
+
+def _in_a_block(out: str, seconds: float) -> bool:
+    """Some checkpoints written, the run past them (the store a block or more ahead of its last checkpoint)."""
+    done = os.path.join(out, "checkpoints")
+    return seconds > 1.0 and os.path.isdir(done) and sum(n.isdigit() for n in os.listdir(done)) >= 2
+
+
+def test_kill_9_during_a_block_a_checkpoint_write_and_a_journal_write_resumes_bit_identically(tmp_path):
+    from test_kill import _writing_checkpoint
+
+    landed = _kill_during(tmp_path, [("in-a-block", _in_a_block),
+                                     ("checkpointing", lambda out, _: _writing_checkpoint(out)),
+                                     ("journaling", lambda out, _: _journaling(out))])
+    assert landed == ["in-a-block", "checkpointing", "journaling"]
+
+
+def test_seeds_and_grid_points_run_one_after_another_each_with_its_own_store(tmp_path):
+    """A sweep's points and seeds, lanes of one program with the state on the device, run one after another with a
+    store, each run's store in its own directory: the numbers of the device's separate runs (--lanes off)."""
+    sweep = ["sweep", *TINY_DITTO, "--set", "rounds=4", "--set", "eval_every=2", "--grid", "algo.lam=0.1,0.5",
+             "--seeds", "2", "--quiet"]
+    device, disk = str(tmp_path / "device"), str(tmp_path / "disk")
+    assert main([*sweep, "--lanes", "off", "--out", device]) == 0
+    assert main([*sweep, "--set", "state_store=disk", "--out", disk]) == 0
+    for run in (f"lam={lam}/seed_{s}" for lam in (0.1, 0.5) for s in (0, 1)):
+        assert _without_time(_metrics(os.path.join(disk, run))) == _without_time(_metrics(os.path.join(device, run)))
+        assert os.path.exists(os.path.join(disk, run, "store", "meta.json"))

@@ -400,7 +400,7 @@ class CohortTemplate(Algorithm):
         if isinstance(server, WithAggregator):
             state = AggregatorState(server.aggregator, clients.aggregator)
             server, clients = server.state, clients.state
-        draw = ctx.participation.draw(ctx, self.cohort_size)
+        draw = ctx.cohort if ctx.cohort is not None else ctx.participation.draw(ctx, self.cohort_size)
         cohort, valid = draw.ids, draw.valid
         down = model_state.attach(server, self.broadcast(model_state.unwrap(server)))
 

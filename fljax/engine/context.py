@@ -77,7 +77,9 @@ class RoundContext:
     (:class:`fljax.participation.Participation`: uniform cohorts by default). ``slots``: under a client-state store
     (:mod:`fljax.engine.store`) the per-client state an algorithm sees is a buffer of the block's clients, and
     ``slots`` holds their sorted ids (padded with ``num_clients``); :meth:`rows` maps client ids to its rows (None:
-    the state holds every client, row i is client i).
+    the state holds every client, row i is client i); ``cohort``: the round's
+    :class:`~fljax.participation.Cohort` when it was drawn ahead (a store's blocks draw their cohorts before they
+    run, with the participation's own draw; None: the template draws it).
 
     Server-side inputs: :attr:`server` is what the server holds (``data.server``, a
     :class:`~fljax.data.ServerData`: its own labelled set and frozen pretrained models), an argument of the compiled
@@ -99,6 +101,7 @@ class RoundContext:
     aggregator: Any = None
     participation: Any = None
     slots: Any = None
+    cohort: Any = None
 
     @property
     def num_clients(self) -> int:

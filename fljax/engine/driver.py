@@ -358,12 +358,14 @@ class Simulation:
         server, clients = self.algorithm_at(hp).init_population(ctx)
         return State(server=server, clients=clients, round=jnp.int32(0), key=key)
 
-    def round_fn(self, state: State, data, hp: dict | None = None, slots=None):
+    def round_fn(self, state: State, data, hp: dict | None = None, slots=None, cohort=None):
         """``(next state, metrics)``: one round of the algorithm on ``data`` with traced hyperparameters ``hp``;
         ``metrics`` are the round's scalars plus ``finite_params`` (the new state is finite) and ``finite`` (so are
         its losses). The round's key is ``fold_in(fold_in(state.key, 1), state.round)``. ``slots``: the state holds
-        a client-state store's buffer of these clients (:attr:`RoundContext.slots`; None: every client). Pure."""
+        a client-state store's buffer of these clients (:attr:`RoundContext.slots`; None: every client);
+        ``cohort``: the round's cohort, drawn ahead (None: drawn in the round). Pure."""
         ctx = self.context(data, state.round, _round_key(state.key, state.round), state.key, hp, slots)
+        ctx = ctx if cohort is None else dataclasses.replace(ctx, cohort=cohort)
         server, clients, metrics = self.algorithm_at(hp).round(ctx, state.server, state.clients)
         metrics = dict(metrics)
         losses = {k: v for k, v in metrics.items() if "loss" in k}
@@ -371,10 +373,11 @@ class Simulation:
         metrics["finite"] = metrics["finite_params"] & tree.all_finite(losses)
         return State(server=server, clients=clients, round=state.round + 1, key=state.key), metrics
 
-    def block_fn(self, state: State, data, n: int, hp: dict | None = None, slots=None):
+    def block_fn(self, state: State, data, n: int, hp: dict | None = None, slots=None, cohorts=None):
         """``(state after n rounds, the rounds' metrics stacked along axis 0)``: :meth:`round_fn` scanned ``n``
-        times (``lax.scan``; ``n`` static). Pure."""
-        return jax.lax.scan(lambda s, _: self.round_fn(s, data, hp, slots), state, None, length=n)
+        times (``lax.scan``; ``n`` static); ``cohorts``: the rounds' cohorts drawn ahead, stacked (None: each
+        round draws its own). Pure."""
+        return jax.lax.scan(lambda s, c: self.round_fn(s, data, hp, slots, c), state, cohorts, length=n)
 
     def evaluate_fn(self, state: State, data, hp: dict | None = None):
         """``(scalar summaries, per-client arrays)``: the algorithm's evaluation of ``state`` on ``data`` with traced

@@ -8,7 +8,9 @@ rounds samples:
 
 1. **The block's cohorts first.** For a participation that draws from the keys alone (uniform, Poisson) the
    cohorts of rounds t … t + n − 1 are a pure function of the run key and the rounds: one small compiled pass
-   (``store_draws``) computes them before the block runs, with the very function the rounds call.
+   (``store_draws``) computes them before the block runs, with the participation's own draw, and the block's rounds
+   take them as they are (:attr:`RoundContext.cohort`: at 10⁶ clients a uniform draw is a pass over a million keys,
+   paid once, ahead).
 2. **Gather.** The union U of the block's cohorts (sorted ids) is read from the store into a buffer of
    ``min(N, n·m)`` rows (m: a round's cohort slots; padding rows copy a real client's), and the block runs on the
    buffer as it runs on the population: the template gathers and scatters a cohort's states through
@@ -69,6 +71,7 @@ whose draws depend on state, lanes (seeds and grid points then run one after ano
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -94,8 +97,10 @@ __all__ = ["STORES", "StoredClients", "ClientStore", "DiskStore", "StoreEngine",
 STORES = ("device", "host", "disk")
 FORMAT = 1  # the on-disk layout's version (meta.json)
 META, WRITTEN, UNDO = "meta.json", "written.bin", "undo"
-EVAL_CHUNK_BYTES = 256 * 2 ** 20  # a streamed evaluation's chunk: this many bytes of client state at most
-INIT_CHUNK = 1024  # clients whose initial state one compiled call computes
+# a streamed evaluation's chunk: at most this many clients (its temporaries grow with them: 110,000 clients of
+# Synthetic's logistic regression took the evaluation to the 4 GiB budget cap) and this many bytes of their state
+EVAL_CHUNK_CLIENTS, EVAL_CHUNK_BYTES = 16_384, 64 * 2 ** 20
+INIT_CHUNK = 1024  # clients whose initial state one compiled call computes (a block's never-written clients)
 
 
 class StoreWriteError(OSError):
@@ -232,6 +237,7 @@ class DiskStore(ClientStore):
                        for j, (shape, dtype) in enumerate(self.specs)]
         self.written = np.memmap(os.path.join(self.directory, WRITTEN), np.uint8, mode, shape=(self.num_clients,))
         self.journaling = False  # from the first checkpoint on
+        self.failed: StoreWriteError | None = None  # a write that failed: every later one refused
 
     def _leaf(self, j: int) -> str:
         return os.path.join(self.directory, f"leaf-{j:03d}.bin")
@@ -262,6 +268,10 @@ class DiskStore(ClientStore):
     def open(cls, directory: str, treedef, specs, num_clients: int, identity: dict) -> "DiskStore":
         """The store in ``directory``, after checking it is this run's (:func:`check_meta`)."""
         check_meta(directory, specs, num_clients, identity)
+        undo = os.path.join(directory, UNDO)
+        for name in os.listdir(undo):  # a journal whose write was cut short (never renamed: never applied)
+            if name.startswith("."):
+                os.remove(os.path.join(undo, name))
         return cls(directory, treedef, specs, num_clients, identity)
 
     # ------------------------------------------------------------------------------------------ journal
@@ -275,12 +285,14 @@ class DiskStore(ClientStore):
         return sorted(out)
 
     def write_block(self, ids, rows, old, start, end):
+        if self.failed is not None:  # after a failed write no later block may land: its journal would be wrong
+            raise self.failed
         if self.journaling:  # the old rows first, complete and durable, then the rows in place
             path = os.path.join(self.directory, UNDO, f"{start:010d}-{end:010d}.npz")
             arrays = {"ids": ids, "written": np.asarray(self.written[ids]),
                       **{f"leaf{j}": r for j, r in enumerate(old)}}
+            tmp = os.path.join(self.directory, UNDO, f".{start:010d}.tmp")
             try:
-                tmp = os.path.join(self.directory, UNDO, f".{start:010d}.tmp")
                 with open(tmp, "wb") as f:
                     np.savez(f, **arrays)
                     f.flush()
@@ -288,9 +300,12 @@ class DiskStore(ClientStore):
                 os.replace(tmp, path)
                 _fsync_dir(os.path.dirname(path))
             except OSError as e:
-                raise StoreWriteError(f"could not write the store's journal of rounds {start + 1}–{end} into "
-                                      f"{self.directory}: {_cause(e)}; the store was not changed, the last checkpoint "
-                                      f"is intact: make room and continue with --resume.") from None
+                with contextlib.suppress(OSError):
+                    os.remove(tmp)
+                self.failed = StoreWriteError(f"could not write the store's journal of rounds {start + 1}–{end} into "
+                                              f"{self.directory}: {_cause(e)}; the store was not changed, the last "
+                                              f"checkpoint is intact: make room and continue with --resume.")
+                raise self.failed from None
         self.write(ids, rows)
 
     def commit(self, round_: int) -> None:
@@ -473,10 +488,11 @@ def _round_key(base, round_):
 
 @dataclasses.dataclass
 class _Prefetch:
-    """Block rows read ahead: the block of ``rounds`` (start, n) has clients ``members``; ``rows`` hold those not in
-    the previous block (``fresh``), read from the store while the previous block ran."""
+    """A block read ahead: the block of ``rounds`` (start, n) has cohorts ``draws`` and clients ``members``;
+    ``rows`` hold those not in the previous block (``fresh``), read from the store while the previous block ran."""
 
     rounds: tuple[int, int]
+    draws: Any
     members: np.ndarray
     fresh: np.ndarray
     rows: list[np.ndarray]
@@ -558,12 +574,13 @@ class StoreEngine:
         ctx = sim.context(data, jnp.int32(0), jax.random.fold_in(key, 0), key, None).restricted(ids)
         return jax.tree.leaves(sim.algorithm.init_population(ctx)[1])
 
-    def initial_rows(self, key, ids: np.ndarray) -> list[np.ndarray]:
+    def initial_rows(self, key, ids: np.ndarray, size: int = INIT_CHUNK) -> list[np.ndarray]:
         """The initial state of clients ``ids``, as the whole population's initialisation gives their rows
-        (computed :data:`INIT_CHUNK` clients at a time, by the algorithm's init restricted to them)."""
+        (computed ``size`` clients at a time, by the algorithm's init restricted to them: one compiled program per
+        size)."""
         sim = self.sim
         n = len(ids)
-        size = min(INIT_CHUNK, sim.data.num_clients)
+        size = min(size, sim.data.num_clients)
         parts = []
         for lo in range(0, n, size):
             chunk = ids[lo:lo + size]
@@ -594,51 +611,54 @@ class StoreEngine:
 
     # ----------------------------------------------------------------------------------------- blocks
     def _draws_fn(self, key, start, data, n: int):
+        """The :class:`~fljax.participation.Cohort` s of rounds start … start + n − 1, stacked: the participation's
+        draw of each round, as the round itself would call it."""
         sim = self.sim
         algo = sim.algorithm
 
         def one(t):
             ctx = sim.context(data, t, _round_key(key, t), key, None)
-            draw = ctx.participation.draw(ctx, algo.cohort_size)
-            return draw.ids, jnp.ones(draw.ids.shape, bool) if draw.valid is None else draw.valid
+            return ctx.participation.draw(ctx, algo.cohort_size)
 
         return jax.lax.map(one, start + jnp.arange(n, dtype=jnp.int32))
 
-    def members(self, key, start: int, n: int) -> np.ndarray:
-        """The sorted ids of the clients that rounds ``start`` … ``start + n − 1`` sample (their union)."""
+    def cohorts(self, key, start: int, n: int):
+        """(the cohorts of rounds ``start`` … ``start + n − 1``, stacked; the sorted ids of the clients they sample,
+        their union)."""
         sim = self.sim
         args = (key, jnp.int32(start), sim.data)
         if sim.executor.jittable:
-            ids, valid = sim.compiled("store_draws", lambda k, s, d: self._draws_fn(k, s, d, n), args, (n,))(*args)
+            draws = sim.compiled("store_draws", lambda k, s, d: self._draws_fn(k, s, d, n), args, (n,))(*args)
         else:
-            ids, valid = sim._eager(lambda: self._draws_fn(*args, n))
-        ids, valid = np.asarray(ids), np.asarray(valid)
-        out = np.unique(ids[valid & (ids < sim.data.num_clients)])
-        return out.astype(np.int32)
+            draws = sim._eager(lambda: self._draws_fn(*args, n))
+        ids = np.asarray(draws.ids)
+        valid = np.ones(ids.shape, bool) if draws.valid is None else np.asarray(draws.valid)
+        return draws, np.unique(ids[valid & (ids < sim.data.num_clients)]).astype(np.int32)
 
     def slots_per_round(self) -> int:
         """m: the cohort slots of one round (the draw's static size)."""
         sim = self.sim
         shapes = jax.eval_shape(lambda k, d: self._draws_fn(k, jnp.int32(0), d, 1), jax.random.PRNGKey(0), sim.data)
-        return int(shapes[0].shape[1])
+        return int(shapes.ids.shape[1])
 
     def capacity(self, n: int) -> int:
         """Rows of the buffer of a block of ``n`` rounds: min(N, n·m)."""
         return min(self.sim.data.num_clients, n * self.slots_per_round())
 
-    def gather(self, store: ClientStore, key, ids: np.ndarray) -> list[np.ndarray]:
-        """The current rows of clients ``ids`` (initial states computed for those never written)."""
+    def gather(self, store: ClientStore, key, ids: np.ndarray, size: int = INIT_CHUNK) -> list[np.ndarray]:
+        """The current rows of clients ``ids`` (initial states computed for those never written, ``size`` at a
+        time)."""
         rows, written = store.read(ids)
         if not written.all():
-            fresh = self.initial_rows(key, ids[~written])
+            fresh = self.initial_rows(key, ids[~written], size)
             for r, f in zip(rows, fresh):
                 r[~written] = f
         return rows
 
     def _read_ahead(self, store, key, rounds, exclude: np.ndarray) -> _Prefetch:
-        members = self.members(key, *rounds)
+        draws, members = self.cohorts(key, *rounds)
         fresh = members[~np.isin(members, exclude)]
-        return _Prefetch(rounds, members, fresh, self.gather(store, key, fresh))
+        return _Prefetch(rounds, draws, members, fresh, self.gather(store, key, fresh))
 
     def _drain(self, store: ClientStore) -> None:
         t0 = time.perf_counter()
@@ -648,8 +668,8 @@ class StoreEngine:
             self.io_seconds += time.perf_counter() - t0
 
     def _block_rows(self, store, key, start: int, n: int):
-        """(members, their rows) for the block of rounds start … start + n − 1: from the read-ahead and the
-        previous block's output when they were foreseen, else read after the pending writes."""
+        """(cohorts, members, their rows) for the block of rounds start … start + n − 1: from the read-ahead and
+        the previous block's output when they were foreseen, else read after the pending writes."""
         ahead, self._prefetch = self._prefetch, None
         previous = self._previous
         if ahead is not None:
@@ -662,10 +682,10 @@ class StoreEngine:
                 for r, f, b in zip(rows, got.rows, before_rows):
                     r[fresh] = f
                     r[~fresh] = b[where]
-                return got.members, rows
+                return got.draws, got.members, rows
         self._drain(store)
-        members = self.members(key, start, n)
-        return members, self.gather(store, key, members)
+        draws, members = self.cohorts(key, start, n)
+        return draws, members, self.gather(store, key, members)
 
     def run_rounds(self, state: State, n: int):
         """n rounds on the block's buffer (module docstring); returns the state (its clients still the store's
@@ -677,7 +697,7 @@ class StoreEngine:
             raise ValueError(f"this state is of round {start}, its store holds the clients of round {store.round}: a "
                              f"store keeps its run's latest clients, so only the latest state runs on.")
         t0 = time.perf_counter()
-        members, rows = self._block_rows(store, state.key, start, n)
+        draws, members, rows = self._block_rows(store, state.key, start, n)
         self.io_seconds += time.perf_counter() - t0
         cap, u = self.capacity(n), len(members)
         slots = np.full(cap, sim.data.num_clients, np.int32)
@@ -687,14 +707,15 @@ class StoreEngine:
         inner = State(server=state.server, clients=clients, round=state.round, key=state.key)
         slots_j = jnp.asarray(slots)
         if sim.executor.jittable:
-            fn = sim.compiled("store_block", lambda s, d, sl: sim.block_fn(s, d, n, None, sl),
-                              (inner, sim.data, slots_j), (n,))
-            out, metrics = fn(inner, sim.data, slots_j)
+            fn = sim.compiled("store_block", lambda s, d, sl, c: sim.block_fn(s, d, n, None, sl, c),
+                              (inner, sim.data, slots_j, draws), (n,))
+            out, metrics = fn(inner, sim.data, slots_j, draws)
         else:
             outs = []
             out = inner
-            for _ in range(n):
-                out, m = sim._eager(sim.round_fn, out, sim.data, None, slots_j)
+            for t in range(n):
+                out, m = sim._eager(sim.round_fn, out, sim.data, None, slots_j,
+                                    jax.tree.map(lambda a: a[t], draws))
                 outs.append(m)
             metrics = tree.stack(outs)
         end = start + n
@@ -724,8 +745,10 @@ class StoreEngine:
         return algo.evaluation_summary(ctx, scored, own_server, None, stats, values)
 
     def eval_chunk(self, store: ClientStore) -> int:
-        """Clients per streamed evaluation chunk: :data:`EVAL_CHUNK_BYTES` of their state at most."""
-        return int(max(1, min(self.sim.data.num_clients, EVAL_CHUNK_BYTES // max(store.row_bytes, 1))))
+        """Clients per streamed evaluation chunk: :data:`EVAL_CHUNK_CLIENTS`, and :data:`EVAL_CHUNK_BYTES` of their
+        state, at most."""
+        return int(max(1, min(self.sim.data.num_clients, EVAL_CHUNK_CLIENTS,
+                              EVAL_CHUNK_BYTES // max(store.row_bytes, 1))))
 
     def evaluate(self, state: State):
         """(summaries, per-client arrays) as :meth:`Simulation.evaluate` gives them for the state on the device:
@@ -743,12 +766,12 @@ class StoreEngine:
         for ids_all, want_stats, want_values in passes:
             parts_s, parts_v = [], []
             chunks = [ids_all[lo:lo + size] for lo in range(0, len(ids_all), size)]
-            ahead = store.submit(self.gather, store, state.key, chunks[0]) if chunks else None
+            ahead = store.submit(self.gather, store, state.key, chunks[0], size) if chunks else None
             for i, chunk in enumerate(chunks):
                 t0 = time.perf_counter()
                 rows = ahead.result()
                 self.io_seconds += time.perf_counter() - t0
-                ahead = store.submit(self.gather, store, state.key, chunks[i + 1]) if i + 1 < len(chunks) \
+                ahead = store.submit(self.gather, store, state.key, chunks[i + 1], size) if i + 1 < len(chunks) \
                     else None
                 padded_ids = np.concatenate([chunk, np.full(size - len(chunk), chunk[-1], np.int32)])
                 clients = jax.tree.unflatten(store.treedef, [jnp.asarray(_padded(r, size)) for r in rows])
