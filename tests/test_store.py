@@ -19,7 +19,7 @@ import fljax.data as D
 from fljax.algorithms import make_algorithm
 from fljax.cli import main
 from fljax.engine import Lanes, Simulation
-from fljax.engine.store import DiskStore, StoredClients, client_states
+from fljax.engine.store import DiskStore, StoredClients, StoreWriteError, client_states
 from fljax.errors import OptionError
 from fljax.models import make_model
 from fljax.runner.checkpoint import Checkpointer
@@ -89,7 +89,9 @@ def test_every_family_with_per_client_state_runs_bit_identically_on_disk(name):
 
 
 def test_ditto_in_host_memory_and_on_disk_equals_the_device():
-    _compare(make_algorithm("ditto", **FAST, lam=0.5), stores=("host", "disk"))
+    """Blocks of equal length: each block's rows are read ahead while the previous one runs, those it shares with
+    the previous block taken from that block's output."""
+    _compare(make_algorithm("ditto", **FAST, lam=0.5), stores=("host", "disk"), blocks=(2, 2, 2))
 
 
 def _experiment(**keys):
@@ -268,3 +270,71 @@ def test_seeds_and_grid_points_run_one_after_another_each_with_its_own_store(tmp
     for run in (f"lam={lam}/seed_{s}" for lam in (0.1, 0.5) for s in (0, 1)):
         assert _without_time(_metrics(os.path.join(disk, run))) == _without_time(_metrics(os.path.join(device, run)))
         assert os.path.exists(os.path.join(disk, run, "store", "meta.json"))
+
+
+# ------------------------------------------------------------------------------------------ the disk store alone
+
+
+def _disk_store(tmp_path, n=10):
+    treedef = jax.tree.structure({"a": 0, "b": 0})
+    specs = [((2,), np.dtype(np.float32)), ((), np.dtype(np.int32))]
+    return DiskStore.create(str(tmp_path / "store"), treedef, specs, n, {"algorithm": "x", "run": "r"})
+
+
+def _rows(store):
+    return [np.array(a) for a in store.leaves], np.array(store.written)
+
+
+def test_the_undo_journal_returns_the_rows_to_each_kept_checkpoint(tmp_path):
+    """Blocks 0–2 (before any checkpoint), 2–4 and 4–6 written; restoring round 4, then round 2, gives the rows and
+    written flags as they were at those rounds (a NumPy copy taken then); journals of blocks before the oldest kept
+    checkpoint are forgotten."""
+    store = _disk_store(tmp_path)
+    rng = np.random.default_rng(0)
+
+    def block(ids, start, end):
+        old, _ = store.read(ids)
+        new = [rng.normal(size=(len(ids), 2)).astype(np.float32), rng.integers(0, 9, len(ids)).astype(np.int32)]
+        store.write_block(ids, new, old, start, end)
+
+    block(np.array([0, 3, 4]), 0, 2)
+    store.commit(2)
+    at = {2: _rows(store)}
+    block(np.array([3, 5, 9]), 2, 4)  # 3 again, 5 and 9 for the first time
+    store.commit(4)
+    at[4] = _rows(store)
+    block(np.array([1, 3, 9]), 4, 6)
+    store.restore(4, store.checkpoint_tree())
+    for got, want in zip(_rows(store)[0] + [_rows(store)[1]], at[4][0] + [at[4][1]]):
+        np.testing.assert_array_equal(got, want)
+    store.restore(2, store.checkpoint_tree())
+    for got, want in zip(_rows(store)[0] + [_rows(store)[1]], at[2][0] + [at[2][1]]):
+        np.testing.assert_array_equal(got, want)
+    assert store.written.tolist() == [1, 0, 0, 1, 1, 0, 0, 0, 0, 0]
+    block(np.array([2]), 2, 4)
+    store.commit(4)
+    store.forget_before(4)
+    assert os.listdir(os.path.join(store.directory, "undo")) == []
+
+
+def test_after_a_failed_journal_write_no_later_block_is_written(tmp_path, monkeypatch):
+    """The journal of a block cannot be written: the block's rows stay as they were, and so do the next block's
+    (its journal would hold rows the failed block never wrote)."""
+    store = _disk_store(tmp_path)
+    store.commit(0)
+    before = _rows(store)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    ids = np.array([1, 2])
+    new = [np.ones((2, 2), np.float32), np.ones(2, np.int32)]
+    monkeypatch.setattr(np, "savez", full)
+    with pytest.raises(StoreWriteError, match="no space left on device; the store was not changed"):
+        store.write_block(ids, new, store.read(ids)[0], 0, 2)
+    monkeypatch.undo()
+    with pytest.raises(StoreWriteError):
+        store.write_block(ids, new, store.read(ids)[0], 2, 4)
+    for got, want in zip(_rows(store)[0] + [_rows(store)[1]], before[0] + [before[1]]):
+        np.testing.assert_array_equal(got, want)
+    assert os.listdir(os.path.join(store.directory, "undo")) == []  # no journal, not even a partial one
