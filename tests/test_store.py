@@ -338,3 +338,15 @@ def test_after_a_failed_journal_write_no_later_block_is_written(tmp_path, monkey
     for got, want in zip(_rows(store)[0] + [_rows(store)[1]], before[0] + [before[1]]):
         np.testing.assert_array_equal(got, want)
     assert os.listdir(os.path.join(store.directory, "undo")) == []  # no journal, not even a partial one
+
+
+def test_lanes_and_an_older_state_are_refused_in_one_line():
+    sim = Simulation(make_algorithm("ditto", **FAST), DATA, LOGREG, executor="vmap", state_store="host")
+    with pytest.raises(ValueError, match="a client-state store"):
+        Lanes(sim, [0, 1])
+    start = sim.init()
+    sim.run_rounds(start, 1)
+    with pytest.raises(ValueError, match="this state is of round 0, its store holds the clients of round 1"):
+        sim.run_rounds(start, 1)
+    with pytest.raises(OptionError, match="state_store must be one of"):
+        Simulation(make_algorithm("ditto", **FAST), DATA, LOGREG, state_store="ram")

@@ -75,6 +75,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import tempfile
@@ -151,19 +152,23 @@ class ClientStore:
     def _setup(self, treedef, specs, num_clients, identity) -> None:
         self.treedef, self.specs, self.num_clients, self.identity = treedef, list(specs), int(num_clients), identity
         self.round = 0  # the round whose clients the rows hold (a State of another round cannot run on them)
+        self.restores = 0  # how often the rows were returned to a checkpoint (what was read ahead is then stale)
         # one worker thread: the store's writes and the reads behind them, in the order they were submitted
         self.io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fljax-store")
-        self._pending: list[concurrent.futures.Future] = []
+        self._pending: list[concurrent.futures.Future] = []  # the writes not yet waited for
         weakref.finalize(self, self.io.shutdown, wait=True)
 
-    def submit(self, fn, *args) -> concurrent.futures.Future:
-        """Run ``fn(*args)`` on the store's worker, after everything submitted before."""
+    def submit(self, fn, *args, write: bool = False) -> concurrent.futures.Future:
+        """Run ``fn(*args)`` on the store's worker, after everything submitted before; a ``write`` is waited for
+        by :meth:`drain` (a read's result is its caller's)."""
         future = self.io.submit(fn, *args)
-        self._pending.append(future)
+        if write:
+            self._pending.append(future)
         return future
 
     def drain(self) -> None:
         """Wait for everything submitted; a failed write is raised here (:class:`StoreWriteError`)."""
+        self.io.submit(lambda: None).result()  # the reads behind the writes too
         pending, self._pending = self._pending, []
         for f in pending:
             f.result()
@@ -213,7 +218,7 @@ class ClientStore:
         self.drain()
         self.leaves = [np.array(a) for a in saved["leaves"]]
         self.written = np.array(saved["written"])
-        self.round = round_
+        self.round, self.restores = round_, self.restores + 1
 
     def forget_before(self, round_: int) -> None:
         """No checkpoint older than round ``round_`` will be restored (its journals may go)."""
@@ -230,17 +235,39 @@ class DiskStore(ClientStore):
 
     kind = "disk"
 
-    def __init__(self, directory: str, treedef, specs, num_clients: int, identity: dict, mode: str = "r+"):
+    def __init__(self, directory: str, treedef, specs, num_clients: int, identity: dict):
         self._setup(treedef, specs, num_clients, identity)
         self.directory = os.path.abspath(directory)
-        self.leaves = [np.memmap(self._leaf(j), dtype, mode, shape=(self.num_clients, *shape))
-                       for j, (shape, dtype) in enumerate(self.specs)]
-        self.written = np.memmap(os.path.join(self.directory, WRITTEN), np.uint8, mode, shape=(self.num_clients,))
+        self._files = [self._leaf(j) for j in range(len(self.specs))] + [os.path.join(self.directory, WRITTEN)]
+        shapes = [((self.num_clients, *shape), dtype) for shape, dtype in self.specs] + \
+            [((self.num_clients,), np.dtype(np.uint8))]
+        self._maps, arrays = zip(*(_mapped(path, shape, dtype) for path, (shape, dtype) in zip(self._files, shapes)))
+        self.leaves, self.written = list(arrays[:-1]), arrays[-1]
         self.journaling = False  # from the first checkpoint on
         self.failed: StoreWriteError | None = None  # a write that failed: every later one refused
 
     def _leaf(self, j: int) -> str:
         return os.path.join(self.directory, f"leaf-{j:03d}.bin")
+
+    def read(self, ids):
+        try:
+            return super().read(ids)
+        finally:
+            self._release()
+
+    def write(self, ids, rows):
+        try:
+            super().write(ids, rows)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """Unmap the pages a read or write touched (``MADV_DONTNEED``; a written page stays in the page cache, dirty,
+        for the kernel to write back): without it the pages of every row ever touched, and the kernel's
+        fault-around neighbours, would count as the process's resident memory."""
+        for m in self._maps:
+            if m is not None:
+                m.madvise(mmap.MADV_DONTNEED)
 
     @classmethod
     def create(cls, directory: str, treedef, specs, num_clients: int, identity: dict) -> "DiskStore":
@@ -311,8 +338,8 @@ class DiskStore(ClientStore):
     def commit(self, round_: int) -> None:
         self.drain()
         try:
-            for a in self.leaves + [self.written]:
-                a.flush()
+            for path in self._files:
+                _fsync(path)
             _fsync_dir(os.path.join(self.directory, UNDO))
         except OSError as e:
             raise StoreWriteError(f"could not flush the client-state store in {self.directory} for the checkpoint "
@@ -333,11 +360,12 @@ class DiskStore(ClientStore):
             with np.load(path) as journal:
                 self.write(journal["ids"], [journal[f"leaf{j}"] for j in range(len(self.leaves))])
                 self.written[journal["ids"]] = journal["written"]
-            for a in self.leaves + [self.written]:
-                a.flush()
+            for file in self._files:
+                _fsync(file)
             os.remove(path)
+        self._release()
         self.journaling = True
-        self.round = round_
+        self.round, self.restores = round_, self.restores + 1
 
     def forget_before(self, round_: int) -> None:
         for start, end, path in self._segments():
@@ -346,8 +374,29 @@ class DiskStore(ClientStore):
 
     def close(self) -> None:
         self.drain()
-        for a in self.leaves + [self.written]:
-            a.flush()
+        for m in self._maps:
+            if m is not None:
+                m.flush()
+
+
+def _mapped(path: str, shape: tuple, dtype: np.dtype):
+    """(the memory map, an array over it) of the raw file ``path`` holding ``shape`` of ``dtype`` (no map for an
+    empty array). Random access (``MADV_RANDOM``: no read-ahead of the neighbours of a row)."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes == 0:
+        return None, np.zeros(shape, dtype)
+    with open(path, "r+b") as f:
+        m = mmap.mmap(f.fileno(), nbytes)
+    m.madvise(mmap.MADV_RANDOM)
+    return m, np.ndarray(shape, dtype, buffer=m)
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _reserve(path: str, nbytes: int) -> None:
@@ -507,7 +556,7 @@ class StoreEngine:
     def __init__(self, sim, kind: str, directory: str | None = None):
         self.sim, self.kind, self.directory = sim, kind, directory
         self._prefetch: concurrent.futures.Future | None = None  # the next block's rows, read ahead
-        self._previous: tuple | None = None  # (store, end round, members, their rows after the block)
+        self._previous: tuple | None = None  # (store, its restores, end round, members, their rows after the block)
         self._temp: str | None = None
         self.separable_checked = False
         self.io_seconds = 0.0  # what the run loop waited for the store (gathers, writes)
@@ -674,8 +723,8 @@ class StoreEngine:
         previous = self._previous
         if ahead is not None:
             got = ahead.result()
-            if got.rounds == (start, n) and previous is not None and previous[0] is store and previous[1] == start:
-                _, _, before, before_rows = previous
+            if got.rounds == (start, n) and previous is not None and previous[:3] == (store, store.restores, start):
+                before, before_rows = previous[3:]
                 rows = [np.empty((len(got.members), *shape), dtype) for shape, dtype in store.specs]
                 fresh = ~np.isin(got.members, before)
                 where = np.searchsorted(before, got.members[~fresh])
@@ -722,9 +771,9 @@ class StoreEngine:
         # while the block runs: the next block (of the same length) read ahead, behind the previous block's write
         self._prefetch = store.submit(self._read_ahead, store, state.key, (end, n), members)
         new_rows = [np.asarray(x)[:u] for x in jax.device_get(jax.tree.leaves(out.clients))]
-        store.submit(store.write_block, members, new_rows, rows, start, end)
+        store.submit(store.write_block, members, new_rows, rows, start, end, write=True)
         store.round = end
-        self._previous = (store, end, members, new_rows)
+        self._previous = (store, store.restores, end, members, new_rows)
         return State(server=out.server, clients=state.clients, round=out.round, key=state.key), metrics
 
     # ----------------------------------------------------------------------------------------- evaluation
