@@ -350,3 +350,42 @@ def test_lanes_and_an_older_state_are_refused_in_one_line():
         sim.run_rounds(start, 1)
     with pytest.raises(OptionError, match="state_store must be one of"):
         Simulation(make_algorithm("ditto", **FAST), DATA, LOGREG, state_store="ram")
+
+
+def test_ten_thousand_clients_on_disk_equal_the_device_and_only_sampled_rows_are_written(tmp_path):
+    """10⁴ clients, cohorts of 50: the disk run equals the device run bit for bit, and the store wrote exactly the
+    rows of the clients the rounds sampled (the cohorts recomputed here from the run key: fold_in(fold_in(
+    fold_in(key, 1), t), SAMPLE), uniform without replacement); every other row is still its reserved zeros."""
+    from fljax.engine.context import SAMPLE
+    from fljax.engine.sampling import sample_cohort
+
+    data = D.make_federated("synthetic", 10_000, seed=1, storage="ragged", max_samples=14, min_samples=11,
+                            size_log_mean=0.0, size_log_std=0.5)
+    algo = make_algorithm("ditto", cohort_size=50, local_steps=2, batch_size=5)
+    _compare(algo, data=data, blocks=(2, 2), executor="chunked", chunk_size=25)
+    sim = Simulation(algo, data, LOGREG, executor="chunked", chunk_size=25, state_store="disk",
+                     store_dir=str(tmp_path / "store"))
+    state, _, _ = _run(sim, blocks=(2, 2))
+    key = jax.random.PRNGKey(0)
+    sampled = set()
+    for t in range(4):
+        stream = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, 1), t), SAMPLE)
+        sampled |= set(np.asarray(sample_cohort(stream, 10_000, 50)).tolist())
+    store = state.clients.store
+    store.drain()
+    assert set(np.flatnonzero(np.asarray(store.written)).tolist()) == sampled
+    others = np.setdiff1d(np.arange(10_000), sorted(sampled))
+    for leaf in store.leaves:
+        assert not np.asarray(leaf[others]).any()
+
+
+def test_resuming_without_the_store_is_refused_in_one_line(tmp_path, capsys):
+    out = str(tmp_path / "run")
+    args = [*TINY_DITTO, "--set", "rounds=4", "--set", "eval_every=2", "--checkpoint-every", "2", "--set",
+            "state_store=disk", "--quiet"]
+    assert main(["run", *args, "--set", "rounds=2", "--out", out]) == 0
+    shutil.rmtree(os.path.join(out, "store"))
+    capsys.readouterr()
+    assert main(["run", "--resume", "--out", out, "--set", "rounds=4", "--quiet"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "the client-state store" in err[0] and "is missing (no meta.json)" in err[0], err
