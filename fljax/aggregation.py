@@ -38,8 +38,9 @@ from fljax.options import Options, Registry, at_least, between, greater_than, in
 
 __all__ = ["RULES", "ATTACKS", "Rule", "Mean", "Attack", "Aggregator", "AggregatorState", "ServerState", "Keys",
            "WithAggregator",
-           "malicious_mask", "check_combination", "traced", "attack_count"]
+           "malicious_mask", "check_combination", "traced", "CLIENT_WEIGHTS"]
 
+CLIENT_WEIGHTS = "aggregation.weights"  # the traced per-client multipliers of the aggregation weights (hypergradients)
 RULES = Registry("aggregator")  # name -> Rule class: `aggregator: {name: median}`
 ATTACKS = Registry("attack")  # name -> Attack class: `attack: {name: sign_flip, fraction: 0.2}`
 
@@ -529,12 +530,14 @@ class Aggregator:
     """What a centralized server makes of its cohort's uploads: ``rule`` (the reduction; :class:`Mean` by default),
     ``uploads`` (the encoder of :mod:`fljax.privacy`: clipping, compression, error feedback and, when private, its
     noised sum in place of the mean; None: uploads as they are) and ``attack`` (the malicious clients' behaviour;
-    None: every client is honest). Python values: static in a compiled program but for the traced ones
-    (:meth:`traced`)."""
+    None: every client is honest); ``client_weights``: a traced ``[num_clients]`` vector that multiplies every
+    client's aggregation weight (``hp["aggregation.weights"]``: the per-client weights a hypergradient is taken of;
+    None: 1). Python values: static in a compiled program but for the traced ones (:meth:`at`)."""
 
     rule: Rule = Mean()
     uploads: Any = None
     attack: Attack | None = None
+    client_weights: Any = None
 
     @property
     def is_default(self) -> bool:
@@ -630,9 +633,12 @@ class Aggregator:
 
     # ------------------------------------------------------------------------------------------------ lanes
     def at(self, hp: dict | None) -> "Aggregator":
-        """This aggregator with the traced values of ``hp`` (a lane's: ``attack.fraction``, ``aggregator.beta``, …)
-        in place; the encoder's noise multiplier is the privacy's (:meth:`fljax.privacy.Privacy.at`)."""
+        """This aggregator with the traced values of ``hp`` (a lane's: ``attack.fraction``, ``aggregator.beta``,
+        ``aggregation.weights``, …) in place; the encoder's noise multiplier is the privacy's
+        (:meth:`fljax.privacy.Privacy.at`)."""
         out = self
+        if hp and CLIENT_WEIGHTS in hp:
+            out = dataclasses.replace(out, client_weights=hp[CLIENT_WEIGHTS])
         for section, field in (("attack", "attack"), ("aggregator", "rule")):
             own = {k.split(".", 1)[1]: v for k, v in (hp or {}).items() if k.startswith(section + ".")}
             if own and getattr(out, field) is not None:
@@ -671,8 +677,3 @@ def check_combination(aggregator: Aggregator, algorithm, *, private: bool) -> No
                                              f"weighted sum, and a {aggregator.rule.name} has another sensitivity "
                                              f"(it would need its own private mechanism, e.g. a noised median); use "
                                              f"aggregator.name: mean with privacy.")
-
-
-def attack_count(fraction: float, num_clients: int) -> int:
-    """⌈fraction·N⌉, as :func:`malicious_mask` draws it (host side)."""
-    return int(math.ceil(fraction * num_clients - 1e-6))

@@ -47,6 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fljax.aggregation import CLIENT_WEIGHTS
 from fljax.algorithms.local_training import scanned_steps
 from fljax.data.federated import ClientArrays, FederatedData, pad_clients
 from fljax.data.ragged import RaggedArrays
@@ -111,9 +112,16 @@ def config_key(key: str) -> str:
     return key if "." in key else f"algo.{key}"
 
 
-def _continuous(sim: Simulation, key: str) -> float:
-    """The current value of hyperparameter ``key`` of ``sim``, after refusing, in one line, what has no gradient."""
+def _continuous(sim: Simulation, key: str):
+    """The current value of hyperparameter ``key`` of ``sim``, after refusing, in one line, what has no gradient;
+    ``aggregation.weights``, the per-client multipliers s_i of the aggregation weights (p_i·s_i), is a vector of
+    ones over the clients (:data:`fljax.aggregation.CLIENT_WEIGHTS`)."""
     name = config_key(key)
+    if key == CLIENT_WEIGHTS:
+        if not sim.algorithm.reads_aggregate:
+            raise OptionError(name, f"multiplies the weights of a server's aggregate; {sim.algorithm.name}'s server "
+                                    f"reads its uploads otherwise (no aggregate to weigh).")
+        return np.ones(sim.data.num_clients)
     if "." in key:
         traced = {} if sim.privacy is None else sim.privacy.traced()
         if key not in traced:
@@ -194,14 +202,15 @@ class Hypergradient:
 
     @property
     def finite(self) -> bool:
-        return math.isfinite(self.value) and all(math.isfinite(g) for g in self.grad.values())
+        return math.isfinite(self.value) and all(np.all(np.isfinite(g)) for g in self.grad.values())
 
     def notes(self) -> list[str]:
         """One line per exactly-zero gradient (:func:`zero_note`)."""
         return [zero_note(k) for k in self.zero]
 
     def __str__(self) -> str:
-        grads = ", ".join(f"d/d{k} = {g:.6g}" for k, g in self.grad.items())
+        grads = ", ".join(f"d/d{k} = {g:.6g}" if np.ndim(g) == 0 else f"d/d{k} = [{len(g)} values]"
+                          for k, g in self.grad.items())
         return f"{self.mode} mode: value {self.value:.6g}; {grads}"
 
 
@@ -360,12 +369,16 @@ class RunObjective:
         t0 = time.perf_counter()
         value, grad = jax.block_until_ready(program(*args))
         seconds = time.perf_counter() - t0
-        grad = {config_key(k): float(grad[k]) for k in self.keys}
-        return Hypergradient(float(value), grad, {config_key(k): float(hp[k]) for k in self.keys}, mode,
-                             tuple(k for k, g in grad.items() if g == 0.0), seconds, self.sim.compile_seconds)
+        grad = {config_key(k): _plain(grad[k]) for k in self.keys}
+        return Hypergradient(float(value), grad, {config_key(k): _plain(hp[k]) for k in self.keys}, mode,
+                             tuple(k for k, g in grad.items() if not np.any(g)), seconds, self.sim.compile_seconds)
 
     def _forward(self, hp, key, data, eval_data):
         """(L, {key: dL/dh_key}) by forward mode: the jvp along each unit tangent, vmapped over the tangents."""
+        vectors = [config_key(k) for k, v in hp.items() if jnp.ndim(v)]
+        if vectors:
+            raise OptionError("mode", f"'forward' takes one pass per hyperparameter value; {vectors[0]} holds one per "
+                                      f"client: use mode 'reverse'.")
         names = sorted(hp)
         basis = {k: jnp.eye(len(names), dtype=hp[k].dtype)[i] for i, k in enumerate(names)}
         value, tangents = jax.vmap(lambda t: jax.jvp(lambda h: self.loss(h, key, data, eval_data), (hp,), (t,)),
@@ -388,6 +401,11 @@ class RunObjective:
         fn = jax.vmap(self.loss, in_axes=(0, None, None, None))
         program = self._program("lanes", fn, (hp, key, data, eval_data), len(points))
         return np.asarray(program(hp, key, data, eval_data), float)
+
+
+def _plain(value):
+    """A scalar as a float, a vector (per-client weights) as a list of floats."""
+    return float(value) if np.ndim(value) == 0 else [float(v) for v in np.ravel(value)]
 
 
 def zero_note(key: str) -> str:
@@ -478,6 +496,9 @@ def tune(objective: RunObjective, steps: int, *, hyper_lr: float = 0.2, keys: st
     ∝ g, or an optimizer's momentum of it, would throw the point far past the edge. ``steps + 1`` points, each with
     its value and gradient (``steps=0``: the hypergradient at the start); ``callback(TuneStep)`` sees each."""
     check_tuning(steps, hyper_lr, keys, tries)
+    if CLIENT_WEIGHTS in objective.keys:
+        raise OptionError(CLIENT_WEIGHTS, "holds one weight per client: tune scalars here, and take its hypergradient "
+                                          "with fljax.hypergradient (reverse mode).")
     algo = objective.sim.algorithm
     spaces = {k: (spaces or {}).get(config_key(k)) or space_of(algo, k) for k in objective.keys}
     for k, s in spaces.items():
@@ -546,7 +567,7 @@ def objective_of(exp, data: FederatedData, keys, *, metric: str = "global_loss",
     (``split='val'``: ``val_fraction`` of each client's rows, held out with the run seed, :func:`holdout`), and the
     metric scores the validation, ``'test'`` or ``'train'`` split. ``module``: a Flax module of the user's own
     instead of the experiment's model."""
-    from fljax.experiment import build
+    from fljax.experiment import build, privacy_of
 
     if split not in SPLITS:
         raise OptionError("split", f"must be one of {list(SPLITS)}, got {split!r}.{suggest(str(split), SPLITS)}")
@@ -560,7 +581,7 @@ def objective_of(exp, data: FederatedData, keys, *, metric: str = "global_loss",
         eval_data = data.replace(test=val)
     elif split == "train":
         eval_data = data.replace(test=data.train)
-    sim = build(exp, data, module)
+    sim = build(exp, data, module, privacy=privacy_of(exp, data))
     return RunObjective(sim, [traced_key(k) for k in keys], exp.config.rounds, metric=metric, eval_data=eval_data,
                         last=last, remat=remat, block=block)
 

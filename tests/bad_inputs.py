@@ -66,6 +66,8 @@ _STUDIES = "Reproductions (fljax reproduce)"
 _TUNE = "Tuning by gradient (fljax tune)"
 _DAMAGED = "Damaged files"
 _PYTHON = "Your own data, from Python"
+_HETERO = "Participation, devices and asynchrony"
+_TEXT = "Text data sets and their files (LEAF, Stack Overflow)"
 _RUN = "r/config.yaml", "algorithm: fedavg\n"
 _COMPARE = [("c/config.yaml", "data:\n  dataset: digits\n"),
             ("c/summary.json", '{"algorithms": [{"label": "fedavg", "algorithm": "fedavg", "hyperparameters": {}}]}\n')]
@@ -86,6 +88,18 @@ _MLP = "run --set model.name=mlp "
 _DIGITS = "run --dataset digits "
 _SYNTHETIC = "run --dataset synthetic "  # `run` without a file starts from the digits quick-start preset
 _DP = "run --set privacy.noise_multiplier=1 --set privacy.clip_norm=1 "
+_LEAF_RUN = "run --dataset shakespeare --set data.data_dir=leaf --set model.name=lstm"
+_WINDOWS = {"x": ["To be, or", "o be, or ", " be, or n"], "y": [" ", "n", "o"]}  # LEAF's Shakespeare samples
+
+
+def _leaf(user_data: dict, users: list | None = None) -> str:
+    """A LEAF JSON file of these users' data."""
+    import json
+
+    return json.dumps({"users": list(user_data) if users is None else users,
+                       "num_samples": [len(v["y"]) for v in user_data.values()], "user_data": user_data}) + "\n"
+
+
 _EXAMPLE = _DP + "--set privacy.level=example "
 
 CASES = [
@@ -163,7 +177,7 @@ CASES = [
     _case(_VALUES, "run --set eval_clients=51", "eval_clients must be at most data.num_clients=50 (the clients it "
                                                 "samples; null: every client), got 51."),
     _case(_VALUES, "run --algorithm fedgia --dataset fedgia_v1 --set eval_clients=5",
-          "eval_clients samples the clients of classification data; fedgia's evaluation measures every client"),
+          "eval_clients samples the clients of classification data; this problem's evaluation measures every client"),
     _case(_VALUES, "run --set seed=-1", "seed must be between 0 and 4294967295 (a uint32 PRNG seed), got -1."),
     _case(_VALUES, "run --set seed=4294967296", "seed must be between 0 and 4294967295"),
     _case(_VALUES, "run --set data.seed=-3", "data.seed must be between 0 and 4294967295"),
@@ -218,16 +232,16 @@ CASES = [
                                                                   "precision), got 0."),
     _case(_VALUES, 'run --set data.storage=ragged --set data.num_clients=4 --set algo.cohort_size=null '
                    '--set groups=[{"name":"a","size":2},{"name":"b","size":2}]',
-          "client groups need padded client arrays; build the data with storage='padded'."),
+          "groups need padded client arrays (data.storage: padded), which groups slice; the data is stored ragged."),
     _case(_DATA, _DIGITS + "--set data.num_clients=500 --set data.alpha=0.001 --set algo.cohort_size=5",
           "dirichlet(alpha=0.001) left a client with fewer than 1 samples"),
     _case(_DATA, _DIGITS + "--set data.partition=client_dirichlet --set data.test_per_client=1 "
                            "--set data.test_rounding=floor",
           "data.test_per_client is too small: 1 with test_rounding='floor' leaves"),
     _case(_MEMORY, _MLP + "--set model.options.hidden=[100000000000]",
-          "the simulation needs at least 27,939.7 GiB of memory, more than the"),
+          "the simulation needs at least 27.3 TiB of memory, more than the"),
     _case(_MEMORY, "run --set algo.batch_size=1000000000000", "one client's round draws 2,000,000,000,000 "
-                                                              "samples (7,450.6 GiB of minibatch indices); lower "
+                                                              "samples (7.3 TiB of minibatch indices); lower "
                                                               "algo.batch_size"),
     _case(_COMMANDS, "sweep --seeds 2 --grid algo.lr=" + ",".join(map(str, range(1, 101))) + " --grid "
           "algo.local_steps=" + ",".join(map(str, range(1, 101))),
@@ -405,6 +419,103 @@ CASES = [
     _python(_PYTHON, "fljax.sweep({'data.num_clients': [2, 4]}, data=from_arrays(" + _PAIRS + "), out='s')",
             "--grid data.num_clients: the sweep runs on your own data ('arrays', 4 clients), which data.num_clients "
             "does not change"),
+    # --- participation, devices and asynchrony (issue 36; docs/heterogeneity.md) ---
+    _case(_HETERO, "run --set participation.speed=trace --set participation.capacity_trace=capacity",
+          "participation.capacity_trace 'capacity' holds 3 clients, fewer than the 50 training clients it must cover",
+          [("capacity", '(dp0\nI1\n(dp1\nVcomputation\np2\nF5.0\nsVcommunication\np3\nF1000.0\nssI2\n(dp4\ng2\nF5.0\nsg3\nF1000.0\nssI3\n(dp5\ng2\nF5.0\nsg3\nF1000.0\nss.')], shown="a FedScale client_device_capacity pickle of 3 clients"),
+    _case(_HETERO, "run --set participation.speed=trace --set participation.capacity_trace=capacity",
+          "participation.capacity_trace client 1 in 'capacity' has computation -1 ms per sample; every device needs a "
+          "positive computation time and bandwidth.",
+          [("capacity", '(dp0\nI1\n(dp1\nVcomputation\np2\nF-1.0\nsVcommunication\np3\nF1000.0\nss.')], shown="client 1: computation -1.0, communication 1000.0 (pickled)"),
+    _case(_HETERO, "run --set participation.speed=synthetic --set participation.ms_per_sample=-5",
+          "participation.ms_per_sample must be > 0, got -5.0."),
+    _case(_HETERO, "run --set participation.speed=synthetic --set participation.deadline=0.001",
+          "participation.deadline 0.001 s is shorter than every client's round"),
+    _case(_HETERO, "run --set participation.deadline=30", "participation.deadline needs device speeds, the virtual "
+                                                          "clock (speed: synthetic or trace)."),
+    _case(_HETERO, "run --algorithm fedbuff --set algo.concurrency=10 --set algo.buffer_size=20",
+          "algo.buffer_size must be at most the concurrency 10 (the clients in flight), got 20."),
+    _case(_HETERO, "run --set algo.staleness=hinge", "algo.staleness is an option of the asynchronous algorithms "
+                                                     "(fedasync, fedbuff); fedavg is synchronous"),
+    _case(_HETERO, "run --algorithm fedbuff --set participation.name=uniform",
+          "participation.speed must be 'synthetic' or 'trace': fedbuff runs on a virtual clock"),
+    _case(_HETERO, "run --algorithm fedasync --set participation.speed=synthetic --set participation.deadline=60",
+          "participation.deadline is not supported by the asynchronous fedasync"),
+    _case(_HETERO, _DP + "--set participation.speed=synthetic --set participation.availability=diurnal",
+          "draws cohorts that no dp-accounting event describes (availability, deadlines, dropouts or dropped "
+          "stragglers decide who counts"),
+    _case(_HETERO, "run --algorithm dfedavg --set algo.link_failure=0.2 --set algo.gossip_form=gather",
+          "algo.gossip_form ='gather' needs a graph of static degree"),
+    # issue 41: text readers, size bounds, null sections, reproduce's output, the smaller ones
+    _python(_PYTHON, "import flax.linen as nn; fljax.run({'data': {'dataset': 'digits', 'num_clients': 10}}, "
+                     "model=nn.Dense(0))",
+            "model Dense cannot be initialised for the inputs of data set 'digits', of shape (8, 8, 1): an "
+            "initializer divided by zero"),
+    _case(_TEXT, _LEAF_RUN, "shakespeare: leaf/a.json holds a list, not LEAF's mapping of users, num_samples and "
+                            "user_data", [("leaf/a.json", "[1, 2, 3]\n")]),
+    _case(_TEXT, _LEAF_RUN, "shakespeare: leaf/a.json is empty", [("leaf/a.json", "\n")]),
+    _case(_TEXT, _LEAF_RUN, "shakespeare: leaf/a.json is not valid JSON (Unterminated string starting at: line 1 "
+                            "column 44)", [("leaf/a.json", '{"users": ["a"], "user_data": {"a": {"x": ["To be')]),
+    _case(_TEXT, _LEAF_RUN, "shakespeare: leaf/a.json has no 'user_data'",
+          [("leaf/a.json", '{"users": ["a"], "num_samples": [3]}\n')]),
+    _case(_TEXT, _LEAF_RUN, "shakespeare: leaf/a.json: user 'b' is listed in 'users' but has no entry in 'user_data'",
+          [("leaf/a.json", _leaf({"a": _WINDOWS}, ["a", "b"]))]),
+    _case(_TEXT, _LEAF_RUN, "shakespeare: leaf/a.json: user 'a' has 6 x rows and 2 y labels; LEAF pairs every x row "
+                            "with one label", [("leaf/a.json", _leaf({"a": {"x": _WINDOWS["x"] * 2,
+                                                                          "y": _WINDOWS["y"][:2]}}))]),
+    _case(_TEXT, _LEAF_RUN, "shakespeare: leaf/a.json: user 'a': x[0] must be a text window, got 1",
+          [("leaf/a.json", _leaf({"a": {"x": [1, 2, 3], "y": _WINDOWS["y"]}}))]),
+    _case(_TEXT, "run --dataset sent140 --set data.data_dir=leaf --set model.name=lstm_cls",
+          "sent140: leaf/a.json: user 'alice': x[0] must be LEAF's 5 fields [id, date, query, user, text]",
+          [("leaf/a.json", _leaf({"alice": {"x": [["1", "so glad"]], "y": [1]}}))]),
+    _case(_TEXT, "run --dataset femnist --set data.data_dir=leaf", "femnist: leaf/a.json: user 'w1': x[0] must be a "
+                                                                  "row of 784 pixel values (28×28), got a row of 2",
+          [("leaf/a.json", _leaf({"w1": {"x": [[0.5, 0.5]], "y": [3]}}))]),
+    _case(_TEXT, "run --dataset stackoverflow --set data.data_dir=so --set model.name=lstm",
+          "stackoverflow: so/stackoverflow.sqlite is not TFF's Stack Overflow database (DatabaseError: file is not a "
+          "database); it must hold the tables examples(",
+          [("so/stackoverflow.sqlite", "not a database\n"), ("so/stackoverflow.word_count", "the 10\n")]),
+    _case(_TEXT, "run --dataset shakespeare --set data.source=standin --set data.seq_len=40 --set model.name=mlp",
+          "model.name cannot be 'mlp' for next-token sequences of length 40"),
+    _case(_MEMORY, _LEAF_RUN + " --set data.seq_len=1000000000000", "shakespeare's 1 sequences of data.seq_len="
+                                                                    "1,000,000,000,000 characters would take 14.6 TiB",
+          [("leaf/a.json", _leaf({"a": _WINDOWS}))]),
+    _case(_MEMORY, "run configs/shakespeare_fedavg.yaml --set data.source=standin --set data.seq_len=1000000000",
+          "the Shakespeare stand-in's 715+ sequences of data.seq_len=1,000,000,000 characters would take 10.4 TiB"),
+    _case(_MEMORY, "run configs/stackoverflow_fedavg.yaml --set data.source=standin --set data.seq_len=100000000",
+          "data.seq_len=100,000,000 tokens over data.vocab=10,000 words would take"),
+    _case(_MEMORY, "run configs/stackoverflow_fedavg.yaml --set data.source=standin --set data.vocab=100000000000",
+          "data.seq_len=20 tokens over data.vocab=100,000,000,000 words would take 5.1 TiB"),
+    _case(_MEMORY, "run --dataset sent140 --set data.data_dir=leaf --set model.name=lstm_cls "
+                   "--set data.seq_len=1000000000000", "sent140's 1 tweets of data.seq_len=1,000,000,000,000 tokens "
+                                                       "would take 3.6 TiB",
+          [("leaf/a.json", _leaf({"alice": {"x": [["1", "date", "NO_QUERY", "alice", "so glad"]], "y": [1]}}))]),
+    _case(_MEMORY, _SYNTHETIC + "--set data.max_samples=null --set data.size_log_mean=100",
+          "synthetic's 7.18e+45 samples would take 1.59e+36 TiB"),
+    _case(_MEMORY, _DIGITS + "--set data.test_rows=1000000000", "50 clients' test splits padded to data.test_rows="
+                                                               "1,000,000,000 rows would take"),
+    _case(_MEMORY, "run configs/fedgia_qot.yaml --set data.dataset=fedgia_sct_standin --set data.rows=1000000000",
+          "the sct stand-in's data.rows=1,000,000,000 rows × data.features=200 would take 4.4 TiB"),
+    _case(_MEMORY, "run --set memory_budget=1e-12", "the rounds program needs"),
+    _case(_KEYS, "run c.yaml --set compression.kind=top_k", "compression.fraction must be set for kind 'top_k'.",
+          [("c.yaml", "algorithm: fedavg\nprivacy: null\ncompression: null\n")]),
+    _case(_RESUME, "run --resume --out r --set privacy.noise_multiplier=1 --set privacy.clip_norm=1",
+          "--resume cannot add privacy (null in r/config.yaml, set now)",
+          [("r/config.yaml", "algorithm: fedavg\nprivacy: null\ncompression: null\n")]),
+    _case(_NAMES, "run --set precision=FP32", "precision must be one of ['fp32', 'tf32', 'bf16'], got 'FP32'. Did you "
+                                              "mean 'fp32'?"),
+    _case(_VALUES, "run c.yaml", "name must not contain control or formatting characters ('\\n'",
+          [("c.yaml", 'name: "a\\nb"\n')]),
+    Case(_VALUES, ("run", "--set", "name=x\u202egpj.exe"), "name must not contain control or formatting characters "
+                                                          "('\\u202e', RIGHT-TO-LEFT OVERRIDE",
+         shown="fljax run --set name=x<U+202E>gpj.exe"),
+    Case(_OUTPUT, ("run", "--tensorboard", ""), "--tensorboard must be a directory path, got ''.",
+         shown="fljax run --tensorboard ''"),
+    _case(_STUDIES, "reproduce fedgia --only smoke --out f", "--out 'f' is a file, not a directory; choose another "
+                                                             "--out.", [("f", "x\n")]),
+    _case(_STUDIES, "reproduce dfedalt --render", "--render rebuilds a report where it is: give --out DIR"),
+    _case(_STUDIES, "reproduce dfedalt --update-report --out d", "--update-report writes into the committed report "
+                                                                 "(benchmarks/results/dfedalt); drop --out d"),
 ]
 
 # ------------------------------------------------------------------------------------------ client-state stores
@@ -559,7 +670,7 @@ def _cell(text: str) -> str:
 
 def _shown(case: Case) -> str:
     if case.python:
-        return _cell(case.python)
+        return _cell(case.python.replace("\n", " ↵ "))  # a table cell is one line
     if case.shown and not case.files:
         command = _cell(case.shown)
     else:
@@ -571,10 +682,12 @@ def _shown(case: Case) -> str:
 
 
 def _machine_free(message: str) -> str:
-    """The message without what differs from machine to machine: a process id, the memory size."""
+    """The message without what differs from machine to machine: a process id, the memory size (of the machine, or
+    of an address-space or cgroup limit), a disk's free bytes, a store's absolute folder."""
     message = re.sub(r"its disk has [0-9.,]+ GB free", "its disk has … GB free",
                      re.sub(r"'[^']*/r/store'", "'r/store'", message))  # (a store's folder, absolute)
-    return re.sub(r"more than the [0-9.,]+ GiB of .+?:", "more than the … GiB of this machine:",
+    return re.sub(r"more than the [0-9.,]+ [KMGT]iB of (this machine|this process's address-space limit \(ulimit "
+                  r"-v\)|this cgroup's memory limit \(memory.max\))", "more than the memory of this machine",
                   re.sub(r"pid [0-9]+", "pid …", message))
 
 

@@ -340,3 +340,26 @@ def test_the_dp_noise_multiplier_has_the_finite_difference_hypergradient_under_a
             assert abs(reverse.grad[name]) > 1e-6
             assert reverse.grad[name] == pytest.approx(forward.grad[name], rel=1e-6)
             assert reverse.grad[name] == pytest.approx(differences[key], rel=1e-5)
+
+
+def test_per_client_aggregation_weights_have_a_reverse_hypergradient_equal_to_finite_differences(tiny):
+    """``aggregation.weights`` (the per-client multipliers s_i of the server's weights p_i·s_i, a vector of ones at
+    the start) in reverse mode: each client's entry equals the central difference of whole runs moving that client's
+    weight alone; forward mode and tuning refuse the vector in one line."""
+    with jax.enable_x64(True):
+        data = tiny[0]
+        objective = _objective(data, _model("logreg", data), "fedavg", ["aggregation.weights"], lr=0.05, **LOCAL)
+        assert np.array_equal(objective.start["aggregation.weights"], np.ones(data.num_clients))
+        reverse = objective.value_and_grad(seed=2)
+        g = np.asarray(reverse.grad["aggregation.weights"])
+        assert g.shape == (data.num_clients,) and np.any(np.abs(g) > 1e-6)
+        delta, ones = 1e-4, np.ones(data.num_clients)
+        for i in range(data.num_clients):
+            e = np.eye(data.num_clients)[i]
+            points = [{"aggregation.weights": ones + m * delta * e} for m in (2, 1, -1, -2)]
+            fd = float(np.dot([-1, 8, -8, 1], objective.values(points, 2)) / (12 * delta))
+            assert g[i] == pytest.approx(fd, rel=1e-6, abs=1e-9), (i, g[i], fd)
+        with pytest.raises(OptionError, match="use mode 'reverse'"):
+            objective.value_and_grad(seed=2, mode="forward")
+        with pytest.raises(OptionError, match="holds one weight per client"):
+            H.tune(objective, 1)
