@@ -591,9 +591,8 @@ class Aggregator:
         server_state = None if state is None else state.server
         if enc is not None:
             enc_state, rule_state = server_state.encoder, server_state.rule
-            rows = ids if rows is None else rows
-            held = tree.num_clients(state.clients)
-            residuals = tree.take_clients(state.clients, jnp.minimum(rows, held - 1))
+            rows = ids if rows is None else rows  # an empty slot's row is past the last one: dropped by the scatter
+            residuals = jax.tree.map(lambda x: jnp.take(x, jnp.minimum(rows, x.shape[0] - 1), axis=0), state.clients)
             contributions, residuals = enc.encode_cohort(uploads, residuals, enc_state, keys.clients, reference, valid)
             clients = jax.tree.map(lambda x, r: x.at[rows].set(r.astype(x.dtype), mode="drop"), state.clients,
                                    residuals)

@@ -91,7 +91,8 @@ class RunSettings:
         """The settings of config ``cfg`` for an algorithm solving ``problem``."""
         return cls(cfg.rounds, cfg.eval_every, cfg.eval_clients, cfg.checkpoint_every, cfg.seed, cfg.seeds,
                    cfg.executor, cfg.chunk_size, cfg.precision, cfg.memory_budget, cfg.model.conv_impl,
-                   cfg.state_store, cfg.diverge_factor, cfg.stop, problem != "classification" if cfg.x64 is None else cfg.x64)
+                   cfg.state_store, cfg.diverge_factor, cfg.stop,
+                   problem != "classification" if cfg.x64 is None else cfg.x64)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -108,13 +108,14 @@ def _experiment(**keys):
 def test_error_feedback_residuals_beside_the_clients_are_stored_too():
     """Compressed uploads with error feedback: every client's residual e_i lives beside its state
     (fljax.aggregation.WithAggregator) and is gathered and scattered through the block's rows."""
-    from fljax.experiment import build, load_data
+    from fljax.experiment import build, load_data, privacy_of
 
     compression = {"kind": "top_k", "fraction": 0.2, "error_feedback": True}
     runs = {}
     for kind in ("device", "host", "disk"):
         exp = _experiment(compression=compression, state_store=kind)
-        sim = build(exp, load_data(exp))
+        data = load_data(exp)
+        sim = build(exp, data, privacy=privacy_of(exp, data))
         state, metrics, ev = _run(sim)
         runs[kind] = (jax.device_get(state.server), jax.device_get(metrics), jax.device_get(ev),
                       client_states(sim, state))

@@ -340,8 +340,8 @@ class Simulation:
 
     def state_shapes(self) -> State:
         """The state's structure, shapes and dtypes (``jax.ShapeDtypeStruct`` leaves), e.g. to restore a checkpoint
-        into; nothing is computed. With a client-state store its clients are a :class:`~fljax.engine.store.StoredClients`
-        handle (of no store: the caller attaches the run's)."""
+        into; nothing is computed. With a client-state store its clients are a
+        :class:`~fljax.engine.store.StoredClients` handle (of no store: the caller attaches the run's)."""
         shapes = jax.eval_shape(self.init_fn, jax.random.PRNGKey(self.seed))
         return shapes if self.store_engine is None else shapes.replace(clients=store.StoredClients(None))
 
@@ -455,16 +455,19 @@ class Simulation:
         """Trace the programs of a run under their memory budgets — initialisation, one round and evaluation —
         without compiling or running anything, so that one whose client maps cannot fit even one client at a time is
         refused (:class:`~fljax.engine.budget.MemoryPlanError`) before a run directory is written (the run plans
-        them again when it compiles them). Once per simulation; nothing under the loop executor, whose programs are
-        per client."""
+        them again when it compiles them); with a client-state store, its programs on a block's buffer and an
+        evaluation chunk (:meth:`fljax.engine.store.StoreEngine.programs`). Once per simulation; nothing under the
+        loop executor, whose programs are per client."""
         if self._planned or not self.executor.jittable:
             return
         key = jax.eval_shape(lambda: jax.random.PRNGKey(self.seed))
         data = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), self.data)
         state = self.state_shapes()
-        for name, fn, args in (("init", self.init_fn, (key, None, data)),
-                               ("block", lambda s, d: self.block_fn(s, d, 1), (state, data)),
-                               ("evaluate", self.evaluate_fn, (state, data))):
+        programs = (("init", self.init_fn, (key, None, data)),
+                    ("block", lambda s, d: self.block_fn(s, d, 1), (state, data)),
+                    ("evaluate", self.evaluate_fn, (state, data))) if self.store_engine is None \
+            else self.store_engine.programs(key, data)
+        for name, fn, args in programs:
             total, source = self.program_budget(args)
             with budget.scope(total, _PROGRAMS[name], source), precision_scope("fp32"):
                 jax.eval_shape(fn, *args)

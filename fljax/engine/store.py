@@ -793,11 +793,31 @@ class StoreEngine:
         own_server, _ = algo.own_state(server, None)
         return algo.evaluation_summary(ctx, scored, own_server, None, stats, values)
 
-    def eval_chunk(self, store: ClientStore) -> int:
-        """Clients per streamed evaluation chunk: :data:`EVAL_CHUNK_CLIENTS`, and :data:`EVAL_CHUNK_BYTES` of their
-        state, at most."""
-        return int(max(1, min(self.sim.data.num_clients, EVAL_CHUNK_CLIENTS,
-                              EVAL_CHUNK_BYTES // max(store.row_bytes, 1))))
+    def eval_chunk(self, row_bytes: int) -> int:
+        """Clients per streamed evaluation chunk of clients of ``row_bytes`` bytes of state: :data:`EVAL_CHUNK_CLIENTS`,
+        and :data:`EVAL_CHUNK_BYTES` of their state, at most."""
+        return int(max(1, min(self.sim.data.num_clients, EVAL_CHUNK_CLIENTS, EVAL_CHUNK_BYTES // max(row_bytes, 1))))
+
+    def programs(self, key, data) -> list[tuple[str, Any, tuple]]:
+        """``(name, function, arguments)`` of the store's programs from shapes only (``key``, ``data``: shapes), for
+        :meth:`Simulation.plan_memory <fljax.engine.Simulation.plan_memory>`: the server's initialisation, one
+        round on its buffer of min(N, m) rows and the evaluation of one chunk."""
+        sim = self.sim
+        treedef, specs = self.client_shapes()
+
+        def clients(n):
+            return jax.tree.unflatten(treedef, [jax.ShapeDtypeStruct((n, *shape), dtype) for shape, dtype in specs])
+
+        server = jax.eval_shape(lambda k, d: sim.init_fn(k, None, d).server, key, data)
+        round_ = jax.ShapeDtypeStruct((), jnp.int32)
+        cap, chunk = self.capacity(1), self.eval_chunk(_row_bytes(specs))
+        inner = State(server=server, clients=clients(cap), round=round_, key=key)
+        draws = jax.eval_shape(lambda k, d: self._draws_fn(k, jnp.int32(0), d, 1), key, data)
+        return [("store_init", lambda k, d: sim.init_fn(k, None, d).server, (key, data)),
+                ("store_block", lambda s, d, sl, c: sim.block_fn(s, d, 1, None, sl, c),
+                 (inner, data, jax.ShapeDtypeStruct((cap,), jnp.int32), draws)),
+                ("store_evaluate", self._eval_chunk,
+                 (server, clients(chunk), jax.ShapeDtypeStruct((chunk,), jnp.int32), data, round_, key))]
 
     def evaluate(self, state: State):
         """(summaries, per-client arrays) as :meth:`Simulation.evaluate` gives them for the state on the device:
@@ -806,7 +826,7 @@ class StoreEngine:
         self._drain(store)
         n = sim.data.num_clients
         scored = np.arange(n, dtype=np.int32) if sim.eval_ids is None else np.asarray(sim.eval_ids, np.int32)
-        size = self.eval_chunk(store)
+        size = self.eval_chunk(store.row_bytes)
         wants_values = self._has_values()
         passes = [(scored, True, wants_values and sim.eval_ids is None)]
         if wants_values and sim.eval_ids is not None:
