@@ -390,3 +390,13 @@ def test_resuming_without_the_store_is_refused_in_one_line(tmp_path, capsys):
     assert main(["run", "--resume", "--out", out, "--set", "rounds=4", "--quiet"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "the client-state store" in err[0] and "is missing (no meta.json)" in err[0], err
+
+
+def test_a_runs_memory_plan_traces_the_stores_programs():
+    """A run's programs are planned under their memory budgets before anything is written
+    (Simulation.plan_memory, called by the runner's check_fits); with a store they are the store's — one round on a
+    block's buffer, one evaluation chunk — whose clients are rows, not the population's state (the population-shaped
+    programs have no client rows to plan a budgeted client map over)."""
+    sim = Simulation(make_algorithm("ditto", **FAST), DATA, LOGREG, executor="chunked", state_store="disk")
+    sim.plan_memory()
+    assert sim._planned
