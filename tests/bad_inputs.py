@@ -544,8 +544,8 @@ CASES += [
           "state_store disk keeps the clients of classification runs; fedgia solves a consensus problem"),
     _case(_STORES, "run --dataset synthetic --set data.num_clients=20000 --set data.storage=ragged "
                    "--set data.max_samples=11 --set data.min_samples=11 --algorithm ditto --set model.name=mlp "
-                   "--set model.options.hidden=[8000000] --set state_store=disk --out r",
-          "cannot hold the client-state store: it needs 47,712.00 GB (20,000 clients × 2,272,000,040 bytes"),
+                   "--set model.options.hidden=[200000] --set state_store=disk --out r",
+          "cannot hold the client-state store: it needs 1,192.80 GB (20,000 clients × 56,800,040 bytes"),
     _case(_STORES, _STORE_RUN + "--out r", "the client-state store in '", [_meta("fedrep", "0123")]),
     _case(_STORES, _STORE_RUN + "--out r", "belongs to another run (configuration and seed)",
           [_meta("ditto", "0123")]),
