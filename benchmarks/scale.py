@@ -14,6 +14,18 @@ participating.
     python benchmarks/scale.py                 # -> benchmarks/results/scale.{json,md,png}
     python benchmarks/scale.py --quick         # a two-minute smoke run (-> scale_quick.*)
     python benchmarks/scale.py --pair 1000000 10000 10000 10000 --repeats 15   # one target's pair, more rounds
+
+Client state off the device (issue 38, ``--store``): Ditto (a personal model per client, :mod:`fljax.engine.store`)
+on the same data with logistic regression and a small MLP (hidden [32]), cohort 1,000, blocks of 5 rounds: 10⁶
+clients with their state on disk against 10⁴ clients with their state on the device. Each configuration runs in its
+own process (``--store-one``) for its memory: the peak RSS of the run itself (the kernel's high-water mark reset
+once the data are loaded: what the run adds to them), the RSS of the data, the store's disk bytes (allocated
+blocks) and the time to create the population (the data, then the store and the server's state); the throughput
+ratio comes from the two configurations in one process, their blocks alternating (``--store-pair``: the same load
+for both). Targets: ≥ 50 % of the device run's client-steps/s; the run's own memory bounded by the cohort (< 4 GB).
+
+    python benchmarks/scale.py --store         # -> benchmarks/results/scale_store.{json,md}
+    python benchmarks/scale.py --store --quick # 20,000 against 2,000 clients, cohort 200 (-> scale_store_quick.*)
 """
 from __future__ import annotations
 
@@ -217,6 +229,228 @@ def plot(rows: list[dict], path: str) -> None:
     write_png(path, fig)
 
 
+# ------------------------------------------------------------------------------------------ client state off the device
+
+STORE = dict(population=1_000_000, base=10_000, cohort=1_000, block=5, hidden=[32])
+STORE_QUICK = dict(population=20_000, base=2_000, cohort=200, block=5, hidden=[32])
+STORE_MODELS = ("logreg", "mlp")
+TURN = 3  # blocks timed together (the store's pipeline at work), its last writes included
+
+
+def _vm_rss() -> int:
+    """The process's resident bytes now (VmRSS)."""
+    with open("/proc/self/status") as f:
+        return int(f.read().split("VmRSS:")[1].split()[0]) * 1024
+
+
+def _vm_peak() -> int:
+    """The process's resident high-water mark (VmHWM) since the last :func:`_reset_peak`."""
+    with open("/proc/self/status") as f:
+        return int(f.read().split("VmHWM:")[1].split()[0]) * 1024
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:  # Linux: "5" resets the peak RSS
+        f.write("5")
+
+
+def _ditto(data, model_name: str, cohort: int, kind: str, spec: dict, store_dir: str | None):
+    """(simulation, seconds to create its store and initial state, initial state)."""
+    from fljax.algorithms import make_algorithm
+    from fljax.engine import Simulation
+    from fljax.models import make_model
+
+    model = make_model(model_name, data.input_shape, data.num_classes,
+                       **({"hidden": spec["hidden"]} if model_name == "mlp" else {}))
+    algo = make_algorithm("ditto", lr=0.01, cohort_size=cohort, local_steps=STEPS, batch_size=BATCH)
+    sim = Simulation(algo, data, model, executor="auto", seed=0, state_store=kind, store_dir=store_dir)
+    t0 = time.perf_counter()
+    state = sim.init()
+    import jax
+
+    jax.block_until_ready(state.server)
+    return sim, time.perf_counter() - t0, state
+
+
+def _steps(sim, cohort: int) -> int:
+    """Client-steps of a round: the cohort's local steps (global and personal models)."""
+    return cohort * sim.algorithm.steps_per_round(sim.data.train.n_max)
+
+
+def _turn(sim, state, n: int, count: int):
+    """(state, seconds per round) of ``count`` consecutive blocks of ``n`` rounds (the store reads the next block
+    while one runs and writes it back behind it), the store's last writes included."""
+    import jax
+
+    t0 = time.perf_counter()
+    for _ in range(count):
+        state, _ = sim.run_rounds(state, n)
+    jax.block_until_ready(state.server)
+    if sim.store_engine is not None:
+        state.clients.store.drain()
+    return state, (time.perf_counter() - t0) / (count * n)
+
+
+def _disk_bytes(path: str | None) -> int:
+    if path is None or not os.path.isdir(path):
+        return 0
+    return sum(os.stat(os.path.join(d, f)).st_blocks * 512 for d, _, fs in os.walk(path) for f in fs)
+
+
+def store_one(population: int, kind: str, model_name: str, spec: dict, repeats: int, store_root: str) -> dict:
+    """One configuration in this process: creation, throughput, memory, disk, one streamed evaluation."""
+    import shutil
+    import tempfile
+
+    import jax
+
+    rss0 = _vm_rss()
+    data, gen, data_bytes = _data(population, "ragged")
+    rss_data = _vm_rss()
+    _reset_peak()
+    root = tempfile.mkdtemp(prefix="fljax-scale-store-", dir=store_root) if kind == "disk" else None
+    try:
+        sim, create, state = _ditto(data, model_name, spec["cohort"], kind, spec, root)
+        load = os.getloadavg()[0]
+        state, _ = _turn(sim, state, spec["block"], 1)  # compiles
+        times = []
+        for _ in range(repeats):
+            state, t = _turn(sim, state, spec["block"], TURN)
+            times.append(t)
+        train_peak = _vm_peak()
+        _reset_peak()
+        t0 = time.perf_counter()
+        jax.block_until_ready(sim.evaluate(state))
+        evaluate = time.perf_counter() - t0
+        evaluate_peak = _vm_peak()
+        per_round = float(np.median(times))
+        row = {"population": population, "state_store": kind, "model": model_name, "cohort": spec["cohort"],
+               "block": spec["block"], "round_seconds": per_round, "turn_round_seconds": times,
+               "client_steps_per_s": _steps(sim, spec["cohort"]) / per_round, "executor": sim.executor.describe(),
+               "compile_seconds": sim.compile_seconds, "generate_seconds": gen, "create_seconds": create,
+               "evaluate_seconds": evaluate, "data_bytes": data_bytes, "rss_before_data": rss0,
+               "rss_with_data": rss_data, "train_peak_rss": train_peak, "evaluate_peak_rss": evaluate_peak,
+               "process_peak_rss": _rss(),
+               "state_bytes": int(sim.data.num_clients * (state.clients.store.row_bytes if kind != "device" else
+                                                          0)) or int(sum(x.nbytes for x in
+                                                                         jax.tree.leaves(state.clients))),
+               "disk_bytes": _disk_bytes(root), "load_before": load, "load_after": os.getloadavg()[0],
+               "io_wait_seconds": getattr(sim.store_engine, "io_seconds", 0.0), "repeats": repeats}
+    finally:
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
+    return row
+
+
+def store_pair(model_name: str, spec: dict, repeats: int, store_root: str) -> list[dict]:
+    """The disk run of ``spec['population']`` clients and the device run of ``spec['base']`` in one process, their
+    timed blocks alternating: the fair throughput ratio."""
+    import shutil
+    import tempfile
+
+    root = tempfile.mkdtemp(prefix="fljax-scale-store-", dir=store_root)
+    try:
+        runs = []
+        for population, kind in ((spec["population"], "disk"), (spec["base"], "device")):
+            data, _, _ = _data(population, "ragged")
+            sim, _, state = _ditto(data, model_name, spec["cohort"], kind, spec, root if kind == "disk" else None)
+            state, _ = _turn(sim, state, spec["block"], 1)  # compiles
+            runs.append([population, kind, sim, state, []])
+        load = os.getloadavg()[0]
+        for _ in range(repeats):
+            for run in runs:
+                run[3], t = _turn(run[2], run[3], spec["block"], TURN)
+                run[4].append(t)
+        out = []
+        for population, kind, sim, _, times in runs:
+            per_round = float(np.median(times))
+            out.append({"population": population, "state_store": kind, "model": model_name, "paired": True,
+                        "cohort": spec["cohort"], "block": spec["block"], "round_seconds": per_round,
+                        "turn_round_seconds": times, "client_steps_per_s": _steps(sim, spec["cohort"]) / per_round,
+                        "executor": sim.executor.describe(), "load_before": load,
+                        "load_after": os.getloadavg()[0], "repeats": repeats})
+        return out
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def store_markdown(meta: dict, rows: list[dict]) -> str:
+    spec = meta["spec"]
+    lines = [f"Ditto on Synthetic(1,1) (client sizes ⌊lognormal(1, 1)⌋ + 11, at most 64), {STEPS} local steps of batch "
+             f"{BATCH} plus one personal epoch, cohort {spec['cohort']:,}, blocks of {spec['block']} rounds, executor "
+             f"auto: {spec['population']:,} clients with their state on disk (`state_store: disk`) against "
+             f"{spec['base']:,} with their state on the device. {meta['cpu_count']} cores, {meta['backend']}, jax "
+             f"{meta['jax']}, {meta['date']}. Command: `{meta['command']}`.", "",
+             f"Each configuration alone in its process (the median over {meta['repeats']} turns of {TURN} consecutive "
+             "blocks, each turn's time including the store's last writes):", "",
+             "| model | clients | state | client-steps/s | round s | create population s (data + store) | "
+             "evaluate s | data GB | data RSS GB | peak RSS GB, training | peak RSS GB, evaluation | state GB | "
+             "disk GB | load |",
+             "|" + "---|" * 14]
+    for r in rows:
+        if r.get("paired"):
+            continue
+        lines.append(f"| {r['model']} | {r['population']:,} | {r['state_store']} | {r['client_steps_per_s']:,.0f} | "
+                     f"{r['round_seconds']:.3f} | {r['generate_seconds'] + r['create_seconds']:.1f} "
+                     f"({r['generate_seconds']:.1f} + {r['create_seconds']:.1f}) | {r['evaluate_seconds']:.1f} | "
+                     f"{r['data_bytes'] / 1e9:.2f} | {(r['rss_with_data'] - r['rss_before_data']) / 1e9:.2f} | "
+                     f"{r['train_peak_rss'] / 1e9:.2f} | {r['evaluate_peak_rss'] / 1e9:.2f} | "
+                     f"{r['state_bytes'] / 1e9:.2f} | {r['disk_bytes'] / 1e9:.2f} | "
+                     f"{r['load_before']:.1f}–{r['load_after']:.1f} |")
+    lines += ["", "`data RSS GB`: what loading the data added to the process; `peak RSS GB`: the process's peak from "
+              "the data loaded to the last timed block (training) and during one evaluation of every client "
+              "(evaluation), the data included (what the run needs beyond them is the difference); `create "
+              "population s`: generating the data, then the store (its files reserved) and the initial state "
+              "(compiling included); `state GB`: the clients' state (on the device, or in the store); `disk GB`: the "
+              "store's allocated blocks.",
+              "", "Paired (both configurations in one process, their blocks alternating: the same load for both):",
+              ""]
+    for model in STORE_MODELS:
+        pair = {r["state_store"]: r for r in rows if r.get("paired") and r["model"] == model}
+        if "disk" in pair and "device" in pair:
+            ratio = pair["disk"]["client_steps_per_s"] / pair["device"]["client_steps_per_s"]
+            lines.append(f"* {model}: {pair['disk']['client_steps_per_s']:,.0f} client-steps/s with "
+                         f"{spec['population']:,} clients on disk against {pair['device']['client_steps_per_s']:,.0f} "
+                         f"with {spec['base']:,} on the device: {100 * ratio:.0f} % (target ≥ 50 %)")
+    return "\n".join(lines) + "\n"
+
+
+def store_main(args, argv) -> int:
+    import jax
+
+    from fljax.runner.files import write_json, write_text
+
+    spec = STORE_QUICK if args.quick else STORE
+    rows = []
+    jobs = [["--store-one", str(pop), kind, model] for model in STORE_MODELS
+            for pop, kind in ((spec["population"], "disk"), (spec["base"], "device"))]
+    jobs += [["--store-pair", model] for model in STORE_MODELS]
+    for job in jobs:
+        cmd = [sys.executable, os.path.abspath(__file__), *job, "--repeats", str(args.repeats)] + \
+            (["--quick"] if args.quick else []) + (["--store-dir", args.store_dir] if args.store_dir else [])
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"FAILED {' '.join(job)}: {out.stderr.strip()[-2000:]}", file=sys.stderr)
+            return 1
+        for row in json.loads(out.stdout.strip().splitlines()[-1]):
+            rows.append(row)
+            print(f"{row['model']:>6} {row['population']:>9,} clients  {row['state_store']:<6} "
+                  f"{'paired ' if row.get('paired') else ''}{row['client_steps_per_s']:>10,.0f} client-steps/s"
+                  + (f"  peak RSS {row['train_peak_rss'] / 1e9:.2f} GB" if "train_peak_rss" in row else ""),
+                  file=sys.stderr)
+    meta = {"command": " ".join(["python benchmarks/scale.py"] + (argv if argv is not None else sys.argv[1:])),
+            "jax": jax.__version__, "backend": jax.default_backend(), "cpu_count": os.cpu_count(),
+            "machine": platform.machine(), "local_steps": STEPS, "batch_size": BATCH, "repeats": args.repeats,
+            "data": DATA, "spec": spec, "date": time.strftime("%Y-%m-%d")}
+    name = "scale_store_quick" if args.quick else "scale_store"
+    md = store_markdown(meta, rows)
+    os.makedirs(args.out, exist_ok=True)
+    write_json(os.path.join(args.out, name + ".json"), {"meta": meta, "rows": rows})
+    write_text(os.path.join(args.out, name + ".md"), md)
+    print(md)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
@@ -225,7 +459,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--one", nargs=3, metavar=("POPULATION", "STORAGE", "COHORTS"), help=argparse.SUPPRESS)
     ap.add_argument("--pair", nargs=4, type=int, metavar=("POPULATION", "COHORT", "BASE_POPULATION", "BASE_COHORT"),
                     help="only one target's two configurations, rounds alternating in one process (prints JSON)")
+    ap.add_argument("--store", action="store_true", help="Ditto with its clients' state on disk (issue 38)")
+    ap.add_argument("--store-dir", default=None, help="where the disk stores are written (default: the temporary "
+                                                      "directory); removed afterwards")
+    ap.add_argument("--store-one", nargs=3, metavar=("POPULATION", "STORE", "MODEL"), help=argparse.SUPPRESS)
+    ap.add_argument("--store-pair", metavar="MODEL", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.store_one:
+        spec = STORE_QUICK if args.quick else STORE
+        print(json.dumps([store_one(int(args.store_one[0]), args.store_one[1], args.store_one[2], spec,
+                                    args.repeats, args.store_dir)]))
+        return 0
+    if args.store_pair:
+        spec = STORE_QUICK if args.quick else STORE
+        print(json.dumps(store_pair(args.store_pair, spec, args.repeats, args.store_dir)))
+        return 0
+    if args.store:
+        return store_main(args, argv)
     if args.one:
         pop, storage, cohorts = int(args.one[0]), args.one[1], [int(c) for c in args.one[2].split(",")]
         print(json.dumps(measure(pop, storage, cohorts, args.repeats)))

@@ -559,12 +559,14 @@ class Aggregator:
 
     # ----------------------------------------------------------------------------------------------- round
     def apply(self, uploads, weights, valid, ids, state: AggregatorState | None, reference, keys: Keys | None,
-              num_clients: int, root=None):
+              num_clients: int, root=None, rows=None):
         """``(aggregate, new state, metrics)`` of the cohort's stacked ``uploads`` ``[n, …]`` with ``weights`` [n]
         (zero on invalid slots), ``valid`` [n] (None: all valid), the slots' client ``ids`` [n] (``num_clients`` on
         an empty slot), the aggregator ``state`` (None when it has none), the broadcast model ``reference`` w_t and
         the round's :class:`Keys` (None for the default mean, which draws nothing); ``root``: the server's own delta
-        on its root data, for a rule that :attr:`~Rule.needs_root` (FLTrust's g₀).
+        on its root data, for a rule that :attr:`~Rule.needs_root` (FLTrust's g₀); ``rows``: the rows of
+        ``state.clients`` that hold the slots' residuals (None: their ids; under a client-state store, the rows of
+        the block's buffer, :meth:`fljax.engine.context.RoundContext.rows`).
 
         Metrics: the encoder's (``clip_norm``, ``unclipped_fraction``), and under an attack ``malicious_uploads``
         (the malicious valid uploads of the round) and, for a rule that :attr:`~Rule.selects`, ``malicious_share``
@@ -589,9 +591,10 @@ class Aggregator:
         server_state = None if state is None else state.server
         if enc is not None:
             enc_state, rule_state = server_state.encoder, server_state.rule
-            residuals = tree.take_clients(state.clients, safe)
+            rows = ids if rows is None else rows  # an empty slot's row is past the last one: dropped by the scatter
+            residuals = jax.tree.map(lambda x: jnp.take(x, jnp.minimum(rows, x.shape[0] - 1), axis=0), state.clients)
             contributions, residuals = enc.encode_cohort(uploads, residuals, enc_state, keys.clients, reference, valid)
-            clients = jax.tree.map(lambda x, r: x.at[ids].set(r.astype(x.dtype), mode="drop"), state.clients,
+            clients = jax.tree.map(lambda x, r: x.at[rows].set(r.astype(x.dtype), mode="drop"), state.clients,
                                    residuals)
             if isinstance(self.rule, Mean):  # the encoder's (private) sum over its fixed denominator
                 aggregate, enc_state, enc_metrics = enc.aggregate(contributions, weights, enc_state, keys.server,

@@ -166,6 +166,12 @@ class ExperimentConfig(Options):
                                                         "master weights and aggregation)")
     memory_budget: float | None = option(None, "GiB of temporaries one compiled program may use (null: from the "
                                                "device's memory)", greater_than(0))
+    state_store: Literal["device", "host", "disk"] = option(
+        "device", "where every client's state is kept between blocks of rounds: device (the whole population's state "
+                  "on the device), host (host memory) or disk (files in store_dir); with host or disk the device holds "
+                  "only the clients a block samples, the results bit for bit the device's (docs/store.md)")
+    store_dir: str | None = option(None, "where a disk store keeps its files (null: <run dir>/store; with a folder, "
+                                         "each run's store in a subfolder of it)")
     name: str | None = option(None, "run name (default: the algorithm)", _run_name)
     seeds: int = option(1, "run seeds seed, seed+1, ..., seed+seeds-1 (vectorised when shapes allow)",
                         between(1, RUNS_MAX))

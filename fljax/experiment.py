@@ -64,6 +64,7 @@ class RunSettings:
     ``eval_every`` (and after the last round); ``eval_clients`` (a fixed evaluation sample; None: every client);
     ``checkpoint_every`` (None: timed; 0: never); ``seed`` and ``seeds`` (the runs seed … seed + seeds − 1);
     ``executor``, ``chunk_size``, ``precision``, ``memory_budget`` and ``conv_impl`` (how a simulation computes);
+    ``state_store`` (where the clients' state is kept between blocks of rounds: :mod:`fljax.engine.store`);
     ``diverge_factor`` (the divergence guard; None: none); ``stop`` (a stopping rule: at most ``rounds`` rounds;
     None: exactly ``rounds``); ``x64`` (float64; the config's null resolved: for consensus-regression problems)."""
 
@@ -78,6 +79,7 @@ class RunSettings:
     precision: str
     memory_budget: float | None
     conv_impl: str
+    state_store: str
     diverge_factor: float | None
     stop: StopConfig | None
     x64: bool
@@ -90,7 +92,8 @@ class RunSettings:
         computes in float64)."""
         return cls(cfg.rounds, cfg.eval_every, cfg.eval_clients, cfg.checkpoint_every, cfg.seed, cfg.seeds,
                    cfg.executor, cfg.chunk_size, cfg.precision, cfg.memory_budget, cfg.model.conv_impl,
-                   cfg.diverge_factor, cfg.stop, PROBLEM_KINDS[problem].float64 if cfg.x64 is None else cfg.x64)
+                   cfg.state_store, cfg.diverge_factor, cfg.stop,
+                   PROBLEM_KINDS[problem].float64 if cfg.x64 is None else cfg.x64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,6 +214,10 @@ def _resolve_regression(cfg: ExperimentConfig, cls: type[Algorithm]) -> Experime
     """A consensus-regression experiment: no model, server or model groups (:func:`_check_regression`), every
     client measured, the algorithm alone (its hyperparameters as a config writes them: a loss by its name)."""
     _check_sample(cfg, labelled=False, grouped=False)
+    if cfg.state_store != "device":
+        raise OptionError("state_store", f"{cfg.state_store} keeps the clients of classification runs; "
+                                         f"{cfg.algorithm} solves a consensus problem over every client every "
+                                         f"round: use state_store: device.")
     _check_regression(cfg)
     algorithm = _construct(cls, cfg.algo, cfg.data.num_train_clients, "algo")
     return Experiment(dataclasses.replace(cfg, algo=_written(_held(algorithm, cfg.algo))),
@@ -615,7 +622,7 @@ def _build_classification(exp: Experiment, data: "FederatedData", module, privac
                       memory_budget=run.memory_budget, privacy=privacy,
                       eval_clients=run.eval_clients, validated_for=cfg.data.num_train_clients,
                       aggregator=exp.aggregator, attack=_attack_on(exp.attack, data),
-                      participation=exp.participation)
+                      participation=exp.participation, state_store=run.state_store)
 
 
 def _build_regression(exp: Experiment, data, module, privacy) -> "Simulation":

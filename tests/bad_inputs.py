@@ -518,6 +518,41 @@ CASES = [
                                                                  "(benchmarks/results/dfedalt); drop --out d"),
 ]
 
+# ------------------------------------------------------------------------------------------ client-state stores
+# (issue 38, fljax.engine.store): what a store cannot hold, a folder that cannot hold it, another run's store
+_STORES = "Client-state stores (state_store)"
+_STORE_RUN = ("run --dataset synthetic --set data.num_clients=8 --set data.max_samples=40 --set algo.cohort_size=4 "
+              "--set algo.local_steps=2 --set algo.batch_size=10 --set model.name=logreg --algorithm ditto "
+              "--set state_store=disk ")
+
+
+def _meta(algorithm: str, run: str) -> tuple[str, str]:
+    """A store's meta.json in r/store (a run directory of a run that died before its first checkpoint)."""
+    return ("r/store/meta.json", '{"format": 1, "num_clients": 8, "identity": {"algorithm": "%s", "run": "%s"}, '
+                                 '"leaves": []}\n' % (algorithm, run))
+
+
+CASES += [
+    _case(_STORES, "run --set state_store=ram", "state_store must be one of ['device', 'host', 'disk'], got 'ram'."),
+    _case(_STORES, "run --algorithm dfedalt --set state_store=disk",
+          "state_store disk cannot hold this run's clients: dfedalt runs every client every round"),
+    _case(_STORES, "run --algorithm fedslr --set state_store=disk",
+          "fedslr: its server averages every client's dual γ_i each round (Algorithm 2; algo.memory_efficient: true"),
+    _case(_STORES, "run --set state_store=host --set algo.cohort_mode=mask",
+          "algo.cohort_mode: mask computes every client every round"),
+    _case(_STORES, "run --algorithm fedgia --dataset fedgia_v1 --set state_store=disk",
+          "state_store disk keeps the clients of classification runs; fedgia solves a consensus problem"),
+    _case(_STORES, "run --dataset synthetic --set data.num_clients=20000 --set data.storage=ragged "
+                   "--set data.max_samples=11 --set data.min_samples=11 --algorithm ditto --set model.name=mlp "
+                   "--set model.options.hidden=[200000] --set state_store=disk --out r",
+          "cannot hold the client-state store: it needs 1,192.80 GB (20,000 clients × 56,800,040 bytes"),
+    _case(_STORES, _STORE_RUN + "--out r", "the client-state store in '", [_meta("fedrep", "0123")]),
+    _case(_STORES, _STORE_RUN + "--out r", "belongs to another run (configuration and seed)",
+          [_meta("ditto", "0123")]),
+    _case(_STORES, _STORE_RUN + "--out r", "holds files that are not a client-state store",
+          [("r/store/notes.txt", "mine\n")]),
+]
+
 
 def _listing(directory: str) -> set[str]:
     """Every file (with a digest of its content) and directory under ``directory``."""
@@ -648,7 +683,9 @@ def _shown(case: Case) -> str:
 
 def _machine_free(message: str) -> str:
     """The message without what differs from machine to machine: a process id, the memory size (of the machine, or
-    of an address-space or cgroup limit)."""
+    of an address-space or cgroup limit), a disk's free bytes, a store's absolute folder."""
+    message = re.sub(r"its disk has [0-9.,]+ GB free", "its disk has … GB free",
+                     re.sub(r"'[^']*/r/store'", "'r/store'", message))  # (a store's folder, absolute)
     return re.sub(r"more than the [0-9.,]+ [KMGT]iB of (this machine|this process's address-space limit \(ulimit "
                   r"-v\)|this cgroup's memory limit \(memory.max\))", "more than the memory of this machine",
                   re.sub(r"pid [0-9]+", "pid …", message))

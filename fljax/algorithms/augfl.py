@@ -196,6 +196,9 @@ class AugFL(Centralized):
                                  ctx.stream(SERVER), ctx.data.server_classes)
         return g, kt, metrics
 
+    def whole_population(self) -> str | None:
+        return "its server reads every client's ADMM penalty ρ_i (and keeps every client's stale term) each round"
+
     def server_update(self, ctx, server, clients, cohort, result):
         g, kt = None, server["kt"]
         if self.uses_kt():

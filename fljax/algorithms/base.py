@@ -164,11 +164,37 @@ class Algorithm(Options):
         """The model's logits of ``x`` in evaluation mode (``variables``: its BatchNorm statistics)."""
         return model.apply(params, x, variables=variables)
 
-    def eval_metrics(self, server, clients) -> dict:
+    def eval_metrics(self, server, clients, values=None) -> dict:
         """Extra scalar metrics of the whole state, computed at every evaluation (traced under ``jit``) and merged
         into the evaluation summary, hence into every history record (default: none). Keys must not clash with
-        the ``global_*`` / ``personal_*`` accuracy summaries."""
+        the ``global_*`` / ``personal_*`` accuracy summaries. ``values``: every client's :meth:`client_values`
+        ([N] arrays); ``clients``: every client's state, None when a client-state store keeps it
+        (:mod:`fljax.engine.store`: it streams the values instead), so what reads the clients reads them through
+        :meth:`client_values`."""
         return {}
+
+    def client_values(self, state) -> dict:
+        """Scalars of one client's state (no client axis) that :meth:`eval_metrics` summarises over every client,
+        e.g. FedSLR's nnz(p_i) (default: none): computed client by client, so a client-state store streams them."""
+        return {}
+
+    def population_values(self, clients) -> dict:
+        """:meth:`client_values` of every client of ``clients`` (the algorithm's own per-client state), as [N]
+        arrays ({} when it has none)."""
+        if type(self).client_values is Algorithm.client_values:
+            return {}
+        return jax.vmap(self.client_values)(model_state.unwrap(clients))
+
+    def whole_population(self) -> str | None:
+        """Why a round or an evaluation reads the state of clients outside the round's cohort (e.g. a server step
+        that averages every client's dual), or None when it reads only the cohort's: what a client-state store,
+        which holds only the cohorts' states on the device, must refuse (:mod:`fljax.engine.store`)."""
+        return None
+
+    def own_state(self, server, clients):
+        """``(server, clients)`` without what the engine keeps beside the algorithm's own state (None stays
+        None)."""
+        return server, clients
 
     def test_stats(self, model, params, test, variables=None) -> TestStats:
         logits = self.logits(model, params, test.x, variables)
@@ -197,13 +223,43 @@ class Algorithm(Options):
         ``target_global_*``, ``target_personal_*`` the target clients (their personalized model is the one
         :meth:`personal_params` adapts from the server's). An evaluation sample (``ctx.eval_ids``, the run's
         ``eval_clients``) scores only its clients, each as in an evaluation of every client, so every summary and
-        the per-client arrays are over the sample; :meth:`eval_metrics` still sees the whole state."""
+        the per-client arrays are over the sample; :meth:`eval_metrics` still sees the whole state.
+
+        Two stages: :meth:`evaluation_stats`, client by client, and :meth:`evaluation_summary`, their reductions
+        (a client-state store runs the first over chunks of clients and the second once)."""
+        server, clients = self.own_state(server, clients)
+        scored, states = ctx.evaluated(clients)
+        stats = self.evaluation_stats(scored, server, states)
+        return self.evaluation_summary(ctx, scored, server, clients, stats, self.population_values(clients))
+
+    def evaluation_stats(self, scored: RoundContext, server, states) -> dict:
+        """Every scored client's statistics (the clients of ``scored``, their states ``states``: the algorithm's
+        own): ``{"global", "personal": TestStats, "scalars": {...}}`` (:meth:`evaluate_client`) and, under an attack
+        that plants a trigger, ``"triggered"``: the same on the triggered test rows. Each client's entries depend
+        only on its own state, data and id."""
         def evaluate_client(g):
-            return model_state.client_fn(ctx.model, self.group_algorithm(ctx, g).evaluate_client, train=False)
+            return model_state.client_fn(scored.model, self.group_algorithm(scored, g).evaluate_client, train=False)
 
         shared = model_state.attach(server, self.eval_shared(model_state.unwrap(server)))
-        scored, states = ctx.evaluated(clients)
         stats = run_all(scored, evaluate_client, shared, states, EVAL)
+        attack = None if scored.aggregator is None else scored.aggregator.attack
+        if attack is not None and attack.plants_trigger:
+            def triggered(g):
+                fn = evaluate_client(g)
+                return lambda inp: fn(inp.replace(test=attack.triggered(inp.test)))
+
+            hit = run_all(scored, triggered, shared, states, EVAL)
+            hit.pop("scalars", None)
+            stats["triggered"] = hit
+        return stats
+
+    def evaluation_summary(self, ctx: RoundContext, scored: RoundContext, server, clients, stats: dict,
+                           values: dict) -> tuple[dict, dict]:
+        """(summaries, per-client accuracies) from the scored clients' :meth:`evaluation_stats` ``stats``, with
+        :meth:`eval_metrics` of the whole state (``clients``, None under a client-state store; ``values``: every
+        client's :meth:`client_values`)."""
+        stats = dict(stats)
+        triggered = stats.pop("triggered", None)
         summary, per_client = {}, {}
         scalars = stats.pop("scalars", {})
         k = scored.num_train_clients
@@ -217,7 +273,8 @@ class Algorithm(Options):
         valid = jnp.asarray(next(iter(stats.values())).count > 0, jnp.float32) if stats else None
         for name, v in scalars.items():
             summary[name] = jnp.sum(v * valid) / jnp.maximum(jnp.sum(valid), 1.0)
-        extra = self.eval_metrics(model_state.unwrap(server), model_state.unwrap(clients))
+        extra = self.eval_metrics(model_state.unwrap(server), None if clients is None else model_state.unwrap(clients),
+                                  values)
         clash = sorted(set(extra) & set(summary))
         if clash:
             raise ValueError(f"{type(self).__name__}.eval_metrics returns {clash}, which clash with the accuracy "
@@ -225,31 +282,25 @@ class Algorithm(Options):
         summary.update(extra)
         attack = None if ctx.aggregator is None else ctx.aggregator.attack
         if attack is not None:
-            summary.update(self._attacked(ctx, scored, states, shared, evaluate_client, stats, attack))
+            summary.update(self._attacked(ctx, scored, stats, triggered, attack))
         return summary, per_client
 
-    def _attacked(self, ctx, scored, states, shared, evaluate_client, stats, attack) -> dict:
+    def _attacked(self, ctx, scored, stats, triggered, attack) -> dict:
         """Under an attack (robust spec): ``honest_{global,personal}_acc``, the mean accuracy of the honest clients
         (the malicious ones' own test splits left out: clean accuracy), and for an attack that plants a trigger
-        (:meth:`fljax.aggregation.Attack.triggered`) ``{global,personal}_asr``, its attack success rate: the share
-        of the honest clients' triggered test rows whose true label is not the target that the model classifies as
-        the target (pooled over those rows)."""
+        (:meth:`fljax.aggregation.Attack.triggered`; ``triggered``: the scored clients' statistics on the triggered
+        test rows) ``{global,personal}_asr``, its attack success rate: the share of the honest clients' triggered
+        test rows whose true label is not the target that the model classifies as the target (pooled over those
+        rows)."""
         from fljax.aggregation import malicious_mask
 
         malicious = malicious_mask(ctx.malicious_key, ctx.num_clients, attack.fraction)[jnp.asarray(scored.client_ids)]
         honest = ~malicious
         out = {f"honest_{kind}_acc": summarize(s.replace(count=jnp.where(honest, s.count, 0)), kind)[f"{kind}_acc"]
                for kind, s in stats.items()}
-        if attack.plants_trigger:
-            def triggered(g):
-                fn = evaluate_client(g)
-                return lambda inp: fn(inp.replace(test=attack.triggered(inp.test)))
-
-            hit = run_all(scored, triggered, shared, states, EVAL)
-            hit.pop("scalars", None)
-            for kind, s in hit.items():
-                hits, rows = jnp.sum(jnp.where(honest, s.correct, 0)), jnp.sum(jnp.where(honest, s.count, 0))
-                out[f"{kind}_asr"] = hits / jnp.maximum(rows, 1)
+        for kind, s in (triggered or {}).items():
+            hits, rows = jnp.sum(jnp.where(honest, s.correct, 0)), jnp.sum(jnp.where(honest, s.count, 0))
+            out[f"{kind}_asr"] = hits / jnp.maximum(rows, 1)
         return out
 
 
@@ -310,12 +361,14 @@ class CohortTemplate(Algorithm):
             server = WithClock(server, jnp.float32(0))
         return server, clients
 
-    def evaluate(self, ctx: RoundContext, server, clients):
+    def own_state(self, server, clients):
+        """Without the virtual clock (:class:`WithClock`) and the aggregator's state
+        (:class:`~fljax.aggregation.WithAggregator`)."""
         if isinstance(server, WithClock):
             server = server.state
         if isinstance(server, WithAggregator):
-            server, clients = server.state, clients.state
-        return super().evaluate(ctx, server, clients)
+            server, clients = server.state, None if clients is None else clients.state
+        return server, clients
 
     def broadcast(self, server):
         """What the server sends to the cohort (default: the server pytree's ``params``)."""
@@ -381,8 +434,8 @@ class CohortTemplate(Algorithm):
             down = model_state.attach(server, self.broadcast(model_state.unwrap(server)))
             work = Work.of(self.plan(), ctx.data.train, self.client_bytes(ctx, down), 0.0 if now is None else now)
             draw = participation.draw(ctx, self.cohort_size, work)
-        else:
-            draw = participation.draw(ctx, self.cohort_size)
+        else:  # a client-state store draws a block's cohorts ahead (RoundContext.cohort)
+            draw = ctx.cohort if ctx.cohort is not None else participation.draw(ctx, self.cohort_size)
             down = model_state.attach(server, self.broadcast(model_state.unwrap(server)))
         cohort, valid = draw.ids, draw.valid
 
@@ -471,7 +524,7 @@ class Aggregating(Centralized):
         if aggregator.rule.needs_root:
             root = tree.sub(self.root_update(ctx, clients, down), reference)
         aggregate, state, metrics = aggregator.apply(result.upload, weights, result.valid, ids, state, reference, keys,
-                                                     ctx.num_clients, root)
+                                                     ctx.num_clients, root, None if ids is None else ctx.rows(ids))
         return self.server_step(ctx, server, aggregate), state, metrics
 
     def root_update(self, ctx: RoundContext, clients, down):

@@ -264,7 +264,7 @@ class Decentralized(Algorithm):
             out["post_gossip"] = self.test_stats(inp.model, inp.state["params"], inp.test)
         return out
 
-    def eval_metrics(self, server, clients) -> dict:
+    def eval_metrics(self, server, clients, values=None) -> dict:
         out = {"consensus": gossip.consensus_distance(self.shared_part(clients["params"]))}
         if "z" in clients:
             out["consensus_local"] = gossip.consensus_distance(clients["z"])

@@ -265,10 +265,22 @@ class FedSLR(Centralized, local_options(*EVERY, lr_decay=0.998, weight_decay=1e-
         """The mixed model w_T + p_i (p_i from i's last participation; zeros if never sampled, D1)."""
         return tree.add(inp.down, inp.state["p"])
 
-    def eval_metrics(self, server, clients) -> dict:
+    def whole_population(self) -> str | None:
+        if self.uses_dual and not self.memory_efficient:
+            return ("its server averages every client's dual γ_i each round (Algorithm 2; algo.memory_efficient: "
+                    "true keeps their mean on the server, Algorithm 3, the same iterates)")
+        return None
+
+    def client_values(self, state) -> dict:
+        """nnz(p_i), the non-zeros of client i's sparse part."""
+        return {"nnz": tree.count_nonzero(state["p"])}
+
+    def eval_metrics(self, server, clients, values=None) -> dict:
         """GKR rank density Σ_l r_l / Σ_l min(m_l, n_l), each matrix leaf's rank (``rank/<path>``), the GKR's
-        factorised parameter count D_T, and over clients: the non-zero fraction of p_i and the mixed model's
-        parameter count D_T + nnz(p_i) (mean and std; spec §5, D28)."""
+        factorised parameter count D_T, and over clients (``values``, :meth:`client_values`; None: from
+        ``clients``): the non-zero fraction of p_i and the mixed model's parameter count D_T + nnz(p_i) (mean and
+        std; spec §5, D28)."""
+        values = self.population_values(clients) if values is None else values
         stats = jax.tree.leaves(server["stats"], is_leaf=lambda st: isinstance(st, prox.LowRankStats))
         params, _ = jax.tree_util.tree_flatten_with_path(server["params"])
         matrices = [(tree.path_str(p), st) for (p, x), st in zip(params, stats) if x.ndim >= 2]
@@ -277,7 +289,7 @@ class FedSLR(Centralized, local_options(*EVERY, lr_decay=0.998, weight_decay=1e-
         max_rank = sum(st.max_rank for _, st in matrices).astype(jnp.float32)
         out = {"gkr_params": gkr, "gkr_rank_density": rank / jnp.maximum(max_rank, 1.0)}
         out.update({f"rank/{path}": st.rank.astype(jnp.float32) for path, st in matrices})
-        nnz = jax.vmap(tree.count_nonzero)(clients["p"]).astype(jnp.float32)
+        nnz = values["nnz"].astype(jnp.float32)
         out["sparse_nnz_frac"] = jnp.mean(nnz) / tree.size(server["params"])
         out["mixed_params"] = gkr + jnp.mean(nnz)
         out["mixed_params_std"] = jnp.std(nnz)

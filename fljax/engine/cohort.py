@@ -23,6 +23,10 @@ client and are dropped, like a group's; under ``"mask"`` the valid ids are the s
 the client id of every entry of the stacked result (what per-client state beside the algorithm's, e.g. the upload
 residuals of :mod:`fljax.privacy`, is gathered and scattered by).
 
+Under a client-state store (:mod:`fljax.engine.store`) the per-client state is a buffer of the block's clients, not
+the population: the states are gathered from and scattered to their rows (:meth:`RoundContext.rows`), while data,
+keys and budgets stay indexed by client id; only ``"gather"`` runs there, on one homogeneous population.
+
 ``run_all`` maps a function over every client of every group (evaluation; an algorithm's per-client
 precomputation); outputs are concatenated in id order. Each client's keys come from its id (``ctx.client_ids``), so
 a context restricted to some clients (an evaluation sample, :meth:`~fljax.engine.context.RoundContext.evaluated`)
@@ -63,6 +67,8 @@ def run_cohort(ctx: RoundContext, update_for: Callable, down, clients, cohort, m
     plan)."""
     if mode not in COHORT_MODES:
         raise ValueError(f"cohort mode must be one of {COHORT_MODES}, got {mode!r}.")
+    if ctx.slots is not None and (mode != "gather" or ctx.population is not None):
+        raise ValueError("a client-state store runs the cohort in 'gather' mode on one homogeneous population.")
     budget = _Budget(ctx.num_clients, cohort if valid is None else jnp.where(valid, cohort, ctx.num_clients), steps)
     if valid is not None:
         if ctx.population is not None:
@@ -105,10 +111,11 @@ def _run_homogeneous(ctx, update, down, clients, cohort, mode, budget):
         sampled = jnp.zeros(n, bool).at[cohort].set(True)
         return tree.where(sampled, result.state, clients), _masked(result, sampled)
     full = k == n
-    result = ctx.run_clients(update, down, clients if full else tree.take_clients(clients, cohort),
+    rows = ctx.rows(cohort)
+    result = ctx.run_clients(update, down, clients if full else tree.take_clients(clients, rows),
                              ctx.data.train if full else ctx.data.train.take(cohort), ctx.client_keys(cohort, TRAIN),
                              clock_keys=ctx.clock_keys(cohort), ids=cohort, steps=budget.of(cohort))
-    return (result.state if full else tree.put_clients(clients, cohort, result.state)), result
+    return (result.state if full else tree.put_clients(clients, rows, result.state)), result
 
 
 def _run_buffer(ctx, update, down, clients, cohort, valid, mode, budget):
@@ -123,10 +130,11 @@ def _run_buffer(ctx, update, down, clients, cohort, valid, mode, budget):
         sampled = jnp.zeros(n, bool).at[ids].set(True, mode="drop")
         return tree.where(sampled, result.state, clients), _masked(result, sampled)
     safe = jnp.minimum(ids, n - 1)
-    result = ctx.run_clients(update, down, tree.take_clients(clients, safe), ctx.data.train.take(safe),
-                             ctx.client_keys(safe, TRAIN), clock_keys=ctx.clock_keys(safe), ids=ids,
-                             steps=budget.of(safe))
-    new = jax.tree.map(lambda x, v: x.at[ids].set(v.astype(x.dtype), mode="drop"), clients, result.state)
+    result = ctx.run_clients(update, down, tree.take_clients(clients, ctx.rows(safe, gather=True)),
+                             ctx.data.train.take(safe), ctx.client_keys(safe, TRAIN), clock_keys=ctx.clock_keys(safe),
+                             ids=ids, steps=budget.of(safe))
+    rows = ctx.rows(ids)
+    new = jax.tree.map(lambda x, v: x.at[rows].set(v.astype(x.dtype), mode="drop"), clients, result.state)
     return new, _masked(result, valid)
 
 

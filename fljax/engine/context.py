@@ -75,7 +75,12 @@ class RoundContext:
     (:meth:`evaluated`). ``aggregator``: what a centralized server makes of its uploads
     (:class:`fljax.aggregation.Aggregator`: the weighted mean by default; its attack's data poisoning reaches the
     malicious clients' training here, :meth:`run_clients`); ``participation``: who takes part in a round
-    (:class:`fljax.participation.Participation`: uniform cohorts by default).
+    (:class:`fljax.participation.Participation`: uniform cohorts by default). ``slots``: under a client-state store
+    (:mod:`fljax.engine.store`) the per-client state an algorithm sees is a buffer of the block's clients, and
+    ``slots`` holds their sorted ids (padded with ``num_clients``); :meth:`rows` maps client ids to its rows (None:
+    the state holds every client, row i is client i); ``cohort``: the round's
+    :class:`~fljax.participation.Cohort` when it was drawn ahead (a store's blocks draw their cohorts before they
+    run, with the participation's own draw; None: the template draws it).
 
     Server-side inputs: :attr:`server` is what the server holds (``data.server``, a
     :class:`~fljax.data.ServerData`: its own labelled set and frozen pretrained models), an argument of the compiled
@@ -96,6 +101,8 @@ class RoundContext:
     eval_ids: Any = None
     aggregator: Any = None
     participation: Any = None
+    slots: Any = None
+    cohort: Any = None
 
     @property
     def num_clients(self) -> int:
@@ -121,6 +128,26 @@ class RoundContext:
         return dataclasses.replace(self, data=data, model=group.model or self.model, population=None,
                                    global_model=self.server_model, ids=np.arange(lo, hi))
 
+    def rows(self, ids, gather: bool = False):
+        """The rows of the per-client state that hold clients ``ids``: the ids themselves, or under a client-state
+        store (:attr:`slots`) their rows in the block's buffer, an id past the last client (an empty slot of a
+        cohort buffer) mapped past the buffer's last row, so that every scatter drops it. ``gather``: rows to read,
+        clamped into the buffer (what an empty slot computes on is dropped, as a copy of the last client is without
+        a store)."""
+        if self.slots is None:
+            return ids
+        ids = jnp.asarray(ids)
+        size = self.slots.shape[0]
+        rows = jnp.searchsorted(self.slots, ids).astype(ids.dtype)
+        return jnp.minimum(rows, size - 1) if gather else jnp.where(ids < self.num_clients, rows, size)
+
+    def restricted(self, ids) -> "RoundContext":
+        """This context for clients ``ids`` only (sorted; a host or traced integer array): their train and test
+        splits and ids, so that every one of them computes exactly what it computes among all clients (its keys come
+        from its id). Homogeneous populations without target clients."""
+        data = self.data.replace(train=self.data.train.take(ids), test=self.data.test.take(ids))
+        return dataclasses.replace(self, data=data, ids=ids, eval_ids=None)
+
     def evaluated(self, clients):
         """``(context, per-client states)`` of the clients an evaluation scores: this context and ``clients`` when
         every client is scored (``eval_ids`` None); else the sample's: its clients' train and test splits, states
@@ -130,9 +157,8 @@ class RoundContext:
         if self.eval_ids is None:
             return self, clients
         ids = self.eval_ids
-        data = self.data.replace(train=self.data.train.take(ids), test=self.data.test.take(ids))
         states = None if clients is None else jax.tree.map(lambda x: jnp.take(x, ids, axis=0), clients)
-        return dataclasses.replace(self, data=data, ids=ids, eval_ids=None), states
+        return self.restricted(ids), states
 
     @property
     def num_train_clients(self) -> int:

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fljax import tree
-from fljax.engine import blas, budget, compile_cache, compile_clock, processes, sampling
+from fljax.engine import blas, budget, compile_cache, compile_clock, processes, sampling, store
 from fljax.engine.sampling import check_sample
 from fljax.engine.context import RoundContext
 from fljax.engine.executors import Executor, choose_executor, make_executor
@@ -46,7 +46,7 @@ __all__ = ["Simulation", "RunResult"]
 # relative), its accuracies did not. Initialisation keeps the full optimisation although level 0 compiled it in
 # 1.2 s instead of 3.9 s: level 0 changed the initial parameters' last bits, and with them every trained result
 # (a committed DFedAlt cell moved from 0.8450 to 0.8538). The blocks of rounds keep it too (level 0 ran them 3x slower).
-QUICK_COMPILE = ("evaluate", "lanes_evaluate")
+QUICK_COMPILE = ("evaluate", "lanes_evaluate", "store_evaluate", "store_summary")
 
 
 def _compiler_options(name: str) -> dict | None:
@@ -133,6 +133,12 @@ class Simulation:
     draws every round's cohort. Their numeric options may be traced per lane (``"attack.fraction"``,
     ``"aggregator.beta"`` in ``hp``).
 
+    ``state_store``: where every client's state is kept between the blocks of rounds (:mod:`fljax.engine.store`):
+    'device' (the default: in :class:`State`, a leading axis of every client), 'host' (host memory) or 'disk' (files
+    in ``store_dir``; None: a temporary directory); the device then holds only the clients a block samples, and the
+    results are the device's bit for bit. With a store, :attr:`State.clients <fljax.engine.State>` is a
+    :class:`~fljax.engine.store.StoredClients` handle and :func:`fljax.engine.store.client_states` reads the rows.
+
     ``validated_for``: the number of training clients that ``algorithm`` (and each client group's hyperparameters)
     has already been validated for (:meth:`~fljax.engine.protocol.FederatedAlgorithm.validate`;
     :func:`fljax.experiment.resolve` does it once per experiment, and :func:`fljax.experiment.build` passes the
@@ -146,7 +152,7 @@ class Simulation:
                  conv_impl: str = "auto", unroll: int | str = "auto", groups=None,
                  memory_budget: float | None = None, precision: str = "tf32", privacy=None,
                  eval_clients: int | None = None, validated_for: int | None = None, aggregator=None, attack=None,
-                 participation=None):
+                 participation=None, state_store: str = "device", store_dir: str | None = None):
         from fljax.aggregation import Mean
         from fljax.participation import default_participation
 
@@ -199,6 +205,9 @@ class Simulation:
         self._compiled: dict = {}
         self._executables: dict = {}
         self.memory_plans: dict = {}
+        store.check(self, state_store)
+        self.state_store = state_store
+        self.store_engine = None if state_store == "device" else store.StoreEngine(self, state_store, store_dir)
         self._planned = False
         self._check_deadline()
 
@@ -293,9 +302,10 @@ class Simulation:
         steps = algo.steps_per_round(n_max)
         return cohort * steps, cohort * steps * plan.width(n_max)
 
-    def context(self, data, round_, key, run_key=None, hp: dict | None = None) -> RoundContext:
+    def context(self, data, round_, key, run_key=None, hp: dict | None = None, slots=None) -> RoundContext:
         """The round context the algorithm sees (the model, unroll factor, population, privacy, aggregator and
-        participation bound here; their traced values from ``hp``)."""
+        participation bound here; their traced values from ``hp``; ``slots``: the client ids of a state buffer's
+        rows, under a client-state store)."""
         from fljax.aggregation import Aggregator
 
         privacy = None if self.privacy is None else self.privacy.at(hp)
@@ -303,7 +313,7 @@ class Simulation:
                                 self.attack).at(hp)
         return RoundContext(self.executor, data, round_, key, self.model, self.unroll, run_key=run_key,
                             population=self.population, privacy=privacy, aggregator=aggregator,
-                            participation=self.participation)
+                            participation=self.participation, slots=slots)
 
     def algorithm_at(self, hp: dict | None):
         """The algorithm with the hyperparameters in ``hp`` replaced: inside a compiled program their values are
@@ -317,6 +327,12 @@ class Simulation:
     def init(self, seed: int | None = None, hp: dict | None = None) -> State:
         """The initial state of the run with ``seed`` (default: the simulation's) and hyperparameters ``hp``
         (default: the algorithm's), compiled once per simulation (eagerly under the loop executor)."""
+        if self.store_engine is not None:
+            if hp is not None:
+                raise ValueError("a client-state store runs the algorithm's own hyperparameters (hp=None): its runs "
+                                 "are not lanes.")
+            seed = self.seed if seed is None else seed
+            return self.store_engine.init(seed, self.store_engine.make_store(seed))
         key = jax.random.PRNGKey(self.seed if seed is None else seed)
         if not self.executor.jittable:
             return self._eager(self.init_fn, key, hp)
@@ -324,8 +340,10 @@ class Simulation:
 
     def state_shapes(self) -> State:
         """The state's structure, shapes and dtypes (``jax.ShapeDtypeStruct`` leaves), e.g. to restore a checkpoint
-        into; nothing is computed."""
-        return jax.eval_shape(self.init_fn, jax.random.PRNGKey(self.seed))
+        into; nothing is computed. With a client-state store its clients are a
+        :class:`~fljax.engine.store.StoredClients` handle (of no store: the caller attaches the run's)."""
+        shapes = jax.eval_shape(self.init_fn, jax.random.PRNGKey(self.seed))
+        return shapes if self.store_engine is None else shapes.replace(clients=store.StoredClients(None))
 
     # ---------------------------------------------------------------------------------------------- pure functions
     def init_fn(self, key, hp: dict | None = None, data=None) -> State:
@@ -336,11 +354,14 @@ class Simulation:
         server, clients = self.algorithm_at(hp).init_population(ctx)
         return State(server=server, clients=clients, round=jnp.int32(0), key=key)
 
-    def round_fn(self, state: State, data, hp: dict | None = None):
+    def round_fn(self, state: State, data, hp: dict | None = None, slots=None, cohort=None):
         """``(next state, metrics)``: one round of the algorithm on ``data`` with traced hyperparameters ``hp``;
         ``metrics`` are the round's scalars plus ``finite_params`` (the new state is finite) and ``finite`` (so are
-        its losses). The round's key is ``fold_in(fold_in(state.key, 1), state.round)``. Pure."""
-        ctx = self.context(data, state.round, _round_key(state.key, state.round), state.key, hp)
+        its losses). The round's key is ``fold_in(fold_in(state.key, 1), state.round)``. ``slots``: the state holds
+        a client-state store's buffer of these clients (:attr:`RoundContext.slots`; None: every client);
+        ``cohort``: the round's cohort, drawn ahead (None: drawn in the round). Pure."""
+        ctx = self.context(data, state.round, _round_key(state.key, state.round), state.key, hp, slots)
+        ctx = ctx if cohort is None else dataclasses.replace(ctx, cohort=cohort)
         server, clients, metrics = self.algorithm_at(hp).round(ctx, state.server, state.clients)
         metrics = dict(metrics)
         losses = {k: v for k, v in metrics.items() if "loss" in k}
@@ -348,10 +369,11 @@ class Simulation:
         metrics["finite"] = metrics["finite_params"] & tree.all_finite(losses)
         return State(server=server, clients=clients, round=state.round + 1, key=state.key), metrics
 
-    def block_fn(self, state: State, data, n: int, hp: dict | None = None):
+    def block_fn(self, state: State, data, n: int, hp: dict | None = None, slots=None, cohorts=None):
         """``(state after n rounds, the rounds' metrics stacked along axis 0)``: :meth:`round_fn` scanned ``n``
-        times (``lax.scan``; ``n`` static). Pure."""
-        return jax.lax.scan(lambda s, _: self.round_fn(s, data, hp), state, None, length=n)
+        times (``lax.scan``; ``n`` static); ``cohorts``: the rounds' cohorts drawn ahead, stacked (None: each
+        round draws its own). Pure."""
+        return jax.lax.scan(lambda s, c: self.round_fn(s, data, hp, slots, c), state, cohorts, length=n)
 
     def evaluate_fn(self, state: State, data, hp: dict | None = None):
         """``(scalar summaries, per-client arrays)``: the algorithm's evaluation of ``state`` on ``data`` with traced
@@ -433,16 +455,19 @@ class Simulation:
         """Trace the programs of a run under their memory budgets — initialisation, one round and evaluation —
         without compiling or running anything, so that one whose client maps cannot fit even one client at a time is
         refused (:class:`~fljax.engine.budget.MemoryPlanError`) before a run directory is written (the run plans
-        them again when it compiles them). Once per simulation; nothing under the loop executor, whose programs are
-        per client."""
+        them again when it compiles them); with a client-state store, its programs on a block's buffer and an
+        evaluation chunk (:meth:`fljax.engine.store.StoreEngine.programs`). Once per simulation; nothing under the
+        loop executor, whose programs are per client."""
         if self._planned or not self.executor.jittable:
             return
         key = jax.eval_shape(lambda: jax.random.PRNGKey(self.seed))
         data = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), self.data)
         state = self.state_shapes()
-        for name, fn, args in (("init", self.init_fn, (key, None, data)),
-                               ("block", lambda s, d: self.block_fn(s, d, 1), (state, data)),
-                               ("evaluate", self.evaluate_fn, (state, data))):
+        programs = (("init", self.init_fn, (key, None, data)),
+                    ("block", lambda s, d: self.block_fn(s, d, 1), (state, data)),
+                    ("evaluate", self.evaluate_fn, (state, data))) if self.store_engine is None \
+            else self.store_engine.programs(key, data)
+        for name, fn, args in programs:
             total, source = self.program_budget(args)
             with budget.scope(total, _PROGRAMS[name], source), precision_scope("fp32"):
                 jax.eval_shape(fn, *args)
@@ -469,7 +494,9 @@ class Simulation:
 
     def run_rounds(self, state: State, n: int, stack: bool = True):
         """n rounds as one compiled scan; returns the state and the per-round metrics stacked along axis 0."""
-        if not self.executor.jittable:
+        if isinstance(state.clients, store.StoredClients):
+            state, metrics = self.store_engine.run_rounds(state, n)
+        elif not self.executor.jittable:
             outs = []
             for _ in range(n):
                 state, m = self._eager(self.round_fn, state, self.data)
@@ -482,6 +509,8 @@ class Simulation:
 
     def evaluate(self, state: State) -> tuple[dict, dict]:
         """(scalar summaries, per-client accuracies) of the global and personalized models."""
+        if isinstance(state.clients, store.StoredClients):
+            return self.store_engine.evaluate(state)
         if not self.executor.jittable:
             return self._eager(self.evaluate_fn, state, self.data)
         return self.compiled("evaluate", self.evaluate_fn, (state, self.data))(state, self.data)
@@ -515,6 +544,8 @@ class Simulation:
 
 # the programs' names in messages
 _PROGRAMS = {"init": "initialisation", "block": "rounds", "evaluate": "evaluation", "until": "stopping-rule loop",
+             "store_init": "initialisation", "store_init_rows": "clients' initialisation", "store_draws": "cohorts",
+             "store_block": "rounds", "store_evaluate": "evaluation", "store_summary": "evaluation",
              "lanes_init": "lanes' initialisation", "lanes_block": "lanes' rounds",
              "lanes_evaluate": "lanes' evaluation", "lanes_until": "lanes' stopping-rule loop"}
 

@@ -31,9 +31,10 @@ __all__ = ["Lanes", "stack_data", "stack_hyperparameters", "can_batch"]
 
 
 def can_batch(sim: Simulation, datas: list | None = None) -> bool:
-    """True when ``sim``'s rounds can run vmapped over lanes: a jitted, single-device executor and (when each lane
-    has its own data) data of identical shapes."""
-    if not sim.executor.jittable or isinstance(sim.executor, ShardedExecutor):
+    """True when ``sim``'s rounds can run vmapped over lanes: a jitted, single-device executor, the clients' state
+    on the device (a store keeps one run's: :mod:`fljax.engine.store`) and (when each lane has its own data) data of
+    identical shapes."""
+    if not sim.executor.jittable or isinstance(sim.executor, ShardedExecutor) or sim.store_engine is not None:
         return False
     return datas is None or stack_data(datas) is not None
 
@@ -79,8 +80,8 @@ class Lanes:
         if mode not in LANE_MAPS:
             raise ValueError(f"mode must be one of {LANE_MAPS}, got {mode!r}.")
         if not can_batch(sim, datas):
-            raise ValueError("these runs cannot run as one program (loop or sharded executor, or data of different "
-                             "shapes per lane); run them one after another.")
+            raise ValueError("these runs cannot run as one program (loop or sharded executor, a client-state store, "
+                             "or data of different shapes per lane); run them one after another.")
         self.sim = sim
         self.seeds = list(seeds)
         self.data = sim.data if datas is None else stack_data(datas)

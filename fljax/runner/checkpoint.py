@@ -27,6 +27,7 @@ from typing import Callable
 import jax
 
 from fljax.engine import RunLog, State
+from fljax.engine.store import StoredClients
 
 __all__ = ["Checkpointer", "CheckpointTimer", "CheckpointError", "CHECKPOINT_SECONDS"]
 
@@ -140,13 +141,21 @@ class Checkpointer:
 
     def save(self, state: State, log: RunLog) -> None:
         """Checkpoint after round ``state.round`` (asynchronous; a pending save finishes first). Saving the round
-        this checkpointer saved last again does nothing."""
+        this checkpointer saved last again does nothing. A client-state store (:mod:`fljax.engine.store`) is
+        flushed first and saves what it keeps in a checkpoint (a host store its rows, a disk store nothing: its
+        journals return it to this round)."""
         round_ = int(state.round)
         if round_ == self._saved:
             return
         args = self._ocp.args
         with self._writing(round_):
             self._manager.wait_until_finished()  # the pending save's failure is reported as its own round's
+            if isinstance(state.clients, StoredClients):
+                store = state.clients.store
+                if self.rounds():
+                    store.forget_before(min(self.rounds()))  # no older checkpoint is left to return to
+                store.commit(round_)
+                state = state.replace(clients=store.checkpoint_tree())
             self._saved = round_
             self._manager.save(round_, args=args.Composite(state=args.StandardSave(jax.device_get(state)),
                                                            log=args.JsonSave(log.to_json())), force=True)
@@ -165,10 +174,18 @@ class Checkpointer:
         if round_ is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
         args = self._ocp.args
+        store = template.clients.store if template is not None and isinstance(template.clients,
+                                                                                StoredClients) else None
+        if store is not None:  # what the store saved in the checkpoint
+            template = template.replace(clients=store.checkpoint_tree())
         abstract = None if template is None else jax.tree.map(self._ocp.utils.to_shape_dtype_struct, template)
         out = self._manager.restore(round_, args=args.Composite(state=args.StandardRestore(abstract),
                                                                 log=args.JsonRestore()))
-        return out.state, RunLog.from_json(out.log)
+        state = out.state
+        if store is not None:  # the store returned to this round (a disk store's journals applied)
+            store.restore(round_, state.clients)
+            state = state.replace(clients=StoredClients(store))
+        return state, RunLog.from_json(out.log)
 
     def restore_newest(self, template: State | None = None, warn: Callable[[str], None] = print,
                        at_most: int | None = None) -> tuple[State, RunLog] | None:

@@ -22,6 +22,7 @@ from fljax.experiment import RunSettings
 from fljax.engine import DivergenceGuard, Lanes, NonFiniteGuard, RunResult, Simulation
 from fljax.engine.loop import drive
 from fljax.runner.callbacks import Checkpoints, RecordEvaluation, RecordStop, SaveCheckpoint
+from fljax.runner import stores
 from fljax.runner.checkpoint import CheckpointTimer
 from fljax.runner.plan import Program, lane_data
 from fljax.runner.report import Output
@@ -72,7 +73,7 @@ class FixedRounds:
         if lanes is None:
             run = runs[0]
             state = _initial(runs, sim, lambda: run.progress.state if run.progress.state is not None
-                             else sim.init(run.seed))
+                             else stores.initial_state(run, sim))
             state, per_client, _ = drive(sim, state, [run.progress.log], cfg.rounds, cfg.eval_every, lanes=False,
                                          **common)
             results = [RunResult(state, run.progress.log.history, jax.device_get(per_client), sim.compile_seconds,

@@ -35,7 +35,7 @@ from fljax.engine import NonFiniteError
 from fljax.engine.processes import lead_only
 from fljax.experiment import Experiment, privacy_of
 from fljax.privacy import delta_warning, weighting_note
-from fljax.runner import identity, interrupt, lock
+from fljax.runner import identity, interrupt, lock, stores
 from fljax.runner.callbacks import Checkpoints
 from fljax.runner.checkpoint import Checkpointer
 from fljax.runner.directories import Layout
@@ -121,10 +121,12 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
     runs = [run for point_runs in runs_by_point for run in point_runs]
     schedule = Schedule(Simulations(model), lanes, trace, output)
     schedule.plan(runs)  # every program's simulation built and checked to fit, before anything is written
+    for run in runs:  # and every run's client-state store (fljax.runner.stores)
+        stores.check(run, schedule.of(run).sim, resume)
     with lock.hold(layout.paths):
         layout.check_results(resume, missing_ok)
         if resume:
-            restore_all(runs, lambda run: schedule.of(run).sim.state_shapes(), output.warn)
+            restore_all(runs, lambda run: stores.template(run, schedule.of(run).sim), output.warn)
         if root_summary is not None:
             layout.root.write_summary(root_summary)
         layout.write(made, listing, model)
