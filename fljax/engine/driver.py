@@ -24,6 +24,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend import core as jax_core
 
 from fljax import tree
 from fljax.engine import blas, budget, compile_cache, compile_clock, compile_pool, processes, sampling
@@ -351,17 +352,19 @@ class Simulation:
 
     def block_fn(self, state: State, data, n, hp: dict | None = None, capacity: int | None = None):
         """``(state after n rounds, the rounds' metrics stacked along axis 0)``: :meth:`round_fn` applied ``n``
-        times. ``n`` a Python int: a ``lax.scan`` of n rounds (differentiable); a traced integer: a loop of n rounds
-        whose metrics fill the first n of ``capacity`` rows (one program for blocks of every length up to
-        ``capacity``; running n rounds in one call or in several calls of it gives the same results bit for bit, as
-        every call runs the same compiled round). Pure."""
+        times in a loop (``n`` a Python int: a ``lax.scan``, differentiable; a traced integer: a loop whose metrics
+        fill the first n of ``capacity`` rows, so that one program serves blocks of every length up to ``capacity``
+        — running n rounds in one call or in several calls of it gives the same results bit for bit, as every call
+        runs the same compiled round). The round is traced once (its jaxpr gives the metrics' shapes and is the
+        loop's body). Pure."""
         capacity = n if capacity is None else capacity
-        shapes = jax.eval_shape(lambda s: self.round_fn(s, data, hp)[1], state)
-        rows = jax.tree.map(lambda m: jnp.zeros((capacity, *m.shape), m.dtype), shapes)
+        closed, shapes = jax.make_jaxpr(self.round_fn, return_shape=True)(state, data, hp)
+        round_, tree_ = jax_core.jaxpr_as_fun(closed), jax.tree.structure(shapes)
+        rows = jax.tree.map(lambda m: jnp.zeros((capacity, *m.shape), m.dtype), shapes[1])
 
         def one(i, carry):
             s, rows_ = carry
-            s, metrics = self.round_fn(s, data, hp)
+            s, metrics = jax.tree.unflatten(tree_, round_(*jax.tree.leaves((s, data, hp))))
             return s, jax.tree.map(lambda row, m: row.at[i].set(m), rows_, metrics)
 
         return jax.lax.fori_loop(0, n, one, (state, rows))
