@@ -101,7 +101,10 @@ def summary_row(label: str, summaries: list[dict]) -> dict:
     finals = [s.get("final", {}) for s in summaries]
     col = lambda key, **kw: mean_std([f.get(key) for f in finals], **kw)
     mb = [(f.get("bytes_up", 0.0) + f.get("bytes_down", 0.0)) / 1e6 for f in finals]
-    private = {"ε": col("epsilon", form="g")} if any("epsilon" in f for f in finals) else {}
+    private = {}
+    if any("epsilon" in f for f in finals):  # papers report (ε, δ): the run's δ (default N^-1.1, fljax.privacy)
+        deltas = sorted({s["privacy"]["delta"] for s in summaries if "delta" in s.get("privacy", {})})
+        private["(ε, δ)"] = f"({col('epsilon', form='g')}, {'/'.join(f'{d:.3g}' for d in deltas) or '-'})"
     if any("virtual_time" in f for f in finals):  # the participation's clock (fljax.participation)
         private["virtual s"] = col("virtual_time", digits=1)
     sampled = [s for s in summaries if s.get("eval_clients", 0) < s.get("num_clients", 0)]
