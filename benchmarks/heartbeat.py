@@ -1,0 +1,64 @@
+"""What the progress bar's heartbeat costs: a block of rounds between evaluations run as paced calls of its one
+program so that the bar moves every ``HEARTBEAT_SECONDS`` with the last round's training loss
+(:class:`fljax.engine.loop.Pace`), against the same rounds in one call (``--quiet``, no bar).
+
+Workload: the quick start's FedAvg (digits, 50 clients, the MLP, cohort 10, 2 local epochs), ``--rounds`` rounds
+evaluated once at the end. Rows (one process, the two alternated ``--repeats`` times so that both see the same
+load): the rounds' seconds (``run_seconds``, compilation apart), the calls of the block program, and the heartbeat's
+cost as a share of the quiet run's round time (issue 40's goal: at most 2 %), from the medians and from the minima
+(the minimum is the least disturbed by other work on a shared machine). Writes
+``benchmarks/results/heartbeat.json``.
+
+    python benchmarks/heartbeat.py [--rounds 400] [--repeats 7]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import statistics
+
+import fljax
+from fljax.engine.loop import HEARTBEAT_SECONDS
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=400)
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    sim = fljax.build({"algorithm": "fedavg", "data": {"dataset": "digits", "num_clients": 50},
+                       "model": {"name": "mlp", "options": {"hidden": [64]}},
+                       "algo": {"cohort_size": 10, "lr": 0.1, "batch_size": 10, "local_epochs": 2}})
+    calls = []
+    run_rounds = sim.run_rounds
+    sim.run_rounds = lambda state, n, **kw: calls.append(n) or run_rounds(state, n, **kw)
+    sim.run(args.rounds, eval_every=args.rounds, progress=False)  # compiled once, outside the timings
+    seconds, count = {"quiet": [], "bar": []}, {}
+    for _ in range(args.repeats):
+        for mode in ("quiet", "bar"):
+            calls.clear()
+            with contextlib.redirect_stderr(io.StringIO()):  # the bar's lines
+                result = sim.run(args.rounds, eval_every=args.rounds, progress="bar" if mode == "bar" else False)
+            seconds[mode].append(result.run_seconds)
+            count[mode] = len(calls)
+    quiet, bar = statistics.median(seconds["quiet"]), statistics.median(seconds["bar"])
+    fastest = {mode: min(values) for mode, values in seconds.items()}
+    result = {"benchmark": f"python benchmarks/heartbeat.py --rounds {args.rounds} --repeats {args.repeats}",
+              "workload": "fedavg, digits, 50 clients, mlp [64], cohort 10, 2 local epochs (the quick start)",
+              "heartbeat_seconds": HEARTBEAT_SECONDS, "rounds": args.rounds, "cpus": os.cpu_count(),
+              "load_average": round(os.getloadavg()[0], 2), "quiet_seconds": seconds["quiet"],
+              "bar_seconds": seconds["bar"], "quiet_calls": count["quiet"], "bar_calls": count["bar"],
+              "median_ms_per_round": {"quiet": round(1e3 * quiet / args.rounds, 3),
+                                      "bar": round(1e3 * bar / args.rounds, 3)},
+              "cost_percent_of_medians": round(100 * (bar - quiet) / quiet, 2),
+              "cost_percent_of_minima": round(100 * (fastest["bar"] - fastest["quiet"]) / fastest["quiet"], 2)}
+    print(json.dumps(result, indent=2))
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "heartbeat.json"), "w") as f:
+        json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
