@@ -78,6 +78,8 @@ def _overrides(args) -> list[str]:
         overrides.append(f"seeds={args.seeds}")
     if args.checkpoint_every is not None:
         overrides.append(f"checkpoint_every={args.checkpoint_every}")
+    if getattr(args, "rounds", None) is not None:
+        overrides.append(f"rounds={args.rounds}")
     return overrides
 
 
@@ -541,6 +543,15 @@ class _Parser(argparse.ArgumentParser):
         return super().format_help()
 
 
+def _reproduce_epilog() -> str:
+    """The examples, then every reproduction with its title and the studies ``--only`` chooses from."""
+    from fljax.runner.study import load_study, study_names
+
+    studies = [load_study(name) for name in study_names()]
+    listed = "\n".join(f"  {s.name:<14} {s.title}\n  {'':<14} --only {','.join(s.studies)}" for s in studies)
+    return f"{EXAMPLES_REPRODUCE}\nreproductions (NAME) and their studies (--only):\n{listed}\n"
+
+
 def _compare_epilog() -> str:
     from fljax.algorithms.families import QUICKSTART, QUICKSTART_WHY
 
@@ -564,6 +575,7 @@ def make_parser() -> argparse.ArgumentParser:
         sp.add_argument("--resume", action="store_true",
                         help="continue the run in --out DIR from its latest checkpoint (same results bit for bit)")
         sp.add_argument("--seeds", type=int, metavar="N", help="run N seeds (seed, seed+1, ...) and report mean ± std")
+        sp.add_argument("--rounds", type=int, metavar="T", help="rounds per run (the same as --set rounds=T)")
         sp.add_argument("--checkpoint-every", type=int, metavar="K",
                         help="checkpoint every K rounds (default: at an evaluation once a minute has passed, "
                         "and at the end; 0: never)")
@@ -658,7 +670,7 @@ def make_parser() -> argparse.ArgumentParser:
                         description="Run the studies of a paper reproduction (a study file: base config, axes of "
                         "overrides, seeds, the paper's numbers) through the path of `fljax run`; runs finished "
                         "before an interruption are reused. Writes README.md (tables, claims), results.json.gz and "
-                        "plots into --out. `fljax list` shows the available ones.", epilog=EXAMPLES_REPRODUCE,
+                        "plots into --out. The available ones and their studies are listed below.", epilog=_reproduce_epilog,
                         formatter_class=raw)
     rp.add_argument("name", help="reproduction name")
     rp.add_argument("--only", metavar="STUDIES", help="comma-separated studies of the file (default: all)")

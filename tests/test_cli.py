@@ -87,6 +87,13 @@ def test_version_and_help_start_without_jax(capsys):
              "print('JAX', 'jax' in sys.modules, file=sys.stderr)")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     assert done.stderr.strip().splitlines()[-1] == "JAX False", done.stderr
+    with pytest.raises(SystemExit):
+        main(["reproduce", "--help"])  # every reproduction with its studies, the choices of --only
+    out = capsys.readouterr().out
+    from fljax.runner.study import load_study, study_names
+
+    for name in study_names():
+        assert f"  {name} " in out and f"--only {','.join(load_study(name).studies)}\n" in out
     assert main(["tune", "--hp", "algo.lr", "--split", "validation"]) == 2
     assert "fljax: error: --split must be one of val, test, train, got 'validation'." in capsys.readouterr().err
 
