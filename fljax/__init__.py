@@ -17,11 +17,35 @@ if "OPENBLAS_NUM_THREADS" not in _os.environ:
 
     _threadpoolctl.threadpool_limits(1, user_api="blas")  # libraries already loaded (numpy's)
 
-from fljax.api import (build, compare, hypergradient, load_compare, load_data, load_run, load_sweep,  # noqa: E402
-                       make_config, run, sweep, tune)
-from fljax.config import ConfigError, DataConfig, ExperimentConfig, ModelConfig  # noqa: E402
-from fljax.engine import Simulation, State  # noqa: E402
-from fljax.experiment import Experiment, resolve  # noqa: E402
+# The public names below are imported on first use (PEP 562): ``import fljax`` and the command line's ``--help``,
+# ``--version`` and ``list`` then start without importing JAX (benchmarks/first_run.py, case "help").
+_PUBLIC = {"build": "fljax.api", "compare": "fljax.api", "hypergradient": "fljax.api", "load_compare": "fljax.api",
+           "load_data": "fljax.api", "load_run": "fljax.api", "load_sweep": "fljax.api", "make_config": "fljax.api",
+           "run": "fljax.api", "sweep": "fljax.api", "tune": "fljax.api", "resolve": "fljax.experiment",
+           "ConfigError": "fljax.config", "DataConfig": "fljax.config", "ExperimentConfig": "fljax.config",
+           "ModelConfig": "fljax.config", "Simulation": "fljax.engine", "State": "fljax.engine",
+           "Experiment": "fljax.experiment"}
+
+
+def __getattr__(name: str):
+    """A public name (imported from its module on first use), or a submodule (``fljax.api``)."""
+    import importlib
+
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+        globals()[name] = value
+        return value
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"{__name__}.{name}":
+            raise
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})
+
 
 __all__ = ["build", "compare", "hypergradient", "load_compare", "load_data", "load_run", "load_sweep", "make_config",
            "run", "sweep", "tune",

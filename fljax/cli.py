@@ -19,10 +19,11 @@ import sys
 import textwrap
 import threading
 
-from fljax.algorithms.families import QUICKSTART, QUICKSTART_WHY
-from fljax.config import INT32_MAX, RUNS_MAX, ConfigError, apply_overrides, load_config, to_dict
-from fljax.experiment import quickstart, resolve
-from fljax.options import suggest
+from fljax import __version__
+from fljax.errors import ConfigError
+
+# The rest of fljax (and JAX) is imported inside the commands: ``fljax --help``, ``--version`` and a command's
+# ``--help`` parse without it (benchmarks/first_run.py, case "help").
 
 EXAMPLES_RUN = """examples:
   fljax run configs/fedavg.yaml                              # one experiment from a config file
@@ -77,6 +78,8 @@ def _overrides(args) -> list[str]:
         overrides.append(f"seeds={args.seeds}")
     if args.checkpoint_every is not None:
         overrides.append(f"checkpoint_every={args.checkpoint_every}")
+    if getattr(args, "rounds", None) is not None:
+        overrides.append(f"rounds={args.rounds}")
     return overrides
 
 
@@ -84,6 +87,9 @@ def _parse(args, algorithm_keys: bool = True, grid: dict | None = None):
     """The parsed config file with the command line's overrides; without a file, the quick-start preset (the one
     ``fljax compare`` uses; with ``algorithm_keys``, only those of its ``algo`` keys that the algorithm declares),
     which yields to the overrides and to a sweep's ``grid`` (:func:`fljax.experiment.quickstart`)."""
+    from fljax.config import apply_overrides, load_config
+    from fljax.experiment import quickstart
+
     overrides = _overrides(args)
     return load_config(args.config, overrides, base=None if args.config else
                        quickstart(apply_overrides({}, overrides), algorithm_keys=algorithm_keys, grid=grid))
@@ -91,12 +97,15 @@ def _parse(args, algorithm_keys: bool = True, grid: dict | None = None):
 
 def _load(args):
     """The experiment of the config file (or the quick-start preset) with the command line's overrides."""
+    from fljax.experiment import resolve
+
     return resolve(_parse(args))
 
 
 def _resume_config(args, kind: str = "run"):
     """On --resume the config is the run directory's own (only --set/--seeds/--checkpoint-every may change it); the
     directory must hold a ``kind`` (run, sweep, comparison: :mod:`fljax.runner.identity`), made from a config."""
+    from fljax.config import load_config
     from fljax.runner.directories import saved_config
 
     if not args.out:
@@ -205,6 +214,8 @@ def _interrupted(command: str, out: str, e: KeyboardInterrupt) -> int:
 
 def _setup_run(args, check: bool = False):
     """The experiment of ``fljax run`` and its run directory (``check``: also every option of the output)."""
+    from fljax.experiment import resolve
+
     exp = resolve(_resume_config(args)) if args.resume else _load(args)
     if check:
         _output(args)
@@ -273,6 +284,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_compare(args) -> int:
+    from fljax.algorithms.families import QUICKSTART
     from fljax.runner import compare_experiments
 
     cfg, entries, out = _setup_compare(args)
@@ -297,6 +309,7 @@ def _compared(names: str | None) -> list[str]:
     """The algorithms of ``--algorithms``: a comma-separated list, ``all`` (every general-purpose one), or None
     (the quick start's representatives, :data:`fljax.algorithms.families.QUICKSTART`)."""
     from fljax.algorithms import ALGORITHMS
+    from fljax.algorithms.families import QUICKSTART
 
     if names is None:
         return list(QUICKSTART)
@@ -327,9 +340,15 @@ def cmd_tune(args) -> int:
     """Hypergradient descent on ``--hp`` (docs/tuning.md): the trajectory's table, ``tune.json``, ``tune.md`` and
     ``tune.png`` in the output directory (with ``--steps 0``: the hypergradient at the start)."""
     from fljax import api, hypergrad
+    from fljax.config import to_dict
     from fljax.errors import OptionError
+    from fljax.experiment import resolve
     from fljax.runner import files
 
+    for option, name in TUNE_CHOICES.items():
+        if getattr(args, option) not in hypergrad_choices(name):
+            raise ConfigError(f"--{option} must be one of {', '.join(hypergrad_choices(name))}, got "
+                              f"{getattr(args, option)!r}.")
     if not args.hp:
         raise ConfigError("fljax tune needs at least one --hp KEY (a continuous hyperparameter, e.g. --hp algo.lr).")
     try:
@@ -372,6 +391,7 @@ _SETUP = {"run": _setup_run, "compare": _setup_compare, "sweep": _setup_sweep}
 def cmd_list(args) -> int:
     if args.name:
         return _list_algorithm(args.name)
+    from fljax.aggregation import ATTACKS, RULES
     from fljax.algorithms import ALGORITHMS
     from fljax.data import PARTITIONERS, SOURCES, DataConfig
     from fljax.engine import EXECUTORS
@@ -379,6 +399,7 @@ def cmd_list(args) -> int:
     from fljax.models.model import model_options
     from fljax.ops.gossip import TOPOLOGIES
     from fljax.options import describe
+    from fljax.participation import PARTICIPATIONS
     from fljax.runner.study import study_names
 
     common = [o for o in describe(DataConfig) if o[0] != "options"]
@@ -390,6 +411,10 @@ def cmd_list(args) -> int:
                 ("models", {n: (text, model[n]) for n, text in MODELS.items()}),
                 ("executors", {n: (text, []) for n, text in EXECUTORS.items()}),
                 ("topologies", {n: (text, []) for n, text in TOPOLOGIES.items()}),
+                *((f"{title} ({key}: {{name: NAME, ...}})", {n: (c.summary, describe(c)) for n, c in registry.items()})
+                  for title, key, registry in (("participations", "participation", PARTICIPATIONS),
+                                               ("aggregation rules", "aggregator", RULES),
+                                               ("attacks", "attack", ATTACKS))),
                 ("reproductions", {n: (_summary(n), []) for n in study_names()})]
     for title, entries in sections:
         print(f"{title}:")
@@ -426,6 +451,8 @@ def _summary(reproduction: str) -> str:
 
 
 def cmd_reproduce(args) -> int:
+    from fljax.config import INT32_MAX, RUNS_MAX
+    from fljax.options import suggest
     from fljax.runner.study import load_study, study_names
     from fljax.runner.study_run import render_study, results_from_file, run_study
 
@@ -501,10 +528,42 @@ def hypergrad_choices(name: str) -> tuple[str, ...]:
     return getattr(hypergrad, name)
 
 
+# ``fljax tune``'s options with a choice among :mod:`fljax.hypergrad`'s constants, checked when the command runs
+# (:func:`cmd_tune`; argparse's ``choices`` would import JAX to build every parser)
+TUNE_CHOICES = {"keys": "KEYS", "split": "SPLITS", "mode": "MODES", "remat": "REMAT"}
+
+
+class _Parser(argparse.ArgumentParser):
+    """A parser whose epilog may be a function, called when its help is printed (the compare command's names the
+    quick start's algorithms, from :mod:`fljax.algorithms`, which imports JAX)."""
+
+    def format_help(self) -> str:
+        if callable(self.epilog):
+            self.epilog = self.epilog()
+        return super().format_help()
+
+
+def _reproduce_epilog() -> str:
+    """The examples, then every reproduction with its title and the studies ``--only`` chooses from."""
+    from fljax.runner.study import load_study, study_names
+
+    studies = [load_study(name) for name in study_names()]
+    listed = "\n".join(f"  {s.name:<14} {s.title}\n  {'':<14} --only {','.join(s.studies)}" for s in studies)
+    return f"{EXAMPLES_REPRODUCE}\nreproductions (NAME) and their studies (--only):\n{listed}\n"
+
+
+def _compare_epilog() -> str:
+    from fljax.algorithms.families import QUICKSTART, QUICKSTART_WHY
+
+    return EXAMPLES_COMPARE.format(why=textwrap.fill(
+        f"The quick start (no --algorithms): {', '.join(QUICKSTART)}. {QUICKSTART_WHY}", 100))
+
+
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fljax", description="Vectorised federated learning simulation in JAX. "
-                                "See docs/cli.md.", epilog="run `fljax COMMAND --help` for a command's options")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(prog="fljax", description="Vectorised federated learning simulation in JAX. "
+                "See docs/cli.md.", epilog="run `fljax COMMAND --help` for a command's options")
+    p.add_argument("--version", action="version", version=f"fljax {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     raw = argparse.RawDescriptionHelpFormatter
 
     def common(sp):
@@ -516,6 +575,7 @@ def make_parser() -> argparse.ArgumentParser:
         sp.add_argument("--resume", action="store_true",
                         help="continue the run in --out DIR from its latest checkpoint (same results bit for bit)")
         sp.add_argument("--seeds", type=int, metavar="N", help="run N seeds (seed, seed+1, ...) and report mean ± std")
+        sp.add_argument("--rounds", type=int, metavar="T", help="rounds per run (the same as --set rounds=T)")
         sp.add_argument("--checkpoint-every", type=int, metavar="K",
                         help="checkpoint every K rounds (default: at an evaluation once a minute has passed, "
                         "and at the end; 0: never)")
@@ -556,15 +616,14 @@ def make_parser() -> argparse.ArgumentParser:
                        description="Run several algorithms on the same data, partition and seeds; print one table "
                        "and write compare.md, compare.png and one run directory per algorithm. Without a config "
                        "file: the packaged quick-start preset (digits, 50 clients).",
-                       epilog=EXAMPLES_COMPARE.format(why=textwrap.fill(
-                           f"The quick start (no --algorithms): {', '.join(QUICKSTART)}. {QUICKSTART_WHY}", 100)),
-                       formatter_class=raw)
+                       epilog=_compare_epilog, formatter_class=raw)
     common(c)
     c.add_argument("--algorithms", metavar="NAMES",
-                   help=f"comma-separated names, or 'all' (every general-purpose algorithm); default: the quick "
-                   f"start's {', '.join(QUICKSTART)}")
+                   help="comma-separated names, or 'all' (every general-purpose algorithm); default: the quick "
+                   "start's algorithms (below)")
     c.set_defaults(func=cmd_compare)
-    ls = sub.add_parser("list", help="show algorithms, data sets, partitioners, models, executors, topologies",
+    ls = sub.add_parser("list", help="show algorithms, data sets, partitioners, models, executors, topologies, "
+                        "participations, aggregation rules, attacks, reproductions",
                         description="Everything fljax knows by name, one line each; with an algorithm's name, its "
                         "hyperparameters with their types, defaults and one line each.")
     ls.add_argument("name", nargs="?", help="an algorithm: list its hyperparameters")
@@ -587,20 +646,20 @@ def make_parser() -> argparse.ArgumentParser:
                     "the value and gradient at the start)")
     tn.add_argument("--hyper-lr", type=float, default=0.2, metavar="A", help="the longest step in log h (default "
                     "0.2: a factor of 1.22); a step not better on its run is halved and tried again")
-    tn.add_argument("--keys", choices=hypergrad_choices("KEYS"), default="redraw",
+    tn.add_argument("--keys", metavar="K", default="redraw",
                     help="redraw: the run of seed + step at every step (default); fixed: the config's seed")
     tn.add_argument("--metric", default="global_loss", help="the evaluation loss to minimise (default global_loss; "
                     "personal_loss for personalized models)")
-    tn.add_argument("--split", choices=hypergrad_choices("SPLITS"), default="val", help="where the metric is "
+    tn.add_argument("--split", metavar="SPLIT", default="val", help="where the metric is "
                     "scored: val (rows held out of each client's training split; default), test or train")
     tn.add_argument("--val-fraction", type=float, default=0.2, metavar="F",
                     help="share of each client's training rows held out for validation (default 0.2)")
     tn.add_argument("--last", type=int, default=1, metavar="M", help="average the metric over the evaluations "
                     "after each of the last M rounds (default 1: the final one)")
-    tn.add_argument("--mode", choices=hypergrad_choices("MODES"), default="reverse",
+    tn.add_argument("--mode", metavar="MODE", default="reverse",
                     help="reverse (one backward sweep; default) or forward (jvp per hyperparameter, memory "
                     "independent of the rounds)")
-    tn.add_argument("--remat", choices=hypergrad_choices("REMAT"), default="round",
+    tn.add_argument("--remat", metavar="R", default="round",
                     help="reverse mode: recompute each round (round; default), blocks of sqrt(T) rounds (block), or "
                     "store everything (none)")
     mode = tn.add_mutually_exclusive_group()
@@ -611,7 +670,7 @@ def make_parser() -> argparse.ArgumentParser:
                         description="Run the studies of a paper reproduction (a study file: base config, axes of "
                         "overrides, seeds, the paper's numbers) through the path of `fljax run`; runs finished "
                         "before an interruption are reused. Writes README.md (tables, claims), results.json.gz and "
-                        "plots into --out. `fljax list` shows the available ones.", epilog=EXAMPLES_REPRODUCE,
+                        "plots into --out. The available ones and their studies are listed below.", epilog=_reproduce_epilog,
                         formatter_class=raw)
     rp.add_argument("name", help="reproduction name")
     rp.add_argument("--only", metavar="STUDIES", help="comma-separated studies of the file (default: all)")

@@ -69,13 +69,48 @@ def test_help_everywhere(capsys):
             assert "examples:" in out and "fljax " + argv[0] in out
 
 
+def test_version_and_help_start_without_jax(capsys):
+    """``fljax --version``, ``--help`` and a command's ``--help`` parse without importing JAX (issue 40, point 5; the
+    time is measured in benchmarks/first_run.py); a ``tune`` choice is checked when the command runs."""
+    import subprocess
+    import sys
+
+    from fljax import __version__
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"fljax {__version__}"
+    probe = ("import sys; from fljax.cli import main\n"
+             "for argv in (['--help'], ['--version'], ['run', '--help'], ['sweep', '--help'], ['tune', '--help']):\n"
+             "    try: main(argv)\n"
+             "    except SystemExit: pass\n"
+             "print('JAX', 'jax' in sys.modules, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    assert done.stderr.strip().splitlines()[-1] == "JAX False", done.stderr
+    with pytest.raises(SystemExit):
+        main(["reproduce", "--help"])  # every reproduction with its studies, the choices of --only
+    out = capsys.readouterr().out
+    from fljax.runner.study import load_study, study_names
+
+    for name in study_names():
+        assert f"  {name} " in out and f"--only {','.join(load_study(name).studies)}\n" in out
+    assert main(["tune", "--hp", "algo.lr", "--split", "validation"]) == 2
+    assert "fljax: error: --split must be one of val, test, train, got 'validation'." in capsys.readouterr().err
+
+
 def test_list_shows_every_registry(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    for section in ("algorithms:", "datasets:", "partitioners:", "models:", "executors:", "topologies:"):
+    for section in ("algorithms:", "datasets:", "partitioners:", "models:", "executors:", "topologies:",
+                    "participations (participation: {name: NAME, ...}):", "aggregation rules (aggregator:",
+                    "attacks (attack:"):
         assert section in out
-    for name in (*ALGORITHMS, "digits", "dirichlet", "mlp", "vmap", "ring"):
+    from fljax.aggregation import ATTACKS, RULES
+    from fljax.participation import PARTICIPATIONS
+
+    for name in (*ALGORITHMS, *PARTICIPATIONS, *RULES, *ATTACKS, "digits", "dirichlet", "mlp", "vmap", "ring"):
         assert f"  {name} " in out
+    assert "      beta (default 0.1): β: the share trimmed from each end" in out  # a rule's options
     for option in ("alpha (default 0.5): Dirichlet concentration", "samples_per_client (default null)",
                    "noise (default 0.0)", "hidden (default [200, 200])", "test_per_client "):
         assert option in out  # each data set's, partitioner's and model's options

@@ -331,3 +331,74 @@ def test_classification_data_needs_a_model_and_the_composition_root_picks_the_de
     with pytest.raises(ValueError, match="Simulation needs the model its clients run for classification data"):
         Simulation(make_algorithm("fedavg"), synth20)
     assert default_model(synth20).name == "logreg" and default_model(digits10).name == "cnn1"
+
+
+# ------------------------------------------------------------------------------- one block program, paced progress
+def _same(a, b) -> bool:
+    """Every leaf of ``a`` and ``b`` equal bit for bit."""
+    a, b = jax.device_get((a, b))
+    return jax.tree.structure(a) == jax.tree.structure(b) and all(
+        np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def test_one_block_program_runs_every_length_up_to_its_capacity_bit_for_bit(synth20):
+    """``run_rounds(state, n, capacity=c)`` runs n ≤ c rounds with the one program of capacity c (the rounds an
+    argument): n rounds in one call, in several calls of it, or under another capacity give the same state and
+    per-round metrics bit for bit (:meth:`Simulation.block_fn`), and one program is compiled for every length."""
+    algo = make_algorithm("fedavg", lr=0.05, cohort_size=5, local_steps=3, batch_size=8)
+    sim = Simulation(algo, synth20, default_model(synth20), executor="vmap", seed=3)
+    start = sim.init()
+    whole, metrics = sim.run_rounds(start, 5)
+    assert metrics["train_loss"].shape == (5,)
+    for capacity, parts in ((5, (2, 3)), (8, (1, 1, 3)), (8, (5,))):
+        state, got = start, []
+        for n in parts:
+            state, m = sim.run_rounds(state, n, capacity=capacity)
+            got.append(jax.tree.map(lambda x: np.asarray(x)[:n], m))
+        assert _same(state, whole), (capacity, parts)
+        assert _same(jax.tree.map(lambda *xs: np.concatenate(xs), *got), metrics), (capacity, parts)
+    assert {static for name, static in sim._executables if name == "block"} == {(5,), (8,)}
+    with pytest.raises(ValueError, match="between 1 and capacity = 8"):
+        sim.run_rounds(start, 9, capacity=8)
+
+
+def test_the_progress_bar_moves_inside_a_block_and_changes_no_result(synth20, capsys):
+    """With a bar, a block of rounds between evaluations runs as several calls of its program, paced to move the bar
+    every HEARTBEAT_SECONDS (the first call: one round) with the last round's training loss; the history and state
+    are the quiet run's bit for bit."""
+    algo = make_algorithm("fedavg", lr=0.05, cohort_size=5, local_steps=3, batch_size=8)
+    model = default_model(synth20)
+    quiet = Simulation(algo, synth20, model, executor="vmap", seed=7)
+    shown = Simulation(algo, synth20, model, executor="vmap", seed=7)
+    calls = []
+    run_rounds = shown.run_rounds
+    shown.run_rounds = lambda state, n, **kw: calls.append(n) or run_rounds(state, n, **kw)
+    a = quiet.run(6, eval_every=6, progress=False)
+    b = shown.run(6, eval_every=6, progress="bar")
+    assert len(calls) >= 2 and calls[0] == 1 and sum(calls) == 6  # the bar moved after the first round
+    assert _same(a.state, b.state)
+    strip = lambda h: [{k: v for k, v in r.items() if not k.endswith("seconds")} for r in h]  # noqa: E731
+    assert strip(a.history) == strip(b.history)
+    err = capsys.readouterr().err
+    assert "bar: 100%" in err and "loss=" in err
+
+
+def test_a_line_says_which_programs_compile_while_they_do(capsys):
+    """``wait_compiling`` shows '<run>: compiling <programs> … N s' while a simulation's programs compile in the
+    background, names them as messages do (fljax.engine.driver.PROGRAMS), and leaves nothing behind once they are
+    ready; nothing at all when none is compiling."""
+    from fljax.engine.loop import wait_compiling
+
+    class Compiling:
+        def __init__(self, reports):
+            self.reports = reports
+
+        def wait(self, report):
+            for names, seconds in self.reports:
+                report(names, seconds)
+
+    wait_compiling(Compiling([(["block", "evaluate"], 0.2), (["evaluate"], 3.4)]), "fedavg")
+    err = capsys.readouterr().err
+    assert "fedavg: compiling rounds, evaluation … 0 s" in err and "fedavg: compiling evaluation … 3 s" in err
+    wait_compiling(Compiling([]), "fedavg")
+    assert capsys.readouterr().err == ""

@@ -161,3 +161,17 @@ def test_a_simulation_refuses_a_sample_it_cannot_evaluate():
     sim = fljax.Simulation(algo, data, model, eval_clients=12)  # every client: the evaluation of every client
     assert sim.eval_ids is None and sim.eval_clients == 12
     assert jnp.asarray(sim.evaluate(sim.init())[1]["personal_acc"]).shape == (12,)
+
+
+def test_plot_titles_state_the_evaluated_clients():
+    """A plot's title names the clients its evaluations scored when they are a sample (issue 40: '715 clients'
+    where 50 were evaluated), and only then."""
+    from fljax.config import load_config
+    from fljax.runner.run_plots import setting
+
+    cfg = load_config(None, ["data.dataset=digits", "data.num_clients=12", "data.partition=iid"])
+    assert setting(cfg) == "digits, 12 clients, iid"
+    assert setting(load_config(None, ["data.dataset=digits", "data.num_clients=12", "data.partition=iid",
+                                      "eval_clients=5"])) == "digits, 12 clients, 5 evaluated, iid"
+    assert setting(load_config(None, ["data.dataset=digits", "data.num_clients=12", "eval_clients=12"])).startswith(
+        "digits, 12 clients, dirichlet")

@@ -23,6 +23,8 @@ def _cli_config(*argv):
 def test_run_without_a_config_file_uses_the_compare_preset():
     cfg = _cli_config("--algorithm", "fedavg", "--dataset", "digits", "--set", "rounds=5")
     assert (cfg.model.name, cfg.model.options, cfg.data.num_clients, cfg.rounds) == ("mlp", {"hidden": [64]}, 50, 5)
+    assert _cli_config("--algorithm", "fedavg", "--rounds", "5") == _cli_config("--algorithm", "fedavg", "--set",
+                                                                               "rounds=5")  # as reproduce --rounds
     assert cfg.algo == {"cohort_size": 10, "lr": 0.1, "batch_size": 10, "local_epochs": 2}
     # the preset's algo keys an algorithm does not take are left out; the user's own are still checked
     assert _cli_config("--algorithm", "dfedalt").algo == {"lr": 0.1, "batch_size": 10, "local_epochs": 2}

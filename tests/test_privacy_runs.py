@@ -106,7 +106,7 @@ def test_epsilon_in_metrics_summary_table_and_load_run_is_dp_accounting_and_a_re
     summary = whole.summary
     assert summary["final"]["epsilon"] == want[4] and summary["privacy"]["noise_multiplier"] == 1.1
     assert summary["privacy"]["delta"] == 1e-3 and summary["privacy"]["compressor"].startswith("TopK")
-    assert whole.row()["ε"] == f"{want[4]:.3g}"
+    assert whole.row()["(ε, δ)"] == f"({want[4]:.3g}, 0.001)"  # papers report the pair
     frame = fljax.load_run(str(tmp_path / "whole"))
     assert list(frame["epsilon"]) == [0.0, want[2], want[4]]
     # a run stopped after 2 rounds and resumed to 4 gives the same records, ε included (and the residuals'

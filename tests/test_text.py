@@ -223,3 +223,21 @@ def test_the_text_benchmark_measures_a_row_in_process():
     assert "| 3 | 4 |" in text_workloads.markdown({"dry_run": True, "backend": "cpu", "cpu_count": 2, "devices": "cpu",
                                                    "jax": "-", "date": "-", "load_average": [0.0] * 3,
                                                    "command": "-"}, [row])
+
+
+def test_text_reports_name_perplexity_and_token_accuracy():
+    """A text run's table has a perplexity column per model (the mean over seeds of exp of the token-weighted mean
+    cross-entropy) and its plots' axes name perplexity and token accuracy, not the raw metric keys (issue 40)."""
+    from fljax.runner.plots import metric_label
+    from fljax.runner.report import summary_row
+
+    summaries = [{"final": {"personal_acc": 0.2, "global_acc": 0.1, "personal_perplexity": p, "global_perplexity": g,
+                            "round": 3},
+                  "run_seconds": 1.0, "compile_seconds": 2.0, "client_steps_per_second": 10.0}
+                 for p, g in ((30.0, 50.0), (32.0, 54.0))]
+    row = summary_row("fedavg", summaries)
+    assert row["personal perplexity"] == "31.00 ± 1.41" and row["global perplexity"] == "52.00 ± 2.83"
+    assert "global perplexity" not in summary_row("fedavg", [{**summaries[0], "final": {"round": 3}}])
+    assert metric_label("personal_perplexity") == ("personalized test perplexity\n"
+                                                   "(exp of the token-weighted mean cross-entropy)")
+    assert metric_label("global_acc_with_specials").startswith("global-model test token accuracy\n")

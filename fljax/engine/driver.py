@@ -15,6 +15,7 @@ goes through.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 import time
@@ -23,13 +24,14 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend import core as jax_core
 
 from fljax import tree
-from fljax.engine import blas, budget, compile_cache, compile_clock, processes, sampling, store
+from fljax.engine import blas, budget, compile_cache, compile_clock, compile_pool, processes, sampling, store
 from fljax.engine.sampling import check_sample
 from fljax.engine.context import RoundContext
 from fljax.engine.executors import Executor, choose_executor, make_executor
-from fljax.engine.loop import NonFiniteError, NonFiniteGuard, RunLog, drive
+from fljax.engine.loop import NonFiniteError, NonFiniteGuard, RunLog, block_capacity, drive, wait_compiling
 from fljax.engine.population import Population, check_groups
 from fljax.engine.protocol import FederatedAlgorithm
 from fljax.engine.state import State
@@ -369,11 +371,28 @@ class Simulation:
         metrics["finite"] = metrics["finite_params"] & tree.all_finite(losses)
         return State(server=server, clients=clients, round=state.round + 1, key=state.key), metrics
 
-    def block_fn(self, state: State, data, n: int, hp: dict | None = None, slots=None, cohorts=None):
-        """``(state after n rounds, the rounds' metrics stacked along axis 0)``: :meth:`round_fn` scanned ``n``
-        times (``lax.scan``; ``n`` static); ``cohorts``: the rounds' cohorts drawn ahead, stacked (None: each
-        round draws its own). Pure."""
-        return jax.lax.scan(lambda s, c: self.round_fn(s, data, hp, slots, c), state, cohorts, length=n)
+    def block_fn(self, state: State, data, n, hp: dict | None = None, slots=None, cohorts=None,
+                 capacity: int | None = None):
+        """``(state after n rounds, the rounds' metrics stacked along axis 0)``: :meth:`round_fn` applied ``n``
+        times in a loop (``n`` a Python int: a ``lax.scan``, differentiable; a traced integer: a loop whose metrics
+        fill the first n of ``capacity`` rows, so that one program serves blocks of every length up to ``capacity``
+        — running n rounds in one call or in several calls of it gives the same results bit for bit, as every call
+        runs the same compiled round). The round is traced once (its jaxpr gives the metrics' shapes and is the
+        loop's body). A client-state store's block (:mod:`fljax.engine.store`) passes the block's ``slots`` and its
+        rounds' ``cohorts`` drawn ahead, stacked: a ``lax.scan`` over them, ``n`` static. Pure."""
+        if cohorts is not None:
+            return jax.lax.scan(lambda s, c: self.round_fn(s, data, hp, slots, c), state, cohorts, length=n)
+        capacity = n if capacity is None else capacity
+        closed, shapes = jax.make_jaxpr(self.round_fn, return_shape=True)(state, data, hp)
+        round_, tree_ = jax_core.jaxpr_as_fun(closed), jax.tree.structure(shapes)
+        rows = jax.tree.map(lambda m: jnp.zeros((capacity, *m.shape), m.dtype), shapes[1])
+
+        def one(i, carry):
+            s, rows_ = carry
+            s, metrics = jax.tree.unflatten(tree_, round_(*jax.tree.leaves((s, data, hp))))
+            return s, jax.tree.map(lambda row, m: row.at[i].set(m), rows_, metrics)
+
+        return jax.lax.fori_loop(0, n, one, (state, rows))
 
     def evaluate_fn(self, state: State, data, hp: dict | None = None):
         """``(scalar summaries, per-client arrays)``: the algorithm's evaluation of ``state`` on ``data`` with traced
@@ -388,41 +407,99 @@ class Simulation:
         time. ``static`` must hold every Python value ``fn`` depends on beyond ``args`` (``fn`` itself is not part
         of the key). The program is returned wrapped in :func:`fljax.engine.blas.call`. On several processes its
         inputs and outputs are replicated on every device (:func:`fljax.engine.processes.program_shardings`).
+        A program asked for earlier (:meth:`request`) is waited for here; ``compile_seconds`` counts the tracing
+        and the wait.
 
         Memory: the program is traced under its budget (:meth:`program_budget`; ``lanes``: it runs that many lanes
         side by side, each gets 1/lanes), so its client maps run in chunks that fit; when XLA's count of its
         temporaries (``memory_analysis()``) still exceeds the budget and it maps clients, it is planned again with the
         budget scaled by their ratio and compiled once more. ``memory_plans[name, static]`` keeps the budget and
         XLA's counts."""
+        key = self.request(name, fn, args, static, lanes)
+        if isinstance(self._compiled[key], _Pending):
+            t0 = time.perf_counter()
+            self._finish(key)
+            self.compile_seconds += time.perf_counter() - t0
+        return self._compiled[key]
+
+    def _finish(self, key) -> None:
+        """The compiled program of a pending entry (waited for), planned again when XLA counts more temporaries
+        than its budget (:meth:`compiled`), in place of the entry."""
+        entry = self._compiled[key]
+        compiled = entry.future.result()
+        plan = entry.plan
+        plan["xla_temp_bytes"] = _temp_bytes(compiled)
+        if entry.maps and plan["xla_temp_bytes"] is not None and plan["xla_temp_bytes"] > entry.total:
+            scaled = entry.total * entry.total / plan["xla_temp_bytes"]
+            lowered, maps = self._lower(entry.name, entry.fn, entry.args, scaled, entry.source)
+            compiled = lowered.compile(_compiler_options(entry.name))
+            plan.update(first_xla_temp_bytes=plan["xla_temp_bytes"], replanned_bytes=scaled,
+                        xla_temp_bytes=_temp_bytes(compiled), maps=maps)
+        self.memory_plans[entry.name, entry.static] = plan
+        self._compiled[key] = lambda *a: blas.call(compiled, *a)
+        self._executables[entry.name, entry.static] = compiled
+
+    def wait(self, report: Callable[[list[str], float], None] | None = None, every: float = 1.0) -> None:
+        """Wait for every program asked for (:meth:`request`), calling ``report(names still compiling, seconds
+        waited)`` every ``every`` seconds meanwhile (a progress bar's "compiling …"); counted in
+        ``compile_seconds``."""
+        t0 = time.perf_counter()
+        while names := self.pending():
+            if report is not None:
+                report(names, time.perf_counter() - t0)
+            concurrent.futures.wait([e.future for e in self._compiled.values()
+                                     if isinstance(e, _Pending) and not e.future.done()],
+                                    timeout=every, return_when=concurrent.futures.FIRST_COMPLETED)
+        for key in [k for k, e in self._compiled.items() if isinstance(e, _Pending)]:
+            self._finish(key)
+        self.compile_seconds += time.perf_counter() - t0
+
+    def request(self, name: str, fn: Callable, args, static: tuple = (), lanes: int = 1):
+        """Trace and lower ``fn`` now (in this thread) and compile it in the background
+        (:mod:`fljax.engine.compile_pool`): the first :meth:`compiled` call with the same name, static values and
+        argument shapes waits for it. ``args`` may be ``jax.ShapeDtypeStruct`` s. Returns the program's key; a
+        program asked for before is not traced again."""
         leaves, treedef = jax.tree.flatten(args)
         key = (name, static, treedef, tuple((np.shape(x), str(getattr(x, 'dtype', type(x)))) for x in leaves))
         if key not in self._compiled:
             t0 = time.perf_counter()
             total, source = self.program_budget(args, lanes)
-            compiled, maps = self._compile(name, fn, args, total, source)
-            plan = {"budget_bytes": total, "budget": source, "xla_temp_bytes": _temp_bytes(compiled), "maps": maps}
-            if maps and plan["xla_temp_bytes"] is not None and plan["xla_temp_bytes"] > total:
-                scaled = total * total / plan["xla_temp_bytes"]
-                compiled, maps = self._compile(name, fn, args, scaled, source)
-                plan.update(first_xla_temp_bytes=plan["xla_temp_bytes"], replanned_bytes=scaled,
-                            xla_temp_bytes=_temp_bytes(compiled), maps=maps)
-            self.memory_plans[name, static] = plan
-            self._compiled[key] = lambda *a: blas.call(compiled, *a)
-            self._executables[name, static] = compiled
+            lowered, maps = self._lower(name, fn, args, total, source)
+            self._compiled[key] = _Pending(compile_pool.submit(lowered.compile, _compiler_options(name)), name,
+                                           static, fn, args, total, source, maps,
+                                           {"budget_bytes": total, "budget": source, "maps": maps})
             self.compile_seconds += time.perf_counter() - t0
-        return self._compiled[key]
+        return key
 
-    def _compile(self, name: str, fn: Callable, args, budget_bytes: float, source: str):
-        """(compiled program, its client maps' plans) of ``fn`` traced under ``budget_bytes``. Traced afresh every
+    def pending(self) -> list[str]:
+        """The names of the programs asked for (:meth:`request`) whose compilation has not ended."""
+        return [entry.name for entry in self._compiled.values()
+                if isinstance(entry, _Pending) and not entry.future.done()]
+
+    def cancel_pending(self) -> None:
+        """Drop the programs asked for whose compilation has not begun (they are compiled again if asked for)."""
+        for key, entry in list(self._compiled.items()):
+            if isinstance(entry, _Pending) and entry.future.cancel():
+                del self._compiled[key]
+
+    def release(self) -> None:
+        """Forget every compiled program (their memory is freed; a later call compiles, or loads from the compile
+        cache, again)."""
+        self.cancel_pending()
+        self._compiled.clear()
+        self._executables.clear()
+
+    def _lower(self, name: str, fn: Callable, args, budget_bytes: float, source: str):
+        """(lowered program, its client maps' plans) of ``fn`` traced under ``budget_bytes``. Traced afresh every
         time: ``jax.jit`` of the same function object reuses its earlier trace, whose plan was made under another
         budget (a re-plan would then compile the same program again)."""
         def program(*a):
             return fn(*a)
 
         program.__name__ = name  # the compiled module's name: jit_init, jit_block, ...
-        with budget.scope(budget_bytes, _PROGRAMS.get(name, name), source) as maps, precision_scope("fp32"):
+        with budget.scope(budget_bytes, PROGRAMS.get(name, name), source) as maps, precision_scope("fp32"):
             lowered = jax.jit(program, **processes.program_shardings()).lower(*args)
-        return lowered.compile(_compiler_options(name)), maps
+        return lowered, maps
 
     def program_budget(self, args, lanes: int = 1) -> tuple[float, str]:
         """(bytes, description) of the temporaries a program with arguments ``args`` may use: ``memory_budget``
@@ -436,20 +513,35 @@ class Simulation:
         return total, source
 
     def compile(self, rounds: int = 1) -> dict:
-        """Compile, without running anything, the programs of a run: initialisation, a block of ``rounds`` rounds
-        and evaluation (their arguments from shapes only); later calls with those shapes reuse them. Returns
-        :attr:`memory_plans` (per program: the budget, XLA's count of its temporaries and each client map's
+        """Compile, without running anything, the programs of a run: initialisation, blocks of up to ``rounds``
+        rounds and evaluation (:meth:`prepare`), and wait for them; later calls with those shapes reuse them.
+        Returns :attr:`memory_plans` (per program: the budget, XLA's count of its temporaries and each client map's
         plan). Raises :class:`~fljax.engine.budget.MemoryPlanError` when a program cannot fit even one client at a
         time. Not for the loop executor, whose programs are per client."""
         if not self.executor.jittable:
             raise ValueError("Simulation.compile needs a jitted executor (not 'loop').")
-        key = jax.eval_shape(lambda: jax.random.PRNGKey(self.seed))
-        state = jax.eval_shape(self.init_fn, jax.random.PRNGKey(self.seed))
-        data = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), self.data)
-        self.compiled("init", self.init_fn, (key, None, data))
-        self.compiled("block", lambda s, d: self.block_fn(s, d, rounds), (state, data), (rounds,))
-        self.compiled("evaluate", self.evaluate_fn, (state, data))
+        for name, fn, args, static in self.programs(rounds):
+            self.compiled(name, fn, args, static)
         return self.memory_plans
+
+    def prepare(self, capacity: int) -> None:
+        """Ask for the programs of a run whose blocks have at most ``capacity`` rounds (:meth:`programs`): traced
+        now, compiled in the background side by side (:mod:`fljax.engine.compile_pool`); nothing under the loop
+        executor."""
+        if self.executor.jittable and self.store_engine is None:  # a store's programs compile as its blocks need them
+            for name, fn, args, static in self.programs(capacity):
+                self.request(name, fn, args, static)
+
+    def programs(self, capacity: int) -> list[tuple]:
+        """``(name, fn, args, static)`` of the programs a run compiles, from shapes only: the block of up to
+        ``capacity`` rounds (first: the longest to compile), initialisation and evaluation."""
+        key = jax.eval_shape(lambda: jax.random.PRNGKey(self.seed))
+        data = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), self.data)
+        state = self.state_shapes()
+        n = jax.ShapeDtypeStruct((), jnp.int32)
+        return [("block", lambda s, d, k: self.block_fn(s, d, k, capacity=capacity), (state, data, n), (capacity,)),
+                ("init", self.init_fn, (key, None, data), ()),
+                ("evaluate", self.evaluate_fn, (state, data), ())]
 
     def plan_memory(self) -> None:
         """Trace the programs of a run under their memory budgets — initialisation, one round and evaluation —
@@ -469,7 +561,7 @@ class Simulation:
             else self.store_engine.programs(key, data)
         for name, fn, args in programs:
             total, source = self.program_budget(args)
-            with budget.scope(total, _PROGRAMS[name], source), precision_scope("fp32"):
+            with budget.scope(total, PROGRAMS[name], source), precision_scope("fp32"):
                 jax.eval_shape(fn, *args)
         self._planned = True
 
@@ -492,8 +584,12 @@ class Simulation:
         """One round: ``(new state, metrics)``."""
         return self.run_rounds(state, 1, stack=False)
 
-    def run_rounds(self, state: State, n: int, stack: bool = True):
-        """n rounds as one compiled scan; returns the state and the per-round metrics stacked along axis 0."""
+    def run_rounds(self, state: State, n: int, stack: bool = True, capacity: int | None = None):
+        """n rounds as one compiled loop; returns the state and the per-round metrics stacked along axis 0.
+        ``capacity``: the program runs any number of rounds up to it (the number is an argument, so one program
+        serves blocks of every length up to ``capacity``: :meth:`block_fn`); the metrics then have ``capacity``
+        rows, the first n of them this call's (default: n, exactly). With a client-state store, the store's block of
+        n rounds (its metrics n rows)."""
         if isinstance(state.clients, store.StoredClients):
             state, metrics = self.store_engine.run_rounds(state, n)
         elif not self.executor.jittable:
@@ -503,8 +599,12 @@ class Simulation:
                 outs.append(m)
             metrics = tree.stack(outs)
         else:
-            fn = self.compiled("block", lambda s, d: self.block_fn(s, d, n), (state, self.data), (n,))
-            state, metrics = fn(state, self.data)
+            capacity = n if capacity is None else capacity
+            if not 1 <= n <= capacity:
+                raise ValueError(f"run_rounds: n = {n} rounds must be between 1 and capacity = {capacity}.")
+            fn = self.compiled("block", lambda s, d, k: self.block_fn(s, d, k, capacity=capacity),
+                               (state, self.data, jnp.int32(n)), (capacity,))
+            state, metrics = fn(state, self.data, jnp.int32(n))
         return state, (metrics if stack else jax.tree.map(lambda x: x[0], metrics))
 
     def evaluate(self, state: State) -> tuple[dict, dict]:
@@ -528,9 +628,12 @@ class Simulation:
         ``on_checkpoint(state, log)`` runs every ``checkpoint_every`` rounds (0: only after the last round), only
         after the rounds it covers were checked finite.
         """
+        eval_every = eval_every or max(1, math.ceil(rounds / 10))
+        self.prepare(block_capacity(rounds, eval_every, checkpoint_every))  # compiled side by side
+        if progress:
+            wait_compiling(self)
         state = state if state is not None else self.init()
         log = log if log is not None else RunLog()
-        eval_every = eval_every or max(1, math.ceil(rounds / 10))
         lane_callback = None if callback is None else (lambda _, record, s: callback(record, s))
         lane_checkpoint = None if on_checkpoint is None else (lambda _, s, lg: on_checkpoint(s, lg))
         guards = (NonFiniteGuard(),) if stop_on_nonfinite else ()
@@ -542,12 +645,29 @@ class Simulation:
         return RunResult(state, log.history, jax.device_get(per_client), self.compile_seconds, log.run_seconds)
 
 
-# the programs' names in messages
-_PROGRAMS = {"init": "initialisation", "block": "rounds", "evaluate": "evaluation", "until": "stopping-rule loop",
-             "store_init": "initialisation", "store_init_rows": "clients' initialisation", "store_draws": "cohorts",
-             "store_block": "rounds", "store_evaluate": "evaluation", "store_summary": "evaluation",
-             "lanes_init": "lanes' initialisation", "lanes_block": "lanes' rounds",
-             "lanes_evaluate": "lanes' evaluation", "lanes_until": "lanes' stopping-rule loop"}
+@dataclasses.dataclass
+class _Pending:
+    """A program being compiled (:meth:`Simulation.request`): the compilation's future; the program's name, static
+    values, function and arguments (to plan it again); its memory budget (bytes and where it came from), its client
+    maps' plans and its memory plan so far."""
+
+    future: concurrent.futures.Future
+    name: str
+    static: tuple
+    fn: Callable
+    args: tuple
+    total: float
+    source: str
+    maps: list
+    plan: dict
+
+
+# the programs' names in messages and progress lines
+PROGRAMS = {"init": "initialisation", "block": "rounds", "evaluate": "evaluation", "until": "stopping-rule loop",
+            "store_init": "initialisation", "store_init_rows": "clients' initialisation", "store_draws": "cohorts",
+            "store_block": "rounds", "store_evaluate": "evaluation", "store_summary": "evaluation",
+            "lanes_init": "lanes' initialisation", "lanes_block": "lanes' rounds",
+            "lanes_evaluate": "lanes' evaluation", "lanes_until": "lanes' stopping-rule loop"}
 
 
 def _temp_bytes(compiled) -> int | None:

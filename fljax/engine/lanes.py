@@ -127,23 +127,56 @@ class Lanes:
     def init(self):
         """The lanes' initial states, stacked: lane i is exactly ``Simulation.init(seeds[i], hps[i])`` on its own
         data."""
-        keys = jnp.stack([jax.random.PRNGKey(s) for s in self.seeds])
-        fn = self._over_lanes(lambda k, d, h: self.sim.init_fn(k, h, d))
-        return self.sim.compiled("lanes_init", fn, (keys, self.data, self.hp), (self.mode,), self.side_by_side)(
-            keys, self.data, self.hp)
+        keys = self._keys()
+        return self.sim.compiled("lanes_init", self._init_fn(), (keys, self.data, self.hp), (self.mode,),
+                                 self.side_by_side)(keys, self.data, self.hp)
 
-    def run_rounds(self, states, n: int):
-        """n rounds of every lane as one compiled program; metrics have shape [lanes, n]."""
-        block = self._over_lanes(lambda s, d, h: self.sim.block_fn(s, d, n, h))
-        return self.sim.compiled("lanes_block", block, (states, self.data, self.hp), (n, self.mode),
-                                     self.side_by_side)(
-            states, self.data, self.hp)
+    def run_rounds(self, states, n: int, capacity: int | None = None):
+        """n rounds of every lane as one compiled program; metrics have shape [lanes, n] (``capacity``: one program
+        for every n up to it, the metrics [lanes, capacity], as :meth:`Simulation.run_rounds`)."""
+        capacity = n if capacity is None else capacity
+        if not 1 <= n <= capacity:
+            raise ValueError(f"run_rounds: n = {n} rounds must be between 1 and capacity = {capacity}.")
+        return self.sim.compiled("lanes_block", self._block_fn(capacity), (states, self.data, self.hp, jnp.int32(n)),
+                                 (capacity, self.mode), self.side_by_side)(states, self.data, self.hp, jnp.int32(n))
 
     def evaluate(self, states):
-        fn = self._over_lanes(self.sim.evaluate_fn)
-        return self.sim.compiled("lanes_evaluate", fn, (states, self.data, self.hp), (self.mode,),
-                                     self.side_by_side)(
-            states, self.data, self.hp)
+        return self.sim.compiled("lanes_evaluate", self._evaluate_fn(), (states, self.data, self.hp), (self.mode,),
+                                 self.side_by_side)(states, self.data, self.hp)
+
+    def prepare(self, capacity: int) -> None:
+        """Ask for the lanes' programs (initialisation, blocks of up to ``capacity`` rounds, evaluation) from shapes:
+        traced now, compiled in the background (:meth:`Simulation.request`)."""
+        keys = jax.eval_shape(self._keys)
+        states = jax.eval_shape(self._init_fn(), keys, self.data, self.hp)
+        n = jax.ShapeDtypeStruct((), jnp.int32)
+        for name, fn, args, static in (
+                ("lanes_block", self._block_fn(capacity), (states, self.data, self.hp, n), (capacity, self.mode)),
+                ("lanes_init", self._init_fn(), (keys, self.data, self.hp), (self.mode,)),
+                ("lanes_evaluate", self._evaluate_fn(), (states, self.data, self.hp), (self.mode,))):
+            self.sim.request(name, fn, args, static, self.side_by_side)
+
+    def pending(self) -> list[str]:
+        return self.sim.pending()
+
+    def wait(self, report=None) -> None:
+        self.sim.wait(report)
+
+    def _keys(self):
+        return jnp.stack([jax.random.PRNGKey(s) for s in self.seeds])
+
+    def _init_fn(self):
+        return self._over_lanes(lambda k, d, h: self.sim.init_fn(k, h, d))
+
+    def _block_fn(self, capacity: int):
+        """The lanes' block of ``n`` rounds (an argument shared by the lanes) in rows of ``capacity``."""
+        def block(states, data, hp, n):
+            return self._over_lanes(lambda s, d, h: self.sim.block_fn(s, d, n, h, capacity=capacity))(states, data, hp)
+
+        return block
+
+    def _evaluate_fn(self):
+        return self._over_lanes(self.sim.evaluate_fn)
 
     def run(self, rounds: int, eval_every: int, states=None, logs: list[RunLog] | None = None, *,
             checkpoint_every: int = 0, callback=None, on_checkpoint=None, on_stop=None,

@@ -15,8 +15,8 @@ from typing import Callable
 import jax
 import numpy as np
 
-__all__ = ["RunLog", "NonFiniteError", "NonFiniteGuard", "DivergenceGuard", "block_schedule", "drive",
-           "DEFAULT_DIVERGE_FACTOR"]
+__all__ = ["RunLog", "NonFiniteError", "NonFiniteGuard", "DivergenceGuard", "block_schedule", "block_capacity",
+           "drive", "wait_compiling", "Pace", "DEFAULT_DIVERGE_FACTOR", "HEARTBEAT_SECONDS"]
 
 DEFAULT_DIVERGE_FACTOR = 1e3
 # per-round metrics an evaluation record reports as of its last round (a state, not a mean over the block): the upload
@@ -107,6 +107,12 @@ def block_schedule(start: int, rounds: int, eval_every: int, checkpoint_every: i
         r = end
 
 
+def block_capacity(rounds: int, eval_every: int, checkpoint_every: int = 0) -> int:
+    """The longest block :func:`block_schedule` gives a run of ``rounds`` rounds from any start: the rounds of the
+    one program that runs all its blocks (:meth:`fljax.engine.Simulation.run_rounds`'s ``capacity``)."""
+    return max(1, min(rounds, eval_every, checkpoint_every or eval_every))
+
+
 class NonFiniteGuard:
     """Stops a lane whose block produced NaN/Inf in a per-round metric, the parameters or an evaluation loss."""
 
@@ -146,6 +152,53 @@ class DivergenceGuard:
                 f"max(initial loss {log.initial_loss:.4g}, 1) (diverge_factor)")
 
 
+HEARTBEAT_SECONDS = 0.5  # a progress bar moves at least this often inside a block of rounds (when rounds allow)
+
+
+@dataclasses.dataclass
+class Pace:
+    """How many rounds a call runs so that the progress bar moves every ``seconds`` (the heartbeat): a block of
+    rounds between evaluations runs as several calls of its one program (:func:`block_capacity`), each as many
+    rounds as fit in ``seconds`` at the rounds' measured speed (the first call: one round). Running a block in
+    several calls gives the same results bit for bit (:meth:`fljax.engine.Simulation.block_fn`)."""
+
+    seconds: float = HEARTBEAT_SECONDS
+    per_round: float | None = None
+
+    def rounds(self, left: int) -> int:
+        """The rounds of the next call, of ``left`` rounds to go."""
+        if self.per_round is None:
+            return 1
+        return max(1, min(left, int(self.seconds / max(self.per_round, 1e-9))))
+
+    def measured(self, rounds: int, seconds: float) -> None:
+        """A call ran ``rounds`` rounds in ``seconds`` (compilation apart)."""
+        self.per_round = seconds / rounds
+
+
+def wait_compiling(sim, name: str | None = None) -> None:
+    """Wait for the programs ``sim`` (a :class:`~fljax.engine.Simulation` or :class:`~fljax.engine.Lanes`) is
+    compiling, a line saying so meanwhile ("fedavg: compiling rounds, evaluation … 3 s", gone once they are
+    ready)."""
+    from fljax.engine.driver import PROGRAMS
+
+    line = None
+    try:
+        def report(names: list[str], seconds: float) -> None:
+            nonlocal line
+            if line is None:
+                from tqdm.auto import tqdm
+
+                line = tqdm(total=0, bar_format="{desc}", leave=False)
+            line.set_description_str(f"{name + ': ' if name else ''}compiling "
+                                     f"{', '.join(PROGRAMS.get(n, n) for n in names)} … {seconds:.0f} s")
+
+        sim.wait(report)
+    finally:
+        if line is not None:
+            line.close()
+
+
 def drive(sim, state, logs: list[RunLog], rounds: int, eval_every: int, checkpoint_every: int, *, lanes: bool,
           callback: Callable | None = None, on_checkpoint: Callable | None = None, on_stop: Callable | None = None,
           guards: tuple = (NonFiniteGuard(),), progress: bool | str = True,
@@ -161,13 +214,20 @@ def drive(sim, state, logs: list[RunLog], rounds: int, eval_every: int, checkpoi
     lane_state, log)``. Stops early when every lane has stopped, and when ``should_stop()`` is true after a block
     (a stop was requested: every live lane is then checkpointed there, a block end of the same schedule, so a
     resumed run repeats the uninterrupted one). Returns (state, the last per-client accuracies, {lane: message} of
-    the stopped lanes). ``progress``: a bar of rounds (a string: the bar's name, e.g. the run's).
+    the stopped lanes). ``progress``: a bar of rounds (a string: the bar's name, e.g. the run's) that moves inside
+    a block too, every :data:`HEARTBEAT_SECONDS` or every round when rounds are slower (:class:`Pace`), with the
+    last round's training loss; every block runs in one program (:func:`block_capacity`).
     """
     pick = (lambda tree_, i: jax.tree.map(lambda x: x[i], tree_)) if lanes else (lambda tree_, i: tree_)
     start = int(np.ravel(jax.device_get(state.round))[0])
+    capacity = block_capacity(rounds, eval_every, checkpoint_every)
     per_client: dict = {}
     stopped: dict[int, str] = {}
+    if progress:
+        wait_compiling(sim, progress if isinstance(progress, str) else None)
     bar = _progress_bar(rounds, start, progress)
+    shown: dict = {}  # the bar's metrics: the last evaluation's accuracies, the last round's training loss
+    pace = Pace()
     r = start
     mark = time.perf_counter()
 
@@ -178,6 +238,27 @@ def drive(sim, state, logs: list[RunLog], rounds: int, eval_every: int, checkpoi
         for i in lanes_:
             logs[i].loop_seconds += now - mark
         mark = now
+
+    def block(state, n: int):
+        """n rounds: one call without a bar, else calls paced by ``pace`` with the bar moved after each; the
+        metrics (on the host) of the n rounds."""
+        parts, done = [], 0
+        while done < n:
+            k = n if bar is None else pace.rounds(n - done)
+            t0, c0 = time.perf_counter(), sim.compile_seconds
+            state, metrics = sim.run_rounds(state, k, capacity=capacity)
+            metrics = jax.tree.map(lambda x: x[:, :k] if lanes else x[:k], jax.device_get(metrics))
+            parts.append(metrics)
+            done += k
+            if bar is not None:
+                pace.measured(k, time.perf_counter() - t0 - (sim.compile_seconds - c0))
+                if "train_loss" in metrics:
+                    shown["loss"] = f"{float(np.mean(np.asarray(metrics['train_loss'])[..., -1])):.3f}"
+                bar.update(k)
+                bar.set_postfix(shown)
+        axis = 1 if lanes else 0
+        return state, (parts[0] if len(parts) == 1 else
+                       jax.tree.map(lambda *xs: np.concatenate(xs, axis=axis), *parts))
 
     try:
         if start == 0 and not any(log.history for log in logs):
@@ -192,12 +273,12 @@ def drive(sim, state, logs: list[RunLog], rounds: int, eval_every: int, checkpoi
                     callback(i, record, pick(state, i))
         for n, do_eval, do_checkpoint in block_schedule(start, rounds, eval_every, checkpoint_every):
             t0, c0 = time.perf_counter(), sim.compile_seconds
-            state, metrics = sim.run_rounds(state, n)
+            state, metrics = block(state, n)
             jax.block_until_ready(state)
             summary = None
             if do_eval:
                 summary, per_client = sim.evaluate(state)
-            summary, metrics = jax.device_get((summary, metrics))
+            summary = jax.device_get(summary)
             compile_s = sim.compile_seconds - c0
             seconds = time.perf_counter() - t0 - compile_s  # compile time apart
             for i, log in enumerate(logs):
@@ -217,10 +298,9 @@ def drive(sim, state, logs: list[RunLog], rounds: int, eval_every: int, checkpoi
                 logs[i].add_block(pick(metrics, i), seconds, compile_s)
                 if do_eval:
                     records[i] = logs[i].add_record(r, pick(metrics, i), pick(summary, i))
-            if bar is not None:
-                bar.update(n)
-                if records:
-                    bar.set_postfix(_postfix(list(records.values())))
+            if bar is not None and records:
+                shown.update(_postfix(list(records.values())))
+                bar.set_postfix(shown)
             for i in live:
                 if i in records and callback is not None:
                     callback(i, records[i], pick(state, i))
@@ -252,9 +332,10 @@ def _progress_bar(total: int, initial: int, enabled: bool | str):
 
 
 def _postfix(records: list[dict]) -> dict:
-    """The latest metrics for the progress bar (the mean over lanes when several run together)."""
+    """The latest evaluation's accuracies for the progress bar (the mean over lanes when several run together; the
+    training loss is the last round's, set as the rounds run)."""
     mean = lambda k: float(np.mean([r[k] for r in records]))  # noqa: E731
-    out = {"loss": f"{mean('train_loss'):.3f}"} if "train_loss" in records[0] else {}
+    out = {}
     if "personal_acc" in records[0]:
         out["pers"] = f"{mean('personal_acc'):.3f}"
     if "global_acc" in records[0]:

@@ -20,7 +20,7 @@ import numpy as np
 from fljax import tree
 from fljax.experiment import RunSettings
 from fljax.engine import DivergenceGuard, Lanes, NonFiniteGuard, RunResult, Simulation
-from fljax.engine.loop import drive
+from fljax.engine.loop import block_capacity, drive, wait_compiling
 from fljax.runner.callbacks import Checkpoints, RecordEvaluation, RecordStop, SaveCheckpoint
 from fljax.runner import stores
 from fljax.runner.checkpoint import CheckpointTimer
@@ -28,18 +28,31 @@ from fljax.runner.plan import Program, lane_data
 from fljax.runner.report import Output
 from fljax.runner.runs import Built, Run
 
-__all__ = ["execute", "strategy", "FixedRounds", "UntilStopped", "lanes_of", "bar_name"]
+__all__ = ["execute", "prepare", "strategy", "FixedRounds", "UntilStopped", "lanes_of", "bar_name"]
 
 
 def execute(program: Program, built: Built, output: Output, lanes_mode: str, checkpoints: Checkpoints,
-            stop) -> None:
+            stop, lanes: Lanes | None = None) -> None:
     """Run the program's runs with its simulation (``built``) to the end their experiment's stopping rule sets
     (:func:`strategy`), or until ``stop`` (a :class:`~fljax.runner.interrupt.StopRequest`) is set, and write their
-    summaries."""
+    summaries. ``lanes``: the program's lanes that :func:`prepare` made (None: made here, when it has lanes)."""
     for run in program.runs:
         run.progress.status = "running"
-    lanes = lanes_of(program, built.sim, lanes_mode)
+    lanes = lanes or lanes_of(program, built.sim, lanes_mode)
     strategy(program.runs[0].settings).run(program, built, lanes, output, checkpoints, stop)
+
+
+def prepare(program: Program, built: Built, lanes_mode: str) -> Lanes | None:
+    """Ask for the compilation of the program's initialisation, blocks of rounds and evaluation (traced now,
+    compiled in the background: :meth:`fljax.engine.Simulation.request`), so that they compile while earlier
+    programs run; returns its lanes (None: a plain run of the simulation). A program run until a stopping rule
+    fires compiles its own loop when it runs."""
+    lanes = lanes_of(program, built.sim, lanes_mode)
+    settings = program.runs[0].settings
+    if settings.stop is None and program.runs[0].progress.start < settings.rounds:
+        (lanes or built.sim).prepare(block_capacity(settings.rounds, settings.eval_every,
+                                                    settings.checkpoint_every or 0))
+    return lanes
 
 
 def strategy(settings: RunSettings):
@@ -70,17 +83,22 @@ class FixedRounds:
         common = dict(checkpoint_every=cfg.checkpoint_every or 0, callback=on_eval, on_checkpoint=checkpoint,
                       on_stop=RecordStop(runs, built), guards=_guards(cfg), progress=output.progress and bar_name(runs),
                       should_stop=stop.agreed)
+        def ready():  # with a progress bar: "compiling …" until the programs prepare() asked for are ready
+            if output.progress:
+                wait_compiling(lanes or sim, common["progress"])
+
         if lanes is None:
             run = runs[0]
-            state = _initial(runs, sim, lambda: run.progress.state if run.progress.state is not None
-                             else stores.initial_state(run, sim))
+            state = _initial(runs, sim, lambda: ready() or (run.progress.state if run.progress.state is not None
+                                                            else stores.initial_state(run, sim)))
             state, per_client, _ = drive(sim, state, [run.progress.log], cfg.rounds, cfg.eval_every, lanes=False,
                                          **common)
             results = [RunResult(state, run.progress.log.history, jax.device_get(per_client), sim.compile_seconds,
                                  run.progress.log.run_seconds)]
         else:
             restored = [r.progress.state for r in runs]
-            states = _initial(runs, sim, lambda: lanes.init() if restored[0] is None else tree.stack(restored))
+            states = _initial(runs, sim, lambda: ready() or (lanes.init() if restored[0] is None
+                                                             else tree.stack(restored)))
             results, _ = lanes.run(cfg.rounds, cfg.eval_every, states, [r.progress.log for r in runs], **common)
         checkpoints.wait(runs)  # every lane's last checkpoint on disk before any of them says 'completed'
         for run, res in zip(runs, results):

@@ -67,7 +67,9 @@ _SUMMARIES = {"_acc": "test accuracy\n(fraction correct, mean over clients)",
               "_acc_weighted": "test accuracy\n(fraction correct, sample-weighted)",
               "_acc_p10": "test accuracy\n(fraction correct, 10th-percentile client)",
               "_loss": "test loss\n(cross-entropy, nats, mean over clients)",
-              "_loss_weighted": "test loss\n(cross-entropy, nats, sample-weighted)"}
+              "_loss_weighted": "test loss\n(cross-entropy, nats, sample-weighted)",
+              "_perplexity": "test perplexity\n(exp of the token-weighted mean cross-entropy)",  # text workloads
+              "_acc_with_specials": "test token accuracy\n(fraction correct, specials included, mean over clients)"}
 
 
 @dataclasses.dataclass(frozen=True)

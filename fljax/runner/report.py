@@ -101,14 +101,20 @@ def summary_row(label: str, summaries: list[dict]) -> dict:
     finals = [s.get("final", {}) for s in summaries]
     col = lambda key, **kw: mean_std([f.get(key) for f in finals], **kw)
     mb = [(f.get("bytes_up", 0.0) + f.get("bytes_down", 0.0)) / 1e6 for f in finals]
-    private = {"ε": col("epsilon", form="g")} if any("epsilon" in f for f in finals) else {}
+    extra = {}  # columns of some runs only
+    if any("epsilon" in f for f in finals):  # papers report (ε, δ): the run's δ (default N^-1.1, fljax.privacy)
+        deltas = sorted({s["privacy"]["delta"] for s in summaries if "delta" in s.get("privacy", {})})
+        extra["(ε, δ)"] = f"({col('epsilon', form='g')}, {'/'.join(f'{d:.3g}' for d in deltas) or '-'})"
+    for model in ("personal", "global"):  # text workloads: exp of the token-weighted mean cross-entropy
+        if any(f"{model}_perplexity" in f for f in finals):
+            extra[f"{model} perplexity"] = col(f"{model}_perplexity", digits=2)
     if any("virtual_time" in f for f in finals):  # the participation's clock (fljax.participation)
-        private["virtual s"] = col("virtual_time", digits=1)
+        extra["virtual s"] = col("virtual_time", digits=1)
     sampled = [s for s in summaries if s.get("eval_clients", 0) < s.get("num_clients", 0)]
     sample = {"evaluated": f"{sampled[0]['eval_clients']} of {sampled[0]['num_clients']} clients"} if sampled else {}
     return {"algorithm": label, "seeds": len(summaries), "personal acc": col("personal_acc"),
             "weighted": col("personal_acc_weighted"), "p10 client": col("personal_acc_p10"),
-            "global acc": col("global_acc"), **private, **sample, "rounds": max(f.get("round", 0) for f in finals),
+            "global acc": col("global_acc"), **extra, **sample, "rounds": max(f.get("round", 0) for f in finals),
             "MB up+down": f"{np.mean(mb):.1f}",
             "run s": f"{np.mean([s['run_seconds'] for s in summaries]):.1f}",
             "compile s": f"{np.mean([s['compile_seconds'] for s in summaries]):.1f}",

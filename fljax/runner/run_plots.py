@@ -39,18 +39,23 @@ COUNTS = ("rank", "gkr_params", "mixed_params")  # whole numbers: integer ticks
 
 def setting(cfg, federated=None) -> str:
     """'digits, 50 clients, dirichlet(alpha=0.3)': the data behind a plot, for its title (``federated``: the
-    data the runs used, when it is the user's own rather than the config's)."""
+    data the runs used, when it is the user's own rather than the config's); '715 clients, 50 evaluated' when the
+    evaluations score a fixed sample (``eval_clients``)."""
     from fljax.data import PARTITIONERS
 
+    def clients(n: int) -> str:
+        sample = cfg.eval_clients is not None and cfg.eval_clients < n
+        return f"{n} clients" + (f", {cfg.eval_clients} evaluated" if sample else "")
+
     if federated is not None and federated.name != cfg.data.dataset:
-        return f"{federated.name}, {federated.num_clients} clients"
+        return f"{federated.name}, {clients(federated.num_clients)}"
     data = cfg.data
     values = data.to_dict()
     partition = data.partition or ("natural" if data.source.natural else "dirichlet")
     owned = PARTITIONERS[partition].options if partition in PARTITIONERS else None
     keys = [k for k in (owned.__dataclass_fields__ if owned else ()) if values.get(k) is not None]
     options = f"({', '.join(f'{k}={values[k]}' for k in keys)})" if keys else ""
-    return f"{data.dataset}, {data.num_clients} clients, {partition}{options}"
+    return f"{data.dataset}, {clients(data.num_clients)}, {partition}{options}"
 
 
 def _logged(histories: list[list[dict]]) -> list[str]:

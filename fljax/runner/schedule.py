@@ -6,24 +6,34 @@ lanes of one program) and splits a program whose traced key reaches Python contr
 (:func:`fljax.runner.plan.traceable`). It plans the call's runs once before anything is written — so that every
 program's simulation is built and checked to fit (:class:`Simulations`) while a refusal can still leave the
 directories as they were — and again, after a resume restored them, for the runs still to run
-(:meth:`Schedule.run`), handing each program to the execution (:func:`fljax.runner.execute.execute`). Between
-programs it honours a stop request (SIGINT/SIGTERM, agreed on by every process of a group:
+(:meth:`Schedule.run`), handing each program to the execution (:func:`fljax.runner.execute.execute`). Before it
+runs a program it asks for the next :data:`AHEAD` programs' compilations (:func:`fljax.runner.execute.prepare`):
+they compile side by side in the background (:mod:`fljax.engine.compile_pool`) while the current one compiles and
+runs, and a simulation's compiled programs are released once no program left needs them. Between programs it
+honours a stop request (SIGINT/SIGTERM, agreed on by every process of a group:
 :meth:`fljax.runner.interrupt.StopRequest.agreed`).
 """
 from __future__ import annotations
 
 import time
 
+from fljax.engine import compile_pool
 from fljax.engine.lanes import can_batch
 from fljax.experiment import build
-from fljax.runner.execute import execute
+from fljax.runner.execute import execute, prepare
 from fljax.runner.memory import check_fits
 from fljax.runner.plan import Program, group_runs, lane_data, program_key, traceable
 from fljax.runner.report import Output
 from fljax.runner.results import environment, evaluated
 from fljax.runner.runs import Built, Run
 
-__all__ = ["Simulations", "Schedule"]
+__all__ = ["Simulations", "Schedule", "AHEAD"]
+
+
+def AHEAD() -> int:  # noqa: N802 - read like a constant
+    """Programs whose compilation is asked for before the current one runs: the compile pool's workers, and one
+    more so that a worker freed by a finished compilation finds the next waiting."""
+    return compile_pool.workers() + 1
 
 
 class Simulations:
@@ -113,18 +123,38 @@ class Schedule:
         return self._untraced[key]
 
     def run(self, runs: list[Run], output: Output, checkpoints, stop) -> None:
-        """Run every run that is not reused, program by program. A stop request (``stop``: SIGINT/SIGTERM) raises
+        """Run every run that is not reused, program by program, the next :func:`AHEAD` programs compiling in the
+        background meanwhile. A stop request (``stop``: SIGINT/SIGTERM) raises
         :class:`~fljax.runner.interrupt.Interrupted` once the program it arrived in has ended — also when that program
-        was the last one and its runs completed: the signal is never dropped."""
+        was the last one and its runs completed: the signal is never dropped; programs asked for and not begun are
+        then dropped."""
         todo = [r for r in runs if r.progress.status != "reused"]
-        while todo:
-            if stop.agreed():
-                stop.check()
-            program = self.plan(todo)[0]
-            execute(program, self.built(program), output, self.lanes, checkpoints, stop)
-            if any(r.progress.status == "interrupted" for r in program.runs):
-                stop.check()
-            todo = [r for r in todo if all(r is not done for done in program.runs)]
-        if stop.agreed():  # a signal during the last block: the runs completed, and the caller (a study's next
-            stop.check()  # family) stops
-
+        prepared: dict[tuple, tuple] = {}  # a program's runs -> (its lanes or None, the seconds spent asking for it)
+        try:
+            while todo:
+                if stop.agreed():
+                    stop.check()
+                programs = self.plan(todo)
+                for ahead in programs[:AHEAD()]:
+                    ident = tuple(map(id, ahead.runs))
+                    if ident not in prepared:
+                        t0 = time.perf_counter()
+                        lanes = prepare(ahead, self.built(ahead), self.lanes)
+                        prepared[ident] = (lanes, time.perf_counter() - t0)
+                program = programs[0]
+                lanes, seconds = prepared.pop(tuple(map(id, program.runs)))
+                for run in program.runs:  # tracing it (before it ran) is part of its runs' compile time
+                    run.progress.log.compile_seconds += seconds
+                    run.progress.log.loop_seconds += seconds
+                built = self.built(program)
+                execute(program, built, output, self.lanes, checkpoints, stop, lanes)
+                if any(r.progress.status == "interrupted" for r in program.runs):
+                    stop.check()
+                todo = [r for r in todo if all(r is not done for done in program.runs)]
+                if all(self._of[r].sim is not built.sim for r in todo):
+                    built.sim.release()  # no program left runs it: its compiled programs' memory is freed
+            if stop.agreed():  # a signal during the last block: the runs completed, and the caller (a study's next
+                stop.check()  # family) stops
+        finally:
+            for built in {id(b.sim): b for b in self._of.values()}.values():
+                built.sim.cancel_pending()

@@ -127,9 +127,10 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
     identity.write(out, "study", study=study.name)
     families = _families(todo, experiments)
     work = [[(names[k], experiments[k]) for k in fam] for fam in families]
-    if jobs <= 1 or len(work) <= 1:
-        for items in work:
-            _run_some(root, items, lanes, output.progress)
+    if jobs <= 1 or len(work) <= 1:  # one call (per float width): its programs compile side by side, ahead of
+        for x64 in sorted({exp.settings.x64 for items in work for _, exp in items}, key=str):  # the runs
+            _run_some(root, [item for items in work for item in items if item[1].settings.x64 == x64], lanes,
+                      output.progress)
     else:
         _run_parallel(root, work, jobs, lanes)
     runs = {}
