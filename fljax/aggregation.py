@@ -638,8 +638,15 @@ class Aggregator:
         for section, field in (("attack", "attack"), ("aggregator", "rule")):
             own = {k.split(".", 1)[1]: v for k, v in (hp or {}).items() if k.startswith(section + ".")}
             if own and getattr(out, field) is not None:
-                out = dataclasses.replace(out, **{field: dataclasses.replace(getattr(out, field), **own)})
+                out = dataclasses.replace(out, **{field: _replaced(getattr(out, field), **own)})
         return out
+
+
+def _replaced(value: Options, **changes) -> Options:
+    """``dataclasses.replace`` that keeps the derived (``init=False``) facts ``value`` was bound to (an attack's
+    classes or trigger, :meth:`Attack.with_data`), which ``replace`` would reset to their defaults."""
+    derived = {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if not f.init}
+    return _bound(dataclasses.replace(value, **changes), **derived)
 
 
 def traced(section: str, value: Options | None) -> dict:
