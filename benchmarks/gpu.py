@@ -30,6 +30,10 @@
    Each times a block of a fixed number of rounds after a warm-up block (which compiles it) and projects the full
    run (compile + rounds × seconds per round; evaluations not counted), stated in the table; then the throughput rows of
    ``text_workloads`` (2 local steps) at cohorts of 10 and 500, as time allows.
+6. ``async`` (run when named: ``bash benchmarks/gpu.sh async``; the five parts above fill the 8 minutes) — FedBuff
+   with 1,000 clients in flight and a buffer of 100 against synchronous FedAvg at a cohort of 100 and against the
+   plain event loop, logistic regression and the MLP 60-64-10 (``benchmarks/asynchrony.measure``: issue 36's
+   goal, asynchrony costing at most 20 % per client-step).
 
 Time: ``gpu.sh`` gives each part a limit from the committed figures (its comment says which), the five under
 8 minutes with their kill grace; each part's stamp records its seconds from start to its last saved measurement.
@@ -59,7 +63,7 @@ sys.path.insert(0, HERE)
 import throughput  # noqa: E402  (benchmarks/throughput.py: the measurement and its table)
 import torch_peers  # noqa: E402
 
-PARTS = ("emnist", "cnn", "dense", "resnet", "text")
+PARTS = ("emnist", "cnn", "dense", "resnet", "text", "async")
 EMNIST = {"clients": 3400, "train": 671_585, "test": 77_483, "classes": 62, "rounds": 1500, "cohort": 10,
           "batch_size": 20, "local_epochs": 1, "lr": 0.1, "model": "cnn1_s", "sigma": 0.6}
 DRY_EMNIST = {"clients": 34, "train": 680, "test": 340, "rounds": 3, "cohort": 2}
@@ -103,7 +107,7 @@ def emnist_end_to_end(spec: dict, data, precision: str, executor: str = "auto") 
     t0 = time.perf_counter()
     result = fljax.run(config, data=data, model=module, progress=False)
     wall = time.perf_counter() - t0
-    summary = result.runs[0].summary
+    summary = result.runs[0].progress.summary
     return {"precision": precision, "run_wall_seconds": wall, "executor": summary["executor"],
             **{k: summary.get(k) for k in ("setup_seconds", "compile_seconds", "run_seconds", "other_seconds",
                                            "client_steps_per_second")},
@@ -288,6 +292,22 @@ def part_text(dry: bool, save) -> None:
         save("text", record)
 
 
+def part_async(dry: bool, save) -> None:
+    """FedBuff against synchronous FedAvg and the event loop (``benchmarks/asynchrony.py``), one workload at a time
+    (each saved as it is measured)."""
+    import asynchrony  # benchmarks/asynchrony.py
+
+    record = {"rows": [], "meta": None}
+    save("async", record)
+    sizes = dict(clients=60, concurrency=20, buffer=5, rounds=2, repeats=1, loop_steps=1) if dry else \
+        dict(clients=2000, concurrency=1000, buffer=100, rounds=10, repeats=3, loop_steps=2)
+    for workload in asynchrony.WORKLOADS:
+        result = asynchrony.measure(**sizes, workloads=(workload,), command="python benchmarks/gpu.py --part async",
+                                    dry_run=dry)
+        record["meta"], record["rows"] = result["meta"], record["rows"] + result["rows"]
+        save("async", record)
+
+
 # ---------------------------------------------------------------------------------------------- report
 def _fmt(x, spec=",.0f"):
     return "–" if x is None else format(x, spec)
@@ -378,6 +398,14 @@ def markdown(result: dict) -> str:
                             + f" | {p['client_steps_per_s']:,.0f} | {' | '.join(ratios)} |")
         text.append("")
     text += _text_markdown(result.get("text"))
+    text += ["## 6. Asynchrony: FedBuff (1,000 in flight, buffer 100) against FedAvg and the event loop", ""]
+    rec = result.get("async")
+    if rec and rec.get("meta"):
+        import asynchrony
+
+        text += [_stamp(rec)] + asynchrony.render({"meta": rec["meta"], "rows": rec["rows"]}, "###")[2:] + [""]
+    else:
+        text += ["not measured (`bash benchmarks/gpu.sh async`)", ""]
     return "\n".join(text)
 
 
@@ -446,6 +474,8 @@ def main(argv: list[str] | None = None) -> None:
         part_emnist(args.dry_run, save)
     elif args.part == "text":
         part_text(args.dry_run, save)
+    elif args.part == "async":
+        part_async(args.dry_run, save)
     elif args.part in ("cnn", "dense", "resnet"):
         measure_rows(args.part, args.dry_run, save)
     else:

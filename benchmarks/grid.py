@@ -42,7 +42,7 @@ if mode == "grid":
     for res in results.values():
         point = ",".join(str(res.cfg.algo[k.split(".", 1)[1]]) for k in grid)
         for s, run in enumerate(res.runs):
-            finals[f"{point}|{s}"] = run.log.history[-1]["personal_acc"]
+            finals[f"{point}|{s}"] = run.progress.log.history[-1]["personal_acc"]
 else:
     keys = list(grid)
     for values in itertools.product(*grid.values()):

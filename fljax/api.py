@@ -68,10 +68,12 @@ def build(config: Experiment | ExperimentConfig | dict, data: FederatedData | No
     """The :class:`Simulation` a config describes (``data`` may be passed to share it between runs; ``module``: a
     Flax module of your own, used instead of the config's model)."""
     from fljax.experiment import build as build_experiment
+    from fljax.experiment import privacy_of
     from fljax.runner.sweep import DataCache
 
     exp = _experiment(config)
-    return build_experiment(exp, data if data is not None else DataCache()(exp, exp.seed), module)
+    data = data if data is not None else DataCache()(exp, exp.seed)
+    return build_experiment(exp, data, module, privacy=privacy_of(exp, data))
 
 
 def run(config: ExperimentConfig | dict | None = None, *, out: str | None = None, progress: bool = True,

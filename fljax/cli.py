@@ -95,7 +95,7 @@ def _load(args):
 def _resume_config(args, kind: str = "run"):
     """On --resume the config is the run directory's own (only --set/--seeds/--checkpoint-every may change it); the
     directory must hold a ``kind`` (run, sweep, comparison: :mod:`fljax.runner.identity`), made from a config."""
-    from fljax.runner.experiment import saved_config
+    from fljax.runner.directories import saved_config
 
     if not args.out:
         raise ConfigError("--resume needs --out DIR: the directory of the run to continue.")
@@ -183,7 +183,7 @@ def _setup_compare(args, check: bool = False):
     """The config, algorithms and directory of ``fljax compare`` (``check``: every algorithm's experiment
     resolved, and the output's options)."""
     from fljax.experiment import compare_points
-    from fljax.runner.experiment import saved_algorithms
+    from fljax.runner.directories import saved_algorithms
 
     if args.resume:
         cfg = _resume_config(args, "comparison")
@@ -205,7 +205,8 @@ def _setup_compare(args, check: bool = False):
 def _setup_sweep(args, check: bool = False):
     """The config, grid and directory of ``fljax sweep`` (``check``: every point's experiment resolved, and the
     output's options)."""
-    from fljax.runner.experiment import saved_grid, sweep_points
+    from fljax.runner.collection import sweep_points
+    from fljax.runner.directories import saved_grid
     from fljax.runner.sweep import parse_grid
 
     if args.resume:
@@ -393,7 +394,8 @@ def _summary(reproduction: str) -> str:
 
 
 def cmd_reproduce(args) -> int:
-    from fljax.runner.study import load_study, render_study, results_from_file, run_study, study_names
+    from fljax.runner.study import load_study, study_names
+    from fljax.runner.study_run import render_study, results_from_file, run_study
 
     available = study_names()
     if args.name not in available:

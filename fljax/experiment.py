@@ -3,10 +3,14 @@
 Data flows one way: :mod:`fljax.config` parses (YAML, overrides, typed sections); :func:`resolve` checks the parsed
 config against the registries and builds what it names, once — the algorithm constructed (every hyperparameter
 checked by its declaration) and validated against the population, the model's name resolved and its options
-checked, the server's section checked, the client groups with their own hyperparameters — into a frozen
-:class:`Experiment`. Every layer above consumes Experiments and never re-validates or rebuilds them: the runner
-(:mod:`fljax.runner`) loads their data (:func:`load_data`) and builds their simulations (:func:`build`); the API
-(:mod:`fljax.api`) and the command line (:mod:`fljax.cli`) are facades that parse, resolve and hand over to it.
+checked, the server's section checked, the client groups with their own hyperparameters, the aggregator, attack
+and participation, the run settings (:class:`RunSettings`) — into a frozen :class:`Experiment`. The rules a
+simulation asks of its arguments (its evaluation sample and its client groups:
+:func:`fljax.engine.sampling.check_sample`, :func:`fljax.engine.population.check_groups`) are asked of the config
+here, before any data is loaded. Every layer above consumes Experiments and never re-validates or rebuilds them:
+the runner (:mod:`fljax.runner`) loads their data (:func:`load_data`), resolves their privacy once per data set
+(:func:`privacy_of`) and builds one simulation per compiled program (:func:`build`); the API (:mod:`fljax.api`) and
+the command line (:mod:`fljax.cli`) are facades that parse, resolve and hand over to it.
 
 A comparison runs several algorithms on one config: :func:`compare_points` gives each algorithm the config's shared
 ``algo`` keys that it *declares* (read from its declarations, :func:`fljax.algorithms.registry.hyperparameter_fields`;
@@ -17,7 +21,7 @@ Privacy and compression (``privacy:``, ``compression:``; docs/privacy.md) are re
 refuses what the config alone shows cannot be done or accounted (an algorithm whose upload is not a model, a batch
 plan the accountant cannot model, δ ≥ 1/N, …) and calibrates the noise to a target ε; :func:`privacy_of` completes
 it with the data (the clients' counts, at example level the smallest client), before anything is written, into the
-:class:`fljax.privacy.Privacy` a simulation applies and the runner reports ε from.
+:class:`fljax.privacy.Privacy` a simulation applies (:func:`build` takes it) and the runner reports ε from.
 
 Every refusal is one line naming the key (``algo.lr must be > 0, got -0.1.``), raised before anything is loaded,
 built or written.
@@ -30,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from fljax.algorithms import ALGORITHMS
 from fljax.algorithms.base import Algorithm
 from fljax.algorithms.registry import check_model_support, get_algorithm, hyperparameter_fields, make_algorithm
-from fljax.config import (ConfigError, ExperimentConfig, GroupConfig, ModelConfig, ServerConfig,
+from fljax.config import (ConfigError, ExperimentConfig, GroupConfig, ModelConfig, ServerConfig, StopConfig,
                           group_configs, read_yaml)
 from fljax.errors import OptionError
 from fljax.options import field_default, parse, show, suggest
@@ -39,7 +43,7 @@ if TYPE_CHECKING:
     from fljax.data import FederatedData
     from fljax.engine import Simulation
 
-__all__ = ["Experiment", "Group", "resolve", "load_data", "build", "build_model", "default_model", "privacy_of",
+__all__ = ["Experiment", "Group", "RunSettings", "resolve", "load_data", "build", "build_model", "default_model", "privacy_of",
            "compare_points", "label", "preset", "quickstart"]
 
 
@@ -55,11 +59,45 @@ class Group:
 
 
 @dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """How an experiment's runs go, resolved from the config's run keys (configs/README.md): ``rounds``;
+    ``eval_every`` (and after the last round); ``eval_clients`` (a fixed evaluation sample; None: every client);
+    ``checkpoint_every`` (None: timed; 0: never); ``seed`` and ``seeds`` (the runs seed … seed + seeds − 1);
+    ``executor``, ``chunk_size``, ``precision``, ``memory_budget`` and ``conv_impl`` (how a simulation computes);
+    ``diverge_factor`` (the divergence guard; None: none); ``stop`` (a stopping rule: at most ``rounds`` rounds;
+    None: exactly ``rounds``); ``x64`` (float64; the config's null resolved: for consensus-regression problems)."""
+
+    rounds: int
+    eval_every: int
+    eval_clients: int | None
+    checkpoint_every: int | None
+    seed: int
+    seeds: int
+    executor: str
+    chunk_size: int | None
+    precision: str
+    memory_budget: float | None
+    conv_impl: str
+    diverge_factor: float | None
+    stop: StopConfig | None
+    x64: bool
+
+    PER_LANE = ("seed", "seeds")  # a run's own, not its program's
+
+    @classmethod
+    def of(cls, cfg: ExperimentConfig, problem: str) -> "RunSettings":
+        """The settings of config ``cfg`` for an algorithm solving ``problem``."""
+        return cls(cfg.rounds, cfg.eval_every, cfg.eval_clients, cfg.checkpoint_every, cfg.seed, cfg.seeds,
+                   cfg.executor, cfg.chunk_size, cfg.precision, cfg.memory_budget, cfg.model.conv_impl,
+                   cfg.diverge_factor, cfg.stop, problem != "classification" if cfg.x64 is None else cfg.x64)
+
+
+@dataclasses.dataclass(frozen=True)
 class Experiment:
     """What one experiment is made of, built once from a config by :func:`resolve`.
 
-    * ``config``: the parsed config (its ``algo`` values as the algorithm holds them); what ``config.yaml``
-      records and the run settings (rounds, seeds, evaluation, executor) are read from;
+    * ``config``: the parsed config (its ``algo`` values as the algorithm holds them), what ``config.yaml`` records;
+    * ``settings``: how its runs go (:class:`RunSettings`: rounds, evaluation, seeds, executor, …), resolved;
     * ``algorithm``: the algorithm object, constructed and validated once; every simulation of the experiment runs
       this object (traced hyperparameters of a sweep are its fields replaced inside the compiled program);
     * ``model``: the model section with ``name: auto`` resolved to the model it picks;
@@ -72,6 +110,7 @@ class Experiment:
     """
 
     config: ExperimentConfig
+    settings: RunSettings
     algorithm: Algorithm
     model: ModelConfig
     groups: tuple[Group, ...] = ()
@@ -85,17 +124,12 @@ class Experiment:
 
     @property
     def seed(self) -> int:
-        return self.config.seed
-
-    @property
-    def x64(self) -> bool:
-        """Whether its runs compute in float64 (``x64``; null: for consensus-regression problems)."""
-        x64 = self.config.x64
-        return self.algorithm.problem != "classification" if x64 is None else x64
+        return self.settings.seed
 
     def with_seed(self, seed: int) -> "Experiment":
         """The same experiment for one run seed (``seeds: 1``); nothing is rebuilt."""
-        return dataclasses.replace(self, config=dataclasses.replace(self.config, seed=seed, seeds=1))
+        return dataclasses.replace(self, config=dataclasses.replace(self.config, seed=seed, seeds=1),
+                                   settings=dataclasses.replace(self.settings, seed=seed, seeds=1))
 
     def resolved(self) -> ExperimentConfig:
         """The config with every default made explicit, as a run directory's ``resolved.yaml`` records it: all of
@@ -138,25 +172,22 @@ def resolve(cfg: ExperimentConfig) -> Experiment:
     if cls.problem != cfg.data.source.problem:
         raise _mismatch(cfg.algorithm, cls.problem, cfg.data.dataset, cfg.data.source.problem)
     if cls.problem != "classification":  # no model: the algorithm solves the data's problem itself
-        if cfg.eval_clients is not None:
-            raise OptionError("eval_clients", f"samples the clients of classification data; {cfg.algorithm}'s "
-                                              f"evaluation measures every client: set eval_clients to null.")
+        _check_sample(cfg, labelled=False, grouped=False)
         _check_regression(cfg)
         algorithm = _construct(cls, cfg.algo, cfg.data.num_train_clients, "algo")
-        return Experiment(dataclasses.replace(cfg, algo=_written(_held(algorithm, cfg.algo))), algorithm, cfg.model)
+        return Experiment(dataclasses.replace(cfg, algo=_written(_held(algorithm, cfg.algo))),
+                          RunSettings.of(cfg, cls.problem), algorithm, cfg.model)
     input_shape = cfg.data.source.input_shape
     model = _resolve_model(cfg.model, input_shape)
     _check_server(cfg.server, input_shape)
     algorithm = _construct(cls, cfg.algo, cfg.data.num_train_clients, "algo")
     groups = _groups(cfg, algorithm, input_shape)
-    if groups and cfg.eval_clients is not None:
-        raise OptionError("eval_clients", "samples a homogeneous population; client groups (groups) are evaluated on "
-                                          "every client: set eval_clients to null.")
+    _check_sample(cfg, labelled=True, grouped=bool(groups))
     participation = _participation(cfg, algorithm)
     _check_privacy(cfg, algorithm, participation)
     rule, attack = _aggregation(cfg, algorithm)
     config = dataclasses.replace(cfg, algo=_held(algorithm, cfg.algo))
-    return Experiment(config, algorithm, model, groups, rule, attack, participation)
+    return Experiment(config, RunSettings.of(cfg, cls.problem), algorithm, model, groups, rule, attack, participation)
 
 
 def _construct(cls: type[Algorithm], values: dict, num_clients: int, section: str) -> Algorithm:
@@ -178,12 +209,12 @@ def _held(algorithm: Algorithm, keys) -> dict:
 
 
 def _groups(cfg: ExperimentConfig, algorithm: Algorithm, input_shape: tuple) -> tuple[Group, ...]:
+    from fljax.engine.population import check_groups
+
     groups: list[GroupConfig] = group_configs(cfg)
     if not groups:
         return ()
-    total = sum(g.size for g in groups)
-    if total != cfg.data.num_clients:
-        raise OptionError("groups", f"sizes must add up to data.num_clients={cfg.data.num_clients}, got {total}.")
+    check_groups(algorithm, [g.size for g in groups], cfg.data.num_clients, stacked=cfg.data.storage == "padded")
     names = [g.name for g in groups]
     if len(set(names)) < len(names):
         raise OptionError("groups", f"names must be distinct, got {names}.")
@@ -205,6 +236,15 @@ def _groups(cfg: ExperimentConfig, algorithm: Algorithm, input_shape: tuple) -> 
     return tuple(out)
 
 
+def _check_sample(cfg: ExperimentConfig, *, labelled: bool, grouped: bool) -> None:
+    """The config's evaluation sample (``eval_clients``) checked by the rule a simulation asks of its arguments
+    (:func:`fljax.engine.sampling.check_sample`): ``labelled`` data, a ``grouped`` population, target clients."""
+    from fljax.engine.sampling import check_sample
+
+    check_sample(cfg.eval_clients, clients=cfg.data.num_clients, train_clients=cfg.data.num_train_clients,
+                 labelled=labelled, grouped=grouped)
+
+
 def _squeezed(cfg: ExperimentConfig) -> bool:
     """The config compresses uploads (a compressor, or error feedback)."""
     c = cfg.compression
@@ -218,15 +258,19 @@ def _participation(cfg: ExperimentConfig, algorithm: Algorithm):
 
     p = cfg.participation
     if p is None:
-        return default_participation(cfg.privacy is not None and cfg.privacy.level == "client")
+        return default_participation(cfg.privacy is not None and cfg.privacy.level == "client",
+                                     clocked=algorithm.asynchronous)
     if not algorithm.samples_cohorts:
         raise OptionError("participation", f"draws the cohorts of a server-based algorithm; {cfg.algorithm}'s "
                                            f"clients all take part in every round (decentralized gossip or "
                                            f"consensus regression): remove the participation section.")
-    if cfg.groups and p.name != "uniform":
-        raise OptionError("participation", "other than uniform runs on one homogeneous population; remove groups.")
+    if cfg.groups and (p.name != "uniform" or p.system):
+        raise OptionError("participation", "other than uniform cohorts of whole work runs on one homogeneous "
+                                           "population; remove groups.")
     clients = cfg.data.num_train_clients
     try:
+        if algorithm.asynchronous:
+            p.validate_asynchronous(cfg.algorithm)
         p.validate(clients, algorithm.participants(clients))
     except OptionError as e:
         raise e.within("participation") from None
@@ -299,11 +343,16 @@ def _check_privacy(cfg: ExperimentConfig, algorithm: Algorithm, participation) -
         raise _in_privacy(e) from None
 
 
-def privacy_of(exp: Experiment, data: "FederatedData"):
+def privacy_of(exp: Experiment, data: "FederatedData", resolved: dict | None = None):
     """The :class:`fljax.privacy.Privacy` of ``exp`` on ``data`` (None without privacy and compression): the
     population is the data's training clients, their counts weigh the fixed denominator, and at example level the
     smallest client sets the sampling rate B/n_min and the total number of examples bounds δ. Refuses in one line
-    naming the key (before anything is written: the runner asks for it when it builds the run)."""
+    naming the key (before anything is written: the runner asks for it when it sets up the run). ``resolved``: the
+    privacies resolved so far (this function adds to it), by all the accountant is given — the sections, the
+    population, cohort, rounds, participation, the clients' weights: the runs of one data set that differ in nothing
+    else (the points of a learning-rate sweep) share one resolution."""
+    import hashlib
+
     import numpy as np
 
     from fljax.privacy import LocalSteps, resolve_run
@@ -319,12 +368,19 @@ def privacy_of(exp: Experiment, data: "FederatedData"):
         if not sizes.size:
             raise OptionError("privacy.level", "'example': no client has training examples.")
         local = LocalSteps(int(sizes.min()), int(sizes.sum()), plan.batch_size, plan.num_steps(data.train.n_max))
+    given = dict(clients=clients, cohort_size=algorithm.participants(clients), rounds=exp.settings.rounds,
+                 participation=exp.participation, weights=algorithm.client_weights(data.train)[:clients], local=local)
+    key = repr((cfg.privacy, cfg.compression, {**given, "weights": hashlib.sha256(
+        np.ascontiguousarray(given["weights"])).hexdigest()}))
+    if resolved is not None and key in resolved:
+        return resolved[key]
     try:
-        return resolve_run(cfg.privacy, cfg.compression, clients=clients, cohort_size=algorithm.participants(clients),
-                           rounds=cfg.rounds, participation=exp.participation,
-                           weights=algorithm.client_weights(data.train)[:clients], local=local)
+        privacy = resolve_run(cfg.privacy, cfg.compression, **given)
     except OptionError as e:
         raise _in_privacy(e) from None
+    if resolved is not None:
+        resolved[key] = privacy
+    return privacy
 
 
 def _in_privacy(e: OptionError) -> OptionError:
@@ -502,25 +558,25 @@ def load_data(exp: Experiment, seed: int | None = None) -> "FederatedData":
     artifact: the runner attaches it (:func:`fljax.runner.pretrained.with_server_model`)."""
     from fljax.data import load_federated
 
-    cfg = exp.config
     try:
-        return load_federated(cfg.data, cfg.seed if seed is None else seed)
+        return load_federated(exp.config.data, exp.settings.seed if seed is None else seed)
     except OptionError as e:
         raise e.within("data") from None
 
 
-def build(exp: Experiment, data: "FederatedData", module=None) -> "Simulation":
-    """The :class:`~fljax.engine.Simulation` of ``exp`` on ``data`` (``module``: a Flax module of the user's own,
-    used instead of the experiment's model). The simulation runs ``exp.algorithm`` itself, which :func:`resolve`
-    validated: not again unless ``data`` (one of the user's own) has another number of training clients."""
+def build(exp: Experiment, data: "FederatedData", module=None, *, privacy) -> "Simulation":
+    """The :class:`~fljax.engine.Simulation` of ``exp`` on ``data`` with ``privacy``, its privacy on that data
+    (:func:`privacy_of`, resolved once by the caller) (``module``: a Flax module of the user's own, used instead of
+    the experiment's model). The simulation runs ``exp.algorithm`` itself, which :func:`resolve` validated: not again
+    unless ``data`` (one of the user's own) has another number of training clients."""
     from fljax.engine import Simulation
     from fljax.engine.population import ClientGroup
     from fljax.models.model import own_model
 
-    cfg = exp.config
+    cfg, run = exp.config, exp.settings
     if exp.algorithm.problem != "classification":  # no model: the data are the clients' rows in size classes
-        return Simulation(exp.algorithm, data, executor=cfg.executor, chunk_size=cfg.chunk_size, seed=cfg.seed,
-                          memory_budget=cfg.memory_budget, validated_for=cfg.data.num_train_clients)
+        return Simulation(exp.algorithm, data, executor=run.executor, chunk_size=run.chunk_size, seed=run.seed,
+                          memory_budget=run.memory_budget, validated_for=cfg.data.num_train_clients)
     model = own_model(module, data.input_shape, data.num_classes, f"data set {data.name!r}") if module is not None \
         else build_model(exp.model, data)
     groups = [ClientGroup(g.name, g.size, build_model(g.model, data) if g.model is not None else None, g.hp)
@@ -528,10 +584,10 @@ def build(exp: Experiment, data: "FederatedData", module=None) -> "Simulation":
     check_model_support(cfg.algorithm, model, groups=groups is not None)
     _check_model_privacy(cfg, model)
     data = _with_root(exp, data, model)
-    return Simulation(exp.algorithm, data, model, executor=cfg.executor, chunk_size=cfg.chunk_size, seed=cfg.seed,
-                      conv_impl=cfg.model.conv_impl, groups=groups, precision=cfg.precision,
-                      memory_budget=cfg.memory_budget, privacy=privacy_of(exp, data),
-                      eval_clients=cfg.eval_clients, validated_for=cfg.data.num_train_clients,
+    return Simulation(exp.algorithm, data, model, executor=run.executor, chunk_size=run.chunk_size, seed=run.seed,
+                      conv_impl=run.conv_impl, groups=groups, precision=run.precision,
+                      memory_budget=run.memory_budget, privacy=privacy,
+                      eval_clients=run.eval_clients, validated_for=cfg.data.num_train_clients,
                       aggregator=exp.aggregator, attack=_attack_on(exp.attack, data),
                       participation=exp.participation)
 

@@ -567,7 +567,7 @@ def objective_of(exp, data: FederatedData, keys, *, metric: str = "global_loss",
     (``split='val'``: ``val_fraction`` of each client's rows, held out with the run seed, :func:`holdout`), and the
     metric scores the validation, ``'test'`` or ``'train'`` split. ``module``: a Flax module of the user's own
     instead of the experiment's model."""
-    from fljax.experiment import build
+    from fljax.experiment import build, privacy_of
 
     if split not in SPLITS:
         raise OptionError("split", f"must be one of {list(SPLITS)}, got {split!r}.{suggest(str(split), SPLITS)}")
@@ -581,7 +581,7 @@ def objective_of(exp, data: FederatedData, keys, *, metric: str = "global_loss",
         eval_data = data.replace(test=val)
     elif split == "train":
         eval_data = data.replace(test=data.train)
-    sim = build(exp, data, module)
+    sim = build(exp, data, module, privacy=privacy_of(exp, data))
     return RunObjective(sim, [traced_key(k) for k in keys], exp.config.rounds, metric=metric, eval_data=eval_data,
                         last=last, remat=remat, block=block)
 

@@ -756,9 +756,10 @@ def resolve_run(privacy: PrivacyOptions | None, compression: CompressionOptions 
     sampling = participation.sampling(clients, cohort_size)
     if sampling is None:
         raise OptionError("participation.name", f"{participation.name!r} draws cohorts that no dp-accounting event "
-                                                f"describes (no amplification-by-sampling result), so client-level "
-                                                f"privacy cannot be accounted; use participation.name: poisson or "
-                                                f"uniform.")
+                                                f"describes (availability, deadlines, dropouts or dropped stragglers "
+                                                f"decide who counts: no amplification-by-sampling result), so "
+                                                f"client-level privacy cannot be accounted; use participation.name: "
+                                                f"poisson or uniform without them.")
     plan = resolve_privacy(privacy, sampling=sampling, steps=rounds)
     expected = float(size)
     if weights is not None and privacy.weight_cap != 1.0:

@@ -66,6 +66,7 @@ _STUDIES = "Reproductions (fljax reproduce)"
 _TUNE = "Tuning by gradient (fljax tune)"
 _DAMAGED = "Damaged files"
 _PYTHON = "Your own data, from Python"
+_HETERO = "Participation, devices and asynchrony"
 _RUN = "r/config.yaml", "algorithm: fedavg\n"
 _COMPARE = [("c/config.yaml", "data:\n  dataset: digits\n"),
             ("c/summary.json", '{"algorithms": [{"label": "fedavg", "algorithm": "fedavg", "hyperparameters": {}}]}\n')]
@@ -163,7 +164,7 @@ CASES = [
     _case(_VALUES, "run --set eval_clients=51", "eval_clients must be at most data.num_clients=50 (the clients it "
                                                 "samples; null: every client), got 51."),
     _case(_VALUES, "run --algorithm fedgia --dataset fedgia_v1 --set eval_clients=5",
-          "eval_clients samples the clients of classification data; fedgia's evaluation measures every client"),
+          "eval_clients samples the clients of classification data; this problem's evaluation measures every client"),
     _case(_VALUES, "run --set seed=-1", "seed must be between 0 and 4294967295 (a uint32 PRNG seed), got -1."),
     _case(_VALUES, "run --set seed=4294967296", "seed must be between 0 and 4294967295"),
     _case(_VALUES, "run --set data.seed=-3", "data.seed must be between 0 and 4294967295"),
@@ -218,7 +219,7 @@ CASES = [
                                                                   "precision), got 0."),
     _case(_VALUES, 'run --set data.storage=ragged --set data.num_clients=4 --set algo.cohort_size=null '
                    '--set groups=[{"name":"a","size":2},{"name":"b","size":2}]',
-          "client groups need padded client arrays; build the data with storage='padded'."),
+          "groups need padded client arrays (data.storage: padded), which groups slice; the data is stored ragged."),
     _case(_DATA, _DIGITS + "--set data.num_clients=500 --set data.alpha=0.001 --set algo.cohort_size=5",
           "dirichlet(alpha=0.001) left a client with fewer than 1 samples"),
     _case(_DATA, _DIGITS + "--set data.partition=client_dirichlet --set data.test_per_client=1 "
@@ -405,6 +406,33 @@ CASES = [
     _python(_PYTHON, "fljax.sweep({'data.num_clients': [2, 4]}, data=from_arrays(" + _PAIRS + "), out='s')",
             "--grid data.num_clients: the sweep runs on your own data ('arrays', 4 clients), which data.num_clients "
             "does not change"),
+    # --- participation, devices and asynchrony (issue 36; docs/heterogeneity.md) ---
+    _case(_HETERO, "run --set participation.speed=trace --set participation.capacity_trace=capacity",
+          "participation.capacity_trace 'capacity' holds 3 clients, fewer than the 50 training clients it must cover",
+          [("capacity", '(dp0\nI1\n(dp1\nVcomputation\np2\nF5.0\nsVcommunication\np3\nF1000.0\nssI2\n(dp4\ng2\nF5.0\nsg3\nF1000.0\nssI3\n(dp5\ng2\nF5.0\nsg3\nF1000.0\nss.')], shown="a FedScale client_device_capacity pickle of 3 clients"),
+    _case(_HETERO, "run --set participation.speed=trace --set participation.capacity_trace=capacity",
+          "participation.capacity_trace client 1 in 'capacity' has computation -1 ms per sample; every device needs a "
+          "positive computation time and bandwidth.",
+          [("capacity", '(dp0\nI1\n(dp1\nVcomputation\np2\nF-1.0\nsVcommunication\np3\nF1000.0\nss.')], shown="client 1: computation -1.0, communication 1000.0 (pickled)"),
+    _case(_HETERO, "run --set participation.speed=synthetic --set participation.ms_per_sample=-5",
+          "participation.ms_per_sample must be > 0, got -5.0."),
+    _case(_HETERO, "run --set participation.speed=synthetic --set participation.deadline=0.001",
+          "participation.deadline 0.001 s is shorter than every client's round"),
+    _case(_HETERO, "run --set participation.deadline=30", "participation.deadline needs device speeds, the virtual "
+                                                          "clock (speed: synthetic or trace)."),
+    _case(_HETERO, "run --algorithm fedbuff --set algo.concurrency=10 --set algo.buffer_size=20",
+          "algo.buffer_size must be at most the concurrency 10 (the clients in flight), got 20."),
+    _case(_HETERO, "run --set algo.staleness=hinge", "algo.staleness is an option of the asynchronous algorithms "
+                                                     "(fedasync, fedbuff); fedavg is synchronous"),
+    _case(_HETERO, "run --algorithm fedbuff --set participation.name=uniform",
+          "participation.speed must be 'synthetic' or 'trace': fedbuff runs on a virtual clock"),
+    _case(_HETERO, "run --algorithm fedasync --set participation.speed=synthetic --set participation.deadline=60",
+          "participation.deadline is not supported by the asynchronous fedasync"),
+    _case(_HETERO, _DP + "--set participation.speed=synthetic --set participation.availability=diurnal",
+          "draws cohorts that no dp-accounting event describes (availability, deadlines, dropouts or dropped "
+          "stragglers decide who counts"),
+    _case(_HETERO, "run --algorithm dfedavg --set algo.link_failure=0.2 --set algo.gossip_form=gather",
+          "algo.gossip_form ='gather' needs a graph of static degree"),
 ]
 
 

@@ -18,7 +18,7 @@ from fljax.config import ConfigError, ExperimentConfig, ModelConfig, load_config
 from fljax.data import PARTITIONERS, SOURCES, DataConfig
 from fljax.experiment import resolve
 from fljax.models import MODELS
-from fljax.runner import experiment
+from fljax.runner import collection, points
 
 SETTINGS = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 150)), deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -162,9 +162,10 @@ compare_sets = st.just([]) | overrides  # half the comparisons without --set: th
 
 
 def _one_line_or_accepted(monkeypatch, capsys, tmp_path, argv: list[str]) -> str:
-    """``fljax argv`` up to the runner (:func:`fljax.runner.experiment.run_points`, replaced by :func:`_stop`):
+    """``fljax argv`` up to the runner (:func:`fljax.runner.points.run_points`, replaced by :func:`_stop`):
     the configs are accepted, or refused in one line with exit status 2."""
-    monkeypatch.setattr(experiment, "run_points", _stop)
+    for module in (points, collection):  # `fljax run` and the collections
+        monkeypatch.setattr(module, "run_points", _stop)
     monkeypatch.delenv("FLJAX_DEBUG", raising=False)
     monkeypatch.chdir(tmp_path)  # a sweep or comparison locks its (default) directory before running
     capsys.readouterr()

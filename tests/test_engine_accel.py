@@ -89,11 +89,12 @@ def test_a_bf16_cnn_computes_its_convolutions_in_bfloat16_and_learns(digits):
 
 def test_precision_from_the_config_and_the_cli_key():
     from fljax.config import ConfigError, load_config
-    from fljax.experiment import build, resolve
+    from fljax.experiment import build, privacy_of, resolve
     from fljax.runner.sweep import DataCache
 
     exp = resolve(load_config(None, ["precision=bf16", "data.num_clients=6", "algo.cohort_size=2", "memory_budget=2"]))
-    sim = build(exp, DataCache()(exp, 0))
+    data = DataCache()(exp, 0)
+    sim = build(exp, data, privacy=privacy_of(exp, data))
     assert sim.model.precision == "bf16" and sim.precision == "bf16" and sim.memory_budget == 2
     with pytest.raises(ConfigError, match="precision must be one of"):
         load_config(None, ["precision=fp16"])

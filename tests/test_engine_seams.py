@@ -10,7 +10,7 @@ import fljax
 from fljax.config import ExperimentConfig, from_dict
 from fljax.engine.driver import _round_key
 from fljax.errors import OptionError
-from fljax.experiment import build, load_data, resolve
+from fljax.experiment import build, load_data, privacy_of, resolve
 
 BASE = {"data": {"dataset": "synthetic", "num_clients": 12, "max_samples": 40}, "model": {"name": "logreg"},
         "rounds": 1, "algorithm": "fedavg",
@@ -19,7 +19,8 @@ BASE = {"data": {"dataset": "synthetic", "num_clients": 12, "max_samples": 40}, 
 
 def _sim(**sections):
     exp = resolve(from_dict(ExperimentConfig, {**BASE, **sections}))
-    return build(exp, load_data(exp))
+    data = load_data(exp)
+    return build(exp, data, privacy=privacy_of(exp, data))
 
 
 @pytest.mark.parametrize("mode", ["gather", "mask"])

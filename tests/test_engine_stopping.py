@@ -20,8 +20,25 @@ from fljax.engine.stopping import start, step
 from fljax.errors import OptionError
 
 
+class Toy:
+    """What the engine reads of client data (fljax.engine.SimulationData), for toy data whose every client trains:
+    no server data, no groups of its own, no labelled examples."""
+
+    server = None
+    group_sizes = None
+    stacked = True
+    labelled = False
+
+    @property
+    def num_train_clients(self) -> int:
+        return self.num_clients
+
+    def client_nbytes(self) -> int:
+        return sum(x.nbytes for x in jax.tree.leaves(self)) // self.num_clients
+
+
 @flax.struct.dataclass
-class Values:
+class Values(Toy):
     """Toy data: one value per client."""
 
     v: jax.Array
@@ -144,17 +161,23 @@ def test_programs_are_reused_and_bad_settings_refused():
 
 
 @flax.struct.dataclass
-class Rows:
+class Rows(Toy):
     """One group's data: its clients' rows (``train [clients, rows]``), no test split."""
 
     train: jax.Array
     test = None
 
+    @property
+    def num_clients(self) -> int:
+        return self.train.shape[0]
+
 
 @flax.struct.dataclass
-class Grouped:
-    """Toy grouped data (fljax.engine.population.GroupedData): groups of 2, 3 and 1 clients with rows of 4, 7 and 2
-    values."""
+class Grouped(Toy):
+    """Toy data in groups of their own shapes (``group_sizes``, fljax.engine.SimulationData): groups of 2, 3 and 1
+    clients with rows of 4, 7 and 2 values."""
+
+    stacked = False
 
     rows: tuple
 

@@ -116,8 +116,8 @@ def test_a_sampled_run_says_so_in_its_table_and_summary(tmp_path):
     assert "fixed sample of 5 of 12 clients (eval_clients)" in distinct_table([row, {**row, "algorithm": "x"}])
     every = fljax.run({"data": DATA, "model": {"name": "logreg"}}, rounds=1,
                       progress=False)
-    assert "evaluated" not in summary_row("fedavg", [every.runs[0].summary])
-    assert every.runs[0].summary["eval_clients"] == 12 and "eval_client_ids" not in every.runs[0].summary
+    assert "evaluated" not in summary_row("fedavg", [every.runs[0].progress.summary])
+    assert every.runs[0].progress.summary["eval_clients"] == 12 and "eval_client_ids" not in every.runs[0].progress.summary
     assert res.history[-1]["round"] == 1
 
 
@@ -134,11 +134,17 @@ def test_lanes_of_a_sweep_share_the_sample(tmp_path):
     ({"eval_clients": 13}, "eval_clients must be at most data.num_clients=12 (the clients it samples; null: every "
                            "client), got 13."),
     ({"eval_clients": 2, "groups": [{"name": "a", "size": 6}, {"name": "b", "size": 6}]},
-     "eval_clients samples a homogeneous population; client groups (groups) are evaluated on every client"),
+     "eval_clients samples a homogeneous population; client groups (groups, or data in groups of its own) are "
+     "evaluated on every client"),
     ({"eval_clients": 2, "algorithm": "fedgia", "data": {"dataset": "fedgia_v1", "num_clients": 12}},
      "eval_clients samples the clients of classification data"),
+    ({"eval_clients": 4, "data": {"dataset": "mnist5k", "num_clients": 12, "partition": "meta_pairs",
+                                  "target_clients": 2}},
+     "eval_clients samples the training clients of a population; this split's 2 target clients are evaluated apart"),
 ])
 def test_bad_samples_are_refused_in_one_line(overrides, fragment):
+    """Refused by the config's resolution, before any data is loaded: the rule a simulation asks of its arguments
+    (:func:`fljax.engine.sampling.check_sample`), a meta-learning split's target clients included."""
     with pytest.raises(OptionError) as e:
         fljax.make_config({"data": DATA, **overrides})
     assert fragment in str(e.value) and "\n" not in str(e.value)

@@ -112,14 +112,14 @@ def _count_validations(monkeypatch, cls) -> list:
 def test_fljax_run_constructs_and_validates_the_algorithm_once(monkeypatch, tmp_path):
     """Two seeds, each with its own data and simulation: one algorithm object, constructed and validated once, runs
     both; a resume of the finished run constructs and validates it once too."""
-    import fljax.runner.experiment as runner
+    import fljax.runner.schedule as runner
 
     calls = _count_constructions(monkeypatch, FedProx)
     validations = _count_validations(monkeypatch, FedProx)
     sims = []
     build = runner.build
-    monkeypatch.setattr(runner, "build", lambda exp, data, module=None: sims.append(build(exp, data, module))
-                        or sims[-1])
+    monkeypatch.setattr(runner, "build", lambda exp, data, module=None, **kw: sims.append(
+        build(exp, data, module, **kw)) or sims[-1])
     out = str(tmp_path / "r")
     assert main(["run", "--algorithm", "fedprox", "--seeds", "3", "--out", out, *TINY]) == 0
     assert len(calls) == 1 and len(sims) == 3 and all(s.algorithm is calls[0] for s in sims)
@@ -143,9 +143,9 @@ def test_a_simulation_built_from_python_validates_its_algorithm(monkeypatch):
     exp = resolve(load_config(None, ["algorithm=fedprox", "data.num_clients=6", "data.max_samples=40",
                                      "algo.cohort_size=3"]))
     assert validations == [6]
-    build(exp, data)
+    build(exp, data, privacy=None)
     assert validations == [6]
-    build(exp, make_federated("synthetic", num_clients=8, max_samples=40))
+    build(exp, make_federated("synthetic", num_clients=8, max_samples=40), privacy=None)
     assert validations == [6, 8]
 
 
@@ -217,3 +217,26 @@ def test_an_option_that_an_algorithm_would_ignore_does_not_exist(name, key, valu
 
     with pytest.raises(OptionError, match=f"^{key} is not a valid key for algorithm '{name}'"):
         make_algorithm(name, **{key: value})
+
+
+def test_the_run_layer_is_named_parts_of_at_most_400_lines_without_circles():
+    """fljax.runner is parts, one layer each (issue 37): no module over 400 lines, and no two of its modules
+    import each other, lazily or not (the study runner and the report renderer once did), nor through others."""
+    modules = {name: path for name, path in _modules().items() if name.startswith("fljax.runner.")}
+    long = {name: n for name, path in modules.items() if (n := sum(1 for _ in open(path))) > 400}
+    assert not long, long
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = {f"{node.module}.{a.name}" for a in node.names} | {node.module}
+            elif isinstance(node, ast.Import):
+                targets = {a.name for a in node.names}
+            else:
+                continue
+            graph.setdefault(name, set()).update(t for t in targets if t in modules and t != name)
+    circles = sorted((a, b) for a in modules for b in modules if a < b and b in _reachable(graph, a)
+                     and a in _reachable(graph, b))
+    assert not circles, circles

@@ -26,7 +26,7 @@ def cfg(**changes):
 def test_resolve_a_regression_experiment_and_its_resolved_config_round_trips():
     exp = resolve(cfg(algo={"loss": {"name": "logistic", "h_shift_rule": "code"}, "variant": "G"}))
     assert isinstance(exp.algorithm, FedGiA) and exp.algorithm.loss == Logistic(h_shift_rule="code")
-    assert exp.x64 and exp.config.algo["loss"] == {"name": "logistic", "h_shift_rule": "code"}
+    assert exp.settings.x64 and exp.config.algo["loss"] == {"name": "logistic", "h_shift_rule": "code"}
     again = resolve(from_dict(ExperimentConfig, to_dict(exp.resolved())))
     assert again.algorithm == exp.algorithm and again.config.algo["variant"] == "G"
 
@@ -65,7 +65,7 @@ def test_data_sources_pack_the_instances_of_fedgia_data():
 
 def test_a_config_run_equals_the_plain_engine_run_in_float64(tmp_path):
     res = fljax.run(cfg(), out=str(tmp_path / "run"), progress=False)
-    assert res.runs[0].status == "completed" and (tmp_path / "run" / "summary.json").exists()
+    assert res.runs[0].progress.status == "completed" and (tmp_path / "run" / "summary.json").exists()
     final = res.history[-1]
     with jax.enable_x64(True):
         data = jax.device_put(pack_trials([v1_instance(0, m=8)], blocks=1, gram=True).trials()[0])
@@ -94,11 +94,11 @@ def test_a_stop_section_runs_each_seed_until_the_rule_as_run_until_does(tmp_path
     assert res.vectorised and all(want.converged)
     for i, run in enumerate(res.runs):
         s = int(want.rounds[i])
-        assert run.status == "completed" and run.summary["stop"] == {
+        assert run.progress.status == "completed" and run.progress.summary["stop"] == {
             "rounds": s, "iters": 5 * s, "converged": True, "diverged": False}
-        assert [r["round"] for r in run.log.history] == list(range(s + 1))
+        assert [r["round"] for r in run.progress.log.history] == list(range(s + 1))
         for k in ("error", "train_loss", "grad_norm_sq"):
-            np.testing.assert_array_equal([r[k] for r in run.log.history], want.history[k][i, :s + 1])
-        assert run.log.history[-1]["error"] <= 1e-7 < run.log.history[-2]["error"]
+            np.testing.assert_array_equal([r[k] for r in run.progress.log.history], want.history[k][i, :s + 1])
+        assert run.progress.log.history[-1]["error"] <= 1e-7 < run.progress.log.history[-2]["error"]
     again = fljax.run(config, out=str(tmp_path / "run"), progress=False, resume=True)  # stopped early, yet complete
-    assert [run.status for run in again.runs] == ["reused", "reused"]
+    assert [run.progress.status for run in again.runs] == ["reused", "reused"]

@@ -8,7 +8,8 @@ import pytest
 from fljax.problems import LeastSquares
 from fljax.reproduce import fedgia_claims as claims_module
 from fljax.reproduce.fedgia_claims import GATES, PAPER_K0, PAPER_TABLE4, paper_tol0
-from fljax.runner.study import StudyResults, load_study, run_study
+from fljax.runner.study import StudyResults, load_study
+from fljax.runner.study_run import run_study
 
 QOT_ROWS = 8992  # d of qot (every trial splits all of its rows)
 

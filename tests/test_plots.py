@@ -5,7 +5,8 @@ import os
 import numpy as np
 
 from fljax.runner import plots
-from fljax.runner.plots import constants, extras, plot_compare, plot_heatmap, plot_run, style
+from fljax.runner.plots import style
+from fljax.runner.run_plots import constants, extras, plot_compare, plot_heatmap, plot_run
 
 
 def _history(bytes_per_round: float, extra: dict | None = None, evaluations: int = 4) -> list[dict]:

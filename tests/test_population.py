@@ -4,6 +4,8 @@ import jax
 import numpy as np
 import pytest
 
+import fljax
+
 from fljax.algorithms import make_algorithm
 from fljax.engine import Simulation
 from fljax.engine.population import ClientGroup, Population
@@ -94,12 +96,28 @@ def test_groups_that_cannot_be_aggregated_or_run_are_refused(synth20):
     groups = [ClientGroup("small", 10, model=_mlp(synth20, 8)), ClientGroup("large", 10, model=_mlp(synth20, 24))]
     with pytest.raises(ValueError, match="trains the global model .* group 'large' runs another architecture"):
         Simulation(make_algorithm("fedavg", **FEDAVG), synth20, _mlp(synth20, 8), groups=groups)
-    with pytest.raises(ValueError, match="hold 12 clients, the data 20"):
+    with pytest.raises(ValueError, match=r"groups sizes must add up to data.num_clients=20, got 12\."):
         Simulation(make_algorithm("fedavg", **FEDAVG), synth20, default_model(synth20), groups=[ClientGroup("a", 12)])
     with pytest.raises(ValueError, match="does not run client groups"):
         Simulation(make_algorithm("dfedavg", k=4), synth20, default_model(synth20), groups=[ClientGroup("a", 20)])
     with pytest.raises(ValueError, match="distinct"):
         Population((ClientGroup("a", 10), ClientGroup("a", 10)))
+
+
+def test_groups_an_experiment_cannot_run_are_refused_by_its_resolution():
+    """The rule a simulation asks of its groups (:func:`fljax.engine.population.check_groups`) refuses a config's
+    groups when it is resolved, naming ``groups``, before any data is loaded: an algorithm that runs no groups,
+    sizes that do not add up, ragged storage."""
+    from fljax.errors import OptionError
+
+    base = {"data": {"dataset": "synthetic", "num_clients": 4}, "algo": {"cohort_size": None}}
+    groups = [{"name": "a", "size": 2}, {"name": "b", "size": 2}]
+    for sections, message in (({"algorithm": "dfedavg", "algo": {"k": 2}}, "cannot be run by algorithm 'dfedavg'"),
+                              ({"groups": groups[:1]}, "sizes must add up to data.num_clients=4, got 2"),
+                              ({"data": {**base["data"], "storage": "ragged"}}, "need padded client arrays")):
+        with pytest.raises(OptionError, match=message) as e:
+            fljax.make_config({**base, "groups": groups, **sections})
+        assert e.value.key == "groups" and "\n" not in str(e.value)
 
 
 def test_each_group_runs_a_callable_per_group_in_client_order():

@@ -192,7 +192,7 @@ def test_a_private_round_under_vmap_equals_the_loop():
     states = {}
     for executor in ("loop", "vmap"):
         exp = resolve(from_dict(ExperimentConfig, {**cfg, "executor": executor}))
-        sim = build(exp, load_data(exp))
+        sim = build(exp, data := load_data(exp), privacy=privacy_of(exp, data))
         states[executor], metrics = sim.run_rounds(sim.init(), 2)
         states[executor + "_metrics"] = metrics
     assert_trees_close(states["vmap"], states["loop"], rtol=1e-5, atol=1e-6)
@@ -210,7 +210,7 @@ def test_error_feedback_keeps_an_unsampled_clients_residual_bit_for_bit(mode):
     cfg = _config(algo={"cohort_mode": mode}, compression={"kind": "top_k", "fraction": 0.25,
                                                            "error_feedback": True})
     exp = resolve(from_dict(ExperimentConfig, cfg))
-    sim = build(exp, load_data(exp))
+    sim = build(exp, data := load_data(exp), privacy=privacy_of(exp, data))
     state = sim.init()
     before = state
     for r in range(3):
@@ -231,7 +231,7 @@ def test_error_feedback_keeps_an_unsampled_clients_residual_bit_for_bit(mode):
 def test_poisson_cohorts_run_in_a_static_buffer_whose_empty_slots_change_nothing():
     cfg = _config(privacy={"noise_multiplier": 0.0, "clip_norm": 1e6}, participation={"name": "poisson", "capacity": 8})
     exp = resolve(from_dict(ExperimentConfig, cfg))
-    sim = build(exp, load_data(exp))
+    sim = build(exp, data := load_data(exp), privacy=privacy_of(exp, data))
     state = sim.init()
     sizes = set()
     for r in range(6):
@@ -270,7 +270,7 @@ def test_dp_sgd_local_steps_equal_a_hand_written_per_example_loop():
     gradient clipped to C, summed, N(0, z²C²) added, divided by B, an SGD step — written out example by example."""
     exp = resolve(from_dict(ExperimentConfig, _config(algo={"sampling": "poisson", "batch_size": 5})))
     data = load_data(exp)
-    sim = build(exp, data)
+    sim = build(exp, data, privacy=privacy_of(exp, data))
     model = sim.model
     plan = exp.algorithm.plan()
     dp = ExamplePrivacy(clip_norm=0.5, noise_multiplier=0.7, batch_size=5)

@@ -40,7 +40,7 @@ def test_two_processes_give_the_metrics_of_one(tmp_path, eval_clients):
     assert summary["executor"] == "sharded(2 devices)" and summary["environment"]["device_count"] == 2
     assert summary["eval_clients"] == (eval_clients or 6)
     one = fljax.run(tiny, executor="sharded", out=str(tmp_path / "one"), progress=False)
-    assert one.runs[0].facts["executor"] == "sharded(1 devices)"
+    assert one.runs[0].progress.summary["executor"] == "sharded(1 devices)"
     a, b = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
     assert [r["round"] for r in a] == [r["round"] for r in b] == [0, 1, 2, 3]
     for x, y in zip(a, b):

@@ -125,7 +125,7 @@ def test_only_stateful_algorithms_keep_per_client_state(both):
 def test_client_groups_refuse_ragged_storage(both):
     from fljax.engine.population import ClientGroup
 
-    with pytest.raises(ValueError, match="client groups need padded client arrays"):
+    with pytest.raises(ValueError, match=r"groups need padded client arrays \(data.storage: padded\)"):
         Simulation(make_algorithm("fedavg", cohort_size=4), both["ragged"], default_model(both["ragged"]),
                    groups=[ClientGroup("a", 12), ClientGroup("b", 12)])
 

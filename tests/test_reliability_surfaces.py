@@ -59,14 +59,18 @@ class _Hyper:
 
 
 class _FakeRun:
-    """What group_runs reads of a run: its config, its algorithm's hyperparameters, its data and start round."""
+    """What group_runs reads of a run: its config, its algorithm's hyperparameters, its data and its progress's
+    start round."""
 
     def __init__(self, lr, data):
         from fljax.config import ExperimentConfig
+        from fljax.experiment import RunSettings
 
         self.cfg = ExperimentConfig(algo={"lr": lr})
-        self.exp = types.SimpleNamespace(algorithm=_Hyper(lr), config=self.cfg)
-        self.data, self.start = data, 0
+        self.exp = types.SimpleNamespace(algorithm=_Hyper(lr), config=self.cfg, model=self.cfg.model, groups=(),
+                                         settings=RunSettings.of(self.cfg, "classification"), aggregator=None,
+                                         attack=None, participation=None)
+        self.data, self.progress = data, types.SimpleNamespace(start=0)
 
 
 def test_runs_that_share_data_but_cannot_batch_run_one_program_each():
@@ -75,9 +79,9 @@ def test_runs_that_share_data_but_cannot_batch_run_one_program_each():
     grid's keys only where it can batch."""
     shared = object()
     runs = [_FakeRun(lr, shared) for lr in (0.1, 0.2, 0.3)]
-    programs = group_runs(runs, batchable=lambda rs: False, trace={"lr"})
+    programs = group_runs(runs, batchable=lambda rs, traced: False, trace={"lr"})
     assert [p.runs for p in programs] == [[r] for r in runs] and all(p.traced == () for p in programs)
-    alone = group_runs(runs, batchable=lambda rs: len(rs) == 1, trace={"lr"})
+    alone = group_runs(runs, batchable=lambda rs, traced: len(rs) == 1, trace={"lr"})
     assert all(isinstance(p, Program) and p.traced == ("lr",) for p in alone) and len(alone) == 3
 
 
@@ -118,7 +122,8 @@ def test_a_signal_in_a_familys_last_block_stops_the_study(tmp_path, monkeypatch)
     """(issue: `fljax reproduce` dropped Ctrl-C/SIGTERM landing in a family's last block — its runs completed and
     the next family started.) The family completes (the signal came too late to stop it) and the study stops
     there: Interrupted, the second family never started."""
-    from fljax.runner.study import load_study, run_study
+    from fljax.runner.study import load_study
+    from fljax.runner.study_run import run_study
 
     path = tmp_path / "two.yaml"
     path.write_text(STUDY)
@@ -139,7 +144,8 @@ def test_a_signal_while_the_checkpointers_close_stops_the_study(tmp_path, monkey
     INTERRUPTED", the next family ran.) The signal is sent from inside the close step of the first family: the study
     stops there (Interrupted; `fljax reproduce` exits 143), the second family never starts."""
     from fljax.runner.checkpoint import Checkpointer
-    from fljax.runner.study import load_study, run_study
+    from fljax.runner.study import load_study
+    from fljax.runner.study_run import run_study
 
     path = tmp_path / "two.yaml"
     path.write_text(STUDY)
@@ -204,7 +210,8 @@ def test_load_run_and_load_compare_name_a_damaged_file(made, tmp_path, load, nam
 
 
 def test_a_damaged_study_results_file_is_named(tmp_path):
-    from fljax.runner.study import Study, results_from_file
+    from fljax.runner.study import Study
+    from fljax.runner.study_run import results_from_file
 
     for text in (b"not gzip", b""):
         (tmp_path / "results.json.gz").write_bytes(text)
@@ -681,23 +688,23 @@ class _Planned(Exception):
 
 def _plan_only(monkeypatch, seen: list):
     """Replace running by planning: every run of the sweep, checked, with its data and simulation built and its
-    directory written, is grouped into programs (:func:`fljax.runner.plan.group_runs` with the runner's own test of
-    what can share a program); each run must be in exactly one program, the lanes of a program share its
-    algorithm and executor, and the traced keys are numeric. Then the call stops (nothing is trained)."""
-    from fljax.runner import experiment
+    directory written, is grouped into programs (:meth:`fljax.runner.schedule.Schedule.plan`, the runner's own
+    grouping); each run must be in exactly one program, the lanes of a program share its algorithm and executor, and
+    the traced keys are numeric. Then the call stops (nothing is trained)."""
     from fljax.runner.plan import numeric
+    from fljax.runner.schedule import Schedule
 
-    def plan(all_runs, sims, output, lanes, trace, stop):
-        programs = group_runs(all_runs, batchable=experiment._batchable(sims), lanes=lanes, trace=set(trace))
+    def plan(schedule, all_runs, output, checkpoints, stop):
+        programs = schedule.plan(all_runs)
         placed = [id(r) for p in programs for r in p.runs]
         assert sorted(placed) == sorted(id(r) for r in all_runs)
         for p in programs:
-            assert len({(r.cfg.algorithm, r.cfg.executor, r.start) for r in p.runs}) == 1
+            assert len({(r.cfg.algorithm, r.cfg.executor, r.progress.start) for r in p.runs}) == 1
             assert all(numeric(v) for hp in p.hps() or [] for v in hp.values())
         seen.append(len(all_runs))
         raise _Planned
 
-    monkeypatch.setattr(experiment, "_run_all", plan)
+    monkeypatch.setattr(Schedule, "run", plan)
 
 
 def _sweep_outcome(monkeypatch, capsys, tmp_path, argv: list[str]) -> str:

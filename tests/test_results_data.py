@@ -49,7 +49,7 @@ def test_load_compare_gives_every_run_seed_and_evaluation(compared):
     assert frame.groupby("run")["algorithm"].first().to_dict() == {"fedavg": "fedavg", "fedprox(mu=0.1)": "fedprox"}
     assert len(frame) == 2 * 2 * 3  # runs × seeds × evaluations (rounds 0, 2, 4)
     got = frame[(frame.run == "fedprox(mu=0.1)") & (frame.seed == 1)]["personal_acc"].to_numpy()
-    want = [h["personal_acc"] for h in results["fedprox(mu=0.1)"].runs[1].log.history]
+    want = [h["personal_acc"] for h in results["fedprox(mu=0.1)"].runs[1].progress.log.history]
     np.testing.assert_array_equal(got, want)
     assert frame.attrs["config"]["rounds"] == 4
     assert frame.attrs["runs"]["fedavg"]["summary"]["seeds"] == [0, 1]
@@ -66,7 +66,7 @@ def test_results_have_a_short_repr(compared):
     _, results = compared
     text = repr(results["fedavg"])
     assert text.startswith("ExperimentResult(fedavg on synthetic(1,1), 2 seeds: personal_acc=") and len(text) < 250
-    run = results["fedavg"].runs[0].result
+    run = results["fedavg"].runs[0].progress.result
     assert repr(run).startswith("RunResult(round=4, personal_acc=") and "Array" not in repr(run)
     assert list(run.to_frame()["round"]) == [0, 2, 4]
 
@@ -77,7 +77,7 @@ def test_tensorboard_scalars_per_run_and_seed(compared):
     assert dirs == ["fedavg/seed_0", "fedavg/seed_1", "fedprox_mu=0.1/seed_0", "fedprox_mu=0.1/seed_1"]
     (events,) = glob.glob(str(root / "tb" / "fedavg" / "seed_1" / "events.*"))
     scalars = _scalars(events)
-    history = results["fedavg"].runs[1].log.history
+    history = results["fedavg"].runs[1].progress.log.history
     assert [s for s, _ in scalars["personal_acc"]] == [0, 2, 4]
     np.testing.assert_allclose([v for _, v in scalars["personal_acc"]], [h["personal_acc"] for h in history])
     assert [s for s, _ in scalars["train_loss"]] == [2, 4]  # round 0 has no training loss

@@ -324,13 +324,11 @@ def test_progress_bars_of_programs_are_named_apart():
     get different names (the first point, the others counted, and the seed); one seed: the label alone."""
     from types import SimpleNamespace as Run
 
-    from fljax.runner.experiment import _bar_name
+    from fljax.runner.execute import bar_name
 
     points = ["lr=0.05,mu=0", "lr=0.05,mu=0.1", "lr=0.1,mu=0", "lr=0.1,mu=0.1"]
-    two = Run(seeds=2, run_name="fedprox")
-    names = [_bar_name([Run(label=p, seed=s, cfg=two) for p in points]) for s in (0, 1)]
+    names = [bar_name([Run(name=p, seed=s, point_seeds=2) for p in points]) for s in (0, 1)]
     assert names == ["lr=0.05,mu=0 +3 more, seed 0", "lr=0.05,mu=0 +3 more, seed 1"]
-    assert _bar_name([Run(label=None, seed=0, cfg=Run(seeds=1, run_name="fedavg"))]) == "fedavg"
-    three = Run(seeds=3, run_name="fedavg")
-    assert _bar_name([Run(label="fedavg", seed=s, cfg=three) for s in range(3)]) == "fedavg, 3 seeds"
-    assert _bar_name([Run(label="fedavg", seed=s, cfg=three) for s in (1, 2)]) == "fedavg, seeds 1, 2"
+    assert bar_name([Run(name="fedavg", seed=0, point_seeds=1)]) == "fedavg"
+    assert bar_name([Run(name="fedavg", seed=s, point_seeds=3) for s in range(3)]) == "fedavg, 3 seeds"
+    assert bar_name([Run(name="fedavg", seed=s, point_seeds=3) for s in (1, 2)]) == "fedavg, seeds 1, 2"

@@ -1,4 +1,4 @@
-"""The study runner (fljax/runner/study.py) and the shipped study files: cells from axes, presets, rules and grids;
+"""The study runner (fljax/runner/study.py, study_run.py) and the shipped study files: cells from axes, presets, rules and grids;
 one run per distinct (config, seed) shared by every cell; runs reused after an interruption; tables, claims and
 plots rendered by the one table module; every shipped study's every cell is a valid config."""
 import os
@@ -10,8 +10,8 @@ import pytest
 from fljax.cli import main
 from fljax.errors import ConfigError
 from fljax.runner import files
-from fljax.runner.study import (StudyResults, _experiments, evaluate, load_study, render_study, results_from_file,
-                                run_study, study_names)
+from fljax.runner.study import StudyResults, evaluate, load_study, study_names
+from fljax.runner.study_run import _experiments, render_study, results_from_file, run_study
 from fljax.runner.tables import render_report, value_text
 
 STUDY = textwrap.dedent("""
@@ -259,7 +259,7 @@ def test_a_saved_config_without_a_section_added_since_is_the_same_settings():
     value, or a key that no longer parses, is not."""
     from fljax.config import ExperimentConfig, from_dict, to_dict
     from fljax.experiment import resolve
-    from fljax.runner.study import _same_settings
+    from fljax.runner.study_run import _same_settings
 
     cfg = resolve(from_dict(ExperimentConfig, {"algorithm": "fedavg", "rounds": 3})).config
     saved = to_dict(cfg)
@@ -315,7 +315,7 @@ def test_reproduce_cli(tmp_path, capsys):
 
 
 def test_lanes_default_comes_from_the_study_file(tiny, tmp_path, monkeypatch):
-    import fljax.runner.study as study_module
+    import fljax.runner.study_run as study_module
 
     seen = set()
     monkeypatch.setattr(study_module, "_run_some", lambda root, items, lanes, progress: seen.add(lanes) or 0.0)
@@ -336,7 +336,7 @@ def test_parallel_jobs_replace_their_workers_and_match_one_job(tiny, tmp_path, m
     """--jobs runs the families in worker processes, a fresh pool every jobs × TASKS_PER_WORKER families (patched
     to 1 here, so the 4 families of the 'lr' and 'rules' studies take 2 pools of 2 workers); the results are those
     of one job. (A ProcessPoolExecutor with max_tasks_per_child hung here once a worker retired.)"""
-    import fljax.runner.study as S
+    import fljax.runner.study_run as S
 
     monkeypatch.setattr(S, "TASKS_PER_WORKER", 1)
     serial = run_study(tiny, str(tmp_path / "one"), only=["lr", "rules"])

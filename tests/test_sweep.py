@@ -19,7 +19,7 @@ COMMON = dict(algorithm="fedprox", data={"dataset": "digits", "num_clients": 8, 
 
 
 def _records(result):
-    return [[{k: v for k, v in r.items() if k != "run_seconds"} for r in run.log.history] for run in result.runs]
+    return [[{k: v for k, v in r.items() if k != "run_seconds"} for r in run.progress.log.history] for run in result.runs]
 
 
 def test_grid_parsing_and_points():
@@ -137,3 +137,74 @@ def test_a_two_key_grid_loads_with_one_column_per_key_and_draws_a_heatmap(tmp_pa
     assert list(fljax.load_compare(out).columns[:3]) == ["run", "lr", "mu"]
     with pytest.raises(fljax.ConfigError, match="load_sweep"):
         fljax.load_run(out)
+
+
+@pytest.mark.parametrize("data_seed,executor", [(0, "vmap"), (None, "vmap"), (0, "loop")])
+def test_a_sweep_builds_one_simulation_per_program_and_resolves_privacy_once_per_data_set(monkeypatch, data_seed,
+                                                                                           executor):
+    """A private sweep of 3 learning rates × 2 seeds builds one Simulation per compiled program — one program of 6
+    lanes on a shared data set; with a partition per seed, one program (data of one shape, stacked per lane) or one
+    per seed; one per learning rate under the loop executor, which cannot batch — never one per point only to check
+    it, and
+    resolves the privacy once per data set: every run of a data set holds that one resolution. (Under the loop
+    executor each run is a program of its own, and the runs of one learning rate run one compiled program, their
+    seeds its arguments.)"""
+    import fljax.privacy
+    from fljax.config import from_dict
+    from fljax.engine import Simulation
+    from fljax.runner import Output, schedule
+    from fljax.runner.collection import sweep_points
+    from fljax.runner.points import run_points
+
+    cfg = from_dict(fljax.ExperimentConfig, {
+        "algorithm": "fedprox", "data": {"dataset": "digits", "num_clients": 8, "seed": data_seed},
+        "model": {"name": "logreg"}, "algo": {"cohort_size": 4, "local_steps": 2}, "rounds": 2, "eval_every": 1,
+        "seeds": 2, "executor": executor, "privacy": {"clip_norm": 1.0, "noise_multiplier": 1.0}})
+    points = sweep_points(cfg, {"algo.lr": [0.03, 0.1, 0.3]})  # (resolving them checks the privacy section)
+    sims, resolutions, executed = [], [], []
+    init, resolve_run, execute = Simulation.__init__, fljax.privacy.resolve_run, schedule.execute
+    monkeypatch.setattr(Simulation, "__init__", lambda self, *a, **k: sims.append(self) or init(self, *a, **k))
+    monkeypatch.setattr(fljax.privacy, "resolve_run", lambda *a, **k: resolutions.append(a) or resolve_run(*a, **k))
+    monkeypatch.setattr(schedule, "execute", lambda program, built, *a: executed.append((program, built.sim))
+                        or execute(program, built, *a))
+    results = run_points(points, None, trace=("lr",), output=Output("quiet"))
+    runs = [run for r in results for run in r.runs]
+    assert len(runs) == 6 and all(run.progress.status == "completed" and run.point_seeds == 2 for run in runs)
+    assert sorted(id(run) for program, _ in executed for run in program.runs) == sorted(map(id, runs))
+    datas = {id(run.data) for run in runs}
+    assert len(datas) == (1 if data_seed is not None else 2)
+    compiled = {id(sim) for _, sim in executed}  # a seed is an argument of the program it runs in
+    if executor == "loop":
+        assert len(executed) == 6 and len(compiled) == 3  # each run alone, a learning rate's seeds in one program
+    elif data_seed is not None:
+        assert len(executed) == len(compiled) == 1
+    assert len(sims) == len(compiled)
+    assert len(resolutions) == len({id(run.privacy) for run in runs}) == len(datas)
+
+
+def test_the_program_key_is_read_off_the_resolved_experiment():
+    """Runs share a compiled program only when their resolved experiments agree (:func:`program_key`): every config
+    key reaches the key — through the algorithm as it holds its hyperparameters, the resolved model, groups and
+    components, the run settings, or the sections a simulation is built from — but the run's name and its seed;
+    equal resolved values give one key however the config spells them (a default written out), and a traced key
+    leaves it."""
+    import dataclasses
+
+    from fljax.config import load_config
+    from fljax.experiment import RunSettings, resolve
+    from fljax.runner.plan import COMPONENTS, SECTIONS, program_key
+
+    read = {"algorithm", "algo", "model", "groups", *COMPONENTS, *SECTIONS, *(f.name for f in
+                                                                          dataclasses.fields(RunSettings))}
+    assert {f.name for f in dataclasses.fields(fljax.ExperimentConfig)} - read == {"name"}
+
+    base = ["algorithm=fedavg", "data.num_clients=6", "data.max_samples=40", "model.name=logreg", "algo.cohort_size=3"]
+    key = lambda *sets: program_key(resolve(load_config(None, [*base, *sets])))  # noqa: E731
+    same = key()
+    for sets in (["name=other"], ["seed=3"], ["seeds=2"], ["algo.lr=0.1"], ["model.name=logreg"]):  # lr: its default
+        assert key(*sets) == same, sets
+    for sets in (["algo.lr=0.2"], ["rounds=7"], ["eval_every=3"], ["executor=loop"], ["data.num_clients=7"],
+                 ["model.name=mlp"], ["precision=fp32"], ["participation.name=poisson"], ["diverge_factor=null"]):
+        assert key(*sets) != same, sets
+    lr = resolve(load_config(None, [*base, "algo.lr=0.2"]))
+    assert program_key(lr, {"lr"}) == program_key(resolve(load_config(None, base)), {"lr"})

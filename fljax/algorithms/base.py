@@ -37,6 +37,7 @@ from fljax.errors import OptionError
 from fljax.models.model import accuracy_stats, masked_cross_entropy
 from fljax.models.sequence import token_stats, token_summary
 from fljax.options import Options, at_least, one_of, option
+from fljax.participation import WithClock, Work
 
 __all__ = ["Algorithm", "CohortTemplate", "Centralized", "Aggregating", "ClientInput", "ClientResult", "TestStats"]
 
@@ -78,6 +79,8 @@ class Algorithm(Options):
     reads_aggregate: ClassVar[bool] = False
     # set by the CohortTemplate (never by an algorithm): a participation draws its cohorts (fljax.participation)
     samples_cohorts: ClassVar[bool] = False
+    # set by the asynchronous template (fljax.algorithms.asynchronous): it runs on the participation's virtual clock
+    asynchronous: ClassVar[bool] = False
 
     def validate(self, num_clients: int) -> None:
         """Refuse hyperparameters impossible for ``num_clients`` clients with a one-line
@@ -299,13 +302,17 @@ class CohortTemplate(Algorithm):
     def init_population(self, ctx: RoundContext):
         server, clients = super().init_population(ctx)
         aggregator = ctx.aggregator
-        if aggregator is None or not aggregator.has_state:
-            return server, clients
-        upload = model_state.unwrap(self.upload_reference(self.broadcast(model_state.unwrap(server))))
-        state = aggregator.init(upload, ctx.num_clients)
-        return WithAggregator(server, state.server), WithAggregator(clients, state.clients)
+        if aggregator is not None and aggregator.has_state:
+            upload = model_state.unwrap(self.upload_reference(self.broadcast(model_state.unwrap(server))))
+            state = aggregator.init(upload, ctx.num_clients)
+            server, clients = WithAggregator(server, state.server), WithAggregator(clients, state.clients)
+        if ctx.participation is not None and ctx.participation.clocked:  # the virtual clock starts at 0 s
+            server = WithClock(server, jnp.float32(0))
+        return server, clients
 
     def evaluate(self, ctx: RoundContext, server, clients):
+        if isinstance(server, WithClock):
+            server = server.state
         if isinstance(server, WithAggregator):
             server, clients = server.state, clients.state
         return super().evaluate(ctx, server, clients)
@@ -343,14 +350,41 @@ class CohortTemplate(Algorithm):
         per_client = tree.nbytes(result.upload) / leaves[0].shape[0] if leaves else 0.0
         return per_client * cohort_size, tree.nbytes(down) * cohort_size
 
+    def client_bytes(self, ctx: RoundContext, down) -> float:
+        """What one cohort member downloads and uploads in a round (bytes), as the virtual clock charges it: the
+        broadcast ``down`` and one upload shaped like :meth:`upload_reference` (the encoder's count when uploads are
+        compressed), what :meth:`comm_bytes` counts for the algorithms that keep its default."""
+        one = model_state.unwrap(self.upload_reference(model_state.unwrap(down)))
+        encoder = None if ctx.aggregator is None else ctx.aggregator.uploads
+        return float(tree.nbytes(down)) + float(tree.nbytes(one) if encoder is None else encoder.bytes_up(one))
+
+    def bytes_per_client(self, ctx: RoundContext, server) -> float:
+        """:meth:`client_bytes` of the broadcast of ``server`` (the state's server, as :meth:`round` receives it;
+        shapes suffice)."""
+        if isinstance(server, WithClock):
+            server = server.state
+        if isinstance(server, WithAggregator):
+            server = server.state
+        return self.client_bytes(ctx, model_state.attach(server, self.broadcast(model_state.unwrap(server))))
+
     def round(self, ctx: RoundContext, server, clients):
+        now = None
+        if isinstance(server, WithClock):
+            server, now = server.state, server.now
         state = None
         if isinstance(server, WithAggregator):
             state = AggregatorState(server.aggregator, clients.aggregator)
             server, clients = server.state, clients.state
-        draw = ctx.participation.draw(ctx, self.cohort_size)
+        before = (server, clients, state)
+        participation = ctx.participation
+        if participation.system:  # systems heterogeneity: the round's work, times and drops (fljax.participation)
+            down = model_state.attach(server, self.broadcast(model_state.unwrap(server)))
+            work = Work.of(self.plan(), ctx.data.train, self.client_bytes(ctx, down), 0.0 if now is None else now)
+            draw = participation.draw(ctx, self.cohort_size, work)
+        else:
+            draw = participation.draw(ctx, self.cohort_size)
+            down = model_state.attach(server, self.broadcast(model_state.unwrap(server)))
         cohort, valid = draw.ids, draw.valid
-        down = model_state.attach(server, self.broadcast(model_state.unwrap(server)))
 
         def update(g):
             return model_state.client_fn(ctx.model, self.group_algorithm(ctx, g).client_update, train=True)
@@ -367,14 +401,23 @@ class CohortTemplate(Algorithm):
         else:  # what is sent: the encoder's bytes of one upload, by every participant
             one = jax.tree.map(lambda a: a[0], own_result.upload)
             up, dn = encoder.bytes_up(one) * senders, tree.nbytes(down) * senders
+        if participation.system:  # every selected client downloaded the model, reporting or not
+            per_client = jnp.where(senders > 0, dn / jnp.maximum(senders, 1.0), float(tree.nbytes(down)))
+            dn = per_client * draw.metrics["clients_selected"]
         if result.valid is None:
             client_metrics = {k: jnp.mean(v) for k, v in result.metrics.items()}
         else:
             w = result.valid.astype(jnp.float32)
             client_metrics = {k: jnp.sum(v * w) / jnp.maximum(jnp.sum(w), 1.0) for k, v in result.metrics.items()}
         metrics = {**client_metrics, "bytes_up": jnp.float32(up), "bytes_down": jnp.float32(dn), **metrics}
+        if participation.system:  # H4: a round in which nobody reported leaves every state as it was
+            reported = draw.metrics["round_skipped"] == 0
+            server, clients, state = tree.where(reported, (server, clients, state), before)
+            metrics.update(draw.metrics)
         if state is not None:
             server, clients = WithAggregator(server, state.server), WithAggregator(clients, state.clients)
+        if now is not None:
+            server = WithClock(server, now + draw.duration)
         return server, clients, metrics
 
 

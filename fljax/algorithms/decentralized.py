@@ -19,6 +19,11 @@ Gossip form: ``'dense'`` is one einsum with W [m, m] (O(m²·d)); ``'gather'`` s
 slots (O(m·s·d), for topologies with a static degree s); ``'auto'`` picks gather from
 :data:`GATHER_MIN_NODES` nodes on (measured crossover, ``benchmarks/gossip_scaling.py``).
 
+Time-varying gossip (heterogeneity spec, "Decentralized"): with ``link_failure`` p each link of the round's graph
+fails independently with probability p, and with ``node_dropout`` q each node is unavailable with probability q (it
+neither trains nor gossips and keeps its whole state); the round's W_t is the surviving graph re-weighted by
+Metropolis–Hastings, symmetric and doubly stochastic (:func:`fljax.ops.gossip.surviving`; dense form).
+
 Full-model baselines (every parameter shared, no personal part):
 
 * DFedAvg (Sun et al. 2022): E local epochs of SGD from w_i, then w_i ← Σ_l W_t[i,l] z_l; ``momentum`` 0.
@@ -42,7 +47,7 @@ from fljax.algorithms.local_training import EVERY, LocalTraining, local_options
 from fljax.engine.context import INIT, MIXING, TRAIN
 from fljax.errors import OptionError
 from fljax.ops import gossip, partition
-from fljax.options import at_least, between, one_of, option, with_default
+from fljax.options import at_least, between, interval, one_of, option, with_default
 
 __all__ = ["Decentralized", "Gossip", "DFedAvg", "DFedAvgM", "DFedSAM", "GATHER_MIN_NODES", "BASELINE"]
 
@@ -112,6 +117,11 @@ class Decentralized(Algorithm):
     client_init: Literal["shared", "independent"] = option(
         "shared", "initial models: one 'shared' initialisation for every client (D12) or one per client "
                   "('independent')")
+    link_failure: float = option(0.0, "time-varying gossip: the probability that a link of the graph fails in a "
+                                      "round (the surviving graph re-weighted by Metropolis–Hastings)",
+                                 interval(0, 1, "[)"))
+    node_dropout: float = option(0.0, "time-varying gossip: the probability that a node is unavailable in a round "
+                                      "(it neither trains nor gossips and keeps its model)", interval(0, 1, "[)"))
 
     # ------------------------------------------------------------------------------------------ configuration
     def validate(self, num_clients: int) -> None:
@@ -179,10 +189,27 @@ class Decentralized(Algorithm):
         """Local training of one client (``inp.down`` is None: there is no server)."""
         raise NotImplementedError
 
+    @property
+    def time_varying(self) -> bool:
+        """Whether links fail or nodes drop out (heterogeneity spec, "Decentralized")."""
+        return bool(self.link_failure) or bool(self.node_dropout)
+
+    def available(self, ctx):
+        """[m] bool: the nodes available this round (None: every node, always)."""
+        if not self.node_dropout:
+            return None
+        return jax.random.uniform(jax.random.fold_in(ctx.stream(MIXING), 2), (ctx.num_clients,)) >= self.node_dropout
+
     def mixing(self, ctx) -> gossip.Mixing:
-        """This round's mixing matrix: redrawn inside jit from the round key, or the static one."""
+        """This round's mixing matrix: redrawn inside jit from the round key, or the static one; time-varying
+        (``link_failure``, ``node_dropout``): the topology's surviving graph, re-weighted
+        (:func:`fljax.ops.gossip.surviving`)."""
         topo = self.make_topology(ctx.num_clients)
-        return _static_mixing(topo) if topo.static else topo.sample(ctx.stream(MIXING))
+        mixing = _static_mixing(topo) if topo.static else topo.sample(ctx.stream(MIXING))
+        if not self.time_varying:
+            return mixing
+        return gossip.surviving(mixing, jax.random.fold_in(ctx.stream(MIXING), 1), self.link_failure,
+                                self.available(ctx))
 
     def use_gather(self, mixing: gossip.Mixing) -> bool:
         """Whether this round's communication runs in the neighbour-gather form (here: never, the dense one)."""
@@ -213,6 +240,9 @@ class Decentralized(Algorithm):
         new = self.aggregate(mixing, result)
         if self.eval_point == "local":
             new["z"] = z
+        available = self.available(ctx)
+        if available is not None:  # an unavailable node neither trained nor gossiped: it keeps its whole state
+            new = tree.where(available, new, clients)
         out = {k: jnp.mean(v) for k, v in result.metrics.items()}
         volume = (self.messages(mixing) * self.message_bytes(result)).astype(jnp.float32)
         out.update(consensus_local=gossip.consensus_distance(z),
@@ -253,6 +283,10 @@ class Gossip(Decentralized):
 
     def validate(self, num_clients: int) -> None:
         super().validate(num_clients)
+        if self.gossip_form == "gather" and self.time_varying:
+            raise OptionError("gossip_form", "='gather' needs a graph of static degree; with link_failure or "
+                                             "node_dropout each round's graph is re-weighted densely: use 'dense' or "
+                                             "'auto'.")
         if self.gossip_form == "gather" and not self.has_gather_form(self.make_topology(num_clients)):
             raise OptionError("gossip_form", f"='gather' is impossible: topology {self.topology!r} has no "
                                              f"neighbour-gather form (its degree is not static); use 'dense' or "

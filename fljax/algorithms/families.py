@@ -1,5 +1,5 @@
 """The algorithms grouped by what they share with the client, for people: the quick-start comparison takes its
-representatives from here, a comparison of more than :data:`fljax.runner.plots.MAX_LINES` algorithms is drawn as
+representatives from here, a comparison of more than :data:`fljax.runner.run_plots.MAX_LINES` algorithms is drawn as
 small multiples, one panel per family, and a comparison's table says under an algorithm's row when one of its
 defaults (its paper's value) is the likely reason the row lags (:data:`UNTUNED`).
 
@@ -13,7 +13,8 @@ import dataclasses
 __all__ = ["FAMILIES", "QUICKSTART", "QUICKSTART_WHY", "UNTUNED", "family", "untuned"]
 
 FAMILIES: dict[str, tuple[str, ...]] = {
-    "one global model": ("fedavg", "fedprox", "scaffold", "feddyn", "fedavg_ft"),
+    "one global model": ("fedavg", "fedprox", "scaffold", "feddyn", "fedavg_ft", "fednova"),
+    "asynchronous (buffered, staleness-weighted)": ("fedbuff", "fedasync"),
     "personal models, regularised or meta-learned": ("ditto", "apfl", "pfedme", "perfedavg", "fml"),
     "personal models, split or decomposed": ("fedrep", "fedper", "lg_fedavg", "fedbabu", "fedrod", "fedslr"),
     "decentralized (gossip, no server)": ("dfedalt", "dfedsalt", "dfedavg", "dfedavgm", "dfedsam", "dispfl"),

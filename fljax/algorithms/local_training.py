@@ -170,6 +170,12 @@ class LocalTraining(Options):
         return BatchPlan(batch_size=self.batch_size, epochs=epochs, steps=None if epochs is not None else self.local_steps,
                          replacement=self.sampling == "replacement", poisson=self.sampling == "poisson")
 
+    def steps_taken(self, inp):
+        """The local steps client ``inp`` takes in a round of :meth:`train`: its plan's active steps, capped by its
+        budget ``inp.steps`` (a straggler's partial work)."""
+        steps = jnp.asarray(self.plan().active_steps(inp.train.count, inp.train.n_max), jnp.int32)
+        return steps if inp.steps is None else jnp.minimum(steps, inp.steps)
+
     def lr_at(self, round_):
         """The client learning rate of round ``round_`` (may be traced): lr · lr_decay^t."""
         return self.lr * jnp.power(jnp.float32(self.lr_decay), round_)

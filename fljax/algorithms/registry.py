@@ -6,6 +6,7 @@ import difflib
 import typing
 
 from fljax.algorithms.base import Algorithm
+from fljax.errors import OptionError
 from fljax.options import field_default, parse, type_hints
 
 __all__ = ["ALGORITHMS", "register", "get_algorithm", "make_algorithm", "hyperparameter_fields", "hyperparameter_docs",
@@ -76,6 +77,14 @@ def check_model_support(name: str, model, groups: bool = False) -> None:
 
 def make_algorithm(name: str, **hyperparameters) -> Algorithm:
     """``make_algorithm("fedprox", mu=0.1, lr=0.05)``: the algorithm constructed (every value checked by its
-    declaration); a key it does not declare is refused with the closest valid one (an
+    declaration); a key it does not declare is refused with the closest valid one, and an option of the asynchronous
+    algorithms only (``staleness``, ``concurrency``, …) on a synchronous one with the algorithms that take it (an
     :class:`~fljax.errors.OptionError` naming the key)."""
-    return parse(get_algorithm(name), hyperparameters, f" for algorithm {name!r}")
+    cls = get_algorithm(name)
+    declared = hyperparameter_fields(cls)
+    for key in hyperparameters:
+        owners = sorted(n for n, c in ALGORITHMS.items() if key in hyperparameter_fields(c))
+        if key not in declared and owners and not cls.asynchronous and all(ALGORITHMS[n].asynchronous for n in owners):
+            raise OptionError(str(key), f"is an option of the asynchronous algorithms ({', '.join(owners)}); {name} "
+                                        f"is synchronous: remove it, or run one of them.")
+    return parse(cls, hyperparameters, f" for algorithm {name!r}")

@@ -2,7 +2,8 @@
 
 Selected client i, round t, receiving (x, c) (FedSLR spec §10, D26):
     y ← x;  K steps  y ← y − η_l(∇f_i(y; ξ) + wd·y − c_i + c)
-    c_i⁺ = c_i − c + (x − y)/(K·η_l)        (K = the steps actually taken, η_l = this round's rate)
+    c_i⁺ = c_i − c + (x − y)/(K·η_l)        (K = the steps actually taken — a straggler's budget caps them —,
+                                            η_l = this round's rate)
     upload (y − x, c_i⁺ − c_i);  c_i ← c_i⁺
 Server:
     x ← x + η_g·mean_{S_t}(y_i − x);   c ← c + (1/M) Σ_{i∈S_t} (c_i⁺ − c_i)     (c, c_i start at 0)
@@ -49,7 +50,7 @@ class Scaffold(BatchStatsOption, Centralized, local_options("lr", "lr_decay", "w
         correction = tree.sub(c, c_i)
         local = self.local
         y, variables, loss = local.train_with_state(inp.model.train_loss, x, inp, extra_grad=lambda _: correction)
-        k = local.plan().active_steps(inp.train.count, inp.train.n_max)
+        k = local.steps_taken(inp)  # a straggler's budget caps them
         c_plus = tree.axpy(1.0 / (k * local.lr_at(inp.round)), tree.sub(x, y), tree.sub(c_i, c))
         upload = (tree.sub(y, x), tree.sub(c_plus, c_i))
         return ClientResult(state={"c": c_plus}, upload=upload, weight=inp.train.count, metrics={"train_loss": loss},

@@ -186,6 +186,19 @@ class FederatedData:
         """Clients that train: all but the target clients (the first ``num_clients - num_target`` ids)."""
         return self.num_clients - self.num_target
 
+    # what the engine reads of client data (fljax.engine.protocol.SimulationData) beyond the fields above
+    labelled = True  # examples with labels that a model learns
+    group_sizes = None  # one population
+
+    @property
+    def stacked(self) -> bool:
+        """Every client's arrays stacked along one axis (padded storage; ragged storage is one flat array)."""
+        return isinstance(self.train, ClientArrays)
+
+    def client_nbytes(self) -> int:
+        """Bytes of one client's local data: its train split."""
+        return self.train.client_nbytes()
+
     def train_label_counts(self) -> np.ndarray:
         """``[C, num_classes]`` label histogram of every client's train split (host numpy)."""
         return label_histogram(self.train, self.num_classes)

@@ -10,12 +10,11 @@ import numpy as np
 
 from fljax.data.ragged import join_rows, split_rows
 from fljax.engine.executors import Executor, planned_vmap
-from fljax.engine.population import GroupedData
 from fljax.engine.protocol import ClientInput
 from fljax.engine.sampling import poisson_cohort, sample_cohort
 
 __all__ = ["RoundContext", "ClientCall", "TRAIN", "EVAL", "SAMPLE", "INIT", "MIXING", "CLOCK", "SERVER", "UPLOAD",
-           "NOISE", "ATTACK"]
+           "NOISE", "ATTACK", "DISPATCH"]
 
 # Stream tags: every random choice derives from fold_in(fold_in(run_key, round), tag) and then the client id, so
 # results never depend on the executor, the cohort's order or the batch position of a client.
@@ -26,6 +25,7 @@ SERVER = 6  # the server's own draws on its data (e.g. AugFL's knowledge-transfe
 UPLOAD = 7  # a client's draws while encoding its upload (random-k's subset, QSGD's rounding: fljax.privacy)
 NOISE = 8  # the server's privacy noise and adaptive clipping's count noise (fljax.privacy)
 ATTACK = 9  # the malicious clients' draws: fold_in(run_key, ATTACK) who they are, the round's stream what they send
+DISPATCH = 10  # an asynchronous run's d-th dispatch: fold_in(fold_in(run_key, DISPATCH), d) (fljax.algorithms.asynchronous)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +60,8 @@ class ClientCall:
 
 @dataclasses.dataclass
 class RoundContext:
-    """``executor``: how the client axis runs; ``data``: the federated data (device arrays); ``round``: the round
+    """``executor``: how the client axis runs; ``data``: the federated data (device arrays, read through
+    :class:`~fljax.engine.protocol.SimulationData`); ``round``: the round
     index (traced int); ``key``: this round's key; ``model``: the model clients run (static; None for problems
     without one); ``unroll``: the unroll factor of local-step loops (static). ``run_key``: the run's base key (for
     round-independent streams, :meth:`clock_keys`); ``population``: the client groups
@@ -115,8 +116,8 @@ class RoundContext:
         slice of the data), its model and client ids."""
         group = self.population.groups[g]
         lo, hi = self.population.bounds(g)
-        data = self.data.group(g) if isinstance(self.data, GroupedData) else jax.tree.map(lambda a: a[lo:hi],
-                                                                                            self.data)
+        data = self.data.group(g) if self.data.group_sizes is not None else jax.tree.map(lambda a: a[lo:hi],
+                                                                                           self.data)
         return dataclasses.replace(self, data=data, model=group.model or self.model, population=None,
                                    global_model=self.server_model, ids=np.arange(lo, hi))
 
@@ -136,12 +137,12 @@ class RoundContext:
     @property
     def num_train_clients(self) -> int:
         """Clients that may train: all but the data's target clients (ids ``0 … num_train_clients − 1``)."""
-        return self.data.num_clients - getattr(self.data, "num_target", 0)
+        return self.data.num_train_clients
 
     @property
     def server(self):
         """The server's own data and frozen models (``data.server``), or None."""
-        return getattr(self.data, "server", None)
+        return self.data.server
 
     def map_clients(self, fn, shared, per_client):
         """``fn(shared, per_client[i])`` for every client i, stacked (see :mod:`fljax.engine.executors`)."""
@@ -198,6 +199,11 @@ class RoundContext:
             return None
         base = jax.random.fold_in(self.run_key, CLOCK)
         return jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.asarray(ids))
+
+    def sample_stream(self):
+        """The key of the round's cohort draws (the SAMPLE stream): whom a participation selects, and its systems'
+        draws folded from it (:mod:`fljax.participation`)."""
+        return self.stream(SAMPLE)
 
     def sample_cohort(self, size: int | None):
         """Sorted ids of a uniform cohort of ``size`` training clients without replacement (all of them when

@@ -25,13 +25,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from fljax import tree
-from fljax.data.federated import FederatedData
-from fljax.data.ragged import RaggedArrays
 from fljax.engine import blas, budget, compile_cache, compile_clock, processes, sampling
+from fljax.engine.sampling import check_sample
 from fljax.engine.context import RoundContext
 from fljax.engine.executors import Executor, choose_executor, make_executor
 from fljax.engine.loop import NonFiniteError, NonFiniteGuard, RunLog, drive
-from fljax.engine.population import GroupedData, Population
+from fljax.engine.population import Population, check_groups
 from fljax.engine.protocol import FederatedAlgorithm
 from fljax.engine.state import State
 from fljax.models import conv_table
@@ -92,12 +91,12 @@ class RunResult:
 class Simulation:
     """An algorithm bound to data, a model and an executor.
 
-    ``data``: classification data (:class:`~fljax.data.FederatedData`) or any pytree with a ``num_clients``
-    property that the algorithm understands (FedGiA's regression blocks, :class:`fljax.problems.ClientBlocks`).
-    ``model``: the model the clients run (:func:`fljax.models.make_model`, :func:`fljax.models.own_model`; the one
-    a config's ``model.name: auto`` picks is :func:`fljax.experiment.default_model`); classification data
-    (:class:`~fljax.data.FederatedData`) needs one, other data runs without (the algorithm's own functions,
-    ``ctx.model`` is None). ``executor``: 'auto' | 'vmap' | 'chunked' | 'sharded' |
+    ``data``: the clients' data, read through :class:`~fljax.engine.protocol.SimulationData` (classification data,
+    :class:`~fljax.data.FederatedData`; FedGiA's regression blocks, :class:`fljax.problems.ClientBlocks`; one's own
+    pytree that states the protocol and that the algorithm understands). ``model``: the model the clients run
+    (:func:`fljax.models.make_model`, :func:`fljax.models.own_model`; the one a config's ``model.name: auto`` picks
+    is :func:`fljax.experiment.default_model`); labelled data needs one, other data runs without (the algorithm's
+    own functions, ``ctx.model`` is None). ``executor``: 'auto' | 'vmap' | 'chunked' | 'sharded' |
     'loop' or an :class:`Executor`. ``conv_impl``: the form of the models' convolutions ('native', 'patches',
     'shifts': :mod:`fljax.models.layers`); 'auto' picks per backend, model and executor from the committed
     measurements (:func:`fljax.models.conv_table.choose`). ``unroll``: the ``lax.scan`` unroll factor of the local
@@ -110,8 +109,7 @@ class Simulation:
     :class:`~fljax.engine.population.ClientGroup` whose sizes add up to the data's clients): each group runs its own
     model (None: ``model``) and hyperparameter overrides, ``model`` is then the global model's, and the per-client
     state is a tuple of one pytree per group. None: one homogeneous population, or the data's own groups when the
-    data comes in groups of their own shapes (:class:`~fljax.engine.population.GroupedData`: FedGiA's size
-    classes).
+    data comes in groups of their own shapes (its ``group_sizes``: FedGiA's size classes).
 
     ``memory_budget``: GiB of temporaries each compiled program may use (None: a fraction of the device's memory,
     :func:`fljax.engine.budget.default_budget`); client maps that would exceed it run in chunks that fit
@@ -121,7 +119,8 @@ class Simulation:
     ``eval_clients``: evaluate on a fixed sample of this many clients (None: every client): the same sorted ids at
     every evaluation (:func:`fljax.engine.sampling.evaluation_sample`, kept as :attr:`eval_ids`), each scored as
     in an evaluation of every client; the summaries and per-client arrays are then over the sample. For
-    classification data of one homogeneous population without target clients (refused otherwise, one line).
+    classification data of one homogeneous population without target clients (refused otherwise, one line:
+    :func:`fljax.engine.sampling.check_sample`, the rule :func:`fljax.experiment.resolve` asks of a config).
 
     ``privacy``: the run's differential privacy and compressed uploads (:class:`fljax.privacy.Privacy`, resolved by
     :func:`fljax.experiment.privacy_of`; None: none), handed to the algorithm in every round's context. Its traced
@@ -156,35 +155,25 @@ class Simulation:
         self.aggregator = Mean() if aggregator is None else aggregator
         self.attack = attack
         self.participation = participation if participation is not None else default_participation(
-            privacy is not None and privacy.plan is not None and privacy.plan.options.level == "client")
+            privacy is not None and privacy.plan is not None and privacy.plan.options.level == "client",
+            clocked=algorithm.asynchronous)
         if memory_budget is not None and not memory_budget > 0:
             raise ValueError(f"memory_budget must be > 0 GiB (or None: from the device), got {memory_budget}.")
         self.memory_budget = memory_budget
-        # clients that may train: all but a meta-learning split's target clients (FederatedData.num_target)
-        self.num_train_clients = data.num_clients - getattr(data, "num_target", 0)
+        self.num_train_clients = data.num_train_clients  # all but a meta-learning split's target clients
         validate = validated_for != self.num_train_clients
         if validate:
             algorithm.validate(self.num_train_clients)
-        if model is None and isinstance(data, FederatedData):
+        if model is None and data.labelled:
             raise ValueError("Simulation needs the model its clients run for classification data: pass one, e.g. "
                              "fljax.models.make_model('mlp', data.input_shape, data.num_classes) or "
                              "fljax.experiment.default_model(data).")
-        population = None if groups is None else Population.of(groups)
-        if isinstance(data, GroupedData):
-            if population is not None:
-                raise ValueError("this data comes in groups of its own (data.group_sizes); client groups cannot be "
-                                 "added to it.")
-            population = Population.of_sizes(data.group_sizes)
-        elif population is not None:
-            self._check_population(algorithm, population, data, model)
-            if validate:
-                for group in population.groups:
-                    algorithm.for_group(group).validate(self.num_train_clients)
-            if isinstance(data, FederatedData) and isinstance(data.train, RaggedArrays):
-                raise ValueError("client groups need padded client arrays; build the data with storage='padded'.")
+        population = self._population(algorithm, data, model, groups, validate)
+        check_sample(eval_clients, clients=data.num_clients, train_clients=self.num_train_clients,
+                     labelled=data.labelled, grouped=population is not None)
         self.algorithm = algorithm
         self.data = data
-        self.eval_ids = self._eval_sample(data, population, eval_clients)
+        self.eval_ids = sampling.evaluation_sample(data.num_clients, eval_clients)
         self.seed = int(seed)
         models = [m for m in [model] + ([] if population is None else [g.model for g in population.groups])
                   if m is not None]
@@ -210,46 +199,52 @@ class Simulation:
         self._compiled: dict = {}
         self._executables: dict = {}
         self.memory_plans: dict = {}
+        self._check_deadline()
 
-    @staticmethod
-    def _check_population(algorithm, population: Population, data: FederatedData, model: Model) -> None:
-        name = algorithm.name
-        if not algorithm.supports_groups or model is None:
-            raise ValueError(f"algorithm {name!r} does not run client groups.")
+    def _check_deadline(self) -> None:
+        """Refuse, before anything runs, a participation deadline that no client meets with its whole work (one step
+        under ``policy: partial``) and its bytes (the state's shapes, traced without computing anything)."""
+        bytes_of = getattr(self.algorithm, "bytes_per_client", None)  # the cohort template's
+        if self.participation.deadline is None or not isinstance(self.data, FederatedData) or bytes_of is None:
+            return
+        from fljax.participation import Work
+
+        key = jax.random.PRNGKey(self.seed)
+        nbytes = bytes_of(self.context(self.data, jnp.int32(0), key, key), self.state_shapes().server)
+        try:
+            self.participation.check_deadline(self.num_train_clients,
+                                              Work.of(self.algorithm.plan(), self.data.train, nbytes))
+        except OptionError as e:
+            raise e.within("participation") from None
+
+    def _population(self, algorithm, data, model: Model | None, groups, validate: bool) -> Population | None:
+        """The population of client groups (``groups``, else the data's own groups, else None), refused in one line
+        when the algorithm or the data cannot run it (:func:`~fljax.engine.population.check_groups`; every group
+        trains the global model's architecture unless the algorithm mixes them); ``validate``: every group's
+        hyperparameters are checked for the training clients
+        (:meth:`~fljax.engine.protocol.FederatedAlgorithm.validate`; :func:`fljax.experiment.resolve` did it once
+        for an experiment's)."""
+        if data.group_sizes is not None:
+            if groups is not None:
+                raise ValueError("this data comes in groups of its own (data.group_sizes); client groups cannot be "
+                                 "added to it.")
+            return Population.of_sizes(data.group_sizes)
+        if groups is None:
+            return None
+        population = Population.of(groups)
+        check_groups(algorithm, [g.size for g in population.groups], data.num_clients, stacked=data.stacked)
+        if model is None:
+            raise ValueError("client groups need the global model (model=).")
         shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
         for group in population.groups:
             if group.model is not None and not algorithm.mixed_architectures and \
                     jax.eval_shape(group.model.init, jax.random.PRNGKey(0)) != shapes:
-                raise ValueError(f"algorithm {name!r} trains the global model ({model.name}) on every client; client "
-                                 f"group {group.name!r} runs another architecture ({group.model.name}).")
-        if population.num_clients != data.num_clients:
-            raise ValueError(f"the client groups hold {population.num_clients} clients, the data "
-                             f"{data.num_clients}.")
-
-    @staticmethod
-    def _eval_sample(data, population, size):
-        """The sorted ids of the evaluation sample of ``size`` clients (None: every client), after refusing what a
-        sample cannot evaluate correctly."""
-        if size is None:
-            return None
-        if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
-            raise OptionError("eval_clients", f"must be an integer number of clients or null (every client), got "
-                                              f"{size!r}.")
-        if not isinstance(data, FederatedData):
-            raise OptionError("eval_clients", "samples the clients of classification data; this problem's "
-                                              "evaluation measures every client: set eval_clients to null.")
-        if not 1 <= size <= data.num_clients:
-            raise OptionError("eval_clients", f"must be between 1 and the {data.num_clients} clients of the data "
-                                              f"(or null: every client), got {size}.")
-        if population is not None:
-            raise OptionError("eval_clients", "samples a homogeneous population; client groups (groups, or data in "
-                                              "groups of its own) are evaluated on every client: set eval_clients "
-                                              "to null.")
-        if getattr(data, "num_target", 0):
-            raise OptionError("eval_clients", f"samples the training clients of a population; this split's "
-                                              f"{data.num_target} target clients are evaluated apart on every "
-                                              f"client: set eval_clients to null.")
-        return sampling.evaluation_sample(data.num_clients, int(size))
+                raise ValueError(f"algorithm {algorithm.name!r} trains the global model ({model.name}) on every "
+                                 f"client; client group {group.name!r} runs another architecture "
+                                 f"({group.model.name}).")
+            if validate:
+                algorithm.for_group(group).validate(self.num_train_clients)
+        return population
 
     @property
     def eval_clients(self) -> int:
@@ -271,7 +266,7 @@ class Simulation:
         cohort = algorithm.participants(self.num_train_clients)
         params = max((m.num_params() for m in models), default=0)
         # parameters, gradients, optimizer state, updates; local data
-        per_client_bytes = 16 * params + _client_data_bytes(self.data)
+        per_client_bytes = 16 * params + self.data.client_nbytes()
         return choose_executor(backend=jax.default_backend(), device_count=jax.device_count(),
                                has_conv=any(m.has_conv for m in models), cohort=cohort,
                                per_client_bytes=per_client_bytes, chunk_size=chunk_size)
@@ -511,10 +506,3 @@ def _temp_bytes(compiled) -> int | None:
     except Exception:  # noqa: BLE001 - a backend without the analysis
         return None
     return None if mem is None else int(mem.temp_size_in_bytes)
-
-
-def _client_data_bytes(data) -> int:
-    """Bytes of one client's local data: its train split for classification data, else an equal share of all."""
-    if isinstance(data, FederatedData):
-        return data.train.client_nbytes()
-    return tree.nbytes(data) // max(data.num_clients, 1)

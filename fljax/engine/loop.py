@@ -22,9 +22,13 @@ DEFAULT_DIVERGE_FACTOR = 1e3
 # per-round metrics an evaluation record reports as of its last round (a state, not a mean over the block): the upload
 # pipeline's clip norm C_t of that round and the fraction of its updates within C_t (fljax.privacy)
 LAST_ROUND = ("clip_norm", "unclipped_fraction")
-# per-round metrics an evaluation record reports as their mean over the block's rounds: under an attack the malicious
-# uploads of a round and their share of the aggregate (fljax.aggregation)
-BLOCK_MEAN = ("malicious_uploads", "malicious_share")
+# per-round metrics an evaluation record reports as their mean over the block's rounds, as the training loss: the
+# clients whose update counted (fljax.participation's systems), the mean staleness of an asynchronous server step, and
+# under an attack the malicious uploads of a round and their share of the aggregate (fljax.aggregation)
+BLOCK_MEAN = ("train_loss", "clients_reported", "staleness", "malicious_uploads", "malicious_share")
+# per-round metrics summed up to each record, as the bytes are: the virtual clock's round durations (seconds) and the
+# rounds in which nobody reported (fljax.participation); a record has them only when the rounds report them
+CUMULATIVE = {"round_time": "virtual_time", "round_skipped": "skipped_rounds"}
 
 
 class NonFiniteError(FloatingPointError):
@@ -45,11 +49,18 @@ class RunLog:
     compile_seconds: float = 0.0
     initial_loss: float | None = None
     loop_seconds: float = 0.0
+    totals: dict = dataclasses.field(default_factory=dict)  # the CUMULATIVE record keys so far
 
     def add_block(self, metrics: dict, seconds: float, compile_seconds: float):
         """Account one block of rounds (``metrics``: per-round arrays on the host)."""
         self.bytes_up += float(np.sum(metrics.get("bytes_up", 0.0)))
         self.bytes_down += float(np.sum(metrics.get("bytes_down", 0.0)))
+        for key, total in CUMULATIVE.items():
+            if key in metrics:
+                if total not in self.totals:  # the records so far (the initial model's) had none yet
+                    for record in self.history:
+                        record.setdefault(total, 0.0)
+                self.totals[total] = self.totals.get(total, 0.0) + float(np.sum(metrics[key], dtype=np.float64))
         self.run_seconds += seconds
         self.compile_seconds += compile_seconds
 
@@ -63,15 +74,13 @@ class RunLog:
 
     def add_record(self, round_: int, metrics: dict, summary: dict) -> dict:
         """The evaluation record after round ``round_`` (``metrics``: the last block's per-round arrays): the
-        evaluation, the block's mean training loss and :data:`BLOCK_MEAN` metrics, the :data:`LAST_ROUND` metrics of
-        its last round, the cumulative bytes and seconds."""
+        evaluation, the block's means of :data:`BLOCK_MEAN` (the training loss), the :data:`LAST_ROUND` metrics of
+        its last round, the cumulative bytes, :data:`CUMULATIVE` totals (virtual time) and seconds."""
         order = sorted(summary, key=lambda k: (not k.startswith("personal"), k))  # personalized first
         record = {"round": round_, **{k: float(summary[k]) for k in order}}
-        if metrics.get("train_loss") is not None:
-            record["train_loss"] = float(np.mean(metrics["train_loss"]))
+        record.update({k: float(np.mean(metrics[k])) for k in BLOCK_MEAN if metrics.get(k) is not None})
         record.update({k: float(np.ravel(metrics[k])[-1]) for k in LAST_ROUND if k in metrics})
-        record.update({k: float(np.mean(metrics[k])) for k in BLOCK_MEAN if k in metrics})
-        record.update(bytes_up=self.bytes_up, bytes_down=self.bytes_down, run_seconds=self.run_seconds)
+        record.update(bytes_up=self.bytes_up, bytes_down=self.bytes_down, **self.totals, run_seconds=self.run_seconds)
         self.history.append(record)
         return record
 

@@ -11,10 +11,10 @@ the same type changes no number. Groups arise two ways:
 * **model groups** (:class:`~fljax.engine.Simulation` ``groups=``): a group runs its own model (architecture) and
   may override hyperparameters of the algorithm (a bit width, QuPeD's λ_p per architecture); the data is one
   padded set, sliced per group (order it so, e.g. by a random partition);
-* **data-shaped groups** (:class:`GroupedData`): the data itself comes in groups whose arrays have their own shapes,
-  e.g. clients' rows padded per *size class* (FedGiA's qot clients hold from ~30 to several hundred rows:
-  :func:`fljax.problems.pack_trials`); the data states its population, and group g's context holds
-  ``data.group(g)``.
+* **data-shaped groups**: the data itself comes in groups whose arrays have their own shapes, e.g. clients' rows
+  padded per *size class* (FedGiA's qot clients hold from ~30 to several hundred rows:
+  :func:`fljax.problems.pack_trials`); the data states its population (``group_sizes`` of
+  :class:`fljax.engine.protocol.SimulationData`), and group g's context holds ``data.group(g)``.
 
 :func:`each_group` is the one loop over groups (cohorts, evaluation and full-participation rounds run on it):
 ``run(k, lo, hi)`` for group k (clients lo … hi − 1); the outputs concatenated along the client axis in client order
@@ -35,13 +35,13 @@ one leading axis; a population of one group is a tuple of one.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["ClientGroup", "Population", "GroupedData", "each_group", "concat_results", "after", "GroupShapeError"]
+__all__ = ["ClientGroup", "Population", "check_groups", "each_group", "concat_results", "after", "GroupShapeError"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +102,8 @@ class Population:
 
     @classmethod
     def of_sizes(cls, sizes) -> "Population":
-        """The population of groups ((name, number of clients), …) of consecutive clients (:class:`GroupedData`)."""
+        """The population of groups ((name, number of clients), …) of consecutive clients (data in groups of their own
+        shapes: ``group_sizes`` of :class:`fljax.engine.protocol.SimulationData`)."""
         return cls(tuple(ClientGroup(name, size) for name, size in sizes))
 
     def ids(self, g: int) -> np.ndarray:
@@ -118,21 +119,21 @@ class Population:
                          for g in self.groups)
 
 
-@runtime_checkable
-class GroupedData(Protocol):
-    """Client data in groups whose arrays have their own shapes (module docstring): ``group_sizes`` ((name, number
-    of clients) per group, consecutive client ids: :meth:`Population.of_sizes` makes the population, its groups
-    with no model or hyperparameters of their own) and ``group(g)``, group g's data, what a group's
-    :class:`~fljax.engine.context.RoundContext` holds (its ``train`` split, and ``test`` or None). The data layer
-    states sizes only, so that it imports nothing of the engine."""
+def check_groups(algorithm, sizes: Sequence[int], clients: int, *, stacked: bool) -> None:
+    """Refuse, in one line naming ``groups``, client groups of ``sizes`` that ``algorithm`` (its class's
+    ``supports_groups``) or the data (``clients`` clients; ``stacked``: every client's arrays stacked along one
+    axis, which groups slice) cannot run. The one rule, asked of a config by :func:`fljax.experiment.resolve` and
+    of its arguments by :class:`~fljax.engine.Simulation`."""
+    from fljax.errors import OptionError
 
-    @property
-    def num_clients(self) -> int: ...
-
-    @property
-    def group_sizes(self) -> tuple[tuple[str, int], ...]: ...
-
-    def group(self, g: int) -> Any: ...
+    if not algorithm.supports_groups:
+        raise OptionError("groups", f"cannot be run by algorithm {algorithm.name!r}: it does not run client groups "
+                                    f"(a population of models); remove groups.")
+    if sum(sizes) != clients:
+        raise OptionError("groups", f"sizes must add up to data.num_clients={clients}, got {sum(sizes)}.")
+    if not stacked:
+        raise OptionError("groups", "need padded client arrays (data.storage: padded), which groups slice; the data "
+                                    "is stored ragged.")
 
 
 # ---------------------------------------------------------------------------------------------------- the group loop

@@ -1,10 +1,10 @@
-"""What the engine needs from an algorithm, stated once.
+"""What the engine needs from an algorithm and from the clients' data, stated once.
 
 The engine (:class:`fljax.engine.Simulation`, the drivers and the executors) and the runner talk to an algorithm only
-through :class:`FederatedAlgorithm`, which states every attribute and method they read. Hyperparameters live on the
-algorithm object; the model, the executor, the data and the round's key reach it through the
-:class:`~fljax.engine.context.RoundContext` (server side) and the :class:`ClientInput` (client side), so an
-algorithm is plain data plus pure functions.
+through :class:`FederatedAlgorithm`, which states every attribute and method they read, and read the clients' data
+only through :class:`SimulationData`. Hyperparameters live on the algorithm object; the model, the executor, the
+data and the round's key reach it through the :class:`~fljax.engine.context.RoundContext` (server side) and the
+:class:`ClientInput` (client side), so an algorithm is plain data plus pure functions.
 
 A client's update receives a :class:`ClientInput` and returns a :class:`ClientResult`, whatever the template:
 centralized algorithms send ``upload`` to the server (weighted mean), decentralized ones to their neighbours
@@ -21,7 +21,47 @@ if TYPE_CHECKING:
     from fljax.data.batching import BatchPlan
     from fljax.engine.context import RoundContext
 
-__all__ = ["FederatedAlgorithm", "ClientInput", "ClientResult"]
+__all__ = ["FederatedAlgorithm", "SimulationData", "ClientInput", "ClientResult"]
+
+
+class SimulationData(Protocol):
+    """What the engine reads of the clients' data, whatever its kind — :class:`fljax.data.FederatedData` (labelled
+    examples with train and test splits), the consensus-regression clients of :mod:`fljax.problems`, one's own
+    pytree — every array of which has a leading client axis; the algorithm reads the rest. The data layer states
+    these of itself and imports nothing of the engine.
+
+    * ``num_clients``: every client; ``num_train_clients``: those that may train, ids ``0 … num_train_clients − 1``
+      (the others are a meta-learning split's target clients, which never train and are evaluated apart);
+    * ``server``: the server's own data and frozen models (None: none);
+    * ``group_sizes``: (name, number of clients) of each group of consecutive clients whose arrays have shapes of
+      their own (FedGiA's size classes; :meth:`fljax.engine.population.Population.of_sizes` makes their population),
+      and then ``group(g)``, group g's data, what the group's :class:`~fljax.engine.context.RoundContext` holds
+      (itself client data); None: the clients' arrays are stacked, one population;
+    * ``stacked``: every client's arrays stacked along one leading axis (padded), which model groups slice;
+    * ``labelled``: examples with labels that a model learns (the clients run a model; an evaluation may score a
+      fixed sample of the clients; the train split's ``n_max`` sizes the local steps);
+    * ``client_nbytes()``: the bytes of one client's local data (what sizes a chunk of clients).
+    """
+
+    @property
+    def num_clients(self) -> int: ...
+
+    @property
+    def num_train_clients(self) -> int: ...
+
+    @property
+    def server(self) -> Any: ...
+
+    @property
+    def group_sizes(self) -> tuple[tuple[str, int], ...] | None: ...
+
+    @property
+    def stacked(self) -> bool: ...
+
+    @property
+    def labelled(self) -> bool: ...
+
+    def client_nbytes(self) -> int: ...
 
 
 @flax.struct.dataclass
@@ -102,7 +142,9 @@ class FederatedAlgorithm(Protocol):
     * ``reads_aggregate``: its server reads the uploads only through their aggregate (set by the
       :class:`fljax.algorithms.base.Aggregating` template: every aggregator of :mod:`fljax.aggregation` applies,
       robust rules, attacks, client-level privacy and compressed uploads included); ``samples_cohorts``: a
-      participation draws its cohorts (set by the cohort template; :mod:`fljax.participation`);
+      participation draws its cohorts (set by the cohort template; :mod:`fljax.participation`); ``asynchronous``: it
+      runs on the participation's virtual clock, one server step a round (set by the asynchronous template,
+      :mod:`fljax.algorithms.asynchronous`);
       ``private_steps``: its clients touch their training data only through the local steps of its batch plan
       (example-level privacy applies: DP-SGD in every step).
 
@@ -134,6 +176,7 @@ class FederatedAlgorithm(Protocol):
     trains_model_state: ClassVar[bool]
     reads_aggregate: ClassVar[bool]
     samples_cohorts: ClassVar[bool]
+    asynchronous: ClassVar[bool]
     private_steps: ClassVar[bool]
 
     def validate(self, num_clients: int) -> None: ...

@@ -10,7 +10,7 @@ import numpy as np
 
 from fljax.ops.privacy import poisson_cohort
 
-__all__ = ["sample_cohort", "poisson_cohort", "smallest_keys", "bernoulli_mask", "evaluation_sample",
+__all__ = ["sample_cohort", "poisson_cohort", "smallest_keys", "bernoulli_mask", "evaluation_sample", "check_sample",
            "PERMUTATION_MAX_CLIENTS", "EVAL_SAMPLE_SEED"]
 
 # Up to this many clients a cohort is the head of a random permutation (jax.random.choice: two sorts of the whole
@@ -65,6 +65,37 @@ def bernoulli_mask(key, num_clients: int, rate: float):
 
 
 EVAL_SAMPLE_SEED = 0  # the seed of the one permutation evaluation samples are prefixes of
+
+
+def check_sample(size, *, clients: int, train_clients: int, labelled: bool, grouped: bool) -> None:
+    """Refuse, in one line naming ``eval_clients``, an evaluation sample of ``size`` clients (None: every client)
+    that cannot be scored as in an evaluation of every client: one that is not a whole number between 1 and the
+    ``clients``; of data that is not ``labelled`` examples (a consensus-regression problem measures every client);
+    of a ``grouped`` population (client groups, or data in groups of their own: each group is evaluated whole); of
+    a population with target clients (fewer ``train_clients`` than ``clients``: they are evaluated apart). The one
+    rule, asked of a config by :func:`fljax.experiment.resolve` and of its arguments by
+    :class:`~fljax.engine.Simulation`."""
+    from fljax.errors import OptionError
+
+    if size is None:
+        return
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
+        raise OptionError("eval_clients", f"must be an integer number of clients or null (every client), got "
+                                          f"{size!r}.")
+    if not labelled:
+        raise OptionError("eval_clients", "samples the clients of classification data; this problem's evaluation "
+                                          "measures every client: set eval_clients to null.")
+    if not 1 <= size <= clients:
+        raise OptionError("eval_clients", f"must be between 1 and the {clients} clients of the data (or null: every "
+                                          f"client), got {size}.")
+    if grouped:
+        raise OptionError("eval_clients", "samples a homogeneous population; client groups (groups, or data in "
+                                          "groups of its own) are evaluated on every client: set eval_clients to "
+                                          "null.")
+    if train_clients < clients:
+        raise OptionError("eval_clients", f"samples the training clients of a population; this split's "
+                                          f"{clients - train_clients} target clients are evaluated apart on every "
+                                          f"client: set eval_clients to null.")
 
 
 def evaluation_sample(num_clients: int, size: int | None) -> np.ndarray | None:

@@ -1,6 +1,6 @@
 """fljax.ops: composable pytree transformations (prox, gossip, ADMM, SAM, partitions, sparse masks, quantizers,
 schedules, distillation, meta-gradients, differential privacy, compressed uploads, robust aggregation rules and
-attacks). Each operator is a small pure
+attacks, heterogeneous local work and staleness). Each operator is a small pure
 function on pytrees, safe under ``jit`` and ``vmap`` over a leading client axis; see ``docs/ops.md`` for the API
 reference with formulas and paper equations (``docs/privacy.md`` for privacy and compression).
 
@@ -10,7 +10,8 @@ re-exported here. ``ops.gossip`` is the submodule, so the operator of the same n
 ``ops.robust`` and ``ops.attacks`` re-export nothing (their ``mean``, ``median``, ``scale`` would shadow other names):
 call ``ops.robust.krum``, ``ops.attacks.alie``.
 """
-from fljax.ops import (admm, attacks, compress, distill, gossip, meta, partition, privacy, prox, quant, robust, sam,
+from fljax.ops import (admm, attacks, compress, distill, gossip, heterogeneity, meta, partition, privacy, prox, quant,
+                       robust, sam,
                        schedule, sparsity)
 from fljax.ops.admm import (admm_consensus, augmented_lagrangian, augmented_lagrangian_grad, cg_solver,
                             cholesky_solver, consensus_from_z, dual_ascent, gd_branch, inverse_solver, linearised_prox,
@@ -20,6 +21,7 @@ from fljax.ops.distill import ProjectionHead, crd_critic, crd_loss, feature_l2, 
 from fljax.ops.gossip import (Mixing, check_mixing, consensus_distance, contraction, gossip_gather, is_connected,
                               is_doubly_stochastic, is_row_stochastic, is_symmetric, make_topology,
                               metropolis_hastings, spectral_gap)
+from fljax.ops.heterogeneity import local_steps_norm, staleness_weight
 from fljax.ops.meta import adapt, hvp, meta_grad
 from fljax.ops.partition import count, mask_from_paths, mask_not, masked_average, merge, split
 from fljax.ops.privacy import (clip_by_norm, clip_per_layer, poisson_cohort, private_mean,

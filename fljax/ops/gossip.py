@@ -25,7 +25,7 @@ PyTree = Any
 HIGHEST = jax.lax.Precision.HIGHEST
 
 __all__ = [
-    "Mixing", "Ring", "Torus", "GridOffsets", "Exponential", "Complete", "RandomK", "RandomKMH", "ErdosRenyi",
+    "Mixing", "surviving", "Ring", "Torus", "GridOffsets", "Exponential", "Complete", "RandomK", "RandomKMH", "ErdosRenyi",
     "Identity", "TOPOLOGIES", "make_topology", "metropolis_hastings", "is_row_stochastic", "is_column_stochastic",
     "is_doubly_stochastic", "is_symmetric", "is_connected", "MIXING_PROPERTIES", "check_mixing", "spectral_gap", "contraction", "gossip", "gossip_gather",
     "consensus_distance",
@@ -79,6 +79,22 @@ def metropolis_hastings(adjacency):
     deg = jnp.sum(a, axis=1)
     off = a / (1 + jnp.maximum(deg[:, None], deg[None, :]))
     return off + jnp.diag(1 - jnp.sum(off, axis=1))
+
+
+def surviving(mixing: Mixing, key, link_failure=0.0, available=None) -> Mixing:
+    """A time-varying round's mixing matrix (heterogeneity spec, "Decentralized"): the undirected graph of
+    ``mixing`` (a link i–j where W_ij > 0 or W_ji > 0, i ≠ j) with each link failing independently with probability
+    ``link_failure`` (one draw per link from ``key``) and every link of a node that ``available`` ([m] bool; None:
+    all) marks unavailable removed, re-weighted by Metropolis–Hastings (:func:`metropolis_hastings`): symmetric and
+    doubly stochastic, w_ii = 1 for a node left without links (it keeps its model). Dense form; jittable."""
+    w = mixing.W
+    m = w.shape[0]
+    links = ((w > 0) | (w.T > 0)) & ~jnp.eye(m, dtype=bool)
+    up = jnp.triu(jax.random.uniform(key, (m, m)) >= link_failure, k=1)
+    links = links & (up | up.T)
+    if available is not None:
+        links = links & available[:, None] & available[None, :]
+    return Mixing(W=metropolis_hastings(links))
 
 
 class _Topology:

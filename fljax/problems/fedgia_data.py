@@ -149,6 +149,13 @@ def sct_standin_instance(seed: int, m: int = 128, d: int = 200_000, n: int = 200
     return _contiguous_split(rng, a, b, m, min_client_frac)
 
 
+def _client_nbytes(data) -> int:
+    """Bytes of one client's rows: an equal share of all."""
+    from fljax import tree
+
+    return tree.nbytes(data) // max(data.num_clients, 1)
+
+
 @flax.struct.dataclass
 class SizeClass:
     """The clients of one size class: ``train``, their rows padded to one count (a stacked :class:`ClientData`); no
@@ -156,10 +163,23 @@ class SizeClass:
 
     train: ClientData
     test = None
+    # what the engine reads of client data (fljax.engine.protocol.SimulationData) beyond num_clients: every client
+    # trains, no server data, no groups of its own, rows (padded to one count) rather than labelled examples
+    server = None
+    group_sizes = None
+    stacked = True
+    labelled = False
 
     @property
     def num_clients(self) -> int:
         return self.train.num_clients
+
+    @property
+    def num_train_clients(self) -> int:
+        return self.num_clients
+
+    def client_nbytes(self) -> int:
+        return _client_nbytes(self)
 
 
 @flax.struct.dataclass
@@ -170,17 +190,31 @@ class ClientBlocks:
     :func:`pack_trials` with a leading trial axis on every leaf; :meth:`trials` gives one trial each (the data an
     algorithm of :mod:`fljax.algorithms.regression` runs on).
 
-    One trial is :class:`~fljax.engine.population.GroupedData`: each size class is a group of the simulation's
-    population (:attr:`group_sizes`), whose context holds :meth:`group` (a :class:`SizeClass`)."""
+    One trial is client data in groups of their own shapes (:class:`fljax.engine.protocol.SimulationData`): each size
+    class is a group of the simulation's population (:attr:`group_sizes`), whose context holds :meth:`group` (a
+    :class:`SizeClass`)."""
 
     blocks: tuple
     order: np.ndarray
     lam_seconds: np.ndarray
     name: str | None = flax.struct.field(pytree_node=False, default=None)  # the data set (a config's data.dataset)
 
+    # what the engine reads of client data (fljax.engine.protocol.SimulationData) beyond num_clients and group_sizes:
+    # every client trains, no server data, rows in size classes of their own shapes rather than labelled examples
+    server = None
+    stacked = False
+    labelled = False
+
     @property
     def num_clients(self) -> int:
         return sum(blk.num_clients for blk in self.blocks)
+
+    @property
+    def num_train_clients(self) -> int:
+        return self.num_clients
+
+    def client_nbytes(self) -> int:
+        return _client_nbytes(self)
 
     @property
     def dim(self) -> int:

@@ -54,6 +54,17 @@ class StopRequest:
         if self.signum is not None:
             raise Interrupted(self.signum)
 
+    def agreed(self) -> bool:
+        """Whether a stop was asked for — in this process, or (on several processes) in any process of the group,
+        which then all stop after the same block (:func:`fljax.engine.processes.agree`; the request is recorded
+        here too)."""
+        from fljax.engine.processes import agree
+
+        signum = agree(self.signum or 0)
+        if signum and not self:
+            self.signum = signum
+        return bool(signum)
+
 
 @contextlib.contextmanager
 def graceful(warn: Callable[[str], None]):

@@ -56,7 +56,7 @@ def _directory(path) -> RunDir:
 def _runs(root: RunDir) -> list[tuple[str, str]]:
     """(label, subdirectory) of a comparison's or sweep's runs in their order (summary.json), else of its
     subdirectories with a config.yaml."""
-    from fljax.runner.experiment import dir_name
+    from fljax.runner.directories import dir_name
 
     summary = _summary(root)
     if "algorithms" in summary:

@@ -1,10 +1,10 @@
 """Which runs share one compiled program.
 
-A run is one lane: a point's config with one seed. Runs go into one program (:class:`fljax.engine.Lanes`) when
+A run is one lane: a point's experiment with one seed. Runs go into one program (:class:`fljax.engine.Lanes`) when
 
-* their configs are equal except for the seed, the point's name and *numeric* algorithm hyperparameters (learning
-  rates, μ, λ, ρ, k0, …) or client-level privacy's noise multiplier (given or calibrated from a target ε), which
-  then become traced arguments — the grid is one program;
+* their resolved experiments are equal (:func:`program_key`) except for the seed, the point's name and *numeric*
+  algorithm hyperparameters (learning rates, μ, λ, ρ, k0, …) or client-level privacy's noise multiplier (given or
+  calibrated from a target ε), which then become traced arguments — the grid is one program;
 * they share their data, or have data of identical shapes (stacked per lane);
 * the executor is jitted on one device (not ``loop``, not ``sharded``);
 * they start at the same round (resuming).
@@ -19,13 +19,14 @@ import dataclasses
 import json
 from typing import Any
 
+from fljax.aggregation import traced as traced_options
 from fljax.config import to_dict
-from fljax.aggregation import traced
 from fljax.privacy import TRACED_NOISE
 
-__all__ = ["Program", "group_runs", "numeric", "traceable"]
+__all__ = ["Program", "group_runs", "program_key", "numeric", "traceable", "lane_data", "COMPONENTS", "SECTIONS"]
 
-NOT_IN_PROGRAM = ("seed", "seeds", "name")  # per-lane or cosmetic keys
+COMPONENTS = ("aggregator", "attack", "participation")  # resolved components of an Experiment
+SECTIONS = ("data", "server", "privacy", "compression")  # config sections a program is built from as given
 
 
 def numeric(value) -> bool:
@@ -33,19 +34,32 @@ def numeric(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _key(cfg, drop_algo: set[str]) -> str:
-    """The config as a program sees it: the per-lane keys and the traced ones (``drop_algo``: algorithm keys, and
+def program_key(exp, traced: set[str] = frozenset()) -> str:
+    """What a compiled program is made of, read off the resolved experiment (:class:`fljax.experiment.Experiment`):
+    the algorithm with its hyperparameters as it holds them, the model, client groups, aggregator, attack and
+    participation as resolved, the run settings (:class:`fljax.experiment.RunSettings`) but the per-lane seeds, and
+    the data, server, privacy and compression sections — the traced values (``traced``: hyperparameter names, and
     dotted keys of other sections — ``privacy.noise_multiplier``, whose resolved value a grid of noise levels traces,
-    ``attack.fraction``, ``aggregator.beta`` — ) left out."""
-    values = {k: v for k, v in to_dict(cfg).items() if k not in NOT_IN_PROGRAM}
-    values["algo"] = {k: v for k, v in values["algo"].items() if k not in drop_algo}
-    if TRACED_NOISE in drop_algo and values.get("privacy"):  # given or calibrated from a target ε
+    ``attack.fraction``, ``aggregator.beta`` — ) left out. (The run's name is not part of it.)"""
+    cfg = exp.config
+    values = {"algorithm": cfg.algorithm,
+              "hyperparameters": {k: v for k, v in exp.algorithm.hyperparameters().items() if k not in traced},
+              "model": to_dict(exp.model), "groups": [dataclasses.asdict(g) for g in exp.groups],
+              "settings": {k: v for k, v in dataclasses.asdict(exp.settings).items() if k not in exp.settings.PER_LANE},
+              **{section: to_dict(getattr(cfg, section)) for section in SECTIONS}}
+    for section in COMPONENTS:  # by name and options, the traced ones left out
+        value = getattr(exp, section)
+        values[section] = None if value is None else {"name": value.name, **{
+            k: v for k, v in to_dict(value).items() if f"{section}.{k}" not in traced}}
+    if TRACED_NOISE in traced and values.get("privacy"):  # given or calibrated from a target ε
         values["privacy"] = {k: v for k, v in values["privacy"].items()
                              if k not in ("noise_multiplier", "target_epsilon")}
-    for section in ("aggregator", "attack"):
-        if values.get(section):
-            values[section] = {k: v for k, v in values[section].items() if f"{section}.{k}" not in drop_algo}
-    return json.dumps(values, sort_keys=True, default=str)
+    return json.dumps(values, sort_keys=True, default=_written)
+
+
+def _written(value) -> str:
+    """A value JSON does not know as text: a consensus-regression loss by its config, anything else by repr."""
+    return value.to_config() if hasattr(value, "to_config") else repr(value)
 
 
 def _private(run) -> dict:
@@ -56,7 +70,7 @@ def _private(run) -> dict:
     out = {} if privacy is None else dict(privacy.traced())
     exp = getattr(run, "exp", None)
     if exp is not None:
-        out.update(traced("aggregator", exp.aggregator), **traced("attack", exp.attack))
+        out.update(traced_options("aggregator", exp.aggregator), **traced_options("attack", exp.attack))
     return out
 
 
@@ -77,24 +91,25 @@ class Program:
 
 def group_runs(runs: list, *, batchable, lanes: str = "vmap", split: set[str] = frozenset(),
                trace: set[str] = frozenset()) -> list[Program]:
-    """Programs for ``runs`` (objects with ``.exp``, a resolved :class:`~fljax.experiment.Experiment`, its ``.cfg``
-    and ``.start``, the round they resume from). ``batchable(runs)`` says whether a set of runs can share a program
-    (executor, data shapes). ``lanes='off'``: every run alone.
+    """Programs for ``runs`` (:class:`~fljax.runner.runs.Run`: a resolved experiment ``.exp``, its ``.cfg``, and
+    ``.progress.start``, the round it resumes from).
+    ``batchable(runs, traced)`` says whether a set of runs can share a program that traces ``traced`` (executor,
+    data shapes). ``lanes='off'``: every run alone.
     ``split``: algorithm keys that must not be traced (found untraceable); ``trace``: keys traced even where every
     run has the same value (a sweep's grid keys, so that a one-point sweep runs the very program of a larger one)."""
     if lanes == "off":
         return [Program([r]) for r in runs]
     groups: dict[tuple, list] = {}
     for run in runs:  # same algorithm, same everything but the algorithm's hyperparameters, same start round
-        groups.setdefault((_key(run.cfg, set(run.cfg.algo) | _all_fields(run) | set(_private(run))), run.start),
-                          []).append(run)
+        key = program_key(run.exp, _all_fields(run) | set(_private(run)))
+        groups.setdefault((key, run.progress.start), []).append(run)
     programs = []
     for members in groups.values():
         candidates = _differing(members) | set(trace)
         traced = {k for k in candidates if all(numeric(_value(r, k)) for r in members)} - set(split)
         by_rest: dict[str, list] = {}
         for run in members:  # the keys that cannot be traced separate programs
-            by_rest.setdefault(_key(run.cfg, traced), []).append(run)
+            by_rest.setdefault(program_key(run.exp, traced), []).append(run)
         for rest in by_rest.values():
             programs.extend(_by_data(rest, tuple(sorted(traced)), batchable))
     return programs
@@ -112,8 +127,15 @@ def _value(run, key: str) -> Any:
 
 
 def _differing(runs: list) -> set[str]:
-    keys = set().union(*(r.cfg.algo for r in runs), *(_private(r) for r in runs))
+    keys = set().union(*(_all_fields(r) for r in runs), *(_private(r) for r in runs))
     return {k for k in keys if len({json.dumps(_value(r, k), default=str) for r in runs}) > 1}
+
+
+def lane_data(runs: list) -> list | None:
+    """The runs' data as lanes take it (:class:`fljax.engine.Lanes`): None when they share one data set, else each
+    run's own."""
+    datas = [r.data for r in runs]
+    return None if all(d is datas[0] for d in datas) else datas
 
 
 def _by_data(runs: list, traced: tuple, batchable) -> list[Program]:
@@ -122,14 +144,14 @@ def _by_data(runs: list, traced: tuple, batchable) -> list[Program]:
     only under a jitted executor). Splitting by data is tried only when it splits (several data sets, fewer than
     runs): runs that share one data set under an executor that cannot batch (``loop``, ``sharded``) go one per
     run at once."""
-    if batchable(runs):
+    if batchable(runs, traced):
         return [Program(runs, traced)]
     by_data: dict[int, list] = {}
     for run in runs:
         by_data.setdefault(id(run.data), []).append(run)
     if 1 < len(by_data) < len(runs):
         return [p for group in by_data.values() for p in _by_data(group, traced, batchable)]
-    return [Program([r], traced if batchable([r]) else ()) for r in runs]
+    return [Program([r], traced if batchable([r], traced) else ()) for r in runs]
 
 
 def traceable(sim, hp: dict) -> str | None:

@@ -1,25 +1,13 @@
-"""The figures of runs, comparisons, sweeps and studies, in one style (matplotlib's Agg canvas: no display, no
-global backend change).
+"""The style of every fljax figure — runs, comparisons, sweeps (:mod:`fljax.runner.run_plots`) and studies
+(:mod:`fljax.runner.tables`) — and the pieces they are drawn with (matplotlib's Agg canvas: no display, no global
+backend change).
 
 **Lines.** Line *i* has colour ``i mod 7`` of the Okabe–Ito palette (built to stay distinct for colour-blind
 readers; its yellow is left out, too light on white), line style ``⌊i/7⌋ mod 4`` and marker ``i mod 11``: the first
-308 lines all differ, neighbours differ in colour and marker, the first 7 are solid (:func:`style`). A comparison of
-more than :data:`MAX_LINES` algorithms is drawn as small multiples, one row of panels per family
-(:mod:`fljax.algorithms.families`), each row with its own styles; a sweep's points are grouped by the value of its
-first grid key. Legends sit outside the data. With several seeds a curve is the mean over seeds and the shaded band
-± 1 sample standard deviation (ddof 1, the tables' convention); the figure's title says so. Every axis names its
-quantity and unit (:func:`metric_label`); rounds are ticked in whole numbers (:func:`integer_axis`) and a log axis
-labels at least three values whatever it spans (:func:`log_axis`). A logged quantity that is constant throughout (zero, or a fixed parameter
-count) is not drawn; the figure's title lists it with its value.
-
-**Figures.** A run: ``accuracy_vs_round``, ``accuracy_vs_bytes`` (communication up + down so far, log scale; not
-drawn when nothing was communicated), ``client_accuracy`` (histogram of the clients' personalized accuracies at the
-last evaluation) and ``metrics`` (one panel per other logged quantity: training loss, FedSLR's ranks and sparsity,
-DFedAlt's consensus distance, …). A comparison or sweep (:func:`plot_compare`): personalized accuracy against rounds
-and against communicated MB, and the global model's accuracy where an algorithm's global model differs from its
-personalized one; ``*_metrics`` with the other logged quantities. A sweep over two grid keys (:func:`plot_heatmap`):
-the final personalized accuracy of every grid point as a heatmap. Every curve starts at round 0 (the initial model);
-markers show every evaluation when there are at most :data:`MARK_ALL` of them.
+308 lines all differ, neighbours differ in colour and marker, the first 7 are solid (:func:`style`). Legends sit
+outside the data (:func:`legend_outside`). Every axis names its quantity and unit (:func:`metric_label`); rounds
+are ticked in whole numbers (:func:`integer_axis`) and a log axis labels at least three values whatever it spans
+(:func:`log_axis`).
 
 **Styles.** ``screen`` (the default: PNG to look at, and PDF) or ``paper`` (single-column width of 3.3 in, serif
 fonts at 8 pt, panels stacked with the legend below the x label, vector PDF with embedded TrueType fonts, and a PNG
@@ -36,11 +24,9 @@ import math
 import numpy as np
 
 from fljax.runner.files import write_figure
-from fljax.runner.report import sample_std
 
-__all__ = ["plot_run", "plot_compare", "plot_heatmap", "setting", "style", "extras", "constants", "metric_label",
-           "use", "current", "rc", "legend_outside", "heatmap", "integer_axis", "log_axis", "FORMATS", "STYLES",
-           "PALETTE", "MAX_LINES"]
+__all__ = ["style", "metric_label", "use", "current", "rc", "rc_context", "figure", "save", "handles_of",
+           "legend_outside", "heatmap", "integer_axis", "log_axis", "FORMATS", "STYLES", "PALETTE", "ROUND"]
 
 FORMATS = ("png", "pdf")
 # Okabe & Ito (2008), "Color Universal Design": blue, orange, bluish green, vermillion, reddish purple, sky blue,
@@ -48,13 +34,7 @@ FORMATS = ("png", "pdf")
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#000000")
 LINESTYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h")  # 11: coprime to 7 colours × 4 line styles
-MAX_LINES = 8  # more lines than this in one panel: small multiples
-MARK_ALL = 25
-# record keys that are not extra quantities: the accuracy/loss summaries, communication, time
-_STANDARD = ("round", "bytes_up", "bytes_down", "run_seconds")
-_SUMMARY_SUFFIXES = ("_acc", "_acc_p10", "_acc_weighted", "_loss", "_loss_weighted")
 ROUND = "communication round"
-MB = "communicated MB (up + down, cumulative; log scale)"
 # what a logged quantity is, with its unit (the y label of its panel); a key 'a/b' is looked up as 'a'; the
 # accuracy and loss summaries (personal_acc, global_acc_p10, target_personal_loss_weighted, ...) are composed from
 # _MODELS and _SUMMARIES
@@ -76,6 +56,9 @@ LABELS = {
     "epsilon": "privacy loss ε\n(at the run's δ)",
     "clip_norm": "clip norm C (L2)",
     "unclipped_fraction": "unclipped fraction b̄ of the\ncohort's updates (noised estimate)",
+    "clients_reported": "clients whose update counted\n(per round, mean over rounds)",
+    "skipped_rounds": "rounds in which nobody\nreported (cumulative)",
+    "staleness": "staleness of the server step's\nupdates (versions, mean)",
 }
 _MODELS = {"personal": "personalized", "global": "global-model", "target_personal": "target-client",
            "post_gossip": "post-gossip"}
@@ -84,7 +67,6 @@ _SUMMARIES = {"_acc": "test accuracy\n(fraction correct, mean over clients)",
               "_acc_p10": "test accuracy\n(fraction correct, 10th-percentile client)",
               "_loss": "test loss\n(cross-entropy, nats, mean over clients)",
               "_loss_weighted": "test loss\n(cross-entropy, nats, sample-weighted)"}
-COUNTS = ("rank", "gkr_params", "mixed_params")  # whole numbers: integer ticks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,7 +153,7 @@ def legend_outside(target, handles=None, labels=None, **kwargs):
     from matplotlib.figure import Figure
 
     if handles is None:
-        handles, labels = _handles([target] if not isinstance(target, Figure) else target.axes)
+        handles, labels = handles_of([target] if not isinstance(target, Figure) else target.axes)
     if not handles:
         return None
     stacked = current().stacked
@@ -278,19 +260,19 @@ def heatmap(ax, values, rows: list, columns: list, label: str, fmt: str = "{:.3f
                     color="white" if v < middle else "black")
     return image
 
-
-# ---------------------------------------------------------------------------------------------------- internals
+# ---------------------------------------------------------------------------------------------------- figures
 
 
 @contextlib.contextmanager
-def _rc():
+def rc_context():
+    """matplotlib's settings of the current style (:func:`rc`) for the figures made inside."""
     import matplotlib
 
     with matplotlib.rc_context(rc()):
         yield
 
 
-def _figure(panels: int, extra_width: float = 0.0, rows: int | None = None, cols: int | None = None):
+def figure(panels: int, extra_width: float = 0.0, rows: int | None = None, cols: int | None = None):
     """A figure of ``panels`` axes (side by side, or stacked in the paper style; or ``rows`` × ``cols``) on the Agg
     canvas. matplotlib is imported here, on the first plot, not with this module: its second of imports then never
     delays the start of a run."""
@@ -309,112 +291,7 @@ def _figure(panels: int, extra_width: float = 0.0, rows: int | None = None, cols
     return fig, list(axes[:panels])
 
 
-def setting(cfg, federated=None) -> str:
-    """'digits, 50 clients, dirichlet(alpha=0.3)': the data behind a plot, for its title (``federated``: the
-    data the runs used, when it is the user's own rather than the config's)."""
-    from fljax.data import PARTITIONERS
-
-    if federated is not None and federated.name != cfg.data.dataset:
-        return f"{federated.name}, {federated.num_clients} clients"
-    data = cfg.data
-    values = data.to_dict()
-    partition = data.partition or ("natural" if data.source.natural else "dirichlet")
-    owned = PARTITIONERS[partition].options if partition in PARTITIONERS else None
-    keys = [k for k in (owned.__dataclass_fields__ if owned else ()) if values.get(k) is not None]
-    options = f"({', '.join(f'{k}={values[k]}' for k in keys)})" if keys else ""
-    return f"{data.dataset}, {data.num_clients} clients, {partition}{options}"
-
-
-def _logged(histories: list[list[dict]]) -> list[str]:
-    """The logged quantities beyond accuracy, loss summaries, communication and time (the training loss first,
-    then in first-seen order)."""
-    keys: dict[str, None] = {}
-    for h in histories:
-        for record in h:
-            for k in record:
-                if k not in _STANDARD and (k == "train_loss" or not k.endswith(_SUMMARY_SUFFIXES)):
-                    keys.setdefault(k)
-    return sorted(keys, key=lambda k: k != "train_loss")
-
-
-def _values(histories, key) -> list:
-    return [r[key] for h in histories for r in h if r.get(key) is not None]
-
-
-def constants(histories: list[list[dict]]) -> dict[str, float]:
-    """The logged quantities (see :func:`extras`) that keep one value at every evaluation of every run (zero, a
-    fixed parameter count, a rank that never moves), with that value."""
-    out = {}
-    for k in _logged(histories):
-        values = np.asarray(_values(histories, k), float)
-        if values.size == 0 or np.allclose(values, values[0], rtol=1e-9, atol=0.0):
-            out[k] = float(values[0]) if values.size else 0.0
-    return out
-
-
-def extras(histories: list[list[dict]]) -> list[str]:
-    """The logged quantities beyond accuracy, loss summaries, communication and time that change (the training
-    loss first, then in first-seen order): those :func:`constants` finds are left out."""
-    fixed = constants(histories)
-    return [k for k in _logged(histories) if k not in fixed]
-
-
-def _constants_note(histories) -> str:
-    fixed = constants(histories)
-    return ("constant, not drawn: " + ", ".join(f"{k} = {v:g}" for k, v in fixed.items())) if fixed else ""
-
-
-def _series(histories: list[list[dict]], key: str):
-    """(x rounds, mean, std, mean MB) over seeds at the evaluations that have ``key``, truncated to the
-    evaluations every seed has."""
-    n = min(len(h) for h in histories)
-    rows = [i for i in range(n) if all(key in h[i] for h in histories)]
-    if not rows:
-        return None
-    values = np.array([[h[i][key] for i in rows] for h in histories], dtype=float)
-    mb = np.array([[(h[i]["bytes_up"] + h[i]["bytes_down"]) / 1e6 for i in rows] for h in histories]).mean(0)
-    return np.array([histories[0][i]["round"] for i in rows]), values.mean(0), sample_std(values, axis=0), mb
-
-
-def _line(ax, histories, key: str, x_bytes: bool, fmt: dict, label: str | None) -> bool:
-    """One quantity's curve (mean over seeds, ±1 std band); against MB only where MB > 0 (log axis). Returns
-    whether anything was drawn."""
-    s = _series(histories, key)
-    if s is None:
-        return False
-    rounds, mean, std, mb = s
-    x = mb if x_bytes else rounds
-    keep = mb > 0 if x_bytes else np.ones_like(mean, bool)
-    if not keep.any():
-        return False
-    x, mean, std = x[keep], mean[keep], std[keep]
-    ax.plot(x, mean, label=label, markevery=None if len(x) <= MARK_ALL else max(1, len(x) // MARK_ALL), **fmt)
-    if len(histories) > 1:
-        ax.fill_between(x, mean - std, mean + std, color=fmt.get("color"), alpha=0.2, linewidth=0)
-    return True
-
-
-def _communicates(histories) -> bool:
-    return any(r.get("bytes_up", 0) + r.get("bytes_down", 0) > 0 for h in histories for r in h)
-
-
-def _own_global(histories) -> bool:
-    """Whether the run reports a global model whose accuracy differs from the personalized one somewhere."""
-    return any("global_acc" in r and not np.isclose(r["global_acc"], r.get("personal_acc", np.nan))
-               for h in histories for r in h)
-
-
-def _axes_labels(ax, key: str, x_bytes: bool) -> None:
-    if x_bytes:
-        log_axis(ax)
-    else:
-        integer_axis(ax.xaxis)
-    ax.set_xlabel(MB if x_bytes else ROUND)
-    ax.set_ylabel(metric_label(key))
-    ax.grid(alpha=0.3, which="both" if x_bytes else "major")
-
-
-def _handles(axes) -> tuple[list, list[str]]:
+def handles_of(axes) -> tuple[list, list[str]]:
     """Every labelled line of the axes, once per label (for a legend)."""
     seen: dict[str, object] = {}
     for ax in axes:
@@ -423,198 +300,12 @@ def _handles(axes) -> tuple[list, list[str]]:
     return list(seen.values()), list(seen)
 
 
-def _seeds_note(seeds: int) -> str:
-    return (f"line: mean over {seeds} seeds, band: ± 1 std (sample)" if seeds > 1 else "1 seed")
-
-
-def _title(fig, title: str, *notes: str) -> None:
-    notes = [n for n in notes if n and n not in title]  # e.g. "1 seed" that the title already says
-    fig.suptitle("\n".join([title, *notes]), fontsize="medium")
-
-
-def _save(fig, path_png: str, formats: tuple[str, ...] = FORMATS) -> list[str]:
+def save(fig, path_png: str, formats: tuple[str, ...] = FORMATS) -> list[str]:
+    """Write ``fig`` as ``path_png`` in ``formats`` and those of the current style (``x.png`` → ``x.pdf``, …);
+    returns the paths written."""
     s = current()
     stem = path_png[: -len(".png")] if path_png.endswith(".png") else path_png
     paths = [f"{stem}.{fmt}" for fmt in dict.fromkeys((*formats, *s.formats))]
     for path in paths:
         write_figure(path, fig, dpi=s.dpi)
     return paths
-
-
-def _metrics_figure(runs: dict[str, list[list[dict]]], title: str, labelled: bool, seeds: int,
-                    indices: dict[str, int] | None = None):
-    """One panel per changing extra quantity (see :func:`extras`), ``rank/<layer>`` keys sharing a panel."""
-    every = [h for histories in runs.values() for h in histories]
-    keys = extras(every)
-    panels: dict[str, list[str]] = {}
-    for k in keys:
-        panels.setdefault(k.split("/")[0] + ("/*" if "/" in k else ""), []).append(k)
-    if not panels:
-        return None
-    s = current()
-    cols = 1 if s.stacked else min(3, len(panels))
-    rows = math.ceil(len(panels) / cols)
-    fig, axes = _figure(len(panels), rows=rows, cols=cols)
-    indices = indices or {label: i for i, label in enumerate(runs)}
-    for ax, (panel, members) in zip(axes, panels.items()):
-        for label, histories in runs.items():
-            for j, key in enumerate(members):
-                fmt = style(indices[label]) if labelled else style(j)
-                name = (label if j == 0 else None) if labelled else (key.split("/", 1)[-1] if len(members) > 1
-                                                                      else None)
-                _line(ax, histories, key, False, fmt, name)
-        _axes_labels(ax, members[0], False)
-        if len(members) == 1 and "/" in members[0]:
-            ax.set_ylabel(f"{metric_label(members[0])}\n{members[0].split('/', 1)[1]}")
-        if members[0].split("/")[0] in COUNTS:
-            integer_axis(ax.yaxis)
-        if len(members) > 1 and not labelled:
-            legend_outside(ax, title=panel.split("/")[0] + " of", fontsize="x-small")
-    if labelled:
-        legend_outside(fig)
-    _title(fig, title, _seeds_note(seeds), _constants_note(every))
-    return fig
-
-
-def plot_run(directory: str, histories: list[list[dict]], per_client: list[dict], title: str,
-             formats: tuple[str, ...] = FORMATS) -> list[str]:
-    """The plots of one run (``histories``/``per_client``: one per seed) in ``formats`` (and those of the
-    current style); returns the paths written."""
-    paths = []
-    seeds = len(histories)
-    with _rc():
-        for name, x_bytes in (("accuracy_vs_round", False), ("accuracy_vs_bytes", True)):
-            if x_bytes and not _communicates(histories):
-                continue  # nothing communicated (Local): no bytes plot
-            fig, (ax,) = _figure(1, extra_width=0.0 if current().stacked else 1.6)
-            _line(ax, histories, "personal_acc", x_bytes, style(0), "personalized model")
-            if _own_global(histories):
-                _line(ax, histories, "global_acc", x_bytes, style(1), "global model")
-            _axes_labels(ax, "personal_acc", x_bytes)
-            ax.set_ylabel(metric_label("personal_acc").replace("personalized ", ""))
-            legend_outside(ax)
-            one = "" if _own_global(histories) or not any("global_acc" in r for h in histories for r in h) else \
-                "the personalized model is the global model"
-            _title(fig, title, _seeds_note(seeds), one)
-            paths += _save(fig, f"{directory}/{name}.png", formats)
-        accs = [np.asarray(p[k]) for p in per_client for k in ("personal_acc",) if k in p]
-        if accs:
-            fig, (ax,) = _figure(1)
-            ax.hist(np.concatenate(accs), bins=np.linspace(0, 1, 21), color=PALETTE[0], edgecolor="white")
-            ax.set_xlabel("personalized test accuracy of a client (fraction correct)")
-            ax.set_ylabel("clients (count" + (f", all {len(accs)} seeds)" if len(accs) > 1 else ")"))
-            integer_axis(ax.yaxis)
-            _title(fig, title, "clients at the last evaluation")
-            paths += _save(fig, f"{directory}/client_accuracy.png", formats)
-        fig = _metrics_figure({"run": histories}, title, labelled=False, seeds=seeds)
-        if fig is not None:
-            paths += _save(fig, f"{directory}/metrics.png", formats)
-    return paths
-
-
-def _groups(runs: dict, groups: dict[str, str] | None) -> dict[str, list[str]]:
-    """Labels by group, in first-seen order: the given ``groups`` (label → group name), else chunks of
-    :data:`MAX_LINES` in order."""
-    if groups is None:
-        labels = list(runs)
-        return {f"{i + 1}–{min(i + MAX_LINES, len(labels))} of {len(labels)}": labels[i:i + MAX_LINES]
-                for i in range(0, len(labels), MAX_LINES)}
-    out: dict[str, list[str]] = {}
-    for label in runs:
-        out.setdefault(groups.get(label, "other"), []).append(label)
-    return out
-
-
-def plot_compare(path: str, runs: dict[str, list[list[dict]]], title: str,
-                 groups: dict[str, str] | None = None) -> list[str]:
-    """``path`` (.png, with a .pdf beside it): personalized accuracy against rounds and against communicated MB,
-    one style per run label (:func:`style`), and the global model's accuracy for the runs whose global model
-    differs from their personalized one; more than :data:`MAX_LINES` runs as small multiples, one row per group
-    (``groups``: label → group name, e.g. the algorithm's family; default: runs in order, :data:`MAX_LINES` a
-    row). ``<stem>_metrics`` with the other logged quantities. Returns the paths written."""
-    seeds = max(len(h) for h in runs.values())
-    indices = {label: i for i, label in enumerate(runs)}
-    silent = [k for k, h in runs.items() if not _communicates(h)]
-    with _rc():
-        if len(runs) <= MAX_LINES:
-            fig = _compare_panels(runs, indices, silent)
-        else:
-            fig = _compare_small_multiples(runs, _groups(runs, groups), silent)
-        _title(fig, title, _seeds_note(seeds))
-        paths = _save(fig, path)
-        metrics = _metrics_figure(runs, title, labelled=True, seeds=seeds, indices=indices)
-        if metrics is not None:
-            stem = path[: -len(".png")] if path.endswith(".png") else path
-            paths += _save(metrics, f"{stem}_metrics.png")
-    return paths
-
-
-def _compare_panels(runs, indices, silent):
-    """Up to MAX_LINES runs: personalized accuracy vs round and vs MB, global accuracy where it differs."""
-    own_global = [k for k, h in runs.items() if _own_global(h)]
-    fig, axes = _figure(2 + bool(own_global))
-    for label, histories in runs.items():
-        _line(axes[0], histories, "personal_acc", False, style(indices[label]), label)
-        _line(axes[1], histories, "personal_acc", True, style(indices[label]), label)
-        if label in own_global:
-            _line(axes[2], histories, "global_acc", False, style(indices[label]), label)
-    _axes_labels(axes[0], "personal_acc", False)
-    _axes_labels(axes[1], "personal_acc", True)
-    axes[0].set_title("(a) personalized model", fontsize="medium")
-    axes[1].set_title("(b) the same against communication" + (f"\nnothing communicated: {', '.join(silent)}"
-                                                               if silent else ""), fontsize="medium")
-    if own_global:
-        _axes_labels(axes[2], "global_acc", False)
-        axes[2].set_title("(c) global model, where it differs\nfrom the personalized one", fontsize="medium")
-        axes[2].sharey(axes[0])
-    legend_outside(fig, *_handles(axes))
-    return fig
-
-
-def _compare_small_multiples(runs, groups: dict[str, list[str]], silent):
-    """More than MAX_LINES runs: a row per group, personalized accuracy against rounds and against MB (one column
-    in the paper style), each row with its own styles and legend; every panel on one accuracy scale."""
-    s = current()
-    cols = 1 if s.stacked else 2
-    fig, axes = _figure(len(groups) * cols, extra_width=0.0 if s.stacked else 2.0, rows=len(groups), cols=cols)
-    for row, (name, labels) in enumerate(groups.items()):
-        row_axes = axes[row * cols:(row + 1) * cols]
-        for i, label in enumerate(labels):
-            for ax, x_bytes in zip(row_axes, (False, True)):
-                _line(ax, runs[label], "personal_acc", x_bytes, style(i), label)
-        for ax, x_bytes in zip(row_axes, (False, True)):
-            _axes_labels(ax, "personal_acc", x_bytes)
-            if ax is not axes[0]:
-                ax.sharey(axes[0])
-        row_axes[0].set_title(name, fontsize="medium", loc="left")
-        quiet = [k for k in labels if k in silent]
-        if len(row_axes) > 1 and len(quiet) == len(labels):  # nothing to draw against communication
-            row_axes[1].axis("off")
-            row_axes[1].text(0.0, 0.5, "nothing communicated", transform=row_axes[1].transAxes, va="center")
-        elif quiet and len(row_axes) > 1:
-            row_axes[1].set_title(f"nothing communicated: {', '.join(quiet)}", fontsize="small")
-        legend_outside(row_axes[-1], *_handles(row_axes))
-    return fig
-
-
-def plot_heatmap(path: str, grid: dict[str, list], finals: dict[tuple[int, int], list[float]], title: str,
-                 key: str = "personal_acc") -> list[str]:
-    """A sweep over two grid keys: the final ``key`` of every point (mean over seeds; ``finals``: (index of the
-    first key's value, index of the second's) → the seeds' values) as a heatmap, the first key down, the second
-    across. Returns the paths written."""
-    from fljax.runner.sweep import grid_columns
-
-    (k1, v1), (k2, v2) = list(grid.items())
-    names = grid_columns(grid)
-    values = np.array([[np.mean(finals[i, j]) if finals.get((i, j)) else np.nan for j in range(len(v2))]
-                       for i in range(len(v1))])
-    seeds = max((len(v) for v in finals.values()), default=1)
-    with _rc():
-        s = current()
-        fig, (ax,) = _figure(1)
-        fig.set_size_inches(s.panel[0] * (1.0 if s.stacked else 1.4), s.panel[1] * (1.2 if s.stacked else 1.3))
-        heatmap(ax, values, v1, v2, "final " + metric_label(key))
-        ax.set_xlabel(f"{names[k2]} ({k2})")
-        ax.set_ylabel(f"{names[k1]} ({k1})")
-        _title(fig, title, "final evaluation" + (f", mean over {seeds} seeds" if seeds > 1 else ""))
-        return _save(fig, path)

@@ -102,6 +102,8 @@ def summary_row(label: str, summaries: list[dict]) -> dict:
     col = lambda key, **kw: mean_std([f.get(key) for f in finals], **kw)
     mb = [(f.get("bytes_up", 0.0) + f.get("bytes_down", 0.0)) / 1e6 for f in finals]
     private = {"ε": col("epsilon", form="g")} if any("epsilon" in f for f in finals) else {}
+    if any("virtual_time" in f for f in finals):  # the participation's clock (fljax.participation)
+        private["virtual s"] = col("virtual_time", digits=1)
     sampled = [s for s in summaries if s.get("eval_clients", 0) < s.get("num_clients", 0)]
     sample = {"evaluated": f"{sampled[0]['eval_clients']} of {sampled[0]['num_clients']} clients"} if sampled else {}
     return {"algorithm": label, "seeds": len(summaries), "personal acc": col("personal_acc"),

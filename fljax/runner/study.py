@@ -1,4 +1,4 @@
-"""Paper reproductions as data: a study file (YAML) and one runner.
+"""Paper reproductions as data: the study file (YAML), its cells, and the results of its runs.
 
 A study file (``fljax/reproduce/<name>.yaml``) holds
 
@@ -18,34 +18,27 @@ A study file (``fljax/reproduce/<name>.yaml``) holds
 * ``lanes``: how runs sharing a program run by default (``vmap``, or ``map`` to keep every run bit-identical to a
   run of its own, as the published tables of a file that sets it were made).
 
-:func:`run_study` turns the chosen studies into runs — one per distinct (config, seed), shared by every cell that
-needs it — and runs them through :func:`fljax.runner.run_points`, the path of ``fljax run``: run directories under
-``<out>/runs/``, checkpoints and resume, seeds and grid points as lanes of one program where shapes allow, runs
-finished before an interruption reused, ``jobs`` worker processes. Then the report (``README.md``), the plots and
-``results.json`` (every run's history) are written into ``out``.
+:class:`StudyResults` holds every cell's runs (history and summary per seed) for the tables, plots and claims;
+:func:`evaluate` reads a table value (a metric name or an arithmetic expression of names) off a record. Running a
+study and writing its report: :mod:`fljax.runner.study_run`.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib
 import itertools
 import json
 import os
-import time
 from importlib import resources
 
 import numpy as np
 
 from fljax import yaml_io
-from fljax.config import RUNS_MAX, ConfigError, ExperimentConfig, from_dict, to_dict
-from fljax.experiment import Experiment, resolve
+from fljax.config import ConfigError
 from fljax.options import suggest
-from fljax.runner import files, identity
-from fljax.runner.report import Output, sample_std
-from fljax.runner.results import RunDir
+from fljax.runner.report import sample_std
 
-__all__ = ["Study", "Cell", "StudyResults", "load_study", "study_names", "run_study", "render_study"]
+__all__ = ["Study", "Cell", "StudyResults", "load_study", "study_names", "evaluate"]
 
 
 # ---------------------------------------------------------------------------------------------------- the file
@@ -211,7 +204,6 @@ def load_study(name_or_path: str) -> Study:
         raise ConfigError(f"study file {path!r} must hold a mapping with 'studies'.")
     return Study(name, spec)
 
-
 # ---------------------------------------------------------------------------------------------------- results
 
 
@@ -247,14 +239,25 @@ class StudyResults:
             out.append(evaluate(metric, rec[0]) if rec else np.nan)
         return np.array(out, float)
 
-    def curve(self, study: str, metric: str, **labels) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(rounds, mean, sample std over seeds) of ``metric`` at every evaluation the seeds share."""
+    def curve(self, study: str, metric: str, x: str = "round", **labels) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(x, mean, sample std over seeds) of ``metric`` at every evaluation the seeds share; x the rounds, or the
+        mean over seeds of another recorded quantity (``x='virtual_time'``: the participation's clock)."""
         runs = [r["history"] for r in self.seeds(study, **labels) if r["history"]]
         if not runs:
             return np.array([]), np.array([]), np.array([])
         n = min(len(h) for h in runs)
         values = np.array([[evaluate(metric, rec) for rec in h[:n]] for h in runs], float)
-        return np.array([rec["round"] for rec in runs[0][:n]]), values.mean(0), sample_std(values, axis=0)
+        xs = np.array([[evaluate(x, rec) for rec in h[:n]] for h in runs], float).mean(0)
+        return xs, values.mean(0), sample_std(values, axis=0)
+
+    def first(self, study: str, value: str, metric: str, at_least: float, **labels) -> np.ndarray:
+        """Per seed, ``value`` (e.g. ``virtual_time``) at the first evaluation whose ``metric`` is at least
+        ``at_least`` (time to a target accuracy); NaN for a seed that never reaches it."""
+        out = []
+        for r in self.seeds(study, **labels):
+            hit = [rec for rec in r["history"] if evaluate(metric, rec) >= at_least]
+            out.append(evaluate(value, hit[0]) if hit else np.nan)
+        return np.array(out, float)
 
 
 def _numbers(summary: dict) -> dict:
@@ -297,255 +300,3 @@ def evaluate(expression: str, record: dict) -> float:
 
     # metric names with '/' (rank/Dense_0/kernel) are looked up directly above; others parse as Python
     return walk(ast.parse(expression, mode="eval"))
-
-
-# ---------------------------------------------------------------------------------------------------- running
-
-
-def _run_dir_names(cells: list[Cell]) -> dict[str, str]:
-    """A readable, unique directory name per run key: the first cell that needs it, and the seed."""
-    names, used = {}, set()
-    for c in cells:
-        for s in c.seeds:
-            key = c.key(s)
-            if key in names:
-                continue
-            base = ".".join([c.study] + [str(v) for v in c.labels.values()]) + f".s{s}"
-            from fljax.runner.experiment import dir_name
-
-            name, k = dir_name(base), 2
-            while name in used:
-                name, k = f"{dir_name(base)}-{k}", k + 1
-            used.add(name)
-            names[key] = name
-    return names
-
-
-def _experiments(cells: list[Cell]) -> dict[str, Experiment]:
-    """The resolved experiment of every run, once per run key (refusing a bad cell before anything runs)."""
-    out = {}
-    for c in cells:
-        for s in c.seeds:
-            key = c.key(s)
-            if key not in out:
-                try:
-                    out[key] = resolve(from_dict(ExperimentConfig, {**c.config, "seed": s, "seeds": 1}))
-                except ConfigError as e:
-                    raise ConfigError(f"study cell {c.study} {c.labels}: {e}") from None
-    return out
-
-
-def _families(keys: list[str], experiments: dict[str, Experiment]) -> list[list[str]]:
-    """Runs grouped by config without seed (those that may share a compiled program)."""
-    groups: dict[str, list[str]] = {}
-    for key in keys:
-        values = to_dict(experiments[key].config)
-        values.pop("seed")
-        groups.setdefault(json.dumps(values, sort_keys=True, default=str), []).append(key)
-    return list(groups.values())
-
-
-def _run_some(root: str, items: list[tuple[str, Experiment]], lanes: str, progress: bool) -> float:
-    """Run these (dir name, experiment) in ``root``; returns the wall seconds (a worker's job: experiments are
-    plain frozen values, sent to a worker process as they are)."""
-    from fljax.runner.experiment import run_points
-
-    t0 = time.perf_counter()
-    run_points(items, root, resume=True, missing_ok=True, output=Output("bar" if progress else "quiet"),
-               plots=False, subdirs=True, lanes=lanes)
-    return time.perf_counter() - t0
-
-
-def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: int | None = None,
-              rounds: int | None = None, jobs: int = 1, lanes: str | None = None, fresh: bool = False,
-              output: Output | None = None) -> StudyResults:
-    """Run the chosen studies' cells into ``out`` (finished runs reused, interrupted ones resumed) and write the
-    report. ``seeds``/``rounds`` override the file's (a quick look); ``fresh``: ignore earlier runs in ``out``;
-    ``lanes`` (None: the file's ``lanes``, default 'vmap') how runs that share a program run (see ``fljax sweep``:
-    'map' keeps each run bit-identical to a run of its own)."""
-    output = output or Output()
-    lanes = lanes or study.spec.get("lanes", "vmap")
-    if os.path.isdir(out):  # a run, sweep or comparison is not a study's folder (its runs would land beside them)
-        identity.check_kind(out, "study", "--out")
-    cells = study.cells(only, seeds, rounds)
-    count = sum(len(c.seeds) for c in cells)
-    if count > RUNS_MAX:  # the cap of `fljax run` and `fljax sweep`
-        raise ConfigError(f"--seeds/--only: {study.name}'s {','.join(study.chosen(only))} has {len(cells):,} cells × "
-                          f"their seeds = {count:,} runs, more than the {RUNS_MAX:,} one command may start; ask for "
-                          f"fewer --seeds, or fewer studies with --only.")
-    experiments = _experiments(cells)
-    names = _run_dir_names(cells)
-    root = os.path.join(out, "runs")
-    if fresh and os.path.isdir(root):
-        import shutil
-
-        shutil.rmtree(root)
-    for key, name in names.items():  # a run directory made with other settings would be resumed wrongly
-        saved = RunDir(os.path.join(root, name)).file("config.yaml")
-        if os.path.exists(saved):
-            if not _same_settings(yaml_io.load(open(saved, "rb")), experiments[key].config):
-                raise ConfigError(f"{os.path.dirname(saved)} was run with other settings than the study now asks "
-                                  f"for; rerun with --fresh (or another --out).")
-    recorded = {} if fresh else _recorded_runs(out, experiments)
-    todo = [key for key in names
-            if key not in recorded and not _completed(os.path.join(root, names[key]), experiments[key].config)]
-    output.note(f"{study.title}: {len(cells)} cells, {len(names)} runs ({len(names) - len(todo)} already done), "
-                f"{jobs} job(s); results in {out}")
-    t0 = time.perf_counter()
-    identity.write(out, "study", study=study.name)
-    families = _families(todo, experiments)
-    work = [[(names[k], experiments[k]) for k in fam] for fam in families]
-    if jobs <= 1 or len(work) <= 1:
-        for items in work:
-            _run_some(root, items, lanes, output.progress)
-    else:
-        _run_parallel(root, work, jobs, lanes)
-    runs = {}
-    for key, name in names.items():
-        d = RunDir(os.path.join(root, name))
-        if d.holds_summary():
-            runs[key] = {"history": d.read_metrics(), "summary": d.read_summary()}
-        elif key in recorded:
-            runs[key] = recorded[key]
-    previous = _read_meta(out) if todo != list(names) else {}  # every run computed now: an earlier file is replaced
-    earlier = previous.get("wall_seconds", 0.0)  # None: a report rendered from run directories did not time them
-    meta = {"study": study.name, "title": study.title, "only": only or study.studies, "seeds": seeds,
-            "rounds": rounds, "runs": len(names), "computed": len(todo), "jobs": jobs, "lanes": lanes,
-            "wall_seconds": None if earlier is None else time.perf_counter() - t0 + earlier}
-    results = StudyResults(study, cells, runs, meta)
-    render_study(results, out)
-    return results
-
-
-def _results_from_runs(study: Study, out: str, only: list[str] | None, path: str) -> StudyResults:
-    cells = study.cells(only)
-    experiments, names = _experiments(cells), _run_dir_names(cells)
-    runs = {}
-    for key, name in names.items():
-        d = RunDir(os.path.join(out, "runs", name))
-        saved = d.file("config.yaml")
-        if (os.path.exists(saved) and _same_settings(yaml_io.load(open(saved, "rb")), experiments[key].config)
-                and _completed(d.path, experiments[key].config)):  # a run of other settings is not this cell's
-            runs[key] = {"history": d.read_metrics(), "summary": d.read_summary()}
-    if not runs:
-        raise ConfigError(f"{path} does not exist and {os.path.join(out, 'runs')} holds no finished run of "
-                          f"{','.join(study.chosen(only))}; run the study first (without --render).")
-    meta = {"study": study.name, "title": study.title, "only": only or study.studies, "seeds": None,
-            "rounds": None, "runs": len(names), "computed": len(runs), "jobs": 1,
-            "lanes": study.spec.get("lanes", "vmap"), "wall_seconds": None}  # the runs' own times are in them
-    return StudyResults(study, cells, runs, meta)
-
-
-def _same_settings(saved: dict, cfg: ExperimentConfig) -> bool:
-    """Whether a run directory's ``config.yaml`` asks for ``cfg``: read back through the config layer, so a section
-    or option added since (at its default) does not count as a change, and one that no longer parses does."""
-    try:
-        return to_dict(from_dict(ExperimentConfig, saved)) == to_dict(cfg)
-    except ConfigError:
-        return False
-
-
-def _completed(path: str, cfg: ExperimentConfig) -> bool:
-    d = RunDir(path)
-    return d.holds_summary() and _finished(d.read_summary(), cfg)
-
-
-def _finished(summary: dict, cfg: ExperimentConfig) -> bool:
-    """Completed (its rounds, or until its stopping rule fired) or stopped by a guard."""
-    from fljax.runner.experiment import completed
-
-    return summary.get("status") == "stopped" or completed(summary, cfg)
-
-
-def _recorded_runs(out: str, experiments: dict[str, Experiment]) -> dict[str, dict]:
-    """The finished runs that ``out/results.json.gz`` records (history and summary) for these run keys: a committed
-    report keeps its runs when its run directories (not committed) are gone, so adding cells reruns nothing."""
-    path = os.path.join(out, "results.json.gz")
-    if not os.path.exists(path):
-        return {}
-    saved = _results_file(path)["runs"]
-    return {key: run for key, run in saved.items()
-            if key in experiments and _finished(run["summary"], experiments[key].config)}
-
-
-TASKS_PER_WORKER = 4  # families a worker process runs before it is replaced (frees its compiled programs)
-
-
-def _run_parallel(root: str, work: list, jobs: int, lanes: str) -> None:
-    """Run the families of ``work`` in ``jobs`` worker processes, the biggest first. Workers are replaced by starting
-    a fresh pool for every ``jobs`` × TASKS_PER_WORKER families, not by ``max_tasks_per_child``: on Python 3.11 a
-    ProcessPoolExecutor with that option hangs for good once a worker retires (seen here: the workers gone, the
-    pool waiting)."""
-    import concurrent.futures
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("spawn")
-    order = sorted(work, key=len, reverse=True)
-    per_pool = jobs * TASKS_PER_WORKER
-    for start in range(0, len(order), per_pool):
-        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
-            for fut in concurrent.futures.as_completed([pool.submit(_run_some, root, items, lanes, False)
-                                                        for items in order[start:start + per_pool]]):
-                fut.result()
-
-
-def _read_meta(out: str) -> dict:
-    path = os.path.join(out, "results.json.gz")
-    if os.path.exists(path):
-        return _results_file(path)["meta"]
-    return {}
-
-
-def _results_file(path: str) -> dict:
-    """``results.json.gz`` read and checked: ``meta`` and ``runs`` mappings and a ``cells`` list (a damaged file
-    is named, :class:`~fljax.runner.files.DamagedFile`)."""
-    saved = files.read_json(path, expect=dict)
-    if "runs" in saved and "cells" not in saved:
-        raise ConfigError(f"{path} was written by an older fljax (results without their study's cells), which "
-                          f"this one cannot read: run the study again with --fresh to rebuild its report, or keep "
-                          f"the committed one.")
-    for key, kind in (("meta", dict), ("runs", dict), ("cells", list)):
-        if not isinstance(saved.setdefault(key, kind()), kind):
-            raise files.DamagedFile(path, f"its {key!r} is not a {'mapping' if kind is dict else 'list'}")
-    if not all(isinstance(r, dict) and isinstance(r.get("summary"), dict) and isinstance(r.get("history"), list)
-               for r in saved["runs"].values()):
-        raise files.DamagedFile(path, "a run in it has no 'history' list and 'summary' mapping")
-    return saved
-
-
-def render_study(results: StudyResults, out: str) -> str:
-    """Write ``README.md`` (tables, claims, time), the plots and ``results.json.gz`` into ``out``; returns the
-    report text."""
-    from fljax.runner.tables import render_plots, render_report
-
-    text = render_report(results)
-    files.write_text(os.path.join(out, "README.md"), text)
-    render_plots(results, out)
-    files.write_json(os.path.join(out, "results.json.gz"),
-                     {"meta": results.meta, "cells": [dataclasses.asdict(c) for c in results.cells],
-                      "runs": results.runs}, indent=None)
-    return text
-
-
-def claims_of(study: Study, results: StudyResults) -> list[tuple[str, str, str]]:
-    """(claim, measured, verdict) from the study's ``claims: module:function``."""
-    target = study.spec.get("claims")
-    if not target:
-        return []
-    module, function = target.split(":")
-    return getattr(importlib.import_module(module), function)(results)
-
-
-def results_from_file(study: Study, out: str, only: list[str] | None = None) -> StudyResults:
-    """The results saved in ``out/results.json.gz`` (``--render``); without that file, the chosen studies' runs
-    that have finished in ``out/runs/`` (a report of an interrupted study, naming what was not run)."""
-    path = os.path.join(out, "results.json.gz")
-    if not os.path.exists(path):
-        return _results_from_runs(study, out, only, path)
-    saved = _results_file(path)
-    try:
-        cells = [Cell(**c) for c in saved["cells"]]
-    except TypeError:
-        raise files.DamagedFile(path, "its 'cells' are not the cells of a study") from None
-    return StudyResults(study, cells, saved["runs"], saved["meta"])
-

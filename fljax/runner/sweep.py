@@ -20,8 +20,9 @@ __all__ = ["seed_list", "DataCache", "data_seed", "parse_grid", "grid_points", "
            "point_experiment"]
 
 
-def seed_list(cfg: ExperimentConfig) -> list[int]:
-    return [cfg.seed + i for i in range(cfg.seeds)]
+def seed_list(settings) -> list[int]:
+    """The run seeds ``seed`` … ``seed + seeds − 1`` of a config or its :class:`~fljax.experiment.RunSettings`."""
+    return [settings.seed + i for i in range(settings.seeds)]
 
 
 def data_seed(cfg: ExperimentConfig, seed: int) -> int:

@@ -14,14 +14,18 @@ A table (``tables:`` in the study file)::
         - {title: "DFedAlt − method", value: personal_acc, minus: {method: DFedAlt}, scale: 100}  # paired
         - {title: "seeds DFedAlt ahead", value: personal_acc, wins: {method: DFedAlt}}
         - {title: "reported model", tag: reported}                   # a tag of the row's cell
+        - {title: "time to 80% (s)", value: virtual_time, first: {metric: global_acc, at_least: 0.8}}
 
 A cell is the mean ± std over seeds (:func:`fljax.runner.report.mean_std`: the sample std, ddof 1) of ``value`` (a
 metric name or an expression of names, see :func:`fljax.runner.study.evaluate`; ``{tag}`` is replaced by the row's
-tag, e.g. ``"{reported}_acc"``) at the final evaluation, or at round ``at``; ``format: mean`` drops the std,
+tag, e.g. ``"{reported}_acc"``) at the final evaluation, or at round ``at``, or at the first evaluation where
+``first``'s metric reaches its ``at_least`` (time to a target: the seeds that never reach it are counted beside the
+mean, "(2 of 3 seeds)", and the cell is "not reached" when none does); ``format: mean`` drops the std,
 ``format: g`` prints 3 significant digits.
 
 A plot (``plots:``, written as PNG and PDF in the style of :mod:`fljax.runner.plots`):
-``kind: curves`` (value vs round, one line per value of ``lines``, one panel per value of ``panels``) or
+``kind: curves`` (value vs round, or vs the recorded quantity ``x`` — ``x: virtual_time``, the participation's
+clock —, one line per value of ``lines``, one panel per value of ``panels``) or
 ``kind: final`` (the final value against the numeric axis ``x``, one line per combination of ``lines``; with
 ``x_value``, a metric or expression, x is that measured value's mean over seeds with its std as a horizontal error bar
 — accuracy against ε or against MB sent — and ``x`` may then be left out: one point per combination of ``lines``);
@@ -34,6 +38,7 @@ be a list: the lines of every study listed, in one figure (e.g. methods that are
 """
 from __future__ import annotations
 
+import importlib
 import itertools
 import os
 
@@ -41,7 +46,7 @@ import numpy as np
 
 from fljax.runner.report import markdown_table, mean_std, sample_std
 
-__all__ = ["render_report", "render_plots", "table", "value_text"]
+__all__ = ["render_report", "render_plots", "table", "value_text", "claims_of"]
 
 
 def value_text(values: np.ndarray, scale: float = 100.0, digits: int = 2, form: str = "mean_std") -> str:
@@ -124,6 +129,16 @@ def _column_cell(results, study: str, col: dict, labels: dict) -> str:
         key = next(iter(labels.values())) if len(labels) == 1 else "/".join(str(v) for v in labels.values())
         value = col["paper"].get(key, col["paper"].get(str(key)))
         return "-" if value is None else str(value)
+    if "first" in col:  # time to a target: the value at the first evaluation that reaches it
+        target = col["first"]
+        values = results.first(study, col["value"], target["metric"], target["at_least"], **labels)
+        if not values.size:
+            return "-"
+        reached = ~np.isnan(values)
+        if not reached.any():
+            return "not reached"
+        text = value_text(values, scale, digits, form)
+        return text if reached.all() else f"{text} ({reached.sum()} of {values.size} seeds)"
     values = _values(results, study, col, labels)
     reference = col.get("minus") or col.get("wins")
     if reference is None:
@@ -138,8 +153,6 @@ def _column_cell(results, study: str, col: dict, labels: dict) -> str:
 
 def render_report(results) -> str:
     """The reproduction's README.md: provenance, every table of the study file, the claims, the time spent."""
-    from fljax.runner.study import claims_of
-
     spec, meta = results.study.spec, results.meta
     wall = meta.get("wall_seconds", 0.0)
     made = (f"{meta.get('computed')} computed in this invocation, {meta.get('jobs')} job(s), {wall / 60:.1f} min of "
@@ -164,7 +177,7 @@ def render_report(results) -> str:
         body = table(results, t)
         if body:
             parts += ["", f"## {t['title']}", ""] + ([t["note"], ""] if t.get("note") else []) + [body]
-    claims = claims_of(results.study, results)
+    claims = claims_of(results)
     if claims:
         parts += ["", f"## {spec.get('claims_title', 'Claims')}", "",
                   markdown_table([list(c) for c in claims], ["claim", "measured", "verdict"])]
@@ -172,6 +185,20 @@ def render_report(results) -> str:
         parts += ["", f"## {title}", "", body]
     parts += ["", "## Time per run (this machine)", "", _timing(results)]
     return "\n".join(parts) + "\n"
+
+
+def claims_of(results) -> list[tuple[str, str, str]]:
+    """(claim, measured, verdict) rows from the study's ``claims: module:function`` applied to ``results``."""
+    return _hook(results, "claims")
+
+
+def _hook(results, key: str) -> list:
+    """What the study file's ``key: module:function`` (``claims``, ``sections``) computes from ``results``."""
+    target = results.study.spec.get(key)
+    if not target:
+        return []
+    module, function = target.split(":")
+    return getattr(importlib.import_module(module), function)(results)
 
 
 def _command(results) -> str:
@@ -191,13 +218,7 @@ def _command(results) -> str:
 
 def _sections(results) -> list[tuple[str, str]]:
     """Extra sections from the study's ``sections: module:function`` (checks that are not runs)."""
-    import importlib
-
-    target = results.study.spec.get("sections")
-    if not target:
-        return []
-    module, function = target.split(":")
-    return getattr(importlib.import_module(module), function)(results)
+    return _hook(results, "sections")
 
 
 def _timing(results) -> str:
@@ -222,10 +243,10 @@ def render_plots(results, out: str) -> list[str]:
     for spec in results.study.spec.get("plots", []):
         if all(results.cell(study) is None for study in _as_list(spec["study"])):
             continue
-        with plots._rc():
+        with plots.rc_context():
             fig = _plot(results, spec)
             if fig is not None:  # PNG to show, PDF to print, like every other fljax plot
-                written += plots._save(fig, os.path.join(out, spec["file"]))
+                written += plots.save(fig, os.path.join(out, spec["file"]))
     return written
 
 
@@ -257,7 +278,7 @@ def _plot(results, spec: dict):
     panels = [(None, m) for m in metrics] if panel_axis is None else [(v, metrics[0]) for v in values]
     if not panels:
         return None
-    fig, axes = plots._figure(len(panels), extra_width=0.0 if plots.current().stacked else 2.2)
+    fig, axes = plots.figure(len(panels), extra_width=0.0 if plots.current().stacked else 2.2)
     line_axes = _as_list(spec.get("lines", []))
     scale = spec.get("scale", 1.0)
     curves = spec.get("kind", "curves") == "curves"
@@ -270,7 +291,9 @@ def _plot(results, spec: dict):
             name = " ".join(_line_label(results, spec, a, v) for a, v in zip(line_axes, combo))
             style = plots.style(i)  # the colours, line styles and markers of every fljax plot
             if curves:
-                x, mean, std = results.curve(study, metric, **labels)
+                x, mean, std = results.curve(study, metric, spec.get("x", "round"), **labels)
+                if spec.get("logx"):  # a log axis has no place for x <= 0 (the initial model at 0 s)
+                    x, mean, std = x[x > 0], mean[x > 0], std[x > 0]
                 if x.size:
                     ax.plot(x, scale * mean, label=name, markevery=max(1, x.size // 10), **style)
                     if len(results.seeds(study, **labels)) > 1:
@@ -297,10 +320,12 @@ def _plot(results, spec: dict):
             plots.log_axis(ax, "y")
         if spec.get("logx"):
             plots.log_axis(ax, "x")
-        elif curves or "x_value" not in spec and all(isinstance(x, int) and not isinstance(x, bool)
-                                                     for x in _axis_values(results, studies[0], spec["x"], where)):
+        elif curves and spec.get("x", "round") == "round" or not curves and "x_value" not in spec and all(
+                isinstance(x, int) and not isinstance(x, bool) for x in _axis_values(results, studies[0], spec["x"],
+                                                                                     where)):
             plots.integer_axis(ax.xaxis)  # rounds, k neighbours, clients: no 0.5
-        ax.set_xlabel(spec.get("xlabel") or (plots.ROUND if curves else
+        along = {"round": plots.ROUND, "virtual_time": plots.VIRTUAL}
+        ax.set_xlabel(spec.get("xlabel") or (along.get(spec.get("x", "round"), spec.get("x")) if curves else
                                              spec.get("x_value") or spec["x"].split(".")[-1]))
         ax.set_ylabel(spec.get("ylabel") or plots.metric_label(metric, scale))
         title = spec.get("title", "{value}")
@@ -311,7 +336,7 @@ def _plot(results, spec: dict):
         for ax in axes[1:]:
             ax.sharey(axes[0])
         axes[0].autoscale_view()  # the union of every panel's data (sharey alone keeps the first panel's range)
-    plots.legend_outside(fig, *plots._handles(axes))
+    plots.legend_outside(fig, *plots.handles_of(axes))
     seeds = max(_seed_count(results, study) for study in studies)
     fig.suptitle(("line: mean over {n} seeds, band: ± 1 std (sample)" if curves else
                   "mean over {n} seeds, error bar: ± 1 std (sample)").format(n=seeds) if seeds > 1 else "1 seed",

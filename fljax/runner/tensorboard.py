@@ -81,7 +81,7 @@ class TensorBoard:
         self._writers: dict = {}
 
     def write(self, run: str, seed: int, record: dict) -> None:
-        from fljax.runner.experiment import dir_name
+        from fljax.runner.directories import dir_name
 
         key = (run, seed)
         if key not in self._writers:
