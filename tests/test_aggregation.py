@@ -18,7 +18,7 @@ from fljax.aggregation import WithAggregator, malicious_mask
 from fljax.config import ExperimentConfig, from_dict
 from fljax.engine.loop import NonFiniteError
 from fljax.errors import OptionError
-from fljax.experiment import build, load_data, resolve
+from fljax.experiment import build, load_data, privacy_of, resolve
 
 BASE = {"data": {"dataset": "synthetic", "num_clients": 12, "max_samples": 40}, "model": {"name": "logreg"},
         "rounds": 1, "eval_every": 1, "algorithm": "fedavg",
@@ -27,7 +27,8 @@ BASE = {"data": {"dataset": "synthetic", "num_clients": 12, "max_samples": 40}, 
 
 def _sim(**sections):
     exp = resolve(from_dict(ExperimentConfig, {**BASE, **sections}))
-    return build(exp, load_data(exp))
+    data = load_data(exp)
+    return build(exp, data, privacy=privacy_of(exp, data))
 
 
 def _own(state):

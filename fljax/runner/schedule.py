@@ -117,10 +117,14 @@ class Schedule:
         :class:`~fljax.runner.interrupt.Interrupted` once the program it arrived in has ended — also when that program
         was the last one and its runs completed: the signal is never dropped."""
         todo = [r for r in runs if r.progress.status != "reused"]
+        count = 0
         while todo:
             if stop.agreed():
                 stop.check()
             program = self.plan(todo)[0]
+            for r in program.runs:
+                r.progress.program = count
+            count += 1
             execute(program, self.built(program), output, self.lanes, checkpoints, stop)
             if any(r.progress.status == "interrupted" for r in program.runs):
                 stop.check()
