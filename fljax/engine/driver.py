@@ -204,13 +204,13 @@ class Simulation:
     def _check_deadline(self) -> None:
         """Refuse, before anything runs, a participation deadline that no client meets with its whole work (one step
         under ``policy: partial``) and its bytes (the state's shapes, traced without computing anything)."""
-        bytes_of = getattr(self.algorithm, "bytes_per_client", None)  # the cohort template's
-        if self.participation.deadline is None or not isinstance(self.data, FederatedData) or bytes_of is None:
+        if self.participation.deadline is None or not self.data.labelled or not self.algorithm.samples_cohorts:
             return
         from fljax.participation import Work
 
         key = jax.random.PRNGKey(self.seed)
-        nbytes = bytes_of(self.context(self.data, jnp.int32(0), key, key), self.state_shapes().server)
+        nbytes = self.algorithm.bytes_per_client(self.context(self.data, jnp.int32(0), key, key),
+                                                 self.state_shapes().server)
         try:
             self.participation.check_deadline(self.num_train_clients,
                                               Work.of(self.algorithm.plan(), self.data.train, nbytes))

@@ -35,6 +35,7 @@ PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#0
 LINESTYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h")  # 11: coprime to 7 colours × 4 line styles
 ROUND = "communication round"
+VIRTUAL = "virtual time (s, cumulative)"  # the participation's clock (fljax.participation)
 # what a logged quantity is, with its unit (the y label of its panel); a key 'a/b' is looked up as 'a'; the
 # accuracy and loss summaries (personal_acc, global_acc_p10, target_personal_loss_weighted, ...) are composed from
 # _MODELS and _SUMMARIES

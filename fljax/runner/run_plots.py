@@ -22,8 +22,8 @@ import math
 
 import numpy as np
 
-from fljax.runner.plots import (FORMATS, PALETTE, ROUND, current, figure, handles_of, heatmap, integer_axis, legend_outside,
-                                log_axis, metric_label, rc_context, save, style)
+from fljax.runner.plots import (FORMATS, PALETTE, ROUND, VIRTUAL, current, figure, handles_of, heatmap, integer_axis,
+                                legend_outside, log_axis, metric_label, rc_context, save, style)
 from fljax.runner.report import sample_std
 
 __all__ = ["plot_run", "plot_compare", "plot_heatmap", "setting", "extras", "constants", "MAX_LINES"]
@@ -34,7 +34,6 @@ MARK_ALL = 25
 _STANDARD = ("round", "bytes_up", "bytes_down", "run_seconds", "virtual_time")
 _SUMMARY_SUFFIXES = ("_acc", "_acc_p10", "_acc_weighted", "_loss", "_loss_weighted")
 MB = "communicated MB (up + down, cumulative; log scale)"
-VIRTUAL = "virtual time (s, cumulative)"  # the participation's clock (fljax.participation)
 COUNTS = ("rank", "gkr_params", "mixed_params")  # whole numbers: integer ticks
 
 
