@@ -44,7 +44,7 @@ FRACTIONS = [0.1, 0.2, 0.3]
 SEEDS = 2
 OPTIONS = {"trimmed_mean": {"beta": 0.2}, "centered_clip": {"tau": 0.3}}  # as the robust study (fljax reproduce robust)
 CONFIG = {"algorithm": "fedavg", "data": {"dataset": "digits", "num_clients": 20, "partition": "dirichlet",
-                                          "alpha": 0.3},
+                                          "alpha": 0.3, "seed": 0},
           "model": {"name": "mlp", "options": {"hidden": [64]}},
           "algo": {"cohort_size": None, "local_steps": 10, "batch_size": 10, "lr": 0.1},
           "checkpoint_every": 0}

@@ -2,8 +2,9 @@
 
 The studies, tables and plots are data (``robust.yaml``, run by ``fljax reproduce robust``); this module computes
 the claims from them. Accuracies are clean accuracies in percent (the global model on the honest clients' own test
-splits; without an attack every client is honest), means over seeds; the **drop** of a rule under an attack is its
-no-attack accuracy on the same data minus its attacked accuracy (points). The thresholds are the arguments of
+splits: under attack none, the reference, the same clients as under an attack at 20 %; claim 1 reads every
+client's), means over seeds; the **drop** of a rule under an attack is its accuracy under attack none on the same
+data minus its attacked accuracy (points). The thresholds are the arguments of
 :func:`claims`, named in every claim's line:
 
 1. without an attack, every robust rule's accuracy is below the mean's on each label-skewed data set, krum's most
@@ -42,16 +43,17 @@ ROBUST = ("median", "trimmed_mean", "krum", "multi_krum", "geometric_median", "c
 ATTACKS = ("sign_flip", "gaussian", "alie", "ipm", "min_max", "min_sum")
 
 
-def _acc(results, study: str, **labels) -> float:
-    """Mean clean accuracy (%) over the cell's seeds (NaN when the cell did not run)."""
-    metric = "global_acc" if labels.get("attack") == "none" else "honest_global_acc"
+def _acc(results, study: str, metric: str = "honest_global_acc", **labels) -> float:
+    """Mean final ``metric`` (%) over the cell's seeds (NaN when the cell did not run); the table's cells at 20 %."""
+    if study == "table":
+        labels = {"attack.fraction": 0.2, **labels}
     values = results.final(study, metric, **labels)
     return 100 * float(values.mean()) if values.size else float("nan")
 
 
 def _clean(results, data: str, defence: str, **labels) -> float:
-    study = "momentum" if labels else "clean"
-    return _acc(results, study, data=data, attack="none", defence=defence, **labels)
+    """The clean accuracy of ``defence`` under attack none (the same clients marked as an attack's at 20 %)."""
+    return _acc(results, "momentum" if labels else "clean", data=data, attack="none", defence=defence, **labels)
 
 
 def _drop(results, study: str, data: str, attack: str, defence: str, **labels) -> float:
@@ -66,6 +68,8 @@ def _verdict(oks: list[bool]) -> str:
 
 
 def _has(results, study: str, **labels) -> bool:
+    if study == "table":
+        labels = {"attack.fraction": 0.2, **labels}
     return results.cell(study, **labels) is not None and len(results.seeds(study, **labels)) > 0
 
 
@@ -78,14 +82,15 @@ def claims(results, neutral: float = 5.0, broken: float = 20.0, far: float = 5.0
     for data in SKEWED:
         if not _has(results, "clean", data=data, attack="none", defence="mean"):
             continue
-        mean = _clean(results, data, "mean")
-        costs = {r: mean - _clean(results, data, r) for r in ROBUST if _has(results, "clean", data=data,
-                                                                            attack="none", defence=r)}
+        every = lambda d, r: _acc(results, "clean", "global_acc", data=d, attack="none", defence=r)  # noqa: E731
+        mean = every(data, "mean")
+        costs = {r: mean - every(data, r) for r in ROBUST if _has(results, "clean", data=data, attack="none",
+                                                                   defence=r)}
         worst = max(costs, key=costs.get)
         iid = f"{data}-iid"
         iid_text = ""
         if _has(results, "clean", data=iid, attack="none", defence="mean"):
-            iid_costs = {r: _clean(results, iid, "mean") - _clean(results, iid, r) for r in costs}
+            iid_costs = {r: every(iid, "mean") - every(iid, r) for r in costs}
             iid_text = f"; IID: krum {iid_costs['krum']:+.1f}, largest {max(iid_costs.values()):+.1f}"
         ok = min(costs.values()) > 0 and worst == "krum"
         out.append((f"1. {TITLES[data]}, no attack: every robust rule below the mean, krum the furthest",
@@ -147,9 +152,8 @@ def claims(results, neutral: float = 5.0, broken: float = 20.0, far: float = 5.0
         clean_cost = _clean(results, data, "mean") - _clean(results, data, "norm_bound")
         parts, oks = [], []
         for fraction in (0.1, 0.2):
-            asr = {r: 100 * float(results.final("backdoor", "global_asr", data=data, attack="backdoor", defence=r,
-                                                **{"attack.fraction": fraction}).mean())
-                   for r in ("mean", "norm_bound")}
+            asr = {r: _acc(results, "backdoor", "global_asr", data=data, attack="backdoor", defence=r,
+                           **{"attack.fraction": fraction}) for r in ("mean", "norm_bound")}
             oks.append(asr["mean"] >= 50 and asr["mean"] - asr["norm_bound"] >= asr_gap and clean_cost <= cost)
             parts.append(f"{fraction:.0%}: ASR mean {asr['mean']:.1f}, norm_bound {asr['norm_bound']:.1f}")
         out.append((f"6. {TITLES[data]}: norm_bound's ASR ≥ {asr_gap:g} points below the mean's (≥ 50 %), its clean "
