@@ -14,7 +14,8 @@ Runs under an interpreter with ``torch`` and ``numpy`` only (no JAX):
     python benchmarks/robust_torch.py WORKLOAD.npz CELLS_JSON [--threads 1]
 
 prints one JSON object: per cell its wall seconds (the rounds only; torch's import and the data's load once, apart),
-its final global accuracy, and the check's errors.
+its final global accuracy, and the check's errors. The cells run on the GPU when torch sees one (as the peers of
+benchmarks/torch_peers.py do), else on the CPU with ``--threads`` threads.
 """
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def multi_krum(d, w, state, f):
 
 
 def centered_clip(d, w, state, f, tau=1.0, iters=1):
-    v = torch.zeros(d.shape[1]) if state is None else state
+    v = torch.zeros(d.shape[1], device=d.device) if state is None else state
     for _ in range(iters):
         diff = d - v
         scale = torch.clamp(tau / diff.norm(dim=1).clamp_min(1e-30), max=1.0)
@@ -88,7 +89,7 @@ def sign_flip(d, mal, gen, s=4.0):
 
 def gaussian(d, mal, gen, sigma=1.0):
     d = d.clone()
-    d[mal] = sigma * torch.randn(int(mal.sum()), d.shape[1], generator=gen)
+    d[mal] = sigma * torch.randn(int(mal.sum()), d.shape[1], generator=gen).to(d.device)
     return d
 
 
@@ -100,7 +101,7 @@ def _benign(d, mal):
 def alie(d, mal, gen):
     n, f = d.shape[0], int(mal.sum())
     s = max(n // 2 + 1 - f, 1)
-    z = torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor((n - s) / n))
+    z = float(torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor((n - s) / n)))
     _, mu, sigma = _benign(d, mal)
     d = d.clone()
     d[mal] = mu - z * sigma
@@ -153,7 +154,7 @@ ATTACKS = {"sign_flip": sign_flip, "gaussian": gaussian, "alie": alie, "ipm": ip
 
 def check(work) -> dict:
     """The largest |difference| of every attack and defence from fljax.ops' output on the same random cohort
-    (gaussian draws its own noise: its crafted rows' std is compared with σ instead)."""
+    (gaussian draws its own noise: its crafted rows' std minus σ = 1 instead)."""
     d = torch.as_tensor(work["check_deltas"])
     w = torch.as_tensor(work["check_weights"])
     mal = torch.as_tensor(work["check_malicious"])
@@ -165,7 +166,7 @@ def check(work) -> dict:
     for name, fn in ATTACKS.items():
         got = fn(d, mal, torch.Generator().manual_seed(0))
         if name == "gaussian":
-            out[name] = abs(float(got[mal].std()) - 1.0)
+            out[name] = float(got[mal].std()) - 1.0
         else:
             out[name] = float((got - torch.as_tensor(work[f"check_{name}"])).abs().max())
     return out
@@ -201,20 +202,28 @@ def _batches(gen, count: int, steps: int, batch: int) -> torch.Tensor:
     return order[:need].view(steps, batch)
 
 
-def run_cell(work, attack: str, defence: str, fraction: float, seed: int) -> dict:
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_cell(work, attack: str, defence: str, fraction: float, seed: int, device: str = "cpu") -> dict:
     torch.manual_seed(seed)
-    gen = torch.Generator().manual_seed(seed)
-    x, y, count = (torch.as_tensor(work[k]) for k in ("train_x", "train_y", "train_count"))
+    gen = torch.Generator().manual_seed(seed)  # on the CPU: the shuffles and the malicious draw
+    x, y = (torch.as_tensor(work[k]).to(device) for k in ("train_x", "train_y"))
+    count = torch.as_tensor(work["train_count"])
     n = x.shape[0]
     steps, batch, lr, rounds = (int(work["local_steps"]), int(work["batch_size"]), float(work["lr"]),
                                 int(work["rounds"]))
     options = json.loads(str(work["options"]))
-    model = _model(int(np.prod(x.shape[2:])), [int(h) for h in work["hidden"]], int(work["classes"]))
+    model = _model(int(np.prod(x.shape[2:])), [int(h) for h in work["hidden"]], int(work["classes"])).to(device)
     malicious = torch.zeros(n, dtype=torch.bool)
     malicious[torch.randperm(n, generator=gen)[:math.ceil(fraction * n - 1e-6)]] = True
+    malicious = malicious.to(device)
     f = math.ceil(fraction * n - 1e-9)
-    weights = count.float()
+    weights = count.float().to(device)
     state = None
+    _sync(device)
     t0 = time.perf_counter()
     for _ in range(rounds):
         w = _flat(model)
@@ -222,7 +231,7 @@ def run_cell(work, attack: str, defence: str, fraction: float, seed: int) -> dic
         for i in range(n):  # the per-client loop
             local = copy.deepcopy(model)
             opt = torch.optim.SGD(local.parameters(), lr=lr)
-            for rows in _batches(gen, int(count[i]), steps, batch):
+            for rows in _batches(gen, int(count[i]), steps, batch).to(device):
                 opt.zero_grad()
                 F.cross_entropy(local(x[i, rows]), y[i, rows]).backward()
                 opt.step()
@@ -230,9 +239,11 @@ def run_cell(work, attack: str, defence: str, fraction: float, seed: int) -> dic
         d = ATTACKS[attack](torch.stack(deltas), malicious, gen, **options.get(attack, {}))
         step, state = DEFENCES[defence](d, weights, state, f, **options.get(defence, {}))
         _load(model, w + step)
+    _sync(device)
     seconds = time.perf_counter() - t0
     with torch.no_grad():
-        tx, ty, tc = (torch.as_tensor(work[k]) for k in ("test_x", "test_y", "test_count"))
+        tx, ty = (torch.as_tensor(work[k]).to(device) for k in ("test_x", "test_y"))
+        tc = torch.as_tensor(work["test_count"])
         accs = [float((model(tx[i, :c]).argmax(1) == ty[i, :c]).float().mean()) for i, c in enumerate(tc.tolist())]
     return {"attack": attack, "defence": defence, "fraction": fraction, "seed": seed, "seconds": seconds,
             "rounds": rounds, "global_acc": float(np.mean(accs))}
@@ -245,9 +256,11 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     work = np.load(args.workload)
     out = {"torch": torch.__version__, "threads": args.threads, "check": check(work),
-           "cells": [run_cell(work, *cell) for cell in json.loads(args.cells)]}
+           "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+           "cells": [run_cell(work, *cell, device=device) for cell in json.loads(args.cells)]}
     print(json.dumps(out))
 
 

@@ -30,8 +30,6 @@ the aggregation), which is why the paper puts momentum on the workers.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from fljax.runner.report import markdown_table
 
 __all__ = ["claims", "sections"]
