@@ -214,7 +214,7 @@ def _output(progress: bool, tensorboard: str | None = None):
     processes.from_environment()
     if not processes.is_lead():
         return Output("quiet", stdout=io.StringIO())
-    return Output("bar" if progress else "quiet", tensorboard=TensorBoard(tensorboard) if tensorboard else None)
+    return Output("bar" if progress else "quiet", tensorboard=TensorBoard(tensorboard) if tensorboard is not None else None)
 
 
 def _own_data(overrides: dict):

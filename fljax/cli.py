@@ -9,9 +9,9 @@ Full documentation: ``docs/cli.md``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
-import difflib
 import io
 import os
 import signal
@@ -22,6 +22,7 @@ import threading
 from fljax.algorithms.families import QUICKSTART, QUICKSTART_WHY
 from fljax.config import INT32_MAX, RUNS_MAX, ConfigError, apply_overrides, load_config, to_dict
 from fljax.experiment import quickstart, resolve
+from fljax.options import suggest
 
 EXAMPLES_RUN = """examples:
   fljax run configs/fedavg.yaml                              # one experiment from a config file
@@ -55,10 +56,11 @@ EXAMPLES_TUNE = """examples:
   fljax tune --algorithm fedprox --hp algo.mu --mode forward --split test --keys fixed
 """
 EXAMPLES_REPRODUCE = """examples:
-  fljax reproduce dfedalt                         # every study, the file's seeds (about 16 min on 2 cores)
+  fljax reproduce dfedalt                         # every study, the file's seeds, into a new runs/reproduce-dfedalt-*
   fljax reproduce dfedalt --only table --seeds 1 --rounds 20 --out /tmp/look   # a quick look
   fljax reproduce fedslr --jobs 2                 # two worker processes
-  fljax reproduce dfedalt --render                # rebuild the report from results.json.gz
+  fljax reproduce dfedalt --update-report         # into the committed report, benchmarks/results/dfedalt
+  fljax reproduce dfedalt --update-report --render   # rebuild the committed report from its results.json.gz
 """
 
 
@@ -118,13 +120,42 @@ def _resume_config(args, kind: str = "run"):
     return load_config(saved_config(args.out, kind), _overrides(args))
 
 
+_CLAIMED: list[str] = []  # directories _default_out created, outermost last (removed again while empty)
+
+
 def _default_out(name: str) -> str:
+    """A new directory ``runs/<name>-<date>-<time>`` (``-2``, ``-3``, … after it when that one exists), created here:
+    ``os.mkdir`` succeeds for one process only, so two commands started in the same second get a directory each
+    (checking for a free name and creating it later let both pick one, and the second was told to wait for a
+    directory it never chose). What this creates is removed again when the command leaves it empty
+    (:func:`_release_claims`: a refusal writes nothing). Where ``runs`` cannot be created, the name is returned
+    as it is and the run layer says why."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     base = os.path.join("runs", f"{name}-{stamp}")
+    try:
+        if not os.path.isdir("runs"):
+            os.mkdir("runs")
+            _CLAIMED.append("runs")
+    except OSError:
+        return base
     out, k = base, 2
-    while os.path.exists(out):
-        out, k = f"{base}-{k}", k + 1
-    return out
+    while True:
+        try:
+            os.mkdir(out)
+        except FileExistsError:
+            out, k = f"{base}-{k}", k + 1
+            continue
+        except OSError:
+            return out
+        _CLAIMED.insert(0, out)
+        return out
+
+
+def _release_claims() -> None:
+    """Remove the directories :func:`_default_out` created that are still empty (the command wrote nothing)."""
+    while _CLAIMED:
+        with contextlib.suppress(OSError):
+            os.rmdir(_CLAIMED.pop(0))
 
 
 def _output(args):
@@ -134,7 +165,8 @@ def _output(args):
     if getattr(args, "follower", False):  # a process other than 0 of a group: silent
         return Output("quiet", stdout=io.StringIO())
     return Output("json" if args.json else "quiet" if args.quiet else "bar",
-                  tensorboard=TensorBoard(args.tensorboard) if getattr(args, "tensorboard", None) else None)
+                  tensorboard=TensorBoard(args.tensorboard) if getattr(args, "tensorboard", None) is not None
+                  else None)
 
 
 def _join(args, argv: list[str]) -> int | None:
@@ -415,22 +447,22 @@ def cmd_reproduce(args) -> int:
 
     available = study_names()
     if args.name not in available:
-        close = difflib.get_close_matches(args.name, available, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"unknown reproduction {args.name!r}; available: {available or 'none yet'}.{hint}")
+        raise ConfigError(f"unknown reproduction {args.name!r}; available: {available or 'none yet'}."
+                          f"{suggest(args.name, available)}")
     if args.args:
         raise ConfigError(f"unrecognized arguments: {' '.join(args.args)} (see fljax reproduce --help).")
     study = load_study(args.name)
-    out = args.out or study.spec.get("out", os.path.join("runs", f"reproduce-{args.name}"))
     only = _only(args.only, study)
     output = _output(args)
     if args.render:
+        out = _report_out(args, study)
         text = render_study(results_from_file(study, out, only), out)
     else:
         for key, most in (("seeds", RUNS_MAX), ("rounds", INT32_MAX), ("jobs", JOBS_MAX)):
             value = getattr(args, key)
             if value is not None and not 1 <= value <= most:
                 raise ConfigError(f"--{key} must be between 1 and {most:,}, got {value:,}.")
+        out = _report_out(args, study)
         try:
             results = run_study(study, out, only=only, seeds=args.seeds, rounds=args.rounds, jobs=args.jobs or 1,
                                 lanes=args.lanes, fresh=args.fresh, output=output)
@@ -444,6 +476,26 @@ def cmd_reproduce(args) -> int:
     output.result(text)
     output.note(f"wrote {out}/README.md, results.json.gz and the plots")
     return 0
+
+
+def _report_out(args, study) -> str:
+    """Where ``fljax reproduce`` writes: ``--out DIR``; the committed report (the study file's ``out``,
+    ``benchmarks/results/NAME``) only with ``--update-report``; else a new directory ``runs/reproduce-NAME-<date>-
+    <time>``, as ``fljax run`` makes one (``--render`` rebuilds a report in place, so it names the one)."""
+    if args.update_report and args.out:
+        raise ConfigError(f"--update-report writes into the committed report ({study.spec.get('out')}); drop --out "
+                          f"{args.out}, or drop --update-report to write into {args.out}.")
+    if args.update_report:
+        if "out" not in study.spec:
+            raise ConfigError(f"--update-report: {study.name}'s study file names no committed report (no 'out:'); "
+                              f"give --out DIR.")
+        return study.spec["out"]
+    if args.out:
+        return args.out
+    if args.render:
+        raise ConfigError(f"--render rebuilds a report where it is: give --out DIR (a folder `fljax reproduce` wrote), "
+                          f"or --update-report for the committed one ({study.spec.get('out', 'none')}).")
+    return _default_out(f"reproduce-{study.name}")
 
 
 def _only(text: str | None, study) -> list[str] | None:
@@ -582,9 +634,14 @@ def make_parser() -> argparse.ArgumentParser:
     rp.add_argument("--seeds", type=int, metavar="N", help="seeds per cell (default: the file's)")
     rp.add_argument("--rounds", type=int, metavar="T", help="rounds per run (default: the file's; a quick look)")
     rp.add_argument("--jobs", type=int, metavar="N", help="worker processes (default 1)")
-    rp.add_argument("--out", metavar="DIR", help="output folder (default: the file's, benchmarks/results/NAME)")
-    rp.add_argument("--render", action="store_true", help="only rebuild README.md and plots from results.json.gz "
-                    "(without it: from the runs finished in DIR/runs)")
+    rp.add_argument("--out", metavar="DIR", help="output folder (default: a new runs/reproduce-NAME-<date>-<time>)")
+    rp.add_argument("--update-report", action="store_true",
+                    help="write into the committed report, the study file's output folder (benchmarks/results/NAME), "
+                    "reusing the runs it records; refused when it would drop runs it records (add --fresh to "
+                    "replace it)")
+    rp.add_argument("--render", action="store_true", help="only rebuild README.md and plots in --out DIR (or the "
+                    "committed report, --update-report) from its results.json.gz (without it: from the runs finished "
+                    "in DIR/runs)")
     rp.add_argument("--fresh", action="store_true", help="ignore the runs already in DIR/runs")
     rp.add_argument("--lanes", choices=("vmap", "map", "off"), default=None,
                     help="how runs that can share a program run (default: the study file's, else vmap; see fljax "
@@ -656,15 +713,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fljax: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 - unexpected; a worker of --processes N reports it to its launcher
+        from fljax.engine import processes
         from fljax.runner.launch import REPORT_ENV, UNEXPECTED_EXIT
 
         report = os.environ.get(REPORT_ENV)
-        if debug or not report:
+        if debug:
             raise
-        with open(report, "w") as f:  # the launcher says it in one line (the others' errors follow from it)
-            f.write(f"{type(e).__name__}: {_one_line(e)}\n")
+        if report:
+            with open(report, "w") as f:  # the launcher says it in one line (the others' errors follow from it)
+                f.write(f"{type(e).__name__}: {_one_line(e)}\n")
+            return UNEXPECTED_EXIT
+        from fljax.engine.budget import out_of_memory
+
+        line = processes.lost_group(e) or out_of_memory(e)  # a group started by hand (no launcher); no memory left
+        if line is None:
+            raise
+        print(f"fljax: error: {line}", file=sys.stderr)
         return UNEXPECTED_EXIT
     finally:
+        _release_claims()
         if main_thread:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import os
+import unicodedata
 from typing import Any, Literal, Mapping
 
 import yaml
@@ -31,7 +33,7 @@ from fljax.privacy import CompressionOptions, PrivacyOptions
 
 __all__ = ["ConfigError", "DataConfig", "ModelConfig", "GroupConfig", "group_configs", "ServerConfig", "StopConfig",
            "ExperimentConfig", "from_dict", "to_dict", "load_config", "read_yaml", "apply_overrides",
-           "parse_override"]
+           "parse_override", "nullable_sections"]
 
 INT32_MAX = 2 ** 31 - 1  # the engine counts rounds in int32
 RUNS_MAX = 10_000  # the most runs (seeds × points) one command starts: each has its own directory and open lock
@@ -128,6 +130,11 @@ def _run_name(name: str) -> str | None:
     bad = [c for c in (os.sep, "\0") if c in name]
     if bad:
         return f"must not contain {bad[0]!r} (it names the run directory), got {show(name)}."
+    hidden = next((c for c in name if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")), None)
+    if hidden is not None:  # a newline splits the lines that name the run; U+202E reverses the text shown after it
+        return (f"must not contain control or formatting characters ({ascii(hidden)}, "
+                f"{unicodedata.name(hidden, 'a control character')}: it names the run directory, which listings "
+                f"and messages would show split or reordered), got {ascii(name)}.")
     size = len(name.encode("utf-8", "surrogatepass"))
     if size > NAME_MAX_BYTES:
         return (f"must be at most {NAME_MAX_BYTES} bytes long (it names the run directory), got {size:,} bytes: "
@@ -188,7 +195,7 @@ class ExperimentConfig(Options):
         for key, cls in (("data", DataConfig), ("model", ModelConfig), ("server", ServerConfig),
                          ("privacy", PrivacyOptions), ("compression", CompressionOptions), ("aggregator", Rule),
                          ("attack", Attack), ("participation", Participation)):
-            if getattr(self, key) is None and key in NULLABLE:
+            if getattr(self, key) is None and key in nullable_sections():
                 continue
             if not isinstance(getattr(self, key), cls):
                 raise OptionError(key, f"must be a {cls.__name__} (from_dict builds one from a mapping), got "
@@ -220,7 +227,7 @@ def from_dict(cls, values: Mapping) -> ExperimentConfig:
                 "participation": lambda v: PARTICIPATIONS.parse(v, "uniform")}
     kwargs = {}
     for key, value in values.items():
-        if key in sections and not (value is None and key in NULLABLE):  # null: none
+        if key in sections and not (value is None and key in nullable_sections()):  # null: none
             if not isinstance(value, Mapping):
                 raise OptionError(key, f"must be a mapping of keys to values, got {show(value)}.")
             try:
@@ -236,7 +243,6 @@ def from_dict(cls, values: Mapping) -> ExperimentConfig:
     return parse(cls, kwargs)
 
 
-NULLABLE = ("privacy", "compression", "stop", "aggregator", "attack", "participation")  # sections that may be null
 
 
 def _privacy_section(values: Mapping) -> PrivacyOptions:
@@ -311,13 +317,31 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return path, value
 
 
+@functools.cache
+def nullable_sections() -> frozenset[str]:
+    """The top-level keys of :class:`ExperimentConfig` that are sections which may be null (none): the fields typed
+    ``<an Options section> | None`` (``privacy``, ``compression``, ``stop``, …). A saved ``config.yaml`` writes such
+    a section as ``null``; an override of one of its keys starts it from empty (:func:`apply_overrides`)."""
+    import typing
+
+    hints = typing.get_type_hints(ExperimentConfig)
+    return frozenset(f.name for f in dataclasses.fields(ExperimentConfig)
+                     if type(None) in typing.get_args(hints[f.name])
+                     and any(isinstance(a, type) and issubclass(a, Options) for a in typing.get_args(hints[f.name])))
+
+
 def apply_overrides(values: dict, overrides: list[str]) -> dict:
-    """Apply dotted ``key=value`` overrides to a nested dict (a copy)."""
+    """Apply dotted ``key=value`` overrides to a nested dict (a copy). A section that may be null
+    (:func:`nullable_sections`) and is null is an empty section to an override of one of its keys:
+    ``--set privacy.noise_multiplier=1`` over ``privacy: null`` gives ``privacy: {noise_multiplier: 1}``."""
     out = copy.deepcopy(values)
+    nullable = nullable_sections()
     for text in overrides:
         path, value = parse_override(text)
         node = out
-        for part in path[:-1]:
+        for depth, part in enumerate(path[:-1]):
+            if depth == 0 and part in nullable and node.get(part) is None:
+                node[part] = {}
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {show(text)}: {part!r} is not a section.")

@@ -177,7 +177,7 @@ def resolve(cfg: ExperimentConfig) -> Experiment:
         algorithm = _construct(cls, cfg.algo, cfg.data.num_train_clients, "algo")
         return Experiment(dataclasses.replace(cfg, algo=_written(_held(algorithm, cfg.algo))),
                           RunSettings.of(cfg, cls.problem), algorithm, cfg.model)
-    input_shape = cfg.data.source.input_shape
+    input_shape = cfg.data.input_shape
     model = _resolve_model(cfg.model, input_shape)
     _check_server(cfg.server, input_shape)
     algorithm = _construct(cls, cfg.algo, cfg.data.num_train_clients, "algo")

@@ -141,7 +141,11 @@ def describe(cls: type) -> list[tuple[str, Any, str]]:
 
 
 def suggest(key: str, choices) -> str:
-    close = difflib.get_close_matches(key, [str(c) for c in choices], n=1, cutoff=0.5)
+    """' Did you mean X?' for the choice closest to ``key``: the one that equals it but for case first (``FP32`` →
+    ``fp32``, not the nearer spelling ``tf32``), else difflib's closest (empty when none is close)."""
+    names = [str(c) for c in choices]
+    same = [c for c in names if c.casefold() == str(key).casefold()]
+    close = same or difflib.get_close_matches(key, names, n=1, cutoff=0.5)
     return f" Did you mean {close[0]!r}?" if close else ""
 
 

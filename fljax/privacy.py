@@ -65,7 +65,8 @@ from fljax.options import Options, at_least, between, greater_than, option
 PyTree = Any
 
 __all__ = ["ACCOUNTANTS", "SAMPLINGS", "MIN_NOISE", "Sampling", "dp_event", "make_accountant", "epsilon",
-           "calibrate_noise_multiplier", "check_accountable", "check_delta", "default_delta", "poisson_capacity",
+           "calibrate_noise_multiplier", "check_accountable", "check_delta", "default_delta", "delta_warning",
+           "DELTA_WARN", "poisson_capacity",
            "PrivacyOptions", "CompressionOptions", "PrivacyPlan", "resolve_privacy", "AdaptiveClipping",
            "UploadState", "Contribution", "UploadResult", "UploadTransform", "upload_transform", "ExamplePrivacy",
            "Privacy", "LocalSteps", "weighting_note", "resolve_run", "TRACED_NOISE"]
@@ -169,6 +170,25 @@ def check_delta(delta: float, num_records: int) -> None:
 def default_delta(num_records: int) -> float:
     """δ = N^−1.1, below 1/N by a factor N^0.1."""
     return float(num_records) ** -1.1
+
+
+DELTA_WARN = 1e-5  # δ above it: a weak guarantee, said in one line (docs/privacy.md, "Choosing δ")
+
+
+def delta_warning(plan: "PrivacyPlan | None") -> str | None:
+    """The one-line warning of a plan whose δ exceeds :data:`DELTA_WARN` (None otherwise). (ε, δ)-DP bounds the
+    privacy loss except with probability δ per record, and does not exclude a mechanism that publishes each record
+    whole with probability δ: δ·N of the N records in expectation. 1e-5 is deep learning's classic δ (Abadi et al.
+    2016, N = 60,000); the default N^−1.1 meets it from N ≈ 35,000 records, and below that it is within N^0.1
+    (less than 3×) of 1/N, where publishing one record at random qualifies: 8 % for 10 clients."""
+    if plan is None or not plan.delta > DELTA_WARN or plan.records is None:
+        return None
+    n = plan.records
+    source = "the default N^-1.1" if plan.options.delta is None else "privacy.delta"
+    what, each = ("examples", "each example") if plan.options.level == "example" else ("clients", "each client's data")
+    return (f"privacy: δ = {plan.delta:.3g} ({source} for N = {n:,} {what}) is above {DELTA_WARN:g}, a weak "
+            f"guarantee: (ε, δ)-DP still allows publishing {each} whole with probability δ ({plan.delta * n:.2g} of "
+            f"the {n:,} {what} expected); set privacy.delta to {DELTA_WARN:g} or less (docs/privacy.md)")
 
 
 def _check_noise(noise_multiplier: float, accountant: str) -> None:
@@ -368,6 +388,7 @@ class PrivacyPlan:
     sampling: Sampling
     steps: int
     count_stddev: float | None = None
+    records: int | None = None  # the N that δ is below 1/N of (clients, or examples at example level)
 
     def epsilon(self, steps: int | None = None) -> float:
         return epsilon(self.noise_multiplier, self.steps if steps is None else steps, self.delta, self.sampling,
@@ -399,7 +420,7 @@ def resolve_privacy(options: PrivacyOptions, *, sampling: Sampling, steps: int,
                                               f"query spends the whole privacy budget (Andrew et al. 2021, Section 3.1); "
                                               f"raise it, or the cohort (the default is cohort/20).")
         z_update = P.adaptive_noise_multiplier(z, count_stddev)
-    return PrivacyPlan(options, z, z_update, delta, sampling, steps, count_stddev)
+    return PrivacyPlan(options, z, z_update, delta, sampling, steps, count_stddev, records)
 
 
 # ------------------------------------------------------------------------------------------------ upload pipeline

@@ -67,6 +67,7 @@ _TUNE = "Tuning by gradient (fljax tune)"
 _DAMAGED = "Damaged files"
 _PYTHON = "Your own data, from Python"
 _HETERO = "Participation, devices and asynchrony"
+_TEXT = "Text data sets and their files (LEAF, Stack Overflow)"
 _RUN = "r/config.yaml", "algorithm: fedavg\n"
 _COMPARE = [("c/config.yaml", "data:\n  dataset: digits\n"),
             ("c/summary.json", '{"algorithms": [{"label": "fedavg", "algorithm": "fedavg", "hyperparameters": {}}]}\n')]
@@ -87,6 +88,18 @@ _MLP = "run --set model.name=mlp "
 _DIGITS = "run --dataset digits "
 _SYNTHETIC = "run --dataset synthetic "  # `run` without a file starts from the digits quick-start preset
 _DP = "run --set privacy.noise_multiplier=1 --set privacy.clip_norm=1 "
+_LEAF_RUN = "run --dataset shakespeare --set data.data_dir=leaf --set model.name=lstm"
+_WINDOWS = {"x": ["To be, or", "o be, or ", " be, or n"], "y": [" ", "n", "o"]}  # LEAF's Shakespeare samples
+
+
+def _leaf(user_data: dict, users: list | None = None) -> str:
+    """A LEAF JSON file of these users' data."""
+    import json
+
+    return json.dumps({"users": list(user_data) if users is None else users,
+                       "num_samples": [len(v["y"]) for v in user_data.values()], "user_data": user_data}) + "\n"
+
+
 _EXAMPLE = _DP + "--set privacy.level=example "
 
 CASES = [
@@ -226,9 +239,9 @@ CASES = [
                            "--set data.test_rounding=floor",
           "data.test_per_client is too small: 1 with test_rounding='floor' leaves"),
     _case(_MEMORY, _MLP + "--set model.options.hidden=[100000000000]",
-          "the simulation needs at least 27,939.7 GiB of memory, more than the"),
+          "the simulation needs at least 27.3 TiB of memory, more than the"),
     _case(_MEMORY, "run --set algo.batch_size=1000000000000", "one client's round draws 2,000,000,000,000 "
-                                                              "samples (7,450.6 GiB of minibatch indices); lower "
+                                                              "samples (7.3 TiB of minibatch indices); lower "
                                                               "algo.batch_size"),
     _case(_COMMANDS, "sweep --seeds 2 --grid algo.lr=" + ",".join(map(str, range(1, 101))) + " --grid "
           "algo.local_steps=" + ",".join(map(str, range(1, 101))),
@@ -435,6 +448,76 @@ CASES = [
           "stragglers decide who counts"),
     _case(_HETERO, "run --algorithm dfedavg --set algo.link_failure=0.2 --set algo.gossip_form=gather",
           "algo.gossip_form ='gather' needs a graph of static degree"),
+    # issue 41: text readers, size bounds, null sections, reproduce's output, the smaller ones
+    _python(_PYTHON, "import flax.linen as nn; fljax.run({'data': {'dataset': 'digits', 'num_clients': 10}}, "
+                     "model=nn.Dense(0))",
+            "model Dense cannot be initialised for the inputs of data set 'digits', of shape (8, 8, 1): an "
+            "initializer divided by zero"),
+    _case(_TEXT, _LEAF_RUN, "shakespeare: leaf/a.json holds a list, not LEAF's mapping of users, num_samples and "
+                            "user_data", [("leaf/a.json", "[1, 2, 3]\n")]),
+    _case(_TEXT, _LEAF_RUN, "shakespeare: leaf/a.json is empty", [("leaf/a.json", "\n")]),
+    _case(_TEXT, _LEAF_RUN, "shakespeare: leaf/a.json is not valid JSON (Unterminated string starting at: line 1 "
+                            "column 44)", [("leaf/a.json", '{"users": ["a"], "user_data": {"a": {"x": ["To be')]),
+    _case(_TEXT, _LEAF_RUN, "shakespeare: leaf/a.json has no 'user_data'",
+          [("leaf/a.json", '{"users": ["a"], "num_samples": [3]}\n')]),
+    _case(_TEXT, _LEAF_RUN, "shakespeare: leaf/a.json: user 'b' is listed in 'users' but has no entry in 'user_data'",
+          [("leaf/a.json", _leaf({"a": _WINDOWS}, ["a", "b"]))]),
+    _case(_TEXT, _LEAF_RUN, "shakespeare: leaf/a.json: user 'a' has 6 x rows and 2 y labels; LEAF pairs every x row "
+                            "with one label", [("leaf/a.json", _leaf({"a": {"x": _WINDOWS["x"] * 2,
+                                                                          "y": _WINDOWS["y"][:2]}}))]),
+    _case(_TEXT, _LEAF_RUN, "shakespeare: leaf/a.json: user 'a': x[0] must be a text window, got 1",
+          [("leaf/a.json", _leaf({"a": {"x": [1, 2, 3], "y": _WINDOWS["y"]}}))]),
+    _case(_TEXT, "run --dataset sent140 --set data.data_dir=leaf --set model.name=lstm_cls",
+          "sent140: leaf/a.json: user 'alice': x[0] must be LEAF's 5 fields [id, date, query, user, text]",
+          [("leaf/a.json", _leaf({"alice": {"x": [["1", "so glad"]], "y": [1]}}))]),
+    _case(_TEXT, "run --dataset femnist --set data.data_dir=leaf", "femnist: leaf/a.json: user 'w1': x[0] must be a "
+                                                                  "row of 784 pixel values (28×28), got a row of 2",
+          [("leaf/a.json", _leaf({"w1": {"x": [[0.5, 0.5]], "y": [3]}}))]),
+    _case(_TEXT, "run --dataset stackoverflow --set data.data_dir=so --set model.name=lstm",
+          "stackoverflow: so/stackoverflow.sqlite is not TFF's Stack Overflow database (DatabaseError: file is not a "
+          "database); it must hold the tables examples(",
+          [("so/stackoverflow.sqlite", "not a database\n"), ("so/stackoverflow.word_count", "the 10\n")]),
+    _case(_TEXT, "run --dataset shakespeare --set data.source=standin --set data.seq_len=40 --set model.name=mlp",
+          "model.name cannot be 'mlp' for next-token sequences of length 40"),
+    _case(_MEMORY, _LEAF_RUN + " --set data.seq_len=1000000000000", "shakespeare's 1 sequences of data.seq_len="
+                                                                    "1,000,000,000,000 characters would take 14.6 TiB",
+          [("leaf/a.json", _leaf({"a": _WINDOWS}))]),
+    _case(_MEMORY, "run configs/shakespeare_fedavg.yaml --set data.source=standin --set data.seq_len=1000000000",
+          "the Shakespeare stand-in's 715+ sequences of data.seq_len=1,000,000,000 characters would take 10.4 TiB"),
+    _case(_MEMORY, "run configs/stackoverflow_fedavg.yaml --set data.source=standin --set data.seq_len=100000000",
+          "data.seq_len=100,000,000 tokens over data.vocab=10,000 words would take"),
+    _case(_MEMORY, "run configs/stackoverflow_fedavg.yaml --set data.source=standin --set data.vocab=100000000000",
+          "data.seq_len=20 tokens over data.vocab=100,000,000,000 words would take 5.1 TiB"),
+    _case(_MEMORY, "run --dataset sent140 --set data.data_dir=leaf --set model.name=lstm_cls "
+                   "--set data.seq_len=1000000000000", "sent140's 1 tweets of data.seq_len=1,000,000,000,000 tokens "
+                                                       "would take 3.6 TiB",
+          [("leaf/a.json", _leaf({"alice": {"x": [["1", "date", "NO_QUERY", "alice", "so glad"]], "y": [1]}}))]),
+    _case(_MEMORY, _SYNTHETIC + "--set data.max_samples=null --set data.size_log_mean=100",
+          "synthetic's 7.18e+45 samples would take 1.59e+36 TiB"),
+    _case(_MEMORY, _DIGITS + "--set data.test_rows=1000000000", "50 clients' test splits padded to data.test_rows="
+                                                               "1,000,000,000 rows would take"),
+    _case(_MEMORY, "run configs/fedgia_qot.yaml --set data.dataset=fedgia_sct_standin --set data.rows=1000000000",
+          "the sct stand-in's data.rows=1,000,000,000 rows × data.features=200 would take 4.4 TiB"),
+    _case(_MEMORY, "run --set memory_budget=1e-12", "the rounds program needs"),
+    _case(_KEYS, "run c.yaml --set compression.kind=top_k", "compression.fraction must be set for kind 'top_k'.",
+          [("c.yaml", "algorithm: fedavg\nprivacy: null\ncompression: null\n")]),
+    _case(_RESUME, "run --resume --out r --set privacy.noise_multiplier=1 --set privacy.clip_norm=1",
+          "--resume cannot add privacy (null in r/config.yaml, set now)",
+          [("r/config.yaml", "algorithm: fedavg\nprivacy: null\ncompression: null\n")]),
+    _case(_NAMES, "run --set precision=FP32", "precision must be one of ['fp32', 'tf32', 'bf16'], got 'FP32'. Did you "
+                                              "mean 'fp32'?"),
+    _case(_VALUES, "run c.yaml", "name must not contain control or formatting characters ('\\n'",
+          [("c.yaml", 'name: "a\\nb"\n')]),
+    Case(_VALUES, ("run", "--set", "name=x\u202egpj.exe"), "name must not contain control or formatting characters "
+                                                          "('\\u202e', RIGHT-TO-LEFT OVERRIDE",
+         shown="fljax run --set name=x<U+202E>gpj.exe"),
+    Case(_OUTPUT, ("run", "--tensorboard", ""), "--tensorboard must be a directory path, got ''.",
+         shown="fljax run --tensorboard ''"),
+    _case(_STUDIES, "reproduce fedgia --only smoke --out f", "--out 'f' is a file, not a directory; choose another "
+                                                             "--out.", [("f", "x\n")]),
+    _case(_STUDIES, "reproduce dfedalt --render", "--render rebuilds a report where it is: give --out DIR"),
+    _case(_STUDIES, "reproduce dfedalt --update-report --out d", "--update-report writes into the committed report "
+                                                                 "(benchmarks/results/dfedalt); drop --out d"),
 ]
 
 
@@ -554,7 +637,7 @@ def _cell(text: str) -> str:
 
 def _shown(case: Case) -> str:
     if case.python:
-        return _cell(case.python)
+        return _cell(case.python.replace("\n", " ↵ "))  # a table cell is one line
     if case.shown and not case.files:
         command = _cell(case.shown)
     else:
@@ -566,8 +649,10 @@ def _shown(case: Case) -> str:
 
 
 def _machine_free(message: str) -> str:
-    """The message without what differs from machine to machine: a process id, the memory size."""
-    return re.sub(r"more than the [0-9.,]+ GiB of .+?:", "more than the … GiB of this machine:",
+    """The message without what differs from machine to machine: a process id, the memory size (of the machine, or
+    of an address-space or cgroup limit)."""
+    return re.sub(r"more than the [0-9.,]+ [KMGT]iB of (this machine|this process's address-space limit \(ulimit "
+                  r"-v\)|this cgroup's memory limit \(memory.max\))", "more than the memory of this machine",
                   re.sub(r"pid [0-9]+", "pid …", message))
 
 

@@ -21,6 +21,34 @@ def test_wrong_input_is_one_line(case, tmp_path, monkeypatch):
     run_case(case, str(tmp_path))
 
 
+def test_default_run_directories_are_claimed_not_guessed(tmp_path, monkeypatch):
+    """Issue 41 item 6: two commands started in the same second without --out picked the same default directory
+    (the free name was checked, then created later), and one was told the other held a directory it never chose.
+    The default directory is created when it is chosen (one os.mkdir succeeds), so the second gets the next name;
+    a command that ends with it empty removes it again (with the runs/ folder it created)."""
+    import datetime
+    import types
+
+    import fljax.cli as cli
+
+    monkeypatch.chdir(tmp_path)
+    frozen = datetime.datetime(2026, 12, 6, 15, 9, 21)  # both commands in the same second
+    monkeypatch.setattr(cli, "datetime", types.SimpleNamespace(datetime=types.SimpleNamespace(now=lambda: frozen)))
+    first, second = cli._default_out("fedavg"), cli._default_out("fedavg")
+    assert (first, second) == (os.path.join("runs", "fedavg-20261206-150921"),
+                               os.path.join("runs", "fedavg-20261206-150921-2"))
+    assert os.path.isdir(first) and os.path.isdir(second)
+    open(os.path.join(first, "config.yaml"), "w").close()  # a command wrote into the first
+    cli._release_claims()
+    assert os.listdir("runs") == [os.path.basename(first)] and not cli._CLAIMED
+    os.remove(os.path.join(first, "config.yaml"))
+    os.rmdir(first)
+    os.rmdir("runs")
+    cli._default_out("fedavg")
+    cli._release_claims()
+    assert not os.path.exists("runs")  # nothing was written: what the claim created is gone
+
+
 def test_compare_algo_keys_apply_to_the_algorithms_that_have_them(tmp_path):
     small = ["--set", "rounds=2", "--set", "eval_every=2", "--set", "data.num_clients=4", "--set", "algo.cohort_size=2"]
     assert main(["compare", "--algorithms", "fedavg,perfedavg", "--set", "algo.beta=0.05", *small, "--quiet",

@@ -102,6 +102,28 @@ def test_overrides_refuse_malformed_keys_and_values():
         apply_overrides({}, ["model.options={a: 1, a: 2}"])
 
 
+def test_a_null_section_is_an_empty_one_to_an_override_of_its_keys(tmp_path):
+    """Issue 41 item 5: every saved config.yaml holds `privacy: null` and `compression: null`; `--set
+    privacy.noise_multiplier=1` over it sets the section, as over a config without the lines. The sections that may
+    be null are read off ExperimentConfig's types (a section added later is one too), and only those: a null
+    scalar is still not a section."""
+    from fljax.config import nullable_sections
+
+    assert {"privacy", "compression", "stop"} <= nullable_sections()
+    assert not nullable_sections() & {"data", "model", "server", "rounds", "name", "groups", "chunk_size"}
+    saved = tmp_path / "config.yaml"
+    saved.write_text("algorithm: fedavg\nprivacy: null\ncompression: null\nstop: null\nname: null\n")
+    sets = ["privacy.noise_multiplier=1", "privacy.clip_norm=0.5", "compression.kind=top_k",
+            "compression.fraction=0.1"]
+    cfg = load_config(str(saved), sets)
+    assert (cfg.privacy.noise_multiplier, cfg.privacy.clip_norm) == (1.0, 0.5)
+    assert (cfg.compression.kind, cfg.compression.fraction) == ("top_k", 0.1)
+    assert to_dict(cfg) == to_dict(load_config(None, ["algorithm=fedavg", *sets]))  # as without the null lines
+    assert apply_overrides({"stop": None}, ["stop.tol=1e-6"]) == {"stop": {"tol": 1e-6}}
+    with pytest.raises(ConfigError, match="'name' is not a section"):
+        apply_overrides({"name": "a"}, ["name.x=1"])
+    assert load_config(str(saved)).privacy is None  # without an override the section stays off
+
 def test_test_per_client_is_used_as_given():
     data = D.make_federated("digits", 10, "iid", test_per_client=3)
     assert (np.asarray(data.test.count) == 3).all()

@@ -136,7 +136,7 @@ def test_leaf_sent140_gives_labelled_word_sequences(tmp_path):
                                                                              vocab.get("sad", oov), oov][:4])
     blob["user_data"]["alice"]["y"][0] = 2
     (data_dir / "all_data.json").write_text(json.dumps(blob))
-    with pytest.raises(D.DataError, match="user 'alice' has labels \\[2\\]"):
+    with pytest.raises(D.DataError, match="all_data.json: user 'alice': labels must be 0 .* got \\[2\\]"):
         leaf.sent140(options, 2, seed=0)
 
 
@@ -621,3 +621,154 @@ def test_the_stackoverflow_config_runs_on_the_stand_in_and_without_files_stops_i
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["dataset"] == "stackoverflow (stand-in)" and "global_perplexity" in summary["final"]
+
+
+# ------------------------------------------------------------------------------ damaged and malformed files (issue 41)
+
+_ROLE = {"x": ["To be, or", "o be, or ", " be, or n"], "y": [" ", "n", "o"]}  # three windows of one role
+_TWEET = ["1", "date", "NO_QUERY", "alice", "so glad"]
+_PIXELS = [0.5] * 784
+
+
+def _blob(user_data, users=None):
+    return json.dumps({"users": list(user_data) if users is None else users,
+                       "num_samples": [len(v.get("y", [])) if isinstance(v, dict) else 0 for v in user_data.values()],
+                       "user_data": user_data})
+
+
+@pytest.mark.parametrize("dataset, content, message", [
+    ("shakespeare", "", "is empty"),
+    ("shakespeare", '{"users": ["a"], "user_data": {"a": {"x": ["To be', "is not valid JSON (Unterminated string "
+                                                                       "starting at: line 1 column 44)"),
+    ("shakespeare", b"\x89PNG\r\n\x1a\n\xff\xfe\x00", "is not text (not UTF-8 JSON)"),
+    ("shakespeare", "[1, 2, 3]", "holds a list, not LEAF's mapping of users, num_samples and user_data"),
+    ("shakespeare", '{"users": ["a"], "num_samples": [3]}', "has no 'user_data' (LEAF's files hold users, "
+                                                             "num_samples and user_data)"),
+    ("shakespeare", '{"users": "a", "user_data": {}}', "has 'users' of type str, not a list"),
+    ("shakespeare", _blob({"a": _ROLE}, users=["a", "b"]), "user 'b' is listed in 'users' but has no entry in "
+                                                            "'user_data'"),
+    ("shakespeare", _blob({"a": [1, 2]}), "user 'a': its user_data entry must be a mapping with lists 'x' and 'y', "
+                                          "got a list"),
+    ("shakespeare", _blob({"a": {"x": _ROLE["x"]}}), "user 'a': its user_data entry must be a mapping with lists "
+                                                     "'x' and 'y', got a mapping with keys ['x']"),
+    ("shakespeare", _blob({"a": {"x": [1, 2, 3], "y": _ROLE["y"]}}), "user 'a': x[0] must be a text window, got 1"),
+    ("shakespeare", _blob({"a": {"x": _ROLE["x"], "y": [" ", "no", "o"]}}), "user 'a': y[1] must be one character"),
+    ("shakespeare", _blob({"a": {"x": _ROLE["x"] * 14 + ["x"], "y": _ROLE["y"][:2] + ["o"] * 3}}),
+     "user 'a' has 43 x rows and 5 y labels; LEAF pairs every x row with one label"),  # the probe's zipped user
+    ("sent140", _blob({"alice": {"x": [["1", "so glad"]], "y": [1]}}), "user 'alice': x[0] must be LEAF's 5 fields "
+                                                                      "[id, date, query, user, text]"),
+    ("sent140", _blob({"alice": {"x": [_TWEET], "y": ["1"]}}), "user 'alice': labels must be integers"),
+    ("sent140", _blob({"alice": {"x": [_TWEET, _TWEET], "y": [1]}}), "user 'alice' has 2 x rows and 1 y labels"),
+    ("femnist", _blob({"w1": {"x": [[0.5] * 10], "y": [3]}}), "user 'w1': x[0] must be a row of 784 pixel values "
+                                                              "(28×28), got a row of 10"),
+    ("femnist", _blob({"w1": {"x": [_PIXELS], "y": [70]}}), "user 'w1': labels must be in 0..61 (LEAF's 62 "
+                                                            "classes), got [70]"),
+])
+def test_malformed_leaf_files_are_refused_in_one_line_naming_file_and_user(tmp_path, dataset, content, message):
+    """Issue 41 items 2 and 3: a LEAF file that is empty, cut short, binary, a list, without user_data, with a user
+    listed without data, rows of the wrong kind, labels out of range, or a user whose y list is shorter than its x
+    list (43 windows with 5 labels were zipped to 5 sequences, with exit 0) is refused in one line that names the
+    file (and the user where it is one user's), before anything is cached."""
+    data_dir, cache = tmp_path / "leaf", tmp_path / "cache"
+    data_dir.mkdir()
+    path = data_dir / "all_data_0.json"
+    (path.write_bytes if isinstance(content, bytes) else path.write_text)(content)
+    options = {"data_dir": str(data_dir)} if dataset == "femnist" else {"data_dir": str(data_dir), "cache_dir":
+                                                                       str(cache)}
+    with pytest.raises(D.DataError) as e:
+        D.load_source(dataset, num_clients=1, seed=0, **options)
+    text_ = str(e.value)
+    assert text_.startswith(f"{dataset}: {path}") and message in text_ and "\n" not in text_, text_
+    assert not cache.exists()
+
+
+def test_a_well_formed_leaf_file_of_the_same_shapes_reads(tmp_path):
+    """The refusals above are of the damage alone: the same files, well formed, read (the one-to-one pairs of the
+    zipped user keep all 43 samples)."""
+    data_dir = tmp_path / "leaf"
+    data_dir.mkdir()
+    role = {"x": _ROLE["x"] * 14 + ["x"], "y": _ROLE["y"] * 14 + ["o"]}
+    (data_dir / "a.json").write_text(_blob({"a": role, "b": _ROLE}))
+    nat = D.load_source("shakespeare", num_clients=2, seed=0, data_dir=str(data_dir), seq_len=8,
+                        cache_dir=str(tmp_path / "c"))
+    chained = leaf._chained_snippets(role["x"], role["y"])
+    assert sorted(nat.counts.tolist()) == sorted([text.chunk_count([len(s) for s in chained], 8),
+                                                  text.chunk_count([len(s) for s in leaf._chained_snippets(
+                                                      _ROLE["x"], _ROLE["y"])], 8)])
+    (data_dir / "a.json").write_text(_blob({"w": {"x": [_PIXELS] * 3, "y": [1, 40, 61]}}))
+    writers = D.load_source("femnist62", num_clients=1, seed=0, data_dir=str(data_dir), writers_per_client=1)
+    assert writers.x.shape == (3, 28, 28, 1) and writers.y.tolist() == [1, 40, 61]
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("text", "stackoverflow.sqlite is not TFF's Stack Overflow database (DatabaseError: file is not a database); it "
+             "must hold the tables examples(split_name, client_id, serialized_example_proto) and client_metadata("),
+    ("tables", "stackoverflow.sqlite is not TFF's Stack Overflow database (OperationalError: no such table: "
+               "client_metadata)"),
+    ("proto", "stackoverflow.sqlite: user '00017': a stored example cannot be decoded"),
+    ("counts", "stackoverflow.word_count is not text (UTF-8 'word count' lines)"),
+    ("fedjax", "stackoverflow_train.sqlite: user b'00017': a stored example cannot be decoded (error: "),
+])
+def test_damaged_stackoverflow_files_are_refused_in_one_line_naming_the_file(tmp_path, damage, message):
+    """Issue 41 item 2: a stackoverflow.sqlite that is not a database or lacks TFF's tables, a damaged example or
+    client blob, a binary word-count file: one line naming the file (and the user whose data is damaged), not a
+    46-line sqlite3/IndexError traceback."""
+    import sqlite3
+
+    data_dir = tmp_path / "so"
+    _stackoverflow_files(str(data_dir), "fedjax" if damage == "fedjax" else "tff")
+    tff = data_dir / "stackoverflow.sqlite"
+    if damage == "text":
+        tff.write_text("not a database\n" * 100)
+    elif damage in ("tables", "proto"):
+        with sqlite3.connect(tff) as db:
+            if damage == "tables":
+                db.execute("DROP TABLE client_metadata")
+            else:  # a protocol buffer cut short: a field that says it is longer than what follows
+                db.execute("UPDATE examples SET serialized_example_proto = ? WHERE client_id = '00017'",
+                           (b"\x0a\xff\x01\x0a",))
+    elif damage == "counts":
+        (data_dir / "stackoverflow.word_count").write_bytes(b"\xff\xfe\x00\x01 12\n")
+    else:
+        with sqlite3.connect(data_dir / "stackoverflow_train.sqlite") as db:
+            db.execute("UPDATE federated_data SET data = ? WHERE client_id = ?", (b"not zlib", b"00017"))
+    with pytest.raises(D.DataError) as e:
+        D.load_source("stackoverflow", num_clients=4, seed=0, data_dir=str(data_dir), cache_dir=str(tmp_path / "c"))
+    assert str(e.value).startswith("stackoverflow: ") and message in str(e.value) and "\n" not in str(e.value), \
+        str(e.value)
+
+
+def test_a_damaged_tokenised_cache_entry_is_moved_aside_and_rebuilt(tmp_path, capsys):
+    """Issue 41 item 4: a cache entry cut short, overwritten, holding a pickled object array (which is never
+    loaded) or lacking an array stopped every later run with NumPy's advice to unpickle. It is moved aside to
+    <entry>.damaged-<id>, a one-line warning names it, the arrays are tokenised again (equal to the first ones) and
+    written back, so the next call reads the cache without a word."""
+    data_dir, cache = str(tmp_path / "leaf"), tmp_path / "cache"
+    _shakespeare_files(data_dir)
+    options = leaf.ShakespeareOptions(data_dir=data_dir, seq_len=8, cache_dir=str(cache))
+    first = leaf.shakespeare(options, 3, seed=0)
+    (entry,) = (cache / "data").iterdir()
+    good = entry.read_bytes()
+    object_array = tmp_path / "obj.npz"
+    np.savez(object_array, x=np.array([{"a": 1}], dtype=object))
+    damages = {"cut short": good[:len(good) // 2], "overwritten": b"garbage" * 10,
+               "pickled": object_array.read_bytes(), "lacks counts": None}
+    for why, content in damages.items():
+        if content is None:
+            with np.load(entry) as f:
+                np.savez(entry, x=f["x"], y=f["y"])
+        else:
+            entry.write_bytes(content)
+        capsys.readouterr()
+        again = leaf.shakespeare(options, 3, seed=0)
+        np.testing.assert_array_equal(again.x, first.x)
+        np.testing.assert_array_equal(again.y, first.y)
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and err[0].startswith(f"fljax: warning: the tokenised-data cache entry {entry} is "
+                                                   f"damaged (") and "tokenised the files again" in err[0], (why, err)
+        aside = [p for p in (cache / "data").iterdir() if p.name.startswith(entry.name + ".damaged-")]
+        assert aside and entry.read_bytes() == good, why
+        for p in aside:
+            p.unlink()
+    leaf.shakespeare(options, 3, seed=0)
+    assert capsys.readouterr().err == ""  # the rebuilt entry reads

@@ -15,7 +15,7 @@ from fljax.engine.budget import MemoryPlanError, peak_bytes
 from fljax.models import make_model
 from fljax.experiment import default_model
 
-BUDGET_GIB = 0.15625  # 160 MiB of temporaries per program
+BUDGET_GIB = 0.4  # 409.6 MiB of temporaries per program: the cohort of 10 in one vmap, on the CPU too
 
 
 def emnist_shaped(clients=3400, train_scale=0.05, seed=0):
@@ -58,6 +58,11 @@ def test_emnist_shaped_programs_fit_the_budget_and_compile_in_seconds(emnist):
     assert evaluation["clients"] == 3400
     assert evaluation["per_client_bytes"] * 3400 > 10 * limit  # all at once would need 10× the budget...
     assert 1 <= evaluation["side_by_side"] < 3400  # ...so it runs in chunks
+    # on the CPU a client counts CPU_RESIDENT times its estimate: what XLA:CPU's runtime holds beside its own count
+    # (issue 41: 2.1-2.4x the estimate per client, measured by benchmarks/host_memory.py)
+    assert evaluation["resident_bytes"] == evaluation["per_client_bytes"] * budget.CPU_RESIDENT == \
+        evaluation["per_client_bytes"] * 2.5
+    assert evaluation["side_by_side"] == int(limit // evaluation["resident_bytes"])
     (cohort,) = plans["block", (2,)]["maps"]
     assert cohort["clients"] == 10 and cohort["side_by_side"] == 10  # the cohort fits: one vmap
     # compiled in seconds (a guard against the unplanned program, not a benchmark): a few seconds each unloaded
@@ -187,6 +192,7 @@ def test_an_estimate_below_xlas_count_is_planned_again_and_the_result_is_unchang
     budget scaled by budget / XLA's count, and compiled again. Here the estimate is made 9× too low (about 0.49×
     XLA:CPU's count, against the honest estimate's 4.4×): the first plan runs too many clients side by side, the
     second fits, and the evaluation is the same."""
+    monkeypatch.setattr(budget, "CPU_RESIDENT", 1.0)  # a client counts its estimate alone, as on a GPU
     small = emnist.replace(train=emnist.train.take(jnp.arange(60)), test=emnist.test.take(jnp.arange(60)))
     honest = _fedjax_sim(small, executor="vmap")  # the default budget: one vmap of the 60 clients
     state = honest.init()
@@ -226,7 +232,7 @@ def test_the_stopping_rule_loop_is_planned_under_its_budget():
     # the round's map, traced twice (the carry's shapes, then the loop's body)
     every = plain.memory_plans[key]["maps"]
     assert {(m["clients"], m["side_by_side"]) for m in every} == {(12, 12)}
-    b = every[0]["per_client_bytes"]
+    b = every[0]["resident_bytes"]
     small = sim(4.5 * b / 2 ** 30)
     chunked = run_until(small, rule)
     plan = small.memory_plans[key]

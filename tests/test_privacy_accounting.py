@@ -193,6 +193,28 @@ def test_resolve_refuses_what_cannot_be_accounted():
                                                        sampling=Sampling("poisson", 100, 10), steps=10)), "level", "local steps")
 
 
+def test_a_delta_above_the_stated_threshold_is_warned_about_in_one_line():
+    """Issue 41 item 8: the default δ = N^-1.1 is 0.079 for 10 clients. A plan whose δ (default or given) exceeds
+    DELTA_WARN = 1e-5 carries a one-line warning stating δ, where it came from, N and δ·N; at or below it, none.
+    The default meets the threshold exactly from N = DELTA_WARN^(-1/1.1) ≈ 35,112 records."""
+    from fljax.privacy import DELTA_WARN, delta_warning
+
+    def warning(population, delta=None, level="client"):
+        return delta_warning(resolve_privacy(PrivacyOptions(noise_multiplier=1.0, clip_norm=0.5, delta=delta,
+                                                            level=level), population=population, size=5, steps=10))
+
+    assert DELTA_WARN == 1e-5
+    assert warning(10) == ("privacy: δ = 0.0794 (the default N^-1.1 for N = 10 clients) is above 1e-05, a weak "
+                           "guarantee: (ε, δ)-DP still allows publishing each client's data whole with probability δ "
+                           "(0.79 of the 10 clients expected); set privacy.delta to 1e-05 or less (docs/privacy.md)")
+    first = math.ceil(DELTA_WARN ** (-1 / 1.1))  # the smallest N whose default δ is within the threshold
+    assert first ** -1.1 <= DELTA_WARN < (first - 1) ** -1.1
+    assert warning(first) is None and "N = 35,111 clients" in warning(first - 1)
+    assert "privacy.delta for N = 50 clients" in warning(50, delta=1e-3) and warning(50, delta=DELTA_WARN) is None
+    assert "N = 200 examples" in warning(200, level="example")
+    assert delta_warning(None) is None
+
+
 def test_resolve_calibrates_and_splits_the_noise_for_adaptive_clipping():
     o = PrivacyOptions(target_epsilon=3.0, clip_norm=0.5, adaptive=True, delta=1e-5)
     plan = resolve_privacy(o, sampling=Sampling("poisson", 1_000, 100), steps=50)

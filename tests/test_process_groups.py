@@ -123,6 +123,59 @@ def test_a_process_count_that_differs_between_the_processes_is_refused_by_both(c
     assert os.listdir(tmp_path) == []
 
 
+def test_a_follower_whose_process_0_never_serves_the_runtime_is_refused_in_one_line(clean_env, monkeypatch, capsys,
+                                                                                   tmp_path):
+    """Issue 41 item 6: a lone follower whose coordinator met it ('go') and then never served JAX's runtime waited
+    in jax.distributed.initialize (which ended in a C++ abort, or not at all); it is refused in one line within
+    FLJAX_JOIN_TIMEOUT, nothing written."""
+    port = _free_port()
+    server = socket.create_server(("localhost", port))
+
+    def process_0_that_leaves():
+        conn, _ = server.accept()
+        conn.recv(64)
+        conn.sendall(b"go\n")
+        conn.close()
+        server.close()
+
+    thread = threading.Thread(target=process_0_that_leaves, daemon=True)
+    thread.start()
+    monkeypatch.setenv("FLJAX_COORDINATOR", f"localhost:{port}")
+    monkeypatch.setenv("FLJAX_NUM_PROCESSES", "2")
+    monkeypatch.setenv("FLJAX_PROCESS_ID", "1")
+    monkeypatch.setenv(processes.TIMEOUT_ENV, "2")
+    monkeypatch.chdir(tmp_path)
+    t0 = time.monotonic()
+    assert main(["run", "--algorithm", "fedavg", "--set", "data.dataset=synthetic", "--out", "r"]) == 2
+    assert time.monotonic() - t0 < 30
+    err = capsys.readouterr().err
+    assert err == (f"fljax: error: FLJAX_COORDINATOR localhost:{port}: process 0 met the group but did not start its "
+                   f"runtime within 2 s (FLJAX_JOIN_TIMEOUT); see its message, and start the group again\n")
+    assert os.listdir(tmp_path) == []
+    thread.join(5)
+
+
+@pytest.mark.slow
+def test_a_follower_whose_process_0_ended_after_joining_says_so_in_one_line(clean_env, tmp_path):
+    """Issue 41 item 6: a group started by hand (no launcher) whose process 0 refused its command after the group
+    met: process 1's first collective timed out in JAX's runtime with a traceback. It ends with one line (status
+    1, UNEXPECTED_EXIT) saying it lost its group. (About 40 s: Gloo's own timeout.)"""
+    env = {**{k: v for k, v in os.environ.items() if k not in (*processes.ENV.values(), processes.TIMEOUT_ENV)},
+           "PYTHONPATH": str(ROOT), "FLJAX_DEBUG": "", "JAX_PLATFORMS": "cpu", "FLJAX_COORDINATOR":
+           f"localhost:{_free_port()}", "FLJAX_NUM_PROCESSES": "2", "FLJAX_JOIN_TIMEOUT": "20"}
+    small = ["--set", "data.dataset=synthetic", "--set", "data.num_clients=4", "--set", "algo.cohort_size=2", "--set",
+             "rounds=2", "--out", "r"]
+    procs = [subprocess.Popen([sys.executable, "-m", "fljax.cli", "run", *small, *extra], cwd=tmp_path,
+                              env={**env, "FLJAX_PROCESS_ID": str(i)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for i, extra in enumerate((["--set", "algo.lr=-1"], []))]
+    (_, lead), (_, follower) = (p.communicate(timeout=300) for p in procs)
+    assert procs[0].returncode == 2 and "algo.lr must be > 0" in lead
+    lines = [line for line in follower.splitlines() if line.strip()]
+    assert procs[1].returncode == launch.UNEXPECTED_EXIT and len(lines) == 1, follower[-3000:]
+    assert lines[0].startswith("fljax: error: process 1 of 2 lost its group (") and "start the group again" in lines[0]
+
+
 # ------------------------------------------------------------------------------------- real process groups
 
 

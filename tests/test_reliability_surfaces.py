@@ -415,6 +415,8 @@ def test_a_diverged_algorithm_has_a_status_in_the_comparison(tmp_path, capsys):
     assert rows["fedavg"].startswith("stopped: round 1 diverged") and rows["local"].startswith("stopped: ")
     assert any("stopped (NaN/Inf or divergence): fedavg, local" in line for line in err)
     assert "same accuracies" not in table  # a stopped row is never called a repeat
+    summary = files.read_json(out / "summary.json")  # (issue 41: it said 'completed' with every run stopped)
+    assert (summary["status"], summary["stopped"]) == ("stopped", ["fedavg", "local"])
 
 
 def test_rows_that_did_not_complete_get_no_same_accuracy_or_untuned_notes():

@@ -14,6 +14,7 @@ from fljax.runner.study import StudyResults, evaluate, load_study, study_names
 from fljax.runner.study_run import _experiments, render_study, results_from_file, run_study
 from fljax.runner.tables import render_report, value_text
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STUDY = textwrap.dedent("""
     title: A tiny study
     seeds: 2
@@ -304,14 +305,57 @@ def test_every_shipped_study_cell_is_a_valid_config(name):
         assert set(plot["study"] if isinstance(plot["study"], list) else [plot["study"]]) <= set(study.studies)
 
 
-def test_reproduce_cli(tmp_path, capsys):
-    assert main(["reproduce", "dfedalt", "--only", "more_seeds", "--seeds", "1", "--rounds", "2", "--out",
-                 str(tmp_path / "d"), "--quiet"]) == 0
+def test_reproduce_cli(tmp_path, capsys, monkeypatch):
+    """Issue 41 item 0: without --out, `fljax reproduce` writes a new directory under runs/ as `fljax run` does;
+    the committed report (the study file's out, benchmarks/results/NAME) is written only with --update-report, and
+    --render names the report it rebuilds."""
+    monkeypatch.chdir(tmp_path)
+    quick = ["reproduce", "dfedalt", "--only", "more_seeds", "--seeds", "1", "--rounds", "2", "--quiet"]
+    assert main(quick) == 0
     assert "Claim 1 with 10 seeds" in capsys.readouterr().out
-    assert main(["reproduce", "dfedalt", "--render", "--out", str(tmp_path / "d"), "--quiet"]) == 0
+    made = os.listdir("runs")
+    assert len(made) == 1 and made[0].startswith("reproduce-dfedalt-") and not os.path.exists("benchmarks")
+    out = os.path.join("runs", made[0])
+    assert files.read_json(os.path.join(out, "results.json.gz"))["meta"]["runs"] == 4
+    assert main(["reproduce", "dfedalt", "--render", "--out", out, "--quiet"]) == 0
+    assert main(["reproduce", "dfedalt", "--render", "--quiet"]) == 2
+    assert "--render rebuilds a report where it is: give --out DIR" in capsys.readouterr().err
+    assert main(quick + ["--update-report", "--out", "d"]) == 2 and not os.path.exists("d")
+    assert main(quick + ["--update-report"]) == 0 and os.listdir("runs") == made
+    committed = os.path.join("benchmarks", "results", "dfedalt")
+    assert files.read_json(os.path.join(committed, "results.json.gz"))["meta"]["computed"] == 4
     assert main(["reproduce", "dfedlat"]) == 2
     assert "Did you mean 'dfedalt'" in capsys.readouterr().err
-    assert files.read_json(tmp_path / "d" / "results.json.gz")["meta"]["runs"] == 4
+
+
+def test_a_report_is_not_replaced_by_a_smaller_one_unless_asked(tiny, tmp_path, capsys):
+    """Issue 41 item 0: `fljax reproduce fedgia --only smoke` into the committed Table IV report replaced its 804
+    runs by the smoke set's. A study written into a folder whose results.json.gz records runs that the new report
+    would not hold is refused, naming them, before anything is written; --fresh replaces it, saying so."""
+    out = str(tmp_path / "out")
+    run_study(tiny, out, only=["main"], seeds=1)  # FedAvg and Local; lr's 0.1 point is main's FedAvg run
+    before = {name: os.path.getmtime(os.path.join(out, name)) for name in os.listdir(out)}
+    with pytest.raises(ConfigError, match=r"its report records 1 run of main that this invocation \(--only lr "
+                                          r"--seeds 1\) would drop from it"):
+        run_study(tiny, out, only=["lr"], seeds=1)
+    assert {name: os.path.getmtime(os.path.join(out, name)) for name in os.listdir(out)} == before
+    from fljax.runner.report import Output
+
+    replaced = run_study(tiny, out, only=["lr"], seeds=1, fresh=True, output=Output("bar"))
+    assert set(files.read_json(os.path.join(out, "results.json.gz"))["runs"]) == set(replaced.runs)
+    assert "--fresh: the report in" in capsys.readouterr().err
+    # the probe's case: the smoke set over a copy of the committed FedGiA report
+    committed = os.path.join(ROOT, "benchmarks", "results", "fedgia", "results.json.gz")
+    recorded = files.read_json(committed)
+    os.makedirs(tmp_path / "fedgia")
+    import shutil
+
+    shutil.copy(committed, tmp_path / "fedgia")
+    assert main(["reproduce", "fedgia", "--only", "smoke", "--out", str(tmp_path / "fedgia")]) == 2
+    studies = sorted({c["study"] for c in recorded["cells"]} - {"smoke"})
+    assert (f"its report records {len(recorded['runs']):,} runs of {', '.join(studies)} that this invocation "
+            f"(--only smoke) would drop") in capsys.readouterr().err
+    assert os.listdir(tmp_path / "fedgia") == ["results.json.gz"]
 
 
 def test_lanes_default_comes_from_the_study_file(tiny, tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fljax.data import partitioners as partition_lib
+from fljax.data import memory, partitioners as partition_lib
 from fljax.data.config import DataConfig
 from fljax.data.federated import FederatedData, pad_flat, sample_dtype
 from fljax.data.ragged import ragged_clients
@@ -202,7 +202,12 @@ def load_federated(config: DataConfig, seed: int) -> FederatedData:
         if config.test_rows < data.test.n_max:
             raise OptionError("test_rows", f"must be at least the largest client's test split "
                                            f"({data.test.n_max}), got {config.test_rows}.")
-        data = data.replace(test=data.test.padded(config.test_rows))
+        test = data.test
+        row = (test.x.nbytes + test.y.nbytes + test.mask.nbytes) // max(test.num_clients * test.n_max, 1)
+        memory.check_bytes(2 * test.num_clients * config.test_rows * row, "lower data.test_rows",
+                           f"{test.num_clients:,} clients' test splits padded to data.test_rows={config.test_rows:,} "
+                           f"rows")
+        data = data.replace(test=test.padded(config.test_rows))
     return data
 
 

@@ -79,6 +79,11 @@ class DataConfig(Options):
         return SOURCES[self.dataset]
 
     @property
+    def input_shape(self) -> tuple | None:
+        """One sample's shape as this section configures it (a text set's ``seq_len`` and ``vocab``)."""
+        return self.source.shape(self.components()[0])
+
+    @property
     def partitioner(self) -> Partitioner:
         return PARTITIONERS[self.partition]
 

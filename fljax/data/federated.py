@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fljax.data import memory
 from fljax.data.batching import Batch
 
 __all__ = ["ClientArrays", "FederatedData", "ServerData", "pad_clients", "pad_flat", "label_histogram", "sample_dtype"]
@@ -241,14 +242,20 @@ def pad_flat(x: np.ndarray, y: np.ndarray, count, n_max: int | None = None, x_dt
     are ``y [S]`` or token labels ``y [S, T]``."""
     count = np.asarray(count, np.int32)
     n_max = int(max(count.max(), 1) if n_max is None else n_max)
+    row = int(np.prod(np.shape(x)[1:], dtype=np.int64)) * np.dtype(x_dtype).itemsize + \
+        int(np.prod(np.shape(y)[1:], dtype=np.int64)) * 4 + 1
+    memory.check_bytes(2 * len(count) * n_max * row, "lower data.num_clients, or set data.storage: ragged (which "
+                                                     "stores the samples only)",
+                       f"{len(count):,} clients padded to the largest one's {n_max:,} samples (host and device "
+                       f"copies)")
     total = int(count.sum())
     owner = np.repeat(np.arange(len(count)), count)
     rank = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
     xp = np.zeros((len(count), n_max) + np.shape(x)[1:], x_dtype)
     yp = np.zeros((len(count), n_max) + np.shape(y)[1:], np.int32)
-    rows = np.arange(total) if rows is None else np.asarray(rows)
-    xp[owner, rank] = np.asarray(x)[rows]
-    yp[owner, rank] = np.asarray(y)[rows]
+    take = (lambda a: np.asarray(a)[:total]) if rows is None else (lambda a: np.asarray(a)[np.asarray(rows)])
+    xp[owner, rank] = take(x)  # the leading rows as a view, not a copy of every sample
+    yp[owner, rank] = take(y)
     mask = np.arange(n_max)[None, :] < count[:, None]
     return ClientArrays(x=jnp.asarray(xp), y=jnp.asarray(yp), mask=jnp.asarray(mask), count=jnp.asarray(count),
                         n_min=int(count.min()), n_max=n_max)

@@ -18,10 +18,11 @@ import csv
 import dataclasses
 import glob
 import os
+import zipfile
 
 import numpy as np
 
-from fljax.data import text
+from fljax.data import memory, text
 from fljax.options import Options, at_least, option
 
 __all__ = ["FilesOptions", "load_files"]
@@ -50,13 +51,22 @@ def _npz_clients(folder: str) -> dict[str, dict]:
     paths = sorted(glob.glob(os.path.join(folder, "*.npz")))
     if not paths:
         raise _error(f"no <client>.npz files in {folder!r}; put one file per client there (arrays x and y).")
-    clients = {}
+    from fljax.data.sources import DataError
+
+    clients, declared = {}, 0
     for path in paths:
         name = os.path.basename(path)
         try:
             with np.load(path, allow_pickle=False) as f:
+                if not hasattr(f, "files"):
+                    raise ValueError("it holds one array, not arrays named x and y (np.savez writes those)")
+                declared += _declared_bytes(f)  # a compressed file can declare far more than its size
+                memory.check_bytes(2 * declared, "make the client files smaller (data.path)",
+                                   f"the arrays of the client files read so far ({name} the last)")
                 arrays = {k: f[k] for k in f.files}
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+            if isinstance(e, DataError):  # the memory check's own refusal
+                raise
             raise _error(f"cannot read {name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}.") from None
         missing = {"x", "y"} - set(arrays)
         if missing:
@@ -69,6 +79,19 @@ def _npz_clients(folder: str) -> dict[str, dict]:
         raise _error(f"{sorted(set(clients) - with_test)[0]}.npz has no x_test/y_test but others do; give every "
                      f"client a test split or none.")
     return clients
+
+
+def _declared_bytes(npz) -> int:
+    """The bytes the arrays of an open ``.npz`` declare in their headers (shape × item size), read before any of
+    them is: a compressed member of zeros can declare terabytes in a file of kilobytes."""
+    total = 0
+    for member in npz.zip.namelist():
+        with npz.zip.open(member) as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(f)
+        total += int(np.prod(shape, dtype=object)) * dtype.itemsize
+    return total
 
 
 def _read_table(path: str) -> dict[str, np.ndarray]:

@@ -32,7 +32,7 @@ from typing import Literal
 
 import numpy as np
 
-from fljax.data import text
+from fljax.data import memory, text
 from fljax.options import Options, at_least, option
 
 __all__ = ["LeafOptions", "ShakespeareOptions", "Sent140Options", "femnist", "shakespeare", "sent140",
@@ -103,13 +103,83 @@ def _json_paths(name: str, data_dir: str | None, where: str, script: str) -> lis
     return paths
 
 
-def _users(paths: list[str]):
-    """(user, user_data) of every user of the files, in file order."""
+def _read(name: str, path: str) -> dict:
+    """One LEAF file: valid JSON text holding a mapping with ``users`` (a list) and ``user_data`` (a mapping), or a
+    one-line :class:`~fljax.data.sources.DataError` naming the file."""
+    from fljax.data.sources import DataError
+
+    def refuse(problem: str) -> DataError:
+        return DataError(f"{name}: {path} {problem}; LEAF's preprocess.sh writes each file whole: write it again, or "
+                         f"move it out of data.data_dir.")
+
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise DataError(f"{name}: {path} cannot be read ({e.strerror or e}).") from None
+    if not raw.strip():
+        raise refuse("is empty")
+    try:
+        blob = json.loads(raw)
+    except UnicodeDecodeError:
+        raise refuse("is not text (not UTF-8 JSON)") from None
+    except json.JSONDecodeError as e:
+        raise refuse(f"is not valid JSON ({e.msg}: line {e.lineno} column {e.colno})") from None
+    except RecursionError:
+        raise refuse("nests too deeply to be LEAF's JSON") from None
+    if not isinstance(blob, dict):
+        raise refuse(f"holds a {type(blob).__name__}, not LEAF's mapping of users, num_samples and user_data")
+    for key, kind in (("users", list), ("user_data", dict)):
+        if key not in blob:
+            raise refuse(f"has no {key!r} (LEAF's files hold users, num_samples and user_data)")
+        if not isinstance(blob[key], kind):
+            raise refuse(f"has {key!r} of type {type(blob[key]).__name__}, not a "
+                         f"{'list' if kind is list else 'mapping'}")
+    return blob
+
+
+def _users(name: str, paths: list[str]):
+    """(file, user, x, y) of every user of the files, in file order, checked: every listed user has an entry in
+    ``user_data`` with lists ``x`` and ``y`` of equal length (one label per sample: a shorter ``y`` is refused, not
+    zipped away). Errors name the file and the user."""
+    from fljax.data.sources import DataError
+
     for path in paths:
-        with open(path) as f:
-            blob = json.load(f)
+        blob = _read(name, path)
         for user in blob["users"]:
-            yield user, blob["user_data"][user]
+            where = f"{name}: {path}: user {user!r}"
+            data = blob["user_data"].get(user) if isinstance(user, str) else None
+            if data is None:
+                raise DataError(f"{where} is listed in 'users' but has no entry in 'user_data'.")
+            if not isinstance(data, dict) or not isinstance(data.get("x"), list) or not isinstance(data.get("y"),
+                                                                                                   list):
+                raise DataError(f"{where}: its user_data entry must be a mapping with lists 'x' and 'y', got "
+                                f"{_kind(data)}.")
+            if len(data["x"]) != len(data["y"]):
+                raise DataError(f"{where} has {len(data['x'])} x rows and {len(data['y'])} y labels; LEAF pairs every "
+                                f"x row with one label: write the file again.")
+            yield path, user, data["x"], data["y"]
+
+
+def _kind(value) -> str:
+    """What a JSON value is, for a message: 'a list', 'a mapping with keys [...]', 'a str'."""
+    if isinstance(value, dict):
+        return f"a mapping with keys {sorted(map(str, value))[:5]}"
+    return f"a {type(value).__name__}"
+
+
+def _labels(name: str, path: str, user: str, y: list, allowed: str, valid) -> np.ndarray:
+    """``y`` as int64 labels, each passing ``valid`` (an array test), or a one-line refusal naming file and user."""
+    from fljax.data.sources import DataError
+
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in y):
+        bad = next(v for v in y if not isinstance(v, int) or isinstance(v, bool))
+        raise DataError(f"{name}: {path}: user {user!r}: labels must be integers {allowed}, got {bad!r}.")
+    labels = np.asarray(y, np.int64)
+    if labels.size and not valid(labels).all():
+        raise DataError(f"{name}: {path}: user {user!r}: labels must be {allowed}, got "
+                        f"{sorted(set(labels[~valid(labels)].tolist()))[:5]}.")
+    return labels
 
 
 def _choose(name: str, counts: np.ndarray, num_clients: int, seed: int, data_dir: str) -> np.ndarray:
@@ -146,12 +216,12 @@ def femnist(data_dir: str | None, num_clients: int, seed: int, writers_per_clien
     else:
         paths = _json_paths("femnist", data_dir, "data/femnist/data/all_data", "./preprocess.sh -s niid --sf 1.0 -k 0")
         writers = {}
-        for user, data in _users(paths):
-            y = np.asarray(data["y"], np.int32)
+        for path, user, xs, ys in _users("femnist", paths):
+            y = _labels("femnist", path, user, ys, "in 0..61 (LEAF's 62 classes)",
+                        lambda v: (v >= 0) & (v < 62)).astype(np.int32)
             keep = y < num_classes
             if keep.any():
-                x = np.asarray(data["x"], np.float32)[keep]
-                writers[user] = (x.reshape(-1, 28, 28, 1), y[keep])
+                writers[user] = (_pixels(path, user, xs)[keep].reshape(-1, 28, 28, 1), y[keep])
         if len(writers) < need:
             raise DataError(f"femnist: {num_clients} clients x {writers_per_client} writers need {need} writers, "
                             f"{data_dir!r} holds {len(writers)}.")
@@ -161,6 +231,19 @@ def femnist(data_dir: str | None, num_clients: int, seed: int, writers_per_clien
     x = np.concatenate([writers[w][0] for g in groups for w in g])
     y = np.concatenate([writers[w][1] for g in groups for w in g])
     return Natural(x, y, counts, num_classes, name)
+
+
+def _pixels(path: str, user: str, xs: list) -> np.ndarray:
+    """A FEMNIST writer's ``x``: rows of 784 numbers (28×28 pixels), as float32 ``[n, 784]``."""
+    from fljax.data.sources import DataError
+
+    bad = next((i for i, row in enumerate(xs) if not isinstance(row, list) or len(row) != 784
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in row)), None)
+    if bad is not None:
+        row = xs[bad]
+        raise DataError(f"femnist: {path}: user {user!r}: x[{bad}] must be a row of 784 pixel values (28×28), got "
+                        f"{f'a row of {len(row)}' if isinstance(row, list) else _kind(row)}.")
+    return np.asarray(xs, np.float32).reshape(-1, 784)
 
 
 def _chained_snippets(xs: list[str], ys: list[str]) -> list[str]:
@@ -177,6 +260,18 @@ def _chained_snippets(xs: list[str], ys: list[str]) -> list[str]:
     if current:
         snippets.append("".join(current))
     return snippets
+
+
+def _check_windows(path: str, user: str, xs: list, ys: list) -> None:
+    """A Shakespeare role's samples: ``x`` rows are text windows, ``y`` the one character after each."""
+    from fljax.data.sources import DataError
+
+    for which, rows, one in (("x", xs, False), ("y", ys, True)):
+        bad = next((i for i, v in enumerate(rows) if not isinstance(v, str) or (one and len(v) != 1)), None)
+        if bad is not None:
+            want = "one character (the one after x's window)" if one else "a text window"
+            raise DataError(f"shakespeare: {path}: user {user!r}: {which}[{bad}] must be {want}, got "
+                            f"{rows[bad]!r:.60}.")
 
 
 def _char_ids(snippet: str, table: np.ndarray) -> np.ndarray:
@@ -203,14 +298,18 @@ def shakespeare(o: ShakespeareOptions, num_clients: int, seed: int):
 
         def build():
             table = text.char_table(text.SHAKESPEARE_CHARS)
-            xs, ys = [], []
-            for _, data in _users(paths):
-                snippets = [_char_ids(s, table) for s in _chained_snippets(data["x"], data["y"])]
-                x_u, y_u = text.chunk_snippets(snippets, o.seq_len)
-                xs.append(x_u), ys.append(y_u)
+            roles = []
+            for path, user, x_rows, y_rows in _users("shakespeare", paths):
+                _check_windows(path, user, x_rows, y_rows)
+                roles.append([_char_ids(s, table) for s in _chained_snippets(x_rows, y_rows)])
+            rows = sum(text.chunk_count([len(s) for s in snippets], o.seq_len) for snippets in roles)
+            memory.check_bytes(text.sequence_bytes(rows, o.seq_len), "lower data.seq_len",
+                               f"shakespeare's {rows:,} sequences of data.seq_len={o.seq_len:,} characters")
+            xs, ys = zip(*(text.chunk_snippets(snippets, o.seq_len) for snippets in roles))
             return {"x": np.concatenate(xs), "y": np.concatenate(ys), "counts": np.asarray([len(a) for a in xs])}
 
-        arrays = text.cached_arrays("shakespeare", paths, {"seq_len": o.seq_len, "version": 1}, build, o.cache_dir)
+        arrays = text.cached_arrays("shakespeare", paths, {"seq_len": o.seq_len, "version": 1}, build, o.cache_dir,
+                                    keys=("x", "y", "counts"))
         x, y, counts, name = arrays["x"], arrays["y"], arrays["counts"].astype(np.int64), "shakespeare"
         chosen = _choose("shakespeare", counts, num_clients, seed, o.data_dir)
     rows, kept = _rows((np.cumsum(counts) - counts)[chosen], counts[chosen], o.max_samples)
@@ -226,21 +325,26 @@ def sent140(o: Sent140Options, num_clients: int, seed: int):
 
     def build():
         tweets, labels, counts = [], [], []
-        for user, data in _users(paths):
-            y = np.asarray(data["y"], np.int64)
-            if not np.isin(y, (0, 1, 4)).all():
-                raise DataError(f"sent140: user {user!r} has labels {sorted(set(y.tolist()) - {0, 1, 4})}; LEAF's "
-                                f"Sent140 labels are 0 (negative) and 1 (positive; 4 in raw Sentiment140).")
-            tweets += [text.words(row[4]) for row in data["x"]]
+        for path, user, xs, ys in _users("sent140", paths):
+            y = _labels("sent140", path, user, ys, "0 (negative) or 1 (positive; 4 in raw Sentiment140)",
+                        lambda v: np.isin(v, (0, 1, 4)))
+            bad = next((i for i, row in enumerate(xs) if not isinstance(row, list) or len(row) != 5
+                        or not isinstance(row[4], str)), None)
+            if bad is not None:
+                raise DataError(f"sent140: {path}: user {user!r}: x[{bad}] must be LEAF's 5 fields [id, date, query, "
+                                f"user, text] with the tweet's text last, got {xs[bad]!r:.80}.")
+            tweets += [text.words(row[4]) for row in xs]
             labels.append(np.minimum(y, 1))
             counts.append(len(y))
+        memory.check_bytes(4 * len(tweets) * o.seq_len, "lower data.seq_len",
+                           f"sent140's {len(tweets):,} tweets of data.seq_len={o.seq_len:,} tokens")
         vocab = text.word_vocabulary(tweets, o.vocab)
         oov = text.oov_id(text.vocab_size(o.vocab))
         x = text.pad_rows([[text.BOS, *(vocab.get(w, oov) for w in t), text.EOS] for t in tweets], o.seq_len)
         return {"x": x, "y": np.concatenate(labels).astype(np.int32), "counts": np.asarray(counts)}
 
     arrays = text.cached_arrays("sent140", paths, {"seq_len": o.seq_len, "vocab": o.vocab, "version": 1}, build,
-                                o.cache_dir)
+                                o.cache_dir, keys=("x", "y", "counts"))
     counts = arrays["counts"].astype(np.int64)
     chosen = _choose("sent140", counts, num_clients, seed, o.data_dir)
     rows, kept = _rows((np.cumsum(counts) - counts)[chosen], counts[chosen])

@@ -115,8 +115,9 @@ def ragged_clients(x: np.ndarray, y: np.ndarray, count, n_max: int | None = None
     rows = np.arange(total) if rows is None else np.asarray(rows)
     flat_x = _aligned_empty((total + n_max,) + np.shape(x)[1:], np.asarray(x[:0]).dtype)
     flat_y = _aligned_empty((total + n_max,) + np.shape(y)[1:], np.int32)
-    np.take(x, rows, axis=0, out=flat_x[:total])
-    np.take(np.asarray(y, np.int32), rows, axis=0, out=flat_y[:total])
+    # mode 'clip' (the rows are valid): NumPy buffers a whole copy of the result when 'raise' writes into ``out``
+    np.take(x, rows, axis=0, out=flat_x[:total], mode="clip")
+    np.take(np.asarray(y, np.int32), rows, axis=0, out=flat_y[:total], mode="clip")
     flat_x[total:], flat_y[total:] = 0, 0
     return RaggedArrays(x=jax.device_put(flat_x), y=jax.device_put(flat_y),
                         offset=jnp.asarray(np.cumsum(count) - count, jnp.int32), count=jnp.asarray(count),

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from fljax.data import standins, text
+from fljax.data import memory, standins, text
 from fljax.data.files import FilesOptions, load_files
 from fljax.data.leaf import (LEAF_FEMNIST_WRITERS, LEAF_SENT140_USERS, LEAF_SHAKESPEARE_USERS, SHAKESPEARE_VOCAB,
                              LeafOptions, Sent140Options, ShakespeareOptions, femnist, sent140, shakespeare)
@@ -109,9 +109,14 @@ def synthetic(num_clients: int, alpha: float = 1.0, beta: float = 1.0, seed: int
     if alpha < 0 or beta < 0:
         raise DataError(f"synthetic: alpha and beta must be >= 0, got alpha={alpha}, beta={beta}.")
     rng = np.random.default_rng(seed)
-    sizes = rng.lognormal(size_log_mean, size_log_std, num_clients).astype(np.int64) + min_samples
+    sizes = np.floor(rng.lognormal(size_log_mean, size_log_std, num_clients)) + min_samples  # float: no overflow
     if max_samples is not None:
         sizes = np.minimum(sizes, max_samples)
+    total = float(np.sum(sizes))
+    memory.check_bytes(total * (dim + 1) * 4, "lower data.max_samples (null: no cap), data.min_samples, "
+                                              "data.size_log_mean or data.size_log_std",
+                       f"synthetic's {total:,.0f} samples" if total < 1e15 else f"synthetic's {total:.3g} samples")
+    sizes = sizes.astype(np.int64)
     scale = np.sqrt(np.arange(1, dim + 1, dtype=np.float64) ** -1.2)
     w_shared, b_shared = rng.normal(0, 1, (num_classes, dim)), rng.normal(0, 1, num_classes)
     head = 0 if iid else 2 + num_classes * dim + num_classes + dim  # draws of a client before its samples
@@ -366,6 +371,12 @@ class Source:
     natural: bool = False  # defines its own clients (partition 'natural')
     max_clients_ragged: Callable[[Options], int] | None = None  # the most clients with ragged storage (None: same)
     problem: str = "classification"  # what its algorithms solve: classification, or FedGiA's consensus regression
+    shape_of: Callable[[Options], tuple] | None = None  # the input shape its options give (None: input_shape)
+
+    def shape(self, options: Options) -> tuple | None:
+        """One sample's shape with these options (a text set's configured ``seq_len`` and ``vocab``, not its
+        defaults)."""
+        return self.input_shape if self.shape_of is None else self.shape_of(options)
 
 
 def _load_synthetic(o: SyntheticOptions, num_clients: int, seed: int) -> Natural:
@@ -451,16 +462,19 @@ SOURCES: dict[str, Source] = {
     "shakespeare": Source("Shakespeare next-character prediction, one client per speaking role: LEAF's JSON files "
                           "(data_dir) or, with source: standin, 715 seeded stand-in speakers (offline)",
                           ShakespeareOptions, lambda o, n, seed: shakespeare(o, n, seed), _shakespeare_clients,
-                          text.TokenShape(80, SHAKESPEARE_VOCAB), SHAKESPEARE_VOCAB, natural=True),
+                          text.TokenShape(80, SHAKESPEARE_VOCAB), SHAKESPEARE_VOCAB, natural=True,
+                          shape_of=lambda o: text.TokenShape(o.seq_len, SHAKESPEARE_VOCAB)),
     "stackoverflow": Source("Stack Overflow next-word prediction, one client per user: TFF's or FedJAX's files "
                             "(data_dir) or, with source: standin, seeded stand-in users (offline; the first "
                             "num_clients of 342,477)", StackOverflowOptions,
                             _load_stackoverflow, _fixed(STACKOVERFLOW_USERS),
-                            text.TokenShape(20, text.vocab_size(10_000)), text.vocab_size(10_000), natural=True),
+                            text.TokenShape(20, text.vocab_size(10_000)), text.vocab_size(10_000), natural=True,
+                            shape_of=lambda o: text.TokenShape(o.seq_len, text.vocab_size(o.vocab))),
     "sent140": Source("Sent140 tweet sentiment (2 classes), one client per Twitter account, from LEAF's JSON files "
                       "(offline, data_dir)", Sent140Options, lambda o, n, seed: sent140(o, n, seed),
                       _fixed(LEAF_SENT140_USERS), text.TokenShape(25, text.vocab_size(10_000), per_token=False), 2,
-                      natural=True),
+                      natural=True,
+                      shape_of=lambda o: text.TokenShape(o.seq_len, text.vocab_size(o.vocab), per_token=False)),
     "files": Source("your own per-client files: a folder of <client>.npz (x, y) or a .csv / .parquet table with a "
                     "client column (offline, path)", FilesOptions, load_files, _fixed(FILES_MAX_CLIENTS), None, 0,
                     natural=True),

@@ -31,6 +31,7 @@ The chosen users' token arrays are built once and cached (:func:`fljax.data.text
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sqlite3
@@ -39,7 +40,7 @@ from typing import Literal
 
 import numpy as np
 
-from fljax.data import text
+from fljax.data import memory, text
 from fljax.options import Options, at_least, option
 
 __all__ = ["StackOverflowOptions", "stackoverflow", "parse_example", "STACKOVERFLOW_USERS", "TFF_FILE",
@@ -106,15 +107,44 @@ def _files(data_dir: str | None) -> tuple[str, dict[str, str], str]:
 
 def vocabulary(path: str, size: int) -> dict[str, int]:
     """The first ``size`` words of a word-count file (most frequent first) ↦ ids NUM_RESERVED, NUM_RESERVED + 1, …"""
+    from fljax.data.sources import DataError
+
     words: dict[str, int] = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            parts = line.split()
-            if parts and parts[0] not in words:
-                words[parts[0]] = text.NUM_RESERVED + len(words)
-                if len(words) >= size:
-                    break
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                parts = line.split()
+                if parts and parts[0] not in words:
+                    words[parts[0]] = text.NUM_RESERVED + len(words)
+                    if len(words) >= size:
+                        break
+    except UnicodeDecodeError:
+        raise DataError(f"stackoverflow: {path} is not text (UTF-8 'word count' lines); put TFF's "
+                        f"{WORD_COUNT_FILE} there, unpacked.") from None
+    except OSError as e:
+        raise DataError(f"stackoverflow: {path} cannot be read ({e.strerror or e}).") from None
     return words
+
+
+_TABLES = {"tff": "examples(split_name, client_id, serialized_example_proto) and client_metadata(client_id, "
+                  "split_name, num_examples)",
+           "fedjax": "federated_data(client_id, data, num_examples)"}
+
+
+@contextlib.contextmanager
+def _database(kind: str, path: str):
+    """A read-only connection to ``path``; any sqlite error inside (not a database, a missing table or column, a
+    damaged page) is one line naming the file and the tables the format needs."""
+    from fljax.data.sources import DataError
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            yield db
+    except sqlite3.Error as e:
+        what = "TFF's" if kind == "tff" else "FedJAX's"
+        raise DataError(f"stackoverflow: {path} is not {what} Stack Overflow database ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else 'unreadable'}); it must hold the tables "
+                        f"{_TABLES[kind]}: download it again.") from None
 
 
 # ------------------------------------------------------------------------------ tf.train.Example, without TF
@@ -202,27 +232,37 @@ def _fedjax_unpack(blob: bytes) -> dict:
 
 def _users(kind: str, database: str) -> list[tuple]:
     """(user id, train sentences) of the train split's users, sorted by id."""
-    with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as db:
+    from fljax.data.sources import DataError
+
+    with _database(kind, database) as db:
         if kind == "tff":
             rows = db.execute("SELECT client_id, SUM(num_examples) FROM client_metadata WHERE split_name = 'train' "
-                              "GROUP BY client_id")
+                              "GROUP BY client_id").fetchall()
         else:
-            rows = db.execute("SELECT client_id, num_examples FROM federated_data")
+            rows = db.execute("SELECT client_id, num_examples FROM federated_data").fetchall()
+    bad = next((r for r in rows if not isinstance(r[1], int)), None)
+    if bad is not None:
+        raise DataError(f"stackoverflow: {database}: user {bad[0]!r} has {bad[1]!r} examples, not a count; download "
+                        f"the database again.")
+    try:
         return sorted(rows)
+    except TypeError:  # ids of different types do not sort
+        raise DataError(f"stackoverflow: {database}: the client ids are of mixed types; download the database "
+                        f"again.") from None
 
 
 def _sentences(kind: str, database: str, split: str, users: list) -> dict:
     """``{user: [tokens bytes, …]}`` of ``users``' sentences in ``split``, in the file's order (TFF's: one pass over
     the examples joined with the chosen ids; FedJAX's: one row per user, by its primary key)."""
     out: dict = {u: [] for u in users}
-    with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as db:
+    with _database(kind, database) as db:
         if kind == "tff":
             db.execute("CREATE TEMP TABLE chosen (id PRIMARY KEY)")
             db.executemany("INSERT INTO temp.chosen VALUES (?)", [(u,) for u in users])
             rows = db.execute("SELECT e.client_id, e.serialized_example_proto FROM examples e JOIN temp.chosen c "
                               "ON e.client_id = c.id WHERE e.split_name = ? ORDER BY e.rowid", (split,))
             for user, proto in rows:
-                tokens = parse_example(proto)
+                tokens = _decoded(database, user, parse_example, proto)
                 if tokens is not None:
                     out[user].append(tokens)
             return out
@@ -230,12 +270,30 @@ def _sentences(kind: str, database: str, split: str, users: list) -> dict:
             chunk = users[start:start + 500]
             for user, blob in db.execute(f"SELECT client_id, data FROM federated_data WHERE client_id IN "
                                          f"({','.join('?' * len(chunk))})", chunk):
-                out[user] = list(_fedjax_unpack(blob)["tokens"])
+                out[user] = list(_decoded(database, user, lambda b: _fedjax_unpack(b)["tokens"], blob))
     return out
 
 
+def _decoded(database: str, user, decode, blob):
+    """``decode(blob)`` of one stored example or client, or a one-line refusal naming the file and the user (a
+    damaged protocol buffer, zlib stream or msgpack; a value of another type)."""
+    from fljax.data.sources import DataError
+
+    try:
+        if not isinstance(blob, bytes):
+            raise TypeError(f"a stored value is {type(blob).__name__}, not bytes")
+        value = decode(blob)
+        if value is not None and not isinstance(value, bytes) and not all(isinstance(t, bytes) for t in value):
+            raise TypeError("its tokens are not bytes")
+        return value
+    except Exception as e:  # noqa: BLE001 - whatever the decoders raise on damaged bytes (IndexError, zlib.error...)
+        raise DataError(f"stackoverflow: {database}: user {user!r}: a stored example cannot be decoded "
+                        f"({type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else 'damaged'}); download the "
+                        f"database again.") from None
+
+
 def _rows(sentences: list, vocab: dict[str, int], oov: int, seq_len: int, cap: int | None):
-    ids = [np.fromiter((vocab.get(w, oov) for w in s.decode("utf-8").split(" ") if w), np.int32)
+    ids = [np.fromiter((vocab.get(w, oov) for w in s.decode("utf-8", "replace").split(" ") if w), np.int32)
            for s in sentences[:cap]]
     return text.sentence_rows(ids, seq_len)
 
@@ -270,6 +328,9 @@ def stackoverflow(o: StackOverflowOptions, num_clients: int, seed: int):
         arrays = {}
         for split in ("train", "test") if test_from == "test" else ("train",):
             found = _sentences(kind, databases[split], split, chosen)
+            count = sum(len(found[u][:o.max_samples]) for u in chosen)
+            memory.check_bytes(text.sequence_bytes(count, o.seq_len), "lower data.seq_len or data.max_samples",
+                               f"stackoverflow's {count:,} {split} sentences of data.seq_len={o.seq_len:,} tokens")
             rows = [_rows(found[u], vocab, oov, o.seq_len, o.max_samples) for u in chosen]
             arrays[f"x_{split}"] = np.concatenate([r[0] for r in rows])
             arrays[f"y_{split}"] = np.concatenate([r[1] for r in rows])
@@ -279,7 +340,9 @@ def stackoverflow(o: StackOverflowOptions, num_clients: int, seed: int):
     settings = {"num_clients": num_clients, "seed": seed, "seq_len": o.seq_len, "vocab": o.vocab,
                 "max_samples": o.max_samples, "test_from": test_from, "version": 1}
     paths = sorted(set(databases.values())) + [word_counts]
-    arrays = text.cached_arrays("stackoverflow", paths, settings, build, o.cache_dir)
+    splits = ("train", "test") if test_from == "test" else ("train",)
+    arrays = text.cached_arrays("stackoverflow", paths, settings, build, o.cache_dir,
+                                keys=[f"{k}_{split}" for split in splits for k in ("x", "y", "counts")])
     counts = arrays["counts_train"].astype(np.int32)
     test = None if test_from == "train" else Samples(arrays["x_test"], arrays["y_test"],
                                                        arrays["counts_test"].astype(np.int32))

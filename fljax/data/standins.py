@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fljax.data import text
+from fljax.data import memory, text
 
 __all__ = ["SHAKESPEARE_SPEAKERS", "STACKOVERFLOW_USERS", "EMNIST_WRITERS", "shakespeare_speakers",
            "stackoverflow_users", "emnist_writers"]
@@ -62,10 +62,13 @@ def shakespeare_speakers(num_speakers: int, seed: int, seq_len: int = 80,
     capital = [ids("".join(w).capitalize()) for w in spelled]
     space, marks = ids(" ")[0], ids(".,;:!?")
     zipf = 1.0 / np.arange(1, lexicon_size + 1)
+    budgets = [_speaker(seed, i, seq_len)[1] for i in range(num_speakers)]  # each speaker's text is at least this
+    rows = sum(text.chunk_count([budget - 2], seq_len) for budget in budgets)  # long: the rows, at least
+    memory.check_bytes(text.sequence_bytes(rows, seq_len), "lower data.seq_len",
+                       f"the Shakespeare stand-in's {rows:,}+ sequences of data.seq_len={seq_len:,} characters")
     xs, ys = [], []
     for i in range(num_speakers):  # each speaker from its own stream: a smaller population is a prefix
-        rng = np.random.default_rng([seed, 1, i])
-        budget = int(np.clip(rng.lognormal(*_SHAKESPEARE_LOG_CHARS), 2 * seq_len + 2, 250_000))
+        rng, budget = _speaker(seed, i, seq_len)
         p = zipf * rng.lognormal(0.0, 0.5, lexicon_size)
         p /= p.sum()
         snippets, used = [], 0
@@ -82,6 +85,12 @@ def shakespeare_speakers(num_speakers: int, seed: int, seq_len: int = 80,
     return xs, ys
 
 
+def _speaker(seed: int, i: int, seq_len: int) -> tuple[np.random.Generator, int]:
+    """Speaker ``i``'s stream and its text budget in characters (its first draw)."""
+    rng = np.random.default_rng([seed, 1, i])
+    return rng, int(np.clip(rng.lognormal(*_SHAKESPEARE_LOG_CHARS), 2 * seq_len + 2, 250_000))
+
+
 STACKOVERFLOW_BLOCK = 1_000  # users drawn together from one stream: the first N users are the same for every N
 
 
@@ -90,12 +99,19 @@ def stackoverflow_users(num_users: int, seed: int, seq_len: int = 20, vocab: int
     """``(x [S, seq_len], y [S, seq_len], counts [num_users])`` of the Stack Overflow stand-in (module docstring);
     the vocabulary has ``vocab`` regular words, ids ``text.NUM_RESERVED`` … and OOV last. Users are drawn in blocks
     of :data:`STACKOVERFLOW_BLOCK` from their own streams, so a smaller population is a prefix of a larger one."""
+    count = -(-num_users // STACKOVERFLOW_BLOCK)
+    sentences = [_block_counts(np.random.default_rng([seed, 2, b]), max_samples) for b in range(count)]
+    total, largest = sum(int(c.sum()) for c in sentences), max(int(c.sum()) for c in sentences)
+    memory.check_bytes(8 * 7 * vocab + 48 * largest * seq_len + text.sequence_bytes(total, seq_len),
+                       "lower data.vocab, data.seq_len or data.max_samples",
+                       f"the Stack Overflow stand-in's {total:,} sentences of data.seq_len={seq_len:,} tokens over "
+                       f"data.vocab={vocab:,} words")
     shared = _rng(seed, 2)
     zipf = 1.0 / np.arange(1, vocab + 1)
     zipf /= zipf.sum()
     successors = shared.integers(0, vocab, (vocab, 4))
     blocks = [_stackoverflow_block(np.random.default_rng([seed, 2, b]), zipf, successors, seq_len, max_samples)
-              for b in range(-(-num_users // STACKOVERFLOW_BLOCK))]
+              for b in range(count)]
     counts = np.concatenate([c for _, _, c in blocks])[:num_users]
     total = int(counts.sum())
     x = np.concatenate([x for x, _, _ in blocks])[:total]
@@ -103,13 +119,17 @@ def stackoverflow_users(num_users: int, seed: int, seq_len: int = 20, vocab: int
     return x, y, counts
 
 
+def _block_counts(rng, max_samples: int | None) -> np.ndarray:
+    """The sentence counts of a block's users: the block stream's first draw."""
+    counts = np.maximum(2, rng.lognormal(*_STACKOVERFLOW_LOG_SENTENCES, STACKOVERFLOW_BLOCK)).astype(np.int64)
+    return counts if max_samples is None else np.minimum(counts, max_samples)
+
+
 def _stackoverflow_block(rng, zipf: np.ndarray, successors: np.ndarray, seq_len: int,
                          max_samples: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One block of users: their rows, in user order, and their sentence counts."""
     vocab = len(zipf)
-    counts = np.maximum(2, rng.lognormal(*_STACKOVERFLOW_LOG_SENTENCES, STACKOVERFLOW_BLOCK)).astype(np.int64)
-    if max_samples is not None:
-        counts = np.minimum(counts, max_samples)
+    counts = _block_counts(rng, max_samples)
     total = int(counts.sum())
     favourites = rng.integers(0, vocab, (STACKOVERFLOW_BLOCK, 32))[np.repeat(np.arange(STACKOVERFLOW_BLOCK), counts)]
     words = np.empty((total, seq_len), np.int64)

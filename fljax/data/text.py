@@ -27,14 +27,17 @@ import hashlib
 import json
 import os
 import re
+import sys
 import tempfile
+import uuid
 from collections import Counter
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
 __all__ = ["PAD", "BOS", "EOS", "NUM_RESERVED", "TokenShape", "vocab_size", "oov_id", "SHAKESPEARE_CHARS",
-           "char_table", "chunk_snippets", "pad_rows", "sentence_rows", "words", "word_vocabulary", "cache_root",
+           "char_table", "chunk_snippets", "chunk_count", "sequence_bytes",
+           "pad_rows", "sentence_rows", "words", "word_vocabulary", "cache_root",
            "cached_arrays"]
 
 PAD, BOS, EOS = 0, 1, 2
@@ -92,6 +95,20 @@ def chunk_snippets(snippets: Sequence[np.ndarray], seq_len: int) -> tuple[np.nda
     return x.reshape(rows, seq_len), y.reshape(rows, seq_len)
 
 
+def chunk_count(lengths: Sequence[int], seq_len: int) -> int:
+    """The rows :func:`chunk_snippets` cuts from snippets of these lengths (without building them):
+    ⌈(Σ(len + 2) − 1)/seq_len⌉, 0 for none."""
+    if not len(lengths):
+        return 0
+    return -(-(int(np.sum(lengths, dtype=np.int64)) + 2 * len(lengths) - 1) // seq_len)
+
+
+def sequence_bytes(rows: int, seq_len: int, copies: int = 2) -> int:
+    """Bytes of ``rows`` next-token rows of ``seq_len`` (x and y, int32), ``copies`` times: a reader holds its
+    clients' pieces and their concatenation at once (the estimate :func:`fljax.data.memory.check_bytes` compares)."""
+    return copies * 2 * 4 * int(rows) * int(seq_len)
+
+
 def pad_rows(seqs: Sequence[np.ndarray], seq_len: int) -> np.ndarray:
     """``[len(seqs), seq_len]`` int32: every sequence truncated to ``seq_len`` or padded with PAD."""
     lengths = np.minimum([len(s) for s in seqs], seq_len).astype(np.int64)
@@ -141,18 +158,54 @@ def _fingerprint(paths: Sequence[str]) -> list:
     return [(os.path.basename(p), os.path.getsize(p), os.stat(p).st_mtime_ns) for p in sorted(paths)]
 
 
+def _warn(text: str) -> None:
+    print(f"fljax: warning: {text}", file=sys.stderr, flush=True)
+
+
+def _read_cached(path: str, keys: Sequence[str]) -> dict:
+    """The arrays of a cache entry, every one read whole (the zip's checksums checked), or ValueError saying why
+    the entry is damaged: not a NumPy archive, cut short, a member that does not decompress, an object array (a
+    pickle, which is never loaded), or one of ``keys`` missing."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            if not hasattr(f, "files"):
+                raise ValueError("a single array, not the archive of arrays fljax writes")
+            arrays = {k: f[k] for k in f.files}
+    except ValueError:
+        raise
+    except Exception as e:  # noqa: BLE001 - zipfile.BadZipFile, zlib.error, EOFError, OSError: a damaged file
+        raise ValueError(f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else 'unreadable'}") from None
+    missing = [k for k in keys if k not in arrays]
+    if missing:
+        raise ValueError(f"it lacks the arrays {missing}")
+    return arrays
+
+
 def cached_arrays(kind: str, paths: Sequence[str], settings: dict, build: Callable[[], dict],
-                  cache_dir: str | None = None) -> dict:
-    """``build()`` (a dict of arrays), computed once: saved as ``<cache root>/data/<kind>-<key>.npz``, the key
-    hashing the input files (names, sizes, modification times) and ``settings``; later calls with the same inputs
-    read it back. The file is written to a temporary name and renamed, so an interrupted write leaves no cache."""
+                  cache_dir: str | None = None, keys: Sequence[str] = (),
+                  warn: Callable[[str], None] = _warn) -> dict:
+    """``build()`` (a dict of arrays holding ``keys``), computed once: saved as ``<cache root>/data/<kind>-<key>.npz``,
+    the key hashing the input files (names, sizes, modification times) and ``settings``; later calls with the same
+    inputs read it back. The file is written to a temporary name and renamed, so an interrupted write leaves no
+    cache. A cache entry that cannot be read whole (cut short, changed by hand, written by something else) is moved
+    aside to ``<entry>.damaged-<id>`` (kept for inspection), ``warn`` says so in one line, and the arrays are built
+    again, as the pretrained-model cache does (:mod:`fljax.runner.pretrained`): a damaged entry never stops a run."""
     key = hashlib.sha256(json.dumps([kind, _fingerprint(paths), settings], sort_keys=True,
                                     default=str).encode()).hexdigest()[:16]
     directory = os.path.join(cache_root(cache_dir), "data")
     path = os.path.join(directory, f"{kind}-{key}.npz")
     if os.path.exists(path):
-        with np.load(path, allow_pickle=False) as f:
-            return {k: f[k] for k in f.files}
+        try:
+            return _read_cached(path, keys)
+        except ValueError as e:
+            aside = f"{path}.damaged-{uuid.uuid4().hex[:8]}"
+            try:
+                os.replace(path, aside)
+            except FileNotFoundError:  # another process moved it aside first
+                pass
+            else:
+                warn(f"the tokenised-data cache entry {path} is damaged ({e}); moved it to {os.path.basename(aside)} "
+                     f"and tokenised the files again")
     arrays = build()
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".npz", dir=directory)

@@ -28,6 +28,14 @@ both counts per program). Once: temporaries outside the client map, which do not
 the second count above the budget too, and a budget scaled below one client's estimate is refused
 (:class:`MemoryPlanError`).
 
+On the CPU the budget bounds what the process holds, not only XLA's count: XLA:CPU's runtime keeps buffers of its
+own beside the temporaries its buffer assignment counts (the dots' and convolutions' operands packed by its kernel
+libraries, scratch). Measured for the EMNIST-shaped evaluation of ``cnn1_s`` (``benchmarks/host_memory.py``, this
+2-core CPU, jax 0.10.2), each client run side by side added 2.0–2.4× its estimate to the resident memory in both
+convolution forms (33.1–39.4 MiB against an estimate of 16.2 MiB with ``patches``, while XLA counted 3.6 MiB): with
+the 4 GiB cap, 252 clients side by side held 11.8 GB. So on the CPU a client counts :data:`CPU_RESIDENT` (2.5) times its
+estimate, and the resident memory of a program's client maps stays within its budget.
+
 The budget (:func:`default_budget`): a fraction of the device's memory (:func:`device_memory`) after the program's
 arguments and outputs, ``FRACTION`` of it on accelerators and ``CPU_FRACTION`` on the CPU (the host's memory is
 shared with everything else), and at most ``CAP`` bytes; or the user's ``memory_budget`` (GiB). Programs vmapped over
@@ -42,20 +50,21 @@ EMNIST-shaped population asked XLA for 106.8 GiB, more than the allocator's limi
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 
 import jax
 import numpy as np
 
+from fljax.data.memory import host_memory, size_text, sizes_apart
 from fljax.errors import ConfigError
 
 __all__ = ["MemoryPlanError", "scope", "divided", "current", "clients_that_fit", "per_client_bytes", "peak_bytes",
-           "device_memory", "default_budget", "gib", "FRACTION", "CPU_FRACTION", "CAP"]
+           "device_memory", "default_budget", "out_of_memory", "FRACTION", "CPU_FRACTION", "CAP"]
 
 FRACTION = 0.75  # of an accelerator's memory left after the program's arguments and outputs
 CPU_FRACTION = 0.5  # of the host's memory (shared with the OS and other processes)
 CAP = 4 * 2 ** 30  # bytes of temporaries a program gets by default at most (module docstring: why)
+CPU_RESIDENT = 2.5  # resident bytes per estimated byte of a client run side by side on the CPU (module docstring)
 
 
 class MemoryPlanError(ConfigError):
@@ -102,10 +111,6 @@ def current():
     if not _SCOPE.stack or _SCOPE.stack[-1][0] is None:
         return None
     return _SCOPE.stack[-1]
-
-
-def gib(n: float) -> str:
-    return f"{n / 2 ** 30:,.2f} GiB"
 
 
 # ---------------------------------------------------------------------------------------------- the estimate
@@ -254,32 +259,54 @@ def per_client_bytes(fn, shared, per_client) -> int:
 
 def clients_that_fit(fn, shared, per_client, n: int) -> int | None:
     """How many of the ``n`` clients ``fn`` may run side by side under the current :func:`scope` (None: no
-    planning, all of them); raises :class:`MemoryPlanError` when not even one fits."""
+    planning, all of them): ⌊budget / r⌋, r = one client's estimate (:func:`per_client_bytes`), times
+    :data:`CPU_RESIDENT` on the CPU; raises :class:`MemoryPlanError` when not even one fits."""
     plan = current()
     if plan is None or n <= 1:
         return None
     budget, program, source, maps = plan
     b = per_client_bytes(fn, shared, per_client)
-    fit = int(budget // max(b, 1))
-    maps.append({"clients": n, "per_client_bytes": b, "side_by_side": min(n, fit)})
+    resident = b * (CPU_RESIDENT if jax.default_backend() == "cpu" else 1.0)  # what one client holds (docstring)
+    fit = int(budget // max(resident, 1))
+    maps.append({"clients": n, "per_client_bytes": b, "resident_bytes": resident, "side_by_side": min(n, fit)})
     if fit < 1:
+        need, have = sizes_apart(resident, budget)
         raise MemoryPlanError(
-            f"the {program} program needs {gib(b)} of temporaries for one client, more than its memory budget of "
-            f"{gib(budget)} ({source}): raise memory_budget, or make one client's work smaller (algo.batch_size, the "
+            f"the {program} program needs {need} of temporaries for one client, more than its memory budget of "
+            f"{have} ({source}): raise memory_budget, or make one client's work smaller (algo.batch_size, the "
             f"model, or the clients' test split).")
     return fit
 
 
 # ---------------------------------------------------------------------------------------------- the budget
 def device_memory() -> tuple[str, int]:
-    """(name, bytes) of the memory a run can use: the accelerators' memory (their allocator's limit), or the
-    machine's for the CPU."""
+    """(name, bytes) of the memory a run can use: the accelerators' memory (their allocator's limit), or, for the
+    CPU, the host's as this process may use it (:func:`fljax.data.memory.host_memory`: the machine's, or less under
+    ``ulimit -v`` or a cgroup's memory limit)."""
     devices = jax.local_devices()
     if devices[0].platform != "cpu":
         stats = [d.memory_stats() or {} for d in devices]
         if all("bytes_limit" in s for s in stats):
             return f"{len(devices)} × {devices[0].device_kind}", sum(s["bytes_limit"] for s in stats)
-    return "this machine", os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return host_memory()
+
+
+_EXHAUSTED = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory", "YNNPACK operation failed",
+              "failed to allocate", "Failed to allocate")
+
+
+def out_of_memory(e: BaseException) -> str | None:
+    """The one line for a run that ran out of memory although its programs were planned (None for any other error):
+    a ``MemoryError``, or a runtime error of XLA that says so (``RESOURCE_EXHAUSTED``, an allocation that failed, a CPU
+    kernel library that could not allocate its buffers: 'YNNPACK operation failed' under ``ulimit -v``). It names
+    the memory the process may use and the knobs."""
+    text = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+    if not isinstance(e, MemoryError) and not (isinstance(e, jax.errors.JaxRuntimeError)
+                                               and any(word in str(e) for word in _EXHAUSTED)):
+        return None
+    where, have = device_memory()
+    return (f"out of memory while running ({type(e).__name__}: {text}): {size_text(have)} of {where} can be used; "
+            f"lower memory_budget (GiB of temporaries per program) or the data's size, or raise the limit")
 
 
 def default_budget(args) -> tuple[float, str]:
@@ -290,5 +317,5 @@ def default_budget(args) -> tuple[float, str]:
     fraction = CPU_FRACTION if jax.default_backend() == "cpu" else FRACTION
     resident = 2 * sum(_nbytes(x) for x in jax.tree.leaves(args) if _is_array(x))
     share = max(fraction * (have - resident), 0.0)
-    return min(share, CAP), (f"default: {fraction:.0%} of the {gib(have)} of {where} after {gib(resident)} of "
-                             f"arguments and outputs, at most {gib(CAP)}")
+    return min(share, CAP), (f"default: {fraction:.0%} of the {size_text(have)} of {where} after "
+                             f"{size_text(resident)} of arguments and outputs, at most {size_text(CAP)}")

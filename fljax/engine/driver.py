@@ -199,6 +199,7 @@ class Simulation:
         self._compiled: dict = {}
         self._executables: dict = {}
         self.memory_plans: dict = {}
+        self._planned = False
         self._check_deadline()
 
     def _check_deadline(self) -> None:
@@ -427,6 +428,25 @@ class Simulation:
         self.compiled("block", lambda s, d: self.block_fn(s, d, rounds), (state, data), (rounds,))
         self.compiled("evaluate", self.evaluate_fn, (state, data))
         return self.memory_plans
+
+    def plan_memory(self) -> None:
+        """Trace the programs of a run under their memory budgets — initialisation, one round and evaluation —
+        without compiling or running anything, so that one whose client maps cannot fit even one client at a time is
+        refused (:class:`~fljax.engine.budget.MemoryPlanError`) before a run directory is written (the run plans
+        them again when it compiles them). Once per simulation; nothing under the loop executor, whose programs are
+        per client."""
+        if self._planned or not self.executor.jittable:
+            return
+        key = jax.eval_shape(lambda: jax.random.PRNGKey(self.seed))
+        data = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), self.data)
+        state = self.state_shapes()
+        for name, fn, args in (("init", self.init_fn, (key, None, data)),
+                               ("block", lambda s, d: self.block_fn(s, d, 1), (state, data)),
+                               ("evaluate", self.evaluate_fn, (state, data))):
+            total, source = self.program_budget(args)
+            with budget.scope(total, _PROGRAMS[name], source), precision_scope("fp32"):
+                jax.eval_shape(fn, *args)
+        self._planned = True
 
     def executable(self, name: str, static: tuple = ()):
         """The last compiled program of ``name`` ('init', 'block' with ``static=(n,)`` for n rounds, 'evaluate'):

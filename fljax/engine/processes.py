@@ -38,7 +38,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from fljax.errors import OptionError
 
 __all__ = ["ENV", "initialize", "from_environment", "is_lead", "lead_only", "program_shardings", "rendezvous",
-           "agree", "JOIN_TIMEOUT", "TIMEOUT_ENV"]
+           "agree", "lost_group", "JOIN_TIMEOUT", "TIMEOUT_ENV"]
 
 _joined = {"group": None}
 ENV = {"coordinator": "FLJAX_COORDINATOR", "num_processes": "FLJAX_NUM_PROCESSES", "process_id": "FLJAX_PROCESS_ID"}
@@ -68,10 +68,30 @@ def initialize(coordinator: str, num_processes: int, process_id: int) -> None:
         return
     timeout = join_timeout()
     rendezvous(host, int(port), num_processes, process_id, timeout)
+    if process_id != 0:
+        _await_service(host, int(port), timeout)
     _joined["group"] = group
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id,
                                initialization_timeout=max(1, int(timeout)))
+
+
+def _await_service(host: str, port: int, timeout: float) -> None:
+    """Wait, at most ``timeout`` seconds, until process 0 serves JAX's runtime on ``host:port`` (it starts it once
+    the group has met): a follower whose process 0 ended after the meeting, or whose coordinator said 'go' and
+    never served, is refused in one line here instead of waiting in ``jax.distributed.initialize`` (which aborts the
+    process with a C++ stack trace, or waits on)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=max(0.1, min(2.0, deadline - time.monotonic()))).close()
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise OptionError(ENV["coordinator"], f"{host}:{port}: process 0 met the group but did not start "
+                                                      f"its runtime within {timeout:g} s ({TIMEOUT_ENV}); see its "
+                                                      f"message, and start the group again") from None
+            time.sleep(0.1)
 
 
 def join_timeout() -> float:
@@ -229,6 +249,17 @@ def agree(signum: int) -> int:
     every = np.asarray(multihost_utils.process_allgather(np.int32(signum))).ravel()
     nonzero = every[every != 0]
     return int(nonzero[0]) if nonzero.size else 0
+
+
+def lost_group(e: BaseException) -> str | None:
+    """The one line for an error of JAX's distributed runtime in a process of a group (a collective that timed out
+    because another process ended or stopped answering), or None for any other error, or outside a group."""
+    group = _joined["group"]
+    if group is None or group[1] <= 1 or not isinstance(e, jax.errors.JaxRuntimeError):
+        return None
+    text = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    return (f"process {group[2]} of {group[1]} lost its group ({text}): another process ended or stopped answering "
+            f"(see process 0's message); start the group again, or continue its run in one process with --resume")
 
 
 def from_environment() -> bool:

@@ -459,7 +459,7 @@ def own_model(module: nn.Module, input_shape, num_classes: int, data: str = "the
                                                 mutable=list(collections))[0], dict(variables))
     except OptionError:
         raise
-    except (TypeError, ValueError, flax.errors.FlaxError) as e:
+    except Exception as e:  # noqa: BLE001 - the user's module failing on these inputs, whatever it raises
         conv = _first_conv(module, takes_train, x)
         spatial = len(getattr(conv, "kernel_size", ()))
         if conv is not None and spatial + 1 != len(input_shape):
@@ -469,8 +469,14 @@ def own_model(module: nn.Module, input_shape, num_classes: int, data: str = "the
                                        f"inputs of shape {tuple(input_shape)}: pass data of that rank (e.g. "
                                        f"data={{'dataset': 'digits'}}, images (8, 8, 1)) or a model for "
                                        f"{tuple(input_shape)} inputs.") from None
+        if isinstance(e, ZeroDivisionError):  # jax's variance-scaling initializers divide by a layer's fans
+            raise OptionError("model", f"{what} cannot be initialised for the inputs of {data}, of shape "
+                                       f"{tuple(input_shape)}: an initializer divided by zero ({e}), as it does for a "
+                                       f"layer with 0 features or a kernel with a 0-sized dimension; give every "
+                                       f"layer at least one.") from None
+        reason = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
         raise OptionError("model", f"{what} cannot take the inputs of {data}, of shape {tuple(input_shape)}: "
-                                   f"{str(e).splitlines()[0]}") from None
+                                   f"{reason}") from None
     if (collections or stochastic) and not takes_train:
         raise OptionError("model", f"{what} has {'BatchNorm' if collections else 'Dropout'}: its __call__ must take "
                                    f"train: bool (True while training, False at evaluation).")

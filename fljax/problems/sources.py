@@ -18,6 +18,7 @@ from typing import Literal
 
 import numpy as np
 
+from fljax.data import memory
 from fljax.errors import OptionError
 from fljax.options import Options, at_least, between, option, with_default
 from fljax.problems.fedgia_data import (ClientBlocks, pack_trials, qot_instance, qot_sizes, sct_standin_instance,
@@ -87,10 +88,21 @@ class SctStandinOptions(Packing):
                                     between(0, 1))
 
 
+INSTANCE_COPIES = 3  # a client's rows held at once: generated, packed into its size class, their Gram statistics
+
+
+def _check_instance(rows: int, features: int, advice: str, what: str) -> None:
+    """Refuse an instance of ``rows`` × (``features`` + 1) float64 values that could not be held (generated and
+    packed) in this machine's memory, before it is drawn."""
+    memory.check_bytes(INSTANCE_COPIES * 8 * rows * (features + 1), advice, what)
+
+
 def _pack(name: str, instance: list, sizes_of, o: Packing, seed: int) -> ClientBlocks:
     """One instance packed into ``o.size_classes`` classes, their rows chosen over ``o.layout_seeds`` (module
     docstring)."""
     own = np.array([len(b) for _, b in instance])
+    memory.check_bytes((o.layout_seeds or 0) * (8 * len(own) + 112), "lower data.layout_seeds",
+                       f"the client sizes of data.layout_seeds={o.layout_seeds:,} data seeds" if o.layout_seeds else "")
     seeds = [s for s in range(o.layout_seeds or 0) if s != seed]
     sizes = np.stack([own] + [sizes_of(s) for s in seeds])
     layout = size_blocks(sizes, o.size_classes)
@@ -101,6 +113,9 @@ def _pack(name: str, instance: list, sizes_of, o: Packing, seed: int) -> ClientB
 
 
 def load_v1(o: V1Options, num_clients: int, seed: int) -> ClientBlocks:
+    _check_instance(num_clients * o.rows_max, o.features, "lower data.features, data.rows_max or data.num_clients",
+                    f"fedgia_v1's {num_clients:,} clients of up to data.rows_max={o.rows_max:,} rows × "
+                    f"data.features={o.features:,}")
     d_range = (o.rows_min, o.rows_max)
     instance = v1_instance(seed, m=num_clients, n=o.features, d_range=d_range, generator=o.generator,
                            block_len=o.block_len)
@@ -113,6 +128,9 @@ def load_qot(o: QotOptions, num_clients: int, seed: int) -> ClientBlocks:
 
 
 def load_sct_standin(o: SctStandinOptions, num_clients: int, seed: int) -> ClientBlocks:
+    _check_instance(o.rows, o.features, "lower data.rows or data.features",
+                    f"the sct stand-in's data.rows={o.rows:,} rows × data.features={o.features:,}")
+
     def instance(s):
         return sct_standin_instance(s, m=num_clients, d=o.rows, n=o.features, positives=o.positives,
                                     min_client_frac=o.min_client_frac)

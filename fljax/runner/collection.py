@@ -62,7 +62,7 @@ def _compare_table(cfg, points, results, listing, root: RunDir, plots: bool):
     if plots and root.path is not None:
         plot_compare(root.file("compare.png"), {lbl: r.histories for lbl, r in by_label.items()}, title,
                      groups={a["label"]: family(a["algorithm"]) for a in listing})
-    root.write_summary({"status": "completed", "algorithms": listing,
+    root.write_summary({**_collection_status(by_label), "algorithms": listing,
                         "results": {lbl: r.summary for lbl, r in by_label.items()}})
     return table, by_label
 
@@ -142,11 +142,19 @@ def _sweep_table(cfg, grid, points, results, root: RunDir, plots: bool):
             plot_attacks(root.file("attacks.png"), grid, rows, title)
         table = attacks
     runs = [run for r in results for run in r.runs]
-    root.write_summary({"status": "completed", "grid": grid,
+    root.write_summary({**_collection_status(by_label), "grid": grid,
                         "programs": {"runs": len(runs), "vectorised_runs": sum(r.progress.vectorised for r in runs),
                                      "compiled": len({r.progress.program for r in runs} - {None})},
                         "results": {lbl: r.summary for lbl, r in by_label.items()}})
     return table, by_label
+
+
+def _collection_status(by_label: dict) -> dict:
+    """A collection's status in its summary.json, as a point's is of its seeds (:func:`~fljax.runner.results.
+    aggregate_summaries`): 'completed' when every point completed, else 'stopped', with ``stopped`` listing the
+    points a guard stopped (a comparison whose every run diverged said 'completed')."""
+    stopped = [lbl for lbl, r in by_label.items() if r.stopped]
+    return {"status": "stopped", "stopped": stopped} if stopped else {"status": "completed"}
 
 
 def _run_collection(points, cfg: ExperimentConfig, header: dict, out: str | None, kind: str,

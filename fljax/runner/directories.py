@@ -108,10 +108,13 @@ class Layout:
                 check_resume(d.path, cfg)
 
     def check_results(self, resume: bool, missing_ok: bool) -> None:
-        """Under the directories' locks: without ``resume``, none may hold results (a checkpoint, a finished run);
-        with it, the root must hold a run to continue unless ``missing_ok``."""
+        """Under the directories' locks: no directory may lead outside itself (a ``checkpoints`` link, an inner
+        directory that is a link: :meth:`~fljax.runner.results.RunDir.check_inside`); without ``resume``, none may hold
+        results (a checkpoint, a finished run); with it, the root must hold a run to continue unless ``missing_ok``."""
         if self.root.path is None:
             return
+        for d, _, _ in self.configs():
+            d.check_inside(inner=d.path != self.root.path)
         if resume and not missing_ok and not self.root.holds_config():
             raise ConfigError(f"--resume: {self.root.path!r} holds no run to continue (no config.yaml); start it "
                               f"without --resume.")

@@ -69,10 +69,13 @@ def _acquire(real: str, shown: str) -> int:
     path = os.path.join(real, LOCK_NAME)
     while True:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         except FileNotFoundError:  # the directory was removed meanwhile (a refused run cleaning up)
             _makedirs(real)
             continue
+        except OSError as e:  # ELOOP: a link planted as the lock file (it would truncate what it points to)
+            raise ConfigError(f"{os.path.join(shown, LOCK_NAME)!r} cannot be opened as the run directory's lock "
+                              f"({e.strerror or e}); remove it.") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

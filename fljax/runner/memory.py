@@ -12,13 +12,15 @@ whose int32 minibatch indices are materialised at once (:class:`~fljax.data.batc
 held whatever the executor, so a run refused here could never have run. What a run computes on the way (the
 activations of the clients running side by side, in training and evaluation, lanes) is planned per compiled
 program by :mod:`fljax.engine.budget`: client maps run in chunks that fit the device, and a program that cannot fit
-even one client at a time is refused in one line before it is compiled.
+even one client at a time is refused in one line; :func:`check_fits` traces the run's programs under their budgets
+first (:meth:`~fljax.engine.Simulation.plan_memory`), so that refusal too comes before anything is written.
 """
 from __future__ import annotations
 
 import jax  # noqa: F401  (device_memory reads jax.local_devices; tests replace it here)
 
 from fljax import tree
+from fljax.data.memory import size_text, sizes_apart
 from fljax.engine.budget import device_memory
 from fljax.errors import ConfigError
 
@@ -36,16 +38,13 @@ def check_fits(sim) -> None:
     indices = INDEX_BYTES * (samples // cohort)
     where, have = device_memory()
     if state + indices <= have:
+        sim.plan_memory()  # a program that cannot fit one client at a time (fljax.engine.budget), refused now
         return
     if indices > state:
-        what = (f"one client's round draws {samples // cohort:,} samples ({_gib(indices)} of minibatch indices); "
-                f"lower algo.batch_size or the local steps (algo.local_steps, algo.local_epochs)")
+        what = (f"one client's round draws {samples // cohort:,} samples ({size_text(indices)} of minibatch "
+                f"indices); lower algo.batch_size or the local steps (algo.local_steps, algo.local_epochs)")
     else:
-        what = (f"the server's and clients' states take {_gib(state)}; choose a smaller model (model.name, "
+        what = (f"the server's and clients' states take {size_text(state)}; choose a smaller model (model.name, "
                 f"model.options) or fewer clients (data.num_clients)")
-    raise ConfigError(f"the simulation needs at least {_gib(state + indices)} of memory, more than the {_gib(have)} "
-                      f"of {where}: {what}.")
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2 ** 30:,.1f} GiB"
+    need, has = sizes_apart(state + indices, have)
+    raise ConfigError(f"the simulation needs at least {need} of memory, more than the {has} of {where}: {what}.")

@@ -34,7 +34,7 @@ from fljax.config import ConfigError, ExperimentConfig
 from fljax.engine import NonFiniteError
 from fljax.engine.processes import lead_only
 from fljax.experiment import Experiment, privacy_of
-from fljax.privacy import weighting_note
+from fljax.privacy import delta_warning, weighting_note
 from fljax.runner import identity, interrupt, lock
 from fljax.runner.callbacks import Checkpoints
 from fljax.runner.checkpoint import Checkpointer
@@ -171,6 +171,8 @@ def _notes(points, runs: list[Run], first: Built | None, warnings: list[list[str
     for note in sorted({n for run in runs if (n := weighting_note(
             run.cfg.privacy, run.exp.algorithm.hyperparameters().get("weighting")))}):
         output.note(f"  {note}")
+    for warning in sorted({w for run in runs if run.privacy and (w := delta_warning(run.privacy.plan))}):
+        output.warn(warning)
     if warn_models:
         for (label, exp), point_warnings in zip(points, warnings):
             for warning in point_warnings:

@@ -23,7 +23,7 @@ import os
 
 import numpy as np
 
-from fljax.config import ExperimentConfig, to_dict
+from fljax.config import ConfigError, ExperimentConfig, to_dict
 from fljax.engine import RunLog
 from fljax.runner import files
 from fljax.runner.report import sample_std
@@ -63,6 +63,25 @@ class RunDir:
 
     def holds_summary(self) -> bool:
         return self._exists("summary.json")
+
+    def check_inside(self, inner: bool = False) -> None:
+        """Refuse, in one line, a run directory whose ``checkpoints`` entry is a symbolic link (or not a directory),
+        and an ``inner`` one (a seed's or a point's, inside the directory the user named) that is a link itself:
+        fljax writes nothing outside the run directory it was given (checkpoints are written, moved aside and
+        deleted in theirs; the files fljax writes are replaced by renaming, which replaces a link rather than
+        following it)."""
+        if inner and self.path is not None and os.path.islink(self.path):
+            raise ConfigError(f"{self.path!r} is a symbolic link (to {os.readlink(self.path)!r}); fljax writes nothing "
+                              f"outside the run directory it was given: remove the link.")
+        d = self.checkpoints
+        if d is None or not os.path.lexists(d):
+            return
+        if os.path.islink(d):
+            raise ConfigError(f"{d!r} is a symbolic link (to {os.readlink(d)!r}); fljax writes, moves aside and "
+                              f"deletes checkpoints there and writes nothing outside the run directory: remove the "
+                              f"link (or move the checkpoints it points to into {d!r}).")
+        if not os.path.isdir(d):
+            raise ConfigError(f"{d!r} is a file, not the run's checkpoints directory; move it away.")
 
     def has_checkpoint(self) -> bool:
         d = self.checkpoints

@@ -17,7 +17,7 @@ import os
 
 from fljax.algorithms import ALGORITHMS
 from fljax.algorithms.registry import defaults
-from fljax.config import ExperimentConfig, load_config, to_dict
+from fljax.config import ExperimentConfig, load_config, nullable_sections, to_dict
 from fljax.engine import RunLog
 from fljax.errors import ConfigError, OptionError
 from fljax.options import show
@@ -55,11 +55,19 @@ def check_resume(directory: str, cfg: ExperimentConfig) -> None:
     path = os.path.join(directory, "config.yaml")
     if not os.path.exists(path):
         return
-    saved, new = flat(load_config(path)), flat(cfg)
+    before = load_config(path)
+    saved, new = flat(before), flat(cfg)
     if saved.get("privacy.target_epsilon") is not None and saved.get("rounds") != new.get("rounds"):
         raise ConfigError(f"--resume cannot change rounds ({saved.get('rounds')} in {path}, {new.get('rounds')} now) "
                           f"of a run whose noise is calibrated to privacy.target_epsilon over its rounds: the rounds "
                           f"already run used that noise; start a new run (another --out) for another length.")
+    for key in sorted(nullable_sections()):  # a section added or removed: named as a whole, not by a key of it
+        was, now = getattr(before, key), getattr(cfg, key)
+        if (was is None) != (now is None):
+            raise ConfigError(f"--resume cannot {'add' if was is None else 'remove'} {key} ("
+                              f"{'null' if was is None else 'set'} in {path}, {'set' if was is None else 'null'} "
+                              f"now): it changes the simulation the checkpoints hold; start a new run (another "
+                              f"--out) {'with' if was is None else 'without'} {key}.")
     for key in sorted(saved.keys() | new.keys(), key=_order):
         if key not in MAY_CHANGE and saved.get(key) != new.get(key):
             raise ConfigError(f"--resume cannot change {key} ({_shown(saved, key)} in {path}, {_shown(new, key)} "

@@ -2,7 +2,8 @@
 
 A study file (``fljax/reproduce/<name>.yaml``) holds
 
-* ``title``, ``command`` (how to run it), ``out`` (default output folder), ``seeds`` (default number of seeds);
+* ``title``, ``command`` (how to run it), ``out`` (the committed report's folder, which ``fljax reproduce
+  --update-report`` writes), ``seeds`` (default number of seeds);
 * ``base``: an experiment config (the keys of ``fljax run`` configs) shared by every cell;
 * ``presets``: named sets of config overrides that axis values build on (``use: [train, cfl]``);
 * ``axes``: named choices, each value a set of config overrides (nested dicts), optionally with ``tags`` (labels the

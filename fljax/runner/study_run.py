@@ -27,7 +27,7 @@ from fljax.runner.resume import completed
 from fljax.runner.study import Cell, Study, StudyResults
 from fljax.runner.tables import render_plots, render_report
 
-__all__ = ["run_study", "render_study", "results_from_file"]
+__all__ = ["run_study", "render_study", "results_from_file", "check_out"]
 
 
 def _run_dir_names(cells: list[Cell]) -> dict[str, str]:
@@ -95,6 +95,7 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
     'map' keeps each run bit-identical to a run of its own)."""
     output = output or Output()
     lanes = lanes or study.spec.get("lanes", "vmap")
+    check_out(out)
     if os.path.isdir(out):  # a run, sweep or comparison is not a study's folder (its runs would land beside them)
         identity.check_kind(out, "study", "--out")
     cells = study.cells(only, seeds, rounds)
@@ -106,16 +107,24 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
     experiments = _experiments(cells)
     names = _run_dir_names(cells)
     root = os.path.join(out, "runs")
+    for key, name in names.items():  # a run directory made with other settings would be resumed wrongly
+        saved = RunDir(os.path.join(root, name)).file("config.yaml")
+        if not fresh and os.path.exists(saved):
+            if not _same_settings(yaml_io.load(open(saved, "rb")), experiments[key].config):
+                raise ConfigError(f"{os.path.dirname(saved)} was run with other settings than the study now asks "
+                                  f"for; rerun with --fresh (or another --out).")
+    dropped = _dropped(out, names)
+    if dropped and not fresh:
+        raise ConfigError(f"--out {out}: its report records {dropped} that this invocation "
+                          f"({_invocation(study, only, seeds, rounds)}) would drop from it; ask for them too, with "
+                          f"the same --seeds and --rounds (their recorded runs are reused, not run again), write "
+                          f"into another --out, or add --fresh to replace the report.")
+    if dropped:
+        output.note(f"--fresh: the report in {out} ({dropped}) is replaced by this invocation's")
     if fresh and os.path.isdir(root):
         import shutil
 
         shutil.rmtree(root)
-    for key, name in names.items():  # a run directory made with other settings would be resumed wrongly
-        saved = RunDir(os.path.join(root, name)).file("config.yaml")
-        if os.path.exists(saved):
-            if not _same_settings(yaml_io.load(open(saved, "rb")), experiments[key].config):
-                raise ConfigError(f"{os.path.dirname(saved)} was run with other settings than the study now asks "
-                                  f"for; rerun with --fresh (or another --out).")
     recorded = {} if fresh else _recorded_runs(out, experiments)
     todo = [key for key in names
             if key not in recorded and not _completed(os.path.join(root, names[key]), experiments[key].settings)]
@@ -253,9 +262,46 @@ def render_study(results: StudyResults, out: str) -> str:
     return text
 
 
+def check_out(out: str) -> None:
+    """Refuse an output folder that a file stands in the way of (``out`` itself or a folder above it), in one
+    line."""
+    blocked = out
+    while blocked and not os.path.isdir(blocked):
+        if os.path.lexists(blocked):
+            where = f"{out!r} is" if blocked == out else f"{out!r}: {blocked!r} is"
+            raise ConfigError(f"--out {where} a file, not a directory; choose another --out.")
+        blocked = os.path.dirname(blocked)
+
+
+def _dropped(out: str, names: dict[str, str]) -> str | None:
+    """What the report in ``out`` records that a report of the runs ``names`` (run key → directory) would lose —
+    "N runs of studies a, b" — or None (no report there, or one whose runs are all among them): a report is never
+    replaced by a smaller one without being asked to (``--fresh``)."""
+    path = os.path.join(out, "results.json.gz")
+    if not os.path.exists(path):
+        return None
+    saved = _results_file(path)
+    lost = set(saved["runs"]) - set(names)
+    if not lost:
+        return None
+    try:
+        studies = sorted({c["study"] for c in saved["cells"] if any(Cell(**c).key(s) in lost for s in c["seeds"])})
+    except (TypeError, KeyError):
+        raise files.DamagedFile(path, "its 'cells' are not the cells of a study") from None
+    return f"{len(lost):,} run{'s' * (len(lost) > 1)} of {', '.join(studies) or 'its studies'}"
+
+
+def _invocation(study: Study, only: list[str] | None, seeds: int | None, rounds: int | None) -> str:
+    """The chosen studies and quick-look settings, as a message names them."""
+    parts = [f"--only {','.join(only)}" if only else f"every study of {study.name}"]
+    parts += [f"--{k} {v}" for k, v in (("seeds", seeds), ("rounds", rounds)) if v is not None]
+    return " ".join(parts)
+
+
 def results_from_file(study: Study, out: str, only: list[str] | None = None) -> StudyResults:
     """The results saved in ``out/results.json.gz`` (``--render``); without that file, the chosen studies' runs
     that have finished in ``out/runs/`` (a report of an interrupted study, naming what was not run)."""
+    check_out(out)
     path = os.path.join(out, "results.json.gz")
     if not os.path.exists(path):
         return _results_from_runs(study, out, only, path)
