@@ -319,7 +319,7 @@ def part_robust(dry: bool, save) -> None:
     import robust  # benchmarks/robust.py
     import torch_peers
 
-    attacks, defences = (robust.ATTACKS[:2], robust.DEFENCES[:2]) if dry else (robust.ATTACKS[:4],
+    attacks, defences = (robust.ATTACKS[:1], robust.DEFENCES[:2]) if dry else (robust.ATTACKS[:4],
                                                                                 robust.DEFENCES[:4])
     rounds, sample = (2, 1) if dry else (200, 2)
     import jax

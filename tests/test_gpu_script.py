@@ -91,13 +91,13 @@ def test_the_asynchrony_part_dry_run(tmp_path):
 
 
 def test_the_attack_table_part_dry_run(tmp_path):
-    """``gpu.sh --dry-run robust``: the attack table of benchmarks/robust.py at toy sizes (2 attacks × 2 defences × 3
-    fractions × 2 seeds as one sweep of 4 programs; one pair's 6 runs cell by cell), into gpu.md's section 7."""
+    """``gpu.sh --dry-run robust``: the attack table of benchmarks/robust.py at toy sizes (1 attack × 2 defences × 3
+    fractions × 2 seeds as one sweep of 2 programs; one pair's 6 runs cell by cell), into gpu.md's section 7."""
     done = _gpu_sh("--dry-run", "--out", str(tmp_path), "robust", env_extra={"FLJAX_COMPILE_CACHE": str(tmp_path / "cc")})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "part robust: exit 0" in done.stderr and "part emnist" not in done.stderr
     rec = json.loads((tmp_path / "gpu_dry_run.json").read_text())["robust"]
-    assert rec["table"]["runs"] == 24 and rec["table"]["programs"] == 4
+    assert rec["table"]["runs"] == 12 and rec["table"]["programs"] == 2
     assert rec["cells"]["sampled_runs"] == 6 and rec["cells"]["seconds_per_run"] > 0
     assert "## 7. Attack × defence tables" in (tmp_path / "gpu_dry_run.md").read_text()
 
