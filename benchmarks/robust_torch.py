@@ -5,7 +5,7 @@ steps), then the attack on the stacked updates and the defence, once per round.
 The workload is fljax's (benchmarks/robust.py writes it to an ``.npz``): the same clients' padded train and test
 rows, the same MLP shape, local steps, batch, learning rate and rounds, full participation, each client's update
 weighted by its sample count in the mean. The attacks and defences are written out from the robust spec's
-definitions (shared/spec/robust.md; Blades' and FLPoison's code is not used), on flattened updates ``[n, d]``; the
+definitions (docs/robust.md; Blades' and FLPoison's code is not used), on flattened updates ``[n, d]``; the
 ``.npz`` also holds one random cohort's updates with fljax.ops' outputs for every attack and defence, and
 :func:`check` reports the largest difference from them (the peer computes what fljax computes).
 
