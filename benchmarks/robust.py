@@ -113,10 +113,13 @@ for attack, defence, fraction, seed in cells:
     cfg = {**config, "attack": {"name": attack, "fraction": fraction},
            "aggregator": {"name": defence, **options.get(defence, {})}}
     t = time.perf_counter()
-    r = fljax.run(cfg, seed=seed, out=os.path.join(out, f"{attack}-{defence}-{fraction}-{seed}"), progress=False)
-    times.append({"cell": [attack, defence, fraction, seed], "seconds": time.perf_counter() - t,
-                  "compile_seconds": r.summary.get("compile_seconds"),
-                  "honest_global_acc": r.final.get("honest_global_acc")})
+    try:
+        r = fljax.run(cfg, seed=seed, out=os.path.join(out, f"{attack}-{defence}-{fraction}-{seed}"), progress=False)
+        done = {"compile_seconds": r.summary.get("compile_seconds"),
+                "honest_global_acc": r.final.get("honest_global_acc")}
+    except fljax.engine.loop.NonFiniteError:  # the attack broke the rule: the run stops early (less work than a lane)
+        done = {"compile_seconds": None, "honest_global_acc": None, "diverged": True}
+    times.append({"cell": [attack, defence, fraction, seed], "seconds": time.perf_counter() - t, **done})
 print(json.dumps({"start_seconds": start, "runs": times}))
 """
 
@@ -138,7 +141,8 @@ def part_cells(rounds: int, sample: int, attacks: list[str] = ATTACKS, defences:
     return {**result, "sampled_runs": len(cells), "seconds_per_run": per_run,
             "seconds": result["start_seconds"] + per_run * table, "extrapolated": True,
             "programs": len(attacks) * len(defences) * len(FRACTIONS),
-            "compile_seconds": float(np.mean([r["compile_seconds"] for r in result["runs"]])) * table}
+            "compile_seconds": float(np.mean([r["compile_seconds"] for r in result["runs"]
+                                              if r["compile_seconds"] is not None])) * table}
 
 
 def _workload_npz(path: str, rounds: int) -> None:
