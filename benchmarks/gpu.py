@@ -34,6 +34,11 @@
    with 1,000 clients in flight and a buffer of 100 against synchronous FedAvg at a cohort of 100 and against the
    plain event loop, logistic regression and the MLP 60-64-10 (``benchmarks/asynchrony.measure``: issue 36's
    goal, asynchrony costing at most 20 % per client-step).
+7. ``robust`` (run when named: ``bash benchmarks/gpu.sh robust``) — the attack × defence table of
+   ``benchmarks/robust.py`` on the device: 4 attacks × 4 defences × 3 fractions × 2 seeds (96 runs, 200 rounds) as one
+   ``fljax sweep`` (16 programs), against a sample of its cells run one at a time through ``fljax.run`` and the
+   per-client PyTorch loop on the GPU (``benchmarks/robust_torch.py``, when torch imports), both extrapolated to the
+   table (issue 35: the table ≥ 3× faster than cell by cell, ≥ 10× than the loop).
 
 Time: ``gpu.sh`` gives each part a limit from the committed figures (its comment says which), the five under
 8 minutes with their kill grace; each part's stamp records its seconds from start to its last saved measurement.
@@ -63,7 +68,7 @@ sys.path.insert(0, HERE)
 import throughput  # noqa: E402  (benchmarks/throughput.py: the measurement and its table)
 import torch_peers  # noqa: E402
 
-PARTS = ("emnist", "cnn", "dense", "resnet", "text", "async")
+PARTS = ("emnist", "cnn", "dense", "resnet", "text", "async", "robust")
 EMNIST = {"clients": 3400, "train": 671_585, "test": 77_483, "classes": 62, "rounds": 1500, "cohort": 10,
           "batch_size": 20, "local_epochs": 1, "lr": 0.1, "model": "cnn1_s", "sigma": 0.6}
 DRY_EMNIST = {"clients": 34, "train": 680, "test": 340, "rounds": 3, "cohort": 2}
@@ -308,6 +313,29 @@ def part_async(dry: bool, save) -> None:
         save("async", record)
 
 
+def part_robust(dry: bool, save) -> None:
+    """The attack table three ways (``benchmarks/robust.py``): the sweep, cells one at a time, the PyTorch loop, each
+    saved as it is measured."""
+    import robust  # benchmarks/robust.py
+    import torch_peers
+
+    attacks, defences = (robust.ATTACKS[:1], robust.DEFENCES[:2]) if dry else (robust.ATTACKS[:4],
+                                                                                robust.DEFENCES[:4])
+    rounds, sample = (2, 1) if dry else (200, 2)
+    import jax
+
+    record = {"rounds": rounds, "attacks": attacks, "defences": defences, "load": "-",
+              "machine": ", ".join(str(d.device_kind) for d in jax.devices()),
+              "command": "python benchmarks/gpu.py --part robust"}
+    record["table"] = robust.part_table(rounds, attacks, defences)
+    save("robust", record)
+    record["cells"] = robust.part_cells(rounds, sample, attacks, defences)
+    save("robust", record)
+    if torch_peers.available():
+        record["torch"] = robust.part_torch(rounds, sys.executable, sample, 1, attacks, defences)
+        save("robust", record)
+
+
 # ---------------------------------------------------------------------------------------------- report
 def _fmt(x, spec=",.0f"):
     return "–" if x is None else format(x, spec)
@@ -406,6 +434,14 @@ def markdown(result: dict) -> str:
         text += [_stamp(rec)] + asynchrony.render({"meta": rec["meta"], "rows": rec["rows"]}, "###")[2:] + [""]
     else:
         text += ["not measured (`bash benchmarks/gpu.sh async`)", ""]
+    text += ["## 7. Attack × defence tables: the sweep against cell by cell and a PyTorch loop", ""]
+    rec = result.get("robust")
+    if rec and rec.get("table"):
+        import robust
+
+        text += [_stamp(rec)] + robust.render(rec, "###").splitlines()[2:] + [""]
+    else:
+        text += ["not measured (`bash benchmarks/gpu.sh robust`)", ""]
     return "\n".join(text)
 
 
@@ -476,6 +512,8 @@ def main(argv: list[str] | None = None) -> None:
         part_text(args.dry_run, save)
     elif args.part == "async":
         part_async(args.dry_run, save)
+    elif args.part == "robust":
+        part_robust(args.dry_run, save)
     elif args.part in ("cnn", "dense", "resnet"):
         measure_rows(args.part, args.dry_run, save)
     else:

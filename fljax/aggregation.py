@@ -327,6 +327,19 @@ class Attack(Options):
 
 @ATTACKS.register
 @dataclasses.dataclass(frozen=True)
+class NoAttack(Attack):
+    """Every client honest: the no-attack reference of an attack table (``attack.name=none`` beside the attacks of a
+    sweep). Its ``fraction`` still marks ⌈fraction·N⌉ clients (R4's draw, the very clients an attack with that
+    fraction and seed would corrupt), who train and upload honestly; the clean accuracy leaves them out as an
+    attack's does, and a rule's f defaults from the fraction (R3), so every attacked run has a reference that differs
+    from it in the attack alone."""
+
+    name = "none"
+    summary = "no attack: the fraction's clients are marked (their accuracy left out, R3's f) but behave honestly"
+
+
+@ATTACKS.register
+@dataclasses.dataclass(frozen=True)
 class LabelFlip(Attack):
     """Each malicious client trains honestly on flipped labels y → C − 1 − y (Tolpegin et al. 2020)."""
 
@@ -641,8 +654,15 @@ class Aggregator:
         for section, field in (("attack", "attack"), ("aggregator", "rule")):
             own = {k.split(".", 1)[1]: v for k, v in (hp or {}).items() if k.startswith(section + ".")}
             if own and getattr(out, field) is not None:
-                out = dataclasses.replace(out, **{field: dataclasses.replace(getattr(out, field), **own)})
+                out = dataclasses.replace(out, **{field: _replaced(getattr(out, field), **own)})
         return out
+
+
+def _replaced(value: Options, **changes) -> Options:
+    """``dataclasses.replace`` that keeps the derived (``init=False``) facts ``value`` was bound to (an attack's
+    classes or trigger, :meth:`Attack.with_data`), which ``replace`` would reset to their defaults."""
+    derived = {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if not f.init}
+    return _bound(dataclasses.replace(value, **changes), **derived)
 
 
 def traced(section: str, value: Options | None) -> dict:

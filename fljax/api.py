@@ -39,6 +39,11 @@ def _parse(config, overrides: dict, algorithm_keys: bool = True, grid: dict | No
     """``config`` with ``overrides`` over it; no config: the quick-start preset for the experiment the overrides
     describe (:func:`fljax.experiment.quickstart`; a comparison keeps every preset ``algo`` key, not
     ``algorithm_keys``), as ``fljax run|compare|sweep`` without ``--config`` start from it."""
+    return from_dict(ExperimentConfig, _values(config, overrides, algorithm_keys, grid))
+
+
+def _values(config, overrides: dict, algorithm_keys: bool = True, grid: dict | None = None) -> dict:
+    """The values :func:`_parse` parses."""
     if config is None:
         values = quickstart(overrides, algorithm_keys=algorithm_keys, grid=grid)
     else:
@@ -48,7 +53,7 @@ def _parse(config, overrides: dict, algorithm_keys: bool = True, grid: dict | No
             values[key] = {**values[key], **value}
         else:
             values[key] = value
-    return from_dict(ExperimentConfig, values)
+    return values
 
 
 def _experiment(config: Experiment | ExperimentConfig | dict | None) -> Experiment:
@@ -118,10 +123,12 @@ def sweep(grid: dict[str, list], config: ExperimentConfig | dict | None = None, 
     program. Returns the results by point label (``"lr=0.01,mu=0"``). With your own ``data=``, a grid over
     ``data.*`` keys is refused (they would not change it). ``resume``: continue the sweep in ``out``."""
     from fljax.runner import sweep_experiments
+    from fljax.runner.sweep import swept_sections
 
     overrides, cache = _own_data(overrides)
     overrides, module = _own_model(overrides)
-    cfg = _parse(config, overrides, grid=grid)
+    values, grid = swept_sections(_values(config, overrides, grid=grid), grid)
+    cfg = from_dict(ExperimentConfig, values)
     with _output(progress, tensorboard) as output:
         return sweep_experiments(cfg, grid, out, resume=resume, output=output, lanes=lanes, data_cache=cache,
                                  model=module)[1]

@@ -95,6 +95,19 @@ def _parse(args, algorithm_keys: bool = True, grid: dict | None = None):
                        quickstart(apply_overrides({}, overrides), algorithm_keys=algorithm_keys, grid=grid))
 
 
+def _parse_sweep(args, grid: dict):
+    """A sweep's base config and grid: as :func:`_parse`, the options of a section whose name the grid chooses
+    moved into the grid (:func:`fljax.runner.sweep.swept_sections`)."""
+    from fljax.config import ExperimentConfig, config_values, from_dict
+    from fljax.runner.sweep import swept_sections
+
+    overrides = _overrides(args)
+    values = config_values(args.config, overrides, base=None if args.config else
+                           quickstart(apply_overrides({}, overrides), grid=grid))
+    values, grid = swept_sections(values, grid)
+    return from_dict(ExperimentConfig, values), grid
+
+
 def _load(args):
     """The experiment of the config file (or the quick-start preset) with the command line's overrides."""
     from fljax.experiment import resolve
@@ -261,7 +274,7 @@ def _setup_sweep(args, check: bool = False):
         grid = parse_grid(args.grid or [])
         if not grid:
             raise ConfigError("a sweep needs at least one --grid KEY=V1,V2,... (for example --grid algo.lr=0.01,0.1).")
-        cfg = _parse(args, grid=grid)
+        cfg, grid = _parse_sweep(args, grid)
     if check:
         sweep_points(cfg, grid)
         _output(args)
@@ -331,8 +344,11 @@ def cmd_sweep(args) -> int:
     stopped = [label for label, r in results.items() if r.stopped]
     if stopped:
         output.note(f"stopped (NaN/Inf or divergence): {', '.join(stopped)}; see their summary.json")
-    output.note(f"results: {out} (sweep.md, sweep.png{', sweep_heatmap.png' if len(grid) == 2 else ''}, one "
-                f"directory per point)")
+    from fljax.runner.attack_table import is_attack_grid
+
+    files = ("attacks.md, attacks.png, sweep.md" if is_attack_grid(grid) else
+             f"sweep.md, sweep.png{', sweep_heatmap.png' if len(grid) == 2 else ''}")
+    output.note(f"results: {out} ({files}, one directory per point)")
     return 0
 
 

@@ -383,8 +383,12 @@ def load_config(path: str | None = None, overrides: list[str] | None = None,
     """The parsed config of a YAML file (optional) over ``base`` (a nested dict), with ``overrides`` applied
     (``["algo.lr=0.05"]``). Parsing only: :func:`fljax.experiment.resolve` checks it against the registries and
     builds what it describes."""
+    return from_dict(ExperimentConfig, config_values(path, overrides, base))
+
+
+def config_values(path: str | None = None, overrides: list[str] | None = None, base: dict | None = None) -> dict:
+    """The values :func:`load_config` parses: the YAML file over ``base`` with ``overrides`` applied."""
     values = dict(base or {})
     if path is not None:
         values.update(read_yaml(path))
-    values = apply_overrides(values, overrides or [])
-    return from_dict(ExperimentConfig, values)
+    return apply_overrides(values, overrides or [])

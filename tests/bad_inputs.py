@@ -247,6 +247,8 @@ CASES = [
           "algo.local_steps=" + ",".join(map(str, range(1, 101))),
           "--grid gives 10,000 points × 2 seed(s) = 20,000 runs, more than the 10,000 one command may start", (),
           "fljax sweep --seeds 2 --grid algo.lr=1,2,…,100 --grid algo.local_steps=1,2,…,100"),
+    _case(_COMMANDS, "sweep --grid attack.name=none,alie --grid aggregator.name=median,krum --set aggregator.tau=0.3",
+          "--grid aggregator.tau: none of the aggregator names swept (median, krum) has the option 'tau'"),
     _case(_COMMANDS, "compare --algorithms ,,,", "no algorithm to compare; name at least one"),
     _case(_COMMANDS, "compare --algorithms fedavg,fedprx", "unknown algorithm 'fedprx'"),
     _case(_COMMANDS, "compare --algorithms fedavg,perfedavg --set algo.betta=0.1",

@@ -180,6 +180,23 @@ def test_attack_fractions_and_rule_options_run_as_lanes_of_one_program(tmp_path)
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_data_poisoning_with_traced_fractions_keeps_what_it_knows_of_the_data(tmp_path):
+    """An attack whose fraction is a lane (a sweep over attack.fraction) keeps the facts it took from the data
+    (label_flip's classes C, backdoor's trigger; Aggregator.at): the backdoor's lanes equal their own runs."""
+    data = load_data(resolve(from_dict(ExperimentConfig, BASE)))
+    for name, fact in (("label_flip", "num_classes"), ("backdoor", "trigger")):
+        bound = fljax.aggregation.ATTACKS[name](fraction=0.25).with_data(data)
+        lane = fljax.aggregation.Aggregator(attack=bound).at({"attack.fraction": 0.4}).attack
+        assert lane.fraction == 0.4 and getattr(lane, fact) is getattr(bound, fact)
+    cfg = {**BASE, "rounds": 2, "attack": {"name": "backdoor", "fraction": 0.25}}
+    results = fljax.sweep({"attack.fraction": [0.2, 0.4]}, cfg, out=str(tmp_path / "s"), progress=False)
+    assert all(r.vectorised for r in results.values())
+    for fraction, r in zip([0.2, 0.4], results.values()):
+        alone = fljax.run({**cfg, "attack": {**cfg["attack"], "fraction": fraction}}, progress=False)
+        for got, want in zip(_leaves(r.state.server["params"]), _leaves(alone.state.server["params"])):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_impossible_combinations_are_refused_in_one_line():
     def refused(key, match, **sections):
         with pytest.raises(OptionError, match=match) as e:

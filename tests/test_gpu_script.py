@@ -65,16 +65,16 @@ def test_dry_run_measures_every_part(tmp_path):
 def test_the_parts_time_limits_fit_eight_minutes_with_their_kill_grace():
     """The whole run stays under 8 minutes: every default part's limit plus the grace before its kill add up to at
     most 480 s (a part's limit is the most it can take; the backend check and the final render take seconds); the
-    asynchrony part, run only when named, fits a call of its own."""
+    asynchrony and attack-table parts, run only when named, each fit a call of their own."""
     script = (ROOT / "benchmarks" / "gpu.sh").read_text()
     limits = dict(re.findall(r"\[(\w+)\]=(\d+)", re.search(r"declare -A limits=\((.*?)\)", script).group(1)))
     grace = int(re.search(r"^GRACE=(\d+)$", script, re.M).group(1))
     assert 'timeout -k "$GRACE" "$limit"' in script
     parts = re.search(r"parts=\((emnist[\w ]*)\)", script).group(1).split()
     assert sorted(parts) == sorted(("emnist", "cnn", "dense", "resnet", "text"))
-    assert sorted(limits) == sorted(parts + ["async"])
+    assert sorted(limits) == sorted(parts + ["async", "robust"])
     assert sum(int(limits[p]) for p in parts) + grace * len(parts) <= 480, (limits, grace)
-    assert int(limits["async"]) + grace <= 480
+    assert int(limits["async"]) + grace <= 480 and int(limits["robust"]) + grace <= 480
 
 
 def test_the_asynchrony_part_dry_run(tmp_path):
@@ -88,6 +88,18 @@ def test_the_asynchrony_part_dry_run(tmp_path):
         (w, what) for w in ("logreg", "mlp") for what in ("FedAvg", "FedBuff", "FedBuff")]
     assert all(r["client_steps_per_second"] > 0 for r in rows)
     assert "## 6. Asynchrony" in (tmp_path / "gpu_dry_run.md").read_text()
+
+
+def test_the_attack_table_part_dry_run(tmp_path):
+    """``gpu.sh --dry-run robust``: the attack table of benchmarks/robust.py at toy sizes (1 attack × 2 defences × 3
+    fractions × 2 seeds as one sweep of 2 programs; one pair's 6 runs cell by cell), into gpu.md's section 7."""
+    done = _gpu_sh("--dry-run", "--out", str(tmp_path), "robust", env_extra={"FLJAX_COMPILE_CACHE": str(tmp_path / "cc")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "part robust: exit 0" in done.stderr and "part emnist" not in done.stderr
+    rec = json.loads((tmp_path / "gpu_dry_run.json").read_text())["robust"]
+    assert rec["table"]["runs"] == 12 and rec["table"]["programs"] == 2
+    assert rec["cells"]["sampled_runs"] == 6 and rec["cells"]["seconds_per_run"] > 0
+    assert "## 7. Attack × defence tables" in (tmp_path / "gpu_dry_run.md").read_text()
 
 
 def test_the_committed_report_is_rendered_from_the_committed_results():

@@ -389,3 +389,38 @@ def test_parallel_jobs_replace_their_workers_and_match_one_job(tiny, tmp_path, m
     for study, labels in (("lr", {"algo.lr": 0.3}), ("rules", {"split": "dir"})):
         np.testing.assert_array_equal(parallel.final(study, "personal_acc", **labels),
                                       serial.final(study, "personal_acc", **labels))
+
+
+def test_grid_lanes_run_a_study_s_grid_points_as_lanes_of_one_program(tiny, tmp_path, monkeypatch):
+    """With grid_lanes: true the 'lr' study's two points × two seeds are one family (one call of the run layer) and
+    one program of four lanes; their results agree with the default (one family per point) to float tolerance."""
+    import fljax.runner.study_run as study_module
+
+    calls = []
+    real = study_module._run_some
+    monkeypatch.setattr(study_module, "_run_some", lambda root, items, *a: calls.append(len(items)) or
+                        real(root, items, *a))
+    apart = run_study(tiny, str(tmp_path / "apart"), only=["lr"])
+    assert calls == [2, 2]
+    calls.clear()
+    tiny.spec["grid_lanes"] = True
+    together = run_study(tiny, str(tmp_path / "together"), only=["lr"])
+    assert calls == [4]
+    compiles = lambda r: {run["summary"]["compile_seconds"] for run in r.runs.values()}  # noqa: E731  one a program
+    assert len(compiles(together)) == 1 and len(compiles(apart)) == 2
+    for lr in (0.1, 0.3):
+        np.testing.assert_allclose(together.final("lr", "personal_acc", **{"algo.lr": lr}),
+                                   apart.final("lr", "personal_acc", **{"algo.lr": lr}), atol=1e-6)
+
+
+def test_a_heatmap_plot_shows_each_cell_s_mean_final_value(tiny, tmp_path):
+    """kind: heatmap draws the final value's mean over seeds of every (rows, columns) combination (× scale)."""
+    from fljax.runner.tables import _plot
+
+    results = run_study(tiny, str(tmp_path / "h"), only=["rules"])
+    fig = _plot(results, {"study": "rules", "kind": "heatmap", "rows": "method", "columns": "split",
+                          "value": "personal_acc", "scale": 100})
+    image = fig.axes[0].images[0].get_array()
+    want = [[100 * results.final("rules", "personal_acc", method="Local", split=s).mean() for s in ("iid", "dir")]]
+    np.testing.assert_allclose(np.asarray(image), want, rtol=1e-6)
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["iid", "dir"]

@@ -15,11 +15,13 @@ from fljax.engine.processes import lead_only
 from fljax.experiment import Experiment, compare_points
 from fljax.runner import interrupt, lock
 from fljax.runner.points import run_points
+from fljax.runner.attack_table import attack_markdown, attack_rows, is_attack_grid, plot_attacks
 from fljax.runner.report import Output, distinct_table
 from fljax.runner.results import RunDir
 from fljax.runner.run_plots import plot_compare, plot_heatmap, setting
 from fljax.runner.runs import ExperimentResult
-from fljax.runner.sweep import DataCache, grid_columns, grid_points, point_experiment, point_label
+from fljax.runner.sweep import (DataCache, check_swept_options, grid_columns, grid_points, point_experiment,
+                                point_label)
 
 __all__ = ["compare_experiments", "sweep_experiments", "sweep_points"]
 
@@ -73,8 +75,10 @@ def sweep_experiments(cfg: ExperimentConfig, grid: dict[str, list], out: str | N
     config ``cfg`` for its seeds into ``out/<point>/`` (every point resolved before anything runs); points that
     differ only in numeric hyperparameters are lanes of one program with the seeds. Writes ``sweep.md`` (the table:
     mean ± std over seeds; a column per grid key), ``sweep.png``, ``sweep_heatmap.png`` (two grid keys) and
-    ``summary.json``. Returns the table as ``sweep.md`` holds it (Markdown, with its notes) and the results by
-    point label; a point a guard stopped is marked 'stopped' in the table."""
+    ``summary.json`` (with ``programs``: runs, vectorised runs, compiled programs). Returns the table as ``sweep.md``
+    holds it (Markdown, with its notes) and the results by point label; a point a guard stopped is marked 'stopped'
+    in the table. A grid of attacks, rules or malicious fractions (:mod:`fljax.runner.attack_table`) writes
+    ``attacks.md`` and ``attacks.png`` instead of the figures, and returns ``attacks.md``."""
     out = lead_only(out)
     output = output or Output()
     own = [k for k in grid if k.split(".", 1)[0] in ("data", "server")] if data_cache and data_cache.own else []
@@ -84,9 +88,10 @@ def sweep_experiments(cfg: ExperimentConfig, grid: dict[str, list], out: str | N
                           f"run on the same data); sweep other keys, or build one data set per value and run each.")
     points = sweep_points(cfg, grid)
     trace = tuple(k.split(".", 1)[1] for k in grid if k.startswith("algo."))
-    with lock.hold([out]):
+    with lock.hold([out]):  # an attack table's points have no figures of their own: attacks.png shows them all
         results = _run_collection(points, cfg, {"grid": grid}, out, "sweep", resume=resume, output=output,
-                                  plots=plots, lanes=lanes, trace=trace, data_cache=data_cache, model=model)
+                                  plots=plots and not is_attack_grid(grid), lanes=lanes, trace=trace,
+                                  data_cache=data_cache, model=model)
         return _sweep_table(cfg, grid, points, results, RunDir(out), plots)
 
 
@@ -95,6 +100,7 @@ def sweep_points(cfg: ExperimentConfig, grid: dict[str, list]) -> list[tuple[str
     one that would start more than :data:`~fljax.config.RUNS_MAX` runs with the seeds, is refused."""
     if not grid:
         raise ConfigError("a sweep needs a grid, e.g. --grid algo.lr=0.01,0.1.")
+    check_swept_options(grid)
     count = math.prod(len(values) for values in grid.values())
     if count * cfg.seeds > RUNS_MAX:
         raise ConfigError(f"--grid gives {count:,} points × {cfg.seeds} seed(s) = {count * cfg.seeds:,} runs, more "
@@ -118,7 +124,7 @@ def _sweep_table(cfg, grid, points, results, root: RunDir, plots: bool):
              f"seed{'s' if cfg.seeds > 1 else ''}, {cfg.rounds} rounds")
     table = distinct_table(rows, names=list(by_label))
     root.write_text("sweep.md", f"# {title}\n\n{table}\n")
-    if plots and root.path is not None:
+    if plots and root.path is not None and not is_attack_grid(grid):
         first = next(iter(columns.values()))
         plot_compare(root.file("sweep.png"), {lbl: r.histories for lbl, r in by_label.items()}, title,
                      groups={lbl: f"{first} = {row[first]}" for lbl, row in zip(by_label, rows)})
@@ -128,9 +134,17 @@ def _sweep_table(cfg, grid, points, results, root: RunDir, plots: bool):
                                             if h and "personal_acc" in h[-1]]
                       for i, r in enumerate(by_label.values())}
             plot_heatmap(root.file("sweep_heatmap.png"), grid, finals, title)
+    if is_attack_grid(grid):  # an attack × defence table: attacks.md and its heatmap
+        rows = attack_rows([(lbl, values, exp) for (lbl, exp), values in zip(points, grid_points(grid))], results)
+        attacks = attack_markdown(grid, rows, title)
+        root.write_text("attacks.md", attacks)
+        if plots and root.path is not None:
+            plot_attacks(root.file("attacks.png"), grid, rows, title)
+        table = attacks
     runs = [run for r in results for run in r.runs]
     root.write_summary({**_collection_status(by_label), "grid": grid,
-                        "programs": {"runs": len(runs), "vectorised_runs": sum(r.progress.vectorised for r in runs)},
+                        "programs": {"runs": len(runs), "vectorised_runs": sum(r.progress.vectorised for r in runs),
+                                     "compiled": len({r.progress.program for r in runs} - {None})},
                         "results": {lbl: r.summary for lbl, r in by_label.items()}})
     return table, by_label
 

@@ -23,7 +23,8 @@ from fljax.aggregation import traced as traced_options
 from fljax.config import to_dict
 from fljax.privacy import TRACED_NOISE
 
-__all__ = ["Program", "group_runs", "program_key", "numeric", "traceable", "lane_data", "COMPONENTS", "SECTIONS"]
+__all__ = ["Program", "group_runs", "program_key", "family_key", "numeric", "traceable", "lane_data", "COMPONENTS",
+           "SECTIONS"]
 
 COMPONENTS = ("aggregator", "attack", "participation")  # resolved components of an Experiment
 SECTIONS = ("data", "server", "privacy", "compression")  # config sections a program is built from as given
@@ -55,6 +56,14 @@ def program_key(exp, traced: set[str] = frozenset()) -> str:
         values["privacy"] = {k: v for k, v in values["privacy"].items()
                              if k not in ("noise_multiplier", "target_epsilon")}
     return json.dumps(values, sort_keys=True, default=_written)
+
+
+def family_key(exp) -> str:
+    """:func:`program_key` without any value a program may trace per lane (the algorithm's hyperparameters, the
+    rule's and the attack's numeric options): runs with one family key may share a program, as :func:`group_runs`
+    then decides (a study's grid points run as lanes this way)."""
+    return program_key(exp, set(exp.algorithm.hyperparameters()) | set(traced_options("aggregator", exp.aggregator))
+                       | set(traced_options("attack", exp.attack)))
 
 
 def _written(value) -> str:

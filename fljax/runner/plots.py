@@ -246,21 +246,27 @@ def _log_ticks(lo: float, hi: float) -> list[float]:
     return [float(f"{t:.12g}") for t in MaxNLocator(4, steps=[1, 2, 5, 10]).tick_values(lo, hi) if lo <= t <= hi]
 
 
-def heatmap(ax, values, rows: list, columns: list, label: str, fmt: str = "{:.3f}", cmap: str = "viridis"):
-    """``values [len(rows), len(columns)]`` as an image with a colour bar labelled ``label``, every cell written
-    in it (NaN: blank), rows and columns ticked by their values."""
+def heatmap(ax, values, rows: list, columns: list, label: str, fmt: str = "{:.3f}", cmap: str = "viridis",
+            texts: list[list[str]] | None = None, vmin: float | None = None, vmax: float | None = None,
+            colorbar: bool = True):
+    """``values [len(rows), len(columns)]`` as an image with a colour bar labelled ``label`` (``colorbar=False``:
+    none, e.g. one shared by several panels), every cell written in it (``fmt`` of its value, or ``texts[r][c]``;
+    NaN: blank), rows and columns ticked by their values; ``vmin``/``vmax``: the colour scale's ends (panels that
+    share one)."""
     values = np.asarray(values, float)
-    image = ax.imshow(values, cmap=cmap, aspect="auto", interpolation="nearest")
+    image = ax.imshow(values, cmap=cmap, aspect="auto", interpolation="nearest", vmin=vmin, vmax=vmax)
     ax.grid(False)  # no grid lines across the cells
-    ax.figure.colorbar(image, ax=ax, label=label)
+    if colorbar:
+        ax.figure.colorbar(image, ax=ax, label=label)
     ax.set_xticks(range(len(columns)), [str(c) for c in columns])
     ax.set_yticks(range(len(rows)), [str(r) for r in rows])
     finite = values[np.isfinite(values)]
-    middle = (finite.min() + finite.max()) / 2 if finite.size else 0.0
+    lo = vmin if vmin is not None else finite.min() if finite.size else 0.0
+    hi = vmax if vmax is not None else finite.max() if finite.size else 0.0
     for (r, c), v in np.ndenumerate(values):
         if np.isfinite(v):
-            ax.text(c, r, fmt.format(v), ha="center", va="center", fontsize="small",
-                    color="white" if v < middle else "black")
+            ax.text(c, r, fmt.format(v) if texts is None else texts[r][c], ha="center", va="center",
+                    fontsize="small", color="white" if v < (lo + hi) / 2 else "black")
     return image
 
 # ---------------------------------------------------------------------------------------------------- figures

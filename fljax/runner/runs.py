@@ -26,7 +26,7 @@ class Progress:
     log and round; else None, an empty log and round 0); ``status``: pending | running | completed | stopped (a
     guard: NaN/Inf, divergence) | interrupted (a signal) | reused (completed earlier, found on disk), ``message``
     why; ``result`` and ``summary`` once it has ended; ``vectorised``: it ran as a lane of a program with other
-    runs."""
+    runs; ``program``: which of its call's programs ran it (0, 1, …; None: not run in this call)."""
 
     state: Any = None
     log: RunLog = dataclasses.field(default_factory=RunLog)
@@ -36,6 +36,7 @@ class Progress:
     result: RunResult | None = None
     summary: dict | None = None
     vectorised: bool = False
+    program: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

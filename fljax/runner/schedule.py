@@ -129,6 +129,7 @@ class Schedule:
         was the last one and its runs completed: the signal is never dropped; programs asked for and not begun are
         then dropped."""
         todo = [r for r in runs if r.progress.status != "reused"]
+        count = 0  # the programs begun (a run's progress.program: the sweep summary counts the programs compiled)
         prepared: dict[tuple, tuple] = {}  # a program's runs -> (its lanes or None, the seconds spent asking for it)
         try:
             while todo:
@@ -142,6 +143,9 @@ class Schedule:
                         lanes = prepare(ahead, self.built(ahead), self.lanes)
                         prepared[ident] = (lanes, time.perf_counter() - t0)
                 program = programs[0]
+                for r in program.runs:
+                    r.progress.program = count
+                count += 1
                 lanes, seconds = prepared.pop(tuple(map(id, program.runs)))
                 for run in program.runs:  # tracing it (before it ran) is part of its runs' compile time
                     run.progress.log.compile_seconds += seconds

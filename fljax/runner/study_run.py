@@ -19,6 +19,7 @@ from fljax.config import RUNS_MAX, ConfigError, ExperimentConfig, from_dict, to_
 from fljax.experiment import Experiment, RunSettings, resolve
 from fljax.runner import files, identity
 from fljax.runner.directories import dir_name
+from fljax.runner.plan import family_key
 from fljax.runner.points import run_points
 from fljax.runner.report import Output
 from fljax.runner.results import RunDir
@@ -60,10 +61,16 @@ def _experiments(cells: list[Cell]) -> dict[str, Experiment]:
     return out
 
 
-def _families(keys: list[str], experiments: dict[str, Experiment]) -> list[list[str]]:
-    """Runs grouped by config without seed (those that may share a compiled program)."""
+def _families(keys: list[str], experiments: dict[str, Experiment], grid_lanes: bool = False) -> list[list[str]]:
+    """Runs grouped by config without seed (those that may share a compiled program); with ``grid_lanes`` (the study
+    file's ``grid_lanes: true``) by what their program is made of but for the values it may trace
+    (:func:`fljax.runner.plan.family_key`: algorithm hyperparameters, a rule's or an attack's numeric options), so
+    that grid points and cells differing only there run as lanes of one program, as a sweep's do."""
     groups: dict[str, list[str]] = {}
     for key in keys:
+        if grid_lanes:
+            groups.setdefault(family_key(experiments[key]), []).append(key)
+            continue
         values = to_dict(experiments[key].config)
         values.pop("seed")
         groups.setdefault(json.dumps(values, sort_keys=True, default=str), []).append(key)
@@ -125,7 +132,7 @@ def run_study(study: Study, out: str, *, only: list[str] | None = None, seeds: i
                 f"{jobs} job(s); results in {out}")
     t0 = time.perf_counter()
     identity.write(out, "study", study=study.name)
-    families = _families(todo, experiments)
+    families = _families(todo, experiments, bool(study.spec.get("grid_lanes")))
     work = [[(names[k], experiments[k]) for k in fam] for fam in families]
     if jobs <= 1 or len(work) <= 1:  # one call (per float width): its programs compile side by side, ahead of
         for x64 in sorted({exp.settings.x64 for items in work for _, exp in items}, key=str):  # the runs

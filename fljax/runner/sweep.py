@@ -17,7 +17,9 @@ from fljax.experiment import Experiment, load_data, resolve
 from fljax.runner.pretrained import with_server_model
 
 __all__ = ["seed_list", "DataCache", "data_seed", "parse_grid", "grid_points", "grid_columns", "point_label",
-           "point_experiment"]
+           "point_experiment", "SWEPT", "swept_sections", "check_swept_options"]
+
+SWEPT = ("aggregator", "attack")  # sections a grid may choose by name, their options declared by the chosen one
 
 
 def seed_list(settings) -> list[int]:
@@ -105,19 +107,74 @@ _RESERVED = ("run", "algorithm", "seed", "round")  # the other label columns of 
 
 
 def point_label(point: dict[str, object]) -> str:
-    """``{"algo.lr": 0.1, "algo.mu": 0}`` → ``"lr=0.1,mu=0"`` (the last part of each key)."""
-    return ",".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in point.items()) or "base"
+    """``{"algo.lr": 0.1, "algo.mu": 0}`` → ``"lr=0.1,mu=0"`` (the last part of each key; the whole key where two
+    keys share it: ``attack.name=alie,aggregator.name=krum``)."""
+    last = [k.rsplit(".", 1)[-1] for k in point]
+    return ",".join(f"{name if last.count(name) == 1 else k}={v}"
+                    for (k, v), name in zip(point.items(), last)) or "base"
+
+
+def swept_sections(values: dict, grid: dict[str, list]) -> tuple[dict, dict[str, list]]:
+    """A sweep whose grid chooses a rule or an attack by name (``aggregator.name``, ``attack.name``): the options the
+    base config gives that section (a file's, ``--set aggregator.tau=0.3``) become one-value grid keys, and the
+    section leaves the base, so that each applies to the chosen ones that declare it (:func:`point_experiment`), as
+    the grid's own keys do. Returns ``(values, grid)``, new dicts."""
+    values, grid = dict(values), dict(grid)
+    for section in SWEPT:
+        if f"{section}.name" not in grid or not isinstance(values.get(section), dict):
+            continue
+        for key, value in values.pop(section).items():
+            dotted = f"{section}.{key}"
+            if key == "name":
+                continue
+            if dotted in grid:
+                raise ConfigError(f"--grid {dotted} is also given by the config (or --set); give it once.")
+            grid[dotted] = [value]
+    return values, grid
+
+
+def _declares(section: str, name, key: str) -> bool:
+    """Whether the rule or attack ``name`` of ``section`` has option ``key`` (an unknown name: True, refused by
+    name when its point is resolved)."""
+    import dataclasses
+
+    from fljax.aggregation import ATTACKS, RULES
+
+    registry = RULES if section == "aggregator" else ATTACKS
+    if name not in registry:
+        return True
+    return key in {f.name for f in dataclasses.fields(registry[name]) if f.init}
+
+
+def check_swept_options(grid: dict[str, list]) -> None:
+    """Refuse, in one line, an option of a section whose name the grid chooses that none of the chosen declares."""
+    for section in SWEPT:
+        names = grid.get(f"{section}.name")
+        if names is None:
+            continue
+        for key in grid:
+            option = key.split(".", 1)[1] if key.startswith(section + ".") else None
+            if option not in (None, "name") and not any(_declares(section, n, option) for n in names):
+                raise ConfigError(f"--grid {key}: none of the {section} names swept ({', '.join(map(str, names))}) "
+                                  f"has the option {option!r}; `fljax list` shows each one's options.")
 
 
 def point_experiment(base: dict, point: dict[str, object], name: str | None = None) -> Experiment:
     """The resolved experiment of one grid point: ``base`` (a nested dict) with the point's dotted overrides
-    (``name``: the run name)."""
+    (``name``: the run name); where the point chooses a rule or an attack by name, only the options of that section
+    the chosen one declares (:func:`swept_sections`)."""
     values = apply_overrides(base, [])
     for key, value in point.items():
+        section, _, option = key.partition(".")
+        if section in SWEPT and option != "name" and f"{section}.name" in point \
+                and not _declares(section, point[f"{section}.name"], option):
+            continue  # an option of the swept rules or attacks that this point's does not have
         node = values
         parts = key.split(".")
         for part in parts[:-1]:
-            node = node.setdefault(part, {})
+            if node.get(part) is None:
+                node[part] = {}
+            node = node[part]
             if not isinstance(node, dict):
                 raise ConfigError(f"--grid {key}: {part!r} is not a section.")
         node[parts[-1]] = value

@@ -35,6 +35,8 @@ clock —, one line per value of ``lines``, one panel per value of ``panels``) o
 z}``, else the key's last part);
 ``reference: {study, value, where, label}`` draws another cell's mean final value as a dashed level. ``study`` may
 be a list: the lines of every study listed, in one figure (e.g. methods that are studies of their own).
+``kind: heatmap`` (the final value of every combination of the axes ``rows`` and ``columns``, a panel per value of
+``panels``, one colour scale labelled ``label``; an attack × defence table: :func:`_heatmap`).
 """
 from __future__ import annotations
 
@@ -270,6 +272,8 @@ def _plot(results, spec: dict):
     ``lines`` in the styles of :mod:`fljax.runner.plots`, with a ± 1 std band (curves) or error bars (final)."""
     from fljax.runner import plots
 
+    if spec.get("kind") == "heatmap":
+        return _heatmap(results, spec)
     studies, where = _as_list(spec["study"]), spec.get("where", {})
     metrics = _as_list(spec["value"])
     panel_axis = spec.get("panels")
@@ -341,4 +345,41 @@ def _plot(results, spec: dict):
     fig.suptitle(("line: mean over {n} seeds, band: ± 1 std (sample)" if curves else
                   "mean over {n} seeds, error bar: ± 1 std (sample)").format(n=seeds) if seeds > 1 else "1 seed",
                  fontsize="medium")
+    return fig
+
+
+def _heatmap(results, spec: dict):
+    """``kind: heatmap``: the final ``value`` (× ``scale``, mean over seeds; ``{tag}`` from each cell's tags) with the
+    values of axis ``rows`` down and of ``columns`` across, one panel per value of ``panels``, one colour scale
+    (``label``), every cell written in it."""
+    from fljax.runner import plots
+
+    study, where, scale = spec["study"], spec.get("where", {}), spec.get("scale", 1.0)
+    panel_axis = spec.get("panels")
+    panel_values = _axis_values(results, study, panel_axis, where) if panel_axis else [None]
+    rows, cols = (_axis_values(results, study, spec[k], where) for k in ("rows", "columns"))
+    grids = []
+    for p in panel_values:
+        fixed = {**_fixed(where), **({panel_axis: p} if panel_axis else {})}
+        values = [[_values(results, study, spec, {**fixed, spec["rows"]: r, spec["columns"]: c}) for c in cols]
+                  for r in rows]
+        grids.append(np.array([[scale * v.mean() if v.size else np.nan for v in row] for row in values]))
+    finite = np.concatenate([g[np.isfinite(g)] for g in grids])
+    if not finite.size:
+        return None
+    fig, axes = plots.figure(len(grids), rows=1, cols=len(grids))
+    fig.set_size_inches((0.8 * len(cols) + 1.8) * len(grids) + 1.0, 0.45 * len(rows) + 1.9)
+    for ax, p, grid in zip(axes, panel_values, grids):
+        image = plots.heatmap(ax, grid, [_label(results, spec["rows"], r) for r in rows],
+                              [_label(results, spec["columns"], c) for c in cols], "", spec.get("format", "{:.1f}"),
+                              vmin=finite.min(), vmax=finite.max(), colorbar=False)
+        ax.tick_params(axis="x", labelrotation=30)
+        ax.set_title(spec.get("title", "{panel}").format(panel=_label(results, panel_axis, p) if panel_axis else ""),
+                     fontsize="medium")
+    axes[0].set_ylabel(spec.get("ylabel", spec["rows"]))
+    for ax in axes:
+        ax.set_xlabel(spec.get("xlabel", spec["columns"]))
+    fig.colorbar(image, ax=axes, label=spec.get("label", plots.metric_label(spec["value"], scale)), shrink=0.9)
+    seeds = _seed_count(results, study)
+    fig.suptitle(f"cell: mean over {seeds} seeds" if seeds > 1 else "1 seed", fontsize="medium")
     return fig
