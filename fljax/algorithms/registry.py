@@ -7,19 +7,20 @@ A registration names the algorithm, its family, one line about it and an example
 
     from fljax.algorithms import Aggregating, LocalTraining, local_training, register
 
-    @register("fedmedian", family="one global model", example="configs/fedmedian.yaml",
-              summary="FedMedian: FedAvg's clients, the coordinate-wise median of their models")
+    @register("partial_step", family="one global model", example="configs/partial_step.yaml",
+              summary="FedAvg whose server moves a fraction γ of the way to the clients' mean")
     @dataclasses.dataclass(frozen=True, kw_only=True)
-    class FedMedian(Aggregating):
-        local: LocalTraining = local_training(lr=0.05)
+    class PartialStep(Aggregating):
+        local: LocalTraining = local_training("lr", "batch_size", "local_steps", lr=0.05)
+        gamma: float = option(0.5, "fraction γ of the way from w_t to the clients' mean A_t", interval(0, 1, "(]"))
         ...
 
 Its hyperparameters are its dataclass fields, each declared with :func:`fljax.options.option`, and the options its
 values take flat (:func:`~fljax.algorithms.local_training.local_training`,
 :func:`~fljax.algorithms.server_optimizer.server_optimizer`): :func:`declarations` lists them, as
 :meth:`~fljax.algorithms.base.Algorithm.hyperparameters` holds them and :func:`make_algorithm` takes them. A module
-of one's own registers the same way; a config names it under ``imports:`` so that ``fljax run`` imports it before
-the experiment is resolved (docs/own-model-data.md).
+of one's own registers the same way: once it is imported, ``fljax.run``, ``fljax.sweep`` and ``fljax.compare`` take
+its name like a built-in's (docs/own-model-data.md).
 """
 from __future__ import annotations
 
@@ -51,7 +52,9 @@ def register(name: str, *, family: str, summary: str, example: str | None = None
       lags (:func:`fljax.algorithms.families.untuned`).
 
     Sets those as the class's attributes and checks the declarations (every hyperparameter declared with
-    :func:`fljax.options.option`, no two with one flat name), raising TypeError or ValueError in one line."""
+    :func:`fljax.options.option`, no two with one flat name), raising TypeError or ValueError in one line. A name
+    is registered once; the same class defined again (its module reloaded, a notebook cell run twice) replaces its
+    own registration."""
 
     def add(cls: type) -> type:
         if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
@@ -59,7 +62,8 @@ def register(name: str, *, family: str, summary: str, example: str | None = None
         if "__dataclass_fields__" not in cls.__dict__ or not cls.__dataclass_params__.frozen:
             raise TypeError(f"register({name!r}): {cls.__name__} is not a frozen dataclass; put "
                             f"@register(...) above @dataclasses.dataclass(frozen=True, kw_only=True).")
-        if name in ALGORITHMS and ALGORITHMS[name] is not cls:
+        held = ALGORITHMS.get(name)
+        if held is not None and (held.__module__, held.__qualname__) != (cls.__module__, cls.__qualname__):
             raise ValueError(f"algorithm name {name!r} is already registered by {ALGORITHMS[name].__name__}.")
         if not name or not family or not summary:
             raise ValueError(f"register({name!r}): give a name, a family and a one-line summary.")
