@@ -19,7 +19,7 @@ import dataclasses
 import functools
 import os
 import unicodedata
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Collection, Literal, Mapping
 
 import yaml
 
@@ -255,13 +255,16 @@ def _privacy_section(values: Mapping) -> PrivacyOptions:
     return parse(PrivacyOptions, values)
 
 
+# Sections whose keys a registry declares, by name → the names it declares now, for the hint on such a key given at
+# the top level (``lr`` → ``algo.lr``). Parsing imports no registry: the layer that holds them fills this in
+# (fljax.experiment: "algo", the registered algorithms' hyperparameters, fljax.algorithms.registry.option_names).
+KEY_HINTS: dict[str, Callable[[], Collection[str]]] = {}
+
+
 def _section_of(key: str) -> str | None:
     """The section that has option ``key`` (``lr`` → ``algo``: a hyperparameter of a registered algorithm,
-    :func:`fljax.algorithms.registry.option_names`; ``num_clients`` → ``data``), for the message on a section key
-    given at the top level (the registry is imported here only, on that error's path: parsing needs none)."""
-    from fljax.algorithms.registry import option_names
-
-    sections = {"algo": option_names(),
+    :data:`KEY_HINTS`; ``num_clients`` → ``data``), for the message on a section key given at the top level."""
+    sections = {**{name: keys() for name, keys in KEY_HINTS.items()},
                 "data": {f.name for f in dataclasses.fields(DataConfig) if f.init},
                 "model": {f.name for f in dataclasses.fields(ModelConfig) if f.init},
                 "server": {f.name for f in dataclasses.fields(ServerConfig) if f.init}}

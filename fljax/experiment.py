@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 from fljax.algorithms import ALGORITHMS
 from fljax.algorithms.base import Algorithm
-from fljax.algorithms.registry import check_model_support, get_algorithm, declarations, make_algorithm
-from fljax.config import (ConfigError, ExperimentConfig, GroupConfig, ModelConfig, ServerConfig, StopConfig,
-                          group_configs, read_yaml)
+from fljax.algorithms.registry import check_model_support, declarations, get_algorithm, make_algorithm, option_names
+from fljax.config import (KEY_HINTS, ConfigError, ExperimentConfig, GroupConfig, ModelConfig, ServerConfig,
+                          StopConfig, group_configs, read_yaml)
 from fljax.errors import OptionError
 from fljax.options import field_default, parse, show, suggest
 
@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Experiment", "Group", "RunSettings", "resolve", "load_data", "build", "build_model", "default_model", "privacy_of",
            "compare_points", "label", "preset", "quickstart"]
+
+KEY_HINTS["algo"] = option_names  # the config layer's hint on lr given at the top level: algo.lr (and a user's keys)
 
 
 @dataclasses.dataclass(frozen=True)

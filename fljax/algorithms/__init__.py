@@ -4,7 +4,8 @@ Every algorithm registers itself where it is defined (:func:`register`: name, fa
 importing this package imports the built-in modules, which fills :data:`ALGORITHMS`.
 """
 # Imported in the order `fljax list` shows the built-in algorithms (each module registers its own).
-from fljax.algorithms.base import Aggregating, Algorithm, Centralized, ClientInput, ClientResult, CohortTemplate, TestStats
+from fljax.algorithms.base import (Aggregating, Algorithm, Centralized, ClientInput, ClientResult, CohortTemplate,
+                                  TestStats)
 from fljax.algorithms.fedavg import FedAvg, FedAvgFT, FedLP, FedProx
 from fljax.algorithms.local import Local
 from fljax.algorithms.partial import FedPer, FedRep, LGFedAvg

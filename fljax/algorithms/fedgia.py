@@ -32,7 +32,7 @@ first aggregation with Error ≤ tol or k ≥ max_iters (D15, CR = completed rou
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import flax.struct
 import jax
