@@ -29,7 +29,7 @@ built or written.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from fljax.algorithms import ALGORITHMS
 from fljax.algorithms.base import Algorithm
@@ -43,8 +43,8 @@ if TYPE_CHECKING:
     from fljax.data import FederatedData
     from fljax.engine import Simulation
 
-__all__ = ["Experiment", "Group", "RunSettings", "resolve", "load_data", "build", "build_model", "default_model", "privacy_of",
-           "compare_points", "label", "preset", "quickstart"]
+__all__ = ["Experiment", "Group", "RunSettings", "ProblemKind", "PROBLEM_KINDS", "resolve", "load_data", "build",
+           "build_model", "default_model", "privacy_of", "compare_points", "label", "preset", "quickstart"]
 
 KEY_HINTS["algo"] = option_names  # the config layer's hint on lr given at the top level: algo.lr (and a user's keys)
 
@@ -88,10 +88,11 @@ class RunSettings:
 
     @classmethod
     def of(cls, cfg: ExperimentConfig, problem: str) -> "RunSettings":
-        """The settings of config ``cfg`` for an algorithm solving ``problem``."""
+        """The settings of config ``cfg`` for an algorithm solving ``problem`` (its kind says whether ``x64: null``
+        computes in float64)."""
         return cls(cfg.rounds, cfg.eval_every, cfg.eval_clients, cfg.checkpoint_every, cfg.seed, cfg.seeds,
                    cfg.executor, cfg.chunk_size, cfg.precision, cfg.memory_budget, cfg.model.conv_impl,
-                   cfg.diverge_factor, cfg.stop, problem != "classification" if cfg.x64 is None else cfg.x64)
+                   cfg.diverge_factor, cfg.stop, PROBLEM_KINDS[problem].float64 if cfg.x64 is None else cfg.x64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,16 +136,27 @@ class Experiment:
 
     def resolved(self) -> ExperimentConfig:
         """The config with every default made explicit, as a run directory's ``resolved.yaml`` records it: all of
-        the algorithm's hyperparameters, the model that ``auto`` picked with its options completed with their
-        defaults. Loading it back resolves to the same experiment."""
-        from fljax.models.model import model_options
+        the algorithm's hyperparameters and, where the clients run a model, the model that ``auto`` picked with its
+        options completed with their defaults. Loading it back resolves to the same experiment."""
+        return PROBLEM_KINDS[self.algorithm.problem].resolved(self)
 
-        if self.algorithm.problem != "classification":  # no model
-            return dataclasses.replace(self.config, algo=_written(self.algorithm.hyperparameters()))
-        options = {f.name: self.model.options.get(f.name, field_default(f))
-                   for f in model_options(self.model.name)}
-        return dataclasses.replace(self.config, algo=self.algorithm.hyperparameters(),
-                                   model=dataclasses.replace(self.model, options=options))
+
+@dataclasses.dataclass(frozen=True)
+class ProblemKind:
+    """What an experiment is made of, by the kind of problem its algorithm solves (``Algorithm.problem``) and its data
+    set poses (``Source.problem``; their data: :data:`fljax.data.registry.DATA_KINDS`): ``resolve(cfg, cls)``
+    checks a config of this kind against the registries and builds its :class:`Experiment` with algorithm class
+    ``cls``; ``build(exp, data, module, privacy)`` its :class:`~fljax.engine.Simulation`; ``resolved(exp)`` its
+    config with every default explicit (:meth:`Experiment.resolved`); ``float64``: its runs compute in float64
+    unless the config says ``x64: false``. The kinds are :data:`PROBLEM_KINDS`: classification (clients train a
+    model on labelled examples) and consensus regression (FedGiA's: the algorithm fits x to the clients' rows
+    itself, no model)."""
+
+    name: str
+    resolve: Callable[[ExperimentConfig, type[Algorithm]], Experiment]
+    build: Callable[..., "Simulation"]
+    resolved: Callable[[Experiment], ExperimentConfig]
+    float64: bool = False
 
 
 # ------------------------------------------------------------------------------------------------------ resolve
@@ -154,9 +166,11 @@ def resolve(cfg: ExperimentConfig) -> Experiment:
     """The :class:`Experiment` of a parsed config: the names checked against the registries (algorithm, executor,
     model, server), the model options against the model, the algorithm constructed from ``cfg.algo`` (unknown keys
     refused with the closest valid one, every value by its declaration) and validated for the training clients
-    (``data.num_clients`` less a ``meta_pairs`` split's target clients), then the client groups. An algorithm of consensus regression (FedGiA's, ``problem``) on a data set posing that
-    problem (``fedgia_*``) has no model, server or groups: its experiment holds the algorithm alone. Raises
-    :class:`~fljax.errors.ConfigError` (one line naming the key)."""
+    (``data.num_clients`` less a ``meta_pairs`` split's target clients), then the client groups. The algorithm
+    and the data set must pose the same problem; its kind (:data:`PROBLEM_KINDS`) checks and builds the rest: an
+    algorithm of consensus regression (FedGiA's) on a data set posing that problem (``fedgia_*``) has no model,
+    server or groups, and its experiment holds the algorithm alone. Raises :class:`~fljax.errors.ConfigError` (one
+    line naming the key)."""
     from fljax.engine.executors import EXECUTORS
 
     if not isinstance(cfg, ExperimentConfig):
@@ -165,20 +179,23 @@ def resolve(cfg: ExperimentConfig) -> Experiment:
     _choice("algorithm", cfg.algorithm, ALGORITHMS)
     cls = ALGORITHMS[cfg.algorithm]
     _choice("executor", cfg.executor, EXECUTORS)
-    if cfg.x64 and cls.problem == "classification":
-        raise OptionError("x64", f"is for consensus-regression problems only (float64 runs of FedGiA's data sets); "
-                                 f"remove it (or set it to false) for {cfg.algorithm}.")
-    if cfg.stop is not None and cls.problem == "classification":
-        raise OptionError("stop", f"is for consensus-regression problems only (FedGiA's data sets); remove it for "
-                                  f"{cfg.algorithm}, which runs `rounds` rounds.")
+    if cls.problem not in PROBLEM_KINDS:
+        raise ConfigError(f"algorithm {cfg.algorithm!r} solves {cls.problem} problems, which a config cannot describe "
+                          f"(it describes {' and '.join(sorted(PROBLEM_KINDS))}); run it with fljax.Simulation.")
     if cls.problem != cfg.data.source.problem:
         raise _mismatch(cfg.algorithm, cls.problem, cfg.data.dataset, cfg.data.source.problem)
-    if cls.problem != "classification":  # no model: the algorithm solves the data's problem itself
-        _check_sample(cfg, labelled=False, grouped=False)
-        _check_regression(cfg)
-        algorithm = _construct(cls, cfg.algo, cfg.data.num_train_clients, "algo")
-        return Experiment(dataclasses.replace(cfg, algo=_written(_held(algorithm, cfg.algo))),
-                          RunSettings.of(cfg, cls.problem), algorithm, cfg.model)
+    return PROBLEM_KINDS[cls.problem].resolve(cfg, cls)
+
+
+def _resolve_classification(cfg: ExperimentConfig, cls: type[Algorithm]) -> Experiment:
+    """A classification experiment: the model resolved for the data's inputs, the server's section checked, the
+    algorithm constructed, its client groups, evaluation sample, participation, privacy and aggregation."""
+    if cfg.x64:
+        raise OptionError("x64", f"is for consensus-regression problems only (float64 runs of FedGiA's data sets); "
+                                 f"remove it (or set it to false) for {cfg.algorithm}.")
+    if cfg.stop is not None:
+        raise OptionError("stop", f"is for consensus-regression problems only (FedGiA's data sets); remove it for "
+                                  f"{cfg.algorithm}, which runs `rounds` rounds.")
     input_shape = cfg.data.input_shape
     model = _resolve_model(cfg.model, input_shape)
     _check_server(cfg.server, input_shape)
@@ -190,6 +207,16 @@ def resolve(cfg: ExperimentConfig) -> Experiment:
     rule, attack = _aggregation(cfg, algorithm)
     config = dataclasses.replace(cfg, algo=_held(algorithm, cfg.algo))
     return Experiment(config, RunSettings.of(cfg, cls.problem), algorithm, model, groups, rule, attack, participation)
+
+
+def _resolve_regression(cfg: ExperimentConfig, cls: type[Algorithm]) -> Experiment:
+    """A consensus-regression experiment: no model, server or model groups (:func:`_check_regression`), every
+    client measured, the algorithm alone (its hyperparameters as a config writes them: a loss by its name)."""
+    _check_sample(cfg, labelled=False, grouped=False)
+    _check_regression(cfg)
+    algorithm = _construct(cls, cfg.algo, cfg.data.num_train_clients, "algo")
+    return Experiment(dataclasses.replace(cfg, algo=_written(_held(algorithm, cfg.algo))),
+                      RunSettings.of(cfg, cls.problem), algorithm, cfg.model)
 
 
 def _construct(cls: type[Algorithm], values: dict, num_clients: int, section: str) -> Algorithm:
@@ -448,7 +475,8 @@ def _check_model_privacy(cfg: ExperimentConfig, model) -> None:
 
 
 def _check_regression(cfg: ExperimentConfig) -> None:
-    """A consensus-regression experiment has no model, model groups or test split: every row trains (spec §1)."""
+    """A consensus-regression experiment has no model, server or model groups (spec §1); its data section's keys
+    are the data kind's to check (:mod:`fljax.problems.sources`: no test split, every row trains)."""
     why = f"{cfg.algorithm} has no model (it fits x to the clients' rows)"
     if cfg.model != ModelConfig():
         raise OptionError("model", f"must be left out: {why}; remove the model section.")
@@ -457,12 +485,6 @@ def _check_regression(cfg: ExperimentConfig) -> None:
     if cfg.groups:
         raise OptionError("groups", f"must be null for {cfg.algorithm}: its data's size classes are its groups "
                                     f"(data.size_classes).")
-    data = cfg.data
-    unused = (("test_per_client", None), ("test_fraction", 0.2), ("test_rows", None), ("storage", "padded"))
-    for key, default in unused:
-        if getattr(data, key) != default:
-            raise OptionError(f"data.{key}", f"does not apply to {data.dataset} (every client's rows are training "
-                                             f"rows, padded per size class); remove it.")
 
 
 def _written(hp: dict) -> dict:
@@ -472,7 +494,7 @@ def _written(hp: dict) -> dict:
 
 def _mismatch(algorithm: str, problem: str, dataset: str, posed: str) -> ConfigError:
     """The refusal of an algorithm solving ``problem`` on a data set posing ``posed``, with what would match."""
-    from fljax.data.sources import SOURCES
+    from fljax.data import SOURCES
 
     def few(names: list[str]) -> str:
         return ", ".join(sorted(names)) if len(names) <= 6 else f"{', '.join(sorted(names)[:3])}, … (fljax list)"
@@ -520,7 +542,7 @@ def _check_server(server: ServerConfig, input_shape: tuple) -> None:
     if server.pretrain_data_options and server.pretrain_data is None:
         raise OptionError("server.pretrain_data_options", "needs server.pretrain_data (a data set name).")
     if server.pretrain_data is not None:
-        from fljax.data.sources import SOURCES
+        from fljax.data import SOURCES
 
         _choice("server.pretrain_data", server.pretrain_data, [n for n, s in SOURCES.items()
                                                                if not s.natural and len(s.input_shape) == 3])
@@ -569,16 +591,20 @@ def load_data(exp: Experiment, seed: int | None = None) -> "FederatedData":
 def build(exp: Experiment, data: "FederatedData", module=None, *, privacy) -> "Simulation":
     """The :class:`~fljax.engine.Simulation` of ``exp`` on ``data`` with ``privacy``, its privacy on that data
     (:func:`privacy_of`, resolved once by the caller) (``module``: a Flax module of the user's own, used instead of
-    the experiment's model). The simulation runs ``exp.algorithm`` itself, which :func:`resolve` validated: not again
-    unless ``data`` (one of the user's own) has another number of training clients."""
+    the experiment's model), as the kind of its problem builds it (:data:`PROBLEM_KINDS`). The simulation runs
+    ``exp.algorithm`` itself, which :func:`resolve` validated: not again unless ``data`` (one of the user's own) has
+    another number of training clients."""
+    return PROBLEM_KINDS[exp.algorithm.problem].build(exp, data, module, privacy)
+
+
+def _build_classification(exp: Experiment, data: "FederatedData", module, privacy) -> "Simulation":
+    """Clients training the experiment's model (or ``module``) on labelled examples, in its groups, with its
+    privacy, aggregation and participation."""
     from fljax.engine import Simulation
     from fljax.engine.population import ClientGroup
     from fljax.models.model import own_model
 
     cfg, run = exp.config, exp.settings
-    if exp.algorithm.problem != "classification":  # no model: the data are the clients' rows in size classes
-        return Simulation(exp.algorithm, data, executor=run.executor, chunk_size=run.chunk_size, seed=run.seed,
-                          memory_budget=run.memory_budget, validated_for=cfg.data.num_train_clients)
     model = own_model(module, data.input_shape, data.num_classes, f"data set {data.name!r}") if module is not None \
         else build_model(exp.model, data)
     groups = [ClientGroup(g.name, g.size, build_model(g.model, data) if g.model is not None else None, g.hp)
@@ -592,6 +618,39 @@ def build(exp: Experiment, data: "FederatedData", module=None, *, privacy) -> "S
                       eval_clients=run.eval_clients, validated_for=cfg.data.num_train_clients,
                       aggregator=exp.aggregator, attack=_attack_on(exp.attack, data),
                       participation=exp.participation)
+
+
+def _build_regression(exp: Experiment, data, module, privacy) -> "Simulation":
+    """The algorithm alone on the clients' rows in size classes (no model: ``module`` and ``privacy`` have nothing
+    to apply to, and :func:`resolve` admits neither)."""
+    from fljax.engine import Simulation
+
+    run = exp.settings
+    return Simulation(exp.algorithm, data, executor=run.executor, chunk_size=run.chunk_size, seed=run.seed,
+                      memory_budget=run.memory_budget, validated_for=exp.config.data.num_train_clients)
+
+
+# ------------------------------------------------------------------------------------------------------ kinds
+
+
+def _resolved_classification(exp: Experiment) -> ExperimentConfig:
+    """Every hyperparameter, and the model ``auto`` picked with its options completed with their defaults."""
+    from fljax.models.model import model_options
+
+    options = {f.name: exp.model.options.get(f.name, field_default(f)) for f in model_options(exp.model.name)}
+    return dataclasses.replace(exp.config, algo=exp.algorithm.hyperparameters(),
+                               model=dataclasses.replace(exp.model, options=options))
+
+
+def _resolved_regression(exp: Experiment) -> ExperimentConfig:
+    """Every hyperparameter as a config writes it (no model)."""
+    return dataclasses.replace(exp.config, algo=_written(exp.algorithm.hyperparameters()))
+
+
+PROBLEM_KINDS: dict[str, ProblemKind] = {kind.name: kind for kind in (
+    ProblemKind("classification", _resolve_classification, _build_classification, _resolved_classification),
+    ProblemKind("consensus regression", _resolve_regression, _build_regression, _resolved_regression, float64=True),
+)}
 
 
 # ------------------------------------------------------------------------------------------------------ compare

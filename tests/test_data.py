@@ -137,7 +137,7 @@ def test_replacement_sampling_stays_in_range():
 def test_tfds_source_with_mock_data(monkeypatch):
     import tensorflow_datasets as tfds
 
-    # mock_data stands in for prepared files; the builder's own check of them (sources._prepared) is told so
+    # mock_data stands in for prepared files; the builder's own check of them (fljax.data.tfds._prepared) is told so
     monkeypatch.setattr(tfds.core.DatasetBuilder, "is_prepared", lambda self: True)
     with tfds.testing.mock_data(num_examples=60):
         src = D.tfds_source("mnist")
@@ -374,7 +374,7 @@ def test_class_slots_table_for_many_clients_and_errors():
 def test_digits_are_scikit_learns_load_digits():
     from sklearn.datasets import load_digits
 
-    from fljax.data.sources import _digits_table
+    from fljax.data.bundled import _digits_table
 
     ref, table = load_digits(), _digits_table()
     assert np.array_equal(table[:, :64], ref.data) and np.array_equal(table[:, 64], ref.target)

@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 
 import fljax.data as D
-from fljax.data import sources
+from fljax.data import tfds as tfds_reader
 
 tfds = pytest.importorskip("tensorflow_datasets")
 
 
 def test_a_tfds_data_set_from_mock_data_loads(monkeypatch):
-    # mock_data stands in for prepared files; the builder's own check of them (sources._prepared) is told so
+    # mock_data stands in for prepared files; the builder's own check of them (tfds_reader._prepared) is told so
     monkeypatch.setattr(tfds.core.DatasetBuilder, "is_prepared", lambda self: True)
     with tfds.testing.mock_data(num_examples=40):
         data = D.make_federated("mnist", num_clients=4, partition="iid", seed=0, test_per_client=5)
@@ -24,10 +24,10 @@ def test_a_missing_package_is_named_as_the_cause(monkeypatch):
         raise ModuleNotFoundError("No module named 'importlib_resources'", name="importlib_resources")
 
     for step in ("_prepared", "_read_tfds"):  # whether checking the files or reading them needs the package
-        monkeypatch.setattr(sources, step, missing)
+        monkeypatch.setattr(tfds_reader, step, missing)
     with pytest.raises(D.DataError, match=r"needs the package 'importlib_resources', which is not installed "
                                           r"\(pip install importlib-resources\)\.$"):
-        sources.tfds_source("mnist")
+        tfds_reader.tfds_source("mnist")
 
 
 # CIFAR-100's 20 superclasses and their 5 classes each (Krizhevsky 2009, "Learning Multiple Layers of Features from

@@ -1,5 +1,6 @@
 """The documentation runs: every ```python block of README.md and docs/*.md is executed (each in a fresh namespace,
-in an empty temporary directory), and docs/errors.md is what tests/bad_inputs.py generates.
+in an empty temporary directory, what it registers unregistered after it), and docs/errors.md is what
+tests/bad_inputs.py generates.
 
 A block that cannot run in the test suite is marked in the markdown, right before it, with an HTML comment:
 ``<!-- no-test: why -->`` (skipped) or ``<!-- xfail: why -->`` (expected to fail now; strict, so the marker has to
@@ -28,8 +29,21 @@ def _blocks():
             yield pytest.param(where, code, marks=marks, id=where)
 
 
+@pytest.fixture
+def registries():
+    """What a block registers (a reader of one's own, docs/data.md) is unregistered after it, so that the blocks and
+    the tests after them see the built-in data sets, partitions and data kinds only."""
+    from fljax.data import DATA_KINDS, PARTITIONERS, SOURCES
+
+    saved = [(registry, dict(registry)) for registry in (SOURCES, PARTITIONERS, DATA_KINDS)]
+    yield
+    for registry, entries in saved:
+        registry.clear()
+        registry.update(entries)
+
+
 @pytest.mark.parametrize("where,code", list(_blocks()))
-def test_python_block_runs(where, code, tmp_path, monkeypatch):
+def test_python_block_runs(where, code, tmp_path, monkeypatch, registries):
     monkeypatch.chdir(tmp_path)
     exec(compile(code, where, "exec"), {"__name__": "__docs__"})
 

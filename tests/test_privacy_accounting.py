@@ -201,7 +201,7 @@ def test_a_delta_above_the_stated_threshold_is_warned_about_in_one_line():
 
     def warning(population, delta=None, level="client"):
         return delta_warning(resolve_privacy(PrivacyOptions(noise_multiplier=1.0, clip_norm=0.5, delta=delta,
-                                                            level=level), population=population, size=5, steps=10))
+                                                            level=level), sampling=Sampling("poisson", population, 5), steps=10))
 
     assert DELTA_WARN == 1e-5
     assert warning(10) == ("privacy: δ = 0.0794 (the default N^-1.1 for N = 10 clients) is above 1e-05, a weak "

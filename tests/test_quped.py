@@ -289,7 +289,7 @@ def test_femnist_clients_are_groups_of_writers(tmp_path):
     """femnist (D23): digit samples only, 3 whole writers per client, seed-shuffled, every writer used once;
     femnist62 keeps the letters; one-line errors without files or with too few writers."""
     from fljax.data.leaf import femnist
-    from fljax.data.sources import DataError
+    from fljax.data import DataError
 
     _leaf_files(str(tmp_path), 12)
     nat = femnist(str(tmp_path), 4, seed=1)

@@ -11,7 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from fljax.data.federated import FederatedData, pad_clients
-from fljax.data.sources import DataError
+from fljax.data.types import DataError
 from fljax.options import show
 
 __all__ = ["from_arrays"]

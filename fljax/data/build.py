@@ -8,6 +8,10 @@ Per-client test splits follow each client's own label distribution:
 * natural sources (Synthetic, LEAF, the stand-ins): a stratified hold-out of ``test_fraction`` of each client's own
   samples; for next-token sequences the last ``test_fraction`` of each client's sequences (:func:`tail_mask`); a
   source that brings its own test splits (your per-client files with test arrays) keeps them.
+
+That is the data of the classification problem, registered here as its data kind
+(:func:`fljax.data.registry.register_data_kind`); :func:`load_federated` loads any data set and has the data kind
+of its problem assemble it.
 """
 from __future__ import annotations
 
@@ -17,8 +21,9 @@ from fljax.data import memory, partitioners as partition_lib
 from fljax.data.config import DataConfig
 from fljax.data.federated import FederatedData, pad_flat, sample_dtype
 from fljax.data.ragged import ragged_clients
-from fljax.data.sources import DataError, Natural, Pooled
+from fljax.data.registry import DATA_KINDS, DataKind, register_data_kind
 from fljax.data.text import TokenShape
+from fljax.data.types import DataError, Natural, Pooled
 from fljax.errors import OptionError
 
 __all__ = ["pool_test_split", "holdout_mask", "tail_mask", "holdout_split", "stack_clients", "federate",
@@ -185,17 +190,12 @@ def federate(source: Pooled | Natural, num_clients: int, partition: str, seed: i
                          name=source.name, description=desc)
 
 
-def load_federated(config: DataConfig, seed: int) -> FederatedData:
-    """The federated data set ``config`` describes, drawn with ``config.seed`` (``seed`` when that is null); for a
-    consensus-regression data set the clients' rows as packed (a :class:`~fljax.problems.ClientBlocks`)."""
-    seed = seed if config.seed is None else config.seed
-    source_options, partition_options = config.components()
-    source = config.source.load(source_options, config.num_clients, seed)
-    if config.source.problem != "classification":  # the clients' rows, packed (fljax.problems.sources)
-        return source
+def _federated(config: DataConfig, source: Pooled | Natural, seed: int) -> FederatedData:
+    """The data of a classification set: ``source`` federated as ``config`` says (:func:`federate`), every client's
+    test split padded to ``config.test_rows`` when set."""
     data = federate(source, config.num_clients, config.partition, seed, test_per_client=config.test_per_client,
                     test_fraction=config.test_fraction, test_rounding=config.test_rounding, storage=config.storage,
-                    **partition_options.to_dict())
+                    **config.components()[1].to_dict())
     if config.test_rows is not None:
         if config.storage != "padded":
             raise OptionError("test_rows", "pads padded client arrays; remove it with storage: ragged.")
@@ -209,6 +209,21 @@ def load_federated(config: DataConfig, seed: int) -> FederatedData:
                            f"rows")
         data = data.replace(test=test.padded(config.test_rows))
     return data
+
+
+register_data_kind("classification", DataKind(
+    "labelled examples, split over clients by a partitioner or by the data set itself (FederatedData)", _federated))
+
+
+def load_federated(config: DataConfig, seed: int):
+    """The clients' data ``config`` describes, drawn with ``config.seed`` (``seed`` when that is null): what its
+    data set loads, assembled by the data kind of the problem it poses (:data:`fljax.data.registry.DATA_KINDS`): a
+    :class:`FederatedData` for classification, the clients' packed rows for consensus regression (a
+    :class:`~fljax.problems.ClientBlocks`)."""
+    seed = seed if config.seed is None else config.seed
+    source = config.source
+    loaded = source.load(config.components()[0], config.num_clients, seed)
+    return DATA_KINDS[source.problem].assemble(config, loaded, seed)
 
 
 def make_federated(dataset: str = "synthetic", num_clients: int = 100, partition: str | None = None, seed: int = 0,

@@ -1,7 +1,7 @@
 """A federated data set described as plain data: the keys of a config's ``data:`` section.
 
 The common keys (data set, number of clients, partition, data seed, per-client test split) are declared here; every
-other key is an option of the chosen data set (:data:`fljax.data.sources.SOURCES`) or partitioner
+other key is an option of the chosen data set (:data:`fljax.data.registry.SOURCES`) or partitioner
 (:data:`fljax.data.partitioners.PARTITIONERS`), which declare their own. The form stays flat::
 
     data: {dataset: digits, num_clients: 50, partition: dirichlet, alpha: 0.1}
@@ -16,7 +16,7 @@ import dataclasses
 from typing import Literal, Mapping
 
 from fljax.data.partitioners import PARTITIONERS, Partitioner, PartitionOptions
-from fljax.data.sources import SOURCES, Source
+from fljax.data.registry import DATA_KINDS, SOURCES, Source
 from fljax.errors import OptionError
 from fljax.options import Options, at_least, between, option, seed_check, show, suggest
 
@@ -130,6 +130,10 @@ class DataConfig(Options):
         if not source.natural:
             partition_options.check_data(most, source.num_classes)
         partition_options.num_target(self.num_clients)  # refuses target clients that leave none to train
+        if source.problem not in DATA_KINDS:
+            raise OptionError("dataset", f"{self.dataset} poses {source.problem} problems, whose data no data kind "
+                                         f"assembles; register one (fljax.data.register_data_kind).")
+        DATA_KINDS[source.problem].check(self)  # the keys that do not apply to data of its problem
 
     def _foreign(self, key: str) -> str:
         owners = [_listing("data set", [n for n, s in SOURCES.items() if key in _names(s.options)]),

@@ -10,7 +10,8 @@ table (``.csv``, or ``.parquet`` with pyarrow installed) with a client-id column
   own test splits; otherwise the data config's ``test_fraction`` is held out).
 
 With fewer clients asked than the files hold, a seeded random choice of them is used (every run seed draws its own
-unless ``data.seed`` is set). Nothing is written. Every problem is refused in one line naming the file.
+unless ``data.seed`` is set). Nothing is written. Every problem is refused in one line naming the file. The module
+registers the data set ``files`` (:mod:`fljax.data.registry`).
 """
 from __future__ import annotations
 
@@ -23,9 +24,13 @@ import zipfile
 import numpy as np
 
 from fljax.data import memory, text
+from fljax.data.registry import Source, register_source
+from fljax.data.types import DataError, Natural, Samples
 from fljax.options import Options, at_least, option
 
-__all__ = ["FilesOptions", "load_files"]
+__all__ = ["FilesOptions", "load_files", "FILES_MAX_CLIENTS"]
+
+FILES_MAX_CLIENTS = 10_000_000  # the files say how many clients they hold; checked when they are read
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,8 +47,6 @@ class FilesOptions(Options):
 
 
 def _error(message: str):
-    from fljax.data.sources import DataError
-
     return DataError(f"files: {message}")
 
 
@@ -51,7 +54,6 @@ def _npz_clients(folder: str) -> dict[str, dict]:
     paths = sorted(glob.glob(os.path.join(folder, "*.npz")))
     if not paths:
         raise _error(f"no <client>.npz files in {folder!r}; put one file per client there (arrays x and y).")
-    from fljax.data.sources import DataError
 
     clients, declared = {}, 0
     for path in paths:
@@ -173,9 +175,7 @@ def _check(name: str, x: np.ndarray, y: np.ndarray, shape, what: str):
 
 
 def load_files(o: FilesOptions, num_clients: int, seed: int):
-    """The clients of ``o.path`` (module docstring) as a :class:`~fljax.data.sources.Natural` data set."""
-    from fljax.data.sources import Natural, Samples
-
+    """The clients of ``o.path`` (module docstring) as a :class:`~fljax.data.types.Natural` data set."""
     if o.path is None:
         raise _error("set data.path to a folder of <client>.npz files or to a .csv / .parquet table with a client "
                      "column.")
@@ -220,3 +220,8 @@ def load_files(o: FilesOptions, num_clients: int, seed: int):
     input_shape = text.TokenShape(shape[0][0], classes) if tokens else None
     return Natural(x, y.astype(np.int32), counts, classes, f"files:{os.path.basename(os.path.normpath(o.path))}",
                    test=split, input_shape=input_shape)
+
+
+register_source("files", Source(
+    "your own per-client files: a folder of <client>.npz (x, y) or a .csv / .parquet table with a client column "
+    "(offline, path)", FilesOptions, load_files, lambda o: FILES_MAX_CLIENTS, None, 0, natural=True))

@@ -20,11 +20,13 @@ and point ``data_dir`` at the directory of JSON files it writes (``data/<name>/d
 
 Shakespeare and Sent140 are tokenised once and cached (:func:`fljax.data.text.cached_arrays`). Users with fewer
 than two samples (no room for a test split) are dropped; the others are shuffled with the data seed and the first
-``num_clients`` become the clients.
+``num_clients`` become the clients. The module registers the data sets ``femnist``, ``femnist62``, ``shakespeare``
+and ``sent140`` (:mod:`fljax.data.registry`).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob
 import json
 import os
@@ -32,7 +34,9 @@ from typing import Literal
 
 import numpy as np
 
-from fljax.data import memory, text
+from fljax.data import memory, standins, text
+from fljax.data.registry import Source, register_source
+from fljax.data.types import DataError, Natural
 from fljax.options import Options, at_least, option
 
 __all__ = ["LeafOptions", "ShakespeareOptions", "Sent140Options", "femnist", "shakespeare", "sent140",
@@ -93,8 +97,6 @@ def _missing(name: str, where: str, script: str) -> str:
 
 
 def _json_paths(name: str, data_dir: str | None, where: str, script: str) -> list[str]:
-    from fljax.data.sources import DataError
-
     if data_dir is None:
         raise DataError(f"{name} reads LEAF's JSON files: {_missing(name, where, script)}.")
     paths = sorted(glob.glob(os.path.join(data_dir, "*.json")))
@@ -105,8 +107,7 @@ def _json_paths(name: str, data_dir: str | None, where: str, script: str) -> lis
 
 def _read(name: str, path: str) -> dict:
     """One LEAF file: valid JSON text holding a mapping with ``users`` (a list) and ``user_data`` (a mapping), or a
-    one-line :class:`~fljax.data.sources.DataError` naming the file."""
-    from fljax.data.sources import DataError
+    one-line :class:`~fljax.data.types.DataError` naming the file."""
 
     def refuse(problem: str) -> DataError:
         return DataError(f"{name}: {path} {problem}; LEAF's preprocess.sh writes each file whole: write it again, or "
@@ -142,8 +143,6 @@ def _users(name: str, paths: list[str]):
     """(file, user, x, y) of every user of the files, in file order, checked: every listed user has an entry in
     ``user_data`` with lists ``x`` and ``y`` of equal length (one label per sample: a shorter ``y`` is refused, not
     zipped away). Errors name the file and the user."""
-    from fljax.data.sources import DataError
-
     for path in paths:
         blob = _read(name, path)
         for user in blob["users"]:
@@ -170,8 +169,6 @@ def _kind(value) -> str:
 
 def _labels(name: str, path: str, user: str, y: list, allowed: str, valid) -> np.ndarray:
     """``y`` as int64 labels, each passing ``valid`` (an array test), or a one-line refusal naming file and user."""
-    from fljax.data.sources import DataError
-
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in y):
         bad = next(v for v in y if not isinstance(v, int) or isinstance(v, bool))
         raise DataError(f"{name}: {path}: user {user!r}: labels must be integers {allowed}, got {bad!r}.")
@@ -184,8 +181,6 @@ def _labels(name: str, path: str, user: str, y: list, allowed: str, valid) -> np
 
 def _choose(name: str, counts: np.ndarray, num_clients: int, seed: int, data_dir: str) -> np.ndarray:
     """Indices of the clients: users with at least two samples, shuffled with the data seed, the first num_clients."""
-    from fljax.data.sources import DataError
-
     usable = np.flatnonzero(counts >= 2)
     if len(usable) < num_clients:
         raise DataError(f"{name}: {num_clients} clients need {num_clients} users with at least two samples, "
@@ -203,14 +198,10 @@ def _rows(offsets: np.ndarray, counts: np.ndarray, cap: int | None = None) -> tu
 def femnist(data_dir: str | None, num_clients: int, seed: int, writers_per_client: int = 3,
             num_classes: int = 10, source: str = "leaf"):
     """The clients of FEMNIST (module docstring): ``num_classes`` 10 keeps the digits, 62 every class."""
-    from fljax.data.sources import DataError, Natural
-
     need = num_clients * writers_per_client
     name = "femnist" if num_classes == 10 else "femnist62"
     if source == "standin":
-        from fljax.data.standins import emnist_writers
-
-        xs, ys = emnist_writers(need, seed, num_classes)
+        xs, ys = standins.emnist_writers(need, seed, num_classes)
         writers = dict(enumerate(zip(xs, ys)))
         name += " (stand-in)"
     else:
@@ -235,8 +226,6 @@ def femnist(data_dir: str | None, num_clients: int, seed: int, writers_per_clien
 
 def _pixels(path: str, user: str, xs: list) -> np.ndarray:
     """A FEMNIST writer's ``x``: rows of 784 numbers (28×28 pixels), as float32 ``[n, 784]``."""
-    from fljax.data.sources import DataError
-
     bad = next((i for i, row in enumerate(xs) if not isinstance(row, list) or len(row) != 784
                 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in row)), None)
     if bad is not None:
@@ -264,8 +253,6 @@ def _chained_snippets(xs: list[str], ys: list[str]) -> list[str]:
 
 def _check_windows(path: str, user: str, xs: list, ys: list) -> None:
     """A Shakespeare role's samples: ``x`` rows are text windows, ``y`` the one character after each."""
-    from fljax.data.sources import DataError
-
     for which, rows, one in (("x", xs, False), ("y", ys, True)):
         bad = next((i for i, v in enumerate(rows) if not isinstance(v, str) or (one and len(v) != 1)), None)
         if bad is not None:
@@ -283,12 +270,8 @@ def _char_ids(snippet: str, table: np.ndarray) -> np.ndarray:
 def shakespeare(o: ShakespeareOptions, num_clients: int, seed: int):
     """The clients of Shakespeare (module docstring) from LEAF's files, or stand-in speakers
     (:func:`fljax.data.standins.shakespeare_speakers`)."""
-    from fljax.data.sources import Natural
-
     if o.source == "standin":
-        from fljax.data.standins import shakespeare_speakers
-
-        xs, ys = shakespeare_speakers(num_clients, seed, o.seq_len)
+        xs, ys = standins.shakespeare_speakers(num_clients, seed, o.seq_len)
         counts = np.asarray([len(x) for x in xs], np.int64)
         x, y, name = np.concatenate(xs), np.concatenate(ys), "shakespeare (stand-in)"
         chosen = np.arange(num_clients)
@@ -319,8 +302,6 @@ def shakespeare(o: ShakespeareOptions, num_clients: int, seed: int):
 
 def sent140(o: Sent140Options, num_clients: int, seed: int):
     """The clients of Sent140 (module docstring)."""
-    from fljax.data.sources import DataError, Natural
-
     paths = _json_paths("sent140", o.data_dir, "data/sent140/data/all_data", "./preprocess.sh -s niid --sf 1.0 -k 0")
 
     def build():
@@ -351,3 +332,32 @@ def sent140(o: Sent140Options, num_clients: int, seed: int):
     vocab = text.vocab_size(o.vocab)
     return Natural(arrays["x"][rows], arrays["y"][rows], kept.astype(np.int32), 2, "sent140",
                    input_shape=text.TokenShape(o.seq_len, vocab, per_token=False))
+
+
+def _femnist_clients(o: LeafOptions) -> int:
+    return (standins.EMNIST_WRITERS if o.source == "standin" else LEAF_FEMNIST_WRITERS) // o.writers_per_client
+
+
+def _load_femnist(num_classes: int, o: LeafOptions, num_clients: int, seed: int) -> Natural:
+    return femnist(o.data_dir, num_clients, seed, o.writers_per_client, num_classes, o.source)
+
+
+register_source("femnist", Source(
+    "FEMNIST digits from LEAF's JSON files, clients of writers_per_client writers (offline, data_dir; source: "
+    "standin for seeded stand-in writers)", LeafOptions, functools.partial(_load_femnist, 10), _femnist_clients,
+    (28, 28, 1), 10, natural=True))
+register_source("femnist62", Source(
+    "FEMNIST / EMNIST-62 with natural writers, all 62 classes, from LEAF's JSON files (offline, data_dir; source: "
+    "standin for 3,400 seeded stand-in writers)", LeafOptions, functools.partial(_load_femnist, 62),
+    _femnist_clients, (28, 28, 1), 62, natural=True))
+register_source("shakespeare", Source(
+    "Shakespeare next-character prediction, one client per speaking role: LEAF's JSON files (data_dir) or, with "
+    "source: standin, 715 seeded stand-in speakers (offline)", ShakespeareOptions, shakespeare,
+    lambda o: standins.SHAKESPEARE_SPEAKERS if o.source == "standin" else LEAF_SHAKESPEARE_USERS,
+    text.TokenShape(80, SHAKESPEARE_VOCAB), SHAKESPEARE_VOCAB, natural=True,
+    shape_of=lambda o: text.TokenShape(o.seq_len, SHAKESPEARE_VOCAB)))
+register_source("sent140", Source(
+    "Sent140 tweet sentiment (2 classes), one client per Twitter account, from LEAF's JSON files (offline, "
+    "data_dir)", Sent140Options, sent140, lambda o: LEAF_SENT140_USERS,
+    text.TokenShape(25, text.vocab_size(10_000), per_token=False), 2, natural=True,
+    shape_of=lambda o: text.TokenShape(o.seq_len, text.vocab_size(o.vocab), per_token=False)))

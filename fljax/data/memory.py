@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import resource
 
+from fljax.data.types import DataError
+
 __all__ = ["host_memory", "check_bytes", "size_text", "sizes_apart"]
 
 
@@ -67,11 +69,9 @@ def sizes_apart(need: float, have: float) -> tuple[str, str]:
 
 
 def check_bytes(nbytes: float, advice: str, what: str) -> None:
-    """Refuse (a one-line :class:`~fljax.data.sources.DataError`) building ``what`` when its estimated ``nbytes``
+    """Refuse (a one-line :class:`~fljax.data.types.DataError`) building ``what`` when its estimated ``nbytes``
     exceed :func:`host_memory`; ``advice`` names the settings that make it that large (``lower data.seq_len``)."""
     where, have = host_memory()
     if nbytes > have:
-        from fljax.data.sources import DataError
-
         need, has = sizes_apart(nbytes, have)
         raise DataError(f"{what} would take {need}, more than the {has} of {where}; {advice}.")

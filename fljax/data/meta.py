@@ -21,20 +21,55 @@ source's own seeded train/test shuffle changes nothing):
 Labels stay global (C-way), as in the authors' code. ``labels='pair'`` (spec D16's alternative) relabels every
 client 2-way, y ↦ 0 for the first class of its pair and 1 for the second (so the meta-model gets a 2-way head,
 ``num_classes`` = 2); the server's set keeps its global labels (``ServerData.num_classes`` = C).
+
+The module registers the partition ``meta_pairs`` (:func:`fljax.data.partitioners.register_partitioner`).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+from typing import Literal
 
 import jax.numpy as jnp
 import numpy as np
 
 from fljax.data.federated import FederatedData, ServerData, pad_clients
-from fljax.data.partitioners import MetaPairsOptions
-from fljax.data.sources import DataError, Pooled
+from fljax.data.partitioners import PartitionOptions, Partitioner, register_partitioner
+from fljax.data.types import DataError, Pooled
 from fljax.errors import OptionError
+from fljax.options import at_least, between, option, seed_check
 
 __all__ = ["MetaPairsOptions", "class_pairs", "meta_pairs"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MetaPairsOptions(PartitionOptions):
+    """Options of ``meta_pairs``, the few-shot split with a server set and target clients (AugFL spec §4, §6;
+    :mod:`fljax.data.meta`)."""
+
+    samples_min: int = option(20, "M: client i draws D_i ~ U{M..2M} samples of its two classes", at_least(4))
+    target_clients: int | None = option(None, "clients that never train, only evaluated (null: 20% of "
+                                              "num_clients)", at_least(1))
+    server_per_class: int = option(100, "samples of every class held by the server (a split disjoint from all "
+                                        "clients)", at_least(1))
+    server_seed: int = option(0, "seed of the server split (fixed across run seeds, so they share one pretrained "
+                                 "model)", seed_check)
+    pairs: Literal["paper", "code"] = option("paper", "class pairs: balanced random (paper) or (2u, 2u+1) mod C "
+                                                      "with M/2 + U{0..M/2} per class (the authors' code)")
+    support_fraction: float = option(0.5, "share of each class of a client in its support set (floor)",
+                                     between(0, 1, open_=True))
+    standardize: bool = option(True, "standardise every image with the scalar mean and std of the server set")
+    labels: Literal["global", "pair"] = option("global", "client labels: the global C-way classes (the authors' "
+                                                         "code), or per client 2-way (its pair's first class 0, "
+                                                         "the second 1; the server keeps global labels)")
+
+    def num_target(self, num_clients: int) -> int:
+        """``target_clients`` (null: 20 % of ``num_clients``, at least 1); refused unless some clients train."""
+        n = self.target_clients if self.target_clients is not None else max(1, int(round(0.2 * num_clients)))
+        if n >= num_clients:
+            raise OptionError("target_clients", f"must be below num_clients={num_clients} (some clients must "
+                                                f"train), got {n}.")
+        return n
 
 
 def class_pairs(num_clients: int, num_classes: int, rng: np.random.Generator, kind: str = "paper") -> np.ndarray:
@@ -137,3 +172,9 @@ def meta_pairs(source: Pooled, num_clients: int, seed: int, options: MetaPairsOp
     return FederatedData(train=train, test=test, num_classes=2 if o.labels == "pair" else c_num,
                          input_shape=tuple(x.shape[1:]),
                          name=source.name, description=desc, server=server, num_target=n_target)
+
+
+register_partitioner("meta_pairs", Partitioner(
+    "few-shot meta-learning split (AugFL): a server set disjoint from the clients, two classes per client, "
+    "D_i ~ U{M..2M}, support/query halves, the last target_clients never train", MetaPairsOptions, None,
+    build=meta_pairs))

@@ -4,6 +4,8 @@ Every partitioner takes the pooled labels, the number of clients and a seed, and
 (one per client) that together use every sample exactly once. Each is reproducible from its seed and raises
 :class:`PartitionError` with a one-line fix when it would leave a client without data. Each is registered in
 :data:`PARTITIONERS` with its options (a dataclass of :mod:`fljax.options`); :func:`partition` dispatches by name.
+A partitioner defined in another module registers itself there (:func:`register_partitioner`; the few-shot split
+``meta_pairs`` of :mod:`fljax.data.meta`).
 """
 from __future__ import annotations
 
@@ -13,13 +15,13 @@ from typing import Callable, Literal
 import numpy as np
 
 from fljax.errors import OptionError
-from fljax.options import Options, at_least, between, greater_than, option, parse, seed_check, suggest
+from fljax.options import Options, at_least, greater_than, option, parse, suggest
 
 __all__ = ["PartitionError", "iid", "dirichlet", "pathological", "power_law", "client_centric", "class_slots",
            "pachinko", "pachinko_distributions", "CIFAR100_COARSE", "PachinkoOptions",
            "class_slots_test", "ClassSlotsOptions", "Partitioner",
            "PARTITIONERS", "partition", "PartitionOptions", "DirichletOptions", "PathologicalOptions", "PowerLawOptions",
-           "ClientDirichletOptions", "ClientPathologicalOptions", "MetaPairsOptions"]
+           "ClientDirichletOptions", "ClientPathologicalOptions", "register_partitioner"]
 
 
 class PartitionError(ValueError):
@@ -426,42 +428,6 @@ class PachinkoOptions(PartitionOptions):
 
 
 @dataclasses.dataclass(frozen=True)
-class MetaPairsOptions(PartitionOptions):
-    """Options of ``meta_pairs``, the few-shot split with a server set and target clients (AugFL spec §4, §6;
-    :mod:`fljax.data.meta`)."""
-
-    samples_min: int = option(20, "M: client i draws D_i ~ U{M..2M} samples of its two classes", at_least(4))
-    target_clients: int | None = option(None, "clients that never train, only evaluated (null: 20% of "
-                                              "num_clients)", at_least(1))
-    server_per_class: int = option(100, "samples of every class held by the server (a split disjoint from all "
-                                        "clients)", at_least(1))
-    server_seed: int = option(0, "seed of the server split (fixed across run seeds, so they share one pretrained "
-                                 "model)", seed_check)
-    pairs: Literal["paper", "code"] = option("paper", "class pairs: balanced random (paper) or (2u, 2u+1) mod C "
-                                                      "with M/2 + U{0..M/2} per class (the authors' code)")
-    support_fraction: float = option(0.5, "share of each class of a client in its support set (floor)",
-                                     between(0, 1, open_=True))
-    standardize: bool = option(True, "standardise every image with the scalar mean and std of the server set")
-    labels: Literal["global", "pair"] = option("global", "client labels: the global C-way classes (the authors' "
-                                                         "code), or per client 2-way (its pair's first class 0, "
-                                                         "the second 1; the server keeps global labels)")
-
-    def num_target(self, num_clients: int) -> int:
-        """``target_clients`` (null: 20 % of ``num_clients``, at least 1); refused unless some clients train."""
-        n = self.target_clients if self.target_clients is not None else max(1, int(round(0.2 * num_clients)))
-        if n >= num_clients:
-            raise OptionError("target_clients", f"must be below num_clients={num_clients} (some clients must "
-                                                f"train), got {n}.")
-        return n
-
-
-def _meta_pairs(source, num_clients: int, seed: int, options):
-    from fljax.data.meta import meta_pairs
-
-    return meta_pairs(source, num_clients, seed, options)
-
-
-@dataclasses.dataclass(frozen=True)
 class Partitioner:
     """A partitioner by name: a one-line summary, its options, ``split(labels, num_clients, seed, options)`` (None
     for 'natural': the source's own clients) and, for partitioners that cut the test pool themselves,
@@ -515,11 +481,20 @@ PARTITIONERS: dict[str, Partitioner] = {
                                              o.coarse_alpha, o.fine_beta, stream=1)),
     "natural": Partitioner("the source's own clients (Synthetic, the LEAF sets, the stand-ins, your files)",
                            PartitionOptions, None),
-    "meta_pairs": Partitioner(
-        "few-shot meta-learning split (AugFL): a server set disjoint from the clients, two classes per client, "
-        "D_i ~ U{M..2M}, support/query halves, the last target_clients never train", MetaPairsOptions, None,
-        build=_meta_pairs),
 }
+
+
+def register_partitioner(name: str, partitioner: Partitioner) -> Partitioner:
+    """Make ``partitioner`` the partition ``name`` (``data.partition: name``, ``fljax list``), from the module that
+    defines it (:mod:`fljax.data.meta` registers ``meta_pairs``); refuses a name that is taken. Returns it."""
+    if not isinstance(partitioner, Partitioner):
+        raise PartitionError(f"partition {name!r} must be registered as a fljax.data.partitioners.Partitioner, got "
+                             f"{type(partitioner).__name__}.")
+    if name in PARTITIONERS:
+        raise PartitionError(f"partition {name!r} is registered already ({PARTITIONERS[name].summary}); choose "
+                             f"another name.")
+    PARTITIONERS[name] = partitioner
+    return partitioner
 
 
 def partition(name: str, labels: np.ndarray, num_clients: int, seed: int, **options) -> list[np.ndarray]:

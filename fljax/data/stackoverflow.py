@@ -27,7 +27,8 @@ train``), in the order of their ids, shuffled with the data seed; the first ``nu
 split (after 2018-01-01; at most ``max_samples``; a user without any has an empty test split and is left out of
 the accuracy summaries), or ``train``, the last ``test_fraction`` of their train sentences (the stand-in's split).
 
-The chosen users' token arrays are built once and cached (:func:`fljax.data.text.cached_arrays`).
+The chosen users' token arrays are built once and cached (:func:`fljax.data.text.cached_arrays`). The module
+registers the data set ``stackoverflow`` (:mod:`fljax.data.registry`).
 """
 from __future__ import annotations
 
@@ -40,7 +41,9 @@ from typing import Literal
 
 import numpy as np
 
-from fljax.data import memory, text
+from fljax.data import memory, standins, text
+from fljax.data.registry import Source, register_source
+from fljax.data.types import DataError, Natural, Samples
 from fljax.options import Options, at_least, option
 
 __all__ = ["StackOverflowOptions", "stackoverflow", "parse_example", "STACKOVERFLOW_USERS", "TFF_FILE",
@@ -83,8 +86,6 @@ def _missing() -> str:
 
 def _files(data_dir: str | None) -> tuple[str, dict[str, str], str]:
     """(kind 'tff' | 'fedjax', split -> database path, word-count path), or a one-line DataError."""
-    from fljax.data.sources import DataError
-
     if data_dir is None:
         raise DataError(f"stackoverflow reads TFF's Stack Overflow files: {_missing()}.")
     tff, fedjax = os.path.join(data_dir, TFF_FILE), {s: os.path.join(data_dir, f) for s, f in FEDJAX_FILES.items()}
@@ -107,8 +108,6 @@ def _files(data_dir: str | None) -> tuple[str, dict[str, str], str]:
 
 def vocabulary(path: str, size: int) -> dict[str, int]:
     """The first ``size`` words of a word-count file (most frequent first) ↦ ids NUM_RESERVED, NUM_RESERVED + 1, …"""
-    from fljax.data.sources import DataError
-
     words: dict[str, int] = {}
     try:
         with open(path, encoding="utf-8") as f:
@@ -135,8 +134,6 @@ _TABLES = {"tff": "examples(split_name, client_id, serialized_example_proto) and
 def _database(kind: str, path: str):
     """A read-only connection to ``path``; any sqlite error inside (not a database, a missing table or column, a
     damaged page) is one line naming the file and the tables the format needs."""
-    from fljax.data.sources import DataError
-
     try:
         with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
             yield db
@@ -232,8 +229,6 @@ def _fedjax_unpack(blob: bytes) -> dict:
 
 def _users(kind: str, database: str) -> list[tuple]:
     """(user id, train sentences) of the train split's users, sorted by id."""
-    from fljax.data.sources import DataError
-
     with _database(kind, database) as db:
         if kind == "tff":
             rows = db.execute("SELECT client_id, SUM(num_examples) FROM client_metadata WHERE split_name = 'train' "
@@ -277,8 +272,6 @@ def _sentences(kind: str, database: str, split: str, users: list) -> dict:
 def _decoded(database: str, user, decode, blob):
     """``decode(blob)`` of one stored example or client, or a one-line refusal naming the file and the user (a
     damaged protocol buffer, zlib stream or msgpack; a value of another type)."""
-    from fljax.data.sources import DataError
-
     try:
         if not isinstance(blob, bytes):
             raise TypeError(f"a stored value is {type(blob).__name__}, not bytes")
@@ -299,10 +292,7 @@ def _rows(sentences: list, vocab: dict[str, int], oov: int, seq_len: int, cap: i
 
 
 def stackoverflow(o: StackOverflowOptions, num_clients: int, seed: int):
-    """The clients of Stack Overflow (module docstring) as a :class:`~fljax.data.sources.Natural`."""
-    from fljax.data import standins
-    from fljax.data.sources import DataError, Natural, Samples
-
+    """The clients of Stack Overflow (module docstring) as a :class:`~fljax.data.types.Natural`."""
     vocab_size = text.vocab_size(o.vocab)
     shape = text.TokenShape(o.seq_len, vocab_size)
     test_from = o.test_from or ("train" if o.source == "standin" else "test")
@@ -348,3 +338,10 @@ def stackoverflow(o: StackOverflowOptions, num_clients: int, seed: int):
                                                        arrays["counts_test"].astype(np.int32))
     return Natural(arrays["x_train"], arrays["y_train"], counts, vocab_size, "stackoverflow", test=test,
                    input_shape=shape)
+
+
+register_source("stackoverflow", Source(
+    "Stack Overflow next-word prediction, one client per user: TFF's or FedJAX's files (data_dir) or, with source: "
+    "standin, seeded stand-in users (offline; the first num_clients of 342,477)", StackOverflowOptions,
+    stackoverflow, lambda o: STACKOVERFLOW_USERS, text.TokenShape(20, text.vocab_size(10_000)),
+    text.vocab_size(10_000), natural=True, shape_of=lambda o: text.TokenShape(o.seq_len, text.vocab_size(o.vocab))))

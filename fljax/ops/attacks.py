@@ -1,5 +1,5 @@
 """Attacks of malicious clients: model poisoning (what a malicious client uploads) and data poisoning (what it
-trains on), for the robust-aggregation study (spec: shared/spec/robust.md, decisions R4–R6).
+trains on), for the robust-aggregation study (docs/robust.md, decisions R4–R6).
 
 **Model poisoning** acts on a cohort's stacked deltas ``D`` (Δ_i = w_i − w_t, leaves ``[n, …]``) with
 ``malicious`` ``[n]`` bool and ``valid`` ``[n]`` bool (None: all valid). Every function has the form

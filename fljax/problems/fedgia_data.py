@@ -19,6 +19,8 @@ import flax.struct
 import numpy as np
 import threadpoolctl
 
+from fljax import tree
+from fljax.data.bundled import qot_arrays
 from fljax.problems.regression import ClientData, lambda_max_host
 
 __all__ = ["v1_instance", "v1_sizes", "qot_instance", "qot_sizes", "sct_standin_instance", "ClientBlocks", "SizeClass",
@@ -89,8 +91,6 @@ def v1_sizes(seed: int, m: int = 128, d_range: tuple[int, int] = (50, 150)) -> n
 @functools.lru_cache(maxsize=1)
 def _qot_scaled() -> tuple[np.ndarray, np.ndarray]:
     """qot with every column scaled to unit ℓ2 norm and labels −1 → 0 (spec §5.2 step 1), read-only."""
-    from fljax.data import qot_arrays
-
     a, y = qot_arrays()
     norms = np.linalg.norm(a, axis=0)
     a = a / np.where(norms > 0, norms, 1.0)
@@ -151,8 +151,6 @@ def sct_standin_instance(seed: int, m: int = 128, d: int = 200_000, n: int = 200
 
 def _client_nbytes(data) -> int:
     """Bytes of one client's rows: an equal share of all."""
-    from fljax import tree
-
     return tree.nbytes(data) // max(data.num_clients, 1)
 
 

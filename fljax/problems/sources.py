@@ -1,7 +1,9 @@
 """FedGiA's data sets as data sources of an experiment config (``data: {dataset: fedgia_qot, num_clients: 128}``).
 
-Each is declared in :data:`fljax.data.sources.SOURCES` like every other data set (``problem: consensus
-regression``): its options (below), how to load it and the most clients it supplies. A load draws one instance
+Each registers itself here as every other data set does (:func:`fljax.data.register_source`, ``problem: consensus
+regression``): its options (below), how to load it and the most clients it supplies; the data kind of consensus
+regression (:func:`fljax.data.register_data_kind`) takes the packed clients as loaded and refuses the keys of a data
+section that split examples into train and test (every client's rows train). A load draws one instance
 from the data seed — the clients' ``(A_i, b_i)`` of :mod:`fljax.problems.fedgia_data` — and packs it into padded
 size classes (:func:`~fljax.problems.pack_trials`), the data of one run (a :class:`~fljax.problems.ClientBlocks`,
 grouped data: each size class is a group of the run's population).
@@ -19,13 +21,14 @@ from typing import Literal
 import numpy as np
 
 from fljax.data import memory
+from fljax.data.registry import DataKind, Source, register_data_kind, register_source
 from fljax.errors import OptionError
 from fljax.options import Options, at_least, between, option, with_default
 from fljax.problems.fedgia_data import (ClientBlocks, pack_trials, qot_instance, qot_sizes, sct_standin_instance,
                                        size_blocks, v1_instance, v1_sizes)
 
 __all__ = ["Packing", "V1Options", "QotOptions", "SctStandinOptions", "load_v1", "load_qot", "load_sct_standin",
-           "max_clients_v1", "max_clients_qot", "max_clients_sct", "PROBLEM"]
+           "PROBLEM"]
 
 PROBLEM = "consensus regression"  # the problem these data sets pose (an algorithm's ``problem``)
 
@@ -138,14 +141,27 @@ def load_sct_standin(o: SctStandinOptions, num_clients: int, seed: int) -> Clien
     return _pack("fedgia_sct_standin", instance(seed), lambda s: np.array([len(b) for _, b in instance(s)]), o, seed)
 
 
-def max_clients_v1(o: V1Options) -> int:
-    return V1_MAX_CLIENTS
+def _check(config) -> None:
+    """A consensus-regression data section splits no examples into train and test: every client's rows are training
+    rows (spec §1), padded per size class."""
+    unused = (("test_per_client", None), ("test_fraction", 0.2), ("test_rows", None), ("storage", "padded"))
+    for key, default in unused:
+        if getattr(config, key) != default:
+            raise OptionError(key, f"does not apply to {config.dataset} (every client's rows are training rows, "
+                                   f"padded per size class); remove it.")
 
 
-def max_clients_qot(o: QotOptions) -> int:
-    return QOT_MAX_CLIENTS
-
-
-def max_clients_sct(o: SctStandinOptions) -> int:
-    return o.rows // 2
-
+register_data_kind(PROBLEM, DataKind("every client's rows (A_i, b_i), packed in size classes (ClientBlocks)",
+                                     lambda config, blocks, seed: blocks, _check))
+register_source("fedgia_v1", Source(
+    "FedGiA's Example V.1: least-squares rows from N(0,1), Student-t(5) and U[-5,5], d_i in [rows_min, rows_max] "
+    "per client (consensus regression, offline)", V1Options, load_v1, lambda o: V1_MAX_CLIENTS, None, 0,
+    natural=True, problem=PROBLEM))
+register_source("fedgia_qot", Source(
+    "qot as FedGiA's Examples V.2/V.3 use it: unit-norm columns, labels {0,1}, rows cut into random contiguous "
+    "clients (consensus regression, offline)", QotOptions, load_qot, lambda o: QOT_MAX_CLIENTS, None, 0,
+    natural=True, problem=PROBLEM))
+register_source("fedgia_sct_standin", Source(
+    "a synthetic stand-in for sct (D21; not sct): 200,000 x 200 Gaussian rows, 10% positives (consensus "
+    "regression, offline)", SctStandinOptions, load_sct_standin, lambda o: o.rows // 2, None, 0, natural=True,
+    problem=PROBLEM))

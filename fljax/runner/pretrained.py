@@ -189,7 +189,7 @@ def related_set(name: str, input_shape: tuple, num_classes: int, seed: int = 0, 
     """``(name, x, y)``: the pooled data set ``name`` (train and test pools together) as a PM's pretraining set for
     clients of ``input_shape`` and ``num_classes``: images resized to their height and width (``jax.image.resize``,
     linear), channels kept, then standardised with the set's own scalar mean and std."""
-    from fljax.data.sources import SOURCES, Pooled, load_source
+    from fljax.data import SOURCES, Pooled, load_source
 
     source = load_source(name, num_clients=1, seed=seed, **options) if name in SOURCES else None
     if not isinstance(source, Pooled) or source.x_train.ndim != 4:
