@@ -442,11 +442,13 @@ def cmd_list(args) -> int:
 
 
 def _list_algorithm(name: str) -> int:
-    """One algorithm: its summary, then every hyperparameter with its type, default and one line about it."""
+    """One algorithm: its registration (summary, family, example config), then every hyperparameter with its type,
+    default and one line about it."""
     from fljax.algorithms.registry import get_algorithm, hyperparameter_docs
 
     cls = get_algorithm(name)
     print(f"{name}: {cls.summary}")
+    print(f"family: {cls.family}; example: {cls.example or 'none (it runs in its own study)'}")
     print("hyperparameters (set them with --set algo.KEY=VALUE or a config's algo: section):")
     for key, (kind, default, doc) in hyperparameter_docs(cls).items():
         print(f"  {key} ({kind}, default {_value(default)}): {doc}")

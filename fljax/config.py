@@ -19,7 +19,7 @@ import dataclasses
 import functools
 import os
 import unicodedata
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Collection, Literal, Mapping
 
 import yaml
 
@@ -261,32 +261,16 @@ def _privacy_section(values: Mapping) -> PrivacyOptions:
     return parse(PrivacyOptions, values)
 
 
-# The hyperparameters of the built-in algorithms, for the hint on one given at the top level (``lr`` → ``algo.lr``).
-# config.py only parses and imports no registry: this is the list of their declared names, which
-# tests/test_config.py checks against the registry (fljax.algorithms.registry.hyperparameter_fields).
-ALGO_KEYS = frozenset("""
-    a adapt_steps adaptive_alpha agg agg_prob alpha alpha_lr anneal_factor anneal_rounds assign_rule b batch_size
-    batch_stats batches beta bits body_epochs buffer_size center_grad_clip center_granularity center_init
-    center_prox center_prox_sign center_updates chunks_per_epoch clamp_x client_init clip_norm cohort_mode
-    cohort_size concurrency conv_reshape coupling delta_schedule density dispatch downlink epochs eta eta_g
-    eval_body eval_mode eval_model eval_point fd_delta finetune finetune_epochs finetune_lr finetune_steps
-    fp_doubled fp_quant_grad global_ce_weight global_lr global_prox gossip_form gpgd_threshold gram_solver
-    head_epochs head_lr hvp_mode inner_steps iters k k0 kappa kd_softening kd_temperature kt kt_augment
-    kt_batch_size kt_ce_weight kt_crop_pad kt_dim kt_head_lr kt_head_momentum kt_head_wd kt_momentum kt_negatives
-    kt_tau kt_weight lam lam_clock lam_compensated lam_p layer_density link_failure lipschitz local_data
-    local_epochs local_scale local_steps loss lpgd_factor_uplink lr lr_center lr_decay lr_gamma lr_index
-    memory_efficient minibatches momentum mu node_dropout nuclear_exclude only_kt optimizer p p_init penalty_half
-    penalty_r personal personal_epochs personal_init personal_lr personal_prox personal_weight_decay prox_mode r0
-    regrow rho rho_per_client sam_on sampling server_beta1 server_beta2 server_bias_correction server_eps
-    server_initial_accumulator server_lr server_momentum server_optimizer soft_sharpness solver staleness
-    staleness_a staleness_b t topology torus_rows upload variant weight_decay weighting
-""".split())
+# Sections whose keys a registry declares, by name → the names it declares now, for the hint on such a key given at
+# the top level (``lr`` → ``algo.lr``). Parsing imports no registry: the layer that holds them fills this in
+# (fljax.experiment: "algo", the registered algorithms' hyperparameters, fljax.algorithms.registry.option_names).
+KEY_HINTS: dict[str, Callable[[], Collection[str]]] = {}
 
 
 def _section_of(key: str) -> str | None:
-    """The section that has option ``key`` (``lr`` → ``algo``: a hyperparameter of a built-in algorithm,
-    :data:`ALGO_KEYS`; ``num_clients`` → ``data``), for the message on a section key given at the top level."""
-    sections = {"algo": ALGO_KEYS,
+    """The section that has option ``key`` (``lr`` → ``algo``: a hyperparameter of a registered algorithm,
+    :data:`KEY_HINTS`; ``num_clients`` → ``data``), for the message on a section key given at the top level."""
+    sections = {**{name: keys() for name, keys in KEY_HINTS.items()},
                 "data": {f.name for f in dataclasses.fields(DataConfig) if f.init},
                 "model": {f.name for f in dataclasses.fields(ModelConfig) if f.init},
                 "server": {f.name for f in dataclasses.fields(ServerConfig) if f.init}}

@@ -13,7 +13,7 @@ the runner (:mod:`fljax.runner`) loads their data (:func:`load_data`), resolves 
 the command line (:mod:`fljax.cli`) are facades that parse, resolve and hand over to it.
 
 A comparison runs several algorithms on one config: :func:`compare_points` gives each algorithm the config's shared
-``algo`` keys that it *declares* (read from its declarations, :func:`fljax.algorithms.registry.hyperparameter_fields`;
+``algo`` keys that it *declares* (read from its declarations, :func:`fljax.algorithms.registry.declarations`;
 no error message is parsed), then its own hyperparameters. The quick-start :func:`preset` yields its keys the same
 way.
 
@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from fljax.algorithms import ALGORITHMS
 from fljax.algorithms.base import Algorithm
-from fljax.algorithms.registry import check_model_support, get_algorithm, hyperparameter_fields, make_algorithm
-from fljax.config import (ConfigError, ExperimentConfig, GroupConfig, ModelConfig, ServerConfig, StopConfig,
-                          group_configs, read_yaml)
+from fljax.algorithms.registry import check_model_support, declarations, get_algorithm, make_algorithm, option_names
+from fljax.config import (KEY_HINTS, ConfigError, ExperimentConfig, GroupConfig, ModelConfig, ServerConfig,
+                          StopConfig, group_configs, read_yaml)
 from fljax.errors import OptionError
 from fljax.options import field_default, parse, show, suggest
 
@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Experiment", "Group", "RunSettings", "ProblemKind", "PROBLEM_KINDS", "resolve", "load_data", "build",
            "build_model", "default_model", "privacy_of", "compare_points", "label", "preset", "quickstart"]
+
+KEY_HINTS["algo"] = option_names  # the config layer's hint on lr given at the top level: algo.lr (and a user's keys)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -677,7 +679,7 @@ def compare_points(cfg: ExperimentConfig, algorithms: list[str | tuple[str, dict
     if not entries:
         raise ConfigError("no algorithm to compare; name at least one (e.g. fljax compare --algorithms "
                           "fedavg,fedprox).")
-    declared = {name: hyperparameter_fields(get_algorithm(name)) for name, _ in entries}
+    declared = {name: declarations(get_algorithm(name)) for name, _ in entries}
     every = set().union(*declared.values())
     for key in cfg.algo:
         if key not in every:
@@ -740,6 +742,6 @@ def preset(path: str, user: dict | None = None, algorithm_keys: bool = True,
     names: Any = grid.get("algorithm") or [{**values, **user}.get("algorithm", ExperimentConfig.algorithm)]
     if algorithm_keys and all(isinstance(n, str) and n in ALGORITHMS for n in names) \
             and isinstance(values.get("algo"), dict):
-        declared = set.intersection(*(set(hyperparameter_fields(ALGORITHMS[n])) for n in names))
+        declared = set.intersection(*(set(declarations(ALGORITHMS[n])) for n in names))
         values["algo"] = {k: v for k, v in values["algo"].items() if k in declared}
     return values

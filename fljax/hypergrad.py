@@ -53,7 +53,7 @@ from fljax.data.federated import ClientArrays, FederatedData, pad_clients
 from fljax.data.ragged import RaggedArrays
 from fljax.engine.driver import Simulation
 from fljax.errors import ConfigError, OptionError
-from fljax.options import suggest, type_hints
+from fljax.options import declared, suggest
 
 __all__ = ["REMAT", "MODES", "SPLITS", "SPACES", "holdout", "traced_key", "config_key", "space_of", "RunObjective",
            "Hypergradient", "TuneStep", "TuneResult", "tune", "grid_search", "client_steps", "zero_note",
@@ -130,18 +130,18 @@ def _continuous(sim: Simulation, key: str):
                                     + (f" and {', '.join(traced)}" if traced else "") + ".")
         return float(traced[key])
     algo = sim.algorithm
-    fields = {f.name: f for f in dataclasses.fields(algo)}
+    fields = declared(type(algo))
     if key not in fields:
         raise OptionError(name, f"is not a hyperparameter of {algo.name}.{suggest(key, fields)} Its continuous ones: "
                                 f"{sorted(config_key(k) for k in continuous_keys(algo))}.")
-    hint = type_hints(type(algo))[key]
+    hint = fields[key].type
     kinds = {a for a in (typing.get_args(hint) or (hint,)) if a is not type(None)}
     if kinds != {float}:
         kind = "a choice" if typing.get_origin(hint) is typing.Literal else getattr(next(iter(kinds)), "__name__",
                                                                                       str(hint))
         raise OptionError(name, f"is discrete ({kind}): it has no gradient; compare its values with fljax sweep "
                                 f"--grid {name}=V1,V2,...")
-    value = getattr(algo, key)
+    value = algo.hyperparameters()[key]
     if value is None:
         raise OptionError(name, f"is null ({algo.name} then uses a default inside): give it a value to "
                                 f"differentiate it, e.g. --set {name}=...")
@@ -150,16 +150,15 @@ def _continuous(sim: Simulation, key: str):
 
 def continuous_keys(algorithm) -> list[str]:
     """The algorithm's hyperparameters declared as floats (the ones a hypergradient can be taken of when set)."""
-    hints = type_hints(type(algorithm))
-    return [f.name for f in dataclasses.fields(algorithm)
-            if {a for a in (typing.get_args(hints[f.name]) or (hints[f.name],)) if a is not type(None)} == {float}]
+    return [d.name for d in declared(type(algorithm)).values()
+            if {a for a in (typing.get_args(d.type) or (d.type,)) if a is not type(None)} == {float}]
 
 
 def space_of(algorithm, key: str) -> str:
     """Where tuning steps for hyperparameter ``key``, read from its declared check: 'log' when it must be
     positive (rates, μ, λ, norms), 'logit' when it must lie in (0, 1) (β's), else 'linear'."""
-    fields = {f.name: f for f in dataclasses.fields(algorithm)}
-    check = fields[key].metadata.get("check") if key in fields else None
+    fields = declared(type(algorithm))
+    check = fields[key].check if key in fields else None
     if check is None:
         return "log" if key.startswith("privacy.") else "linear"
     if check(-0.5) is None:

@@ -19,8 +19,8 @@ from typing import Any, Callable, Mapping
 
 from fljax.errors import OptionError
 
-__all__ = ["Options", "NoOptions", "Registry", "option", "with_default", "field_default", "parse", "check_value", "describe",
-           "suggest", "show",
+__all__ = ["Options", "NoOptions", "Registry", "option", "with_default", "field_default", "nested", "Declared",
+           "declared", "flat_values", "replace_flat", "parse", "check_value", "describe", "suggest", "show",
            "greater_than", "at_least", "between", "interval", "one_of", "each", "seed_check", "type_hints", "INT64",
            "SEED_MAX"]
 
@@ -42,6 +42,81 @@ def field_default(field: dataclasses.Field):
     return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
 
 
+def nested(kind: type, takes: typing.Sequence[str] | None = None, doc: str = "", **defaults) -> dataclasses.Field:
+    """A field holding an options value of class ``kind``, of which its owner takes the options ``takes`` (default:
+    every one) as flat options under their own names, with ``defaults`` in place of ``kind``'s (for taken options).
+    The field's default is that value (checked here, when the owner is defined); an option not taken keeps ``kind``'s
+    default and cannot be changed (construction refuses it)::
+
+        local: LocalTraining = nested(LocalTraining, ("lr", "batch_size", "local_steps"), lr=0.05)
+
+    The flat options of every nested field and the owner's own fields must have distinct names (:func:`declared`)."""
+    names = [f.name for f in dataclasses.fields(kind) if f.init]
+    takes = tuple(names if takes is None else takes)
+    wrong = sorted(set(takes) - set(names)) or sorted(set(defaults) - set(takes))
+    if wrong:
+        raise TypeError(f"nested({kind.__name__}): {wrong} are not options of {kind.__name__} taken here; "
+                        f"{kind.__name__}'s options are {names}.")
+    return dataclasses.field(default=kind(**defaults), metadata={"doc": doc, "check": None, "takes": takes})
+
+
+@dataclasses.dataclass(frozen=True)
+class Declared:
+    """One flat option of an options class: its ``name``, type, ``default`` (the owner's), one-line ``doc`` and
+    value ``check``; ``within``: the :func:`nested` field that holds it (None: a field of the class itself)."""
+
+    name: str
+    type: Any
+    default: Any
+    doc: str
+    check: Check | None
+    within: str | None = None
+
+
+@functools.cache
+def declared(cls: type) -> dict[str, Declared]:
+    """The flat options of options class ``cls`` by name, in field order, a :func:`nested` field's taken options in
+    its place. Raises TypeError when two share a name."""
+    hints = type_hints(cls)
+    out: dict[str, Declared] = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        if "takes" in f.metadata:
+            kind, inner = hints[f.name], {g.name: g for g in dataclasses.fields(hints[f.name])}
+            entries = [Declared(n, type_hints(kind)[n], getattr(f.default, n), inner[n].metadata.get("doc", ""),
+                                inner[n].metadata.get("check"), f.name) for n in f.metadata["takes"]]
+        else:
+            entries = [Declared(f.name, hints[f.name], field_default(f), f.metadata.get("doc", ""),
+                                f.metadata.get("check"))]
+        for d in entries:
+            if d.name in out:
+                raise TypeError(f"{cls.__name__}: option {d.name!r} is declared twice (by "
+                                f"{out[d.name].within or 'the class'} and {d.within or 'the class'}); rename one.")
+            out[d.name] = d
+    return out
+
+
+def flat_values(options) -> dict:
+    """The flat options of ``options`` (an options value) by name: :func:`declared`'s, with their values."""
+    return {name: getattr(options if d.within is None else getattr(options, d.within), name)
+            for name, d in declared(type(options)).items()}
+
+
+def replace_flat(options, **values):
+    """``options`` with flat options replaced by name (those of a :func:`nested` value replaced in that value). The
+    values may be traced (a copy holding arrays is not checked again, :class:`Options`)."""
+    names = declared(type(options))
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+        raise OptionError(unknown[0], f"is not an option of {type(options).__name__}.{suggest(unknown[0], names)}")
+    own = {k: v for k, v in values.items() if names[k].within is None}
+    for within in {names[k].within for k in values} - {None}:
+        own[within] = dataclasses.replace(getattr(options, within),
+                                          **{k: v for k, v in values.items() if names[k].within == within})
+    return dataclasses.replace(options, **own) if own else options
+
+
 def with_default(owner: type, name: str, default):
     """The declaration of option ``name`` of dataclass ``owner`` (its doc and check) with another default, for a
     class that takes the option with a default of its own (``momentum: float = with_default(LocalTraining,
@@ -52,18 +127,24 @@ def with_default(owner: type, name: str, default):
 
 class Options:
     """Base of an options dataclass: construction type-checks every field (ints become floats where a float is
-    expected, lists become tuples where a tuple is), applies each field's check, then :meth:`check`.
+    expected, lists become tuples where a tuple is), applies each field's check, then :meth:`check`. A
+    :func:`nested` field must hold a value of its type whose options the owner does not take are the declared
+    default's (the owner cannot be given an option it does not honour).
 
     A copy holding arrays (a traced value inside a compiled program: an algorithm's hyperparameter swept as a lane
-    of one program) is not checked again: the values it was made from were, when their config was resolved."""
+    of one program), in a field of its own or of a nested value, is not checked again: the values it was made from
+    were, when their config was resolved."""
 
     def __post_init__(self):
-        if any(_is_array(getattr(self, f.name)) for f in dataclasses.fields(self)):
+        if _traced(self):
             return
         hints = type_hints(type(self))
         for f in dataclasses.fields(self):
             value = check_value(f.name, getattr(self, f.name), hints[f.name])
             object.__setattr__(self, f.name, value)
+            if "takes" in f.metadata:
+                _check_nested(self, f, value, hints[f.name])
+                continue
             check = f.metadata.get("check")
             problem = check(value) if check is not None and value is not None else None
             if problem:
@@ -74,13 +155,31 @@ class Options:
         """Checks across fields (override; raise :class:`OptionError`)."""
 
     def to_dict(self) -> dict:
-        """The options by name (fields declared ``init=False`` are derived values, not options: left out)."""
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self) if f.init}
+        """The options by name, flat (a :func:`nested` value's taken options under their own names; fields declared
+        ``init=False`` are derived values, not options: left out)."""
+        return {name: _plain(value) for name, value in flat_values(self).items()}
 
 
 def _is_array(value) -> bool:
     """A numpy or JAX array or scalar, or a tracer (anything with a shape and a dtype)."""
     return hasattr(value, "shape") and hasattr(value, "dtype")
+
+
+def _traced(options) -> bool:
+    """``options`` holds an array in one of its fields, or in a field of a nested options value."""
+    return any(_is_array(v) or isinstance(v, Options) and _traced(v)
+               for v in (getattr(options, f.name) for f in dataclasses.fields(options)))
+
+
+def _check_nested(owner, field: dataclasses.Field, value, kind: type) -> None:
+    """A :func:`nested` field's value: of its type, and at the declared default in every option the owner does not
+    take."""
+    if not isinstance(value, kind):
+        raise OptionError(field.name, f"must be a {kind.__name__} value, got {show(value)}.")
+    for f in dataclasses.fields(kind):
+        if f.init and f.name not in field.metadata["takes"] and getattr(value, f.name) != getattr(field.default, f.name):
+            raise OptionError(f.name, f"is not an option of {type(owner).__name__}, whose {field.name} takes only "
+                                      f"{list(field.metadata['takes'])}; leave it at {show(getattr(field.default, f.name))}.")
 
 
 @functools.cache
@@ -100,13 +199,19 @@ def _plain(value):
 
 
 def parse(cls: type, values: Mapping, where: str = ""):
-    """``cls(**values)``, refusing a key that is not one of its options (``where``: e.g. " for partition 'iid'")."""
-    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    """``cls`` made from its flat options ``values`` (:func:`declared`: a :func:`nested` value's taken options by
+    their own names), refusing a key that is not one of them (``where``: e.g. " for partition 'iid'")."""
+    names = declared(cls)
     for key in values:
         if key not in names:
             raise OptionError(str(key), f"is not a valid key{where}.{suggest(str(key), names)} Valid keys: "
                                         f"{sorted(names)}.")
-    return cls(**values)
+    own = {k: v for k, v in values.items() if names[k].within is None}
+    for f in dataclasses.fields(cls):
+        given = {k: v for k, v in values.items() if names[k].within == f.name}
+        if given:
+            own[f.name] = dataclasses.replace(f.default, **given)
+    return cls(**own)
 
 
 class Registry(dict):
@@ -136,8 +241,8 @@ class Registry(dict):
 
 
 def describe(cls: type) -> list[tuple[str, Any, str]]:
-    """(name, default, doc) of every option of ``cls``."""
-    return [(f.name, _plain(f.default), f.metadata.get("doc", "")) for f in dataclasses.fields(cls) if f.init]
+    """(name, default, doc) of every flat option of ``cls``."""
+    return [(d.name, _plain(d.default), d.doc) for d in declared(cls).values()]
 
 
 def suggest(key: str, choices) -> str:

@@ -150,7 +150,7 @@ def test_scaffold_option_ii_and_true_step_count():
         assert int(plan.active_steps(count, 30)) == int(active.sum()) == 2 * -(-count // 5)
     # server: x ← x + η_g mean(Δy); c ← c + (1/M)Σ Δc
     dy, dc = tree.stack([_rand_like(x, 7), _rand_like(x, 8)]), tree.stack([_rand_like(x, 9), _rand_like(x, 10)])
-    algo = dataclasses.replace(algo, server_lr=0.5)
+    algo = algo.with_values(server_lr=0.5)
     out = algo.server_update(_ctx(20), {"params": x, "c": c}, None, jnp.arange(2),
                              ClientResult(None, (dy, dc), jnp.array([3, 9]), {}))
     assert_trees_close(out["params"], jax.tree.map(lambda v, d: v + 0.5 * d.mean(0), x, dy), rtol=1e-5, atol=1e-6)

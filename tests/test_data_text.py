@@ -587,7 +587,7 @@ def test_the_fedopt_configs_resolve_to_their_server_optimizer(name, kind):
     from fljax.experiment import resolve
 
     algo = resolve(load_config(os.path.join(ROOT, "configs", f"{name}.yaml"))).algorithm
-    assert algo.fedopt.server_optimizer == kind and algo.local_epochs == 1
+    assert algo.server.server_optimizer == kind and algo.local.local_epochs == 1
 
 
 def test_the_shakespeare_config_runs_from_the_cli_on_the_stand_in(tmp_path):

@@ -104,7 +104,7 @@ def test_fedbabu_trains_the_body_under_a_fixed_head_and_fine_tunes_at_evaluation
 
 def test_fedrod_balanced_softmax_ignores_absent_classes_and_the_personal_head_learns_them_away(pat12):
     model = _model(pat12)
-    algo = FedRoD(lr=0.1, momentum=0.0, weight_decay=0.0, batch_size=10, local_epochs=2)
+    algo = FedRoD(local=LocalTraining(lr=0.1, momentum=0.0, weight_decay=0.0, batch_size=10, local_epochs=2))
     params = model.init(jax.random.PRNGKey(0))
     state = {"params": params, "p": tree.zeros_like(params["head"])}
     train = tree.take_clients(pat12.train, 0)

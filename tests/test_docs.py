@@ -31,11 +31,12 @@ def _blocks():
 
 @pytest.fixture
 def registries():
-    """What a block registers (a reader of one's own, docs/data.md) is unregistered after it, so that the blocks and
-    the tests after them see the built-in data sets, partitions and data kinds only."""
+    """What a block registers (a reader of one's own, docs/data.md; an algorithm of one's own, docs/own-model-data.md)
+    is unregistered after it, so that the blocks and the tests after them see the built-in ones only."""
+    from fljax.algorithms import ALGORITHMS
     from fljax.data import DATA_KINDS, PARTITIONERS, SOURCES
 
-    saved = [(registry, dict(registry)) for registry in (SOURCES, PARTITIONERS, DATA_KINDS)]
+    saved = [(registry, dict(registry)) for registry in (SOURCES, PARTITIONERS, DATA_KINDS, ALGORITHMS)]
     yield
     for registry, entries in saved:
         registry.clear()

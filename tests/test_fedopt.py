@@ -1,7 +1,6 @@
 """FedAvg's server optimizers by name (Reddi et al. 2021, "Adaptive Federated Optimization", Algorithm 2): the optax
 transformations of fljax.ops.fedopt against the paper's update written out in NumPy, against optax where optax
 implements the same thing, through FedAvg's server update, and the options' refusals."""
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -96,7 +95,7 @@ def test_fedavg_server_step_steps_the_clients_mean_change(kind):
     algo = make_algorithm("fedavg", **kw)
     rng = np.random.default_rng(4)
     x = {"w": jnp.asarray(rng.normal(size=(3, 2)), jnp.float32), "b": jnp.asarray(rng.normal(size=2), jnp.float32)}
-    server = {"params": x, "opt_state": algo.server_transform().init(x)}
+    server = algo.server.init(x)
     flat = lambda p: np.concatenate([np.ravel(p["b"]), np.ravel(p["w"])]).astype(np.float64)  # noqa: E731
     deltas, iterates = [], []
     for t in range(2):
@@ -114,7 +113,7 @@ def test_fedavg_server_step_steps_the_clients_mean_change(kind):
 
 
 def test_default_server_is_sgd_and_fedadam_runs_from_a_config():
-    assert make_algorithm("fedavg").fedopt.server_optimizer == "sgd"
+    assert make_algorithm("fedavg").server.server_optimizer == "sgd"
     cfg = {"rounds": 3, "data": {"num_clients": 8}, "algo": {"cohort_size": 4}}
     plain = fljax.run(cfg, progress=False).final
     explicit = fljax.run({**cfg, "algo": {"cohort_size": 4, "server_optimizer": "sgd", "server_lr": 1.0}},
@@ -124,7 +123,7 @@ def test_default_server_is_sgd_and_fedadam_runs_from_a_config():
                      progress=False).final
     assert np.isfinite(adam["train_loss"]) and adam["train_loss"] != plain["train_loss"]
     for name in ("fedprox", "fedavg_ft", "ditto", "fedrod"):  # every algorithm whose server is FedAvg's
-        assert make_algorithm(name, server_optimizer="yogi").fedopt.server_optimizer == "yogi"
+        assert make_algorithm(name, server_optimizer="yogi").server.server_optimizer == "yogi"
 
 
 @pytest.mark.parametrize("kw, key", [
@@ -148,8 +147,9 @@ def test_server_options_refused_in_one_line(kw, key):
 def test_server_lr_is_traced_in_a_sweep():
     """Lanes replace hyperparameters by traced values: the adaptive server's options are traced arrays too."""
     algo = make_algorithm("fedavg", server_optimizer="adam", server_lr=0.1)
-    traced = dataclasses.replace(algo, server_lr=jnp.float32(0.2), server_beta1=jnp.float32(0.5))
+    traced = algo.with_values(server_lr=jnp.float32(0.2), server_beta1=jnp.float32(0.5))
+    assert float(traced.server.server_beta1) == 0.5  # the flat name reaches the server optimizer's value
     x = {"w": jnp.ones(3)}
-    tx = jax.jit(lambda lr: dataclasses.replace(traced, server_lr=lr).server_transform().update(
-        {"w": jnp.ones(3)}, traced.server_transform().init(x), x)[0])(jnp.float32(0.2))
+    tx = jax.jit(lambda lr: traced.with_values(server_lr=lr).server.transform().update(
+        {"w": jnp.ones(3)}, traced.server.transform().init(x), x)[0])(jnp.float32(0.2))
     assert np.all(np.asarray(tx["w"]) < 0)

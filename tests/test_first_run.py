@@ -7,6 +7,7 @@ import yaml
 
 import fljax
 from fljax.algorithms import ALGORITHMS, make_algorithm
+from fljax.algorithms.registry import declarations
 from fljax.cli import _load, make_parser
 from fljax.config import ExperimentConfig, from_dict, load_config, to_dict
 from fljax.experiment import resolve
@@ -41,7 +42,7 @@ def test_run_without_a_config_file_uses_the_compare_preset():
 def test_resolved_config_loads_back_to_the_same_experiment(name):
     exp = resolve(load_config(None, [f"algorithm={name}", "data.dataset=digits"]))
     full = exp.resolved()
-    assert set(full.algo) == {f.name for f in dataclasses.fields(ALGORITHMS[name])}
+    assert set(full.algo) == set(declarations(ALGORITHMS[name]))  # flat: the local training's lr among them
     assert full.model.name != "auto"
     back = resolve(from_dict(ExperimentConfig, yaml.safe_load(yaml.safe_dump(to_dict(full)))))
     assert back.algorithm == exp.algorithm == make_algorithm(name, **exp.config.algo)
@@ -60,7 +61,7 @@ def test_summary_times_add_up_and_count_compilation(executor, tmp_path):
     env = summary["environment"]
     assert env["jax"] and env["fljax"] == fljax.__version__ and env["device"] and env["backend"]
     full = yaml.safe_load(open(out / "resolved.yaml"))
-    assert full["algo"]["lr"] == make_algorithm("fedavg").lr  # a default, recorded
+    assert full["algo"]["lr"] == make_algorithm("fedavg").local.lr  # a default, recorded
     assert "lr" not in yaml.safe_load(open(out / "config.yaml"))["algo"]  # config.yaml: as given
 
 
@@ -70,15 +71,20 @@ def test_list_one_algorithm_shows_its_hyperparameters(capsys):
     assert main(["list", "fedprox"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("fedprox: FedProx")
-    fields = [f.name for f in dataclasses.fields(ALGORITHMS["fedprox"])]
-    assert [line.split()[0] for line in lines[2:]] == fields  # one line each, in order
+    assert lines[1] == "family: one global model; example: configs/fedprox.yaml"  # its registration
+    fields = list(declarations(ALGORITHMS["fedprox"]))  # its own and its values' (local training, server) options
+    assert [line.split()[0] for line in lines[3:]] == fields  # one line each, in order
+    assert {"lr", "server_lr", "mu"} <= set(fields)
     assert "  lr (float, default 0.1): client learning rate η (at round t: lr · lr_decay^t)" in lines
     assert "  mu (float, default 0.01): μ of the proximal term (μ/2)‖w − w_t‖² in every local objective (0: FedAvg)" \
         in lines
 
 
 def test_every_hyperparameter_of_every_algorithm_is_declared_with_a_one_line_doc():
-    """`fljax list` reads the declarations only: every field is an option(default, doc, check)."""
-    missing = [f"{name}.{f.name}" for name, cls in sorted(ALGORITHMS.items()) for f in dataclasses.fields(cls)
-               if not f.metadata.get("doc") or "\n" in f.metadata["doc"] or "check" not in f.metadata]
+    """`fljax list` reads the declarations only: every hyperparameter (a field, or an option of a value it holds: its
+    local training, its server optimizer) is an option(default, doc, check)."""
+    missing = [f"{name}.{d.name}" for name, cls in sorted(ALGORITHMS.items()) for d in declarations(cls).values()
+               if not d.doc or "\n" in d.doc]
+    missing += [f"{name}.{f.name}" for name, cls in sorted(ALGORITHMS.items()) for f in dataclasses.fields(cls)
+                if "check" not in f.metadata]
     assert not missing, "declare these fields with fljax.options.option(default, 'one line', check)"

@@ -44,7 +44,7 @@ HEAD = {"name": "mlp", "options": {"hidden": [8]}}  # a model with a 'head' laye
 def _config(algorithm="fedavg", algo=None, **sections) -> dict:
     cfg = {**BASE, "algorithm": algorithm, **sections}
     cfg["algo"] = {k: v for k, v in {**BASE["algo"], **(algo or {})}.items()
-                   if k in fljax.algorithms.registry.hyperparameter_fields(ALGORITHMS[algorithm])}
+                   if k in fljax.algorithms.registry.declarations(ALGORITHMS[algorithm])}
     return cfg
 
 

@@ -17,23 +17,26 @@ import jax
 import jax.numpy as jnp
 
 from fljax import tree
-from fljax.algorithms.base import ClientInput, ClientResult
-from fljax.algorithms.fedavg import ModelAveraging
-from fljax.algorithms.local_training import local_options, run_steps
+from fljax.algorithms.base import Aggregating, ClientInput, ClientResult
+from fljax.algorithms.families import PERSONAL_REGULARISED
+from fljax.algorithms.local_training import LocalTraining, local_training, run_steps
+from fljax.algorithms.registry import register
+from fljax.algorithms.server_optimizer import AVERAGE
 from fljax.options import between, greater_than, option
 
 __all__ = ["APFL"]
 
 
+@register("apfl", family=PERSONAL_REGULARISED, example="configs/apfl.yaml",
+          summary="APFL: personal model v_i mixed with the global w as a v + (1 - a) w (Deng et al. 2020)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class APFL(ModelAveraging, local_options("lr", "lr_decay", "weight_decay", "batch_size", "local_epochs",
-                                         "local_steps", "sampling")):
+class APFL(Aggregating):
     """The coupled (w, v) steps are plain SGD at the client learning rate and the server takes the plain mean: APFL
     takes no client optimizer, momentum or clipping and no server step size. Two models per client: it does not
     train BatchNorm statistics (one set could not serve both)."""
 
-    name = "apfl"
-    summary = "APFL: personal model v_i mixed with the global w as a v + (1 - a) w (Deng et al. 2020)"
+    local: LocalTraining = local_training("lr", "lr_decay", "weight_decay", "batch_size", "local_epochs",
+                                          "local_steps", "sampling")
     alpha: float = option(0.5, "initial mixing weight α_i of the personal model v_i in α v_i + (1 − α) w (0.5, D21)",
                           between(0, 1))
     adaptive_alpha: bool = option(False,
@@ -42,14 +45,14 @@ class APFL(ModelAveraging, local_options("lr", "lr_decay", "weight_decay", "batc
     alpha_lr: float = option(0.1, "step size η_α of the adaptive α_i update (with adaptive_alpha)", greater_than(0))
 
     def init(self, ctx):
-        server, _ = super().init(ctx)
+        server = AVERAGE.init(ctx.model.init(self.init_key(ctx)))
         n = ctx.num_clients
         return server, {"v": tree.broadcast_clients(server["params"], n), "alpha": jnp.full((n,), self.alpha)}
 
     def grad(self, model, params, batch):
         """(f_i, ∇f_i) with f_i = CE + (wd/2)‖params‖²."""
         loss, g = jax.value_and_grad(model.loss)(params, batch)
-        return loss, tree.axpy(self.weight_decay, params, g)
+        return loss, tree.axpy(self.local.weight_decay, params, g)
 
     def client_update(self, inp: ClientInput) -> ClientResult:
         w_t, state = inp.down, inp.state
@@ -70,6 +73,15 @@ class APFL(ModelAveraging, local_options("lr", "lr_decay", "weight_decay", "batc
                                     inp.unroll)
         return ClientResult(state={"v": v, "alpha": a}, upload=w, weight=inp.train.count,
                             metrics={"train_loss": loss})
+
+    def server_step(self, ctx, server, aggregate):
+        return AVERAGE.step(server, aggregate)
+
+    def eval_shared(self, server):
+        return server["params"]
+
+    def global_params(self, shared):
+        return shared
 
     def personal_params(self, inp: ClientInput):
         return tree.lerp(inp.state["alpha"], inp.down, inp.state["v"])

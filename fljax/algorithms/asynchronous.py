@@ -48,8 +48,10 @@ import jax
 import jax.numpy as jnp
 
 from fljax import tree
-from fljax.algorithms.base import ClientInput, ClientResult
-from fljax.algorithms.local_training import EVERY, local_options
+from fljax.algorithms.base import Algorithm, ClientInput, ClientResult
+from fljax.algorithms.families import ASYNCHRONOUS
+from fljax.algorithms.local_training import LocalTraining, local_training
+from fljax.algorithms.registry import register
 from fljax.engine.context import DISPATCH
 from fljax.errors import OptionError
 from fljax.ops import prox
@@ -77,7 +79,7 @@ class Pool:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Asynchronous(local_options(*EVERY)):
+class Asynchronous(Algorithm):
     """The asynchronous template (module docstring). Subclasses give :meth:`buffer` (K), :meth:`stored` (what the
     pool keeps of a trained client) and :meth:`server_step`."""
 
@@ -85,6 +87,7 @@ class Asynchronous(local_options(*EVERY)):
     samples_cohorts = True  # the participation draws whom it dispatches and when each one arrives
     supports_groups = False
 
+    local: LocalTraining = local_training()
     concurrency: int = option(20, "C: clients training at once", at_least(1))
     dispatch: Literal["step", "arrival"] = option(
         "step", "when replacements start: 'step' (all K at the server step, from the new model) or 'arrival' (each "
@@ -280,13 +283,13 @@ class Asynchronous(local_options(*EVERY)):
         return shared
 
 
+@register("fedbuff", family=ASYNCHRONOUS, example="configs/fedbuff.yaml",
+          summary="FedBuff: buffered asynchronous aggregation of K staleness-weighted updates (Nguyen et al. 2022)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FedBuff(Asynchronous):
     """FedBuff (Nguyen et al. 2022): the server keeps a buffer and, once K updates Δ_i = w_i − w_{τ_i} have arrived,
     steps w ← w + η_g·(1/K)·Σ_i s(t − τ_i)Δ_i, s(τ) = 1/√(1 + τ) by default (spec, "FedBuff")."""
 
-    name = "fedbuff"
-    summary = "FedBuff: buffered asynchronous aggregation of K staleness-weighted updates (Nguyen et al. 2022)"
     buffer_size: int = option(5, "K: arrivals per server step", at_least(1))
     server_lr: float = option(1.0, "global step size η_g: w ← w + η_g·(1/K)·Σ s(τ_i)Δ_i", greater_than(0))
 
@@ -302,13 +305,14 @@ class FedBuff(Asynchronous):
         return tree.axpy(self.server_lr / self.buffer_size, total, server)
 
 
+@register("fedasync", family=ASYNCHRONOUS, example="configs/fedasync.yaml",
+          summary=("FedAsync: every arrival mixes the client's model in with a staleness-discounted weight (Xie et "
+                   "al. 2019)"))
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FedAsync(Asynchronous):
     """FedAsync (Xie et al. 2019): every arrival updates w ← (1 − α_t)w + α_t w_i, α_t = α·s(t − τ_i), where the
     client minimised f_i(w) + (ρ/2)‖w − w_{τ_i}‖² from w_{τ_i} (spec, "FedAsync")."""
 
-    name = "fedasync"
-    summary = "FedAsync: every arrival mixes the client's model in with a staleness-discounted weight (Xie et al. 2019)"
     alpha: float = option(0.6, "α of the mixing weight α_t = α·s(t − τ)", interval(0, 1, "(]"))
     rho: float = option(0.0, "ρ of the proximal term (ρ/2)‖w − w_τ‖² of the local objective", at_least(0))
 

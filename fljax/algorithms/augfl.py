@@ -45,6 +45,8 @@ import jax
 import jax.numpy as jnp
 
 from fljax import tree
+from fljax.algorithms.families import PRETRAINED
+from fljax.algorithms.registry import register
 from fljax.algorithms.augfl_kt import KT_AUGMENTS, KT_KINDS, kt_grad, kt_init
 from fljax.algorithms.base import Centralized, ClientInput, ClientResult
 from fljax.engine.context import SERVER
@@ -55,11 +57,11 @@ from fljax.options import at_least, each, greater_than, interval, one_of, option
 __all__ = ["AugFL"]
 
 
+@register("augfl", family=PRETRAINED, example="configs/augfl.yaml",
+          summary="AugFL: federated meta-learning by linearised ADMM; the server transfers knowledge from its own "
+                  "pretrained model (Yue et al.)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AugFL(Centralized):
-    name = "augfl"
-    summary = ("AugFL: federated meta-learning by linearised ADMM; the server transfers knowledge from its own "
-               "pretrained model (Yue et al.)")
     generic = False  # needs a split with support/query sets (data.partition: meta_pairs)
     cohort_size: int | None = option(None, "training clients per round (null: all, the paper); K smaller: the others' "
                                            "last y_i + ρ_i θ_i stay in Eq. 13 (spec D10)", at_least(1))

@@ -1,16 +1,26 @@
-"""The algorithm base class and the centralized template.
+"""The algorithm base class and the centralized templates.
 
 An algorithm is a frozen dataclass whose fields are its hyperparameters and nothing else, each declared with
 :func:`fljax.options.option` (default, one-line doc, check) and checked when the algorithm is constructed; settings
-shared by several algorithms are composed, not inherited (the local-training options:
-:func:`fljax.algorithms.local_training.local_options`). Its methods are pure functions of pytrees. It implements the engine's contract (:class:`fljax.engine.protocol.FederatedAlgorithm`):
+shared by several algorithms are values, not bases: its local training is a
+:class:`~fljax.algorithms.local_training.LocalTraining` field (``local: LocalTraining = local_training(...)``), a
+global model's server optimizer a :class:`~fljax.algorithms.server_optimizer.ServerOptimizer` field, each taking its
+options flat under their own names (``algo.lr``, ``algo.server_lr``: :func:`fljax.options.nested`), so that
+:meth:`Algorithm.hyperparameters` is flat and :meth:`Algorithm.with_values` replaces a hyperparameter by its flat
+name. It is registered where it is defined (:func:`fljax.algorithms.registry.register`: its name, family, summary
+and example config). Its methods are pure functions of pytrees. It implements the engine's contract (:class:`fljax.engine.protocol.FederatedAlgorithm`):
 ``init(ctx)``, ``round(ctx, server, clients)``, ``evaluate(ctx, server, clients)``, ``participants``, ``plan``,
 ``steps_per_round`` and ``validate``. The model a client runs arrives with its :class:`ClientInput` (``inp.model``)
 and the server's with the :class:`~fljax.engine.context.RoundContext` (``ctx.model``).
 
-Every client update has one contract, ``client_update(inp: ClientInput) -> ClientResult``. The two templates differ
-only in how the results are communicated: :class:`Centralized` (here) sends ``upload`` to a server, which aggregates
-(``server_update``); :class:`~fljax.algorithms.decentralized.Decentralized` gossips it to the neighbours.
+Every client update has one contract, ``client_update(inp: ClientInput) -> ClientResult``. The templates differ
+only in how the results are communicated: the cohort templates here send ``upload`` to a server —
+:class:`Aggregating`'s reads them only through their aggregate (``server_step``), :class:`Centralized`'s reads the
+cohort's stacked results (``server_update``), :class:`CohortTemplate`'s none (Local) —;
+:class:`~fljax.algorithms.decentralized.Decentralized` gossips it to the neighbours. The templates are at most two
+classes deep, so that an algorithm is at most four from :class:`Algorithm` (a test measures it): what several
+algorithms share besides a template is a value (local training, the server optimizer) or a small mixin holding one
+option and what reads it (:class:`Weighted`, :class:`~fljax.algorithms.model_state.BatchStatsOption`).
 
 :meth:`Algorithm.evaluate` scores the global model (when there is one) and each client's personalized model on the
 client's own test split: accuracy and loss per client, summarised by :func:`fljax.engine.evaluation.summarize`.
@@ -36,10 +46,11 @@ from fljax.engine.protocol import ClientInput, ClientResult
 from fljax.errors import OptionError
 from fljax.models.model import accuracy_stats, masked_cross_entropy
 from fljax.models.sequence import token_stats, token_summary
-from fljax.options import Options, at_least, one_of, option
+from fljax.options import Options, at_least, flat_values, one_of, option, replace_flat
 from fljax.participation import WithClock, Work
 
-__all__ = ["Algorithm", "CohortTemplate", "Centralized", "Aggregating", "ClientInput", "ClientResult", "TestStats"]
+__all__ = ["Algorithm", "CohortTemplate", "Weighted", "Centralized", "Aggregating", "ClientInput", "ClientResult",
+           "TestStats"]
 
 
 @flax.struct.dataclass
@@ -57,11 +68,21 @@ class Algorithm(Options):
     """Every field is a hyperparameter declared with :func:`fljax.options.option` (default, one-line doc, value
     check); construction checks each value against its type and check, then :meth:`check` (checks across fields),
     raising :class:`~fljax.errors.OptionError` naming the field. :meth:`validate` holds only the checks that need the
-    population (the number of clients). A copy made inside a compiled program (``dataclasses.replace`` with traced
-    values, :meth:`fljax.engine.Simulation.algorithm_at`) is not checked again (:class:`~fljax.options.Options`)."""
+    population (the number of clients). A copy made inside a compiled program (:meth:`with_values` with traced
+    values, :meth:`fljax.engine.Simulation.algorithm_at`) is not checked again (:class:`~fljax.options.Options`).
+
+    ``name``, ``summary``, ``family``, ``example`` and ``untuned`` are set by its registration
+    (:func:`fljax.algorithms.registry.register`), the other class attributes by the algorithm or its template."""
 
     name: ClassVar[str] = "algorithm"
     summary: ClassVar[str] = ""
+    family: ClassVar[str] = ""  # what it shares with the client, for people (fljax.algorithms.families)
+    example: ClassVar[str | None] = None  # an example config that runs it (the built-ins': configs/<name>.yaml)
+    untuned: ClassVar[tuple[str, str] | None] = None  # (key, note): a default that may not suit small problems
+    # Its local training (a LocalTraining value), declared as a field by an algorithm that has one (``local:
+    # LocalTraining = local_training(...)``, fljax.algorithms.local_training); None: its clients run a loop of their
+    # own (QuPeD's epoch clock, Per-FedAvg's meta-steps, the consensus-regression solvers).
+    local = None
     generic: ClassVar[bool] = True  # runs on any classification data set (part of the default `fljax compare`)
     problem: ClassVar[str] = "classification"  # the data it solves (experiment configs describe classification)
 
@@ -92,12 +113,20 @@ class Algorithm(Options):
         return None
 
     def hyperparameters(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """Every hyperparameter by its flat name (a value's options, e.g. the local training's ``lr``, under their
+        own names): what ``resolved.yaml`` records and the runner keys its programs by."""
+        return flat_values(self)
+
+    def with_values(self, **values) -> "Algorithm":
+        """This algorithm with hyperparameters replaced by flat name (``with_values(lr=0.05)`` replaces the local
+        training's ``lr``); inside a compiled program the values are traced (a copy holding them is not checked
+        again)."""
+        return replace_flat(self, **values)
 
     def for_group(self, group) -> "Algorithm":
         """This algorithm with client group ``group``'s hyperparameter overrides (a
         :class:`~fljax.engine.population.ClientGroup`; None: no group)."""
-        return self if group is None or not group.hp else dataclasses.replace(self, **group.overrides)
+        return self if group is None or not group.hp else self.with_values(**group.overrides)
 
     def group_algorithm(self, ctx: RoundContext, g: int | None) -> "Algorithm":
         """The algorithm group ``g`` of ``ctx``'s population runs (itself when g is None)."""
@@ -124,8 +153,9 @@ class Algorithm(Options):
         return num_clients
 
     def plan(self):
-        """The batch plan of a client's local steps (default: none)."""
-        return None
+        """The batch plan of a client's local steps (default: its local training's, ``local``; none for an
+        algorithm that holds none)."""
+        return None if self.local is None else self.local.plan()
 
     def steps_per_round(self, n_max: int) -> int:
         """Local steps a participant runs per round (default: the batch plan's)."""
@@ -311,9 +341,9 @@ def _summaries(stats: TestStats, prefix: str) -> dict:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CohortTemplate(Algorithm):
-    """Template for server-based algorithms (:class:`Centralized` adds the aggregation weights, :class:`Aggregating`
-    a server that reads only the aggregate of its uploads; this base serves the algorithms that aggregate nothing:
-    Local, QuPeD's Local Training).
+    """Template for server-based algorithms (:class:`Aggregating`, a server that reads only the aggregate of its
+    uploads, and :class:`Centralized`, one that reads the cohort's results, add the aggregation weights; this base
+    serves the algorithms that aggregate nothing: Local, QuPeD's Local Training).
 
     Hyperparameters: ``cohort_size`` (clients per round; None = full participation) and ``cohort_mode`` (how the
     cohort runs, :mod:`fljax.engine.cohort`: 'gather' its clients, or compute every client and commit with a 'mask';
@@ -475,9 +505,9 @@ class CohortTemplate(Algorithm):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Centralized(CohortTemplate):
-    """The template of the algorithms whose server aggregates the cohort's uploads (:class:`CohortTemplate`'s round),
-    with ``weighting``: 'samples' (weights n_i) or 'uniform'."""
+class Weighted:
+    """The aggregation weights of an algorithm whose server aggregates its cohort's uploads (mixed into
+    :class:`Centralized` and :class:`Aggregating`): ``weighting`` 'samples' (p_i ∝ n_i) or 'uniform'."""
 
     weighting: str = option("samples", "aggregation weights: 'samples' (n_i) or 'uniform'",
                             one_of(("samples", "uniform")))
@@ -496,7 +526,14 @@ class Centralized(CohortTemplate):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Aggregating(Centralized):
+class Centralized(Weighted, CohortTemplate):
+    """The template of the algorithms whose server reads the cohort's stacked results (:class:`CohortTemplate`'s
+    round and ``server_update``), weighted by ``weighting`` (:class:`Weighted`): SCAFFOLD, FedDyn, FedSLR, FedNova,
+    AugFL."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Aggregating(Weighted, CohortTemplate):
     """The template of the algorithms whose server reads its cohort's uploads only through their aggregate: each
     upload u_i is a model trained from what the server sent (its :meth:`upload_reference` w_t), and the server steps
     from A_t, the run's aggregator of the uploads (:class:`fljax.aggregation.Aggregator`: the weighted mean

@@ -43,7 +43,9 @@ import numpy as np
 
 from fljax import tree
 from fljax.algorithms.base import Algorithm, ClientInput, ClientResult
-from fljax.algorithms.local_training import EVERY, LocalTraining, local_options
+from fljax.algorithms.families import DECENTRALIZED
+from fljax.algorithms.local_training import LocalTraining, local_training
+from fljax.algorithms.registry import register
 from fljax.engine.context import INIT, MIXING, TRAIN
 from fljax.errors import OptionError
 from fljax.ops import gossip, partition
@@ -310,14 +312,15 @@ class Gossip(Decentralized):
         return {**result.state, "params": partition.merge(self.mix(mixing, result.upload), v)}
 
 
+@register("dfedavgm", family=DECENTRALIZED, example="configs/dfedavgm.yaml",
+          summary="DFedAvgM: decentralized FedAvg with local momentum, the full model gossiped (Sun et al. 2022)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DFedAvgM(Gossip, local_options(*EVERY, **BASELINE)):
+class DFedAvgM(Gossip):
     """DFedAvgM: every client runs its local training (``local_epochs`` of momentum SGD) from its model, then gossips
     the whole model. ``rho`` > 0 takes SAM gradients on the full model (DFedSAM). Defaults: the DFedAlt spec's
     baselines (:data:`BASELINE`; ``random_k`` k = 10)."""
 
-    name = "dfedavgm"
-    summary = "DFedAvgM: decentralized FedAvg with local momentum, the full model gossiped (Sun et al. 2022)"
+    local: LocalTraining = local_training(**BASELINE)
     rho: float = option(0.0, "SAM radius ρ of every local step on the full model (0: plain gradients)", at_least(0))
 
     def client_update(self, inp: ClientInput) -> ClientResult:
@@ -326,19 +329,19 @@ class DFedAvgM(Gossip, local_options(*EVERY, **BASELINE)):
                             metrics={"train_loss": loss})
 
 
+@register("dfedavg", family=DECENTRALIZED, example="configs/dfedavg.yaml",
+          summary="DFedAvg: decentralized FedAvg, local SGD then gossip of the full model (Sun et al. 2022)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DFedAvg(DFedAvgM):
     """DFedAvg: DFedAvgM without momentum."""
 
-    name = "dfedavg"
-    summary = "DFedAvg: decentralized FedAvg, local SGD then gossip of the full model (Sun et al. 2022)"
-    momentum: float = with_default(LocalTraining, "momentum", 0.0)
+    local: LocalTraining = local_training(**{**BASELINE, "momentum": 0.0})
 
 
+@register("dfedsam", family=DECENTRALIZED, example="configs/dfedsam.yaml",
+          summary="DFedSAM: DFedAvgM with sharpness-aware local steps on the full model (Shi et al. 2023)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DFedSAM(DFedAvgM):
     """DFedSAM: DFedAvgM with SAM (ρ = 0.01) in every local step, on the full model."""
 
-    name = "dfedsam"
-    summary = "DFedSAM: DFedAvgM with sharpness-aware local steps on the full model (Shi et al. 2023)"
     rho: float = with_default(DFedAvgM, "rho", 0.01)

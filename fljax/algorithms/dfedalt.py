@@ -28,7 +28,9 @@ import jax.numpy as jnp
 
 from fljax.algorithms.base import ClientInput, ClientResult
 from fljax.algorithms.decentralized import BASELINE, Gossip
-from fljax.algorithms.local_training import EVERY, local_options
+from fljax.algorithms.families import DECENTRALIZED
+from fljax.algorithms.local_training import LocalTraining, local_training
+from fljax.algorithms.registry import register
 from fljax.data.batching import BatchPlan
 from fljax.errors import OptionError
 from fljax.ops import partition
@@ -37,14 +39,15 @@ from fljax.options import at_least, greater_than, option, with_default
 __all__ = ["DFedAlt", "DFedSalt"]
 
 
+@register("dfedalt", family=DECENTRALIZED, example="configs/dfedalt.yaml",
+          summary="DFedAlt: personal head then shared body each round, gossip of the body only (Shi et al. 2023)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DFedAlt(Gossip, local_options(*EVERY, **BASELINE)):
+class DFedAlt(Gossip):
     """Defaults are the paper's CIFAR settings (spec §4): η_u = 0.1, η_v = 0.001, momentum 0.9, weight decay 5e-3,
     clipping at 10, batch 128, K_u = 5 epochs (``local_epochs``; ``local_steps`` minibatches when it is null),
     K_v = 1 epoch (Dirichlet; the paper uses 5 on Pathological), ``random_k`` with k = 10."""
 
-    name = "dfedalt"
-    summary = "DFedAlt: personal head then shared body each round, gossip of the body only (Shi et al. 2023)"
+    local: LocalTraining = local_training(**BASELINE)
     personal: str = option("head", "path regex of the personal part v_i (default 'head', the last Dense layer)")
     personal_epochs: int = option(1, "K_v: epochs of the personal phase per round", at_least(0))
     personal_lr: float = option(0.001, "η_v: learning rate of the personal phase", greater_than(0))
@@ -83,11 +86,13 @@ class DFedAlt(Gossip, local_options(*EVERY, **BASELINE)):
                             metrics={"train_loss": u_loss, "personal_loss": v_loss})
 
 
+@register("dfedsalt", family=DECENTRALIZED, example="configs/dfedsalt.yaml",
+          summary="DFedSalt: DFedAlt with sharpness-aware (SAM) updates of the shared body (Shi et al. 2023)",
+          untuned=("rho", "its SAM radius ρ = {value} (the paper's, for CNNs on CIFAR) is too large for a small model; "
+                          "try algo.rho=0.01 (fljax run --algorithm dfedsalt --set algo.rho=0.01)"))
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DFedSalt(DFedAlt):
     """DFedSalt: DFedAlt with SAM (ρ = 0.7) in the shared phase (``sam_on='u'``; 'v' and 'uv' are Table 3's
     variants)."""
 
-    name = "dfedsalt"
-    summary = "DFedSalt: DFedAlt with sharpness-aware (SAM) updates of the shared body (Shi et al. 2023)"
     sam_on: Literal["none", "u", "v", "uv"] = with_default(DFedAlt, "sam_on", "u")

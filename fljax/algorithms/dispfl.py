@@ -26,7 +26,9 @@ import jax.numpy as jnp
 from fljax import tree
 from fljax.algorithms.base import ClientInput, ClientResult
 from fljax.algorithms.decentralized import BASELINE, Decentralized
-from fljax.algorithms.local_training import EVERY, local_options, train_steps
+from fljax.algorithms.families import DECENTRALIZED
+from fljax.algorithms.local_training import LocalTraining, local_training, train_steps
+from fljax.algorithms.registry import register
 from fljax.data.batching import Batch
 from fljax.engine.context import INIT
 from fljax.ops import partition, sparsity
@@ -39,13 +41,14 @@ def _apply_mask(params, mask):
     return jax.tree.map(lambda p, m: jnp.where(m, p, 0).astype(p.dtype), params, mask)
 
 
+@register("dispfl", family=DECENTRALIZED, example="configs/dispfl.yaml",
+          summary="DisPFL: per-client sparse masks, prune/regrow, mask-aware neighbour averaging (Dai et al. 2022)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DisPFL(Decentralized, local_options(*EVERY, **BASELINE)):
+class DisPFL(Decentralized):
     """Local training and topology as :class:`~fljax.algorithms.decentralized.DFedAvgM`'s (no SAM); sparse masks as
     above. The communication is the mask-aware average over the 0/1 adjacency, in dense form."""
 
-    name = "dispfl"
-    summary = "DisPFL: per-client sparse masks, prune/regrow, mask-aware neighbour averaging (Dai et al. 2022)"
+    local: LocalTraining = local_training(**BASELINE)
     density: float = option(0.5,
                             "overall fraction of kernel entries each client's sparse mask keeps (ERK or uniform per "
                             "layer)", interval(0, 1, "(]"))

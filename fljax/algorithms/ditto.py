@@ -15,9 +15,11 @@ from typing import Literal
 import jax
 
 from fljax import tree
-from fljax.algorithms.base import ClientInput, ClientResult
-from fljax.algorithms.fedavg import ServerOpt
-from fljax.algorithms.local_training import EVERY, local_options
+from fljax.algorithms.base import Aggregating, ClientInput, ClientResult
+from fljax.algorithms.families import PERSONAL_REGULARISED
+from fljax.algorithms.local_training import LocalTraining, local_training
+from fljax.algorithms.registry import register
+from fljax.algorithms.server_optimizer import ServerOptimizer, server_optimizer
 from fljax.data.batching import BatchPlan
 from fljax.ops import admm
 from fljax.options import at_least, option
@@ -25,15 +27,17 @@ from fljax.options import at_least, option
 __all__ = ["Ditto"]
 
 
+@register("ditto", family=PERSONAL_REGULARISED, example="configs/ditto.yaml",
+          summary="Ditto: FedAvg global model + personal models regularised towards it (Li et al. 2021)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Ditto(ServerOpt, local_options(*EVERY)):
-    """The global model is FedAvg's (:class:`~fljax.algorithms.fedavg.ServerOpt`); both models train with the
-    client's local training. Two models per client: Ditto does not train BatchNorm statistics (one set could not
+class Ditto(Aggregating):
+    """The global model is FedAvg's (its server optimizer, ``server``); both models train with the client's local
+    training (``local``). Two models per client: Ditto does not train BatchNorm statistics (one set could not
     serve both)."""
 
-    name = "ditto"
-    summary = "Ditto: FedAvg global model + personal models regularised towards it (Li et al. 2021)"
     private_steps = True  # both models train through LocalTraining (the upload: w_i, with the plan's steps)
+    local: LocalTraining = local_training()
+    server: ServerOptimizer = server_optimizer()
     lam: float = option(0.1, "λ of the pull (λ/2)‖v − w_t‖² of the personal model towards the global one",
                         at_least(0))
     personal_epochs: int = option(1, "epochs of SGD on the personal model v_i per round", at_least(0))
@@ -41,8 +45,11 @@ class Ditto(ServerOpt, local_options(*EVERY)):
         "gradient", "'gradient' (λ(v − w_t) in every gradient, Algorithm 1) or 'decoupled' (SGD step, then the pull)")
 
     def init(self, ctx):
-        server, _ = super().init(ctx)
+        server = self.server.init(ctx.model.init(self.init_key(ctx)))
         return server, {"v": tree.broadcast_clients(server["params"], ctx.num_clients)}
+
+    def server_step(self, ctx, server, aggregate):
+        return self.server.step(server, aggregate)
 
     def steps_per_round(self, n_max: int) -> int:
         return super().steps_per_round(n_max) + BatchPlan(batch_size=self.local.batch_size,
@@ -63,6 +70,12 @@ class Ditto(ServerOpt, local_options(*EVERY)):
         v, personal_loss = self.personal_update(inp.state["v"], inp.down, inp, k_personal)
         return ClientResult(state={"v": v}, upload=w, weight=inp.train.count,
                             metrics={"train_loss": loss, "personal_loss": personal_loss})
+
+    def eval_shared(self, server):
+        return server["params"]
+
+    def global_params(self, shared):
+        return shared
 
     def personal_params(self, inp: ClientInput):
         return inp.state["v"]

@@ -14,9 +14,11 @@ import dataclasses
 from typing import Literal
 
 from fljax import tree
-from fljax.algorithms.base import ClientInput, ClientResult
-from fljax.algorithms.local_training import EVERY, local_options
+from fljax.algorithms.base import Aggregating, ClientInput, ClientResult
+from fljax.algorithms.families import PERSONAL_SPLIT
+from fljax.algorithms.local_training import LocalTraining, local_training
 from fljax.algorithms.partial import PartialModel
+from fljax.algorithms.registry import register
 from fljax.data.batching import BatchPlan
 from fljax.ops import partition
 from fljax.options import at_least, option
@@ -24,13 +26,14 @@ from fljax.options import at_least, option
 __all__ = ["FedBABU"]
 
 
+@register("fedbabu", family=PERSONAL_SPLIT, example="configs/fedbabu.yaml",
+          summary="FedBABU: body trained under a fixed random head, fine-tuned per client at evaluation (Oh et al. 2022)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FedBABU(PartialModel, local_options(*EVERY)):
+class FedBABU(PartialModel, Aggregating):
     """Body averaging as :class:`~fljax.algorithms.partial.FedPer`; evaluation always fine-tunes the current server
     model."""
 
-    name = "fedbabu"
-    summary = "FedBABU: body trained under a fixed random head, fine-tuned per client at evaluation (Oh et al. 2022)"
+    local: LocalTraining = local_training()
     finetune_epochs: int = option(5,
                                   "epochs of fine-tuning of the received model on the client's train split before "
                                   "evaluation", at_least(0))

@@ -14,19 +14,22 @@ import dataclasses
 
 from fljax import tree
 from fljax.algorithms.base import Centralized, ClientInput, ClientResult
-from fljax.algorithms.local_training import EVERY, local_options
+from fljax.algorithms.families import GLOBAL_MODEL
+from fljax.algorithms.local_training import LocalTraining, local_training
+from fljax.algorithms.registry import register
 from fljax.ops import admm
 from fljax.options import greater_than, option, with_default
 
 __all__ = ["FedDyn"]
 
 
+@register("feddyn", family=GLOBAL_MODEL, example="configs/feddyn.yaml",
+          summary="FedDyn: dynamic linear + quadratic regulariser per client, server state h (Acar et al. 2021)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FedDyn(Centralized, local_options(*EVERY)):
-    name = "feddyn"
-    summary = "FedDyn: dynamic linear + quadratic regulariser per client, server state h (Acar et al. 2021)"
+class FedDyn(Centralized):
     # example-level DP applies; client-level DP does not: the server's h reads the sum of the uploads (not a mean)
     private_steps = True
+    local: LocalTraining = local_training()
     alpha: float = option(0.1,
                           "α of the dynamic regulariser −⟨g_i, θ⟩ + (α/2)‖θ − θ^{t−1}‖² and of the server's h/α "
                           "correction", greater_than(0))

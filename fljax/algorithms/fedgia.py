@@ -32,13 +32,15 @@ first aggregation with Error ≤ tol or k ≥ max_iters (D15, CR = completed rou
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 
 from fljax import tree
+from fljax.algorithms.families import CONSENSUS_REGRESSION
+from fljax.algorithms.registry import register
 from fljax.algorithms.regression import ConsensusRegression
 from fljax.engine.cohort import run_all
 from fljax.engine.context import INIT, SAMPLE
@@ -95,6 +97,9 @@ class FedGiADown:
     m: int = flax.struct.field(pytree_node=False, default=1)
 
 
+@register("fedgia", family=CONSENSUS_REGRESSION, example="configs/fedgia_qot.yaml",
+          summary="FedGiA: inexact ADMM for a random ⌈αm⌉ of the clients, gradient descent for the "
+                  "others; consensus regression (Zhou & Li)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FedGiA(ConsensusRegression):
     """FedGiA's hyperparameters. ``k0``, ``alpha``, ``t`` (None → :func:`paper_t`) and ``r0`` may be traced
@@ -102,9 +107,6 @@ class FedGiA(ConsensusRegression):
     ("eigh": the exact λ_max packed with the data | "power": power iteration in the program, D10),
     ``gram_solver`` ("inverse" | "cholesky" | "cg", D14)."""
 
-    name: ClassVar[str] = "fedgia"
-    summary: ClassVar[str] = ("FedGiA: inexact ADMM for a random ⌈αm⌉ of the clients, gradient descent for the "
-                              "others; consensus regression (Zhou & Li)")
     alpha: float = option(0.5, "fraction of the clients selected for inexact ADMM each round (the others: GD)",
                           between(0, 1))
     t: float | None = option(None, "t of σ = r0·t·r/m (null: Table III's, paper_t)", greater_than(0))

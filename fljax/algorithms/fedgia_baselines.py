@@ -33,6 +33,8 @@ import jax
 import jax.numpy as jnp
 
 from fljax import tree
+from fljax.algorithms.families import CONSENSUS_REGRESSION
+from fljax.algorithms.registry import register
 from fljax.algorithms.regression import ConsensusRegression, total_rows
 from fljax.engine.context import SAMPLE
 from fljax.engine.protocol import ClientInput, ClientResult
@@ -127,12 +129,12 @@ class _Baseline(ConsensusRegression):
         return Server(uploads=result.upload, k=server.k + down.steps)
 
 
+@register("fedavg_gd", family=CONSENSUS_REGRESSION, example=None,
+          summary="FedAvg with full local gradients on consensus regression (FedGiA's Table IV baseline)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FedAvgGD(_Baseline):
     """FedAvg with full local gradients: k0 steps x_i ← x_i − γ_k ∇f_i(x_i) per round, from x_i = x."""
 
-    name: ClassVar[str] = "fedavg_gd"
-    summary: ClassVar[str] = "FedAvg with full local gradients on consensus regression (FedGiA's Table IV baseline)"
     paper_a_v1: ClassVar[float] = 0.01
 
     def client_update(self, inp: ClientInput) -> ClientResult:
@@ -144,15 +146,15 @@ class FedAvgGD(_Baseline):
         return self.measured(f, g, None, upload=jax.lax.fori_loop(1, self.k0, step, y))
 
 
+@register("fedprox_gd", family=CONSENSUS_REGRESSION, example=None,
+          summary="FedProx with GD on the proximal subproblem, consensus regression (FedGiA's Table IV "
+                  "baseline)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FedProxGD(_Baseline):
     """FedProx with GD on the proximal subproblem: each local step runs ``iters`` iterations
     y ← y − γ_k[∇f_i(y) + μ(y − x)] from the current x_i (warm start, no early exit: D18); x is the last aggregate.
     ``mu`` may be traced."""
 
-    name: ClassVar[str] = "fedprox_gd"
-    summary: ClassVar[str] = ("FedProx with GD on the proximal subproblem, consensus regression (FedGiA's Table IV "
-                              "baseline)")
     paper_a_v1: ClassVar[float] = 0.001
     mu: float = option(1e-4, "μ of the proximal term (μ/2)‖y − x‖²", at_least(0))
 
@@ -177,6 +179,8 @@ class FedPDClients:
     lam: jax.Array
 
 
+@register("fedpd", family=CONSENSUS_REGRESSION, example=None,
+          summary="FedPD (oracle I, option I) on consensus regression (FedGiA's Table IV baseline)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FedPD(_Baseline):
     """FedPD (Zhang et al., oracle choice I, option I): per local step, ``iters`` GD iterations with learning rate
@@ -185,8 +189,6 @@ class FedPD(_Baseline):
     ``agg_prob`` = p, after a Geometric(p) number of steps (FedPD's random aggregation). Metrics are at x0.
     ``eta`` (None → the paper's) and ``agg_prob`` may be traced."""
 
-    name: ClassVar[str] = "fedpd"
-    summary: ClassVar[str] = "FedPD (oracle I, option I) on consensus regression (FedGiA's Table IV baseline)"
     paper_a_v1: ClassVar[float] = 0.05
     eta: float | None = option(None, "η of the augmented Lagrangian ‖y − x0_i‖²/(2η) (null: the paper's)",
                                greater_than(0))

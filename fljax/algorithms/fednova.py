@@ -23,22 +23,25 @@ import jax.numpy as jnp
 
 from fljax import tree
 from fljax.algorithms.base import Centralized, ClientInput, ClientResult
-from fljax.algorithms.local_training import local_options
+from fljax.algorithms.families import GLOBAL_MODEL
+from fljax.algorithms.local_training import LocalTraining, local_training
+from fljax.algorithms.registry import register
 from fljax.ops.heterogeneity import local_steps_norm
 from fljax.options import greater_than, option
 
 __all__ = ["FedNova"]
 
 
+@register("fednova", family=GLOBAL_MODEL, example="configs/fednova.yaml",
+          summary="FedNova: normalized averaging of heterogeneous local work (Wang et al. 2020)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FedNova(Centralized, local_options("lr", "lr_decay", "momentum", "clip_norm", "batch_size", "local_epochs",
-                                         "local_steps", "sampling")):
+class FedNova(Centralized):
     """The server reads each client's normalised update and its step count (not only an aggregate of models):
     robust aggregators, client-level privacy and compression do not apply; example-level DP-SGD does."""
 
-    name = "fednova"
-    summary = "FedNova: normalized averaging of heterogeneous local work (Wang et al. 2020)"
     private_steps = True
+    local: LocalTraining = local_training("lr", "lr_decay", "momentum", "clip_norm", "batch_size", "local_epochs",
+                                          "local_steps", "sampling")
     server_lr: float = option(1.0, "global step size η_g: w ← w + η_g·τ_eff·Σ p_i Δ_i/‖a_i‖₁", greater_than(0))
 
     def init(self, ctx):

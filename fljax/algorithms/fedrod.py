@@ -22,9 +22,11 @@ import jax
 import jax.numpy as jnp
 
 from fljax import tree
-from fljax.algorithms.base import ClientInput, ClientResult
-from fljax.algorithms.fedavg import ServerOpt
-from fljax.algorithms.local_training import EVERY, local_options, run_steps
+from fljax.algorithms.base import Aggregating, ClientInput, ClientResult
+from fljax.algorithms.families import PERSONAL_SPLIT
+from fljax.algorithms.local_training import LocalTraining, local_training, run_steps
+from fljax.algorithms.registry import register
+from fljax.algorithms.server_optimizer import ServerOptimizer, server_optimizer
 from fljax.errors import OptionError
 from fljax.models.model import masked_cross_entropy
 from fljax.options import option
@@ -42,19 +44,21 @@ def linear(head, h):
     return out + head["bias"] if "bias" in head else out
 
 
+@register("fedrod", family=PERSONAL_SPLIT, example="configs/fedrod.yaml",
+          summary="Fed-RoD: balanced-softmax generic head + personal head on a shared body (Chen & Chao 2022)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FedRoD(ServerOpt, local_options(*EVERY)):
-    """The server averages (u, g) as FedAvg does (:class:`~fljax.algorithms.fedavg.ServerOpt`); both heads step with
-    the client's optimizer. Two models per client: Fed-RoD does not train BatchNorm statistics."""
+class FedRoD(Aggregating):
+    """The server averages (u, g) as FedAvg does (its server optimizer, ``server``); both heads step with the
+    client's optimizer (``local``). Two models per client: Fed-RoD does not train BatchNorm statistics."""
 
-    name = "fedrod"
-    summary = "Fed-RoD: balanced-softmax generic head + personal head on a shared body (Chen & Chao 2022)"
+    local: LocalTraining = local_training()
+    server: ServerOptimizer = server_optimizer()
     eval_body: Literal["stored", "server"] = option(
         "stored", "'stored' (the client's body and generic head after its latest training) or 'server' (the "
                   "server's)")
 
     def init(self, ctx):
-        server, _ = super().init(ctx)
+        server = self.server.init(ctx.model.init(self.init_key(ctx)))
         params = server["params"]
         if "head" not in params:
             raise OptionError("model", f"must have a last layer named 'head' for fedrod; {ctx.model.name} has none.")
@@ -88,6 +92,15 @@ class FedRoD(ServerOpt, local_options(*EVERY)):
         carry = ((params, state["p"]), (opt.init(params), opt.init(state["p"])))
         ((w, p), _), loss = run_steps(step, carry, train, local.plan(), inp.key, inp.unroll)
         return ClientResult(state={"params": w, "p": p}, upload=w, weight=train.count, metrics={"train_loss": loss})
+
+    def server_step(self, ctx, server, aggregate):
+        return self.server.step(server, aggregate)
+
+    def eval_shared(self, server):
+        return server["params"]
+
+    def global_params(self, shared):
+        return shared
 
     def personal_params(self, inp: ClientInput):
         return (inp.state["params"] if self.eval_body == "stored" else inp.down), inp.state["p"]

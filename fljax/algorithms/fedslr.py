@@ -47,7 +47,9 @@ from fljax import tree
 import optax
 
 from fljax.algorithms.base import Centralized, ClientInput, ClientResult
-from fljax.algorithms.local_training import EVERY, local_options, run_steps
+from fljax.algorithms.families import PERSONAL_SPLIT
+from fljax.algorithms.local_training import LocalTraining, local_training, run_steps
+from fljax.algorithms.registry import register
 from fljax.data.batching import BatchPlan
 from fljax.errors import OptionError
 from fljax.ops import admm, prox
@@ -79,16 +81,16 @@ def wire_numel(stats):
     return prox.transmission_bytes(stats, bytes_per_param=1)[0]
 
 
+@register("fedslr", family=PERSONAL_SPLIT, example="configs/fedslr.yaml",
+          summary="FedSLR: low-rank global model (server SVT, per-client dual) + sparse personal part (Huang et al.)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FedSLR(Centralized, local_options(*EVERY, lr_decay=0.998, weight_decay=1e-3, local_epochs=2,
-                                         local_steps=None)):
+class FedSLR(Centralized):
     """Hyperparameters (paper defaults, spec §6): ``lam`` λ = 1e-4, ``mu`` μ = 1e-3, ``eta_g`` η_g = 10; Phase I:
     ``local_epochs`` E1 = 2 of plain SGD, B = 20, lr 0.1·0.998^t, wd 1e-3 (D4, D18); Phase II: ``personal_epochs``
     E2 = 1, ``personal_weight_decay`` wd_p = 1e-3 (D3). The cohort mean is uniform (``weighting='uniform'``)."""
 
-    name = "fedslr"
-    summary = "FedSLR: low-rank global model (server SVT, per-client dual) + sparse personal part (Huang et al.)"
     supports_groups = False  # Algorithm 2's server averages every client's dual state (one stacked pytree)
+    local: LocalTraining = local_training(lr_decay=0.998, weight_decay=1e-3, local_epochs=2, local_steps=None)
     lam: float = option(1e-4, "λ of the global model's regulariser (nuclear norm: the SVT threshold λ·η_g)",
                         at_least(0))
     mu: float = option(1e-3, "μ of the personal component's regulariser (l1: the soft threshold μ·lr)", at_least(0))

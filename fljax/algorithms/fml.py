@@ -20,7 +20,9 @@ import jax
 
 from fljax import tree
 from fljax.algorithms.base import Aggregating, ClientInput, ClientResult
-from fljax.algorithms.local_training import EVERY, local_options
+from fljax.algorithms.families import PERSONAL_REGULARISED
+from fljax.algorithms.local_training import LocalTraining, local_training
+from fljax.algorithms.registry import register
 from fljax.models.model import masked_cross_entropy
 from fljax.ops.distill import kl_divergence
 from fljax.options import between, option, with_default
@@ -28,15 +30,16 @@ from fljax.options import between, option, with_default
 __all__ = ["FML"]
 
 
+@register("fml", family=PERSONAL_REGULARISED, example="configs/fml.yaml",
+          summary="Federated Mutual Learning: local model and global meme distil each other on every batch (Shen et al.)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FML(Aggregating, local_options(*EVERY)):
+class FML(Aggregating):
     """``a``, ``b``: the KD weights of the local model and of the meme; both models step with the client's local
     training (``lr`` η decayed per round by ``lr_decay``, ``weight_decay`` on both models)."""
 
-    name = "fml"
-    summary = "Federated Mutual Learning: local model and global meme distil each other on every batch (Shen et al.)"
     mixed_architectures = True
 
+    local: LocalTraining = local_training()
     a: float = option(0.25, "KD weight a of the local model: (1 − a) CE(x) + a KL(sg p_w ‖ p_x)", between(0, 1))
     b: float = option(0.25, "KD weight b of the meme: (1 − b) CE(w) + b KL(sg p_x ‖ p_w)", between(0, 1))
     cohort_size: int | None = with_default(Aggregating, "cohort_size", None)

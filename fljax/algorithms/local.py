@@ -10,20 +10,23 @@ import dataclasses
 
 from fljax import tree
 from fljax.algorithms.base import ClientInput, ClientResult, CohortTemplate
-from fljax.algorithms.local_training import EVERY, local_options
+from fljax.algorithms.families import NO_COMMUNICATION
+from fljax.algorithms.local_training import LocalTraining, local_training
 from fljax.algorithms.model_state import TrainsModelState
+from fljax.algorithms.registry import register
 
 __all__ = ["Local"]
 
 
+@register("local", family=NO_COMMUNICATION, example="configs/local.yaml",
+          summary="Local: each client trains alone on its own data, no communication")
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Local(TrainsModelState, CohortTemplate, local_options(*EVERY)):
+class Local(TrainsModelState, CohortTemplate):
     """A model's BatchNorm statistics stay with their client, and there is no ``weighting``: Local communicates and
     aggregates nothing."""
 
-    name = "local"
-    summary = "Local: each client trains alone on its own data, no communication"
     mixed_architectures = True
+    local: LocalTraining = local_training()
 
     def init(self, ctx):
         params = ctx.model.init(self.init_key(ctx))  # one shared initialisation, as the papers' code does

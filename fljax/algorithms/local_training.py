@@ -11,13 +11,12 @@ default, one-line doc and check. The value does the training: :meth:`LocalTraini
 :meth:`LocalTraining.personal_phase` (the personal phase of partial-personalization methods),
 :meth:`LocalTraining.plan`, :meth:`LocalTraining.lr_at`, :meth:`LocalTraining.client_optimizer`.
 
-An algorithm takes exactly the local options it honours, as flat hyperparameters (``algo.lr``,
-``FedProx(lr=0.1, mu=0.01, local_steps=10)``): its dataclass derives from ``local_options(name, ..., **defaults)``,
-a base holding those fields only (their declarations here, with the algorithm's own defaults), and ``self.local``
-is the :class:`LocalTraining` value built from them; an option it does not take keeps :class:`LocalTraining`'s
-default there (e.g. APFL's coupled steps are plain SGD: it takes no ``optimizer``, ``momentum`` or ``clip_norm``,
-so it cannot be given one). ``EVERY`` names all ten options. Algorithms whose clients run a loop of their own with
-other semantics (QuPeD's epoch clock, Per-FedAvg's meta-steps) declare their own options instead.
+An algorithm holds its local training as a value, a field declared with :func:`local_training` (``local:
+LocalTraining = local_training(...)``), and takes exactly the options it honours as flat hyperparameters under their
+own names (``algo.lr`` in a config, ``make_algorithm("fedprox", lr=0.1, mu=0.01, local_steps=10)``); an option it
+does not take keeps :class:`LocalTraining`'s default there (e.g. APFL's coupled steps are plain SGD: it takes no
+``optimizer``, ``momentum`` or ``clip_norm``, so it cannot be given one). Algorithms whose clients run a loop of
+their own with other semantics (QuPeD's epoch clock, Per-FedAvg's meta-steps) declare their own options instead.
 
 This follows the settings-as-values designs of pfl-research (``NNTrainHyperParams`` handed to an algorithm), FedJAX
 (a ``client_optimizer`` argument) and optax (an optimizer built as a chain of transformations), keeping fljax's flat
@@ -28,21 +27,20 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from typing import Callable, ClassVar, Literal
+from typing import Callable, Literal
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from fljax import tree
-from fljax.algorithms.base import Algorithm
 from fljax.data.batching import BatchPlan, gather_batch
 from fljax.errors import OptionError
 from fljax.ops.sam import sam_value_and_grad
-from fljax.options import Options, at_least, greater_than, interval, option, type_hints, with_default
+from fljax.options import Options, at_least, greater_than, interval, nested, option
 
-__all__ = ["run_steps", "scanned_steps", "train_steps", "train_steps_with_state", "sgd_step", "LocalTraining", "LocalOptions",
-           "local_options", "EVERY"]
+__all__ = ["run_steps", "scanned_steps", "train_steps", "train_steps_with_state", "sgd_step", "LocalTraining",
+           "local_training"]
 
 
 def run_steps(step: Callable, carry, train, plan: BatchPlan, key, unroll: int = 1, budget=None):
@@ -234,48 +232,18 @@ class LocalTraining(Options):
         return train_steps(loss_fn, v, inp, plan, opt, key=key, extra_grad=extra_grad, post=post, sam_rho=sam_rho)
 
 
-EVERY = tuple(f.name for f in dataclasses.fields(LocalTraining))  # every local-training option
+def local_training(*takes: str, **defaults) -> dataclasses.Field:
+    """The declaration of an algorithm's local training, a field holding its :class:`LocalTraining` value::
 
+        local: LocalTraining = local_training()                        # every option, LocalTraining's defaults
+        local: LocalTraining = local_training(lr=0.1, momentum=0.9)    # every option, these defaults
+        local: LocalTraining = local_training("lr", "batch_size", "local_epochs", "local_steps", lr=0.005)
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LocalOptions(Algorithm):
-    """Base of the classes :func:`local_options` makes: an algorithm's local-training options as fields, and
-    :attr:`local`, the :class:`LocalTraining` value built from them."""
-
-    local_names: ClassVar[tuple[str, ...]] = ()
-
-    @property
-    def local(self) -> LocalTraining:
-        """This algorithm's local training (an option it does not take keeps :class:`LocalTraining`'s default)."""
-        return LocalTraining(**{name: getattr(self, name) for name in self.local_names})
-
-    def check(self) -> None:
-        super().check()
-        self.local  # noqa: B018 (builds the value: checks across the local options, local_epochs or local_steps)
-
-    def plan(self) -> BatchPlan:
-        """The batch plan of a round's local training (the engine sizes the work and the unroll from it)."""
-        return self.local.plan()
-
-
-def local_options(*names: str, **defaults) -> type:
-    """A dataclass base declaring the local-training options ``names`` (their declarations in
-    :class:`LocalTraining`; ``defaults`` replace theirs) for an algorithm to derive from::
-
-        class DFedAvgM(Decentralized, local_options(*EVERY, lr=0.1, momentum=0.9)): ...
-
-    Its instances hold ``local``, the :class:`LocalTraining` value of those fields."""
-    declared = {f.name: f for f in dataclasses.fields(LocalTraining)}
-    unknown = sorted((set(names) | set(defaults)) - set(declared))
-    if unknown or set(defaults) - set(names):
-        raise TypeError(f"local_options: {unknown or sorted(set(defaults) - set(names))} are not local-training "
-                        f"options taken here; the options are {list(declared)}.")
-    hints = type_hints(LocalTraining)
-    fields = [(n, hints[n], with_default(LocalTraining, n, defaults.get(n, declared[n].default))) for n in names]
-    cls = dataclasses.make_dataclass("LocalOptions", fields, bases=(LocalOptions,), frozen=True, kw_only=True,
-                                     namespace={"local_names": tuple(names), "__module__": __name__})
-    cls.__qualname__ = f"local_options({', '.join(names)})"
-    return cls
+    The algorithm takes the options ``takes`` (none named: all ten) as flat hyperparameters under their own names
+    (``algo.lr``, ``make_algorithm("apfl", lr=0.05)``), with ``defaults`` in place of :class:`LocalTraining`'s; an
+    option it does not take keeps :class:`LocalTraining`'s default, and giving it is refused in one line naming the
+    key (:func:`fljax.options.nested`)."""
+    return nested(LocalTraining, takes or None, "the client's local training (LocalTraining)", **defaults)
 
 
 def sgd_step(loss_fn: Callable, opt: optax.GradientTransformation, extra_grad: Callable | None = None,

@@ -24,7 +24,9 @@ import jax
 
 from fljax import tree
 from fljax.algorithms.base import Aggregating, ClientInput, ClientResult
-from fljax.algorithms.local_training import EVERY, local_options
+from fljax.algorithms.families import PERSONAL_SPLIT
+from fljax.algorithms.local_training import LocalTraining, local_training
+from fljax.algorithms.registry import register
 from fljax.data.batching import BatchPlan
 from fljax.errors import OptionError
 from fljax.ops import partition
@@ -36,9 +38,10 @@ NOT_HEAD = "^(?!.*head)"  # every leaf whose path does not contain 'head'
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PartialModel(Aggregating):
+class PartialModel:
     """A model split by ``personal`` into a shared part u, averaged by the server, and a personal part v (the
-    server keeps its initial v); the client update, evaluation and local-training options are the subclass's."""
+    server keeps its initial v), mixed into an :class:`~fljax.algorithms.base.Aggregating` algorithm; the client
+    update, evaluation and local training are the algorithm's."""
 
     personal: str = option("head", "path regex of the parameters that stay with the client, never averaged "
                                    "('head': the last Dense layer)")
@@ -64,9 +67,10 @@ class PartialModel(Aggregating):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PartialAveraging(PartialModel):
+class PartialAveraging(PartialModel, Aggregating):
     """The round and evaluation of FedPer, FedRep and LG-FedAvg: client i trains (u, v_i) from (u_t, its own v_i)
-    (``local_update``, the subclass's), stores both and uploads u; evaluation per ``eval_body``."""
+    (``local_update``: jointly by default, FedRep in two phases), stores both and uploads u; evaluation per
+    ``eval_body``."""
 
     eval_body: Literal["stored", "server"] = option(
         "stored", "'stored' (the client's model after its latest training) or 'server' (the server's shared part "
@@ -76,8 +80,8 @@ class PartialAveraging(PartialModel):
         return self.split(server["params"])[0]
 
     def local_update(self, params, inp: ClientInput):
-        """(trained (u, v_i), mean loss)."""
-        raise NotImplementedError
+        """(trained (u, v_i), mean loss): joint local training of (u, v_i) (FedPer, LG-FedAvg)."""
+        return self.local.train(inp.model.loss, params, inp)
 
     def client_update(self, inp: ClientInput) -> ClientResult:
         params = partition.merge(inp.down, self.split(inp.state["params"])[1])
@@ -94,28 +98,26 @@ class PartialAveraging(PartialModel):
         return partition.merge(inp.down, self.split(inp.state["params"])[1])
 
 
+@register("fedper", family=PERSONAL_SPLIT, example="configs/fedper.yaml",
+          summary="FedPer: shared body averaged by the server, personal head kept by each client (Arivazhagan et al. 2019)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FedPer(PartialAveraging, local_options(*EVERY)):
-    name = "fedper"
-    summary = "FedPer: shared body averaged by the server, personal head kept by each client (Arivazhagan et al. 2019)"
+class FedPer(PartialAveraging):
     private_steps = True  # joint training through LocalTraining with its plan
-
-    def local_update(self, params, inp: ClientInput):
-        """Joint local training of (u, v_i)."""
-        return self.local.train(inp.model.loss, params, inp)
+    local: LocalTraining = local_training()
 
 
+@register("fedrep", family=PERSONAL_SPLIT, example="configs/fedrep.yaml",
+          summary="FedRep: train the personal head with the body frozen, then the shared body (Collins et al. 2021)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FedRep(PartialAveraging, local_options("lr", "lr_decay", "optimizer", "momentum", "weight_decay", "clip_norm",
-                                             "batch_size")):
+class FedRep(PartialAveraging):
     """``head_epochs`` of training the personal part with the shared part frozen, then ``body_epochs`` of training
     the shared part with the new personal part frozen (defaults: FedSLR spec D22, 1 and 2 epochs; the DFedAlt
     spec uses 10 and 5), each phase over shuffles of the client's data in minibatches of ``batch_size``.
     ``head_lr`` (default: ``lr``) is the personal phase's learning rate."""
 
-    name = "fedrep"
-    summary = "FedRep: train the personal head with the body frozen, then the shared body (Collins et al. 2021)"
     private_steps = False  # its phases run epochs of shuffled batches, which the accountant cannot model
+    local: LocalTraining = local_training("lr", "lr_decay", "optimizer", "momentum", "weight_decay", "clip_norm",
+                                          "batch_size")
     head_epochs: int = option(1, "epochs of the personal phase (the head, the body frozen) per round", at_least(0))
     body_epochs: int = option(2, "epochs of the shared phase (the body, the new head frozen) per round", at_least(0))
     head_lr: float | None = option(None, "learning rate of the personal phase (null: the client lr)",
@@ -141,10 +143,12 @@ class FedRep(PartialAveraging, local_options("lr", "lr_decay", "optimizer", "mom
         return partition.merge(u, v), body_loss
 
 
+@register("lg_fedavg", family=PERSONAL_SPLIT, example="configs/lg_fedavg.yaml",
+          summary="LG-FedAvg: personal body, shared head averaged by the server (Liang et al. 2020)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LGFedAvg(FedPer):
+class LGFedAvg(PartialAveraging):
     """FedPer with the roles swapped: the body is personal and the head shared (no FedAvg warm start, FedSLR D25)."""
 
-    name = "lg_fedavg"
-    summary = "LG-FedAvg: personal body, shared head averaged by the server (Liang et al. 2020)"
+    private_steps = True  # joint training through LocalTraining with its plan
     personal: str = with_default(PartialModel, "personal", NOT_HEAD)
+    local: LocalTraining = local_training()

@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 
 from fljax import tree
+from fljax.algorithms.families import PERSONAL_REGULARISED
+from fljax.algorithms.registry import register
 from fljax.algorithms.base import Aggregating, ClientInput, ClientResult
 from fljax.algorithms.local_training import run_steps
 from fljax.data.batching import Batch, BatchPlan, gather_batch
@@ -36,10 +38,12 @@ from fljax.options import at_least, greater_than, interval, one_of, option
 __all__ = ["PerFedAvg"]
 
 
+@register("perfedavg", family=PERSONAL_REGULARISED, example="configs/perfedavg.yaml",
+          summary="Per-FedAvg: FedAvg on the one-step MAML objective, FO or Hessian-free (Fallah et al. 2020)",
+          untuned=("beta", "its outer step β = {value} (the paper's) moves the model little in {rounds} rounds; "
+                          "try algo.beta=0.1 (fljax run --algorithm perfedavg --set algo.beta=0.1)"))
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PerFedAvg(Aggregating):
-    name = "perfedavg"
-    summary = "Per-FedAvg: FedAvg on the one-step MAML objective, FO or Hessian-free (Fallah et al. 2020)"
     alpha: float = option(0.01,
                           "inner (adaptation) step size α of w̃ = w − α∇f_i(w; D), also the evaluation's one "
                           "fine-tuning step", greater_than(0))

@@ -20,20 +20,23 @@ import jax
 
 from fljax import tree
 from fljax.algorithms.base import Aggregating, ClientInput, ClientResult
-from fljax.algorithms.local_training import local_options, run_steps
+from fljax.algorithms.families import PERSONAL_REGULARISED
+from fljax.algorithms.local_training import LocalTraining, local_training, run_steps
+from fljax.algorithms.registry import register
 from fljax.ops import admm
 from fljax.options import at_least, greater_than, option
 
 __all__ = ["PFedMe"]
 
 
+@register("pfedme", family=PERSONAL_REGULARISED, example="configs/pfedme.yaml",
+          summary="pFedMe: personalized models via Moreau envelopes, K inner prox steps per batch (Dinh et al. 2020)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PFedMe(Aggregating, local_options("lr", "lr_decay", "weight_decay", "batch_size", "local_epochs",
-                                         "local_steps", "sampling", lr=0.005, local_steps=20)):
+class PFedMe(Aggregating):
     """Its steps are plain SGD (η on w_i, η_p on θ): pFedMe takes no client optimizer, momentum or clipping."""
 
-    name = "pfedme"
-    summary = "pFedMe: personalized models via Moreau envelopes, K inner prox steps per batch (Dinh et al. 2020)"
+    local: LocalTraining = local_training("lr", "lr_decay", "weight_decay", "batch_size", "local_epochs", "local_steps",
+                                          "sampling", lr=0.005, local_steps=20)
     lam: float = option(15.0, "λ of the Moreau envelope (λ/2)‖θ − w‖² pulling the personal θ_i towards the local w_i",
                         greater_than(0))
     personal_lr: float = option(0.1, "step size η_p of the K inner steps on the personal θ", greater_than(0))
@@ -59,7 +62,7 @@ class PFedMe(Aggregating, local_options("lr", "lr_decay", "weight_decay", "batch
         def inner(theta, w, batch):
             def body(_, th):
                 g = jax.grad(model.loss)(th, batch)
-                pull = tree.axpy(self.weight_decay, th, admm.augmented_lagrangian_grad(th, w, sigma=self.lam))
+                pull = tree.axpy(self.local.weight_decay, th, admm.augmented_lagrangian_grad(th, w, sigma=self.lam))
                 return tree.axpy(-self.personal_lr, tree.add(g, pull), th)
 
             return jax.lax.fori_loop(0, self.inner_steps, body, theta, unroll=inp.unroll > 1)

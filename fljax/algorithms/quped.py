@@ -43,6 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fljax import tree
+from fljax.algorithms.families import NO_COMMUNICATION, QUANTIZED
+from fljax.algorithms.registry import register
 from fljax.algorithms.base import Aggregating, Centralized, ClientInput, ClientResult, CohortTemplate
 from fljax.algorithms.local_training import run_steps
 from fljax.data.batching import ClockPlan, random_batch
@@ -470,12 +472,12 @@ class QuantizedAveraging(QuantizedClients, Aggregating):
         return {"params": aggregate}
 
 
+@register("quped", family=QUANTIZED, example="configs/quped.yaml",
+          summary="QuPeD: quantized personal models of any architecture distilled with a global model (Ozkara et al. 2021)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class QuPeD(QuantizedAveraging):
     """Algorithm 2: the client loop distilled with the global model w (λ_p, f_KD; D4, D5)."""
 
-    name = "quped"
-    summary = "QuPeD: quantized personal models of any architecture distilled with a global model (Ozkara et al. 2021)"
 
     lam_p: float = option(0.25, "λ_p: weight of the distillation terms (1 − λ_p)CE + λ_p f_KD", between(0, 1))
     kd_temperature: float = option(1.0, "D4: temperature T of f_KD", greater_than(0))
@@ -522,12 +524,12 @@ class QuPeD(QuantizedAveraging):
         return self.sgd(w, g, wbuf, eta1)
 
 
+@register("quped_local", family=NO_COMMUNICATION, example="configs/quped_local.yaml",
+          summary="Local Training with Algorithm 1 (quantized) or SGD (FP) on QuPeD's epoch clock, no communication")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class QuantizedLocal(QuantizedClients):
     """Algorithm 1 run by every client alone ("Local Training (b bits)", §4, §10): the QuPeD client loop with
     λ_p = 0, no global model and no communication; ``bits=null`` is Local Training (FP) on the same clock. With one
     client holding all data it is centralized Algorithm 1."""
 
-    name = "quped_local"
-    summary = "Local Training with Algorithm 1 (quantized) or SGD (FP) on QuPeD's epoch clock, no communication"
     uses_server = False

@@ -25,6 +25,8 @@ import dataclasses
 from typing import Literal
 
 from fljax import tree
+from fljax.algorithms.families import QUANTIZED
+from fljax.algorithms.registry import register
 from fljax.algorithms.quped import QuantizedAveraging
 from fljax.models.model import masked_cross_entropy
 from fljax.options import between, greater_than, option
@@ -32,14 +34,14 @@ from fljax.options import between, greater_than, option
 __all__ = ["QuPeL"]
 
 
+@register("qupel", family=QUANTIZED, example="configs/qupel.yaml",
+          summary="QuPeL: quantized personal models with an l2 coupling to the global model (Ozkara et al., QuPeD's P1)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class QuPeL(QuantizedAveraging):
     """QuPeD's client loop (:class:`~fljax.algorithms.quped.QuantizedClients`) tied to the global model by the l2
     coupling instead of distillation: ``lam_p`` its weight, ``global_lr`` η₃ (constant), ``coupling`` (D30). w never
     sees data, so QuPeD's distillation options do not exist here; ``momentum`` (D16) applies to x only."""
 
-    name = "qupel"
-    summary = "QuPeL: quantized personal models with an l2 coupling to the global model (Ozkara et al., QuPeD's P1)"
     mixed_architectures = False
 
     lam_p: float = option(0.2, "λ_p: weight of the l2 coupling (λ_p/2)‖x − w‖²", between(0, 1))

@@ -15,25 +15,27 @@ import dataclasses
 
 from fljax import tree
 from fljax.algorithms.base import Centralized, ClientInput, ClientResult
-from fljax.algorithms.local_training import local_options
+from fljax.algorithms.families import GLOBAL_MODEL
+from fljax.algorithms.local_training import LocalTraining, local_training
 from fljax.algorithms.model_state import BatchStatsOption
+from fljax.algorithms.registry import register
 from fljax.options import greater_than, option, with_default
 
 __all__ = ["Scaffold"]
 
 
+@register("scaffold", family=GLOBAL_MODEL, example="configs/scaffold.yaml",
+          summary="SCAFFOLD: control variates correct client drift, Option II (Karimireddy et al. 2020)")
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Scaffold(BatchStatsOption, Centralized, local_options("lr", "lr_decay", "weight_decay", "clip_norm",
-                                                             "batch_size", "local_epochs", "local_steps",
-                                                             "sampling")):
+class Scaffold(BatchStatsOption, Centralized):
     """Option II's control variate assumes plain SGD steps: SCAFFOLD takes no client optimizer or momentum."""
 
-    name = "scaffold"
-    summary = "SCAFFOLD: control variates correct client drift, Option II (Karimireddy et al. 2020)"
     # example-level DP applies (every local step is LocalTraining's); client-level DP and compression do not: the
     # upload (y − x, c_i⁺ − c_i) is two vectors of different scales (the second ~ 1/(K·η_l) times the first) that
     # the server aggregates differently (a mean and a sum over M), not a model it averages
     private_steps = True
+    local: LocalTraining = local_training("lr", "lr_decay", "weight_decay", "clip_norm", "batch_size",
+                                          "local_epochs", "local_steps", "sampling")
     server_lr: float = option(1.0, "global step size η_g: x ← x + η_g·mean(y_i − x)", greater_than(0))
     weighting: str = with_default(Centralized, "weighting", "uniform")
 

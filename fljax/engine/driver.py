@@ -323,7 +323,7 @@ class Simulation:
         cannot be traced: tracing it raises, and such a grid runs as separate programs). Dotted keys of other
         sections (``privacy.noise_multiplier``) go to the context (:meth:`context`)."""
         own = {k: v for k, v in (hp or {}).items() if "." not in k}
-        return self.algorithm if not own else dataclasses.replace(self.algorithm, **own)
+        return self.algorithm if not own else self.algorithm.with_values(**own)
 
     # ---------------------------------------------------------------------------------------------- state
     def init(self, seed: int | None = None, hp: dict | None = None) -> State:

@@ -160,7 +160,7 @@ def distinct_table(rows: list[dict], hints: dict[str, str] | None = None, names:
       small to matter);
     * ``hints`` (label → text): a note on that row when it lags the best personalized accuracy by :data:`LAG` or
       more, or repeats another row — e.g. a hyperparameter left at a value that does not suit the setting, with
-      the value to try (:data:`fljax.algorithms.families.UNTUNED`). A row with notes has their numbers after its
+      the value to try (an algorithm's registration: ``untuned``, :func:`fljax.algorithms.families.untuned`). A row with notes has their numbers after its
       label: ``perfedavg [2,3]``. Neither note is given for a row that did not complete (its ``status`` says
       why: a guard stopped it, and its accuracies are those of its last good evaluation), nor does such a row
       count as the one repeated or as the best;
