@@ -98,7 +98,8 @@ def _parse(args, algorithm_keys: bool = True, grid: dict | None = None):
 def _parse_sweep(args, grid: dict):
     """A sweep's base config and grid: as :func:`_parse`, the options of a section whose name the grid chooses
     moved into the grid (:func:`fljax.runner.sweep.swept_sections`)."""
-    from fljax.config import ExperimentConfig, config_values, from_dict
+    from fljax.config import ExperimentConfig, apply_overrides, config_values, from_dict
+    from fljax.experiment import quickstart
     from fljax.runner.sweep import swept_sections
 
     overrides = _overrides(args)
@@ -493,15 +494,14 @@ def cmd_reproduce(args) -> int:
                 raise ConfigError(f"--{key} must be between 1 and {most:,}, got {value:,}.")
         out = _report_out(args, study)
         try:
-            results = run_study(study, out, only=only, seeds=args.seeds, rounds=args.rounds, jobs=args.jobs or 1,
-                                lanes=args.lanes, fresh=args.fresh, output=output)
+            run_study(study, out, only=only, seeds=args.seeds, rounds=args.rounds, jobs=args.jobs or 1,
+                      lanes=args.lanes, fresh=args.fresh, output=output)
         except KeyboardInterrupt as e:
             e = _signal_of(e)
             print(f"fljax: interrupted by {e.name}; runs finished so far are kept in {out}/runs and reused by: fljax "
                   f"reproduce {args.name} --out {out}", file=sys.stderr)
             return e.exit_status
         text = open(os.path.join(out, "README.md")).read()
-        del results
     output.result(text)
     output.note(f"wrote {out}/README.md, results.json.gz and the plots")
     return 0

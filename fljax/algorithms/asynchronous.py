@@ -55,7 +55,7 @@ from fljax.algorithms.registry import register
 from fljax.engine.context import DISPATCH
 from fljax.errors import OptionError
 from fljax.ops import prox
-from fljax.ops.heterogeneity import STALENESS, staleness_weight
+from fljax.ops.heterogeneity import staleness_weight
 from fljax.options import at_least, greater_than, interval, option
 from fljax.participation import Work
 from fljax.participation.devices import add

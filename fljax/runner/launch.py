@@ -124,7 +124,6 @@ def spawn(argv: list[str], n: int, out: str, command: str) -> int:
 
 
 def _wait(children, reports, signals, out: str, command: str) -> int:
-    n = len(children)
     forwarded_twice_at = None
     while True:
         codes = [c.poll() for c in children]
