@@ -728,6 +728,7 @@ def messages() -> list[str]:
 
 if __name__ == "__main__":
     os.environ.pop("FLJAX_DEBUG", None)
+    text = render(messages())  # every case first: a case that crashes leaves the catalogue as it was
     with open(DOC, "w") as f:
-        f.write(render(messages()))
+        f.write(text)
     print(f"wrote {DOC} ({len(CASES)} cases)", file=sys.stderr)
