@@ -194,6 +194,22 @@ def test_final_plot_against_a_measured_x_with_a_reference_level(tiny):
     np.testing.assert_allclose(np.asarray(data.get_ydata(), float), [0.805])
 
 
+def test_a_tables_where_picks_the_cells_of_an_axis_it_does_not_show(tiny):
+    """A table's ``where: {algo.lr: 0.3}`` on a grid axis that is neither its rows nor its columns reads the cells at
+    that value (the robust report's 20 % table once read the first fraction's cells, 10 %)."""
+    from fljax.runner.study import StudyResults
+    from fljax.runner.tables import table
+
+    cells = tiny.cells(["lr"])
+    runs = {c.key(s): {"summary": {}, "history": [{"round": 2, "personal_acc": c.config["algo"]["lr"] + 0.01 * s}]}
+            for c in cells for s in c.seeds}
+    results = StudyResults(tiny, cells, runs, {})
+    for lr in (0.1, 0.3):
+        text = table(results, {"study": "lr", "where": {"algo.lr": lr}, "rows": "method",
+                               "columns": [{"title": "acc", "value": "personal_acc"}]})
+        assert f"{100 * lr + 0.5:.2f} ± 0.71" in text, text  # seeds 0 and 1: mean lr + 0.005, std 0.01/√2
+
+
 def test_curves_of_several_studies_in_one_figure(tiny):
     """``study: [a, b]``: the lines of every study listed, in one figure (``where`` picks the cells of each)."""
     from fljax.runner.study import StudyResults

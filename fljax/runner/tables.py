@@ -112,7 +112,8 @@ def table(results, spec: dict) -> str:
         labels = dict(zip(row_axes, combo))
         row = [_label(results, a, v) for a, v in labels.items()]
         for _, col, extra in columns:
-            row.append(_column_cell(results, study, col, {**labels, **extra, **_fixed(col.get("where", {}))}))
+            row.append(_column_cell(results, study, col, {**_fixed(where), **labels, **extra,
+                                                          **_fixed(col.get("where", {}))}))
         if any(x != "-" for x in row[len(row_axes):]):
             rows.append(row)
     return markdown_table(rows, header)
