@@ -84,8 +84,8 @@ def test_run_directory_layout_and_json_log(tmp_path, capsys):
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]  # stdout: JSON only
     assert [e["event"] for e in events] == ["eval", "eval", "eval", "summary"]  # round 0: the initial model
     assert [e["round"] for e in events[:3]] == [0, 2, 4]
-    plots = [f"{name}.{fmt}" for name in ("accuracy_vs_bytes", "accuracy_vs_round", "client_accuracy", "metrics")
-             for fmt in ("pdf", "png")]  # metrics: the train loss
+    plots = [f"{name}.{fmt}" for name in ("accuracy_vs_bytes", "accuracy_vs_round", "client_accuracy", "metrics",
+                                          "partition") for fmt in ("pdf", "png")]  # metrics: the train loss
     assert sorted(os.listdir(out)) == sorted([*plots, "checkpoints", "config.yaml", "directory.json",
                                               "metrics.jsonl", "resolved.yaml", "summary.json"])
     records = _metrics(out)
@@ -265,7 +265,8 @@ def test_compare_writes_table_plot_and_runs(tmp_path, capsys):
                                        "compare_metrics.png", "config.yaml", "directory.json", "fedavg", "local",
                                        "summary.json"]
     assert printed in (out / "compare.md").read_text()
-    plots = [f"{name}.png" for name in ("accuracy_vs_bytes", "accuracy_vs_round", "client_accuracy", "metrics")]
+    plots = [f"{name}.png" for name in ("accuracy_vs_bytes", "accuracy_vs_round", "client_accuracy", "metrics",
+                                        "partition")]
     # a comparison's runs plot as PNG only; its own figures also as PDF
     assert sorted(os.listdir(out / "fedavg")) == sorted([*plots, "config.yaml", "directory.json", "resolved.yaml",
                                                           "seed_0", "seed_1", "summary.json"])

@@ -127,7 +127,8 @@ def _sweep_table(cfg, grid, points, results, root: RunDir, plots: bool):
     if plots and root.path is not None and not is_attack_grid(grid):
         first = next(iter(columns.values()))
         plot_compare(root.file("sweep.png"), {lbl: r.histories for lbl, r in by_label.items()}, title,
-                     groups={lbl: f"{first} = {row[first]}" for lbl, row in zip(by_label, rows)})
+                     groups={lbl: f"{first} = {row[first]}" for lbl, row in zip(by_label, rows)},
+                     colour_groups=True)
         if len(grid) == 2 and all(len(v) > 1 for v in grid.values()):  # a 2-D grid: the final accuracy as a heatmap
             shape = [len(v) for v in grid.values()]
             finals = {divmod(i, shape[1]): [h[-1]["personal_acc"] for h in r.histories
