@@ -397,3 +397,24 @@ def test_a_sweeps_lines_take_a_colour_per_value_of_its_first_key(tmp_path, monke
         members = [drawn[k] for k, g in groups.items() if g == group]
         assert len({line.get_linestyle() for line in members}) == len(members)
     assert len({line.get_marker() for line in drawn.values()}) == len(drawn)
+
+
+def test_epsilon_is_labelled_with_the_runs_delta(tmp_path, monkeypatch):
+    """Papers report (ε, δ): the ε panel of a private run's metrics names its δ; the δ the runs share, none when
+    they differ or none is private."""
+    from types import SimpleNamespace
+
+    from fljax.runner.run_plots import shared_delta
+
+    def run(delta):
+        return SimpleNamespace(privacy=None if delta is None else SimpleNamespace(plan=SimpleNamespace(delta=delta)))
+
+    assert shared_delta([run(0.0135), run(None), run(0.0135)]) == 0.0135
+    assert shared_delta([run(0.0135), run(1e-5)]) is None and shared_delta([run(None)]) is None
+    history = _history(1e3)
+    for i, r in enumerate(history):
+        r["epsilon"] = 0.5 * i
+    saved = _captured(monkeypatch)
+    plot_run(str(tmp_path), [history], [], "dp", ("png",), delta=0.0135)
+    labels = [ax.get_ylabel() for ax in saved["metrics.png"].axes]
+    assert "privacy loss ε\n(at δ = 0.0135)" in labels

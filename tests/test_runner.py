@@ -322,7 +322,8 @@ def test_json_round_trips_plain_and_gzipped(tmp_path):
 
 def test_progress_bars_of_programs_are_named_apart():
     """A sweep of 4 points × 2 seeds whose seeds draw their own data runs as one program per seed: the two bars
-    get different names (the first point, the others counted, and the seed); one seed: the label alone."""
+    get different names (the first point, the others counted, and the seed); one seed: the label alone; a study's
+    seeds as lanes: each named."""
     from types import SimpleNamespace as Run
 
     from fljax.runner.execute import bar_name
@@ -333,3 +334,6 @@ def test_progress_bars_of_programs_are_named_apart():
     assert bar_name([Run(name="fedavg", seed=0, point_seeds=1)]) == "fedavg"
     assert bar_name([Run(name="fedavg", seed=s, point_seeds=3) for s in range(3)]) == "fedavg, 3 seeds"
     assert bar_name([Run(name="fedavg", seed=s, point_seeds=3) for s in (1, 2)]) == "fedavg, seeds 1, 2"
+    # a study's runs of one cell: an experiment of one seed each (named by its directory), as lanes of one program
+    study = [Run(name=f"dp.z=1.s{s}", seed=s, point_seeds=1) for s in range(3)]
+    assert bar_name(study) == "dp.z=1.s0 +2 more, seeds 0, 1, 2"

@@ -28,8 +28,8 @@ from fljax.runner.plots import (FORMATS, LINESTYLES, MARKERS, PALETTE, ROUND, VI
                                 heatmap, integer_axis, legend_outside, log_axis, metric_label, rc_context, save, style)
 from fljax.runner.report import sample_std
 
-__all__ = ["plot_run", "plot_partition", "partition_counts", "plot_compare", "ties", "plot_heatmap", "setting",
-           "extras", "constants", "MAX_LINES"]
+__all__ = ["plot_run", "plot_partition", "partition_counts", "plot_compare", "ties", "shared_delta", "plot_heatmap",
+           "setting", "extras", "constants", "MAX_LINES"]
 
 MAX_LINES = 8  # more lines than this in one panel: small multiples
 MARK_ALL = 25
@@ -166,10 +166,18 @@ def _title(fig, title: str, *notes: str) -> None:
     notes = [n for n in notes if n and n not in title]  # e.g. "1 seed" that the title already says
     fig.suptitle("\n".join([title, *notes]), fontsize="medium")
 
+def shared_delta(runs) -> float | None:
+    """The δ at which the private ones of ``runs`` (:class:`~fljax.runner.runs.Run`) account ε when they share one,
+    else None (no private run, or several δ)."""
+    deltas = {r.privacy.plan.delta for r in runs if r.privacy is not None and r.privacy.plan is not None}
+    return deltas.pop() if len(deltas) == 1 else None
+
+
 def _metricsfigure(runs: dict[str, list[list[dict]]], title: str, labelled: bool, seeds: int,
-                    styles: dict[str, dict] | None = None):
+                    styles: dict[str, dict] | None = None, delta: float | None = None):
     """One panel per changing extra quantity (see :func:`extras`), ``rank/<layer>`` keys sharing a panel
-    (``styles``: each run's line style, default :func:`style` in order)."""
+    (``styles``: each run's line style, default :func:`style` in order); ε's axis names ``delta``, the δ of every
+    run, when given (papers report (ε, δ))."""
     every = [h for histories in runs.values() for h in histories]
     keys = extras(every)
     panels: dict[str, list[str]] = {}
@@ -192,6 +200,8 @@ def _metricsfigure(runs: dict[str, list[list[dict]]], title: str, labelled: bool
         _axes_labels(ax, members[0], "round")
         if len(members) == 1 and "/" in members[0]:
             ax.set_ylabel(f"{metric_label(members[0])}\n{members[0].split('/', 1)[1]}")
+        if members == ["epsilon"] and delta is not None:
+            ax.set_ylabel(f"privacy loss ε\n(at δ = {delta:.3g})")
         if members[0].split("/")[0] in COUNTS:
             integer_axis(ax.yaxis)
         if len(members) > 1 and not labelled:
@@ -249,10 +259,11 @@ def plot_partition(path: str, counts: np.ndarray, title: str, formats: tuple[str
 
 
 def plot_run(directory: str, histories: list[list[dict]], per_client: list[dict], title: str,
-             formats: tuple[str, ...] = FORMATS, counts: np.ndarray | None = None) -> list[str]:
+             formats: tuple[str, ...] = FORMATS, counts: np.ndarray | None = None,
+             delta: float | None = None) -> list[str]:
     """The plots of one run (``histories``/``per_client``: one per seed) in ``formats`` (and those of the
-    current style), with the partition figure of ``counts`` (:func:`partition_counts`; None: none); returns the
-    paths written."""
+    current style), with the partition figure of ``counts`` (:func:`partition_counts`; None: none) and ε at the
+    run's ``delta`` (:func:`shared_delta`); returns the paths written."""
     paths = []
     seeds = len(histories)
     with rc_context():
@@ -280,7 +291,7 @@ def plot_run(directory: str, histories: list[list[dict]], per_client: list[dict]
             integer_axis(ax.yaxis)
             _title(fig, title, "clients at the last evaluation")
             paths += save(fig, f"{directory}/client_accuracy.png", formats)
-        fig = _metricsfigure({"run": histories}, title, labelled=False, seeds=seeds)
+        fig = _metricsfigure({"run": histories}, title, labelled=False, seeds=seeds, delta=delta)
         if fig is not None:
             paths += save(fig, f"{directory}/metrics.png", formats)
         if counts is not None:
@@ -333,14 +344,16 @@ def _grouped_styles(labels: list[str], groups: dict[str, str]) -> dict[str, dict
 
 
 def plot_compare(path: str, runs: dict[str, list[list[dict]]], title: str,
-                 groups: dict[str, str] | None = None, colour_groups: bool = False) -> list[str]:
+                 groups: dict[str, str] | None = None, colour_groups: bool = False,
+                 delta: float | None = None) -> list[str]:
     """``path`` (.png, with a .pdf beside it): personalized accuracy against rounds and against communicated MB,
     one style per run label (:func:`style`; ``colour_groups``: a colour per group, e.g. a sweep's value of its
     first grid key), and the global model's accuracy for the runs whose global model differs from their
     personalized one; more than :data:`MAX_LINES` lines as small multiples, one row per group (``groups``: label →
     group name, e.g. the algorithm's family; default: runs in order, :data:`MAX_LINES` a row). Runs whose curves
     are identical (:func:`ties`) are one line with one legend entry, 'a = b, c'. ``<stem>_metrics`` with the other
-    logged quantities, a line per run. Returns the paths written."""
+    logged quantities, a line per run (ε at ``delta``, the runs' δ: :func:`shared_delta`). Returns the paths
+    written."""
     seeds = max(len(h) for h in runs.values())
     styles = (_grouped_styles(list(runs), groups) if colour_groups and groups
               else {label: style(i) for i, label in enumerate(runs)})
@@ -356,7 +369,7 @@ def plot_compare(path: str, runs: dict[str, list[list[dict]]], title: str,
                                                                               for k in named}), silent)
         _title(fig, title, _seeds_note(seeds))
         paths = save(fig, path)
-        metrics = _metricsfigure(runs, title, labelled=True, seeds=seeds, styles=styles)
+        metrics = _metricsfigure(runs, title, labelled=True, seeds=seeds, styles=styles, delta=delta)
         if metrics is not None:
             stem = path[: -len(".png")] if path.endswith(".png") else path
             paths += save(metrics, f"{stem}_metrics.png")
