@@ -263,3 +263,158 @@ def test_in_the_paper_style_legends_clear_every_axis_label_and_panel(tmp_path, m
                 others = [ax.get_window_extent(renderer)] + [t.get_window_extent(renderer) for t in texts
                                                               if t.get_text()]
                 assert not any(_boxes_overlap(box, other) for other in others), (name, ax.get_xlabel())
+
+
+def _padded_clients(rng, sizes, num_classes, n_max):
+    """Padded train arrays of clients with ``sizes`` samples of random labels (padding rows hold label 0)."""
+    from fljax.data.federated import ClientArrays
+
+    y = np.zeros((len(sizes), n_max), np.int32)
+    mask = np.zeros((len(sizes), n_max), bool)
+    for i, n in enumerate(sizes):
+        y[i, :n] = rng.integers(0, num_classes, n)
+        mask[i, :n] = True
+    return ClientArrays(x=np.zeros((len(sizes), n_max, 1), np.float32), y=y, mask=mask,
+                        count=np.asarray(sizes, np.int32), n_min=int(min(sizes)), n_max=n_max)
+
+
+def _loop_counts(train, num_classes):
+    """Label counts by a plain loop over every client's valid rows."""
+    counts = np.zeros((train.num_clients, num_classes), int)
+    for i in range(train.num_clients):
+        for j in range(int(train.count[i])):
+            counts[i, int(train.y[i, j])] += 1
+    return counts
+
+
+def test_the_partition_figure_draws_every_clients_label_counts_and_size(tmp_path, monkeypatch):
+    """The partition figure of a run (partition.png): the heat map's cells are the clients' train label counts and
+    the bars their sizes, both counted here by a plain loop over the clients' rows; the title says all are shown."""
+    from fljax.data.federated import FederatedData
+    from fljax.runner.run_plots import partition_counts
+
+    rng = np.random.default_rng(0)
+    train = _padded_clients(rng, [5, 0, 9, 3, 12], 4, n_max=12)
+    data = FederatedData(train=train, test=train, num_classes=4, input_shape=(1,), name="toy")
+    expected = _loop_counts(train, 4)
+    saved = _captured(monkeypatch)
+    paths = plot_run(str(tmp_path), [_history(1.0)], [], "fedavg: toy, 5 clients", ("png",), partition_counts(data))
+    assert str(tmp_path / "partition.png") in paths
+    fig = saved["partition.png"]
+    image = [im for ax in fig.axes for im in ax.get_images()][0]
+    np.testing.assert_array_equal(np.asarray(image.get_array()), expected.T)  # classes × clients
+    bars = [p.get_height() for ax in fig.axes for p in ax.patches]
+    np.testing.assert_array_equal(bars, [5, 0, 9, 3, 12])
+    assert "all 5 clients" in fig._suptitle.get_text()
+
+
+def test_a_large_population_shows_an_evenly_spaced_sample_in_order_of_size(tmp_path, monkeypatch):
+    """More clients than MAX_CLIENTS: that many, at evenly spaced ranks of size (largest first), each column the
+    label counts of a client of that size, as the title says."""
+    from fljax.runner.run_plots import MAX_CLIENTS, plot_partition
+
+    rng = np.random.default_rng(1)
+    clients = MAX_CLIENTS + 57
+    counts = rng.integers(0, 9, (clients, 3)) * rng.integers(0, 2, (clients, 3))
+    saved = _captured(monkeypatch)
+    plot_partition(str(tmp_path / "partition.png"), counts, "t", ("png",))
+    fig = saved["partition.png"]
+    ranked = sorted((int(c.sum()) for c in counts), reverse=True)
+    expected = [ranked[round(k * (clients - 1) / (MAX_CLIENTS - 1))] for k in range(MAX_CLIENTS)]
+    bars = [p.get_height() for ax in fig.axes for p in ax.patches]
+    assert bars == expected
+    columns = np.asarray([im for ax in fig.axes for im in ax.get_images()][0].get_array()).T
+    rows = {tuple(c) for c in counts}
+    assert all(tuple(col) in rows and col.sum() == size for col, size in zip(columns, bars))
+    assert f"{MAX_CLIENTS} of {clients} clients, evenly spaced in order of size" in fig._suptitle.get_text()
+
+
+def test_no_partition_figure_without_class_labels():
+    """Per-token text (next-token targets), data with no classes, more classes than MAX_CLASSES, and data that are
+    not a classification population (no label counts) have no partition figure."""
+    from fljax.data.federated import FederatedData
+    from fljax.data.text import TokenShape
+    from fljax.runner.run_plots import MAX_CLASSES, partition_counts
+
+    train = _padded_clients(np.random.default_rng(2), [3, 4], 5, n_max=4)
+    data = FederatedData(train=train, test=train, num_classes=5, input_shape=(1,))
+    np.testing.assert_array_equal(partition_counts(data), _loop_counts(train, 5))
+    assert partition_counts(data.replace(input_shape=TokenShape(4, 5, per_token=True))) is None
+    assert partition_counts(data.replace(num_classes=0)) is None
+    assert partition_counts(data.replace(num_classes=MAX_CLASSES + 1)) is None
+    assert partition_counts(object()) is None
+
+
+def _legend_texts(fig):
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)]
+    return [t.get_text() for legend in legends for t in legend.get_texts()]
+
+
+def test_identical_runs_are_one_line_with_one_legend_entry(tmp_path, monkeypatch):
+    """Runs whose curves are equal to the tables' 4 decimals (here b and d equal a, d off by 1e-6; e equals c) are
+    drawn once, the legend listing the identical ones after '='; distinct runs (g off by 1e-3, f one evaluation
+    short) keep their own lines; the metrics figure keeps a line per run."""
+    from fljax.runner.run_plots import ties
+
+    def shifted(history, by):
+        return [{**r, "personal_acc": r["personal_acc"] + by} for r in history]
+
+    base, other = _history(1e3), _history(2e3)
+    runs = {"a": [base], "b": [shifted(base, 0.0)], "c": [other], "d": [shifted(base, 1e-6)],
+            "e": [shifted(other, 0.0)], "f": [_history(1e3, evaluations=3)], "g": [shifted(base, 1e-3)]}
+    # written out: group the labels by their records' accuracy (4 decimals), MB and clock
+    expected: dict[tuple, list[str]] = {}
+    for label, (h,) in runs.items():
+        expected.setdefault(tuple((r["round"], round(r["personal_acc"], 4), r["bytes_up"] + r["bytes_down"])
+                                  for r in h), []).append(label)
+    assert list(ties(runs).values()) == list(expected.values()) == [["a", "b", "d"], ["c", "e"], ["f"], ["g"]]
+    saved = _captured(monkeypatch)
+    plot_compare(str(tmp_path / "compare.png"), runs, "t")
+    fig = saved["compare.png"]
+    assert sorted(set(_legend_texts(fig))) == ["a = b, d", "c = e", "f", "g"]
+    rounds = np.arange(4)
+    assert len(fig.axes[0].get_lines()) == 4  # accuracy against rounds: one line per distinct run
+    assert _curve(fig, rounds, 0.1 + 0.2 * rounds) is not None
+    assert sorted(set(_legend_texts(saved["compare_metrics.png"]))) == list("abcdefg")
+
+
+def test_a_sweeps_lines_take_a_colour_per_value_of_its_first_key(tmp_path, monkeypatch):
+    """A sweep's groups (its first key's values) each have one colour, different groups different colours, and
+    the lines within a group differ in line style and every line in marker."""
+    groups = {"lr=0.1,mu=0": "lr = 0.1", "lr=0.1,mu=1": "lr = 0.1", "lr=0.1,mu=2": "lr = 0.1",
+              "lr=0.3,mu=0": "lr = 0.3", "lr=0.3,mu=1": "lr = 0.3", "lr=1,mu=0": "lr = 1"}
+    runs = {label: [_history(10.0 ** i)] for i, label in enumerate(groups)}
+    saved = _captured(monkeypatch)
+    plot_compare(str(tmp_path / "sweep.png"), runs, "t", groups=groups, colour_groups=True)
+    fig = saved["sweep.png"]
+    drawn = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    assert set(drawn) == set(groups)
+    colours = {}
+    for label, group in groups.items():
+        colours.setdefault(group, set()).add(drawn[label].get_color())
+    assert all(len(c) == 1 for c in colours.values()) and len(set.union(*colours.values())) == len(colours)
+    for group in set(groups.values()):
+        members = [drawn[k] for k, g in groups.items() if g == group]
+        assert len({line.get_linestyle() for line in members}) == len(members)
+    assert len({line.get_marker() for line in drawn.values()}) == len(drawn)
+
+
+def test_epsilon_is_labelled_with_the_runs_delta(tmp_path, monkeypatch):
+    """Papers report (ε, δ): the ε panel of a private run's metrics names its δ; the δ the runs share, none when
+    they differ or none is private."""
+    from types import SimpleNamespace
+
+    from fljax.runner.run_plots import shared_delta
+
+    def run(delta):
+        return SimpleNamespace(privacy=None if delta is None else SimpleNamespace(plan=SimpleNamespace(delta=delta)))
+
+    assert shared_delta([run(0.0135), run(None), run(0.0135)]) == 0.0135
+    assert shared_delta([run(0.0135), run(1e-5)]) is None and shared_delta([run(None)]) is None
+    history = _history(1e3)
+    for i, r in enumerate(history):
+        r["epsilon"] = 0.5 * i
+    saved = _captured(monkeypatch)
+    plot_run(str(tmp_path), [history], [], "dp", ("png",), delta=0.0135)
+    labels = [ax.get_ylabel() for ax in saved["metrics.png"].axes]
+    assert "privacy loss ε\n(at δ = 0.0135)" in labels

@@ -84,8 +84,8 @@ def test_run_directory_layout_and_json_log(tmp_path, capsys):
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]  # stdout: JSON only
     assert [e["event"] for e in events] == ["eval", "eval", "eval", "summary"]  # round 0: the initial model
     assert [e["round"] for e in events[:3]] == [0, 2, 4]
-    plots = [f"{name}.{fmt}" for name in ("accuracy_vs_bytes", "accuracy_vs_round", "client_accuracy", "metrics")
-             for fmt in ("pdf", "png")]  # metrics: the train loss
+    plots = [f"{name}.{fmt}" for name in ("accuracy_vs_bytes", "accuracy_vs_round", "client_accuracy", "metrics",
+                                          "partition") for fmt in ("pdf", "png")]  # metrics: the train loss
     assert sorted(os.listdir(out)) == sorted([*plots, "checkpoints", "config.yaml", "directory.json",
                                               "metrics.jsonl", "resolved.yaml", "summary.json"])
     records = _metrics(out)
@@ -265,7 +265,8 @@ def test_compare_writes_table_plot_and_runs(tmp_path, capsys):
                                        "compare_metrics.png", "config.yaml", "directory.json", "fedavg", "local",
                                        "summary.json"]
     assert printed in (out / "compare.md").read_text()
-    plots = [f"{name}.png" for name in ("accuracy_vs_bytes", "accuracy_vs_round", "client_accuracy", "metrics")]
+    plots = [f"{name}.png" for name in ("accuracy_vs_bytes", "accuracy_vs_round", "client_accuracy", "metrics",
+                                        "partition")]
     # a comparison's runs plot as PNG only; its own figures also as PDF
     assert sorted(os.listdir(out / "fedavg")) == sorted([*plots, "config.yaml", "directory.json", "resolved.yaml",
                                                           "seed_0", "seed_1", "summary.json"])
@@ -321,7 +322,8 @@ def test_json_round_trips_plain_and_gzipped(tmp_path):
 
 def test_progress_bars_of_programs_are_named_apart():
     """A sweep of 4 points × 2 seeds whose seeds draw their own data runs as one program per seed: the two bars
-    get different names (the first point, the others counted, and the seed); one seed: the label alone."""
+    get different names (the first point, the others counted, and the seed); one seed: the label alone; a study's
+    seeds as lanes: each named."""
     from types import SimpleNamespace as Run
 
     from fljax.runner.execute import bar_name
@@ -332,3 +334,6 @@ def test_progress_bars_of_programs_are_named_apart():
     assert bar_name([Run(name="fedavg", seed=0, point_seeds=1)]) == "fedavg"
     assert bar_name([Run(name="fedavg", seed=s, point_seeds=3) for s in range(3)]) == "fedavg, 3 seeds"
     assert bar_name([Run(name="fedavg", seed=s, point_seeds=3) for s in (1, 2)]) == "fedavg, seeds 1, 2"
+    # a study's runs of one cell: an experiment of one seed each (named by its directory), as lanes of one program
+    study = [Run(name=f"dp.z=1.s{s}", seed=s, point_seeds=1) for s in range(3)]
+    assert bar_name(study) == "dp.z=1.s0 +2 more, seeds 0, 1, 2"

@@ -18,7 +18,7 @@ from fljax.runner.points import run_points
 from fljax.runner.attack_table import attack_markdown, attack_rows, is_attack_grid, plot_attacks
 from fljax.runner.report import Output, distinct_table
 from fljax.runner.results import RunDir
-from fljax.runner.run_plots import plot_compare, plot_heatmap, setting
+from fljax.runner.run_plots import plot_compare, plot_heatmap, setting, shared_delta
 from fljax.runner.runs import ExperimentResult
 from fljax.runner.sweep import (DataCache, check_swept_options, grid_columns, grid_points, point_experiment,
                                 point_label)
@@ -61,7 +61,8 @@ def _compare_table(cfg, points, results, listing, root: RunDir, plots: bool):
     root.write_text("compare.md", f"# {title}\n\n{table}\n")
     if plots and root.path is not None:
         plot_compare(root.file("compare.png"), {lbl: r.histories for lbl, r in by_label.items()}, title,
-                     groups={a["label"]: family(a["algorithm"]) for a in listing})
+                     groups={a["label"]: family(a["algorithm"]) for a in listing},
+                     delta=shared_delta([run for r in by_label.values() for run in r.runs]))
     root.write_summary({**_collection_status(by_label), "algorithms": listing,
                         "results": {lbl: r.summary for lbl, r in by_label.items()}})
     return table, by_label
@@ -127,7 +128,8 @@ def _sweep_table(cfg, grid, points, results, root: RunDir, plots: bool):
     if plots and root.path is not None and not is_attack_grid(grid):
         first = next(iter(columns.values()))
         plot_compare(root.file("sweep.png"), {lbl: r.histories for lbl, r in by_label.items()}, title,
-                     groups={lbl: f"{first} = {row[first]}" for lbl, row in zip(by_label, rows)})
+                     groups={lbl: f"{first} = {row[first]}" for lbl, row in zip(by_label, rows)},
+                     colour_groups=True, delta=shared_delta([run for r in by_label.values() for run in r.runs]))
         if len(grid) == 2 and all(len(v) > 1 for v in grid.values()):  # a 2-D grid: the final accuracy as a heatmap
             shape = [len(v) for v in grid.values()]
             finals = {divmod(i, shape[1]): [h[-1]["personal_acc"] for h in r.histories

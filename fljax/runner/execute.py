@@ -189,13 +189,14 @@ def _initial(runs: list[Run], sim: Simulation, make):
 
 def bar_name(runs: list[Run]) -> str:
     """The name in front of a program's progress bar: its first run's label ('fedavg', 'lr=0.1,mu=0') with the
-    number of the other points that run as its lanes, and its seeds when the experiment has several — 'lr=0.05,mu=0
-    +3 more, seed 1': programs that split a sweep's seeds (each seed its own data) get names of their own."""
+    number of the other points that run as its lanes, and its seeds when the experiment has several or the lanes
+    hold several (a study's runs of one cell: each run an experiment of one seed) — 'lr=0.05,mu=0 +3 more, seed 1':
+    programs that split a sweep's seeds (each seed its own data) get names of their own."""
     labels = list(dict.fromkeys(run.name for run in runs))
     seeds = list(dict.fromkeys(run.seed for run in runs))
     name = labels[0] + (f" +{len(labels) - 1} more" if len(labels) > 1 else "")
     every = runs[0].point_seeds  # (each run's own experiment has one seed)
-    if every == 1:
+    if every == 1 and len(seeds) == 1:
         return name
     return name + (f", seed {seeds[0]}" if len(seeds) == 1 else f", {len(seeds)} seeds" if len(seeds) == every
                    else f", seeds {', '.join(map(str, seeds))}")

@@ -43,7 +43,7 @@ from fljax.runner.plots import FORMATS
 from fljax.runner.report import Output
 from fljax.runner.results import RunDir, aggregate_summaries, sample_note
 from fljax.runner.resume import restore_all
-from fljax.runner.run_plots import plot_run, setting
+from fljax.runner.run_plots import partition_counts, plot_run, setting, shared_delta
 from fljax.runner.runs import Built, ExperimentResult, Run
 from fljax.runner.schedule import Schedule, Simulations
 from fljax.runner.sweep import DataCache
@@ -196,7 +196,8 @@ def _finish(label, cfg: ExperimentConfig, d: RunDir, runs: list[Run], output: Ou
     if plots and d.path is not None and any(histories):
         title = f"{label or cfg.run_name}: {setting(cfg, runs[0].data)}"
         plot_run(d.path, histories, [r.progress.result.per_client if r.progress.result else {} for r in runs],
-                 title if len(runs) == 1 else f"{title}, {len(runs)} seeds", plots)
+                 title if len(runs) == 1 else f"{title}, {len(runs)} seeds", plots, partition_counts(runs[0].data),
+                 shared_delta(runs))
     return ExperimentResult(cfg, d, runs, top, vectorised, tuple(warnings))
 
 

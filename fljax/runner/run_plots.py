@@ -3,13 +3,15 @@
 A run (:func:`plot_run`): ``accuracy_vs_round``, ``accuracy_vs_bytes`` (communication up + down so far, log scale;
 not drawn when nothing was communicated), ``accuracy_vs_virtual_time`` (the participation's virtual clock,
 :mod:`fljax.participation`; drawn when the run kept one), ``client_accuracy`` (histogram of the clients' personalized accuracies at
-the last evaluation) and ``metrics`` (one panel per other logged quantity: training loss, FedSLR's ranks and
-sparsity, DFedAlt's consensus distance, …). A comparison or sweep (:func:`plot_compare`): personalized accuracy
+the last evaluation), ``metrics`` (one panel per other logged quantity: training loss, FedSLR's ranks and
+sparsity, DFedAlt's consensus distance, …) and ``partition`` (:func:`plot_partition`: the clients' train label counts
+and sizes, for classification data). A comparison or sweep (:func:`plot_compare`): personalized accuracy
 against rounds and against communicated MB, the global model's accuracy where an algorithm's global model
 differs from its personalized one, and personalized accuracy against virtual time where runs kept a clock; ``*_metrics`` with the other logged quantities. More than :data:`MAX_LINES` runs
 are drawn as small multiples, one row of panels per family (:mod:`fljax.algorithms.families`), each row with its own
-styles; a sweep's points are grouped by the value of its first grid key. A sweep over two grid keys
-(:func:`plot_heatmap`): the final personalized accuracy of every grid point as a heatmap.
+styles; a sweep's points are grouped by the value of its first grid key, a colour per value where they fit one
+panel. Runs whose curves are identical (:func:`ties`) are one line, its legend entry 'a = b, c'. A sweep over two
+grid keys (:func:`plot_heatmap`): the final personalized accuracy of every grid point as a heatmap.
 
 Every curve starts at round 0 (the initial model); markers show every evaluation when there are at most
 :data:`MARK_ALL` of them. With several seeds a curve is the mean over seeds and the shaded band ± 1 sample standard
@@ -22,14 +24,18 @@ import math
 
 import numpy as np
 
-from fljax.runner.plots import (FORMATS, PALETTE, ROUND, VIRTUAL, current, figure, handles_of, heatmap, integer_axis,
-                                legend_outside, log_axis, metric_label, rc_context, save, style)
+from fljax.runner.plots import (FORMATS, LINESTYLES, MARKERS, PALETTE, ROUND, VIRTUAL, current, figure, handles_of,
+                                heatmap, integer_axis, legend_outside, log_axis, metric_label, rc_context, save, style)
 from fljax.runner.report import sample_std
 
-__all__ = ["plot_run", "plot_compare", "plot_heatmap", "setting", "extras", "constants", "MAX_LINES"]
+__all__ = ["plot_run", "plot_partition", "partition_counts", "plot_compare", "ties", "shared_delta", "plot_heatmap",
+           "setting", "extras", "constants", "MAX_LINES"]
 
 MAX_LINES = 8  # more lines than this in one panel: small multiples
 MARK_ALL = 25
+TIE_DECIMALS = 4  # accuracies equal to this many decimals: one line (ties)
+MAX_CLIENTS = 100  # more clients than this in the partition figure: an evenly spaced sample in order of size
+MAX_CLASSES = 100  # more classes than this (a vocabulary): no partition figure
 # record keys that are not extra quantities: the accuracy/loss summaries, communication, time
 _STANDARD = ("round", "bytes_up", "bytes_down", "run_seconds", "virtual_time")
 _SUMMARY_SUFFIXES = ("_acc", "_acc_p10", "_acc_weighted", "_loss", "_loss_weighted")
@@ -160,9 +166,18 @@ def _title(fig, title: str, *notes: str) -> None:
     notes = [n for n in notes if n and n not in title]  # e.g. "1 seed" that the title already says
     fig.suptitle("\n".join([title, *notes]), fontsize="medium")
 
+def shared_delta(runs) -> float | None:
+    """The δ at which the private ones of ``runs`` (:class:`~fljax.runner.runs.Run`) account ε when they share one,
+    else None (no private run, or several δ)."""
+    deltas = {r.privacy.plan.delta for r in runs if r.privacy is not None and r.privacy.plan is not None}
+    return deltas.pop() if len(deltas) == 1 else None
+
+
 def _metricsfigure(runs: dict[str, list[list[dict]]], title: str, labelled: bool, seeds: int,
-                    indices: dict[str, int] | None = None):
-    """One panel per changing extra quantity (see :func:`extras`), ``rank/<layer>`` keys sharing a panel."""
+                    styles: dict[str, dict] | None = None, delta: float | None = None):
+    """One panel per changing extra quantity (see :func:`extras`), ``rank/<layer>`` keys sharing a panel
+    (``styles``: each run's line style, default :func:`style` in order); ε's axis names ``delta``, the δ of every
+    run, when given (papers report (ε, δ))."""
     every = [h for histories in runs.values() for h in histories]
     keys = extras(every)
     panels: dict[str, list[str]] = {}
@@ -174,17 +189,19 @@ def _metricsfigure(runs: dict[str, list[list[dict]]], title: str, labelled: bool
     cols = 1 if s.stacked else min(3, len(panels))
     rows = math.ceil(len(panels) / cols)
     fig, axes = figure(len(panels), rows=rows, cols=cols)
-    indices = indices or {label: i for i, label in enumerate(runs)}
+    styles = styles or {label: style(i) for i, label in enumerate(runs)}
     for ax, (panel, members) in zip(axes, panels.items()):
         for label, histories in runs.items():
             for j, key in enumerate(members):
-                fmt = style(indices[label]) if labelled else style(j)
+                fmt = styles[label] if labelled else style(j)
                 name = (label if j == 0 else None) if labelled else (key.split("/", 1)[-1] if len(members) > 1
                                                                       else None)
                 _line(ax, histories, key, "round", fmt, name)
         _axes_labels(ax, members[0], "round")
         if len(members) == 1 and "/" in members[0]:
             ax.set_ylabel(f"{metric_label(members[0])}\n{members[0].split('/', 1)[1]}")
+        if members == ["epsilon"] and delta is not None:
+            ax.set_ylabel(f"privacy loss ε\n(at δ = {delta:.3g})")
         if members[0].split("/")[0] in COUNTS:
             integer_axis(ax.yaxis)
         if len(members) > 1 and not labelled:
@@ -195,10 +212,58 @@ def _metricsfigure(runs: dict[str, list[list[dict]]], title: str, labelled: bool
     return fig
 
 
+def partition_counts(data) -> np.ndarray | None:
+    """``[C, K]`` label counts of every client's train split (:meth:`~fljax.data.FederatedData.train_label_counts`)
+    for data with class labels; None for data without them (per-token text, regression's packed rows, a population
+    of other kinds) or with more than :data:`MAX_CLASSES` classes."""
+    count = getattr(data, "train_label_counts", None)
+    if count is None or getattr(data.input_shape, "per_token", False) or not 0 < data.num_classes <= MAX_CLASSES:
+        return None
+    return np.asarray(count())
+
+
+def plot_partition(path: str, counts: np.ndarray, title: str, formats: tuple[str, ...] = FORMATS) -> list[str]:
+    """``path``: the data partition, ``counts [C, K]`` (:func:`partition_counts`): the clients' sizes (train samples,
+    bars) above their label counts (clients × classes, a heat map sharing the clients' axis). More than
+    :data:`MAX_CLIENTS` clients: :data:`MAX_CLIENTS` of them, evenly spaced in the order of size (largest first),
+    as the title says. Returns the paths written."""
+    counts = np.asarray(counts)
+    clients, classes = counts.shape
+    sizes = counts.sum(1)
+    if clients > MAX_CLIENTS:
+        shown = np.argsort(-sizes, kind="stable")[np.linspace(0, clients - 1, MAX_CLIENTS).round().astype(int)]
+        which = f"{MAX_CLIENTS} of {clients} clients, evenly spaced in order of size (largest first)"
+        axis = "client (sample, in order of size)"
+    else:
+        shown, which, axis = np.arange(clients), f"all {clients} clients", "client"
+    s = current()
+    fig, (top, bottom) = figure(2, rows=2, cols=1, extra_width=0.0 if s.stacked else 1.6)
+    bottom.sharex(top)
+    top.bar(np.arange(len(shown)), sizes[shown], width=0.8, color=PALETTE[0])
+    top.set_ylabel("train samples")
+    top.tick_params(labelbottom=False)
+    image = bottom.imshow(counts[shown].T, aspect="auto", interpolation="nearest", cmap="Blues", origin="lower",
+                          extent=(-0.5, len(shown) - 0.5, -0.5, classes - 0.5))
+    fig.colorbar(image, ax=[top, bottom], label="train samples of the class", shrink=0.5, anchor=(0.0, 0.0))
+    bottom.grid(False)
+    bottom.set_xlabel(axis)
+    bottom.set_ylabel("class")
+    integer_axis(bottom.yaxis)
+    if len(shown) <= 30:
+        bottom.set_xticks(range(len(shown)), [str(c) for c in shown],
+                          rotation=90 if len(shown) > 12 else 0, fontsize="x-small")
+    else:
+        integer_axis(bottom.xaxis)
+    _title(fig, title, f"data partition (train split): {which}")
+    return save(fig, path, formats)
+
+
 def plot_run(directory: str, histories: list[list[dict]], per_client: list[dict], title: str,
-             formats: tuple[str, ...] = FORMATS) -> list[str]:
+             formats: tuple[str, ...] = FORMATS, counts: np.ndarray | None = None,
+             delta: float | None = None) -> list[str]:
     """The plots of one run (``histories``/``per_client``: one per seed) in ``formats`` (and those of the
-    current style); returns the paths written."""
+    current style), with the partition figure of ``counts`` (:func:`partition_counts`; None: none) and ε at the
+    run's ``delta`` (:func:`shared_delta`); returns the paths written."""
     paths = []
     seeds = len(histories)
     with rc_context():
@@ -226,9 +291,12 @@ def plot_run(directory: str, histories: list[list[dict]], per_client: list[dict]
             integer_axis(ax.yaxis)
             _title(fig, title, "clients at the last evaluation")
             paths += save(fig, f"{directory}/client_accuracy.png", formats)
-        fig = _metricsfigure({"run": histories}, title, labelled=False, seeds=seeds)
+        fig = _metricsfigure({"run": histories}, title, labelled=False, seeds=seeds, delta=delta)
         if fig is not None:
             paths += save(fig, f"{directory}/metrics.png", formats)
+        if counts is not None:
+            paths += plot_partition(f"{directory}/partition.png", counts,
+                                    title if seeds == 1 else f"{title}; the first seed's partition", formats)
     return paths
 
 
@@ -245,43 +313,82 @@ def _groups(runs: dict, groups: dict[str, str] | None) -> dict[str, list[str]]:
     return out
 
 
+def ties(runs: dict[str, list[list[dict]]]) -> dict[str, list[str]]:
+    """The distinct runs, each with the labels of the runs whose curves equal its own: the same evaluation rounds,
+    communication and virtual time, and personalized and global accuracy (mean and std over seeds) to the
+    :data:`TIE_DECIMALS` decimals the tables show, far below a pixel. ``{first: [first, identical, …]}`` in
+    first-seen order."""
+    def curves(histories):
+        return tuple(None if s is None else tuple(np.round(np.asarray(a, float), TIE_DECIMALS if i in (1, 2) else 12)
+                                                  .tobytes() for i, a in enumerate(s))
+                     for s in (_series(histories, k) for k in ("personal_acc", "global_acc")))
+
+    first: dict[tuple, str] = {}
+    out: dict[str, list[str]] = {}
+    for label, histories in runs.items():
+        out.setdefault(first.setdefault(curves(histories), label), []).append(label)
+    return out
+
+
+def _grouped_styles(labels: list[str], groups: dict[str, str]) -> dict[str, dict]:
+    """A colour per group (in first-seen order), a line style per run within its group and a marker per run."""
+    names = list(dict.fromkeys(groups.get(label, "other") for label in labels))
+    within: dict[str, int] = {}
+    out = {}
+    for i, label in enumerate(labels):
+        g = groups.get(label, "other")
+        j = within[g] = within.get(g, -1) + 1
+        out[label] = {"color": PALETTE[names.index(g) % len(PALETTE)], "linestyle": LINESTYLES[j % len(LINESTYLES)],
+                      "marker": MARKERS[i % len(MARKERS)]}
+    return out
+
+
 def plot_compare(path: str, runs: dict[str, list[list[dict]]], title: str,
-                 groups: dict[str, str] | None = None) -> list[str]:
+                 groups: dict[str, str] | None = None, colour_groups: bool = False,
+                 delta: float | None = None) -> list[str]:
     """``path`` (.png, with a .pdf beside it): personalized accuracy against rounds and against communicated MB,
-    one style per run label (:func:`style`), and the global model's accuracy for the runs whose global model
-    differs from their personalized one; more than :data:`MAX_LINES` runs as small multiples, one row per group
-    (``groups``: label → group name, e.g. the algorithm's family; default: runs in order, :data:`MAX_LINES` a
-    row). ``<stem>_metrics`` with the other logged quantities. Returns the paths written."""
+    one style per run label (:func:`style`; ``colour_groups``: a colour per group, e.g. a sweep's value of its
+    first grid key), and the global model's accuracy for the runs whose global model differs from their
+    personalized one; more than :data:`MAX_LINES` lines as small multiples, one row per group (``groups``: label →
+    group name, e.g. the algorithm's family; default: runs in order, :data:`MAX_LINES` a row). Runs whose curves
+    are identical (:func:`ties`) are one line with one legend entry, 'a = b, c'. ``<stem>_metrics`` with the other
+    logged quantities, a line per run (ε at ``delta``, the runs' δ: :func:`shared_delta`). Returns the paths
+    written."""
     seeds = max(len(h) for h in runs.values())
-    indices = {label: i for i, label in enumerate(runs)}
-    silent = [k for k, h in runs.items() if not _communicates(h)]
+    styles = (_grouped_styles(list(runs), groups) if colour_groups and groups
+              else {label: style(i) for i, label in enumerate(runs)})
+    named = {label: label + (f" = {', '.join(same)}" if (same := others[1:]) else "")
+             for label, others in ties(runs).items()}
+    lines = {named[label]: runs[label] for label in named}
+    silent = [named[k] for k in named if not _communicates(runs[k])]
     with rc_context():
-        if len(runs) <= MAX_LINES:
-            fig = _compare_panels(runs, indices, silent)
+        if len(lines) <= MAX_LINES:
+            fig = _compare_panels(lines, {named[k]: styles[k] for k in named}, silent)
         else:
-            fig = _compare_small_multiples(runs, _groups(runs, groups), silent)
+            fig = _compare_small_multiples(lines, _groups(lines, groups and {named[k]: groups.get(k, "other")
+                                                                              for k in named}), silent)
         _title(fig, title, _seeds_note(seeds))
         paths = save(fig, path)
-        metrics = _metricsfigure(runs, title, labelled=True, seeds=seeds, indices=indices)
+        metrics = _metricsfigure(runs, title, labelled=True, seeds=seeds, styles=styles, delta=delta)
         if metrics is not None:
             stem = path[: -len(".png")] if path.endswith(".png") else path
             paths += save(metrics, f"{stem}_metrics.png")
     return paths
 
 
-def _compare_panels(runs, indices, silent):
+def _compare_panels(runs, styles, silent):
     """Up to MAX_LINES runs: personalized accuracy vs round and vs MB, global accuracy where it differs, and
     personalized accuracy against virtual time when runs kept a clock."""
     own_global = [k for k, h in runs.items() if _own_global(h)]
     clocked = [k for k, h in runs.items() if _clocked(h)]
     fig, axes = figure(2 + bool(own_global) + bool(clocked))
     for label, histories in runs.items():
-        _line(axes[0], histories, "personal_acc", "round", style(indices[label]), label)
-        _line(axes[1], histories, "personal_acc", "bytes", style(indices[label]), label)
+        _line(axes[0], histories, "personal_acc", "round", styles[label], label)
+        _line(axes[1], histories, "personal_acc", "bytes", styles[label], label)
         if label in own_global:
-            _line(axes[2], histories, "global_acc", "round", style(indices[label]), label)
+            _line(axes[2], histories, "global_acc", "round", styles[label], label)
         if label in clocked:
-            _line(axes[-1], histories, "personal_acc", "virtual_time", style(indices[label]), label)
+            _line(axes[-1], histories, "personal_acc", "virtual_time", styles[label], label)
     _axes_labels(axes[0], "personal_acc", "round")
     _axes_labels(axes[1], "personal_acc", "bytes")
     axes[0].set_title("(a) personalized model", fontsize="medium")
