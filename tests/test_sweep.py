@@ -185,7 +185,8 @@ def test_a_sweep_builds_one_simulation_per_program_and_resolves_privacy_once_per
 def test_the_program_key_is_read_off_the_resolved_experiment():
     """Runs share a compiled program only when their resolved experiments agree (:func:`program_key`): every config
     key reaches the key — through the algorithm as it holds its hyperparameters, the resolved model, groups and
-    components, the run settings, or the sections a simulation is built from — but the run's name and its seed;
+    components, the run settings, or the sections a simulation is built from — but the run's name, its seed and
+    the folder of its client-state store (each run's own store, made by the runner: fljax.runner.stores);
     equal resolved values give one key however the config spells them (a default written out), and a traced key
     leaves it."""
     import dataclasses
@@ -196,12 +197,13 @@ def test_the_program_key_is_read_off_the_resolved_experiment():
 
     read = {"algorithm", "algo", "model", "groups", *COMPONENTS, *SECTIONS, *(f.name for f in
                                                                           dataclasses.fields(RunSettings))}
-    assert {f.name for f in dataclasses.fields(fljax.ExperimentConfig)} - read == {"name"}
+    assert {f.name for f in dataclasses.fields(fljax.ExperimentConfig)} - read == {"name", "store_dir"}
 
     base = ["algorithm=fedavg", "data.num_clients=6", "data.max_samples=40", "model.name=logreg", "algo.cohort_size=3"]
     key = lambda *sets: program_key(resolve(load_config(None, [*base, *sets])))  # noqa: E731
     same = key()
-    for sets in (["name=other"], ["seed=3"], ["seeds=2"], ["algo.lr=0.1"], ["model.name=logreg"]):  # lr: its default
+    for sets in (["name=other"], ["seed=3"], ["seeds=2"], ["store_dir=elsewhere"], ["algo.lr=0.1"],  # lr: its default
+                 ["model.name=logreg"]):
         assert key(*sets) == same, sets
     for sets in (["algo.lr=0.2"], ["rounds=7"], ["eval_every=3"], ["executor=loop"], ["data.num_clients=7"],
                  ["model.name=mlp"], ["precision=fp32"], ["participation.name=poisson"], ["diverge_factor=null"]):
