@@ -337,3 +337,33 @@ def test_progress_bars_of_programs_are_named_apart():
     # a study's runs of one cell: an experiment of one seed each (named by its directory), as lanes of one program
     study = [Run(name=f"dp.z=1.s{s}", seed=s, point_seeds=1) for s in range(3)]
     assert bar_name(study) == "dp.z=1.s0 +2 more, seeds 0, 1, 2"
+
+
+def test_the_same_result_is_written_as_the_same_bytes(tmp_path):
+    """Rendering a report again rewrites no file whose content did not change (issue 40's small things): a gzipped
+    JSON's header holds neither the temporary file's name nor a time, a PDF or SVG figure no creation date."""
+    import time
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fljax.runner import files
+
+    def written(name: str, write) -> list[bytes]:
+        out = []
+        for _ in range(2):
+            write(str(tmp_path / name))
+            out.append((tmp_path / name).read_bytes())
+            time.sleep(1.1)  # a header's or a document's time would now differ
+        return out
+
+    first, second = written("r.json.gz", lambda p: files.write_json(p, {"runs": [1, 2, 3]}, indent=None))
+    assert first == second and files.read_json(str(tmp_path / "r.json.gz")) == {"runs": [1, 2, 3]}
+    for fmt in ("pdf", "svg", "png"):
+        fig, ax = plt.subplots()
+        ax.plot([0, 1], [1, 0])
+        first, second = written(f"f.{fmt}", lambda p: files.write_figure(p, fig))
+        plt.close(fig)
+        assert first == second, fmt

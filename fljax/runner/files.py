@@ -53,13 +53,14 @@ def write_text(path: str, text: str) -> None:
 
 
 def write_json(path: str, value, indent: int | None = 2) -> None:
-    """JSON text; gzip-compressed when ``path`` ends with ``.gz`` (large result files)."""
+    """JSON text; gzip-compressed when ``path`` ends with ``.gz`` (large result files), with neither a file name
+    nor a time in its header, so that the same value is written as the same bytes."""
     text = json.dumps(value, indent=indent) + "\n"
     if not str(path).endswith(".gz"):
         return write_text(path, text)
     with atomic_path(path) as tmp:
-        with gzip.open(tmp, "wt") as f:
-            f.write(text)
+        with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
+            f.write(text.encode())  # no name or time in the header: the same value gives the same bytes
 
 
 def write_jsonl(path: str, records: list[dict]) -> None:
@@ -98,14 +99,16 @@ def write_png(path: str, fig) -> None:
 
 def write_figure(path: str, fig, dpi: int = 110) -> None:
     """Save a matplotlib figure in the format its extension names (.png at ``dpi``, .pdf, .svg; tight bounding
-    box)."""
+    box), without a creation date: rendering a report again rewrites no figure whose content did not change."""
+    import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     if fig.canvas is None or not hasattr(fig.canvas, "print_png"):
         FigureCanvasAgg(fig)
     fmt = os.path.splitext(path)[1].lstrip(".").lower()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight")
+    dateless = {"pdf": {"CreationDate": None}, "svg": {"Date": None}}.get(fmt)  # the same figure, the same bytes
+    with atomic_path(path) as tmp, matplotlib.rc_context({"svg.hashsalt": "fljax"}):  # SVG ids: not random
+        fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight", metadata=dateless)
 
 
 class DamagedFile(ConfigError):
