@@ -115,7 +115,7 @@ def _one_error(capsys, argv) -> str:
     return capsys.readouterr().err.strip()
 
 
-def test_resume_after_a_kill_is_bit_identical(tmp_path, monkeypatch):
+def test_resume_after_a_kill_is_bit_identical(tmp_path, monkeypatch, capsys):
     """6 rounds, evaluations every 3, checkpoints every 2; the run is killed right after the checkpoint of round 4
     and resumed: metrics.jsonl and the final state equal an uninterrupted run's bit for bit."""
     args = [*TINY, "--set", "rounds=6", "--set", "eval_every=3", "--checkpoint-every", "2", "--quiet"]
@@ -144,6 +144,11 @@ def test_resume_after_a_kill_is_bit_identical(tmp_path, monkeypatch):
     for a, b in zip(leaves_full, leaves_cut):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert (log_cut.bytes_up, log_cut.bytes_down) == (log_full.bytes_up, log_full.bytes_down)
+
+    capsys.readouterr()
+    assert main(["run", "--resume", "--out", cut]) == 0  # finished: nothing runs, and it says so
+    assert f"nothing to run: every run in {cut} had completed" in capsys.readouterr().err
+    assert [r["round"] for r in _metrics(cut)] == [0, 3, 6]
 
     # a finished run can be extended: the config is the run directory's own, plus --set
     assert main(["run", "--resume", "--out", cut, "--set", "rounds=9", "--quiet"]) == 0

@@ -127,6 +127,8 @@ def run_points(points: list[tuple[str | None, Experiment]], out: str | None, *, 
         layout.check_results(resume, missing_ok)
         if resume:
             restore_all(runs, lambda run: stores.template(run, schedule.of(run).sim), output.warn)
+            if runs and all(run.progress.status == "reused" for run in runs):
+                output.note(f"nothing to run: every run in {out} had completed; its results again:")
         if root_summary is not None:
             layout.root.write_summary(root_summary)
         layout.write(made, listing, model)
