@@ -1,10 +1,6 @@
-"""The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""The study runner (fljax/runner/study.py, study_run.py) and the shipped study files: cells from axes, presets, rules and grids;
+"""The study runner (fljax/runner/study.py, study_run.py) and the shipped study files: cells from axes, presets, rules and grids;
 one run per distinct (config, seed) shared by every cell; runs reused after an interruption; tables, claims and
-plots rendered by the one table module; every shipped study's every cell is a valid config."""The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""
+plots rendered by the one table module; every shipped study's every cell is a valid config."""
 import os
 import textwrap
 
@@ -19,9 +15,7 @@ from fljax.runner.study_run import _experiments, render_study, results_from_file
 from fljax.runner.tables import render_report, value_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STUDY = textwrap.dedent("""The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""
+STUDY = textwrap.dedent("""
     title: A tiny study
     seeds: 2
     base:
@@ -68,9 +62,7 @@ STUDY = textwrap.dedent("""The 'lr' study's two points × two seeds are one prog
     plots:
       - {file: curves.png, study: main, kind: curves, value: personal_acc, lines: method}
       - {file: lr.png, study: lr, kind: final, x: algo.lr, value: personal_acc, lines: [method]}
-"""The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance.""")
+""")
 
 
 @pytest.fixture
@@ -146,12 +138,8 @@ def test_run_report_reuse_and_render(tiny, tmp_path, monkeypatch):
 
 
 def test_render_of_an_interrupted_study_reads_its_finished_runs(tiny, tmp_path):
-    """The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""Without results.json.gz (a study stopped before its end), ``--render`` reports the chosen studies' runs that
-    finished in runs/ (of the study's settings) and names the cells it lacks; with none finished it refuses."""The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""
+    """Without results.json.gz (a study stopped before its end), ``--render`` reports the chosen studies' runs that
+    finished in runs/ (of the study's settings) and names the cells it lacks; with none finished it refuses."""
     import shutil
 
     out = str(tmp_path / "out")
@@ -180,12 +168,8 @@ def test_render_of_an_interrupted_study_reads_its_finished_runs(tiny, tmp_path):
 
 
 def test_final_plot_against_a_measured_x_with_a_reference_level(tiny):
-    """The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""``x_value``: x is a measured metric's mean over seeds (accuracy against ε or MB sent), with its std as the
-    horizontal error bar; ``reference``: another cell's mean final value as a dashed level."""The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""
+    """``x_value``: x is a measured metric's mean over seeds (accuracy against ε or MB sent), with its std as the
+    horizontal error bar; ``reference``: another cell's mean final value as a dashed level."""
     from fljax.runner.study import StudyResults
     from fljax.runner.tables import _plot
 
@@ -211,12 +195,8 @@ def test_final_plot_against_a_measured_x_with_a_reference_level(tiny):
 
 
 def test_a_tables_where_picks_the_cells_of_an_axis_it_does_not_show(tiny):
-    """The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""A table's ``where: {algo.lr: 0.3}`` on a grid axis that is neither its rows nor its columns reads the cells at
-    that value (the robust report's 20 % table once read the first fraction's cells, 10 %)."""The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""
+    """A table's ``where: {algo.lr: 0.3}`` on a grid axis that is neither its rows nor its columns reads the cells at
+    that value (the robust report's 20 % table once read the first fraction's cells, 10 %)."""
     from fljax.runner.study import StudyResults
     from fljax.runner.tables import table
 
@@ -231,11 +211,7 @@ def test_a_tables_where_picks_the_cells_of_an_axis_it_does_not_show(tiny):
 
 
 def test_curves_of_several_studies_in_one_figure(tiny):
-    """The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""``study: [a, b]``: the lines of every study listed, in one figure (``where`` picks the cells of each)."""The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""
+    """``study: [a, b]``: the lines of every study listed, in one figure (``where`` picks the cells of each)."""
     from fljax.runner.study import StudyResults
     from fljax.runner.tables import _plot
 
@@ -256,13 +232,9 @@ def test_curves_of_several_studies_in_one_figure(tiny):
 
 
 def test_study_figures_share_a_metric_s_range_name_numeric_lines_and_label_axes_readably(tiny):
-    """The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""The panels of one metric (``panels``) share one y range covering every panel's data; a line of a numeric
+    """The panels of one metric (``panels``) share one y range covering every panel's data; a line of a numeric
     value names its key (``lr = 0.1``, or the plot's ``symbols``); rounds are ticked in whole numbers; a log axis
-    over less than a decade labels at least three values."""The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""
+    over less than a decade labels at least three values."""
     from fljax.runner.study import StudyResults
     from fljax.runner.tables import _plot
 
@@ -300,12 +272,8 @@ def test_study_figures_share_a_metric_s_range_name_numeric_lines_and_label_axes_
 
 
 def test_a_saved_config_without_a_section_added_since_is_the_same_settings():
-    """The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""A run directory written before a config section or option existed (at its default) is reused; a changed
-    value, or a key that no longer parses, is not."""The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""
+    """A run directory written before a config section or option existed (at its default) is reused; a changed
+    value, or a key that no longer parses, is not."""
     from fljax.config import ExperimentConfig, from_dict, to_dict
     from fljax.experiment import resolve
     from fljax.runner.study_run import _same_settings
@@ -319,11 +287,7 @@ def test_a_saved_config_without_a_section_added_since_is_the_same_settings():
 
 
 def test_one_mean_std_convention_in_every_table():
-    """The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""Study reports, sweep and comparison tables and summary.json: mean ± the sample standard deviation (ddof 1)."""The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""
+    """Study reports, sweep and comparison tables and summary.json: mean ± the sample standard deviation (ddof 1)."""
     from fljax.runner.report import mean_std, sample_std
     from fljax.runner.results import aggregate_summaries
 
@@ -358,13 +322,9 @@ def test_every_shipped_study_cell_is_a_valid_config(name):
 
 
 def test_reproduce_cli(tmp_path, capsys, monkeypatch):
-    """The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""Issue 41 item 0: without --out, `fljax reproduce` writes a new directory under runs/ as `fljax run` does;
+    """Issue 41 item 0: without --out, `fljax reproduce` writes a new directory under runs/ as `fljax run` does;
     the committed report (the study file's out, benchmarks/results/NAME) is written only with --update-report, and
-    --render names the report it rebuilds."""The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""
+    --render names the report it rebuilds."""
     monkeypatch.chdir(tmp_path)
     quick = ["reproduce", "dfedalt", "--only", "more_seeds", "--seeds", "1", "--rounds", "2", "--quiet"]
     assert main(quick) == 0
@@ -385,13 +345,9 @@ def test_reproduce_cli(tmp_path, capsys, monkeypatch):
 
 
 def test_a_report_is_not_replaced_by_a_smaller_one_unless_asked(tiny, tmp_path, capsys):
-    """The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""Issue 41 item 0: `fljax reproduce fedgia --only smoke` into the committed Table IV report replaced its 804
+    """Issue 41 item 0: `fljax reproduce fedgia --only smoke` into the committed Table IV report replaced its 804
     runs by the smoke set's. A study written into a folder whose results.json.gz records runs that the new report
-    would not hold is refused, naming them, before anything is written; --fresh replaces it, saying so."""The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""
+    would not hold is refused, naming them, before anything is written; --fresh replaces it, saying so."""
     out = str(tmp_path / "out")
     run_study(tiny, out, only=["main"], seeds=1)  # FedAvg and Local; lr's 0.1 point is main's FedAvg run
     before = {name: os.path.getmtime(os.path.join(out, name)) for name in os.listdir(out)}
@@ -437,13 +393,9 @@ def test_lanes_default_comes_from_the_study_file(tiny, tmp_path, monkeypatch):
 
 
 def test_parallel_jobs_replace_their_workers_and_match_one_job(tiny, tmp_path, monkeypatch):
-    """The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""--jobs runs the families in worker processes, a fresh pool every jobs × TASKS_PER_WORKER families (patched
+    """--jobs runs the families in worker processes, a fresh pool every jobs × TASKS_PER_WORKER families (patched
     to 1 here, so the 4 families of the 'lr' and 'rules' studies take 2 pools of 2 workers); the results are those
-    of one job. (A ProcessPoolExecutor with max_tasks_per_child hung here once a worker retired.)"""The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""
+    of one job. (A ProcessPoolExecutor with max_tasks_per_child hung here once a worker retired.)"""
     import fljax.runner.study_run as S
 
     monkeypatch.setattr(S, "TASKS_PER_WORKER", 1)
@@ -458,15 +410,9 @@ def test_parallel_jobs_replace_their_workers_and_match_one_job(tiny, tmp_path, m
 def test_grid_lanes_run_a_study_s_grid_points_as_lanes_of_one_program(tiny, tmp_path, monkeypatch):
     """The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
     --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""With grid_lanes: true the 'lr' study's two points × two seeds are one program of four lanes (one compile time
-    shared by its runs); by default each point is its own program of two seed lanes. Either way a study of one float
-    width is one call of the run layer (one schedule, which compiles its next programs ahead). The results agree to
-    float tolerance."""The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
     runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""
-    import fljax.runner.study_run as study_module
-
     import fljax.runner.schedule as schedule_module
+    import fljax.runner.study_run as study_module
 
     calls, programs = [], []
     real, execute = study_module._run_some, schedule_module.execute
@@ -475,7 +421,7 @@ def test_grid_lanes_run_a_study_s_grid_points_as_lanes_of_one_program(tiny, tmp_
     monkeypatch.setattr(schedule_module, "execute", lambda program, *a: programs.append(len(program.runs)) or
                         execute(program, *a))
     apart = run_study(tiny, str(tmp_path / "apart"), only=["lr"])
-    assert calls == [4] and programs == [4]  # one schedule: points differing in a traced value are lanes anyway
+    assert calls == [4] and programs == [4]
     calls.clear(), programs.clear()
     tiny.spec["grid_lanes"] = True
     together = run_study(tiny, str(tmp_path / "together"), only=["lr"])
@@ -486,11 +432,7 @@ def test_grid_lanes_run_a_study_s_grid_points_as_lanes_of_one_program(tiny, tmp_
 
 
 def test_a_heatmap_plot_shows_each_cell_s_mean_final_value(tiny, tmp_path):
-    """The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""kind: heatmap draws the final value's mean over seeds of every (rows, columns) combination (× scale)."""The 'lr' study's two points × two seeds are one program of four lanes, with grid_lanes: true and, with
-    --jobs 1, without it too: a study of one float width is one call of the run layer (one schedule), which groups
-    runs differing only in traced values (algo.lr) into one program. The results agree to float tolerance."""
+    """kind: heatmap draws the final value's mean over seeds of every (rows, columns) combination (× scale)."""
     from fljax.runner.tables import _plot
 
     results = run_study(tiny, str(tmp_path / "h"), only=["rules"])
