@@ -93,7 +93,7 @@ def test_a_sweep_with_seed_lanes_runs_under_the_loop_executor(tmp_path, capsys):
                                 "--quiet"])
     assert status == 0, err
     summary = files.read_json(out / "summary.json")
-    assert summary["status"] == "completed" and summary["programs"] == {"runs": 4, "vectorised_runs": 0}
+    assert summary["status"] == "completed" and summary["programs"] == {"runs": 4, "vectorised_runs": 0, "compiled": 4}
 
 
 # ------------------------------------------------------------------------------------------------ studies
