@@ -6,7 +6,8 @@ import numpy as np
 
 from fljax.runner import plots
 from fljax.runner.plots import style
-from fljax.runner.run_plots import constants, extras, plot_compare, plot_heatmap, plot_run
+from fljax.runner.plots import plot_heatmap
+from fljax.runner.run_plots import constants, extras, plot_compare, plot_run
 
 
 def _history(bytes_per_round: float, extra: dict | None = None, evaluations: int = 4) -> list[dict]:
@@ -291,7 +292,7 @@ def test_the_partition_figure_draws_every_clients_label_counts_and_size(tmp_path
     """The partition figure of a run (partition.png): the heat map's cells are the clients' train label counts and
     the bars their sizes, both counted here by a plain loop over the clients' rows; the title says all are shown."""
     from fljax.data.federated import FederatedData
-    from fljax.runner.run_plots import partition_counts
+    from fljax.runner.partition_plot import partition_counts
 
     rng = np.random.default_rng(0)
     train = _padded_clients(rng, [5, 0, 9, 3, 12], 4, n_max=12)
@@ -311,7 +312,7 @@ def test_the_partition_figure_draws_every_clients_label_counts_and_size(tmp_path
 def test_a_large_population_shows_an_evenly_spaced_sample_in_order_of_size(tmp_path, monkeypatch):
     """More clients than MAX_CLIENTS: that many, at evenly spaced ranks of size (largest first), each column the
     label counts of a client of that size, as the title says."""
-    from fljax.runner.run_plots import MAX_CLIENTS, plot_partition
+    from fljax.runner.partition_plot import MAX_CLIENTS, plot_partition
 
     rng = np.random.default_rng(1)
     clients = MAX_CLIENTS + 57
@@ -334,7 +335,7 @@ def test_no_partition_figure_without_class_labels():
     not a classification population (no label counts) have no partition figure."""
     from fljax.data.federated import FederatedData
     from fljax.data.text import TokenShape
-    from fljax.runner.run_plots import MAX_CLASSES, partition_counts
+    from fljax.runner.partition_plot import MAX_CLASSES, partition_counts
 
     train = _padded_clients(np.random.default_rng(2), [3, 4], 5, n_max=4)
     data = FederatedData(train=train, test=train, num_classes=5, input_shape=(1,))

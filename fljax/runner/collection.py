@@ -18,7 +18,8 @@ from fljax.runner.points import run_points
 from fljax.runner.attack_table import attack_markdown, attack_rows, is_attack_grid, plot_attacks
 from fljax.runner.report import Output, distinct_table
 from fljax.runner.results import RunDir
-from fljax.runner.run_plots import plot_compare, plot_heatmap, setting, shared_delta
+from fljax.runner.plots import plot_heatmap
+from fljax.runner.run_plots import plot_compare, setting, shared_delta
 from fljax.runner.runs import ExperimentResult
 from fljax.runner.sweep import (DataCache, check_swept_options, grid_columns, grid_points, point_experiment,
                                 point_label)

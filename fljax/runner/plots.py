@@ -26,7 +26,8 @@ import numpy as np
 from fljax.runner.files import write_figure
 
 __all__ = ["style", "metric_label", "use", "current", "rc", "rc_context", "figure", "save", "handles_of",
-           "legend_outside", "heatmap", "integer_axis", "log_axis", "FORMATS", "STYLES", "PALETTE", "ROUND"]
+           "legend_outside", "heatmap", "integer_axis", "log_axis", "suptitle", "plot_heatmap", "FORMATS", "STYLES",
+           "PALETTE", "ROUND"]
 
 FORMATS = ("png", "pdf")
 # Okabe & Ito (2008), "Color Universal Design": blue, orange, bluish green, vermillion, reddish purple, sky blue,
@@ -175,6 +176,12 @@ def legend_outside(target, handles=None, labels=None, **kwargs):
     return target.legend(handles, labels, loc="center left", bbox_to_anchor=(1.02, 0.5), **kwargs)
 
 
+def suptitle(fig, title: str, *notes: str) -> None:
+    """The figure's title, with the ``notes`` it does not already say on lines below it."""
+    notes = [n for n in notes if n and n not in title]  # e.g. "1 seed" that the title already says
+    fig.suptitle("\n".join([title, *notes]), fontsize="medium")
+
+
 def integer_axis(axis) -> None:
     """Whole-number ticks on ``axis`` (``ax.xaxis``, ``ax.yaxis``): rounds, counts of clients, ranks (a short run
     gets no round 0.5, 1.5, …)."""
@@ -318,3 +325,26 @@ def save(fig, path_png: str, formats: tuple[str, ...] = FORMATS) -> list[str]:
     for path in paths:
         write_figure(path, fig, dpi=s.dpi)
     return paths
+
+
+def plot_heatmap(path: str, grid: dict[str, list], finals: dict[tuple[int, int], list[float]], title: str,
+                 key: str = "personal_acc") -> list[str]:
+    """A sweep over two grid keys: the final ``key`` of every point (mean over seeds; ``finals``: (index of the
+    first key's value, index of the second's) → the seeds' values) as a heatmap, the first key down, the second
+    across. Returns the paths written."""
+    from fljax.runner.sweep import grid_columns
+
+    (k1, v1), (k2, v2) = list(grid.items())
+    names = grid_columns(grid)
+    values = np.array([[np.mean(finals[i, j]) if finals.get((i, j)) else np.nan for j in range(len(v2))]
+                       for i in range(len(v1))])
+    seeds = max((len(v) for v in finals.values()), default=1)
+    with rc_context():
+        s = current()
+        fig, (ax,) = figure(1)
+        fig.set_size_inches(s.panel[0] * (1.0 if s.stacked else 1.4), s.panel[1] * (1.2 if s.stacked else 1.3))
+        heatmap(ax, values, v1, v2, "final " + metric_label(key))
+        ax.set_xlabel(f"{names[k2]} ({k2})")
+        ax.set_ylabel(f"{names[k1]} ({k1})")
+        suptitle(fig, title, "final evaluation" + (f", mean over {seeds} seeds" if seeds > 1 else ""))
+        return save(fig, path)

@@ -43,7 +43,8 @@ from fljax.runner.plots import FORMATS
 from fljax.runner.report import Output
 from fljax.runner.results import RunDir, aggregate_summaries, sample_note
 from fljax.runner.resume import restore_all
-from fljax.runner.run_plots import partition_counts, plot_run, setting, shared_delta
+from fljax.runner.partition_plot import partition_counts
+from fljax.runner.run_plots import plot_run, setting, shared_delta
 from fljax.runner.runs import Built, ExperimentResult, Run
 from fljax.runner.schedule import Schedule, Simulations
 from fljax.runner.sweep import DataCache

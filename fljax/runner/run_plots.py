@@ -25,17 +25,17 @@ import math
 import numpy as np
 
 from fljax.runner.plots import (FORMATS, LINESTYLES, MARKERS, PALETTE, ROUND, VIRTUAL, current, figure, handles_of,
-                                heatmap, integer_axis, legend_outside, log_axis, metric_label, rc_context, save, style)
+                                integer_axis, legend_outside, log_axis, metric_label, rc_context, save, style,
+                                suptitle)
+from fljax.runner.partition_plot import plot_partition
 from fljax.runner.report import sample_std
 
-__all__ = ["plot_run", "plot_partition", "partition_counts", "plot_compare", "ties", "shared_delta", "plot_heatmap",
+__all__ = ["plot_run", "plot_compare", "ties", "shared_delta",
            "setting", "extras", "constants", "MAX_LINES"]
 
 MAX_LINES = 8  # more lines than this in one panel: small multiples
 MARK_ALL = 25
 TIE_DECIMALS = 4  # accuracies equal to this many decimals: one line (ties)
-MAX_CLIENTS = 100  # more clients than this in the partition figure: an evenly spaced sample in order of size
-MAX_CLASSES = 100  # more classes than this (a vocabulary): no partition figure
 # record keys that are not extra quantities: the accuracy/loss summaries, communication, time
 _STANDARD = ("round", "bytes_up", "bytes_down", "run_seconds", "virtual_time")
 _SUMMARY_SUFFIXES = ("_acc", "_acc_p10", "_acc_weighted", "_loss", "_loss_weighted")
@@ -158,13 +158,10 @@ def _axes_labels(ax, key: str, x: str) -> None:
     ax.set_ylabel(metric_label(key))
     ax.grid(alpha=0.3, which="both" if x == "bytes" else "major")
 
+
 def _seeds_note(seeds: int) -> str:
     return (f"line: mean over {seeds} seeds, band: ± 1 std (sample)" if seeds > 1 else "1 seed")
 
-
-def _title(fig, title: str, *notes: str) -> None:
-    notes = [n for n in notes if n and n not in title]  # e.g. "1 seed" that the title already says
-    fig.suptitle("\n".join([title, *notes]), fontsize="medium")
 
 def shared_delta(runs) -> float | None:
     """The δ at which the private ones of ``runs`` (:class:`~fljax.runner.runs.Run`) account ε when they share one,
@@ -208,54 +205,8 @@ def _metricsfigure(runs: dict[str, list[list[dict]]], title: str, labelled: bool
             legend_outside(ax, title=panel.split("/")[0] + " of", fontsize="x-small")
     if labelled:
         legend_outside(fig)
-    _title(fig, title, _seeds_note(seeds), _constants_note(every))
+    suptitle(fig, title, _seeds_note(seeds), _constants_note(every))
     return fig
-
-
-def partition_counts(data) -> np.ndarray | None:
-    """``[C, K]`` label counts of every client's train split (:meth:`~fljax.data.FederatedData.train_label_counts`)
-    for data with class labels; None for data without them (per-token text, regression's packed rows, a population
-    of other kinds) or with more than :data:`MAX_CLASSES` classes."""
-    count = getattr(data, "train_label_counts", None)
-    if count is None or getattr(data.input_shape, "per_token", False) or not 0 < data.num_classes <= MAX_CLASSES:
-        return None
-    return np.asarray(count())
-
-
-def plot_partition(path: str, counts: np.ndarray, title: str, formats: tuple[str, ...] = FORMATS) -> list[str]:
-    """``path``: the data partition, ``counts [C, K]`` (:func:`partition_counts`): the clients' sizes (train samples,
-    bars) above their label counts (clients × classes, a heat map sharing the clients' axis). More than
-    :data:`MAX_CLIENTS` clients: :data:`MAX_CLIENTS` of them, evenly spaced in the order of size (largest first),
-    as the title says. Returns the paths written."""
-    counts = np.asarray(counts)
-    clients, classes = counts.shape
-    sizes = counts.sum(1)
-    if clients > MAX_CLIENTS:
-        shown = np.argsort(-sizes, kind="stable")[np.linspace(0, clients - 1, MAX_CLIENTS).round().astype(int)]
-        which = f"{MAX_CLIENTS} of {clients} clients, evenly spaced in order of size (largest first)"
-        axis = "client (sample, in order of size)"
-    else:
-        shown, which, axis = np.arange(clients), f"all {clients} clients", "client"
-    s = current()
-    fig, (top, bottom) = figure(2, rows=2, cols=1, extra_width=0.0 if s.stacked else 1.6)
-    bottom.sharex(top)
-    top.bar(np.arange(len(shown)), sizes[shown], width=0.8, color=PALETTE[0])
-    top.set_ylabel("train samples")
-    top.tick_params(labelbottom=False)
-    image = bottom.imshow(counts[shown].T, aspect="auto", interpolation="nearest", cmap="Blues", origin="lower",
-                          extent=(-0.5, len(shown) - 0.5, -0.5, classes - 0.5))
-    fig.colorbar(image, ax=[top, bottom], label="train samples of the class", shrink=0.5, anchor=(0.0, 0.0))
-    bottom.grid(False)
-    bottom.set_xlabel(axis)
-    bottom.set_ylabel("class")
-    integer_axis(bottom.yaxis)
-    if len(shown) <= 30:
-        bottom.set_xticks(range(len(shown)), [str(c) for c in shown],
-                          rotation=90 if len(shown) > 12 else 0, fontsize="x-small")
-    else:
-        integer_axis(bottom.xaxis)
-    _title(fig, title, f"data partition (train split): {which}")
-    return save(fig, path, formats)
 
 
 def plot_run(directory: str, histories: list[list[dict]], per_client: list[dict], title: str,
@@ -280,7 +231,7 @@ def plot_run(directory: str, histories: list[list[dict]], per_client: list[dict]
             legend_outside(ax)
             one = "" if _own_global(histories) or not any("global_acc" in r for h in histories for r in h) else \
                 "the personalized model is the global model"
-            _title(fig, title, _seeds_note(seeds), one)
+            suptitle(fig, title, _seeds_note(seeds), one)
             paths += save(fig, f"{directory}/{name}.png", formats)
         accs = [np.asarray(p[k]) for p in per_client for k in ("personal_acc",) if k in p]
         if accs:
@@ -289,7 +240,7 @@ def plot_run(directory: str, histories: list[list[dict]], per_client: list[dict]
             ax.set_xlabel("personalized test accuracy of a client (fraction correct)")
             ax.set_ylabel("clients (count" + (f", all {len(accs)} seeds)" if len(accs) > 1 else ")"))
             integer_axis(ax.yaxis)
-            _title(fig, title, "clients at the last evaluation")
+            suptitle(fig, title, "clients at the last evaluation")
             paths += save(fig, f"{directory}/client_accuracy.png", formats)
         fig = _metricsfigure({"run": histories}, title, labelled=False, seeds=seeds, delta=delta)
         if fig is not None:
@@ -367,7 +318,7 @@ def plot_compare(path: str, runs: dict[str, list[list[dict]]], title: str,
         else:
             fig = _compare_small_multiples(lines, _groups(lines, groups and {named[k]: groups.get(k, "other")
                                                                               for k in named}), silent)
-        _title(fig, title, _seeds_note(seeds))
+        suptitle(fig, title, _seeds_note(seeds))
         paths = save(fig, path)
         metrics = _metricsfigure(runs, title, labelled=True, seeds=seeds, styles=styles, delta=delta)
         if metrics is not None:
@@ -432,26 +383,3 @@ def _compare_small_multiples(runs, groups: dict[str, list[str]], silent):
             row_axes[1].set_title(f"nothing communicated: {', '.join(quiet)}", fontsize="small")
         legend_outside(row_axes[-1], *handles_of(row_axes))
     return fig
-
-
-def plot_heatmap(path: str, grid: dict[str, list], finals: dict[tuple[int, int], list[float]], title: str,
-                 key: str = "personal_acc") -> list[str]:
-    """A sweep over two grid keys: the final ``key`` of every point (mean over seeds; ``finals``: (index of the
-    first key's value, index of the second's) → the seeds' values) as a heatmap, the first key down, the second
-    across. Returns the paths written."""
-    from fljax.runner.sweep import grid_columns
-
-    (k1, v1), (k2, v2) = list(grid.items())
-    names = grid_columns(grid)
-    values = np.array([[np.mean(finals[i, j]) if finals.get((i, j)) else np.nan for j in range(len(v2))]
-                       for i in range(len(v1))])
-    seeds = max((len(v) for v in finals.values()), default=1)
-    with rc_context():
-        s = current()
-        fig, (ax,) = figure(1)
-        fig.set_size_inches(s.panel[0] * (1.0 if s.stacked else 1.4), s.panel[1] * (1.2 if s.stacked else 1.3))
-        heatmap(ax, values, v1, v2, "final " + metric_label(key))
-        ax.set_xlabel(f"{names[k2]} ({k2})")
-        ax.set_ylabel(f"{names[k1]} ({k1})")
-        _title(fig, title, "final evaluation" + (f", mean over {seeds} seeds" if seeds > 1 else ""))
-        return save(fig, path)
