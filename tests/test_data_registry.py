@@ -12,7 +12,6 @@ import jax
 import numpy as np
 import pytest
 
-import fljax
 import fljax.data as D
 from fljax.algorithms import ALGORITHMS
 from fljax.cli import main
@@ -20,35 +19,9 @@ from fljax.config import ExperimentConfig, from_dict, load_config
 from fljax.errors import OptionError
 from fljax.experiment import PROBLEM_KINDS, build, load_data, resolve
 from fljax.options import Options, at_least, option
+from import_graph import ROOT, imports, package_modules, reachable
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(fljax.__file__)))
 PACKAGES = ("fljax.data", "fljax.problems")
-
-
-def _modules() -> dict[str, str]:
-    """Module name → path of every module of the fljax package (packages by their own name)."""
-    out = {}
-    for folder, _, files in os.walk(os.path.join(ROOT, "fljax")):
-        for f in files:
-            if f.endswith(".py"):
-                name = os.path.relpath(os.path.join(folder, f), ROOT)[:-3].replace(os.sep, ".")
-                out[name.removesuffix(".__init__")] = os.path.join(folder, f)
-    return out
-
-
-def _imports(path: str, modules) -> set[str]:
-    """The fljax modules a file imports, anywhere in it (functions included): ``from a.b import c`` is module
-    ``a.b.c`` when there is one, else ``a.b``."""
-    with open(path) as f:
-        tree = ast.parse(f.read())
-    targets = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            targets |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            targets |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
-                        for a in node.names}
-    return {t for t in targets if t in modules and t != "fljax"}
 
 
 def _parents(module: str) -> set[str]:
@@ -59,31 +32,21 @@ def _parents(module: str) -> set[str]:
 def _graph() -> dict[str, set[str]]:
     """The import graph of fljax.data and fljax.problems: an edge for every import, and one to every package above
     the imported module that is not above the importer (Python runs that package's __init__ first)."""
-    modules = _modules()
+    modules = package_modules()
     graph = {}
     for name, path in modules.items():
         if not name.startswith(PACKAGES):
             continue
         edges = set()
-        for target in _imports(path, modules):
+        for target in imports(path, modules):
             edges |= {target} | (_parents(target) - _parents(name) - {name})
         graph[name] = {t for t in edges if t.startswith(PACKAGES) and t != name}
     return graph
 
 
-def _reachable(graph, start: str) -> set[str]:
-    seen, todo = set(), [start]
-    while todo:
-        for nxt in graph.get(todo.pop(), ()):
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
-    return seen
-
-
 def _registering(name: str) -> bool:
     """Whether a module registers a data set (calls register_source)."""
-    with open(_modules()[name]) as f:
+    with open(package_modules()[name]) as f:
         tree = ast.parse(f.read())
     return any(isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", "")) == "register_source"
                for n in ast.walk(tree))
@@ -91,14 +54,14 @@ def _registering(name: str) -> bool:
 
 def test_the_data_modules_form_layers_without_a_circle():
     graph = _graph()
-    circles = sorted(m for m in graph if m in _reachable(graph, m))
+    circles = sorted(m for m in graph if m in reachable(graph, m))
     assert not circles, f"in an import circle: {circles}"
     # the bottom: the types import nothing of fljax; the registry only the types (and fljax.options)
-    modules = _modules()
-    assert _imports(modules["fljax.data.types"], modules) == set()
-    assert _imports(modules["fljax.data.registry"], modules) == {"fljax.data.types", "fljax.options"}
+    modules = package_modules()
+    assert imports(modules["fljax.data.types"], modules) == set()
+    assert imports(modules["fljax.data.registry"], modules) == {"fljax.data.types", "fljax.options"}
     # data flows one way: fljax.data imports nothing of fljax.problems, nor anything above the options and errors
-    outside = {t for m, p in modules.items() if m.startswith("fljax.data") for t in _imports(p, modules)
+    outside = {t for m, p in modules.items() if m.startswith("fljax.data") for t in imports(p, modules)
                if not t.startswith("fljax.data")}
     assert outside <= {"fljax.options", "fljax.errors"}, outside
     # every reader registers its sets in the registry; those of fljax.data sit below what reads it (a reader of
@@ -108,7 +71,7 @@ def test_the_data_modules_form_layers_without_a_circle():
     for reader in readers:
         assert "fljax.data.registry" in graph[reader]
         if reader.startswith("fljax.data."):
-            assert not _reachable(graph, reader) & {"fljax.data", "fljax.data.config", "fljax.data.build"}, reader
+            assert not reachable(graph, reader) & {"fljax.data", "fljax.data.config", "fljax.data.build"}, reader
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,6 @@
 line. The import graph read from the source has no arrow from the runner up to the API and no circle among the
 outer modules; along `fljax run` the algorithm object is constructed and validated once and run by every seed's
 simulation."""
-import ast
 import os
 
 import pytest
@@ -14,23 +13,13 @@ from fljax.cli import main
 from fljax.config import apply_overrides, load_config
 from fljax.errors import ConfigError, OptionError
 from fljax.experiment import Experiment, preset, quickstart, resolve
+from import_graph import imports, package_modules, reachable
 
 PACKAGE = os.path.dirname(os.path.abspath(fljax.__file__))
 OUTER = ("fljax.api", "fljax.cli", "fljax.config", "fljax.experiment", "fljax.runner")
 TINY = ["--set", "data.num_clients=6", "--set", "data.max_samples=40", "--set", "model.name=logreg", "--set",
         "algo.cohort_size=3", "--set", "algo.local_steps=2", "--set", "algo.batch_size=10", "--set", "rounds=2",
         "--set", "eval_every=1", "--dataset", "synthetic", "--quiet"]
-
-
-def _modules() -> dict[str, str]:
-    """Module name → source path of every module of the package."""
-    out = {}
-    for root, _, files in os.walk(PACKAGE):
-        for f in files:
-            if f.endswith(".py"):
-                rel = os.path.relpath(os.path.join(root, f), os.path.dirname(PACKAGE))[:-3].replace(os.sep, ".")
-                out[rel.removesuffix(".__init__")] = os.path.join(root, f)
-    return out
 
 
 def _node(module: str) -> str:
@@ -42,43 +31,24 @@ def _import_graph() -> dict[str, set[str]]:
     """Every import statement of the package, at module level or inside a function (lazy imports count too), as
     edges between nodes. ``from fljax import x`` points at module ``fljax.x``; the package itself (``import fljax``,
     for ``__version__``) is not a node: it is the namespace that re-exports the facade."""
-    modules = _modules()
+    known = package_modules()
     graph: dict[str, set[str]] = {}
-    for name, path in modules.items():
-        with open(path) as f:
-            tree = ast.parse(f.read())
-        targets = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                targets |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
-                            for a in node.names}
-        edges = {_node(t) for t in targets if t in modules and t != "fljax"} - {_node(name)}
+    for name, path in known.items():
+        edges = {_node(t) for t in imports(path, known)} - {_node(name)}
         graph.setdefault(_node(name), set()).update(edges)
     return graph
-
-
-def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
-    seen, todo = set(), [start]
-    while todo:
-        for nxt in graph.get(todo.pop(), ()):
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
-    return seen
 
 
 def test_the_runner_never_imports_the_api_and_the_outer_modules_form_no_circle():
     graph = _import_graph()
     assert "fljax.api" not in graph["fljax.runner"]
     assert {"fljax.runner", "fljax.experiment"} <= graph["fljax.api"] and "fljax.experiment" in graph["fljax.runner"]
-    circles = [(a, b) for a in OUTER for b in OUTER if a < b and b in _reachable(graph, a)
-               and a in _reachable(graph, b)]
+    circles = [(a, b) for a in OUTER for b in OUTER if a < b and b in reachable(graph, a)
+               and a in reachable(graph, b)]
     assert not circles, circles
-    assert not _reachable(graph, "fljax.experiment") & {"fljax.api", "fljax.cli", "fljax.runner"}
+    assert not reachable(graph, "fljax.experiment") & {"fljax.api", "fljax.cli", "fljax.runner"}
     # config.py only parses: no registry of algorithms, models or executors below it
-    assert not {n for n in _reachable(graph, "fljax.config")
+    assert not {n for n in reachable(graph, "fljax.config")
                 if n.startswith(("fljax.algorithms", "fljax.models", "fljax.engine"))}
 
 
@@ -222,21 +192,10 @@ def test_an_option_that_an_algorithm_would_ignore_does_not_exist(name, key, valu
 def test_the_run_layer_is_named_parts_of_at_most_400_lines_without_circles():
     """fljax.runner is parts, one layer each (issue 37): no module over 400 lines, and no two of its modules
     import each other, lazily or not (the study runner and the report renderer once did), nor through others."""
-    modules = {name: path for name, path in _modules().items() if name.startswith("fljax.runner.")}
+    modules = {name: path for name, path in package_modules().items() if name.startswith("fljax.runner.")}
     long = {name: n for name, path in modules.items() if (n := sum(1 for _ in open(path))) > 400}
     assert not long, long
-    graph: dict[str, set[str]] = {}
-    for name, path in modules.items():
-        with open(path) as f:
-            tree = ast.parse(f.read())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets = {f"{node.module}.{a.name}" for a in node.names} | {node.module}
-            elif isinstance(node, ast.Import):
-                targets = {a.name for a in node.names}
-            else:
-                continue
-            graph.setdefault(name, set()).update(t for t in targets if t in modules and t != name)
-    circles = sorted((a, b) for a in modules for b in modules if a < b and b in _reachable(graph, a)
-                     and a in _reachable(graph, b))
+    graph = {name: imports(path, modules) - {name} for name, path in modules.items()}
+    circles = sorted((a, b) for a in modules for b in modules if a < b and b in reachable(graph, a)
+                     and a in reachable(graph, b))
     assert not circles, circles
