@@ -325,7 +325,7 @@ class DiskStore(ClientStore):
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, path)
-                _fsync_dir(os.path.dirname(path))
+                _fsync(os.path.dirname(path))
             except OSError as e:
                 with contextlib.suppress(OSError):
                     os.remove(tmp)
@@ -340,7 +340,7 @@ class DiskStore(ClientStore):
         try:
             for path in self._files:
                 _fsync(path)
-            _fsync_dir(os.path.join(self.directory, UNDO))
+            _fsync(os.path.join(self.directory, UNDO))
         except OSError as e:
             raise StoreWriteError(f"could not flush the client-state store in {self.directory} for the checkpoint "
                                   f"of round {round_}: {_cause(e)}.") from None
@@ -392,7 +392,8 @@ def _mapped(path: str, shape: tuple, dtype: np.dtype):
 
 
 def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDWR)
+    """Flush a file's or a folder's (its entries') writes to the disk."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -412,14 +413,6 @@ def _write_atomic(path: str, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _cause(e: OSError) -> str:
